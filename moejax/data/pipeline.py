@@ -1,0 +1,229 @@
+"""Language-model batches from a TFDS text dataset, with grain and no TensorFlow.
+
+``build_lm_data(cfg, seed=..., shard_index=..., shard_count=...)`` reads the
+``data`` config block (see ``moejax.config.base_config``):
+
+  name         'shakespeare' (built in, modern spelling), 'shakespeare_folio'
+               (built in, modern + First Folio), or any TFDS dataset already
+               prepared as array_record in ``data_dir``.
+  text_key     feature holding the text (default 'text').
+  train_split, eval_split   split names (default 'train', 'validation').
+  tokenizer    'byte' (default) or 'sentencepiece'; ``vocab_size`` for the latter.
+  seq_len      tokens per example; ``batch_size`` rows per global batch.
+  data_dir     where datasets and tokenizer models live (default
+               $TFDS_DATA_DIR or ~/tensorflow_datasets).
+
+Each split is tokenized and packed (``moejax.data.packing``) in memory, which
+suits corpora up to a few hundred million tokens. Documents are separated by
+the tokenizer's ``eos_id``: byte 0 (NUL) for 'byte', ``</s>`` (id 2) for
+'sentencepiece'.
+
+Train order: windows are shuffled with ``seed`` (a fresh permutation every
+epoch) and repeated forever. Global batch t holds the windows at positions
+[t*B, (t+1)*B) of that order. With ``shard_count`` processes, process s gets
+rows [s*B/S, (s+1)*B/S) of every global batch, so concatenating the shards in
+process order gives the global batch exactly. All processes must pass the
+same ``seed``. ``train_iter`` is a grain ``DatasetIterator``: ``get_state()``
+is a small JSON-serialisable dict and ``set_state`` on a freshly built
+iterator resumes exactly.
+
+Eval: the validation windows in stream order, cut into the same sharded
+global batches; only full global batches are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+import tensorflow_datasets as tfds
+
+from moejax.data import shakespeare
+from moejax.data.packing import PackedWindows, pack_documents
+from moejax.data.storage import resolve_data_dir
+from moejax.data.tokenizers import Tokenizer, check_tokenizer_settings, get_tokenizer
+from moejax.errors import ConfigError
+
+Batch = dict[str, np.ndarray]
+
+# Built-in dataset name -> config of the MoejaxShakespeare builder.
+BUILTIN_DATASETS = {'shakespeare': 'modern', 'shakespeare_folio': 'modern_and_folio'}
+OPTIONAL_DEFAULTS = {
+    'name': 'shakespeare', 'text_key': 'text', 'train_split': 'train',
+    'eval_split': 'validation', 'tokenizer': 'byte', 'vocab_size': None,
+    'data_dir': None,
+}
+# Windows are cheap numpy slices; a little read-ahead keeps the host ahead of
+# the accelerator without holding many batches in memory.
+READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMData:
+  """Everything a training loop needs from the data pipeline.
+
+  train_iter: infinite iterator of {'inputs', 'targets'}: int32 [B/S, seq_len]
+    numpy batches (this process's rows), with get_state/set_state.
+  eval_batches: ``eval_batches(num_batches=None)`` -> iterator over the first
+    ``num_batches`` (None: all ``num_eval_batches``) validation batches, the
+    same ones on every call.
+  tokenizer, vocab_size: the tokenizer and its vocabulary size.
+  bytes_per_token: UTF-8 bytes per token on the validation split (each
+    document separator counts as one byte), so that
+    bits_per_byte = loss_nats_per_token / ln(2) / bytes_per_token.
+    Exactly 1.0 for the byte tokenizer.
+  """
+  train_iter: grain.DatasetIterator
+  eval_batches: Callable[[int | None], Iterator[Batch]]
+  tokenizer: Tokenizer
+  vocab_size: int
+  bytes_per_token: float
+  num_eval_batches: int
+
+
+def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1) -> LMData:
+  """Builds train and eval data for this process (see module doc).
+
+  Raises ConfigError (a ValueError) naming the key and value for bad settings;
+  all checks but the corpus-size one run before any text is read.
+  """
+  settings = {key: cfg.get(key, default) for key, default in OPTIONAL_DEFAULTS.items()}
+  settings.update(seq_len=_require(cfg, 'seq_len'), batch_size=_require(cfg, 'batch_size'))
+  _check_settings(settings, seed, shard_index, shard_count)
+  data_dir = resolve_data_dir(settings['data_dir'])
+  builder = _open_builder(settings['name'], data_dir)
+  sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
+  texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
+
+  tokenizer = get_tokenizer(
+      settings['tokenizer'], vocab_size=settings['vocab_size'],
+      model_path=_tokenizer_path(builder, settings, data_dir),
+      train_texts=lambda: texts['train_split'])
+  streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
+             for key, split_texts in texts.items()}
+  windows = {key: PackedWindows(stream, settings['seq_len']) for key, stream in streams.items()}
+  for key, split_windows in windows.items():
+    _check_fits_one_batch(settings, key, len(split_windows))
+
+  eval_texts = texts['eval_split']
+  eval_bytes = sum(len(text.encode('utf-8')) for text in eval_texts) + len(eval_texts)
+  rows = settings['batch_size'] // shard_count
+  train = _batched(grain.MapDataset.source(windows['train_split']).shuffle(seed=seed).repeat(),
+                   rows, shard_index, shard_count)
+  num_eval_batches = len(windows['eval_split']) // settings['batch_size']
+  eval_ds = _batched(grain.MapDataset.source(windows['eval_split'])[
+      :num_eval_batches * settings['batch_size']], rows, shard_index, shard_count)
+  return LMData(train_iter=iter(train.to_iter_dataset(READ_OPTIONS)),
+                eval_batches=functools.partial(_eval_batches, eval_ds, num_eval_batches),
+                tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
+                bytes_per_token=eval_bytes / len(streams['eval_split']),
+                num_eval_batches=num_eval_batches)
+
+
+def _batched(windows: grain.MapDataset, rows: int, shard_index: int,
+             shard_count: int) -> grain.MapDataset:
+  """This process's batches: rows [s*rows, (s+1)*rows) of each global batch."""
+  local = windows.batch(rows, drop_remainder=True, batch_fn=stack_rows)
+  return local[shard_index::shard_count]
+
+
+def _eval_batches(eval_ds: grain.MapDataset, num_available: int,
+                  num_batches: int | None = None) -> Iterator[Batch]:
+  """The first ``num_batches`` (None: all) eval batches, in a fixed order."""
+  count = num_available if num_batches is None else num_batches
+  if not (_is_int(count) and 1 <= count <= num_available):
+    raise ConfigError(f'eval_batches={num_batches!r} must be in [1, {num_available}] '
+                      f'(the full validation batches available) or None for all')
+  return (eval_ds[i] for i in range(count))
+
+
+def stack_rows(rows: Sequence[Batch]) -> Batch:
+  """Stacks examples into a batch (always a fresh copy, never a view)."""
+  return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+
+
+def _require(cfg, key: str) -> Any:
+  if key not in cfg:
+    raise ConfigError(f'data.{key} is missing')
+  return cfg[key]
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_settings(settings: dict, seed, shard_index, shard_count) -> None:
+  """Checks needing no data: tokenizer, sizes, sharding, seed."""
+  check_tokenizer_settings(settings['tokenizer'], settings['vocab_size'])
+  for key in ('seq_len', 'batch_size'):
+    if not (_is_int(settings[key]) and settings[key] >= 1):
+      raise ConfigError(f'data.{key}={settings[key]!r} must be an int >= 1')
+  if not (_is_int(shard_count) and shard_count >= 1):
+    raise ConfigError(f'shard_count={shard_count!r} must be an int >= 1')
+  if not (_is_int(shard_index) and 0 <= shard_index < shard_count):
+    raise ConfigError(f'shard_index={shard_index!r} must be in [0, shard_count={shard_count})')
+  if settings['batch_size'] % shard_count:
+    raise ConfigError(f"data.batch_size={settings['batch_size']} must be divisible by "
+                      f'shard_count={shard_count} (each process takes an equal slice)')
+  if not (_is_int(seed) and 0 <= seed < 2**32):
+    raise ConfigError(f'seed={seed!r} must be an int in [0, 2**32)')
+
+
+def _open_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
+  """The prepared, array_record-backed builder for ``data.name``."""
+  if name in BUILTIN_DATASETS:
+    return shakespeare.prepare_shakespeare(data_dir, BUILTIN_DATASETS[name])
+  hint = (f"built-in names: {', '.join(BUILTIN_DATASETS)}; any TFDS dataset name also "
+          f"works once prepared with file_format='array_record' in data.data_dir")
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ConfigError(f'data.name={name!r} is not a known dataset in '
+                      f'data.data_dir={data_dir!r} ({hint})') from None
+  if not builder.is_prepared():
+    raise ConfigError(f'data.name={name!r} is a TFDS builder but is not prepared in '
+                      f'data.data_dir={data_dir!r} ({hint})')
+  formats = {builder.info.file_format, *builder.info.alternative_file_formats}
+  if tfds.core.FileFormat.ARRAY_RECORD not in formats:
+    raise ConfigError(f'data.name={name!r} in data.data_dir={data_dir!r} is stored as '
+                      f'{builder.info.file_format.value}, but reading without TensorFlow '
+                      f"needs file_format='array_record'; prepare it again with that")
+  return builder
+
+
+def _open_split(builder, settings: dict, key: str) -> Sequence[dict]:
+  """A random-access source for the split named by ``settings[key]``."""
+  split, text_key = settings[key], settings['text_key']
+  if split.split('[')[0] not in builder.info.splits:  # 'train[:90%]' slices are fine.
+    raise ConfigError(f'data.{key}={split!r} is not a split of data.name='
+                      f"{settings['name']!r}; splits: {', '.join(builder.info.splits)}")
+  if text_key not in builder.info.features:
+    raise ConfigError(f'data.text_key={text_key!r} is not a feature of data.name='
+                      f"{settings['name']!r}; features: {', '.join(builder.info.features)}")
+  return builder.as_data_source(split, file_format=tfds.core.FileFormat.ARRAY_RECORD)
+
+
+def _read_texts(source: Sequence[dict], text_key: str) -> list[str]:
+  texts = (source[i][text_key] for i in range(len(source)))
+  return [text.decode('utf-8') if isinstance(text, bytes) else str(text) for text in texts]
+
+
+def _tokenizer_path(builder, settings: dict, data_dir: str) -> str:
+  """Cache file of a learned tokenizer: keyed by dataset, split, key and vocab."""
+  dataset = builder.info.full_name.replace('/', '-')
+  return os.path.join(data_dir, 'moejax_tokenizers',
+                      f"{dataset}-{settings['train_split']}-{settings['text_key']}"
+                      f"-{settings['tokenizer']}{settings['vocab_size']}.model")
+
+
+def _check_fits_one_batch(settings: dict, key: str, num_windows: int) -> None:
+  if num_windows < settings['batch_size']:
+    raise ConfigError(
+        f"data.{key}={settings[key]!r} of data.name={settings['name']!r} is too small: "
+        f"{num_windows} windows of data.seq_len+1={settings['seq_len'] + 1} tokens, "
+        f"fewer than one batch of data.batch_size={settings['batch_size']}")

@@ -1,0 +1,40 @@
+"""SwiGLU experts (Shazeer 2020), stacked expert-major.
+
+Weights: w_gate, w_up [E, d, f] and w_down [E, f, d], float32 parameters cast
+to the compute dtype at use. The expert function never sees which token went
+where: it receives rows already grouped by the dispatch backend and a
+`matmul(rows, w[E, a, b])` that applies each group's own expert slice
+(a batched einsum for the capacity layout, a grouped matmul for dropless).
+"""
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+GroupedMatmul = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def swiglu_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul) -> jax.Array:
+  """down(silu(gate(x)) * up(x)) for every row, each with its own expert."""
+  hidden = jax.nn.silu(matmul(rows, weights["w_gate"])) * matmul(rows, weights["w_up"])
+  return matmul(hidden, weights["w_down"])
+
+
+class SwiGLUExperts(nnx.Module):
+  """E SwiGLU experts of hidden size `d_ff` (fine-grained experts: set freely)."""
+
+  def __init__(self, num_experts: int, d_model: int, d_ff: int, *,
+               rngs: nnx.Rngs, init_scale: float = 1.0):
+    init = jax.nn.initializers.variance_scaling(init_scale, "fan_in", "truncated_normal",
+                                                in_axis=-2, out_axis=-1, batch_axis=(0,))
+    self.w_gate = nnx.Param(init(rngs.params(), (num_experts, d_model, d_ff)))
+    self.w_up = nnx.Param(init(rngs.params(), (num_experts, d_model, d_ff)))
+    self.w_down = nnx.Param(init(rngs.params(), (num_experts, d_ff, d_model)))
+
+  def weights(self, dtype) -> dict:
+    return {name: getattr(self, name)[...].astype(dtype)
+            for name in ("w_gate", "w_up", "w_down")}
+
+  def __call__(self, rows, matmul: GroupedMatmul, dtype=jnp.float32):
+    return swiglu_experts(self.weights(dtype), rows, matmul)

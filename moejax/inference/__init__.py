@@ -1,0 +1,1 @@
+"""Inference: restoring trained models and sampling from them."""

@@ -1,0 +1,1 @@
+"""Flax NNX modules: they hold parameters and call the pure functions."""

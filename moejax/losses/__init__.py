@@ -1,0 +1,7 @@
+"""Router losses: pure functions of a RouterOutput, registered by name.
+
+Each loss returns an unweighted float32 scalar; the MoE layer multiplies by
+the weight from `model.moe.loss_weights[name]`.
+"""
+from moejax.losses.base import LOSSES, get_loss, register_loss
+from moejax.losses import balance  # registers

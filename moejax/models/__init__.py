@@ -1,0 +1,1 @@
+from moejax.models.transformer import TransformerLM, moe_layer_indices

@@ -1,0 +1,78 @@
+"""A decoder-only Transformer LM whose FFNs are dense SwiGLU or MoE layers.
+
+Pre-norm blocks: x + attn(norm(x)), then x + ffn(norm(x)). Which layers are
+MoE: `moe_layer_indices` (every n-th after the first m dense layers).
+Parameters are float32; activations run in `model.dtype`; logits and the
+loss are float32.
+"""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.layers.dense import Attention, Linear, RMSNorm, SwiGLU
+from moejax.layers.moe import MoELayer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def moe_layer_indices(cfg) -> list[int]:
+  """Layers i >= first_dense with (i - first_dense) % every_n == 0 are MoE
+  (none when model.ffn_type is 'dense')."""
+  moe = cfg.moe
+  if cfg.ffn_type != "moe":
+    return []
+  return [i for i in range(cfg.num_layers)
+          if i >= moe.first_dense and (i - moe.first_dense) % moe.every_n == 0]
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg, is_moe: bool, *, rngs: nnx.Rngs, dtype):
+    self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.attn = Attention(cfg, rngs=rngs, dtype=dtype)
+    self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.is_moe = is_moe
+    if is_moe:
+      self.ffn = MoELayer(cfg.d_model, cfg.moe, rngs=rngs, dtype=dtype)
+    else:
+      self.ffn = SwiGLU(cfg.d_model, cfg.d_ff, rngs=rngs, dtype=dtype)
+
+  def __call__(self, x, positions, *, train, rng):
+    x = x + self.attn(self.attn_norm(x), positions)
+    h = self.ffn_norm(x)
+    if self.is_moe:
+      h, aux = self.ffn(h, train=train, rng=rng)
+    else:
+      h, aux = self.ffn(h), None
+    return x + h, aux
+
+
+class TransformerLM(nnx.Module):
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    dtype = DTYPES[cfg.dtype]
+    self.dtype = dtype
+    self.embed = nnx.Param(jax.random.normal(
+        rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32))
+    moe_layers = set(moe_layer_indices(cfg))
+    self.blocks = nnx.List([Block(cfg, i in moe_layers, rngs=rngs, dtype=dtype)
+                            for i in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.head = Linear(cfg.d_model, cfg.vocab_size, rngs=rngs, dtype=dtype)
+
+  def __call__(self, tokens_BxL, *, train: bool = False, rng=None):
+    """Returns float32 logits [B, L, V] and aux = {'aux_loss', 'moe': [per-layer metrics]}."""
+    b, l = tokens_BxL.shape
+    positions = jnp.broadcast_to(jnp.arange(l), (b, l))
+    x = self.embed[...].astype(self.dtype)[tokens_BxL]
+    if rng is None:
+      rng = jax.random.key(0)
+    aux_loss, moe_metrics = jnp.zeros((), jnp.float32), []
+    for i, block in enumerate(self.blocks):
+      x, aux = block(x, positions, train=train, rng=jax.random.fold_in(rng, i))
+      if aux is not None:
+        aux_loss = aux_loss + aux["aux_loss"]
+        moe_metrics.append(aux["metrics"])
+    logits = self.head(self.final_norm(x)).astype(jnp.float32)
+    return logits, {"aux_loss": aux_loss, "moe": moe_metrics}

@@ -1,0 +1,119 @@
+"""The routing result every dispatch path consumes, and the router registry.
+
+Routing (the one contract between routers and dispatch)
+-------------------------------------------------------
+For T tokens a router returns S *slots* per token. Slot (t, s) holds
+  expert_index[t, s]  int32   which expert, in [0, E)
+  combine_weight[t,s] float32 the weight its output is mixed with
+  valid[t, s]         bool    whether the assignment exists at all
+Token-choice top-k uses S = k and every slot valid. Dynamic-k, token rounding
+and capacity drops make some slots invalid. Expert choice uses S = E
+(slot e is expert e, valid when expert e picked the token). An invalid slot
+contributes nothing and costs no expert compute in the dropless path; its
+expert_index and weight are ignored (by convention 0 and 0.0).
+
+A router also returns the float32 probabilities over all E experts that
+its losses use (`probs`), its float32 logits, metrics and updated state.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from moejax.errors import choice_error
+
+
+@struct.dataclass
+class Routing:
+  """Fixed-slot routing of T tokens to S expert slots each (see module doc)."""
+  expert_index: jax.Array  # int32 [T, S]
+  combine_weight: jax.Array  # float32 [T, S]
+  valid: jax.Array  # bool [T, S]
+
+  @property
+  def num_tokens(self) -> int:
+    return self.expert_index.shape[0]
+
+  @property
+  def num_slots(self) -> int:
+    return self.expert_index.shape[1]
+
+  def masked_weight(self) -> jax.Array:
+    """Combine weights with invalid slots zeroed."""
+    return jnp.where(self.valid, self.combine_weight, 0.0)
+
+  def expert_counts(self, num_experts: int) -> jax.Array:
+    """Valid assignments per expert, int32 [E]."""
+    one_hot = jax.nn.one_hot(self.expert_index, num_experts, dtype=jnp.int32)
+    return jnp.sum(one_hot * self.valid[..., None].astype(jnp.int32), (0, 1))
+
+  def with_valid(self, valid: jax.Array) -> "Routing":
+    """The same routing with a new validity mask (used by capacity drops)."""
+    return self.replace(valid=valid)
+
+
+@struct.dataclass
+class RouterOutput:
+  """Everything a router reports for one layer call."""
+  routing: Routing
+  logits: jax.Array  # float32 [T, E], what z-loss reads
+  probs: jax.Array  # float32 [T, E], what balance losses read
+  metrics: Mapping[str, jax.Array]
+  state: Mapping[str, jax.Array]  # updated non-trained router state
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSpec:
+  """A registered router.
+
+  route: pure function (logits_f32 [T, E], *, cfg, state, rng, train)
+    -> RouterOutput. `cfg` is the layer's MoE ConfigDict (read-only).
+  init_state: num_experts -> dict of float32 arrays kept as non-trained
+    router state (e.g. the aux-loss-free bias), or None.
+  causal: False when a token's routing depends on later tokens
+    (expert choice); such a router must not be used for autoregressive
+    generation without care.
+  validate: cfg -> None, raising ConfigError for bad router settings.
+  """
+  name: str
+  route: Callable[..., RouterOutput]
+  init_state: Callable[[int], dict[str, jax.Array]] | None = None
+  causal: bool = True
+  validate: Callable[[Any], None] | None = None
+
+
+ROUTERS: dict[str, RouterSpec] = {}
+
+
+def register_router(name: str, *, init_state=None, causal=True, validate=None):
+  """Decorator: register a pure routing function under `name`."""
+
+  def wrap(fn):
+    if name in ROUTERS:
+      raise ValueError(f"router {name!r} registered twice")
+    ROUTERS[name] = RouterSpec(name, fn, init_state, causal, validate)
+    return fn
+
+  return wrap
+
+
+def get_router(name: str) -> RouterSpec:
+  if name not in ROUTERS:
+    raise choice_error("model.moe.router", name, ROUTERS)
+  return ROUTERS[name]
+
+
+def routing_entropy(probs: jax.Array) -> jax.Array:
+  """Mean per-token entropy (nats) of the router's distribution over experts."""
+  p = jnp.clip(probs, 1e-30, 1.0)
+  return jnp.mean(-jnp.sum(probs * jnp.log(p), axis=-1))
+
+
+def top_k_slots(scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """Top-k expert indices and their scores per token; ties go to the lower index."""
+  values, index = jax.lax.top_k(scores, k)
+  return values, index.astype(jnp.int32)

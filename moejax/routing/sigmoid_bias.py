@@ -1,0 +1,56 @@
+"""Sigmoid scores with the auxiliary-loss-free balancing bias (DeepSeek-V3, sec. 2.1.2).
+
+s = sigmoid(logits). Experts are *selected* by top-k of s + b, where b is a
+per-expert bias that receives no gradient; the *weights* use s alone,
+normalised over the selected experts and scaled by `routed_scaling_factor`.
+After each training step the bias moves against the observed imbalance:
+    b_e <- b_e + u * sign(mean_load - load_e)
+(load_e = assignments to e in the batch), so overloaded experts become less
+likely to be picked. The update is computed from this batch's load inside the
+forward pass and takes effect from the next step; evaluation leaves b alone.
+`probs` (for optional balance losses) is s normalised to sum 1 per token.
+"""
+import jax
+import jax.numpy as jnp
+
+from moejax.errors import ConfigError
+from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
+from moejax.routing.topk import validate_top_k
+
+
+def init_bias_state(num_experts: int):
+  return {"bias": jnp.zeros((num_experts,), jnp.float32)}
+
+
+def validate_bias_router(cfg) -> None:
+  validate_top_k(cfg)
+  if cfg.bias_update_rate < 0:
+    raise ConfigError(
+        f"model.moe.bias_update_rate={cfg.bias_update_rate} must be >= 0")
+
+
+def bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
+  """One sign-rule step: raise the bias of under-loaded experts, lower the rest."""
+  counts = counts.astype(jnp.float32)
+  return bias + rate * jnp.sign(jnp.mean(counts) - counts)
+
+
+@register_router("sigmoid_bias", init_state=init_bias_state,
+                 validate=validate_bias_router)
+def route_sigmoid_bias(logits, *, cfg, state, rng, train):
+  del rng
+  scores = jax.nn.sigmoid(logits)
+  bias = jax.lax.stop_gradient(state["bias"])
+  _, index = top_k_slots(scores + bias, cfg.top_k)
+  weight = jnp.take_along_axis(scores, index, axis=-1)
+  weight = weight / jnp.sum(weight, axis=-1, keepdims=True)
+  weight = weight * cfg.routed_scaling_factor
+  routing = Routing(index, weight, jnp.ones(index.shape, bool))
+  new_bias = bias
+  if train:
+    new_bias = bias_update(bias, routing.expert_counts(logits.shape[-1]),
+                           cfg.bias_update_rate)
+  probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+  metrics = {"routing_entropy": routing_entropy(probs),
+             "bias_norm": jnp.linalg.norm(new_bias)}
+  return RouterOutput(routing, logits, probs, metrics, {"bias": new_bias})

@@ -1,0 +1,1 @@
+"""Training: state, step functions, checkpoints, metric writers and the loop."""

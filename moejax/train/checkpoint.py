@@ -1,0 +1,90 @@
+"""Orbax checkpoints holding the train state, the data iterator state and
+the config that made them, with a compatibility check before any restore.
+
+Layout: WORKDIR/checkpoints/<step>/{state, data, meta}. Orbax writes each
+step to a temporary directory and renames it when complete, so a crash during
+a save leaves the previous checkpoint intact; a refused restore never writes.
+"""
+import json
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from moejax.errors import ConfigError
+
+# Config sections whose change makes a checkpoint unusable for a run.
+COMPATIBILITY_SECTIONS = ("model", "data")
+
+
+def _flatten(d, prefix=""):
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def config_mismatch(saved: dict, current: dict) -> list[str]:
+  """Keys (dotted) whose values differ between two config dicts."""
+  saved_flat, current_flat = _flatten(saved), _flatten(current)
+  keys = sorted(set(saved_flat) | set(current_flat))
+  return [f"{k}: checkpoint={saved_flat.get(k, '<absent>')!r} "
+          f"config={current_flat.get(k, '<absent>')!r}"
+          for k in keys if saved_flat.get(k, "<absent>") != current_flat.get(k, "<absent>")]
+
+
+class Checkpointer:
+
+  def __init__(self, workdir: str, max_to_keep: int):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        item_names=("state", "data", "meta"))
+
+  def latest_step(self):
+    return self.manager.latest_step()
+
+  def save(self, step: int, state, data_state, meta: dict) -> None:
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave(data_state),
+        meta=ocp.args.JsonSave(meta)))
+
+  def read_meta(self, step: int) -> dict:
+    return self.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+
+  def check_compatible(self, step: int, meta: dict) -> None:
+    """Refuse (ConfigError) a checkpoint made by a different model or data config."""
+    saved = self.read_meta(step)
+    diffs = []
+    for section in COMPATIBILITY_SECTIONS:
+      diffs += [f"{section}.{d}" for d in config_mismatch(
+          saved["config"].get(section, {}), meta["config"][section])]
+    if diffs:
+      raise ConfigError(
+          f"workdir checkpoint {self.directory}/{step} was made by an incompatible "
+          f"config ({len(diffs)} difference(s)): " + "; ".join(diffs[:8]) +
+          ". Use a fresh --workdir or the checkpoint's config; nothing was changed.")
+
+  def restore(self, step: int, abstract_state):
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state),
+        data=ocp.args.JsonRestore()))
+    return restored["state"], restored["data"]
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def jsonable(tree):
+  """A config dict made JSON-safe (tuples to lists), for meta and comparisons."""
+  return json.loads(json.dumps(tree, default=str))

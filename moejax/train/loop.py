@@ -1,0 +1,145 @@
+"""The training loop: build, resume, step, evaluate, log, checkpoint.
+
+Exact resume: the step's PRNG key is fold_in(seed, step), the optimizer and
+router state are checkpointed with the params, and the grain iterator state is
+saved with every checkpoint; so N steps + resume + N steps equals 2N steps
+bit for bit.
+"""
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from moejax.config import validate_config
+from moejax.data.pipeline import build_lm_data
+from moejax.errors import ConfigError
+from moejax.models import TransformerLM, moe_layer_indices
+from moejax.train import step as step_lib
+from moejax.train.checkpoint import Checkpointer, jsonable
+from moejax.train.metrics import MetricWriter, flatten_metrics, plot_expert_load
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Training produced a NaN/inf loss; the last good checkpoint was kept."""
+
+
+@dataclasses.dataclass
+class Run:
+  """What a finished run returns (also useful to tests)."""
+  state: step_lib.TrainState
+  history: list  # flat metric records, one per log step
+  eval: dict  # last evaluation: val_loss, val_bpb
+  tokens_per_second: float
+
+
+def build_model(config):
+  model_cfg = ml_collections.FrozenConfigDict(config.model)
+  return TransformerLM(model_cfg, rngs=nnx.Rngs(config.seed))
+
+
+def init_state(config):
+  """(graphdef, TrainState, optimizer) for a fresh run."""
+  graphdef, params, rest = step_lib.split_model(build_model(config))
+  optimizer = step_lib.make_optimizer(config.train)
+  state = step_lib.TrainState(np.int32(0), params, rest, optimizer.init(params))
+  return graphdef, state, optimizer
+
+
+def evaluate(eval_step, state, data, num_batches) -> dict:
+  losses = [float(eval_step(state.params, state.rest, batch)[0])
+            for batch in data.eval_batches(num_batches)]
+  val_loss = float(np.mean(losses))
+  return {"val_loss": val_loss,
+          "val_bpb": val_loss / math.log(2) / data.bytes_per_token}
+
+
+def _check_finite(loss: float, step: int, ckpt: Checkpointer) -> None:
+  if not math.isfinite(loss):
+    ckpt.wait()
+    raise NonFiniteLossError(
+        f"loss is {loss} at step {step}; training stopped. The last good "
+        f"checkpoint (step {ckpt.latest_step()}) in {ckpt.directory} is kept.")
+
+
+def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
+                       stop_at_step: int | None = None) -> Run:
+  """Train `config` in `workdir`, resuming from its latest checkpoint.
+
+  stop_at_step: stop (with a checkpoint) after this step, as a preempted job
+  would; a later call with the same workdir continues where it stopped.
+  """
+  validate_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  t = config.train
+  data = build_lm_data(config.data, seed=config.seed,
+                       shard_index=jax.process_index(), shard_count=jax.process_count())
+  if data.vocab_size > config.model.vocab_size:
+    raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
+                      f"tokenizer's vocabulary ({data.vocab_size})")
+  graphdef, state, optimizer = init_state(config)
+  moe_layers = moe_layer_indices(config.model)
+  meta = {"config": jsonable(config.to_dict())}
+
+  ckpt = Checkpointer(workdir, t.max_to_keep)
+  latest = ckpt.latest_step()
+  if latest is not None:
+    ckpt.check_compatible(latest, meta)
+    state, data_state = ckpt.restore(latest, jax.tree.map(np.asarray, state))
+    data.train_iter.set_state(data_state)
+    logging.info("resumed from step %d in %s", latest, ckpt.directory)
+
+  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed)
+  eval_step = step_lib.make_eval_step(graphdef)
+  writer = MetricWriter(workdir, enabled=write_metrics)
+  tokens_per_step = config.data.batch_size * config.data.seq_len
+  history, last_eval = [], {}
+  start = int(state.step)
+  progress = _progress_bar(start, t.steps, t.progress_bar)
+  window_start, window_steps, total_time, total_steps = time.perf_counter(), 0, 0.0, 0
+  try:
+    last_step = t.steps if stop_at_step is None else min(t.steps, stop_at_step)
+    for step in range(start + 1, last_step + 1):
+      state, metrics = train_step(state, next(data.train_iter))
+      window_steps += 1
+      is_log = step % t.log_every == 0 or step == last_step
+      is_save = step % t.checkpoint_every == 0 or step == last_step
+      is_eval = step % t.eval_every == 0 or step == t.steps
+      if not (is_log or is_save or is_eval):
+        progress.update(1)
+        continue
+      record = flatten_metrics(jax.device_get(metrics), moe_layers)
+      _check_finite(record["loss"], step, ckpt)
+      elapsed = time.perf_counter() - window_start
+      total_time, total_steps = total_time + elapsed, total_steps + window_steps
+      record["tokens_per_second"] = window_steps * tokens_per_step / max(elapsed, 1e-9)
+      if is_eval:
+        last_eval = evaluate(eval_step, state, data, t.eval_batches)
+        record.update(last_eval)
+      writer.write(step, record)
+      history.append({"step": step, **record})
+      if is_save:
+        ckpt.save(step, state, data.train_iter.get_state(), meta)
+      progress.set_postfix(loss=f"{record['loss']:.3f}",
+                           tok_s=f"{record['tokens_per_second']:.0f}", refresh=False)
+      progress.update(1)
+      window_start, window_steps = time.perf_counter(), 0
+  finally:
+    progress.close()
+    writer.close()
+    ckpt.close()
+  if write_metrics and moe_layers and history:
+    plot_expert_load(writer.jsonl_path, os.path.join(workdir, "expert_load.png"))
+  return Run(state, history, last_eval,
+             total_steps * tokens_per_step / max(total_time, 1e-9))
+
+
+def _progress_bar(start, total, enabled):
+  import tqdm
+  return tqdm.tqdm(initial=start, total=total, disable=not enabled, unit="step",
+                   dynamic_ncols=True, mininterval=1.0)

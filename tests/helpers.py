@@ -1,0 +1,19 @@
+"""Small builders shared by tests (configs, random routing inputs)."""
+import ml_collections
+import numpy as np
+
+from moejax.config import base_config
+
+
+def moe_cfg(**overrides) -> ml_collections.FrozenConfigDict:
+  """The default MoE layer config with overrides, frozen as layers hold it."""
+  c = base_config().model.moe
+  for key, value in overrides.items():
+    c[key] = value
+  return ml_collections.FrozenConfigDict(c)
+
+
+def random_logits(seed: int, num_tokens: int, num_experts: int, scale=2.0):
+  """Float32 logits without ties (ties make top-k ambiguous for oracles)."""
+  rng = np.random.default_rng(seed)
+  return (scale * rng.standard_normal((num_tokens, num_experts))).astype(np.float32)

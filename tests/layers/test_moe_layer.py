@@ -1,0 +1,110 @@
+"""The MoE layer end to end: finite-difference gradients, loss closed forms,
+shared experts, and causality of the whole LM."""
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+from jax.test_util import check_grads
+
+from moejax.config import base_config
+from moejax.layers.moe import MoELayer
+from moejax.losses.balance import load_balance_loss, router_z_loss
+from moejax.models import TransformerLM
+from moejax.routing import Routing, RouterOutput
+from tests.helpers import moe_cfg
+
+
+@pytest.mark.parametrize("router,dispatch", [("topk", "dropless"), ("topk", "capacity"),
+                                             ("sigmoid_bias", "dropless"),
+                                             ("expert_choice", "dropless")])
+def test_moe_layer_gradients_match_finite_differences(router, dispatch):
+  """Reverse-mode gradients of loss(x, params) equal central differences (float64)."""
+  with jax.enable_x64(True):
+    cfg = moe_cfg(router=router, dispatch=dispatch, num_experts=4, top_k=2, expert_d_ff=6,
+                  num_shared_experts=1, shared_d_ff=5, capacity_factor=4.0,
+                  loss_weights={"load_balance": 0.1, "z_loss": 0.01})
+    layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float64)
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    params = jax.tree.map(lambda p: p.astype(jnp.float64), nnx.to_pure_dict(params))
+    rest = nnx.to_pure_dict(rest)
+    x = jax.random.normal(jax.random.key(1), (2, 5, 8), jnp.float64)
+    proj = jax.random.normal(jax.random.key(2), (2, 5, 8), jnp.float64)
+
+    def loss(x, params):
+      y, aux = nnx.merge(graphdef, params, rest)(x, train=False)
+      return jnp.sum(y * proj) + aux["aux_loss"]
+
+    check_grads(loss, (x, params), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+
+
+def test_load_balance_loss_closed_form():
+  # 4 tokens, 2 experts, top-1: tokens 0-2 -> expert 0, token 3 -> expert 1.
+  probs = jnp.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+  routing = Routing(jnp.array([[0], [0], [0], [1]], jnp.int32), probs.max(1, keepdims=True),
+                    jnp.ones((4, 1), bool))
+  out = RouterOutput(routing, jnp.log(probs), probs, {}, {})
+  f = np.array([0.75, 0.25]); p = np.array([2.6, 1.4]) / 4
+  np.testing.assert_allclose(load_balance_loss(out), 2 * (f * p).sum(), rtol=1e-6)
+  # Perfect balance with uniform probabilities gives exactly 1.
+  uniform = jnp.full((4, 2), 0.5)
+  balanced = Routing(jnp.array([[0], [1], [0], [1]], jnp.int32), uniform[:, :1], jnp.ones((4, 1), bool))
+  np.testing.assert_allclose(load_balance_loss(RouterOutput(balanced, uniform, uniform, {}, {})), 1.0)
+
+
+def test_z_loss_closed_form():
+  logits = jnp.array([[0.0, 0.0], [1.0, 2.0]])
+  expected = (math.log(2) ** 2 + math.log(math.e + math.e ** 2) ** 2) / 2
+  out = RouterOutput(None, logits, None, {}, {})
+  np.testing.assert_allclose(router_z_loss(out), expected, rtol=1e-6)
+
+
+def test_shared_expert_is_added_to_routed_output():
+  cfg = moe_cfg(num_experts=4, top_k=1, expert_d_ff=6, num_shared_experts=2, shared_d_ff=3)
+  layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
+  x = jax.random.normal(jax.random.key(0), (1, 4, 8))
+  y, _ = layer(x)
+  shared_only = layer.shared(x.reshape(4, 8)).reshape(1, 4, 8)
+  assert layer.shared.gate.kernel.shape == (8, 6)  # 2 shared experts of width 3
+  layer.shared = nnx.data(None)
+  y_routed, _ = layer(x)
+  np.testing.assert_allclose(y, y_routed + shared_only, rtol=1e-5, atol=1e-6)
+
+
+def tiny_model_cfg(**moe):
+  c = base_config().model
+  c.d_model, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.d_ff = 16, 2, 2, 1, 8, 32
+  c.moe.expert_d_ff = 16
+  for k, v in moe.items():
+    c.moe[k] = v
+  return ml_collections.FrozenConfigDict(c)
+
+
+@pytest.mark.parametrize("router,dispatch", [("topk", "dropless"), ("sigmoid_bias", "dropless"),
+                                             ("topk", "capacity")])
+def test_changing_token_t_changes_no_earlier_logit(router, dispatch):
+  # capacity_factor 8 = E/k * 2: no drops, so capacity routing is per-token too.
+  model = TransformerLM(tiny_model_cfg(router=router, dispatch=dispatch, capacity_factor=8.0),
+                        rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
+  logits, _ = model(tokens)
+  for t in (0, 5, 11):
+    changed = tokens.at[:, t].set((tokens[:, t] + 17) % 256)
+    logits2, _ = model(changed)
+    np.testing.assert_array_equal(logits[:, :t], logits2[:, :t])
+    assert not np.allclose(logits[:, t:], logits2[:, t:])
+
+
+def test_expert_choice_is_flagged_and_is_non_causal():
+  model = TransformerLM(tiny_model_cfg(router="expert_choice"), rngs=nnx.Rngs(0))
+  assert not model.blocks[0].ffn.router_spec.causal
+  tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
+  logits, _ = model(tokens)
+  differs = []
+  for seed in range(4):  # some later change must move an earlier logit
+    changed = tokens.at[:, 8:].set(jax.random.randint(jax.random.key(seed), (2, 4), 0, 256))
+    differs.append(not np.array_equal(model(changed)[0][:, :8], logits[:, :8]))
+  assert any(differs)
