@@ -74,9 +74,9 @@ def base_config() -> ml_collections.ConfigDict:
   t.b2 = 0.95
   t.grad_clip = 1.0
   t.log_every = 50
-  t.eval_every = 500
+  t.eval_every = 200
   t.eval_batches = 16
-  t.checkpoint_every = 500
+  t.checkpoint_every = 200
   t.max_to_keep = 2
   t.progress_bar = True
   return c
@@ -164,7 +164,7 @@ SIZES = {
     # name: (d_model, num_layers, num_heads, num_kv_heads, head_dim, expert_d_ff,
     #        seq_len, batch_size, steps)
     "tiny": (32, 2, 2, 1, 16, 32, 32, 8, 30),
-    "small": (128, 4, 4, 2, 32, 256, 128, 32, 800),
+    "small": (128, 4, 4, 2, 32, 256, 128, 32, 600),
 }
 
 

@@ -6,6 +6,7 @@ where: it receives rows already grouped by the dispatch backend and a
 `matmul(rows, w[E, a, b])` that applies each group's own expert slice
 (a batched einsum for the capacity layout, a grouped matmul for dropless).
 """
+import functools
 from typing import Callable
 
 import jax
@@ -19,6 +20,16 @@ def swiglu_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul) -> jax
   """down(silu(gate(x)) * up(x)) for every row, each with its own expert."""
   hidden = jax.nn.silu(matmul(rows, weights["w_gate"])) * matmul(rows, weights["w_up"])
   return matmul(hidden, weights["w_down"])
+
+
+def swiglu_weights_of(expert_fn) -> dict | None:
+  """The weights of `functools.partial(swiglu_experts, weights)` (what MoELayer
+  passes to its dispatcher), else None. Fused SwiGLU paths (dispatch
+  'dropless_memeff') need the weights themselves, not just the function."""
+  if (isinstance(expert_fn, functools.partial) and expert_fn.func is swiglu_experts
+      and len(expert_fn.args) == 1 and not expert_fn.keywords):
+    return expert_fn.args[0]
+  return None
 
 
 class SwiGLUExperts(nnx.Module):

@@ -1,5 +1,6 @@
 """Restore a trained model (and its tokenizer) from a training workdir."""
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -25,6 +26,7 @@ def load_from_workdir(workdir: str, step: int | None = None, *, for_generation=F
     config.model.moe.dispatch = "dropless"
   graphdef, state, _ = init_state(config)
   state, _ = ckpt.restore(step, jax.tree.map(np.asarray, state))
+  state = jax.tree.map(jnp.asarray, state)
   ckpt.close()
   if config.data.tokenizer == "byte":
     tokenizer = get_tokenizer("byte")

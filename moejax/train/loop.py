@@ -33,6 +33,7 @@ class NonFiniteLossError(FloatingPointError):
 class Run:
   """What a finished run returns (also useful to tests)."""
   state: step_lib.TrainState
+  start_step: int  # 0 for a fresh run, else the step it resumed from
   history: list  # flat metric records, one per log step
   eval: dict  # last evaluation: val_loss, val_bpb
   tokens_per_second: float
@@ -135,7 +136,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     ckpt.close()
   if write_metrics and moe_layers and history:
     plot_expert_load(writer.jsonl_path, os.path.join(workdir, "expert_load.png"))
-  return Run(state, history, last_eval,
+  return Run(state, start, history, last_eval,
              total_steps * tokens_per_step / max(total_time, 1e-9))
 
 

@@ -64,7 +64,7 @@ def make_train_step(graphdef, optimizer, seed: int):
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "ce_loss": ce, "aux_loss": aux["aux_loss"],
-               "grad_norm": optax.global_norm(grads), "moe": aux["moe"]}
+               "grad_norm": optax.tree.norm(grads), "moe": aux["moe"]}
     return TrainState(state.step + 1, params, new_rest, opt_state), metrics
 
   return jax.jit(train_step, donate_argnums=0)

@@ -10,6 +10,7 @@ import pytest
 
 from configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
+from moejax.inference.restore import load_from_workdir
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import NonFiniteLossError, init_state, train_and_evaluate
@@ -58,6 +59,10 @@ def test_thirty_steps_lower_the_loss(data_dir, tmp_path):
     assert key in rec, key
   np.testing.assert_allclose(sum(rec[f"moe/layer1/load_fraction/e{e}"] for e in range(8)), 1.0,
                              rtol=1e-5)
+  # what experiments.sample restores is what training ended with
+  _, _, params, _, tokenizer = load_from_workdir(str(tmp_path), for_generation=True)
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), params_of(run))
+  assert tokenizer.decode(tokenizer.encode("ROMEO:")) == "ROMEO:"
 
 
 @pytest.mark.parametrize("arg", ["", "router=sigmoid_bias"])
@@ -66,7 +71,7 @@ def test_resume_is_bit_exact(data_dir, tmp_path, arg):
   straight = train_and_evaluate(config, str(tmp_path / "straight"), write_metrics=False)
   train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False, stop_at_step=10)
   resumed = train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False)
-  assert int(resumed.state.step) == 20
+  assert resumed.start_step == 10 and int(resumed.state.step) == 20
   jax.tree.map(np.testing.assert_array_equal, params_of(straight), params_of(resumed))
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, straight.state.rest),
                jax.tree.map(np.asarray, resumed.state.rest))

@@ -1,0 +1,256 @@
+r"""MoE layer speed and memory on this machine: every dispatch path vs the equal-FLOP dense SwiGLU.
+
+  python -m experiments.benchmarks.moe_layer                      # coarse + fine
+  python -m experiments.benchmarks.moe_layer --shapes=lm,256:64:32:8:2 --reps=3
+  python -m experiments.benchmarks.moe_layer --json=/tmp/r.json --markdown=/tmp/r.md
+
+Shapes are presets (coarse, fine, lm) or T:d:f:E:k. For each shape, the
+router (softmax top-k, float32) + dispatch + SwiGLU experts is timed forward
+and forward+backward (gradients for x, router and expert weights), next to a
+dense SwiGLU of width k*f (the same expert FLOPs per token). Reported per
+path and pass: median time, ratio = dense time / path time (1.0 = the dense
+limit), compiled temp memory (`memory_analysis().temp_size_in_bytes`) and
+padding waste (padded rows / real rows, dropless tile = --tile).
+
+Paths:
+  dense                     SwiGLU d_ff = k*f, no router
+  capacity                  GShard capacity (cf --capacity_factor), index scatter, no one-hot
+  dropless/<matmul>         dropless dispatch with grouped_matmul loop|tiled|ragged_dot|gmm
+  dropless_memeff           SonicMoE custom-VJP path (moejax/dispatch/memeff.py)
+  anchor/gshard_einsum      GShard one-hot dispatch/combine einsums [T, E, C] (cf as capacity)
+  anchor/sort_ragged_dot    sort, then jax.lax.ragged_dot on unpadded groups (tile 1)
+Repetitions are interleaved (round r runs every path once, order rotated by r)
+and medians taken: the machine is shared and noisy. Paths that cost E x the
+FLOPs on CPU (ragged_dot, gmm reference, one-hot einsum) run --slow_reps times.
+"""
+import datetime
+import functools
+import json
+import math
+import os
+import platform
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.config import base_config
+from moejax.dispatch import get_dispatcher
+from moejax.dispatch.capacity import expert_capacity
+from moejax.experts import swiglu_experts
+from moejax.routing import get_router
+
+PRESETS = {  # T, d, f, E, k
+    "coarse": (4096, 512, 1024, 8, 2),
+    "fine": (4096, 512, 256, 64, 8),
+    "lm": (4096, 128, 256, 8, 2),  # the default LM's MoE layer (32 x 128 tokens)
+}
+PATHS = ("dense", "capacity", "dropless/loop", "dropless/tiled", "dropless/ragged_dot",
+         "dropless/gmm", "dropless_memeff", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
+SLOW = ("dropless/ragged_dot", "dropless/gmm", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
+PLAIN_SORT_GATHER = "dropless/loop"  # the autodiff twin of dropless_memeff
+
+_SHAPES = flags.DEFINE_list("shapes", ["coarse", "fine"], "Presets or T:d:f:E:k.")
+_PATHS = flags.DEFINE_list("paths", list(PATHS), "Paths to run (dense is always run).")
+_PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
+_REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
+_SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
+_TILE = flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile.")
+_CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
+_JSON = flags.DEFINE_string("json", None, "Write one record per shape, path and pass here.")
+_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
+
+
+def parse_shape(spec: str):
+  if spec in PRESETS:
+    return spec, PRESETS[spec]
+  dims = tuple(int(v) for v in spec.split(":"))
+  if len(dims) != 5:
+    raise app.UsageError(f"--shapes entry {spec!r}: a preset {sorted(PRESETS)} or T:d:f:E:k")
+  return spec, dims
+
+
+def moe_cfg(num_experts, top_k, **overrides):
+  c = base_config().model.moe
+  c.num_experts, c.top_k, c.dropless_tile, c.capacity_factor = (
+      num_experts, top_k, _TILE.value, _CF.value)
+  c.update(overrides)
+  return c.lock()
+
+
+def route(params, x, cfg):
+  logits = x.astype(jnp.float32) @ params["router"]
+  return get_router("topk").route(logits, cfg=cfg, state={}, rng=None, train=True).routing
+
+
+def gshard_einsum(x, routing, expert_fn, cfg):
+  """GShard (Lepikhin et al. 2020) one-hot dispatch/combine tensors [T, E, C] and einsums."""
+  num_tokens, num_slots = routing.expert_index.shape
+  num_experts = cfg.num_experts
+  capacity = expert_capacity(num_tokens, num_experts, cfg.top_k, cfg.capacity_factor,
+                             cfg.min_capacity)
+  one_hot = jax.nn.one_hot(routing.expert_index.T, num_experts) * routing.valid.T[..., None]
+  # position of each assignment in its expert's buffer, slot-major priority
+  position = jnp.cumsum(one_hot.reshape(-1, num_experts), 0).reshape(one_hot.shape) - 1
+  position = jnp.sum(position * one_hot, -1)  # [S, T]
+  kept = one_hot * (position < capacity)[..., None]  # [S, T, E]
+  slot_one_hot = jax.nn.one_hot(position, capacity)  # [S, T, C]
+  dispatch = jnp.einsum("ste,stc->tec", kept, slot_one_hot)
+  weight = routing.masked_weight().T  # [S, T]
+  combine = jnp.einsum("ste,stc,st->tec", kept, slot_one_hot, weight)
+  rows = jnp.einsum("tec,td->ecd", dispatch, x)
+  out = expert_fn(rows, lambda r, w: jnp.einsum("eca,eab->ecb", r, w))
+  y = jnp.einsum("tec,ecd->td", combine, out)
+  waste = (num_experts * capacity - jnp.sum(kept)) / jnp.maximum(jnp.sum(kept), 1)
+  return y, {"padding_waste": waste}
+
+
+def capacity_waste(metrics, num_tokens, top_k, num_experts):
+  kept = num_tokens * top_k * (1 - metrics["dropped_fraction"])
+  return (num_experts * metrics["capacity"] - kept) / kept
+
+
+def make_path(name, dims):
+  """fn(params, x) -> (y, padding_waste), and its parameters."""
+  t, d, f, e, k = dims
+  rng = np.random.default_rng(0)
+  normal = lambda *s: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2]), jnp.float32)
+  if name == "dense":
+    params = {"w_gate": normal(d, k * f), "w_up": normal(d, k * f), "w_down": normal(k * f, d)}
+
+    def dense(params, x):
+      hidden = jax.nn.silu(x @ params["w_gate"]) * (x @ params["w_up"])
+      return hidden @ params["w_down"], jnp.zeros((), jnp.float32)
+
+    return dense, params
+  params = {"router": normal(d, e), "experts": {
+      "w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)}}
+  kind, _, matmul = name.partition("/")
+  if kind == "anchor":
+    dispatch = gshard_einsum if matmul == "gshard_einsum" else get_dispatcher("dropless")
+    cfg = moe_cfg(e, k, grouped_matmul="ragged_dot", dropless_tile=1)
+  else:
+    dispatch = get_dispatcher(kind)
+    cfg = moe_cfg(e, k, grouped_matmul=matmul or "auto")
+
+  def moe(params, x):
+    routing = route(params, x, cfg)
+    y, metrics = dispatch(x, routing, functools.partial(swiglu_experts, params["experts"]), cfg)
+    if "padding_waste" in metrics:
+      return y, metrics["padding_waste"]
+    return y, capacity_waste(metrics, t, k, e)
+
+  return moe, params
+
+
+def compile_pass(fn, params, x, which):
+  if which == "fwd":
+    jitted = jax.jit(fn)
+    args = (params, x)
+  else:
+    def fwd_bwd(params, x, d_out):
+      (y, waste), vjp = jax.vjp(fn, params, x)
+      return vjp((d_out, jnp.zeros_like(waste))), waste
+    jitted = jax.jit(fwd_bwd)
+    args = (params, x, jnp.ones_like(x) / x.size)
+  compiled = jitted.lower(*args).compile()
+  return compiled, args, int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def bench_shape(label, dims, paths, passes):
+  t, d, f, e, k = dims
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((t, d)), jnp.float32)
+  runs = {}  # (path, pass) -> [compiled, args, temp, times, waste]
+  for name in paths:
+    fn, params = make_path(name, dims)
+    for which in passes:
+      compiled, args, temp = compile_pass(fn, params, x, which)
+      runs[name, which] = [compiled, args, temp, [], None]
+  keys = list(runs)
+  for round_ in range(max(_REPS.value, _SLOW_REPS.value)):
+    shift = round_ % len(keys)
+    for key in keys[shift:] + keys[:shift]:
+      if round_ >= (_SLOW_REPS.value if key[0] in SLOW else _REPS.value):
+        continue
+      compiled, args, _, times, _ = runs[key]
+      start = time.perf_counter()
+      out = jax.block_until_ready(compiled(*args))
+      times.append(time.perf_counter() - start)
+      runs[key][4] = float(out[1])
+  records = []
+  for (name, which), (_, _, temp, times, waste) in runs.items():
+    median = float(np.median(times))
+    dense = float(np.median(runs["dense", which][3]))
+    records.append({"shape": label, "T": t, "d": d, "f": f, "E": e, "k": k, "path": name,
+                    "pass": which, "time_ms": 1e3 * median, "ratio_to_dense": dense / median,
+                    "temp_bytes": temp, "padding_waste": waste, "reps": len(times),
+                    "dropless_tile": _TILE.value})
+  return records
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def markdown(records) -> str:
+  lines = [f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+           f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}.",
+           f"fp32; dropless_tile={_TILE.value}, capacity_factor={_CF.value}; "
+           f"medians of {_REPS.value} interleaved reps ({_SLOW_REPS.value} for "
+           "the E x FLOPs paths). ratio = dense time / path time.", ""]
+  for shape in dict.fromkeys(r["shape"] for r in records):
+    rows = [r for r in records if r["shape"] == shape]
+    r0 = rows[0]
+    lines += [f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}", "",
+              "| path | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd+bwd temp MiB "
+              f"| temp / {PLAIN_SORT_GATHER} | padding waste |",
+              "|---|---|---|---|---|---|---|---|"]
+    by = {(r["path"], r["pass"]): r for r in rows}
+    plain = by.get((PLAIN_SORT_GATHER, "fwd+bwd"))
+    for path in dict.fromkeys(r["path"] for r in rows):
+      fwd, bwd = by.get((path, "fwd")), by.get((path, "fwd+bwd"))
+      cell = lambda r, key, fmt: fmt.format(r[key]) if r else "-"
+      rel = f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-"
+      any_r = fwd or bwd
+      lines.append(
+          f"| {path} | {cell(fwd, 'time_ms', '{:.1f}')} | {cell(fwd, 'ratio_to_dense', '{:.2f}')} "
+          f"| {cell(bwd, 'time_ms', '{:.1f}')} | {cell(bwd, 'ratio_to_dense', '{:.2f}')} "
+          f"| {bwd['temp_bytes'] / 2**20:.1f} | {rel} | {any_r['padding_waste']:.3f} |"
+          if bwd else
+          f"| {path} | {cell(fwd, 'time_ms', '{:.1f}')} | {cell(fwd, 'ratio_to_dense', '{:.2f}')} "
+          f"| - | - | - | - | {any_r['padding_waste']:.3f} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  paths = ["dense"] + [p for p in _PATHS.value if p != "dense"]
+  unknown = set(paths) - set(PATHS)
+  if unknown:
+    raise app.UsageError(f"unknown --paths {sorted(unknown)}; valid: {PATHS}")
+  records = []
+  for spec in _SHAPES.value:
+    label, dims = parse_shape(spec)
+    records += bench_shape(label, dims, paths, _PASSES.value)
+    print(markdown([r for r in records if r["shape"] == label]), flush=True)
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
+                 "date": datetime.date.today().isoformat(), "records": records}, f, indent=1)
+  if _MARKDOWN.value:
+    with open(_MARKDOWN.value, "w") as f:
+      f.write(markdown(records) + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,133 @@
+"""Block schedules over the tile-padded layout, and a loop grouped matmul for CPU.
+
+On CPU the fastest dropless layout we measured is a loop over row blocks, each
+block one plain matmul with its expert's weight slice read in place (no
+per-tile weight gather, no E x masked FLOPs). Loop trip counts are dynamic,
+so only blocks holding rows are visited: padding tiles past the last group
+cost nothing.
+
+Block schedule: each expert's padded group (a multiple of `tile` rows) is cut
+greedily into blocks of `block_rows` = tile * 2^j rows, then at most one block
+of each size block_rows/2, block_rows/4, ..., tile (the binary digits of the
+remainder). Large blocks keep the matmuls efficient; the small ones keep the
+padding waste relative to the dispatch tile, not to the block size. Every
+pass is one `fori_loop` over that size's blocks.
+
+`loop_gmm` is the grouped matmul over such a schedule with a custom VJP
+(d rows = loop of grad @ w^T, d w = loop of rows^T @ grad), the same
+gmm/tgmm pairing as kernels/ (megablox), written as XLA loops.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import lax
+
+from moejax.dispatch.base import TileLayout
+
+# Measured on the 2-core CPU (experiments/benchmarks/moe_layer.py): blocks of
+# 256-512 rows run the matmuls at dense speed; 128-row blocks lose ~10%.
+DEFAULT_BLOCK_ROWS = 256
+
+
+@struct.dataclass
+class BlockPass:
+  """`count` blocks of `rows` rows: block i covers rows [start[i], start[i] + rows)."""
+  start: jax.Array  # int32 [max_blocks]
+  expert: jax.Array  # int32 [max_blocks]
+  count: jax.Array  # int32 []
+  rows: int = struct.field(pytree_node=False)
+
+
+def block_sizes(tile: int, block_rows: int) -> tuple[int, ...]:
+  """tile * 2^j >= min(block_rows, tile), halving down to tile."""
+  largest = tile * 2 ** max(0, math.ceil(math.log2(max(block_rows, tile) / tile)))
+  sizes = [largest]
+  while sizes[-1] > tile:
+    sizes.append(sizes[-1] // 2)
+  return tuple(sizes)
+
+
+def block_schedule(layout: TileLayout, block_rows: int = DEFAULT_BLOCK_ROWS
+                   ) -> tuple[BlockPass, ...]:
+  """Cut every expert's padded group into blocks (see module doc)."""
+  sizes = block_sizes(layout.tile, block_rows)
+  num_experts = layout.padded_sizes.shape[0]
+  experts = jnp.arange(num_experts, dtype=jnp.int32)
+  big = sizes[0]
+  per_expert = layout.padded_sizes // big
+  ends = jnp.cumsum(per_expert)
+  max_blocks = layout.num_rows // big
+  block = jnp.arange(max_blocks, dtype=jnp.int32)
+  owner = jnp.minimum(jnp.searchsorted(ends, block, side="right"), num_experts - 1)
+  start = layout.padded_starts[owner] + (block - (ends - per_expert)[owner]) * big
+  passes = [BlockPass(start.astype(jnp.int32), owner.astype(jnp.int32),
+                      ends[-1].astype(jnp.int32), big)]
+  for size in sizes[1:]:
+    present = (layout.padded_sizes // size) % 2 == 1
+    (index,) = jnp.nonzero(present, size=num_experts, fill_value=0)
+    start = layout.padded_starts + layout.padded_sizes // (2 * size) * (2 * size)
+    passes.append(BlockPass(start[index].astype(jnp.int32), experts[index],
+                            jnp.sum(present, dtype=jnp.int32), size))
+  return tuple(passes)
+
+
+def for_each_block(schedule, body, carry):
+  """carry = body(rows, start, expert, carry) for every block, pass by pass."""
+  for p in schedule:
+    carry = lax.fori_loop(
+        0, p.count, lambda i, c, p=p: body(p.rows, p.start[i], p.expert[i], c), carry)
+  return carry
+
+
+def _loop_matmul(rows, w, schedule, transpose_w):
+  out_dim = w.shape[1] if transpose_w else w.shape[2]
+  out_dtype = jnp.result_type(rows, w)
+
+  def body(size, start, expert, out):
+    w_e = w[expert].T if transpose_w else w[expert]
+    y = lax.dynamic_slice_in_dim(rows, start, size) @ w_e
+    return lax.dynamic_update_slice_in_dim(out, y.astype(out_dtype), start, 0)
+
+  return for_each_block(schedule, body, jnp.zeros((rows.shape[0], out_dim), out_dtype))
+
+
+def _loop_tmatmul(rows, grad, schedule, num_experts):
+  def body(size, start, expert, dw):
+    r = lax.dynamic_slice_in_dim(rows, start, size)
+    g = lax.dynamic_slice_in_dim(grad, start, size)
+    return dw.at[expert].add((r.T @ g).astype(dw.dtype))
+
+  dw = jnp.zeros((num_experts, rows.shape[1], grad.shape[1]), jnp.result_type(rows, grad))
+  return for_each_block(schedule, body, dw)
+
+
+@jax.custom_vjp
+def loop_gmm(rows, w, schedule):
+  """out[block] = rows[block] @ w[expert of block]; rows outside every block -> 0."""
+  return _loop_matmul(rows, w, schedule, False)
+
+
+def _loop_gmm_fwd(rows, w, schedule):
+  return _loop_matmul(rows, w, schedule, False), (rows, w, schedule)
+
+
+def _loop_gmm_bwd(res, grad):
+  rows, w, schedule = res
+  d_rows = _loop_matmul(grad, w, schedule, True).astype(rows.dtype)
+  d_w = _loop_tmatmul(rows, grad, schedule, w.shape[0]).astype(w.dtype)
+  return d_rows, d_w, jax.tree.map(lambda _: None, schedule)
+
+
+loop_gmm.defvjp(_loop_gmm_fwd, _loop_gmm_bwd)
+
+
+def loop_matmul_fn(schedule):
+  """The `matmul(rows, w)` an expert function calls, over this schedule."""
+  return functools.partial(_apply_loop_gmm, schedule)
+
+
+def _apply_loop_gmm(schedule, rows, w):
+  return loop_gmm(rows, w, schedule)
