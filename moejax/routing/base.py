@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from moejax.errors import choice_error
+from moejax.registry import Registry
 
 
 @struct.dataclass
@@ -86,25 +86,20 @@ class RouterSpec:
   validate: Callable[[Any], None] | None = None
 
 
-ROUTERS: dict[str, RouterSpec] = {}
+ROUTERS = Registry("model.moe.router")
 
 
 def register_router(name: str, *, init_state=None, causal=True, validate=None):
   """Decorator: register a pure routing function under `name`."""
 
   def wrap(fn):
-    if name in ROUTERS:
-      raise ValueError(f"router {name!r} registered twice")
-    ROUTERS[name] = RouterSpec(name, fn, init_state, causal, validate)
+    ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate))
     return fn
 
   return wrap
 
 
-def get_router(name: str) -> RouterSpec:
-  if name not in ROUTERS:
-    raise choice_error("model.moe.router", name, ROUTERS)
-  return ROUTERS[name]
+get_router = ROUTERS.get
 
 
 def routing_entropy(probs: jax.Array) -> jax.Array:

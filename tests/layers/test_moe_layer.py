@@ -108,3 +108,21 @@ def test_expert_choice_is_flagged_and_is_non_causal():
     changed = tokens.at[:, 8:].set(jax.random.randint(jax.random.key(seed), (2, 4), 0, 256))
     differs.append(not np.array_equal(model(changed)[0][:, :8], logits[:, :8]))
   assert any(differs)
+
+
+def test_bfloat16_compute_keeps_router_in_float32():
+  """With model.dtype=bfloat16 the experts run in bf16 and the router in float32."""
+  cfg = moe_cfg(num_experts=4, top_k=2, expert_d_ff=16)
+  layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(0), (2, 6, 8)).astype(jnp.bfloat16)
+  jaxpr = jax.make_jaxpr(lambda x: layer(x))(x).jaxpr
+  dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+  router_dots = [e for e in dots if e.outvars[0].aval.shape == (12, 4)]
+  assert router_dots and all(e.outvars[0].aval.dtype == jnp.float32 for e in router_dots)
+  # expert matmuls: whatever primitive the grouped matmul uses, out width f = 16
+  expert_dots = [e for e in jaxpr.eqns if e.outvars and e.outvars[0].aval.shape[-1:] == (16,)
+                 and e.primitive.name in ("dot_general", "custom_vjp_call", "pjit")]
+  assert expert_dots and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in expert_dots)
+  y, aux = layer(x)
+  assert y.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
+  assert aux["aux_loss"].dtype == jnp.float32
