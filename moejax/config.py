@@ -7,8 +7,9 @@ ConfigError naming the bad key and value.
 """
 import ml_collections
 
-from moejax import dispatch, losses, routing
+from moejax import dispatch, losses, routing, sharding
 from moejax.errors import ConfigError, choice_error
+from moejax.routing.token_rounding import validate_rounding
 
 FFN_TYPES = ("dense", "moe")
 DTYPES = ("float32", "bfloat16")
@@ -47,11 +48,41 @@ def base_config() -> ml_collections.ConfigDict:
   e.bias_update_rate = 1e-3
   e.routed_scaling_factor = 1.0
   e.dispatch = "dropless"
-  e.grouped_matmul = "auto"  # dropless only: auto | tiled | ragged_dot | gmm
-  e.dropless_tile = 128  # rows per expert tile in the dropless layout
+  e.grouped_matmul = "auto"  # dropless only: auto | fused | loop | tiled | ragged_dot | gmm
+  e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
+  e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
+  # router 'topk_rounded' (SonicMoE token rounding): counts rounded to this tile;
+  # with dropless_tile dividing rounding_tile the dropless layout pads nothing.
+  e.rounding_tile = 128
+  e.rounding_mode = "nearest"  # up | down | nearest
   e.capacity_factor = 1.25
   e.min_capacity = 4
+  # Research routers, batch 1 (see each router's module docstring).
+  # router 'probmoe': both 0 = exact-k (k = top_k); both > 0 = dynamic-k band.
+  e.probmoe_k_min = 0
+  e.probmoe_k_max = 0
+  # router 'smooth_topk' (SmoothSMoE): eta = softplus(smooth_eta_init + state offset).
+  e.smooth_eta_init = -9.0
+  e.smooth_a = 1.0
+  e.smooth_b = 50.0
+  e.smooth_boundary_alpha = 1.0  # loss 'smooth_boundary'
+  e.smooth_h_offset = 0.5
+  # router 'mahalanobis' (MP-MoE): co-occurrence covariance EMA + ridge.
+  e.mp_ema_decay = 0.99
+  e.mp_ridge = 1e-3
+  # router 'as_coot' (TiME semi-relaxed Sinkhorn); ot_tau = 0 means tau = infinity.
+  e.ot_epsilon = 0.05
+  e.ot_tau = 1.0
+  e.ot_iters = 50
+  # router 'capacity_aware' (Token Drop r = 1 / Expanded Drop r > 1).
+  e.capacity_gamma = 1.0
+  e.capacity_expand_r = 1.0
+  e.capacity_num_shards = 0  # > 0: capacity per expert-parallel shard
+  # router 'sere': primary slots per token and the similarity threshold rho.
+  e.sere_primary_slots = 1
+  e.sere_rho = 0.5
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
+  e.dpsl_alpha = 1.0  # loss 'dpsl': symmetric Dirichlet prior (DPSL)
 
   c.data = d = ml_collections.ConfigDict()
   d.name = "shakespeare"
@@ -79,6 +110,14 @@ def base_config() -> ml_collections.ConfigDict:
   t.checkpoint_every = 200
   t.max_to_keep = 2
   t.progress_bar = True
+
+  # Device mesh (moejax/sharding.py): axis sizes, -1 = the devices left over.
+  # One device in all: the plain single-device program.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
+  c.sharding = s = ml_collections.ConfigDict()
+  s.rules = ml_collections.ConfigDict(sharding.rules_as_strings())  # logical -> "axis,axis"
+  s.all_to_all = "auto"  # expert-parallel exchange: auto | ragged (TPU/GPU) | fixed
+  s.a2a_capacity_factor = 0.0  # 0: receive buffers that never overflow; f > 0: f x mean load
   return c
 
 
@@ -115,6 +154,7 @@ def validate_config(c) -> None:
   for key in ("log_every", "eval_every", "checkpoint_every", "max_to_keep"):
     _positive(f"train.{key}", t[key])
   _positive("train.warmup_steps", t.warmup_steps, strict=False)
+  sharding.validate_sharding_config(c)
 
 
 def validate_moe(e, num_layers: int) -> None:
@@ -126,8 +166,13 @@ def validate_moe(e, num_layers: int) -> None:
   _positive("model.moe.expert_d_ff", e.expert_d_ff)
   _positive("model.moe.every_n", e.every_n)
   _positive("model.moe.dropless_tile", e.dropless_tile)
+  _positive("model.moe.dropless_block", e.dropless_block)
+  validate_rounding(e)
   _positive("model.moe.min_capacity", e.min_capacity, strict=False)
   _positive("model.moe.num_shared_experts", e.num_shared_experts, strict=False)
+  for module in (routing.probmoe, routing.smooth_topk, routing.mahalanobis,
+                 routing.optimal_transport, routing.capacity_aware, routing.sere):
+    module.validate_keys(e)  # research-router keys, checked whatever the router
   if not 0 <= e.first_dense < num_layers:
     raise ConfigError(f"model.moe.first_dense={e.first_dense} must be in "
                       f"[0, model.num_layers={num_layers})")
@@ -142,6 +187,7 @@ def validate_moe(e, num_layers: int) -> None:
   for name, weight in e.loss_weights.items():
     losses.get_loss(name)
     _positive(f"model.moe.loss_weights.{name}", weight, strict=False)
+  _positive("model.moe.dpsl_alpha", e.dpsl_alpha)
 
 
 def parse_config_arg(arg: str | None, defaults: dict) -> ml_collections.ConfigDict:

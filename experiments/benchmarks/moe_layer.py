@@ -5,9 +5,9 @@ r"""MoE layer speed and memory on this machine: every dispatch path vs the equal
   python -m experiments.benchmarks.moe_layer --json=/tmp/r.json --markdown=/tmp/r.md
 
 Shapes are presets (coarse, fine, lm) or T:d:f:E:k. For each shape, the
-router (softmax top-k, float32) + dispatch + SwiGLU experts is timed forward
-and forward+backward (gradients for x, router and expert weights), next to a
-dense SwiGLU of width k*f (the same expert FLOPs per token). Reported per
+router (--router, default softmax top-k; float32) + dispatch + SwiGLU experts
+is timed forward and forward+backward (gradients for x, router and expert
+weights), next to a dense SwiGLU of width k*f (the same expert FLOPs per token). Reported per
 path and pass: median time, ratio = dense time / path time (1.0 = the dense
 limit), compiled temp memory (`memory_analysis().temp_size_in_bytes`) and
 padding waste (padded rows / real rows, dropless tile = --tile).
@@ -16,17 +16,20 @@ Paths:
   dense                     SwiGLU d_ff = k*f, no router
   capacity                  GShard capacity (cf --capacity_factor), index scatter, no one-hot
   dropless/<matmul>         dropless dispatch with grouped_matmul loop|tiled|ragged_dot|gmm
-  dropless_memeff           SonicMoE custom-VJP path (moejax/dispatch/memeff.py)
+  dropless_memeff           SonicMoE custom-VJP path (moejax/dispatch/memeff.py); the same
+                            as dropless/fused, which grouped_matmul 'auto' picks on CPU
   anchor/gshard_einsum      GShard one-hot dispatch/combine einsums [T, E, C] (cf as capacity)
   anchor/sort_ragged_dot    sort, then jax.lax.ragged_dot on unpadded groups (tile 1)
-Repetitions are interleaved (round r runs every path once, order rotated by r)
-and medians taken: the machine is shared and noisy. Paths that cost E x the
-FLOPs on CPU (ragged_dot, gmm reference, one-hot einsum) run --slow_reps times.
+A path whose compiled temp memory exceeds --max_temp_gib is not run (the
+table says 'skipped', with its temp memory). Each path is compiled ahead and
+called once untimed; repetitions are then interleaved (round r runs every
+path once, order rotated by r) and medians taken: the machine is shared and
+noisy. Paths that cost E x the FLOPs on CPU (ragged_dot, gmm reference,
+one-hot einsum) skip the untimed call and run --slow_reps times.
 """
 import datetime
 import functools
 import json
-import math
 import os
 import platform
 import time
@@ -58,7 +61,13 @@ _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
 _TILE = flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile.")
+_ROUTER = flags.DEFINE_string("router", "topk", "model.moe.router of the MoE paths, e.g. "
+                              "topk_rounded (token rounding, train mode) with --rounding_*.")
+_ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.rounding_tile.")
+_ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.rounding_mode.")
 _CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
+_MAX_TEMP = flags.DEFINE_float("max_temp_gib", 6.0,
+                                "Skip (and report) a path whose compiled temp memory is larger.")
 _JSON = flags.DEFINE_string("json", None, "Write one record per shape, path and pass here.")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
 
@@ -76,13 +85,17 @@ def moe_cfg(num_experts, top_k, **overrides):
   c = base_config().model.moe
   c.num_experts, c.top_k, c.dropless_tile, c.capacity_factor = (
       num_experts, top_k, _TILE.value, _CF.value)
+  c.router, c.rounding_tile, c.rounding_mode = (
+      _ROUTER.value, _ROUNDING_TILE.value, _ROUNDING_MODE.value)
   c.update(overrides)
   return c.lock()
 
 
 def route(params, x, cfg):
   logits = x.astype(jnp.float32) @ params["router"]
-  return get_router("topk").route(logits, cfg=cfg, state={}, rng=None, train=True).routing
+  spec = get_router(cfg.router)
+  state = spec.init_state(cfg.num_experts) if spec.init_state else {}
+  return spec.route(logits, cfg=cfg, state=state, rng=None, train=True).routing
 
 
 def gshard_einsum(x, routing, expert_fn, cfg):
@@ -163,10 +176,16 @@ def bench_shape(label, dims, paths, passes):
   t, d, f, e, k = dims
   x = jnp.asarray(np.random.default_rng(1).standard_normal((t, d)), jnp.float32)
   runs = {}  # (path, pass) -> [compiled, args, temp, times, waste]
+  skipped = {}  # (path, pass) -> temp bytes over --max_temp_gib
   for name in paths:
     fn, params = make_path(name, dims)
     for which in passes:
       compiled, args, temp = compile_pass(fn, params, x, which)
+      if temp > _MAX_TEMP.value * 2**30:
+        skipped[name, which] = temp
+        continue
+      if name not in SLOW:  # one untimed call (first-call costs); slow paths are too slow
+        jax.block_until_ready(compiled(*args))
       runs[name, which] = [compiled, args, temp, [], None]
   keys = list(runs)
   for round_ in range(max(_REPS.value, _SLOW_REPS.value)):
@@ -187,6 +206,11 @@ def bench_shape(label, dims, paths, passes):
                     "pass": which, "time_ms": 1e3 * median, "ratio_to_dense": dense / median,
                     "temp_bytes": temp, "padding_waste": waste, "reps": len(times),
                     "dropless_tile": _TILE.value})
+  for (name, which), temp in skipped.items():
+    records.append({"shape": label, "T": t, "d": d, "f": f, "E": e, "k": k, "path": name,
+                    "pass": which, "time_ms": None, "ratio_to_dense": None, "temp_bytes": temp,
+                    "padding_waste": None, "reps": 0, "dropless_tile": _TILE.value,
+                    "skipped": f"temp {temp / 2**30:.1f} GiB > --max_temp_gib"})
   return records
 
 
@@ -202,32 +226,33 @@ def cpu_model() -> str:
 
 
 def markdown(records) -> str:
+  load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
   lines = [f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
-           f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}.",
-           f"fp32; dropless_tile={_TILE.value}, capacity_factor={_CF.value}; "
+           f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}; "
+           f"load average at the end {load} (the machine is shared).",
+           f"fp32; router {_ROUTER.value}"
+           + (f" ({_ROUNDING_MODE.value}, tile {_ROUNDING_TILE.value})"
+              if _ROUTER.value == "topk_rounded" else "")
+           + f"; dropless_tile={_TILE.value}, capacity_factor={_CF.value}; "
            f"medians of {_REPS.value} interleaved reps ({_SLOW_REPS.value} for "
            "the E x FLOPs paths). ratio = dense time / path time.", ""]
+  fmt = lambda r, key, spec: (format(r[key], spec) if r and r[key] is not None else
+                              "skipped" if r else "-")
   for shape in dict.fromkeys(r["shape"] for r in records):
-    rows = [r for r in records if r["shape"] == shape]
-    r0 = rows[0]
+    by = {(r["path"], r["pass"]): r for r in records if r["shape"] == shape}
+    r0 = next(iter(by.values()))
+    plain = by.get((PLAIN_SORT_GATHER, "fwd+bwd"))
     lines += [f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}", "",
               "| path | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd+bwd temp MiB "
               f"| temp / {PLAIN_SORT_GATHER} | padding waste |",
               "|---|---|---|---|---|---|---|---|"]
-    by = {(r["path"], r["pass"]): r for r in rows}
-    plain = by.get((PLAIN_SORT_GATHER, "fwd+bwd"))
-    for path in dict.fromkeys(r["path"] for r in rows):
+    for path in dict.fromkeys(p for p, _ in by):
       fwd, bwd = by.get((path, "fwd")), by.get((path, "fwd+bwd"))
-      cell = lambda r, key, fmt: fmt.format(r[key]) if r else "-"
+      temp = f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-"
       rel = f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-"
-      any_r = fwd or bwd
-      lines.append(
-          f"| {path} | {cell(fwd, 'time_ms', '{:.1f}')} | {cell(fwd, 'ratio_to_dense', '{:.2f}')} "
-          f"| {cell(bwd, 'time_ms', '{:.1f}')} | {cell(bwd, 'ratio_to_dense', '{:.2f}')} "
-          f"| {bwd['temp_bytes'] / 2**20:.1f} | {rel} | {any_r['padding_waste']:.3f} |"
-          if bwd else
-          f"| {path} | {cell(fwd, 'time_ms', '{:.1f}')} | {cell(fwd, 'ratio_to_dense', '{:.2f}')} "
-          f"| - | - | - | - | {any_r['padding_waste']:.3f} |")
+      lines.append(f"| {path} | {fmt(fwd, 'time_ms', '.1f')} | {fmt(fwd, 'ratio_to_dense', '.2f')} "
+                   f"| {fmt(bwd, 'time_ms', '.1f')} | {fmt(bwd, 'ratio_to_dense', '.2f')} "
+                   f"| {temp} | {rel} | {fmt(fwd or bwd, 'padding_waste', '.3f')} |")
     lines.append("")
   return "\n".join(lines)
 
@@ -246,7 +271,8 @@ def main(argv):
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
-                 "date": datetime.date.today().isoformat(), "records": records}, f, indent=1)
+                 "date": datetime.date.today().isoformat(), "loadavg": os.getloadavg(),
+                 "records": records}, f, indent=1)
   if _MARKDOWN.value:
     with open(_MARKDOWN.value, "w") as f:
       f.write(markdown(records) + "\n")

@@ -14,25 +14,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from moejax.errors import choice_error
+from moejax.registry import Registry
 from moejax.routing.base import Routing
 
-DISPATCHERS: dict[str, Callable] = {}
-
-
-def register_dispatcher(name: str):
-  def wrap(fn):
-    if name in DISPATCHERS:
-      raise ValueError(f"dispatcher {name!r} registered twice")
-    DISPATCHERS[name] = fn
-    return fn
-  return wrap
-
-
-def get_dispatcher(name: str) -> Callable:
-  if name not in DISPATCHERS:
-    raise choice_error("model.moe.dispatch", name, DISPATCHERS)
-  return DISPATCHERS[name]
+DISPATCHERS = Registry("model.moe.dispatch")
+register_dispatcher = DISPATCHERS.register
+get_dispatcher = DISPATCHERS.get
 
 
 @struct.dataclass
@@ -90,8 +77,9 @@ class TileLayout:
   """Sorted assignments in a row buffer where each expert's group is padded to
   a multiple of `tile` rows, so no tile of `tile` rows spans two experts.
 
-  The buffer has a static size, ceil(T*S / tile) + E tiles, enough for any
-  routing; rows past the last group and padding rows belong to no assignment.
+  The buffer has a static size, ceil(V / tile) + E tiles with V = T*S (or
+  the routing's `max_valid` bound), enough for any such routing; rows past
+  the last group and padding rows belong to no assignment.
   Flat assignment ids are slot-major (s * T + t), as in SortedAssignments.
   """
   row_of_assignment: jax.Array  # int32 [T*S]: buffer row of each assignment (num_rows if invalid)
@@ -125,7 +113,8 @@ def tile_layout(routing: Routing, num_experts: int, tile: int) -> TileLayout:
   num_tokens, num_slots = routing.expert_index.shape
   num_assign = num_tokens * num_slots
   sorted_ = sort_by_expert(routing, num_experts)
-  num_rows = (-(-num_assign // tile) + num_experts) * tile
+  bound = num_assign if routing.max_valid is None else min(num_assign, routing.max_valid)
+  num_rows = (-(-bound // tile) + num_experts) * tile
   padded_sizes = -(-sorted_.group_sizes // tile) * tile
   padded_starts = jnp.cumsum(padded_sizes) - padded_sizes
   is_valid = sorted_.expert < num_experts
@@ -137,6 +126,12 @@ def tile_layout(routing: Routing, num_experts: int, tile: int) -> TileLayout:
   row_token = jnp.where(row_assignment < num_assign, row_assignment % num_tokens, 0)
   return TileLayout(row_of_assignment, row_token.astype(jnp.int32), row_assignment,
                     sorted_.group_sizes, padded_sizes, padded_starts, tile)
+
+
+def dropless_metrics(layout: TileLayout) -> dict:
+  """What every dropless path reports: nothing dropped, padding waste at its tile."""
+  return {"dropped_fraction": jnp.zeros((), jnp.float32),
+          "padding_waste": padding_waste(layout.group_sizes, layout.tile)}
 
 
 def combine_rows(y_rows: jax.Array, layout: TileLayout, routing: Routing,

@@ -9,16 +9,17 @@ cost nothing.
 Block schedule: each expert's padded group (a multiple of `tile` rows) is cut
 greedily into blocks of `block_rows` = tile * 2^j rows, then at most one block
 of each size block_rows/2, block_rows/4, ..., tile (the binary digits of the
-remainder). Large blocks keep the matmuls efficient; the small ones keep the
-padding waste relative to the dispatch tile, not to the block size. Every
-pass is one `fori_loop` over that size's blocks.
+remainder). block_rows is model.moe.dropless_block, rounded down to a
+tile * 2^j and capped at the buffer. Large blocks keep the matmuls
+efficient; the small ones keep the padding waste relative to the dispatch
+tile, not to the block size. Every pass is one `fori_loop` over that size's
+blocks.
 
 `loop_gmm` is the grouped matmul over such a schedule with a custom VJP
 (d rows = loop of grad @ w^T, d w = loop of rows^T @ grad), the same
 gmm/tgmm pairing as kernels/ (megablox), written as XLA loops.
 """
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +28,10 @@ from jax import lax
 
 from moejax.dispatch.base import TileLayout
 
-# Measured on the 2-core CPU (experiments/benchmarks/moe_layer.py): blocks of
-# 256-512 rows run the matmuls at dense speed; 128-row blocks lose ~10%.
-DEFAULT_BLOCK_ROWS = 256
+# model.moe.dropless_block's default. Measured on the 2-core CPU
+# (experiments/benchmarks/moe_layer.py): 512-row blocks beat 128 and 256 at
+# the lm, coarse and fine shapes; 1024 is no better.
+DEFAULT_BLOCK_ROWS = 512
 
 
 @struct.dataclass
@@ -41,19 +43,23 @@ class BlockPass:
   rows: int = struct.field(pytree_node=False)
 
 
+def block_rows_of(cfg) -> int:
+  """model.moe.dropless_block (the default for configs saved before it existed)."""
+  return cfg.get("dropless_block", DEFAULT_BLOCK_ROWS)
+
+
 def block_sizes(tile: int, block_rows: int) -> tuple[int, ...]:
-  """tile * 2^j >= min(block_rows, tile), halving down to tile."""
-  largest = tile * 2 ** max(0, math.ceil(math.log2(max(block_rows, tile) / tile)))
-  sizes = [largest]
+  """The largest tile * 2^j <= max(block_rows, tile), halving down to tile."""
+  sizes = [tile << ((max(block_rows, tile) // tile).bit_length() - 1)]
   while sizes[-1] > tile:
     sizes.append(sizes[-1] // 2)
   return tuple(sizes)
 
 
-def block_schedule(layout: TileLayout, block_rows: int = DEFAULT_BLOCK_ROWS
+def block_schedule(layout: TileLayout, block_rows: int | None = None
                    ) -> tuple[BlockPass, ...]:
   """Cut every expert's padded group into blocks (see module doc)."""
-  sizes = block_sizes(layout.tile, block_rows)
+  sizes = block_sizes(layout.tile, min(block_rows or DEFAULT_BLOCK_ROWS, layout.num_rows))
   num_experts = layout.padded_sizes.shape[0]
   experts = jnp.arange(num_experts, dtype=jnp.int32)
   big = sizes[0]
@@ -130,4 +136,4 @@ def loop_matmul_fn(schedule):
 
 
 def _apply_loop_gmm(schedule, rows, w):
-  return loop_gmm(rows, w, schedule)
+  return loop_gmm(jnp.asarray(rows), jnp.asarray(w), schedule)

@@ -9,10 +9,14 @@ waste (padded rows / real rows) is reported relative to dropless_tile.
 Invalid slots sort to the end and cost nothing.
 
 The grouped matmul over that layout is `model.moe.grouped_matmul`:
+  'fused'       SwiGLU experts only: the whole expert pass (gather, gate/up,
+                SwiGLU, down, weighted scatter-add) fused into one block loop
+                with the SonicMoE custom VJP; the same as dispatch
+                'dropless_memeff' (memeff.py). Fastest on CPU, least memory.
   'loop'        a fori_loop over row blocks (blocks.py): each block one plain
                 matmul against its expert's weight slice, read in place; only
                 blocks holding rows are visited. Exact FLOPs up to padding.
-                The fastest generic path on CPU here.
+                The fastest path on CPU for any expert function.
   'tiled'       one batched einsum over all tiles, each tile times its expert's
                 weight slice gathered per tile (a [tiles, a, b] weight copy per
                 matmul; computes the unused tiles too).
@@ -20,29 +24,34 @@ The grouped matmul over that layout is `model.moe.grouped_matmul`:
                 lowers to a masked dense dot over all groups, E x the FLOPs).
   'gmm'         the Pallas grouped-matmul kernel from kernels/ (TPU, GPU);
                 on CPU it runs the kernel's jnp reference (E x the FLOPs).
-  'auto'        'gmm' on TPU/GPU, 'loop' on CPU.
-For SwiGLU experts, dispatch='dropless_memeff' (memeff.py) fuses the whole
-expert pass into the same block loop and is faster still on CPU; see
-docs/results/ for the measured table.
+  'auto'        'gmm' on TPU/GPU; on CPU 'fused' for SwiGLU experts, else 'loop'
+                (measured: docs/results/moe_layer_*_cpu.md).
+'fused' and 'loop' are custom VJPs: reverse-mode only (no jax.jvp / jacfwd);
+force 'tiled' for forward-mode differentiation.
 """
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from moejax.dispatch.base import (combine_rows, padding_waste, register_dispatcher,
+from moejax.dispatch.base import (combine_rows, dropless_metrics, register_dispatcher,
                                   tile_layout)
-from moejax.dispatch.blocks import block_schedule, loop_matmul_fn
+from moejax.dispatch.blocks import block_rows_of, block_schedule, loop_matmul_fn
+from moejax.dispatch.memeff import dispatch_dropless_memeff
 from moejax.errors import choice_error
+from moejax.experts.swiglu import swiglu_weights_of
 
-GROUPED_MATMULS = ("auto", "loop", "tiled", "ragged_dot", "gmm")
+GROUPED_MATMULS = ("auto", "fused", "loop", "tiled", "ragged_dot", "gmm")
 
 
-def get_grouped_matmul(name: str) -> str:
+def get_grouped_matmul(name: str, expert_fn=None) -> str:
+  """The grouped matmul `name` stands for ('auto' resolved for this platform and expert_fn)."""
   if name not in GROUPED_MATMULS:
     raise choice_error("model.moe.grouped_matmul", name, GROUPED_MATMULS)
   if name == "auto":
-    return "loop" if jax.default_backend() == "cpu" else "gmm"
+    if jax.default_backend() != "cpu":
+      return "gmm"
+    return "fused" if swiglu_weights_of(expert_fn) is not None else "loop"
   return name
 
 
@@ -53,9 +62,9 @@ def tiled_matmul(tile_expert, tile, rows, w):
   return out.reshape(-1, w.shape[-1])
 
 
-def make_matmul(name, layout):
+def make_matmul(name, layout, block_rows):
   if name == "loop":
-    return loop_matmul_fn(block_schedule(layout))
+    return loop_matmul_fn(block_schedule(layout, block_rows))
   if name == "tiled":
     return functools.partial(tiled_matmul, layout.tile_expert(), layout.tile)
   if name == "ragged_dot":
@@ -64,14 +73,12 @@ def make_matmul(name, layout):
   return lambda rows, w: gmm(rows, w, layout.padded_sizes)
 
 
-def dropless_metrics(layout):
-  return {"dropped_fraction": jnp.zeros((), jnp.float32),
-          "padding_waste": padding_waste(layout.group_sizes, layout.tile)}
-
-
 @register_dispatcher("dropless")
 def dispatch_dropless(x, routing, expert_fn, cfg):
-  method = get_grouped_matmul(cfg.grouped_matmul)
+  method = get_grouped_matmul(cfg.grouped_matmul, expert_fn)
+  if method == "fused":
+    return dispatch_dropless_memeff(x, routing, expert_fn, cfg)
   layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
-  out = expert_fn(x[layout.row_token], make_matmul(method, layout))
+  matmul = make_matmul(method, layout, block_rows_of(cfg))
+  out = expert_fn(jnp.asarray(x)[layout.row_token], matmul)
   return combine_rows(out, layout, routing, x.dtype), dropless_metrics(layout)

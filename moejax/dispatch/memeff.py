@@ -1,4 +1,6 @@
-"""Memory-efficient dropless SwiGLU MoE (SonicMoE, arXiv 2512.14080): dispatch 'dropless_memeff'.
+"""Memory-efficient dropless SwiGLU MoE (SonicMoE, arXiv 2512.14080): dispatch
+'dropless_memeff', also dispatch 'dropless' with grouped_matmul 'fused' (which
+'auto' picks on CPU for SwiGLU experts).
 
 Same routing, layout and forward as 'dropless' (tile-padded rows, base.py),
 but the whole expert pass is one `jax.custom_vjp` fused into the block loop
@@ -28,9 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from moejax.dispatch.base import register_dispatcher, tile_layout
-from moejax.dispatch.blocks import block_schedule, for_each_block
-from moejax.dispatch.dropless import dropless_metrics
+from moejax.dispatch.base import dropless_metrics, register_dispatcher, tile_layout
+from moejax.dispatch.blocks import block_rows_of, block_schedule, for_each_block
 from moejax.errors import ConfigError
 from moejax.experts.swiglu import swiglu_weights_of
 
@@ -115,10 +116,14 @@ swiglu_moe_memeff.defvjp(_memeff_fwd, _memeff_bwd)
 def dispatch_dropless_memeff(x, routing, expert_fn, cfg):
   weights = swiglu_weights_of(expert_fn)
   if weights is None:
-    raise ConfigError(f"model.moe.dispatch='dropless_memeff' needs SwiGLU experts "
-                      f"(functools.partial(swiglu_experts, weights)); got {expert_fn!r}")
+    raise ConfigError(
+        f"model.moe.dispatch={cfg.dispatch!r} with model.moe.grouped_matmul="
+        f"{cfg.grouped_matmul!r} runs the fused SwiGLU path (dropless_memeff), which needs "
+        f"SwiGLU experts (functools.partial(swiglu_experts, weights)); got {expert_fn!r}")
+  x = jnp.asarray(x)
   layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
   row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))
+  weights = jax.tree.map(jnp.asarray, weights)
   y = swiglu_moe_memeff(x, row_gate, weights["w_gate"], weights["w_up"], weights["w_down"],
-                        layout.row_token, block_schedule(layout))
+                        layout.row_token, block_schedule(layout, block_rows_of(cfg)))
   return y, dropless_metrics(layout)

@@ -35,13 +35,20 @@ def swiglu_weights_of(expert_fn) -> dict | None:
 class SwiGLUExperts(nnx.Module):
   """E SwiGLU experts of hidden size `d_ff` (fine-grained experts: set freely)."""
 
+  # Logical axes (moejax/sharding.py): experts split over the expert axis,
+  # the width column- then row-parallel (Megatron), d_model over fsdp.
+  LOGICAL_AXES = {"w_gate": ("expert", "embed", "mlp"), "w_up": ("expert", "embed", "mlp"),
+                  "w_down": ("expert", "mlp", "embed")}
+
   def __init__(self, num_experts: int, d_model: int, d_ff: int, *,
                rngs: nnx.Rngs, init_scale: float = 1.0):
     init = jax.nn.initializers.variance_scaling(init_scale, "fan_in", "truncated_normal",
                                                 in_axis=-2, out_axis=-1, batch_axis=(0,))
-    self.w_gate = nnx.Param(init(rngs.params(), (num_experts, d_model, d_ff)))
-    self.w_up = nnx.Param(init(rngs.params(), (num_experts, d_model, d_ff)))
-    self.w_down = nnx.Param(init(rngs.params(), (num_experts, d_ff, d_model)))
+    param = lambda name, shape: nnx.Param(init(rngs.params(), shape),
+                                          logical_axes=self.LOGICAL_AXES[name])
+    self.w_gate = param("w_gate", (num_experts, d_model, d_ff))
+    self.w_up = param("w_up", (num_experts, d_model, d_ff))
+    self.w_down = param("w_down", (num_experts, d_ff, d_model))
 
   def weights(self, dtype) -> dict:
     return {name: getattr(self, name)[...].astype(dtype)

@@ -1,4 +1,8 @@
-"""RMSNorm, rotary embeddings, grouped-query causal attention and the dense SwiGLU MLP."""
+"""RMSNorm, rotary embeddings, grouped-query causal attention and the dense SwiGLU MLP.
+
+Every projection names its dimensions' logical axes (moejax/sharding.py maps
+them to mesh axes): column-parallel in, row-parallel out (Megatron).
+"""
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -35,8 +39,10 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 class Linear(nnx.Module):
   """A bias-free projection with float32 parameters, computed in `dtype`."""
 
-  def __init__(self, d_in: int, d_out: int, *, rngs: nnx.Rngs, dtype, scale=1.0):
-    self.kernel = nnx.Param(dense_init(scale)(rngs.params(), (d_in, d_out)))
+  def __init__(self, d_in: int, d_out: int, *, rngs: nnx.Rngs, dtype, scale=1.0,
+               logical_axes=(None, None)):
+    self.kernel = nnx.Param(dense_init(scale)(rngs.params(), (d_in, d_out)),
+                            logical_axes=logical_axes)
     self.dtype = dtype
 
   def __call__(self, x):
@@ -50,10 +56,14 @@ class Attention(nnx.Module):
     d, h = cfg.d_model, cfg.head_dim
     self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, h
     self.rope_theta = cfg.rope_theta
-    self.q = Linear(d, cfg.num_heads * h, rngs=rngs, dtype=dtype)
-    self.k = Linear(d, cfg.num_kv_heads * h, rngs=rngs, dtype=dtype)
-    self.v = Linear(d, cfg.num_kv_heads * h, rngs=rngs, dtype=dtype)
-    self.o = Linear(cfg.num_heads * h, d, rngs=rngs, dtype=dtype)
+    self.q = Linear(d, cfg.num_heads * h, rngs=rngs, dtype=dtype,
+                    logical_axes=("embed", "heads"))
+    self.k = Linear(d, cfg.num_kv_heads * h, rngs=rngs, dtype=dtype,
+                    logical_axes=("embed", "kv_heads"))
+    self.v = Linear(d, cfg.num_kv_heads * h, rngs=rngs, dtype=dtype,
+                    logical_axes=("embed", "kv_heads"))
+    self.o = Linear(cfg.num_heads * h, d, rngs=rngs, dtype=dtype,
+                    logical_axes=("heads", "embed"))
 
   def __call__(self, x_BxLxD, positions_BxL):
     b, l, _ = x_BxLxD.shape
@@ -70,9 +80,9 @@ class SwiGLU(nnx.Module):
   """The dense FFN: down(silu(gate(x)) * up(x))."""
 
   def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype):
-    self.gate = Linear(d_model, d_ff, rngs=rngs, dtype=dtype)
-    self.up = Linear(d_model, d_ff, rngs=rngs, dtype=dtype)
-    self.down = Linear(d_ff, d_model, rngs=rngs, dtype=dtype)
+    self.gate = Linear(d_model, d_ff, rngs=rngs, dtype=dtype, logical_axes=("embed", "mlp"))
+    self.up = Linear(d_model, d_ff, rngs=rngs, dtype=dtype, logical_axes=("embed", "mlp"))
+    self.down = Linear(d_ff, d_model, rngs=rngs, dtype=dtype, logical_axes=("mlp", "embed"))
 
   def __call__(self, x):
     return self.down(jax.nn.silu(self.gate(x)) * self.up(x))

@@ -5,6 +5,10 @@
 Shared experts (DeepSeekMoE, Dai et al. 2024) are one dense SwiGLU of width
 num_shared_experts * shared_d_ff that every token passes through; summing
 n shared experts of width f is exactly one SwiGLU of width n * f.
+
+Under a mesh Layout (moejax/sharding.py) the routed experts run expert
+parallel (dispatch/expert_parallel.py); the router and shared experts are
+plain XLA SPMD over the same mesh.
 """
 import functools
 
@@ -12,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax import dispatch, losses, routing
+from moejax import dispatch, losses, routing, sharding
+from moejax.dispatch.expert_parallel import expert_parallel_dispatch
 from moejax.experts import SwiGLUExperts, swiglu_experts
 from moejax.layers.dense import SwiGLU
 
@@ -25,12 +30,16 @@ class RouterState(nnx.Variable):
   """Non-trained router state (e.g. the aux-loss-free bias); not a Param."""
 
 
-def load_metrics(counts: jax.Array) -> dict:
-  """Load fraction per expert and max/mean load from assignment counts [E]."""
+def load_metrics(counts: jax.Array, tile: int) -> dict:
+  """Load fraction per expert, max/mean load, and the padding waste of the
+  dropless layout (padded rows / real rows at model.moe.dropless_tile), from
+  assignment counts [E]; reported for every router and dispatch."""
+  waste = dispatch.padding_waste(counts, tile)
   counts = counts.astype(jnp.float32)
   total = jnp.maximum(jnp.sum(counts), 1.0)
   return {"load_fraction": counts / total,
-          "max_over_mean_load": jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9)}
+          "max_over_mean_load": jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9),
+          "padding_waste": waste}
 
 
 class MoELayer(nnx.Module):
@@ -43,7 +52,13 @@ class MoELayer(nnx.Module):
     # Small router init keeps early routing near uniform (ST-MoE sec. 3.2).
     self.router_kernel = nnx.Param(jax.nn.initializers.variance_scaling(
         cfg.router_init_scale, "fan_in", "truncated_normal")(
-            rngs.params(), (d_model, cfg.num_experts), jnp.float32))
+            rngs.params(), (d_model, cfg.num_experts), jnp.float32),
+        logical_axes=("embed", None))
+    self.router_params = nnx.data(None)
+    if self.router_spec.init_params is not None:
+      self.router_params = nnx.Dict({
+          name: nnx.Param(value)
+          for name, value in self.router_spec.init_params(cfg.num_experts).items()})
     self.router_state = nnx.data(None)
     if self.router_spec.init_state is not None:
       self.router_state = nnx.Dict({
@@ -58,7 +73,7 @@ class MoELayer(nnx.Module):
   def __call__(self, x_BxLxD, *, train: bool = False, rng=None):
     cfg = self.cfg
     b, l, d = x_BxLxD.shape
-    x_TxD = x_BxLxD.reshape(b * l, d)
+    x_TxD = sharding.constrain(x_BxLxD.reshape(b * l, d), ("batch", "act_embed"))
     # Router math runs in float32 at least, whatever the compute dtype.
     router_dtype = jnp.promote_types(jnp.float32, self.dtype)
     router_in = x_TxD.astype(router_dtype)
@@ -68,24 +83,33 @@ class MoELayer(nnx.Module):
           jitter_rng, router_in.shape, router_dtype,
           1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
     logits = router_in @ self.router_kernel[...].astype(router_dtype)
-    state = ({} if self.router_state is None else
-             {name: var.get_value() for name, var in self.router_state.items()})
+    state = {name: var.get_value()
+             for group in (self.router_state, self.router_params) if group is not None
+             for name, var in group.items()}
     out = self.router_spec.route(logits, cfg=cfg, state=state, rng=rng, train=train)
     if self.router_state is not None and train:
-      for name, value in out.state.items():
-        self.router_state[name].set_value(jax.lax.stop_gradient(value))
+      for name, var in self.router_state.items():
+        var.set_value(jax.lax.stop_gradient(out.state[name]))
 
-    expert_fn = functools.partial(swiglu_experts, self.experts.weights(self.dtype))
-    y_TxD, dispatch_metrics = self.dispatcher(x_TxD.astype(self.dtype), out.routing,
-                                              expert_fn, cfg)
+    y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), out.routing)
     if self.shared is not None:
       y_TxD = y_TxD + self.shared(x_TxD)
 
-    loss_values = {name: losses.get_loss(name)(out)
+    loss_values = {name: losses.get_loss(name)(out, cfg)
                    for name in sorted({*DIAGNOSTIC_LOSSES, *cfg.loss_weights})}
     aux_loss = sum((cfg.loss_weights[name] * loss_values[name]
                     for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
     metrics = {**out.metrics, **dispatch_metrics, **loss_values,
-               **load_metrics(out.routing.expert_counts(cfg.num_experts))}
+               **load_metrics(out.routing.expert_counts(cfg.num_experts), cfg.dropless_tile)}
     return y_TxD.reshape(b, l, d), {"aux_loss": aux_loss, "metrics": metrics}
+
+  def dispatch(self, x_TxD, assignment):
+    """The configured dispatcher; across the mesh (expert parallel) under a Layout."""
+    weights = self.experts.weights(self.dtype)
+    layout = sharding.current_layout()
+    if layout is None:
+      return self.dispatcher(x_TxD, assignment, functools.partial(swiglu_experts, weights),
+                             self.cfg)
+    return expert_parallel_dispatch(x_TxD, assignment, weights, SwiGLUExperts.LOGICAL_AXES,
+                                    swiglu_experts, self.cfg, layout)
 

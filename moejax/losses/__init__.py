@@ -5,3 +5,4 @@ the weight from `model.moe.loss_weights[name]`.
 """
 from moejax.losses.base import LOSSES, get_loss, register_loss
 from moejax.losses import balance  # registers
+from moejax.losses import dpsl  # registers

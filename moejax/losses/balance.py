@@ -7,7 +7,7 @@ from moejax.routing.base import RouterOutput
 
 
 @register_loss("load_balance")
-def load_balance_loss(out: RouterOutput) -> jax.Array:
+def load_balance_loss(out: RouterOutput, cfg=None) -> jax.Array:
   """Switch Transformer eq. 4: E * sum_e f_e * P_e.
 
   f_e: fraction of valid assignments that go to expert e (for k > 1 the
@@ -23,6 +23,6 @@ def load_balance_loss(out: RouterOutput) -> jax.Array:
 
 
 @register_loss("z_loss")
-def router_z_loss(out: RouterOutput) -> jax.Array:
+def router_z_loss(out: RouterOutput, cfg=None) -> jax.Array:
   """ST-MoE eq. 5: mean over tokens of logsumexp(logits)^2."""
   return jnp.mean(jnp.square(jax.nn.logsumexp(out.logits, axis=-1)))

@@ -3,12 +3,14 @@
 Pre-norm blocks: x + attn(norm(x)), then x + ffn(norm(x)). Which layers are
 MoE: `moe_layer_indices` (every n-th after the first m dense layers).
 Parameters are float32; activations run in `model.dtype`; logits and the
-loss are float32.
+loss are float32. Under a mesh Layout the residual stream and the logits are
+pinned to their logical axes (batch split; see moejax/sharding.py).
 """
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax import sharding
 from moejax.layers.dense import Attention, Linear, RMSNorm, SwiGLU
 from moejax.layers.moe import MoELayer
 
@@ -54,25 +56,32 @@ class TransformerLM(nnx.Module):
     dtype = DTYPES[cfg.dtype]
     self.dtype = dtype
     self.embed = nnx.Param(jax.random.normal(
-        rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32))
+        rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32),
+        logical_axes=("vocab", "embed"))
     moe_layers = set(moe_layer_indices(cfg))
     self.blocks = nnx.List([Block(cfg, i in moe_layers, rngs=rngs, dtype=dtype)
                             for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-    self.head = Linear(cfg.d_model, cfg.vocab_size, rngs=rngs, dtype=dtype)
+    self.head = Linear(cfg.d_model, cfg.vocab_size, rngs=rngs, dtype=dtype,
+                       logical_axes=("embed", "vocab"))
 
   def __call__(self, tokens_BxL, *, train: bool = False, rng=None):
     """Returns float32 logits [B, L, V] and aux = {'aux_loss', 'moe': [per-layer metrics]}."""
     b, l = tokens_BxL.shape
     positions = jnp.broadcast_to(jnp.arange(l), (b, l))
-    x = self.embed[...].astype(self.dtype)[tokens_BxL]
+    residual_axes = ("batch", "length", "act_embed")
+    # FSDP gathers the table's embed dim before the lookup (vocab stays split).
+    table = sharding.constrain(self.embed[...].astype(self.dtype), ("vocab", None))
+    x = sharding.constrain(table[tokens_BxL], residual_axes)
     if rng is None:
       rng = jax.random.key(0)
     aux_loss, moe_metrics = jnp.zeros((), jnp.float32), []
     for i, block in enumerate(self.blocks):
       x, aux = block(x, positions, train=train, rng=jax.random.fold_in(rng, i))
+      x = sharding.constrain(x, residual_axes)
       if aux is not None:
         aux_loss = aux_loss + aux["aux_loss"]
         moe_metrics.append(aux["metrics"])
     logits = self.head(self.final_norm(x)).astype(jnp.float32)
+    logits = sharding.constrain(logits, ("batch", "length", "act_vocab"))
     return logits, {"aux_loss": aux_loss, "moe": moe_metrics}

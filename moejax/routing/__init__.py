@@ -5,4 +5,7 @@ here that calls `register_router` and importing it below.
 """
 from moejax.routing.base import (ROUTERS, Routing, RouterOutput, RouterSpec,
                                  get_router, register_router)
-from moejax.routing import expert_choice, sigmoid_bias, topk  # registers
+from moejax.routing import expert_choice, sigmoid_bias, token_rounding, topk  # registers
+from moejax.routing import (capacity_aware, mahalanobis, optimal_transport, probmoe,  # registers
+                            sere, smooth_topk)
+from moejax.routing import group_limited  # registers (DeepSeek-V3 group-limited top-k)

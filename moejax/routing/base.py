@@ -33,6 +33,10 @@ class Routing:
   expert_index: jax.Array  # int32 [T, S]
   combine_weight: jax.Array  # float32 [T, S]
   valid: jax.Array  # bool [T, S]
+  # Static bound on the valid slots of all T tokens together, when a router can
+  # prove one below T * S (token rounding: S = E slots, at most T*K + E*(M-1)
+  # valid); dropless dispatch sizes its row buffer by it. None: T * S.
+  max_valid: int | None = struct.field(pytree_node=False, default=None)
 
   @property
   def num_tokens(self) -> int:
@@ -74,6 +78,10 @@ class RouterSpec:
     -> RouterOutput. `cfg` is the layer's MoE ConfigDict (read-only).
   init_state: num_experts -> dict of float32 arrays kept as non-trained
     router state (e.g. the aux-loss-free bias), or None.
+  init_params: num_experts -> dict of float32 arrays the router trains
+    besides its kernel (e.g. SmoothSMoE's band eta), or None. The MoE layer
+    holds them as nnx.Params and passes them to `route` inside `state`
+    (with gradient); only init_state keys are written back.
   causal: False when a token's routing depends on later tokens
     (expert choice); such a router must not be used for autoregressive
     generation without care.
@@ -84,16 +92,18 @@ class RouterSpec:
   init_state: Callable[[int], dict[str, jax.Array]] | None = None
   causal: bool = True
   validate: Callable[[Any], None] | None = None
+  init_params: Callable[[int], dict[str, jax.Array]] | None = None
 
 
 ROUTERS = Registry("model.moe.router")
 
 
-def register_router(name: str, *, init_state=None, causal=True, validate=None):
+def register_router(name: str, *, init_state=None, causal=True, validate=None,
+                    init_params=None):
   """Decorator: register a pure routing function under `name`."""
 
   def wrap(fn):
-    ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate))
+    ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params))
     return fn
 
   return wrap

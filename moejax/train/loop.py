@@ -4,6 +4,11 @@ Exact resume: the step's PRNG key is fold_in(seed, step), the optimizer and
 router state are checkpointed with the params, and the grain iterator state is
 saved with every checkpoint; so N steps + resume + N steps equals 2N steps
 bit for bit.
+
+Many devices (the config's `mesh`, moejax/sharding.py): the state is created
+and checkpointed in its shards, every process feeds its own batch rows, and
+process 0 alone writes metrics (moejax/train/distributed.py). One device runs
+the plain program.
 """
 import dataclasses
 import math
@@ -20,8 +25,10 @@ from moejax.config import validate_config
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax.models import TransformerLM, moe_layer_indices
+from moejax.sharding import make_layout
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer, jsonable
+from moejax.train.distributed import make_placement, process_zero_first
 from moejax.train.metrics import MetricWriter, flatten_metrics, plot_expert_load
 
 
@@ -52,8 +59,8 @@ def init_state(config):
   return graphdef, state, optimizer
 
 
-def evaluate(eval_step, state, data, num_batches) -> dict:
-  losses = [float(eval_step(state.params, state.rest, batch)[0])
+def evaluate(eval_step, state, data, num_batches, put=lambda batch: batch) -> dict:
+  losses = [float(eval_step(state.params, state.rest, put(batch))[0])
             for batch in data.eval_batches(num_batches)]
   val_loss = float(np.mean(losses))
   return {"val_loss": val_loss,
@@ -69,21 +76,32 @@ def _check_finite(loss: float, step: int, ckpt: Checkpointer) -> None:
 
 
 def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
-                       stop_at_step: int | None = None) -> Run:
+                       stop_at_step: int | None = None, devices=None) -> Run:
   """Train `config` in `workdir`, resuming from its latest checkpoint.
 
   stop_at_step: stop (with a checkpoint) after this step, as a preempted job
   would; a later call with the same workdir continues where it stopped.
+  devices: the devices to run on (default all of them), laid out by the
+  config's `mesh`; on one device, the plain single-device program.
   """
   validate_config(config)
+  layout = make_layout(config, devices)  # None on one device: the plain program
   os.makedirs(workdir, exist_ok=True)
   t = config.train
-  data = build_lm_data(config.data, seed=config.seed,
-                       shard_index=jax.process_index(), shard_count=jax.process_count())
+  placement, put = None, lambda batch: batch
+  data_shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
+  if layout is not None:
+    placement = make_placement(config, layout, build_model)
+    data_shard, put = placement.data_shard(), placement.global_batch
+  data = process_zero_first(lambda: build_lm_data(config.data, seed=config.seed, **data_shard))
   if data.vocab_size > config.model.vocab_size:
     raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
                       f"tokenizer's vocabulary ({data.vocab_size})")
-  graphdef, state, optimizer = init_state(config)
+  if placement is None:
+    graphdef, state, optimizer = init_state(config)
+  else:
+    graphdef, optimizer, state = placement.graphdef, placement.optimizer, placement.init_state()
+  is_chief = jax.process_index() == 0  # writes metrics and plots
   moe_layers = moe_layer_indices(config.model)
   meta = {"config": jsonable(config.to_dict())}
 
@@ -91,22 +109,24 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   latest = ckpt.latest_step()
   if latest is not None:
     ckpt.check_compatible(latest, meta)
-    state, data_state = ckpt.restore(latest, jax.tree.map(np.asarray, state))
+    target = (jax.tree.map(np.asarray, state) if placement is None
+              else placement.restore_target(state))
+    state, data_state = ckpt.restore(latest, target)
     data.train_iter.set_state(data_state)
     logging.info("resumed from step %d in %s", latest, ckpt.directory)
 
-  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed)
-  eval_step = step_lib.make_eval_step(graphdef)
-  writer = MetricWriter(workdir, enabled=write_metrics)
+  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement)
+  eval_step = step_lib.make_eval_step(graphdef, placement)
+  writer = MetricWriter(workdir, enabled=write_metrics and is_chief)
   tokens_per_step = config.data.batch_size * config.data.seq_len
   history, last_eval = [], {}
   start = int(state.step)
-  progress = _progress_bar(start, t.steps, t.progress_bar)
+  progress = _progress_bar(start, t.steps, t.progress_bar and is_chief)
   window_start, window_steps, total_time, total_steps = time.perf_counter(), 0, 0.0, 0
   try:
     last_step = t.steps if stop_at_step is None else min(t.steps, stop_at_step)
     for step in range(start + 1, last_step + 1):
-      state, metrics = train_step(state, next(data.train_iter))
+      state, metrics = train_step(state, put(next(data.train_iter)))
       window_steps += 1
       is_log = step % t.log_every == 0 or step == last_step
       is_save = step % t.checkpoint_every == 0 or step == last_step
@@ -120,7 +140,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
       total_time, total_steps = total_time + elapsed, total_steps + window_steps
       record["tokens_per_second"] = window_steps * tokens_per_step / max(elapsed, 1e-9)
       if is_eval:
-        last_eval = evaluate(eval_step, state, data, t.eval_batches)
+        last_eval = evaluate(eval_step, state, data, t.eval_batches, put)
         record.update(last_eval)
       writer.write(step, record)
       history.append({"step": step, **record})
@@ -134,7 +154,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     progress.close()
     writer.close()
     ckpt.close()
-  if write_metrics and moe_layers and history:
+  if write_metrics and is_chief and moe_layers and history:
     plot_expert_load(writer.jsonl_path, os.path.join(workdir, "expert_load.png"))
   return Run(state, start, history, last_eval,
              total_steps * tokens_per_step / max(total_time, 1e-9))

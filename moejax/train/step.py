@@ -5,11 +5,16 @@ nnx.Params as a pure dict, `rest` every other variable (router state such as
 the aux-loss-free bias) as a pure dict. A step merges them into a module,
 runs it, and splits the updated `rest` back out, so router state updates need
 no trainer code.
+
+With a Placement (moejax/train/distributed.py) the steps are jitted with its
+shardings and traced under its mesh Layout; without one, plain jax.jit.
 """
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
+
+from moejax import sharding
 
 
 @struct.dataclass
@@ -47,7 +52,18 @@ def make_optimizer(t) -> optax.GradientTransformation:
   return optax.chain(*chain)
 
 
-def make_train_step(graphdef, optimizer, seed: int):
+def jit_on_mesh(fn, layout, **jit_kwargs):
+  """jax.jit(fn) traced under a mesh Layout: activation constraints and expert
+  parallelism switch on inside (moejax/sharding.py)."""
+
+  def traced_on_mesh(*args):
+    with sharding.use_layout(layout):
+      return fn(*args)
+
+  return jax.jit(traced_on_mesh, **jit_kwargs)
+
+
+def make_train_step(graphdef, optimizer, seed: int, placement=None):
   base_key = jax.random.key(seed)
 
   def loss_fn(params, rest, batch, rng):
@@ -67,14 +83,22 @@ def make_train_step(graphdef, optimizer, seed: int):
                "grad_norm": optax.tree.norm(grads), "moe": aux["moe"]}
     return TrainState(state.step + 1, params, new_rest, opt_state), metrics
 
-  return jax.jit(train_step, donate_argnums=0)
+  if placement is None:
+    return jax.jit(train_step, donate_argnums=0)
+  return jit_on_mesh(train_step, placement.layout, donate_argnums=0,
+                     in_shardings=(placement.state, placement.batch),
+                     out_shardings=(placement.state, placement.replicated))
 
 
-def make_eval_step(graphdef):
+def make_eval_step(graphdef, placement=None):
 
   def eval_step(params, rest, batch):
     model = nnx.merge(graphdef, params, rest)
     logits, aux = model(batch["inputs"], train=False)
     return cross_entropy(logits, batch["targets"]), aux["moe"]
 
-  return jax.jit(eval_step)
+  if placement is None:
+    return jax.jit(eval_step)
+  return jit_on_mesh(eval_step, placement.layout, out_shardings=placement.replicated,
+                     in_shardings=(placement.state.params, placement.state.rest,
+                                   placement.batch))

@@ -1,0 +1,212 @@
+r"""Expert parallelism on 8 simulated CPU devices against the single-device MoE layer.
+
+  python -m experiments.benchmarks.expert_parallel                     # lm shape
+  python -m experiments.benchmarks.expert_parallel --shape=4096:512:256:64:8 --reps=3
+
+One MoE layer (softmax top-k router, SwiGLU experts), forward + backward
+(gradients for x, router and expert weights), for T:d:f:E:k tokens and sizes:
+  1 device                  the dispatcher on one device (dropless: the 'loop' path)
+  <mesh> [a2a factor]       moejax.dispatch.expert_parallel on that mesh of the 8
+                            simulated devices (XLA:CPU has no ragged all_to_all,
+                            so the exchange is the fixed-capacity one)
+Reported per row: median step time and its ratio to the one-device step, the
+all_to_all bytes per step per device read from the compiled (partitioned) HLO,
+the rows each exchange moves per device (the buffer, n_ep * R) against the
+rows routed there on average (T_local * k), and the fraction of assignments
+the exchange dropped. The 8 "devices" share this machine's cores, so the
+ratio shows the cost of partitioning and exchange, not a speed-up.
+"""
+import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from moejax import sharding  # noqa: E402
+from moejax.config import base_config  # noqa: E402
+from moejax.dispatch import get_dispatcher  # noqa: E402
+from moejax.dispatch.capacity import expert_capacity  # noqa: E402
+from moejax.dispatch.exchange import rows_per_peer  # noqa: E402
+from moejax.dispatch.expert_parallel import expert_parallel_dispatch  # noqa: E402
+from moejax.experts import swiglu_experts  # noqa: E402
+from moejax.experts.swiglu import SwiGLUExperts  # noqa: E402
+from moejax.routing import get_router  # noqa: E402
+
+MESHES = {"data2_expert4": dict(data=2, expert=4), "expert8": dict(expert=8),
+          "fsdp2_expert2_tensor2": dict(fsdp=2, expert=2, tensor=2)}
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1}
+
+_SHAPE = flags.DEFINE_string("shape", "4096:128:256:8:2", "T:d:f:E:k (default: the LM's layer).")
+_DISPATCH = flags.DEFINE_list("dispatch", ["dropless", "capacity"], "Dispatch paths.")
+_MESHES = flags.DEFINE_list("meshes", ["data2_expert4", "expert8"], f"Of {sorted(MESHES)}.")
+_FACTORS = flags.DEFINE_list("a2a_capacity_factors", ["0", "2"],
+                             "sharding.a2a_capacity_factor values (0: never overflows).")
+_REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
+_JSON = flags.DEFINE_string("json", None, "Write the records here.")
+_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown table here.")
+
+
+def all_to_all_bytes(hlo_text: str) -> int:
+  """Bytes of all all_to_all results in a (per-device, partitioned) HLO module."""
+  total = 0
+  for line in hlo_text.splitlines():
+    match = re.search(r"=\s*(.*?)\s+all-to-all(?:-start)?\(", line)
+    if match:
+      for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)):
+        total += DTYPE_BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
+  return total
+
+
+def layer_fn(cfg, layout):
+  """(params, x) -> (y, metrics): route, then dispatch on one device or across the mesh."""
+
+  def layer(params, x):
+    logits = x.astype(jnp.float32) @ params["router"]
+    routing = get_router("topk").route(logits, cfg=cfg, state={}, rng=None,
+                                       train=True).routing
+    if layout is None:
+      return get_dispatcher(cfg.dispatch)(
+          x, routing, functools.partial(swiglu_experts, params["experts"]), cfg)
+    return expert_parallel_dispatch(x, routing, params["experts"], SwiGLUExperts.LOGICAL_AXES,
+                                    swiglu_experts, cfg, layout)
+  return layer
+
+
+def compile_step(cfg, layout, params, x):
+  """Compiled fwd+bwd of the layer (with the mesh's shardings) and its arguments."""
+  fn = layer_fn(cfg, layout)
+
+  def fwd_bwd(params, x, d_out):
+    (y, metrics), vjp = jax.vjp(fn, params, x)
+    zeros = jax.tree.map(jnp.zeros_like, metrics)
+    return vjp((d_out, zeros)), metrics
+
+  args = (params, x, jnp.ones_like(x) / x.size)
+  if layout is None:
+    device = jax.devices()[0]
+    return jax.jit(fwd_bwd).lower(*jax.device_put(args, device)).compile(), args
+  put = lambda tree, axes: jax.tree.map(lambda a: jax.device_put(
+      a, layout.named(axes(a), a.shape)), tree)
+  params = {"router": put(params["router"], lambda a: ("embed", None)),
+            "experts": {k: put(w, lambda a, k=k: SwiGLUExperts.LOGICAL_AXES[k])
+                        for k, w in params["experts"].items()}}
+  x, d_out = (put(a, lambda a: ("batch", None)) for a in args[1:])
+  jitted = jax.jit(lambda *a: _traced(layout, fwd_bwd, *a))
+  return jitted.lower(params, x, d_out).compile(), (params, x, d_out)
+
+
+def _traced(layout, fn, *args):
+  with sharding.use_layout(layout):
+    return fn(*args)
+
+
+def rows(dims, mesh, factor, dispatch):
+  t, d, f, e, k = dims
+  cfg = base_config().model.moe
+  cfg.num_experts, cfg.top_k, cfg.expert_d_ff, cfg.dispatch = e, k, f, dispatch
+  cfg = cfg.lock()
+  rng = np.random.default_rng(0)
+  normal = lambda *s: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2]), jnp.float32)
+  params = {"router": normal(d, e), "experts": {
+      "w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)}}
+  x = jnp.asarray(rng.standard_normal((t, d)), jnp.float32)
+  layout = None
+  if mesh is not None:
+    sizes = {a: MESHES[mesh].get(a, 1) for a in sharding.MESH_AXES}
+    layout = sharding.Layout(sharding.make_mesh(sizes), dict(sharding.RULES), "fixed", factor)
+  return (*compile_step(cfg, layout, params, x), cfg)
+
+
+def bench(dims, dispatch_paths, meshes, factors, reps):
+  t, d, f, e, k = dims
+  runs = {}
+  for dispatch in dispatch_paths:
+    runs[dispatch, "1 device", None] = rows(dims, None, 0.0, dispatch)
+    for mesh in meshes:
+      for factor in factors:
+        runs[dispatch, mesh, factor] = rows(dims, mesh, factor, dispatch)
+  times = {key: [] for key in runs}
+  outputs = {}
+  for key, (compiled, args, _) in runs.items():
+    outputs[key] = jax.block_until_ready(compiled(*args))  # warm-up
+  keys = list(runs)
+  for round_ in range(reps):
+    for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
+      compiled, args, _ = runs[key]
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(*args))
+      times[key].append(time.perf_counter() - start)
+  records = []
+  for (dispatch, mesh, factor), (compiled, _, cfg) in runs.items():
+    metrics = outputs[dispatch, mesh, factor][1]
+    median = float(np.median(times[dispatch, mesh, factor]))
+    single = float(np.median(times[dispatch, "1 device", None]))
+    sizes = MESHES.get(mesh, {})
+    n_ep, shards = sizes.get("expert", 1), int(np.prod(list(sizes.values()) or [1]))
+    capacity = (expert_capacity(t, e, k, cfg.capacity_factor, cfg.min_capacity)
+                if dispatch == "capacity" else None)
+    buffer_rows = n_ep * rows_per_peer(cfg, t // shards, k, n_ep, factor or 0.0, capacity)
+    records.append({
+        "dispatch": dispatch, "mesh": mesh, "a2a_capacity_factor": factor, "T": t, "d": d,
+        "f": f, "E": e, "k": k, "time_ms": 1e3 * median, "ratio_to_1_device": single / median,
+        "a2a_bytes_per_step": all_to_all_bytes(compiled.as_text()),
+        "a2a_rows_per_exchange": buffer_rows if mesh else 0,
+        "routed_rows_per_device": t // shards * k if mesh else 0,
+        "a2a_overflow_fraction": float(metrics.get("a2a_overflow_fraction", 0.0)),
+        "dropped_fraction": float(metrics["dropped_fraction"]), "n_ep": n_ep})
+  return records
+
+
+def markdown(records) -> str:
+  r0 = records[0]
+  lines = ["# One MoE layer: expert parallel on 8 simulated CPU devices vs one device", "",
+           "`python -m experiments.benchmarks.expert_parallel`", "",
+           f"T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32, fwd+bwd; "
+           f"8 simulated devices on {os.cpu_count()} cores (jax {jax.__version__}); load "
+           f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}.", "",
+           "| dispatch | layout | a2a factor | ms | ratio to 1 device | all_to_all MiB/step/device "
+           "| rows per exchange (buffer / routed) | a2a overflow | dropped |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for r in records:
+    rows_ = (f"{r['a2a_rows_per_exchange']} / {r['routed_rows_per_device']}"
+             if r["mesh"] and r["n_ep"] > 1 else "-")
+    lines.append(
+        f"| {r['dispatch']} | {r['mesh'] or '1 device'} | {r['a2a_capacity_factor'] or '-'} "
+        f"| {r['time_ms']:.1f} | {r['ratio_to_1_device']:.2f} "
+        f"| {r['a2a_bytes_per_step'] / 2**20:.2f} | {rows_} | {r['a2a_overflow_fraction']:.3f} "
+        f"| {r['dropped_fraction']:.3f} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  dims = tuple(int(v) for v in _SHAPE.value.split(":"))
+  if len(dims) != 5:
+    raise app.UsageError("--shape is T:d:f:E:k")
+  unknown = set(_MESHES.value) - set(MESHES)
+  if unknown:
+    raise app.UsageError(f"unknown --meshes {sorted(unknown)}; valid: {sorted(MESHES)}")
+  records = bench(dims, _DISPATCH.value, _MESHES.value,
+                  [float(f) for f in _FACTORS.value], _REPS.value)
+  text = markdown(records)
+  print(text)
+  if _MARKDOWN.value:
+    with open(_MARKDOWN.value, "w") as f:
+      f.write(text + "\n")
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

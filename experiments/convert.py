@@ -1,0 +1,57 @@
+r"""Convert between HF checkpoint directories and moejax workdirs.
+
+HF -> moejax (config.json + sharded safetensors, read tensor by tensor):
+  python -m experiments.convert --hf_dir=/ckpt/Qwen3-30B-A3B --workdir=runs/qwen3
+moejax -> HF (per-expert tensors, loadable by transformers):
+  python -m experiments.convert --workdir=runs/qwen3 --out_hf_dir=/out/qwen3-pruned \
+      [--dtype=bfloat16] [--max_shard_mb=2048]
+A training workdir (experiments.train) exports as Mixtral when its flags fit:
+  python -m experiments.convert --workdir=runs/moe --out_hf_dir=/out/moe --family=mixtral
+Supported: MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
+OlmoeForCausalLM, DeepseekV3ForCausalLM (see docs/interop.md).
+"""
+import os
+
+from absl import app, flags
+
+from moejax.errors import ConfigError
+from moejax.interop.convert import export_hf, import_hf, save_workdir
+from moejax.interop.load import load_model
+
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory to import.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "moejax workdir (written on import, read on export).")
+_OUT_HF_DIR = flags.DEFINE_string("out_hf_dir", None, "HF directory to write (export).")
+_FAMILY = flags.DEFINE_string("family", None, "Export as this HF model_type (default: the "
+                              "model's own; 'mixtral' for training workdirs).")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
+                           "Export dtype (default: the parameters' own).")
+_PARAM_DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"],
+                                 "Dtype of the imported parameters.")
+_MAX_SHARD_MB = flags.DEFINE_integer("max_shard_mb", 2048, "Largest safetensors shard written.")
+
+
+def main(argv):
+  del argv
+  if _HF_DIR.value and _WORKDIR.value and not _OUT_HF_DIR.value:
+    loaded = import_hf(_HF_DIR.value, _PARAM_DTYPE.value)
+    directory = save_workdir(_WORKDIR.value, loaded, extra_files_from=_HF_DIR.value)
+    print(f"imported {loaded.config.family} ({loaded.config.num_layers} layers, "
+          f"{loaded.config.moe.num_experts} experts) into {directory}"
+          + (f"; {len(loaded.unused)} checkpoint tensors unused, e.g. {loaded.unused[0]}"
+             if loaded.unused else ""))
+  elif _WORKDIR.value and _OUT_HF_DIR.value and not _HF_DIR.value:
+    loaded, _, _ = load_model(workdir=_WORKDIR.value)
+    family = _FAMILY.value or ("mixtral" if loaded.config.family == "moejax" else None)
+    extra = os.path.join(_WORKDIR.value, "model")
+    hf = export_hf(loaded.config, loaded.params, loaded.rest, _OUT_HF_DIR.value,
+                   family=family, dtype=_DTYPE.value, base_hf_config=loaded.hf_config,
+                   max_shard_bytes=_MAX_SHARD_MB.value << 20,
+                   extra_files_from=extra if os.path.isdir(extra) else None)
+    print(f"exported {hf['architectures'][0]} to {_OUT_HF_DIR.value}")
+  else:
+    raise ConfigError("give --hf_dir and --workdir (import) or --workdir and --out_hf_dir "
+                      "(export)")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,1 @@
+"""Post-training analysis tools: routing diagnostics, expert similarity, profiling."""

@@ -1,0 +1,120 @@
+"""Batched generation with a KV cache for the decoder families (moejax/models/hf).
+
+Prompts of different lengths are left padded into one [B, L] block, prefilled
+in one call, then decoded one token per row per step (two compiled shapes in
+all). Sampling per step: greedy (temperature 0), else softmax(logits / T)
+restricted to the top_k logits and to the smallest set whose probability
+reaches top_p (nucleus sampling, Holtzman et al. 2020).
+
+Routing during decode: each step's MoE layers see B tokens, one per row;
+`distinct_experts` [steps, moe_layers] counts the experts that step activated
+in each layer (the number of expert weight sets a decode step must read:
+the memory-bound cost of MoE decoding).
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.errors import ConfigError
+from moejax.inference.kv_cache import init_cache
+from moejax.interop.convert import abstract_model
+
+
+def left_pad(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """tokens int32 [B, L] and mask bool [B, L], each prompt right-aligned."""
+  if not prompts or any(len(p) == 0 for p in prompts):
+    raise ConfigError("every prompt needs at least one token")
+  length = max(len(p) for p in prompts)
+  tokens = np.full((len(prompts), length), pad_id, np.int32)
+  mask = np.zeros((len(prompts), length), bool)
+  for row, prompt in enumerate(prompts):
+    tokens[row, length - len(prompt):] = prompt
+    mask[row, length - len(prompt):] = True
+  return tokens, mask
+
+
+def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Logits with everything outside the top_k (0: all) and the top_p nucleus at -inf."""
+  if top_k > 0:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    # keep a token while the mass before it is below top_p (the first always stays)
+    keep = (cumulative - jax.nn.softmax(sorted_logits, axis=-1)) < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+def sample_tokens(logits, rng, temperature: float, top_k: int = 0, top_p: float = 1.0):
+  """Next token per row: argmax when temperature == 0, else a filtered softmax draw."""
+  if temperature == 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  filtered = filter_logits(logits.astype(jnp.float32) / temperature, top_k, top_p)
+  return jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+
+
+def validate_sampling(temperature: float, top_k: int, top_p: float, max_new_tokens: int) -> None:
+  if temperature < 0:
+    raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+  if top_k < 0:
+    raise ConfigError(f"top_k={top_k} must be >= 0 (0 = all tokens)")
+  if not 0 < top_p <= 1:
+    raise ConfigError(f"top_p={top_p} must be in (0, 1]")
+  if max_new_tokens < 1:
+    raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 1")
+
+
+@dataclasses.dataclass
+class Generated:
+  tokens: np.ndarray  # int32 [B, max_new_tokens]
+  distinct_experts: np.ndarray  # int32 [decode steps, MoE layers]
+  prefill_distinct_experts: np.ndarray  # int32 [MoE layers]
+
+  def row(self, i: int, eos_id: int | None = None) -> list[int]:
+    out = [int(t) for t in self.tokens[i]]
+    return out[:out.index(eos_id) + 1] if eos_id is not None and eos_id in out else out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def decoder_step(graphdef, params, rest, tokens, mask, cache):
+  """(last logits [B, V], distinct experts per MoE layer, cache) after feeding `tokens`.
+
+  Jitted once per graphdef and shape: prefill and decode are two compilations,
+  shared by every generate call on the same model."""
+  logits, aux, cache = nnx.merge(graphdef, params, rest)(tokens, mask, cache)
+  distinct = jnp.stack([a["metrics"]["distinct_experts"] for a in aux["moe"]]
+                       or [jnp.zeros((), jnp.int32)])
+  return logits[:, -1], distinct, cache
+
+
+def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             eos_id: int | None = None, pad_id: int = 0) -> Generated:
+  """Continue each prompt by max_new_tokens tokens (rows that emit eos_id keep
+  going but their tail is cut by Generated.row)."""
+  validate_sampling(temperature, top_k, top_p, max_new_tokens)
+  tokens, mask = left_pad(prompts, pad_id)
+  if tokens.shape[1] + max_new_tokens > m.max_position:
+    raise ConfigError(f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) "
+                      f"exceeds the model's max_position={m.max_position}")
+  graphdef, _, _ = abstract_model(m)
+  step = functools.partial(decoder_step, graphdef)
+  cache = init_cache(m, len(prompts), tokens.shape[1] + max_new_tokens)
+  logits, prefill_distinct, cache = step(params, rest, tokens, mask, cache)
+  rng, out, distinct = jax.random.key(seed), [], []
+  ones = np.ones((len(prompts), 1), bool)
+  for i in range(max_new_tokens):
+    next_token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
+    out.append(np.asarray(next_token))
+    if i + 1 < max_new_tokens:
+      logits, step_distinct, cache = step(params, rest, next_token[:, None], ones, cache)
+      distinct.append(np.asarray(step_distinct))
+  return Generated(np.stack(out, axis=1), np.array(distinct, np.int32).reshape(
+      len(distinct), -1), np.asarray(prefill_distinct))

@@ -1,0 +1,142 @@
+"""Causal attention of the HF MoE families, each with an optional KV cache.
+
+GroupedQueryAttention: Mixtral, Qwen2/3-MoE, OLMoE and moejax's own LM
+(GQA, Ainslie et al. 2023), with the family flags of config.py: q/k/v biases,
+q/k RMSNorm per head (Qwen3) or across heads (OLMoE), q/k/v clipping (OLMoE),
+sliding windows (Mistral).
+LatentAttention: multi-head latent attention (DeepSeek-V2, sec. 2.1; V3).
+Keys and values come from a low-rank latent c = norm(x W_dkv) [kv_lora_rank]
+plus one shared RoPE key [qk_rope_head_dim]; the cache holds only these two,
+and every step expands them with kv_b_proj (the plain, unabsorbed form).
+
+Both return (out, new layer cache). Without a cache the keys are the call's
+own tokens; with one, the new keys are written at slot `start` and the
+queries attend over the whole cache. `allowed` [B, Lq, S] says which key
+slots each query may see (causal, padding, window); see decoder.py.
+"""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.layers.dense import RMSNorm, dense_init
+from moejax.models.hf.rope import apply_rope, attention_scale, rope_frequencies
+
+
+class Projection(nnx.Module):
+  """x @ kernel [+ bias]; float32 parameters, computed in `dtype` (HF nn.Linear)."""
+
+  def __init__(self, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs, dtype):
+    self.kernel = nnx.Param(dense_init()(rngs.params(), (d_in, d_out)))
+    self.bias = nnx.Param(jnp.zeros((d_out,), jnp.float32)) if bias else nnx.data(None)
+    self.dtype = dtype
+
+  def __call__(self, x):
+    y = x.astype(self.dtype) @ self.kernel[...].astype(self.dtype)
+    return y if self.bias is None else y + self.bias[...].astype(self.dtype)
+
+
+def attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxV, allowed_BxLxS, scale: float):
+  """Softmax attention (float32 softmax) of H query heads over G key/value heads."""
+  b, l, h, _ = q_BxLxHxK.shape
+  g = k_BxSxGxK.shape[2]
+  q = q_BxLxHxK.reshape(b, l, g, h // g, -1)
+  scores = jnp.einsum("blgrk,bsgk->bgrls", q, k_BxSxGxK).astype(jnp.float32) * scale
+  scores = jnp.where(allowed_BxLxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxGxV.dtype)
+  out = jnp.einsum("bgrls,bsgv->blgrv", probs, v_BxSxGxV)
+  return out.reshape(b, l, h, -1)
+
+
+def rotary(rope_cfg, positions_BxL):
+  """t [B, L, H, D] -> t rotated at `positions` (frequencies for D computed once per trace)."""
+  return lambda t: apply_rope(t, positions_BxL, *rope_frequencies(rope_cfg, t.shape[-1]),
+                              rope_cfg.interleave)
+
+
+def write_cache(layer_cache: dict | None, new: dict, start) -> dict:
+  """The cache with `new` [B, L, ...] written at slot `start`; `new` itself without a cache."""
+  if layer_cache is None:
+    return new
+  return {name: jax.lax.dynamic_update_slice_in_dim(
+      layer_cache[name], value.astype(layer_cache[name].dtype), start, axis=1)
+      for name, value in new.items()}
+
+
+class GroupedQueryAttention(nnx.Module):
+
+  def __init__(self, m, *, rngs: nnx.Rngs, dtype):
+    a = m.attention
+    self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.num_kv_heads, m.head_dim
+    q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    proj = lambda d_in, d_out, bias: Projection(d_in, d_out, bias=bias, rngs=rngs, dtype=dtype)
+    self.q = proj(m.d_model, q_dim, a.qkv_bias)
+    self.k = proj(m.d_model, kv_dim, a.qkv_bias)
+    self.v = proj(m.d_model, kv_dim, a.qkv_bias)
+    self.o = proj(q_dim, m.d_model, a.out_bias)
+    self.qk_norm, self.clip = a.qk_norm, a.clip_qkv
+    if a.qk_norm == "per_head":
+      self.q_norm, self.k_norm = RMSNorm(m.head_dim, m.norm_eps), RMSNorm(m.head_dim, m.norm_eps)
+    elif a.qk_norm == "across_heads":
+      self.q_norm, self.k_norm = RMSNorm(q_dim, m.norm_eps), RMSNorm(kv_dim, m.norm_eps)
+    self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, m.head_dim)
+
+  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0):
+    b, l, _ = x_BxLxD.shape
+    q, k, v = self.q(x_BxLxD), self.k(x_BxLxD), self.v(x_BxLxD)
+    if self.qk_norm == "across_heads":
+      q, k = self.q_norm(q), self.k_norm(k)
+    if self.clip:
+      q, k, v = (jnp.clip(t, -self.clip, self.clip) for t in (q, k, v))
+    q = q.reshape(b, l, self.num_heads, self.head_dim)
+    k = k.reshape(b, l, self.num_kv_heads, self.head_dim)
+    v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
+    if self.qk_norm == "per_head":
+      q, k = self.q_norm(q), self.k_norm(k)
+    rope = rotary(self.rope_cfg, positions_BxL)
+    cache = write_cache(layer_cache, {"k": rope(k), "v": v}, start)
+    out = attend(rope(q), cache["k"], cache["v"], allowed_BxLxS, self.scale)
+    return self.o(out.reshape(b, l, -1)), cache
+
+
+class LatentAttention(nnx.Module):
+
+  def __init__(self, m, *, rngs: nnx.Rngs, dtype):
+    a, mla = m.attention, m.attention.mla
+    self.num_heads = m.num_heads
+    self.nope_dim, self.rope_dim, self.v_dim = (mla.qk_nope_head_dim, mla.qk_rope_head_dim,
+                                                mla.v_head_dim)
+    self.latent_dim = mla.kv_lora_rank
+    qk_dim = self.nope_dim + self.rope_dim
+    proj = lambda d_in, d_out, bias=False: Projection(d_in, d_out, bias=bias, rngs=rngs,
+                                                      dtype=dtype)
+    if mla.q_lora_rank:
+      self.q_a = proj(m.d_model, mla.q_lora_rank, a.qkv_bias)
+      self.q_a_norm = RMSNorm(mla.q_lora_rank, m.norm_eps)
+      self.q_b = proj(mla.q_lora_rank, m.num_heads * qk_dim)
+    else:
+      self.q = proj(m.d_model, m.num_heads * qk_dim)
+    self.kv_a = proj(m.d_model, self.latent_dim + self.rope_dim, a.qkv_bias)
+    self.kv_a_norm = RMSNorm(self.latent_dim, m.norm_eps)
+    self.kv_b = proj(self.latent_dim, m.num_heads * (self.nope_dim + self.v_dim))
+    self.o = proj(m.num_heads * self.v_dim, m.d_model, a.out_bias)
+    self.has_q_lora = bool(mla.q_lora_rank)
+    self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, qk_dim)
+
+  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0):
+    b, l, _ = x_BxLxD.shape
+    q = self.q_b(self.q_a_norm(self.q_a(x_BxLxD))) if self.has_q_lora else self.q(x_BxLxD)
+    q = q.reshape(b, l, self.num_heads, self.nope_dim + self.rope_dim)
+    q_nope, q_rope = jnp.split(q, [self.nope_dim], axis=-1)
+    latent, k_rope = jnp.split(self.kv_a(x_BxLxD), [self.latent_dim], axis=-1)
+    rope = rotary(self.rope_cfg, positions_BxL)
+    new = {"latent": self.kv_a_norm(latent), "k_rope": rope(k_rope[:, :, None])[:, :, 0]}
+    cache = write_cache(layer_cache, new, start)
+    s = cache["latent"].shape[1]
+    kv = self.kv_b(cache["latent"]).reshape(b, s, self.num_heads, self.nope_dim + self.v_dim)
+    k_nope, v = jnp.split(kv, [self.nope_dim], axis=-1)
+    k_rope_shared = jnp.broadcast_to(cache["k_rope"][:, :, None],
+                                     (b, s, self.num_heads, self.rope_dim))
+    k = jnp.concatenate([k_nope, k_rope_shared.astype(k_nope.dtype)], axis=-1)
+    q = jnp.concatenate([q_nope, rope(q_rope)], axis=-1)
+    out = attend(q, k, v, allowed_BxLxS, self.scale)
+    return self.o(out.reshape(b, l, -1)), cache

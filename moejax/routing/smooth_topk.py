@@ -1,0 +1,128 @@
+"""SmoothSMoE: top-k routing made continuous near the top-k boundary (arXiv 2606.19036).
+
+Read from the official code (thotranhuu99/Smooth_SMoE,
+`our_tutel/tutel/gates/smooth_top.py` and `impls/moe_layer.py`, function
+`smooth_routing`); this is an independent JAX implementation.
+
+With logits g [T, E] and g_k the k-th largest logit of a token (no gradient):
+    eta = softplus(eta_p)                         (eta_p learned, init -9)
+    u_i = (g_i - g_k + eta) / eta                 (g_i without gradient)
+    m_i = S(u_i),  S(u) = -inf          if u <= 0
+                        = 0             if u >= 1
+                        = -softplus(b log(1 - u) - a log u)  otherwise  (a=1, b=50)
+    weights = softmax(g + m) over all E experts.
+Experts with g_i >= g_k (the top-k) get m = 0; those within eta below the
+boundary get a weight that goes continuously to 0 as g_i -> g_k - eta; the rest
+are off. So the combine weights are a continuous function of the logits, where
+hard top-k jumps when two logits cross. As eta -> 0 the weights become
+softmax over the top-k logits, i.e. renormalised hard top-k. The number of
+active experts per token is #{i : g_i > g_k - eta} (>= k).
+
+Slots: S = E, sorted by weight; slot valid iff its weight is > 0 (an expert
+inside the band). Invalid slots cost nothing in the dropless dispatch.
+
+Boundary loss (registered as "smooth_boundary"): the official
+    L_b = alpha * eta * (X - (k + h)) * T,  X = mean_t #{i : g_it > g_kt - eta}
+(X without gradient, h = 0.5, T = the number of tokens in the call, as the
+official code multiplies by the token count). Its gradient alpha * T * (X - k - h)
+on eta widens the band while fewer than k + h experts are active on average
+and narrows it otherwise. The router computes it (it knows cfg) and the loss
+reads it from `metrics["smooth_boundary_loss"]`. The official GShard balance
+term is the existing "load_balance" loss (it counts every active expert, as
+the official `set_load_balance` does).
+
+Trained eta: eta_p = `smooth_eta_init` + eta_offset, where eta_offset (init 0)
+is a trained router parameter (`init_params`): the MoE layer holds it as an
+nnx.Param and passes it in `state`, so gradients reach it through both the
+routing weights and the boundary loss, as in the paper.
+"""
+import jax
+import jax.numpy as jnp
+
+from moejax.errors import ConfigError
+from moejax.losses.base import register_loss
+from moejax.routing.base import (RouterOutput, Routing, register_router,
+                                 routing_entropy, top_k_slots)
+from moejax.routing.topk import validate_top_k
+
+OFF = -1e30  # logit of an expert outside the band (exp underflows to exactly 0)
+
+
+def smooth_offsets(u: jax.Array, a: float, b: float) -> tuple[jax.Array, jax.Array]:
+  """(m, active): S(u) with -inf replaced by 0 and reported through `active`."""
+  active = u > 0
+  uc = jnp.clip(u, 1e-6, 1.0 - 1e-6)
+  inner = -jax.nn.softplus(b * jnp.log1p(-uc) - a * jnp.log(uc))
+  m = jnp.where(u >= 1, 0.0, jnp.where(active, inner, 0.0))
+  return m, active
+
+
+def smooth_top_k_weights(logits: jax.Array, k: int, eta: jax.Array,
+                         a: float = 1.0, b: float = 50.0):
+  """Smoothed top-k combine weights over all experts.
+
+  Returns (weights [T, E] summing to 1 per token, active bool [T, E],
+  boundary logit g_k [T, 1]).
+  """
+  g_k = jax.lax.stop_gradient(jax.lax.top_k(logits, k)[0][:, -1:])
+  u = (jax.lax.stop_gradient(logits) - g_k + eta) / eta
+  m, active = smooth_offsets(u, a, b)
+  scores = jnp.where(active, logits + m, OFF)
+  return jax.nn.softmax(scores, axis=-1), active, g_k
+
+
+def boundary_loss(logits, g_k, eta, k: int, alpha: float, h_offset: float):
+  """alpha * eta * (mean #{g_i > g_k - eta} - (k + h)) * T  (official scaling by T)."""
+  count = jnp.sum(jax.lax.stop_gradient(logits) > g_k - jax.lax.stop_gradient(eta),
+                  axis=-1).astype(jnp.float32)
+  mean_active = jnp.mean(count)
+  loss = alpha * eta * (mean_active - (k + h_offset)) * logits.shape[0]
+  return loss, mean_active
+
+
+def init_smooth_params(num_experts: int):
+  del num_experts
+  return {"eta_offset": jnp.zeros((), jnp.float32)}
+
+
+def validate_keys(cfg) -> None:
+  for key in ("smooth_a", "smooth_b"):
+    if cfg[key] <= 0:
+      raise ConfigError(f"model.moe.{key}={cfg[key]} must be > 0")
+  if cfg.smooth_boundary_alpha < 0:
+    raise ConfigError(f"model.moe.smooth_boundary_alpha={cfg.smooth_boundary_alpha} "
+                      "must be >= 0")
+  if cfg.smooth_h_offset < 0:
+    raise ConfigError(f"model.moe.smooth_h_offset={cfg.smooth_h_offset} must be >= 0")
+
+
+def validate_smooth(cfg) -> None:
+  validate_top_k(cfg)
+  validate_keys(cfg)
+
+
+@register_router("smooth_topk", init_params=init_smooth_params, validate=validate_smooth)
+def route_smooth_top_k(logits, *, cfg, state, rng, train):
+  del rng, train
+  num_experts = logits.shape[-1]
+  eta = jax.nn.softplus(cfg.smooth_eta_init + state["eta_offset"])
+  weights, active, g_k = smooth_top_k_weights(logits, cfg.top_k, eta,
+                                              cfg.smooth_a, cfg.smooth_b)
+  weight, index = top_k_slots(weights, num_experts)
+  valid = weight > 0
+  routing = Routing(jnp.where(valid, index, 0), jnp.where(valid, weight, 0.0), valid)
+  loss, mean_active = boundary_loss(logits, g_k, eta, cfg.top_k,
+                                    cfg.smooth_boundary_alpha, cfg.smooth_h_offset)
+  probs = jax.nn.softmax(logits, axis=-1)
+  metrics = {"routing_entropy": routing_entropy(probs), "smooth_eta": eta,
+             "active_experts": mean_active, "smooth_boundary_loss": loss}
+  return RouterOutput(routing, logits, probs, metrics, state)
+
+
+@register_loss("smooth_boundary")
+def smooth_boundary_loss(out: RouterOutput, cfg=None) -> jax.Array:
+  """The SmoothSMoE boundary loss computed by the "smooth_topk" router."""
+  if "smooth_boundary_loss" not in out.metrics:
+    raise ConfigError("model.moe.loss_weights.smooth_boundary needs "
+                      "model.moe.router='smooth_topk'")
+  return out.metrics["smooth_boundary_loss"]

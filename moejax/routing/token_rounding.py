@@ -1,0 +1,156 @@
+"""Token rounding (SonicMoE, Guo et al. 2025, arXiv 2512.14080; reference code
+Dao-AILab/sonic-moe benchmarks/moe-token-rounding.py): router 'topk_rounded'.
+
+Each expert's token count is rounded to a multiple of a tile so that a tiled
+grouped matmul wastes no padding rows:
+  1. P = softmax(logits) over all E experts (float32); token-choice top-K;
+     f_e = number of tokens whose top-K holds e.
+  2. f~_e = f_e rounded to a multiple of M = model.moe.rounding_tile:
+     'up' ceil, 'down' floor, 'nearest' round half to even (torch.round, as
+     the reference's 'nr'); then capped at T (so with T not a multiple of M
+     a capped count is T, not a multiple of M).
+  3. Score C[t, e] = top-K probability renormalised over the token's top-K
+     (> 0) if e is in topK(t), else P[t, e] - 1 (<= 0): every top-K pair
+     outranks every other pair, and each group keeps its own order
+     (implemented as a lexicographic key - group, then renormalised log-prob
+     or P - so P - 1 is never rounded in float32).
+  4. Each expert keeps its first f~_e tokens by C. Ties in C (every top-1
+     token of an expert when K = 1: its renormalised score is exactly 1) go
+     to the higher P[t, e], then the lower token index; the reference leaves
+     them to an unstable sort.
+     Rounding down drops the expert's lowest-scored top-K tokens; rounding up
+     adds its highest-P tokens that did not choose it.
+A token may end up with fewer than K experts, more, or none.
+
+Slots (base.Routing): 'down' only ever removes pairs, so S = K (slot s is the
+token's s-th top-K expert, invalid when dropped). 'up' and 'nearest' can add
+any expert to any token (an expert that rounds up takes its best non-top-K
+tokens, and one token can be best for all of them), so no bound below E holds
+in general: S = E, slot s is the token's s-th most probable expert, slots
+< K are its top-K (valid unless dropped), slots >= K valid when added. Slot-
+major order therefore still ranks top-K pairs first (capacity priority).
+The total is bounded though (`max_kept_pairs`: T*K + E*(M-1) for 'up',
+T*K + E*floor(M/2) for 'nearest'), and the Routing carries that bound as
+`max_valid`, so the dropless row buffers are sized by it, not by T*E.
+
+Gates: the full-softmax probability P[t, e] of every kept pair, never
+renormalised (as the reference); `model.moe.renormalize` is not used.
+Selection carries no gradient; the router learns through the gates.
+
+Evaluation (train=False) routes with plain top-K and the same P gates (S = K).
+This is the PAPERS.md guess (train with TR, evaluate with top-K), not read in
+the paper: rounding exists for training throughput, and it couples the
+tokens of a batch (whether t keeps or gains an expert depends on the other
+tokens' scores, later ones included). Evaluation and generation are
+therefore plain causal top-K, hence `causal=True`; the training-time
+coupling is the same kind as capacity drops.
+
+Padding waste: with model.moe.dropless_tile dividing rounding_tile the
+dropless layout pads nothing (waste 0, unless a count is capped at T).
+"""
+import jax
+import jax.numpy as jnp
+
+from moejax.errors import ConfigError, choice_error
+from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy
+from moejax.routing.topk import softmax_top_k, validate_top_k
+
+ROUNDING_MODES = ("up", "down", "nearest")
+
+
+def validate_rounding(cfg) -> None:
+  """ConfigError for a rounding tile below 1 or an unknown rounding mode."""
+  if cfg.rounding_mode not in ROUNDING_MODES:
+    raise choice_error("model.moe.rounding_mode", cfg.rounding_mode, ROUNDING_MODES)
+  if not isinstance(cfg.rounding_tile, int) or cfg.rounding_tile < 1:
+    raise ConfigError(f"model.moe.rounding_tile={cfg.rounding_tile!r} must be an int >= 1")
+
+
+def validate_token_rounding(cfg) -> None:
+  validate_top_k(cfg)
+  validate_rounding(cfg)
+
+
+def rounded_counts(counts: jax.Array, tile: int, mode: str, num_tokens: int) -> jax.Array:
+  """Counts [E] rounded to a multiple of `tile` (step 2 of the module doc), capped at T."""
+  quotient, remainder = counts // tile, counts % tile
+  if mode == "up":
+    quotient = quotient + (remainder > 0)
+  elif mode == "nearest":  # half to even
+    quotient = quotient + ((2 * remainder > tile) | ((2 * remainder == tile) & (quotient % 2 == 1)))
+  elif mode != "down":
+    raise choice_error("model.moe.rounding_mode", mode, ROUNDING_MODES)
+  return jnp.minimum(quotient * tile, num_tokens).astype(jnp.int32)
+
+
+def token_rounding(probs: jax.Array, k: int, tile: int, mode: str):
+  """Kept pairs of token rounding (module doc, steps 1-4).
+
+  probs float32 [T, E] -> (kept bool [T, E], by_prob int32 [T, E]: each
+  token's experts by descending P, the first k being its top-K).
+  """
+  if not isinstance(tile, int) or tile < 1:
+    raise ConfigError(f"model.moe.rounding_tile={tile!r} must be an int >= 1")
+  num_tokens, num_experts = probs.shape
+  probs = jax.lax.stop_gradient(probs)  # selection carries no gradient
+  by_prob = jnp.argsort(-probs, axis=1, stable=True).astype(jnp.int32)
+  in_top_k = jnp.argsort(by_prob, axis=1) < k  # rank of expert e in the token's order < k
+  # log of the renormalised top-k probability (same order, and exactly 0 for
+  # K = 1, where a division would leave 1-ulp noise to break the ties).
+  log_renormalised = jnp.log(probs) - jnp.log(
+      jnp.sum(jnp.where(in_top_k, probs, 0.0), axis=1, keepdims=True))
+  counts = jnp.sum(in_top_k, axis=0, dtype=jnp.int32)
+  target = rounded_counts(counts, tile, mode, num_tokens)
+  # C as a lexicographic key per expert column: top-k pairs first, then by
+  # renormalised prob (top-k) or P (others), ties by P, then by token index.
+  keys = ((~in_top_k).astype(jnp.int32), -jnp.where(in_top_k, log_renormalised, probs), -probs)
+  token = jnp.broadcast_to(jnp.arange(num_tokens, dtype=jnp.int32)[:, None], probs.shape)
+  *_, order = jax.lax.sort((*keys, token), dimension=0, is_stable=True, num_keys=len(keys))
+  token_rank = jnp.argsort(order, axis=0)
+  return token_rank < target[None, :], by_prob
+
+
+def rounding_metrics(kept, in_top_k):
+  kept_f, top_f = kept.astype(jnp.float32), in_top_k.astype(jnp.float32)
+  num_top = jnp.maximum(jnp.sum(top_f), 1.0)
+  per_token = jnp.sum(kept_f, axis=1)
+  return {"rounding_dropped_fraction": jnp.sum(top_f * (1 - kept_f)) / num_top,
+          "rounding_added_fraction": jnp.sum((1 - top_f) * kept_f) / num_top,
+          "experts_per_token": jnp.mean(per_token),
+          "tokens_without_expert": jnp.mean((per_token == 0).astype(jnp.float32))}
+
+
+def max_kept_pairs(num_tokens: int, num_experts: int, k: int, tile: int, mode: str) -> int:
+  """Bound on all kept pairs: f~_e <= f_e + (M - 1) ('up'), + M/2 ('nearest'),
+  + 0 ('down'), and sum_e f_e = T*K (each bound also <= T*E)."""
+  slack = {"up": tile - 1, "nearest": tile // 2, "down": 0}[mode]
+  return min(num_tokens * num_experts, num_tokens * k + num_experts * slack)
+
+
+def token_rounding_routing(probs: jax.Array, k: int, tile: int, mode: str):
+  """Token rounding as a Routing (slots as in the module doc) and its metrics."""
+  kept, by_prob = token_rounding(probs, k, tile, mode)
+  num_tokens, num_experts = probs.shape
+  num_slots = k if mode == "down" else num_experts
+  index = by_prob[:, :num_slots]
+  valid = jnp.take_along_axis(kept, index, axis=1)
+  weight = jnp.where(valid, jnp.take_along_axis(probs, index, axis=1), 0.0)
+  in_top_k = jnp.zeros(kept.shape, bool).at[
+      jnp.arange(kept.shape[0])[:, None], by_prob[:, :k]].set(True)
+  bound = max_kept_pairs(num_tokens, num_experts, k, tile, mode)
+  return Routing(index, weight, valid, bound), rounding_metrics(kept, in_top_k)
+
+
+@register_router("topk_rounded", validate=validate_token_rounding)
+def route_token_rounding(logits, *, cfg, state, rng, train):
+  del rng
+  probs = jax.nn.softmax(logits, axis=-1)
+  if train:
+    routing, metrics = token_rounding_routing(probs, cfg.top_k, cfg.rounding_tile,
+                                              cfg.rounding_mode)
+  else:
+    routing, _ = softmax_top_k(logits, cfg.top_k, renormalize=False)
+    ones = jnp.ones(routing.valid.shape, bool)
+    metrics = rounding_metrics(ones, ones)  # nothing dropped or added, K experts per token
+  metrics["routing_entropy"] = routing_entropy(probs)
+  return RouterOutput(routing, logits, probs, metrics, state)

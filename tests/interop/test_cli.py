@@ -1,0 +1,72 @@
+"""The command lines: convert HF -> workdir -> HF, generate from an HF directory,
+and generate from (and export) the default Shakespeare model's workdir."""
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import transformers
+
+from configs.lm_shakespeare_moe import get_config
+from moejax.interop.convert import export_hf
+from moejax.interop.moejax_lm import from_training_workdir
+from moejax.train.checkpoint import Checkpointer, jsonable
+from moejax.train.loop import init_state
+from tests.interop.hf_tiny import hf_forward, padded_batch
+from tests.interop.test_parity import moejax_forward
+from tests.interop.test_roundtrip import read_all
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cli(module, *args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout
+
+
+def test_convert_both_ways_and_generate(hf_checkpoints, tmp_path):
+  _, hf_dir = hf_checkpoints("qwen3_moe")
+  workdir, out = str(tmp_path / "work"), str(tmp_path / "hf_out")
+  assert "imported qwen3_moe" in cli("experiments.convert", f"--hf_dir={hf_dir}",
+                                     f"--workdir={workdir}")
+  assert "exported Qwen3MoeForCausalLM" in cli("experiments.convert", f"--workdir={workdir}",
+                                               f"--out_hf_dir={out}")
+  original, exported = read_all(hf_dir), read_all(out)
+  assert sorted(original) == sorted(exported)
+  assert all(np.array_equal(original[k], exported[k]) for k in original)
+  printed = cli("experiments.generate", f"--hf_dir={out}", "--prompt_ids=5,9,14",
+                "--prompt_ids=7", "--max_new_tokens=4", "--temperature=0")
+  assert printed.count("--- [") == 2 and "decode routing" in printed
+
+
+def shakespeare_workdir(workdir):
+  """A checkpoint of the default Shakespeare MoE (size=tiny), as experiments.train writes it."""
+  config = get_config("size=tiny")
+  _, state, _ = init_state(config)
+  ckpt = Checkpointer(workdir, max_to_keep=1)
+  ckpt.save(0, jax.tree.map(np.asarray, state), {}, {"config": jsonable(config.to_dict())})
+  ckpt.close()
+  return config
+
+
+def test_shakespeare_model_generates_and_exports_as_mixtral(tmp_path):
+  workdir = str(tmp_path / "moe")
+  shakespeare_workdir(workdir)
+  printed = cli("experiments.generate", f"--workdir={workdir}", "--prompt=ROMEO:",
+                "--prompt=JULIET: O", "--max_new_tokens=5", "--top_k=5", "--top_p=0.9")
+  assert "ROMEO:" in printed and "JULIET: O" in printed and "decode routing" in printed
+  loaded, _ = from_training_workdir(workdir)
+  hf = export_hf(loaded.config, loaded.params, loaded.rest, str(tmp_path / "hf"),
+                 family="mixtral")
+  assert hf["architectures"] == ["MixtralForCausalLM"]
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"),
+                                                           attn_implementation="eager")
+  assert model.config.num_local_experts == loaded.config.moe.num_experts
+  tokens, mask, positions = padded_batch()
+  hf_logits, _ = hf_forward(model, tokens, mask, positions)
+  logits, _ = moejax_forward(loaded, tokens, mask)
+  assert np.abs(logits - hf_logits)[mask.astype(bool)].max() <= 1e-4

@@ -1,0 +1,158 @@
+"""ProbMoE (router 'probmoe'): the conditional-Bernoulli DP against enumeration of all
+subsets, exact sampling against the marginals, dynamic-k's law of k, the
+straight-through gradient, and the deterministic evaluation rules."""
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moejax.routing import get_router
+from moejax.routing import probmoe as pm
+from tests.helpers import moe_cfg, random_logits
+
+N_SAMPLES = 50_000
+
+
+def enumerate_subsets(logits_row, sizes):
+  """Brute force over every subset with |S| in `sizes`: (marginals [n], P(|S| = k) dict)."""
+  p = 1 / (1 + np.exp(-np.asarray(logits_row, np.float64)))
+  n = p.shape[0]
+  num, mass = np.zeros(n), {}
+  for k in sizes:
+    mass[k] = 0.0
+    for subset in itertools.combinations(range(n), k):
+      z = np.zeros(n)
+      z[list(subset)] = 1
+      w = np.prod(np.where(z == 1, p, 1 - p))
+      mass[k] += w
+      num += w * z
+  return num / sum(mass.values()), mass
+
+
+def route(logits, train, rng=None, **cfg):
+  cfg = moe_cfg(router="probmoe", num_experts=logits.shape[1], **cfg)
+  fn = functools.partial(get_router("probmoe").route, cfg=cfg, state={}, train=train)
+  return jax.jit(fn)(jnp.asarray(logits), rng=rng)
+
+
+def test_marginals_equal_enumeration_of_all_56_subsets():
+  logits = np.concatenate([random_logits(s, 2, 8, scale=sc) for s, sc in
+                           ((0, 0.5), (1, 2.0), (2, 4.0))])
+
+  @jax.jit
+  def dp(l):
+    log_p, log_q = pm.bernoulli_log_probs(l)
+    return pm.marginals(log_p, log_q, 3, 3), pm.count_table(log_p, log_q, 3)[-1, :, 3]
+
+  m, log_z = (np.asarray(a) for a in dp(jnp.asarray(logits)))
+  for t in range(logits.shape[0]):
+    expected, mass = enumerate_subsets(logits[t], [3])
+    np.testing.assert_allclose(m[t], expected, atol=1e-5)
+    np.testing.assert_allclose(m[t].sum(), 3.0, atol=1e-5)
+    np.testing.assert_allclose(log_z[t], np.log(mass[3]), rtol=1e-5)
+
+
+def test_exact_samples_have_k_ones_and_marginal_frequencies():
+  logits = random_logits(3, 1, 8, scale=1.5)
+  out = route(np.repeat(logits, N_SAMPLES, 0), True, jax.random.key(0), top_k=3)
+  r = out.routing
+  idx, valid = np.asarray(r.expert_index), np.asarray(r.valid)
+  assert valid.all() and idx.shape == (N_SAMPLES, 3)
+  assert all(len(set(row)) == 3 for row in idx[:2000].tolist())  # k distinct experts
+  z = np.zeros((N_SAMPLES, 8))
+  np.put_along_axis(z, idx, 1.0, 1)
+  assert (z.sum(1) == 3).all()
+  m, _ = enumerate_subsets(logits[0], [3])
+  sigma = np.sqrt(m * (1 - m) / N_SAMPLES)
+  assert (np.abs(z.mean(0) - m) < 3 * sigma).all(), (z.mean(0), m)
+  # forward weights are softmax at the sampled experts, not renormalised
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))[0]
+  np.testing.assert_allclose(np.asarray(r.combine_weight), probs[idx], rtol=1e-6)
+
+
+def test_dynamic_k_lies_in_band_with_the_dp_law():
+  k_min, k_max = 2, 4
+  logits = random_logits(5, 1, 8, scale=1.0) - 0.5
+  out = route(np.repeat(logits, N_SAMPLES, 0), True, jax.random.key(1), top_k=2,
+              probmoe_k_min=k_min, probmoe_k_max=k_max)
+  r = out.routing
+  assert r.expert_index.shape == (N_SAMPLES, k_max)
+  ks = np.asarray(r.valid).sum(1)
+  assert ks.min() >= k_min and ks.max() <= k_max
+  m, mass = enumerate_subsets(logits[0], range(k_min, k_max + 1))
+  law = np.array([mass[k] for k in range(k_min, k_max + 1)])
+  law /= law.sum()
+  observed = np.bincount(ks - k_min, minlength=k_max - k_min + 1)
+  expected = law * N_SAMPLES
+  chi2 = np.sum((observed - expected) ** 2 / expected)
+  assert chi2 < 13.8, (observed, expected)  # chi-square, 2 dof, p = 0.001
+  # band marginals: frequencies within 3 sigma
+  z = np.zeros((N_SAMPLES, 8))
+  idx, valid = np.asarray(r.expert_index), np.asarray(r.valid)
+  for s in range(k_max):
+    z[np.arange(N_SAMPLES)[valid[:, s]], idx[valid[:, s], s]] = 1
+  sigma = np.sqrt(m * (1 - m) / N_SAMPLES)
+  assert (np.abs(z.mean(0) - m) < 3 * sigma).all()
+  assert (np.asarray(r.combine_weight)[~valid] == 0).all()
+  assert (idx[~valid] == 0).all()
+
+
+def test_straight_through_gradient():
+  """d weights / d logits is that of g * softmax with g = sg(z - m) + m for the sampled z."""
+  logits = jnp.asarray(random_logits(7, 4, 6))
+  rng = jax.random.key(3)
+  c = jnp.asarray(np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32))
+
+  def through_router(l):
+    r = route(l, True, rng, top_k=2).routing
+    return jnp.sum(jnp.take_along_axis(c, r.expert_index, 1) * r.combine_weight)
+
+  z = np.zeros((4, 6), np.float32)
+  np.put_along_axis(z, np.asarray(route(logits, True, rng, top_k=2).routing.expert_index),
+                    1.0, 1)
+
+  def surrogate(l):
+    log_p, log_q = pm.bernoulli_log_probs(l)
+    m = pm.marginals(log_p, log_q, 2, 2)
+    g = jax.lax.stop_gradient(z - m) + m
+    return jnp.sum(c * z * g * jax.nn.softmax(l, -1))
+
+  got, want = jax.jit(jax.grad(through_router))(logits), jax.jit(jax.grad(surrogate))(logits)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert np.count_nonzero(np.asarray(got)) > 8  # gradient reaches unselected experts via m
+
+
+def test_eval_is_deterministic_top_k():
+  logits = random_logits(11, 16, 8)
+  for renormalize in (True, False):
+    got = route(logits, False, top_k=3, renormalize=renormalize).routing
+    want = get_router("topk").route(jnp.asarray(logits), cfg=moe_cfg(top_k=3,
+                                    renormalize=renormalize), state={}, rng=None,
+                                    train=False).routing
+    np.testing.assert_array_equal(got.expert_index, want.expert_index)
+    np.testing.assert_allclose(got.combine_weight, want.combine_weight, rtol=1e-6)
+
+
+def test_dynamic_eval_keeps_prefix_sum_argmax():
+  logits = random_logits(12, 32, 8)
+  k_min, k_max = 2, 5
+  r = route(logits, False, probmoe_k_min=k_min, probmoe_k_max=k_max).routing
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))
+  for t in range(32):
+    order = np.argsort(-logits[t], kind="stable")
+    prefix = np.cumsum(logits[t][order])
+    k_star = k_min + int(np.argmax(prefix[k_min - 1:k_max]))
+    valid = np.asarray(r.valid[t])
+    assert valid.sum() == k_star and valid[:k_star].all()
+    np.testing.assert_array_equal(np.asarray(r.expert_index[t])[:k_star], order[:k_star])
+    w = probs[t][order[:k_star]]
+    np.testing.assert_allclose(np.asarray(r.combine_weight[t])[:k_star], w / w.sum(),
+                               rtol=1e-5)
+
+
+def test_training_without_rng_is_refused():
+  with pytest.raises(ValueError, match="rng"):
+    route(random_logits(0, 2, 4), True, None)

@@ -1,0 +1,178 @@
+"""Token rounding (SonicMoE, router 'topk_rounded') against a numpy brute force,
+its rounding guarantees, the top-k limit, eval fallback and config errors."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from moejax.config import base_config, validate_config
+from moejax.dispatch import get_dispatcher, padding_waste
+from moejax.errors import ConfigError
+from moejax.experts import swiglu_experts
+from moejax.routing import get_router
+from moejax.routing.token_rounding import rounded_counts
+from tests.helpers import moe_cfg, random_logits
+
+CASES = settings(max_examples=100)
+MODES = ("up", "down", "nearest")
+# T a multiple of every tile (no cap at T), few shapes (each compiles), random contents.
+cases = st.tuples(st.sampled_from([(48, 4, 2), (32, 8, 3), (64, 6, 1)]),
+                  st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(MODES),
+                  st.integers(0, 2**16))
+
+
+def route(logits, train=True, **cfg):
+  cfg = moe_cfg(router="topk_rounded", num_experts=logits.shape[1], **cfg)
+  return get_router("topk_rounded").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None,
+                                          train=train)
+
+
+def pairs(routing):
+  """{(token, expert): weight} of the valid slots."""
+  idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight,
+                                            routing.valid))
+  return {(t, int(idx[t, s])): float(w[t, s]) for t, s in zip(*np.nonzero(valid))}
+
+
+def brute_force(probs, k, tile, mode):
+  """SonicMoE TR step by step in numpy: TC top-k, round counts, per expert keep the
+  top-k tokens (by renormalised prob) first, then the others (by P), first f~_e of
+  them; ties by P, then token index."""
+  t, e = probs.shape
+  top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+  chose = np.zeros((t, e), bool)
+  chose[np.arange(t)[:, None], top] = True
+  p64 = probs.astype(np.float64)
+  top_p = np.where(chose, p64, 0.0)
+  renorm = top_p / top_p.sum(1, keepdims=True)
+  f = chose.sum(0)
+  rounded = {"up": np.ceil(f / tile), "down": np.floor(f / tile),
+             "nearest": np.round(f / tile)}[mode]  # np.round: half to even
+  target = np.minimum(rounded.astype(int) * tile, t)
+  kept = np.zeros((t, e), bool)
+  for j in range(e):
+    by_score = lambda score: np.lexsort((np.arange(t), -p64[:, j], -score))
+    own = [i for i in by_score(renorm[:, j]) if chose[i, j]]
+    others = [i for i in by_score(p64[:, j]) if not chose[i, j]]
+    kept[(own + others)[:target[j]], j] = True
+  return kept, f, target
+
+
+@CASES
+@given(cases)
+def test_matches_numpy_brute_force(case):
+  (t, e, k), tile, mode, seed = case
+  out = route(random_logits(seed, t, e), top_k=k, rounding_tile=tile, rounding_mode=mode)
+  probs = np.asarray(out.probs)
+  kept, _, _ = brute_force(probs, k, tile, mode)
+  expected = {(i, j): float(probs[i, j]) for i, j in zip(*np.nonzero(kept))}
+  got = pairs(out.routing)
+  assert got.keys() == expected.keys()  # the kept and the dropped pairs
+  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-7)
+  r = out.routing
+  assert r.num_slots == (k if mode == "down" else e)
+  assert len(got) <= r.max_valid <= t * e  # the bound the dropless buffers are sized by
+  np.testing.assert_array_equal(np.where(r.valid, 0.0, r.combine_weight), 0.0)
+  # slots hold distinct experts, the first k being the token's top-k
+  idx = np.asarray(r.expert_index)
+  assert all(len(set(row)) == len(row) for row in idx.tolist())
+  np.testing.assert_array_equal(np.sort(idx[:, :k], 1),
+                                np.sort(np.argsort(-probs, 1, kind="stable")[:, :k], 1))
+
+
+@CASES
+@given(cases)
+def test_counts_are_tile_multiples_within_rounding_distance(case):
+  (t, e, k), tile, mode, seed = case
+  logits = random_logits(seed, t, e)
+  out = route(logits, top_k=k, rounding_tile=tile, rounding_mode=mode)
+  counts = np.asarray(out.routing.expert_counts(e))
+  f = np.asarray(get_router("topk").route(jnp.asarray(logits), cfg=moe_cfg(num_experts=e, top_k=k),
+                                          state={}, rng=None, train=False
+                                          ).routing.expert_counts(e))
+  assert (counts % tile == 0).all()
+  assert float(padding_waste(jnp.asarray(counts), tile)) == 0.0
+  diff = counts - f
+  if mode == "nearest":
+    assert (np.abs(diff) <= tile / 2).all()
+  else:
+    assert (np.abs(diff) < tile).all()
+    assert (diff >= 0).all() if mode == "up" else (diff <= 0).all()
+
+
+@CASES
+@given(cases)
+def test_tile_one_is_top_k(case):
+  (t, e, k), _, mode, seed = case
+  logits = random_logits(seed, t, e)
+  rounded = route(logits, top_k=k, rounding_tile=1, rounding_mode=mode)
+  plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=True,
+                                   cfg=moe_cfg(num_experts=e, top_k=k, renormalize=False))
+  got, expected = pairs(rounded.routing), pairs(plain.routing)
+  assert got.keys() == expected.keys()
+  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-7)
+  assert float(rounded.metrics["rounding_dropped_fraction"]) == 0.0
+  assert float(rounded.metrics["rounding_added_fraction"]) == 0.0
+
+
+def test_rounded_counts_worked_example():
+  counts = jnp.array([0, 5, 8, 12, 13, 4, 20])
+  expect = {"up": [0, 8, 8, 16, 16, 8, 24], "down": [0, 0, 8, 8, 8, 0, 16],
+            # 12/8 = 1.5 -> 2 (even), 4/8 = 0.5 -> 0 (even), 20/8 = 2.5 -> 2 (even)
+            "nearest": [0, 8, 8, 16, 16, 0, 16]}
+  for mode, values in expect.items():
+    np.testing.assert_array_equal(rounded_counts(counts, 8, mode, 100), values)
+  np.testing.assert_array_equal(rounded_counts(counts, 8, "up", 14), [0, 8, 8, 14, 14, 8, 14])
+
+
+def test_dropless_pads_nothing_when_tiles_match():
+  """Rounding tile == dispatch tile: zero padding rows, and the output is the per-token loop."""
+  from tests.dispatch.test_dispatch import expert_weights, reference_loop
+  t, e, k, tile = 64, 4, 2, 8
+  out = route(random_logits(5, t, e), top_k=k, rounding_tile=tile, rounding_mode="up")
+  x = np.random.default_rng(0).standard_normal((t, 8)).astype(np.float32)
+  weights = expert_weights(0, e)
+  fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
+  for name in ("dropless", "dropless_memeff"):
+    cfg = moe_cfg(num_experts=e, top_k=k, dropless_tile=tile, dropless_block=16)
+    y, metrics = get_dispatcher(name)(jnp.asarray(x), out.routing, fn, cfg)
+    assert float(metrics["padding_waste"]) == 0.0
+    np.testing.assert_allclose(y, reference_loop(x, out.routing, weights), rtol=1e-5, atol=1e-5)
+
+
+def test_eval_falls_back_to_plain_top_k():
+  logits = random_logits(3, 40, 8)
+  out = route(logits, train=False, top_k=2, rounding_tile=16, rounding_mode="up")
+  plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=False,
+                                   cfg=moe_cfg(num_experts=8, top_k=2, renormalize=False))
+  assert out.routing.num_slots == 2
+  assert pairs(out.routing) == pairs(plain.routing)
+  assert pairs(route(logits, train=True, top_k=2, rounding_tile=16,
+                     rounding_mode="up").routing) != pairs(plain.routing)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("rounding_mode", "sideways", "model.moe.rounding_mode='sideways'"),
+    ("rounding_tile", 0, "model.moe.rounding_tile=0"),
+    ("rounding_tile", -4, "model.moe.rounding_tile=-4"),
+])
+def test_bad_rounding_config_names_key_and_value(key, value, message):
+  c = base_config()
+  c.model.moe.router = "topk_rounded"
+  c.model.moe[key] = value
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    validate_config(c)
+  with pytest.raises(ConfigError, match="rounding"):
+    route(random_logits(0, 8, 4), top_k=2, **{key: value})
+
+
+def test_default_config_with_token_rounding_validates():
+  c = base_config()
+  c.model.moe.router = "topk_rounded"
+  validate_config(c)
+  c.model.moe.top_k = 9
+  with pytest.raises(ConfigError, match="model.moe.top_k=9"):
+    validate_config(c)

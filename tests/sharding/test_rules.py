@@ -1,0 +1,106 @@
+"""Logical-axis rules, mesh sizes and their errors, on this session's single device.
+
+The rules are checked against an abstract 4-axis mesh (no devices needed);
+everything that runs on 8 devices is in multidevice/ (test_on_8_devices.py)."""
+import jax
+import pytest
+from flax import nnx
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from moejax import sharding
+from moejax.config import base_config, validate_config
+from moejax.errors import ConfigError
+from moejax.models import TransformerLM
+from moejax.train import step as step_lib
+from moejax.train.loop import train_and_evaluate
+
+
+def layout(data=1, fsdp=1, expert=1, tensor=1, **rules):
+  mesh = AbstractMesh((data, fsdp, expert, tensor), sharding.MESH_AXES)
+  return sharding.Layout(mesh, sharding.parse_rules(rules))
+
+
+@pytest.mark.parametrize("axes,shape,spec", [
+    (("expert", "embed", "mlp"), (8, 32, 64), P("expert", "fsdp", "tensor")),  # expert FFN
+    (("vocab", "embed"), (256, 32), P("tensor", "fsdp")),  # embedding table
+    (("embed", "heads"), (32, 64), P("fsdp", "tensor")),  # q projection
+    (("embed", None), (32, 8), P("fsdp", None)),  # router kernel: experts replicated
+    (("batch", "length"), (16, 128), P(("data", "fsdp", "expert"), None)),
+    (("batch", "length", "act_vocab"), (16, 8, 256), P(("data", "fsdp", "expert"), None, "tensor")),
+    ((None,), (32,), P(None)),  # norm scales
+])
+def test_rules_map_logical_axes_to_mesh_axes(axes, shape, spec):
+  assert layout(data=2, fsdp=2, expert=2, tensor=2).spec(axes, shape) == spec
+
+
+def test_a_dimension_the_mesh_does_not_divide_stays_replicated():
+  lay = layout(fsdp=2, expert=4, tensor=2)
+  assert lay.spec(("embed", "kv_heads"), (32, 15)) == P("fsdp", None)
+  assert lay.spec(("batch", "length"), (4, 8)) == P(None, None)  # 4 rows, 8 shards
+
+
+def test_a_mesh_axis_is_used_once_per_array():
+  lay = layout(fsdp=2, expert=2, embed="fsdp,expert")
+  assert lay.spec(("expert", "embed", "mlp"), (4, 32, 64)) == P("expert", "fsdp", "tensor")
+
+
+def test_every_parameter_of_the_lm_names_its_axes():
+  model = nnx.eval_shape(lambda: TransformerLM(base_config().model, rngs=nnx.Rngs(0)))
+  _, params, _ = nnx.split(model, nnx.Param, ...)
+  axes_tree = sharding.logical_axes_of(params)
+  for axes, param in zip(jax.tree.leaves(axes_tree), jax.tree.leaves(nnx.to_pure_dict(params))):
+    assert len(axes.names) == param.ndim
+    assert set(axes.names) - {None} <= set(sharding.RULES)
+    assert param.ndim < 2 or any(axes.names)  # every matrix is split somewhere
+  experts = axes_tree["blocks"][0]["ffn"]["experts"]
+  assert experts["w_down"].names == ("expert", "mlp", "embed")
+
+
+@pytest.mark.parametrize("mesh,devices,sizes", [
+    (dict(data=-1, fsdp=1, expert=1, tensor=1), 8, dict(data=8, fsdp=1, expert=1, tensor=1)),
+    (dict(data=2, fsdp=1, expert=-1, tensor=1), 8, dict(data=2, fsdp=1, expert=4, tensor=1)),
+    (dict(data=1, fsdp=2, expert=2, tensor=2), 8, dict(data=1, fsdp=2, expert=2, tensor=2)),
+])
+def test_minus_one_takes_the_remaining_devices(mesh, devices, sizes):
+  assert sharding.mesh_shape(mesh, devices) == sizes
+
+
+@pytest.mark.parametrize("section,key,value,message", [
+    ("mesh", "data", 0, r"mesh.data=0 must be an int >= 1, or -1 for the rest"),
+    ("mesh", "expert", -1, r"mesh.data=-1 and mesh.expert=-1: at most one axis may be -1"),
+    ("sharding.rules", "mlp", "tensr", r"sharding.rules.mlp='tensr': 'tensr' is not a mesh axis"),
+    ("sharding.rules", "mlp", "expert", r"sharding.rules.mlp='expert' shares mesh axes"),
+    ("sharding.rules", "expert", "tensor", r"sharding.rules.expert='tensor' must be among the "
+                                           r"batch axes"),
+    ("sharding", "a2a_capacity_factor", -1.0, r"sharding.a2a_capacity_factor=-1.0 must be >= 0"),
+])
+def test_bad_sharding_config_is_rejected(section, key, value, message):
+  config = base_config()
+  node = config
+  for part in section.split("."):
+    node = node[part]
+  node[key] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config)
+
+
+def test_unknown_logical_axis_in_rules_is_rejected():
+  with pytest.raises(ConfigError, match=r"sharding.rules.experts \(logical axis\)='experts'"):
+    sharding.parse_rules({"experts": "expert"})
+
+
+def test_a_mesh_bigger_than_this_machine_is_rejected_before_compilation(tmp_path, monkeypatch):
+  config = base_config()
+  config.mesh.data, config.mesh.expert = 2, 4
+  compiled = []
+  monkeypatch.setattr(step_lib, "make_train_step", lambda *a: compiled.append(a))
+  with pytest.raises(ConfigError, match=r"has 8 devices but 1 are available"):
+    train_and_evaluate(config, str(tmp_path), write_metrics=False)
+  assert not compiled
+
+
+def test_one_device_runs_the_plain_program():
+  assert sharding.make_layout(base_config()) is None  # data=-1 on 1 device
+  assert sharding.current_layout() is None
+  x = object()
+  assert sharding.constrain(x, ("batch",)) is x
