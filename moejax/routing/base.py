@@ -94,6 +94,11 @@ class RouterSpec:
   validate: Callable[[Any], None] | None = None
   init_params: Callable[[int], dict[str, jax.Array]] | None = None
 
+  def initial_state(self, num_experts: int) -> dict[str, jax.Array]:
+    """The full `state` dict `route` expects at initialisation (state and params)."""
+    return {**(self.init_state(num_experts) if self.init_state else {}),
+            **(self.init_params(num_experts) if self.init_params else {})}
+
 
 ROUTERS = Registry("model.moe.router")
 

@@ -61,7 +61,7 @@ def run(dispatch_name, router_name, seed, t, e, k, **cfg_kw):
   cfg = moe_cfg(router=router_name, dispatch=dispatch_name, num_experts=e, top_k=k, **cfg_kw)
   spec = get_router(router_name)
   logits = random_logits(seed, t, e)
-  state = spec.init_state(e) if spec.init_state else {}
+  state = spec.initial_state(e)
   routing = spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=False).routing
   x = np.random.default_rng(seed + 7).standard_normal((t, D)).astype(np.float32)
   weights = expert_weights(seed, e)

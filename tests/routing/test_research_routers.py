@@ -33,7 +33,7 @@ def setup(label, e, k, train, seed=0, t=24):
   name = label.removesuffix("_dynamic")
   cfg = moe_cfg(router=name, num_experts=e, top_k=k, **ROUTERS[label])
   spec = get_router(name)
-  state = spec.init_state(e) if spec.init_state else {}
+  state = spec.initial_state(e)
   if name == "mahalanobis":  # a non-trivial co-occurrence covariance
     a = np.random.default_rng(seed).random((e, e)).astype(np.float32)
     state = {"cooc_cov": jnp.asarray(a @ a.T / e)}

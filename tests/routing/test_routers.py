@@ -26,7 +26,7 @@ def softmax(x):
 def route(name, logits, train=False, state=None, **cfg):
   spec = get_router(name)
   cfg = moe_cfg(router=name, num_experts=logits.shape[1], **cfg)
-  state = state if state is not None else (spec.init_state(logits.shape[1]) if spec.init_state else {})
+  state = state if state is not None else spec.initial_state(logits.shape[1])
   return spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=train)
 
 

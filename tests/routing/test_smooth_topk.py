@@ -23,7 +23,7 @@ def eta_param(eta):
 def route(name, logits, **cfg):
   cfg = moe_cfg(router=name, num_experts=logits.shape[1], **cfg)
   spec = get_router(name)
-  state = spec.init_state(logits.shape[1]) if spec.init_state else {}
+  state = spec.initial_state(logits.shape[1])
   return spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=True)
 
 
