@@ -30,6 +30,21 @@ class RouterState(nnx.Variable):
   """Non-trained router state (e.g. the aux-loss-free bias); not a Param."""
 
 
+def router_variables(spec, num_experts: int):
+  """(trained params, non-trained state) a router declares, as nnx.Dicts or None."""
+  params = (nnx.data(None) if spec.init_params is None else nnx.Dict(
+      {name: nnx.Param(v) for name, v in spec.init_params(num_experts).items()}))
+  state = (nnx.data(None) if spec.init_state is None else nnx.Dict(
+      {name: RouterState(v) for name, v in spec.init_state(num_experts).items()}))
+  return params, state
+
+
+def router_inputs(params, state) -> dict:
+  """The `state` dict a route call receives: router state and trained params."""
+  return {name: var.get_value() for group in (state, params) if group is not None
+          for name, var in group.items()}
+
+
 def load_metrics(counts: jax.Array, tile: int) -> dict:
   """Load fraction per expert, max/mean load, and the padding waste of the
   dropless layout (padded rows / real rows at model.moe.dropless_tile), from
@@ -54,16 +69,8 @@ class MoELayer(nnx.Module):
         cfg.router_init_scale, "fan_in", "truncated_normal")(
             rngs.params(), (d_model, cfg.num_experts), jnp.float32),
         logical_axes=("embed", None))
-    self.router_params = nnx.data(None)
-    if self.router_spec.init_params is not None:
-      self.router_params = nnx.Dict({
-          name: nnx.Param(value)
-          for name, value in self.router_spec.init_params(cfg.num_experts).items()})
-    self.router_state = nnx.data(None)
-    if self.router_spec.init_state is not None:
-      self.router_state = nnx.Dict({
-          name: RouterState(value)
-          for name, value in self.router_spec.init_state(cfg.num_experts).items()})
+    self.router_params, self.router_state = router_variables(self.router_spec,
+                                                             cfg.num_experts)
     self.experts = SwiGLUExperts(cfg.num_experts, d_model, cfg.expert_d_ff, rngs=rngs)
     self.shared = nnx.data(None)
     if cfg.num_shared_experts > 0:
@@ -83,10 +90,8 @@ class MoELayer(nnx.Module):
           jitter_rng, router_in.shape, router_dtype,
           1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
     logits = router_in @ self.router_kernel[...].astype(router_dtype)
-    state = {name: var.get_value()
-             for group in (self.router_state, self.router_params) if group is not None
-             for name, var in group.items()}
-    out = self.router_spec.route(logits, cfg=cfg, state=state, rng=rng, train=train)
+    out = self.router_spec.route(logits, cfg=cfg, rng=rng, train=train,
+                                 state=router_inputs(self.router_params, self.router_state))
     if self.router_state is not None and train:
       for name, var in self.router_state.items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))

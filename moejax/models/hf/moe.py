@@ -22,7 +22,7 @@ from flax import nnx
 from moejax import dispatch, routing
 from moejax.experts import SwiGLUExperts, swiglu_experts
 from moejax.layers.dense import SwiGLU
-from moejax.layers.moe import RouterState
+from moejax.layers.moe import router_inputs, router_variables
 
 
 class RoutedFFN(nnx.Module):
@@ -35,11 +35,8 @@ class RoutedFFN(nnx.Module):
     self.router_kernel = nnx.Param(jax.nn.initializers.variance_scaling(
         cfg.router_init_scale, "fan_in", "truncated_normal")(
             rngs.params(), (d_model, cfg.num_experts), jnp.float32))
-    self.router_state = nnx.data(None)
-    if self.router_spec.init_state is not None:
-      self.router_state = nnx.Dict({
-          name: RouterState(value)
-          for name, value in self.router_spec.init_state(cfg.num_experts).items()})
+    self.router_params, self.router_state = router_variables(self.router_spec,
+                                                             cfg.num_experts)
     self.experts = SwiGLUExperts(cfg.num_experts, d_model, cfg.expert_d_ff, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
@@ -54,9 +51,8 @@ class RoutedFFN(nnx.Module):
     b, l, d = x_BxLxD.shape
     x_TxD = x_BxLxD.reshape(b * l, d)
     logits = x_TxD.astype(jnp.float32) @ self.router_kernel[...]
-    state = ({} if self.router_state is None else
-             {name: var.get_value() for name, var in self.router_state.items()})
-    out = self.router_spec.route(logits, cfg=cfg, state=state, rng=None, train=False)
+    out = self.router_spec.route(logits, cfg=cfg, rng=None, train=False,
+                                 state=router_inputs(self.router_params, self.router_state))
     token_valid = token_mask_BxL.reshape(b * l, 1)
     assignment = out.routing.with_valid(out.routing.valid & token_valid)
     weights = self.experts.weights(self.dtype)
