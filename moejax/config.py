@@ -173,6 +173,7 @@ def validate_moe(e, num_layers: int) -> None:
   for module in (routing.probmoe, routing.smooth_topk, routing.mahalanobis,
                  routing.optimal_transport, routing.capacity_aware, routing.sere):
     module.validate_keys(e)  # research-router keys, checked whatever the router
+    # (so those routers register validate=validate_top_k only)
   if not 0 <= e.first_dense < num_layers:
     raise ConfigError(f"model.moe.first_dense={e.first_dense} must be in "
                       f"[0, model.num_layers={num_layers})")

@@ -111,12 +111,7 @@ def validate_keys(cfg) -> None:
                       f"capacity) or divide model.moe.num_experts={cfg.num_experts}")
 
 
-def validate_capacity_aware(cfg) -> None:
-  validate_top_k(cfg)
-  validate_keys(cfg)
-
-
-@register_router("capacity_aware", causal=False, validate=validate_capacity_aware)
+@register_router("capacity_aware", causal=False, validate=validate_top_k)
 def route_capacity_aware(logits, *, cfg, state, rng, train):
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)

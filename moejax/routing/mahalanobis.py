@@ -93,12 +93,7 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.mp_ridge={cfg.mp_ridge} must be > 0")
 
 
-def validate_mp(cfg) -> None:
-  validate_top_k(cfg)
-  validate_keys(cfg)
-
-
-@register_router("mahalanobis", init_state=init_mp_state, validate=validate_mp)
+@register_router("mahalanobis", init_state=init_mp_state, validate=validate_top_k)
 def route_mahalanobis(logits, *, cfg, state, rng, train):
   del rng
   num_experts = logits.shape[-1]

@@ -70,12 +70,7 @@ def validate_keys(cfg) -> None:
                       "(0 = balanced Sinkhorn, tau = infinity)")
 
 
-def validate_ot(cfg) -> None:
-  validate_top_k(cfg)
-  validate_keys(cfg)
-
-
-@register_router("as_coot", causal=False, validate=validate_ot)
+@register_router("as_coot", causal=False, validate=validate_top_k)
 def route_as_coot(logits, *, cfg, state, rng, train):
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)

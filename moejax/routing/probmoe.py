@@ -186,12 +186,7 @@ def validate_keys(cfg) -> None:
                       f"model.moe.num_experts={cfg.num_experts}")
 
 
-def validate_probmoe(cfg) -> None:
-  validate_top_k(cfg)
-  validate_keys(cfg)
-
-
-@register_router("probmoe", validate=validate_probmoe)
+@register_router("probmoe", validate=validate_top_k)
 def route_probmoe(logits, *, cfg, state, rng, train):
   k_min, k_max, dynamic = band(cfg)
   probs = jax.nn.softmax(logits, axis=-1)

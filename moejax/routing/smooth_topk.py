@@ -96,12 +96,7 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.smooth_h_offset={cfg.smooth_h_offset} must be >= 0")
 
 
-def validate_smooth(cfg) -> None:
-  validate_top_k(cfg)
-  validate_keys(cfg)
-
-
-@register_router("smooth_topk", init_params=init_smooth_params, validate=validate_smooth)
+@register_router("smooth_topk", init_params=init_smooth_params, validate=validate_top_k)
 def route_smooth_top_k(logits, *, cfg, state, rng, train):
   del rng, train
   num_experts = logits.shape[-1]
