@@ -191,6 +191,17 @@ def validate_moe(e, num_layers: int) -> None:
   _positive("model.moe.dpsl_alpha", e.dpsl_alpha)
 
 
+def flatten_config(d: dict, prefix: str = "") -> dict:
+  """{'a': {'b': 1}} -> {'a.b': 1}; lists become tuples so values compare and hash."""
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, dict):
+      out.update(flatten_config(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
 def parse_config_arg(arg: str | None, defaults: dict) -> ml_collections.ConfigDict:
   """Parse a big_vision-style config arg 'k1=v1,k2=v2' over `defaults`.
 

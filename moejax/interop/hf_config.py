@@ -10,6 +10,7 @@ moejax LM with shared experts written as Mixtral), naming the keys.
 """
 import ml_collections
 
+from moejax.config import flatten_config
 from moejax.errors import ConfigError
 from moejax.models.hf.config import decoder_config, expert_counts, validate_decoder_config
 from moejax.models.hf.families import FAMILIES
@@ -199,16 +200,6 @@ def to_hf_config(m, family: str | None = None, base: dict | None = None) -> dict
   return out
 
 
-def _flat(d, prefix=""):
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
-  return out
-
-
 # The MoE keys that change what a loaded model computes (the rest are training,
 # dispatch or other routers' settings).
 COMPUTE_MOE_KEYS = ("router", "top_k", "renormalize", "routed_scaling_factor", "expert_d_ff",
@@ -218,7 +209,7 @@ _FREE_KEYS = ("family", "dtype")
 
 
 def _compute_keys(m) -> dict:
-  flat = _flat(m.to_dict())
+  flat = flatten_config(m.to_dict())
   return {k: v for k, v in flat.items()
           if not k.startswith("moe.") or k[len("moe."):] in COMPUTE_MOE_KEYS}
 

@@ -11,25 +11,16 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
+from moejax.config import flatten_config
 from moejax.errors import ConfigError
 
 # Config sections whose change makes a checkpoint unusable for a run.
 COMPATIBILITY_SECTIONS = ("model", "data")
 
 
-def _flatten(d, prefix=""):
-  out = {}
-  for key, value in d.items():
-    if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def config_mismatch(saved: dict, current: dict) -> list[str]:
   """Keys (dotted) whose values differ between two config dicts."""
-  saved_flat, current_flat = _flatten(saved), _flatten(current)
+  saved_flat, current_flat = flatten_config(saved), flatten_config(current)
   keys = sorted(set(saved_flat) | set(current_flat))
   return [f"{k}: checkpoint={saved_flat.get(k, '<absent>')!r} "
           f"config={current_flat.get(k, '<absent>')!r}"
