@@ -45,16 +45,21 @@ def router_inputs(params, state) -> dict:
           for name, var in group.items()}
 
 
-def load_metrics(counts: jax.Array, tile: int) -> dict:
+def load_metrics(counts: jax.Array, tile: int, num_tokens: int | None = None) -> dict:
   """Load fraction per expert, max/mean load, and the padding waste of the
   dropless layout (padded rows / real rows at model.moe.dropless_tile), from
-  assignment counts [E]; reported for every router and dispatch."""
+  assignment counts [E]; reported for every router and dispatch. With
+  num_tokens also experts_per_token: kept assignments per token (top_k for
+  top-k routing; lower when a router drops, variable under dynamic-k)."""
   waste = dispatch.padding_waste(counts, tile)
   counts = counts.astype(jnp.float32)
   total = jnp.maximum(jnp.sum(counts), 1.0)
-  return {"load_fraction": counts / total,
-          "max_over_mean_load": jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9),
-          "padding_waste": waste}
+  out = {"load_fraction": counts / total,
+         "max_over_mean_load": jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9),
+         "padding_waste": waste}
+  if num_tokens is not None:
+    out["experts_per_token"] = jnp.sum(counts) / num_tokens
+  return out
 
 
 class MoELayer(nnx.Module):
@@ -105,7 +110,8 @@ class MoELayer(nnx.Module):
     aux_loss = sum((cfg.loss_weights[name] * loss_values[name]
                     for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
     metrics = {**out.metrics, **dispatch_metrics, **loss_values,
-               **load_metrics(out.routing.expert_counts(cfg.num_experts), cfg.dropless_tile)}
+               **load_metrics(out.routing.expert_counts(cfg.num_experts), cfg.dropless_tile,
+                              num_tokens=b * l)}
     return y_TxD.reshape(b, l, d), {"aux_loss": aux_loss, "metrics": metrics}
 
   def dispatch(self, x_TxD, assignment):

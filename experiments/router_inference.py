@@ -1,0 +1,161 @@
+r"""Inference-time routers on a trained default model (issue 6): capacity-aware
+drop, SERE re-routing and As-COOT, each against the model's own top-k.
+
+  python -m experiments.router_inference --workdir=runs/moe \
+      --markdown=docs/results/router_inference_cpu.md --json=docs/results/router_inference_cpu.json
+
+Studies (--studies, default all three):
+  capacity  Token Drop (r=1) and Expanded Drop (r=2) at gamma in --gammas, on the
+            validation batches (one call = one [batch, seq_len] block, as a prefill):
+            bpb, max/mean load, max load, kept assignments per token.
+  sere      expert similarity (linear CKA) calibrated on --calibration_batches training
+            batches, written into SERE's router state; then teacher-forced KV-cache
+            decoding of --decode_windows validation windows at batch sizes
+            --decode_batches and thresholds --rhos: bpb and distinct experts per step.
+  as_coot   semi-relaxed Sinkhorn routing (tau in --taus; 0 = balanced Sinkhorn) on
+            batches cut from one held-out play at a time (a shifted batch): bpb and
+            max/mean load.
+All three routers are non-causal by design (a token's experts depend on the
+other tokens of the call); bpb is the model's loss under that routing.
+"""
+import json
+import math
+
+from absl import app, flags
+import jax
+import numpy as np
+
+from moejax.analysis import router_inference as ri
+from moejax.data.shakespeare import shakespeare_sources
+from moejax.data.pipeline import build_lm_data
+from moejax.inference.restore import load_from_workdir
+from moejax.interop.convert import abstract_model
+from moejax.interop.moejax_lm import from_training_workdir
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/moe", "A trained MoE LM's workdir.")
+_STUDIES = flags.DEFINE_list("studies", ["capacity", "sere", "as_coot"], "Which studies.")
+_GAMMAS = flags.DEFINE_list("gammas", ["0.5", "1", "1.5", "2"], "Capacity factors gamma.")
+_EVAL_BATCHES = flags.DEFINE_integer("eval_batches", 8, "Validation batches (capacity).")
+_CALIBRATION = flags.DEFINE_integer("calibration_batches", 2, "Training batches (SERE CKA).")
+_WINDOWS = flags.DEFINE_integer("decode_windows", 64, "Validation windows decoded (SERE).")
+_DECODE_LEN = flags.DEFINE_integer("decode_len", 64, "Tokens decoded per window (SERE).")
+_BATCHES = flags.DEFINE_list("decode_batches", ["8", "16", "32", "64"], "Decode batch sizes.")
+_RHOS = flags.DEFINE_list("rhos", ["0.9", "0.7", "0.5", "0.3"], "SERE thresholds rho.")
+_TAUS = flags.DEFINE_list("taus", ["1", "0"], "As-COOT tau (0 = infinity).")
+_PLAY_BATCHES = flags.DEFINE_integer("play_batches", 2, "Batches per held-out play (As-COOT).")
+_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
+_JSON = flags.DEFINE_string("json", None, "Write the records here.")
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+  fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(fmt(r.get(c, "—")) for c in columns) + " |" for r in rows]
+  return "\n".join(lines) + "\n"
+
+
+def capacity_study(config, params, rest, batches):
+  k = config.model.moe.top_k
+  _, base = ri.with_router(config)
+  rows = [{"router": "top-k", "gamma": "—", "r": "—",
+           **ri.score_batches(base, params, rest, batches, k)}]
+  for r in (1.0, 2.0):
+    for gamma in map(float, _GAMMAS.value):
+      _, graphdef = ri.with_router(config, router="capacity_aware", capacity_gamma=gamma,
+                                   capacity_expand_r=r)
+      rows.append({"router": "token drop" if r == 1 else "expanded drop", "gamma": gamma,
+                   "r": r, **ri.score_batches(graphdef, params, rest, batches, k)})
+  return rows
+
+
+def sere_study(workdir, config, graphdef, params, rest, calibration, windows):
+  similarity = ri.calibrate_similarity(graphdef, params, rest, calibration)
+  loaded, _ = from_training_workdir(workdir)
+  m = loaded.config
+  rows = []
+  for batch in map(int, _BATCHES.value):
+    rows.append({"router": "top-k", "batch": batch, "rho": "—",
+                 **ri.decode_score(m, loaded.params, loaded.rest, windows, batch)})
+    for rho in map(float, _RHOS.value):
+      m_sere = m.copy_and_resolve_references()
+      m_sere.moe.update(router="sere", sere_rho=rho, sere_primary_slots=1)
+      _, _, abstract_rest = abstract_model(m_sere)
+      rest_sere = ri.set_router_state(
+          jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract_rest),
+          "expert_similarity", list(similarity))
+      rows.append({"router": "sere", "batch": batch, "rho": rho,
+                   **ri.decode_score(m_sere, loaded.params, rest_sere, windows, batch)})
+  return rows, np.asarray(similarity)
+
+
+def play_batches(config, tokenizer, num_batches):
+  """{play: [batches]} of consecutive windows from one held-out play each."""
+  b, l = config.data.batch_size, config.data.seq_len
+  out = {}
+  for example in shakespeare_sources(config.data.data_dir)["validation"]:
+    tokens = np.asarray(tokenizer.encode(example["text"].decode()), np.int32)
+    windows = tokens[:num_batches * b * (l + 1)].reshape(num_batches, b, l + 1)
+    out[example["title"].decode()] = [{"inputs": w[:, :-1], "targets": w[:, 1:]}
+                                      for w in windows]
+  return out
+
+
+def as_coot_study(config, params, rest, plays):
+  k, rows = config.model.moe.top_k, []
+  _, base = ri.with_router(config)
+  for play, batches in plays.items():
+    rows.append({"play": play, "router": "top-k", "tau": "—",
+                 **ri.score_batches(base, params, rest, batches, k)})
+    for tau in map(float, _TAUS.value):
+      _, graphdef = ri.with_router(config, router="as_coot", ot_tau=tau)
+      rows.append({"play": play, "router": "as_coot", "tau": "inf" if tau == 0 else tau,
+                   **ri.score_batches(graphdef, params, rest, batches, k)})
+  return rows
+
+
+def main(argv):
+  del argv
+  config, graphdef, params, rest, tokenizer = load_from_workdir(_WORKDIR.value)
+  data = build_lm_data(config.data, seed=config.seed)
+  assert data.bytes_per_token == 1.0, "bpb here assumes the byte tokenizer"
+  eval_batches = list(data.eval_batches(None))
+  report, records = [f"# Inference-time routers on {_WORKDIR.value}\n"], {}
+  if "capacity" in _STUDIES.value:
+    rows = capacity_study(config, params, rest, eval_batches[:_EVAL_BATCHES.value])
+    records["capacity"] = rows
+    report.append("## Capacity-aware Token Drop / Expanded Drop\n\n" + table(
+        rows, ["router", "gamma", "r", "bpb", "max_over_mean_load", "max_load",
+               "experts_per_token", "kept_fraction"]))
+  if "sere" in _STUDIES.value:
+    need = _WINDOWS.value
+    windows = np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
+                              for b in eval_batches])[:need, :_DECODE_LEN.value + 1]
+    calibration = np.concatenate([next(data.train_iter)["inputs"]
+                                  for _ in range(_CALIBRATION.value)])
+    rows, similarity = sere_study(_WORKDIR.value, config, graphdef, params, rest,
+                                  calibration, windows)
+    records["sere"], records["sere_similarity"] = rows, similarity.tolist()
+    off = similarity[:, ~np.eye(similarity.shape[1], dtype=bool)]
+    report.append(
+        "## SERE re-routing in batched decoding\n\n"
+        f"CKA off-diagonal per layer: min {off.min(1).round(3).tolist()}, "
+        f"median {np.median(off, 1).round(3).tolist()}, max {off.max(1).round(3).tolist()}.\n\n"
+        + table(rows, ["router", "batch", "rho", "bpb", "distinct_experts"]))
+  if "as_coot" in _STUDIES.value:
+    rows = as_coot_study(config, params, rest,
+                         play_batches(config, tokenizer, _PLAY_BATCHES.value))
+    records["as_coot"] = rows
+    report.append("## As-COOT on one held-out play per batch\n\n" + table(
+        rows, ["play", "router", "tau", "bpb", "max_over_mean_load", "max_load"]))
+  text = "\n".join(report)
+  print(text)
+  if _MARKDOWN.value:
+    with open(_MARKDOWN.value, "w") as f:
+      f.write(text)
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(records, f, indent=1, default=lambda v: None if v != v else v)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,128 @@
+"""Inference-time routers on a trained model: swap the router, keep the weights.
+
+Capacity-aware drop (arXiv 2503.05066), As-COOT (TiME) and SERE (arXiv
+2602.07616) change only how a trained model's router assigns tokens at
+inference. The helpers here rebuild a trained TransformerLM with other
+`model.moe` router keys and the same parameters (`with_router`), score it on
+batches (`score_batches`), calibrate SERE's expert-similarity matrices from
+calibration tokens (`calibrate_similarity`) and write them into a router's
+state (`set_router_state`), and score teacher-forced KV-cache decoding, where
+each step's MoE call sees one token per sequence (`decode_score`).
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.analysis.expert_similarity import expert_outputs_on_tokens, linear_cka_matrix
+from moejax.experts import swiglu_experts
+from moejax.inference.generate import decoder_step
+from moejax.inference.kv_cache import init_cache
+from moejax.interop.convert import abstract_model
+from moejax.train.loop import build_model
+from moejax.train.step import cross_entropy, split_model
+
+
+def with_router(config, **moe_keys):
+  """(config', graphdef') of the same model with `model.moe` keys replaced; the
+  trained (params, rest) merge into it when the router state has the same shape."""
+  config = config.copy_and_resolve_references()
+  config.model.moe.update(moe_keys)
+  graphdef, _, _ = split_model(nnx.eval_shape(lambda: build_model(config)))
+  return config, graphdef
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, params, rest, inputs, targets):
+  logits, aux = nnx.merge(graphdef, params, rest)(inputs)
+  return cross_entropy(logits, targets), aux["moe"]
+
+
+def score_batches(graphdef, params, rest, batches, top_k: int) -> dict:
+  """val bpb (byte tokens) and MoE figures averaged over layers and batches:
+  max/mean load, max load (assignments to the busiest expert per call),
+  experts per token (kept assignments / tokens) and kept fraction (/ top_k)."""
+  losses, figures = [], []
+  for batch in batches:
+    loss, layers = _forward(graphdef, params, rest, batch["inputs"], batch["targets"])
+    losses.append(float(loss))
+    tokens = batch["inputs"].size
+    for m in jax.device_get(layers):
+      num_experts = m["load_fraction"].shape[0]
+      per_token = float(m["experts_per_token"])
+      figures.append({"max_over_mean_load": float(m["max_over_mean_load"]),
+                      "max_load": float(m["max_over_mean_load"]) * per_token * tokens / num_experts,
+                      "experts_per_token": per_token, "kept_fraction": per_token / top_k})
+  out = {key: float(np.mean([f[key] for f in figures])) for key in figures[0]}
+  return {"bpb": float(np.mean(losses)) / math.log(2), **out}
+
+
+def moe_layer_inputs(model, tokens) -> list[jax.Array]:
+  """The inputs [B*L, d] of every MoE layer of a TransformerLM on `tokens`: the
+  outputs of each MoE block's ffn_norm, captured with nnx.capture (no model edits)."""
+  _, outputs = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(tokens)
+  by_block = {path[1]: value.get_value()[0] for path, value in nnx.to_flat_state(outputs)
+              if path[0] == "blocks" and path[2:] == ("ffn_norm", "__call__")}
+  return [by_block[i].reshape(-1, by_block[i].shape[-1])
+          for i, block in enumerate(model.blocks) if block.is_moe]
+
+
+def calibrate_similarity(graphdef, params, rest, tokens) -> jax.Array:
+  """SERE's offline step: linear CKA between every pair of experts' outputs on
+  the calibration tokens' MoE inputs, per MoE layer -> float32 [layers, E, E]."""
+  model = nnx.merge(graphdef, params, rest)
+  inputs = moe_layer_inputs(model, tokens)
+  layers = [b.ffn for b in model.blocks if b.is_moe]
+  return jnp.stack([
+      linear_cka_matrix(expert_outputs_on_tokens(
+          functools.partial(swiglu_experts, layer.experts.weights(jnp.float32)), x,
+          layer.cfg.num_experts))
+      for layer, x in zip(layers, inputs)])
+
+
+def set_router_state(rest: dict, name: str, per_layer) -> dict:
+  """A copy of `rest` with router state `name` of the i-th MoE layer (in layer
+  order) set to per_layer[i]; the count must match."""
+  found = []
+
+  def visit(tree, path):
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        visit(value, path + (key,))
+      elif key == name:
+        found.append(path + (key,))
+  visit(rest, ())
+  if len(found) != len(per_layer):
+    raise ValueError(f"{len(found)} router states named {name!r}, {len(per_layer)} values")
+  out = jax.tree.map(lambda x: x, rest)
+  layer_order = lambda path: [(0, k, "") if isinstance(k, int) else (1, 0, str(k)) for k in path]
+  for path, value in zip(sorted(found, key=layer_order), per_layer):
+    node = out
+    for key in path[:-1]:
+      node = node[key]
+    node[path[-1]] = jnp.asarray(value, node[path[-1]].dtype)
+  return out
+
+
+def decode_score(m, params, rest, windows: np.ndarray, batch: int) -> dict:
+  """Teacher-forced KV-cache decoding of `windows` [N, L+1] in batches of `batch`
+  rows: every step feeds one true token per row, so each MoE call routes exactly
+  `batch` tokens (a decode batch). Returns bpb over all predicted tokens and the
+  distinct experts a step activates (mean over steps and MoE layers)."""
+  graphdef, _, _ = abstract_model(m)
+  step = functools.partial(decoder_step, graphdef)
+  ones = np.ones((batch, 1), bool)
+  nll, count, distinct = 0.0, 0, []
+  for start in range(0, len(windows) - batch + 1, batch):
+    rows = windows[start:start + batch]
+    cache = init_cache(m, batch, rows.shape[1] - 1)
+    for t in range(rows.shape[1] - 1):
+      logits, step_distinct, cache = step(params, rest, rows[:, t:t + 1], ones, cache)
+      logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+      nll -= float(jnp.sum(jnp.take_along_axis(logp, rows[:, t + 1, None], axis=-1)))
+      count += batch
+      distinct.append(np.asarray(step_distinct))
+  return {"bpb": nll / count / math.log(2), "distinct_experts": float(np.mean(distinct))}
