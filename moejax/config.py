@@ -11,7 +11,7 @@ from moejax import dispatch, losses, routing, sharding
 from moejax.errors import ConfigError, choice_error
 from moejax.routing.token_rounding import validate_rounding
 
-FFN_TYPES = ("dense", "moe")
+FFN_TYPES = ("dense", "moe", "omnimoe")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -84,6 +84,34 @@ def base_config() -> ml_collections.ConfigDict:
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
   e.dpsl_alpha = 1.0  # loss 'dpsl': symmetric Dirichlet prior (DPSL)
 
+  # ffn_type 'omnimoe' (OmniMoE, moejax/experts/atomic.py): shared SwiGLU + N atomic
+  # experts on an n x n product-key grid; layers placed by moe.first_dense/every_n.
+  m.omni = o = ml_collections.ConfigDict()
+  o.num_atomic_experts = 4096  # N, a perfect square
+  o.top_k = 32
+  o.per_axis_k = 0  # product-key candidates per axis; 0: min(top_k, n) (exact)
+  o.shared_d_ff = 448
+  o.activation = "silu"  # silu | gelu | relu
+  # naive | expert_centric: the same function; naive is ~2x faster fwd+bwd on CPU
+  # (experiments/benchmarks/moe_layer.py --shapes=omni --paths=omnimoe/...).
+  o.schedule = "naive"
+  o.grouped_matmul = "tiled"  # expert_centric only: tiled | loop | ragged_dot
+  o.tile = 8  # rows per expert tile of the expert-centric layout
+  o.block_rows = 512  # grouped_matmul 'loop' block size
+
+  # L3 Large Lookup Layers (moejax/layers/lookup.py): static token-id routing to
+  # a CSR table of `budget` rows, <= cap per token id, one L3 layer after each
+  # block in `layers`; rows allocated by `allocation` from `corpus`'s train split.
+  m.l3 = l3 = ml_collections.ConfigDict()
+  l3.enabled = False
+  l3.layers = (1,)
+  l3.budget = 4096  # R, total rows (>= vocab_size: one row per token id at least)
+  l3.cap = 64  # max rows per token id (the paper: 512)
+  l3.d_emb = 64
+  l3.d_up = 128
+  l3.allocation = "lzw"  # lzw | frequency | uniform
+  l3.corpus = "shakespeare"  # shakespeare | shakespeare_folio (byte tokens)
+
   c.data = d = ml_collections.ConfigDict()
   d.name = "shakespeare"
   d.tokenizer = "byte"
@@ -148,6 +176,12 @@ def validate_config(c) -> None:
   _positive("data.batch_size", c.data.batch_size)
   if m.ffn_type == "moe":
     validate_moe(m.moe, m.num_layers)
+  if m.ffn_type == "omnimoe":
+    from moejax.experts.atomic import validate_omni
+    validate_omni(m.omni)
+    validate_placement(m.moe, m.num_layers)
+  from moejax.layers.lookup import validate_l3
+  validate_l3(c)
   t = c.train
   _positive("train.steps", t.steps)
   _positive("train.learning_rate", t.learning_rate)
@@ -157,6 +191,14 @@ def validate_config(c) -> None:
   sharding.validate_sharding_config(c)
 
 
+def validate_placement(e, num_layers: int) -> None:
+  """Which layers are sparse (moe and omnimoe alike): model.moe.first_dense, every_n."""
+  _positive("model.moe.every_n", e.every_n)
+  if not 0 <= e.first_dense < num_layers:
+    raise ConfigError(f"model.moe.first_dense={e.first_dense} must be in "
+                      f"[0, model.num_layers={num_layers})")
+
+
 def validate_moe(e, num_layers: int) -> None:
   if e.num_experts < 1:
     raise ConfigError(f"model.moe.num_experts={e.num_experts} must be >= 1 "
@@ -164,7 +206,7 @@ def validate_moe(e, num_layers: int) -> None:
   if e.capacity_factor <= 0:
     raise ConfigError(f"model.moe.capacity_factor={e.capacity_factor} must be > 0")
   _positive("model.moe.expert_d_ff", e.expert_d_ff)
-  _positive("model.moe.every_n", e.every_n)
+  validate_placement(e, num_layers)
   _positive("model.moe.dropless_tile", e.dropless_tile)
   _positive("model.moe.dropless_block", e.dropless_block)
   validate_rounding(e)
@@ -174,9 +216,6 @@ def validate_moe(e, num_layers: int) -> None:
                  routing.optimal_transport, routing.capacity_aware, routing.sere):
     module.validate_keys(e)  # research-router keys, checked whatever the router
     # (so those routers register validate=validate_top_k only)
-  if not 0 <= e.first_dense < num_layers:
-    raise ConfigError(f"model.moe.first_dense={e.first_dense} must be in "
-                      f"[0, model.num_layers={num_layers})")
   if not 0 <= e.router_jitter < 1:
     raise ConfigError(f"model.moe.router_jitter={e.router_jitter} must be in [0, 1)")
   spec = routing.get_router(e.router)
@@ -189,6 +228,23 @@ def validate_moe(e, num_layers: int) -> None:
     losses.get_loss(name)
     _positive(f"model.moe.loss_weights.{name}", weight, strict=False)
   _positive("model.moe.dpsl_alpha", e.dpsl_alpha)
+
+
+# Dicts whose keys are data, not schema: a saved value replaces the default whole.
+OPEN_DICTS = ("loss_weights",)
+
+
+def with_defaults(saved: dict) -> dict:
+  """A config dict saved by an older moejax, with the keys added since at their
+  defaults (new sections default to off), so its checkpoint still restores and
+  compares equal to the config that made it."""
+  def merge(default, value):
+    out = dict(default)
+    for key, v in value.items():
+      nested = isinstance(v, dict) and isinstance(out.get(key), dict)
+      out[key] = merge(out[key], v) if nested and key not in OPEN_DICTS else v
+    return out
+  return merge(base_config().to_dict(), saved)
 
 
 def flatten_config(d: dict, prefix: str = "") -> dict:

@@ -51,6 +51,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),  # key/value heads x head_dim; set "" if num_kv_heads < tensor
     "mlp": ("tensor",),  # dense and expert FFN width
     "expert": ("expert",),
+    # L3 key/value table rows (moejax/layers/lookup.py): replicated, kept out of
+    # the dense params' FSDP split (a host-offload candidate, see that module).
+    "lookup_rows": (),
 }
 ALL_TO_ALLS = ("auto", "ragged", "fixed")
 

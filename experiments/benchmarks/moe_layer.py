@@ -20,6 +20,14 @@ Paths:
                             as dropless/fused, which grouped_matmul 'auto' picks on CPU
   anchor/gshard_einsum      GShard one-hot dispatch/combine einsums [T, E, C] (cf as capacity)
   anchor/sort_ragged_dot    sort, then jax.lax.ragged_dot on unpadded groups (tile 1)
+  omnimoe/naive             OmniMoE (moejax/experts/atomic.py): product-key router (train
+                            mode) + E = N atomic experts, top-k, token-centric [T, k, d]
+                            gathers of u and d; not run by default (E must be a square)
+  omnimoe/expert_centric    the same, expert-centric (dropless layout, tiled matmul,
+                            tile --omni_tile); omnimoe/expert_centric_loop: loop matmul
+  The omnimoe paths leave out the shared SwiGLU (the same in both); preset 'omni'
+  (the OmniMoE LM's layer) sets f so that dense = k*f = 448 is that shared SwiGLU.
+  The report adds ratio = naive time / expert-centric time, same run.
 A path whose compiled temp memory exceeds --max_temp_gib is not run (the
 table says 'skipped', with its temp memory). Each path is compiled ahead and
 called once untimed; repetitions are then interleaved (round r runs every
@@ -49,7 +57,9 @@ PRESETS = {  # T, d, f, E, k
     "coarse": (4096, 512, 1024, 8, 2),
     "fine": (4096, 512, 256, 64, 8),
     "lm": (4096, 128, 256, 8, 2),  # the default LM's MoE layer (32 x 128 tokens)
+    "omni": (4096, 128, 14, 4096, 32),  # configs/lm_shakespeare_omnimoe.py (omnimoe paths)
 }
+OMNI_PATHS = ("omnimoe/naive", "omnimoe/expert_centric", "omnimoe/expert_centric_loop")
 PATHS = ("dense", "capacity", "dropless/loop", "dropless/tiled", "dropless/ragged_dot",
          "dropless/gmm", "dropless_memeff", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
 SLOW = ("dropless/ragged_dot", "dropless/gmm", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
@@ -68,6 +78,7 @@ _ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.roun
 _CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
 _MAX_TEMP = flags.DEFINE_float("max_temp_gib", 6.0,
                                 "Skip (and report) a path whose compiled temp memory is larger.")
+_OMNI_TILE = flags.DEFINE_integer("omni_tile", 8, "model.omni.tile of omnimoe/expert_centric*.")
 _JSON = flags.DEFINE_string("json", None, "Write one record per shape, path and pass here.")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
 
@@ -138,6 +149,8 @@ def make_path(name, dims):
       return hidden @ params["w_down"], jnp.zeros((), jnp.float32)
 
     return dense, params
+  if name in OMNI_PATHS:
+    return make_omni_path(name, dims, normal)
   params = {"router": normal(d, e), "experts": {
       "w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)}}
   kind, _, matmul = name.partition("/")
@@ -156,6 +169,30 @@ def make_path(name, dims):
     return y, capacity_waste(metrics, t, k, e)
 
   return moe, params
+
+
+def make_omni_path(name, dims, normal):
+  """Router + atomic experts of OmniMoE over E = N = n^2 experts (no shared SwiGLU)."""
+  from moejax.experts.atomic import atomic_expert_centric, atomic_naive
+  from moejax.routing.product_key import grid_size, route_product_key
+  t, d, f, e, k = dims
+  n = grid_size(e)
+  params = {"router_x": normal(d, n), "router_y": normal(d, n), "u": normal(e, d) * np.sqrt(e / d),
+            "d": normal(e, d) * np.sqrt(e / d)}  # std 1/sqrt(d), as the layer's init
+  stats = {"mean_x": jnp.zeros(n), "var_x": jnp.ones(n), "mean_y": jnp.zeros(n),
+           "var_y": jnp.ones(n)}
+
+  def omni(params, x):
+    routing, _, _ = route_product_key(x @ params["router_x"], x @ params["router_y"], stats,
+                                      top_k=k, per_axis_k=min(k, n), train=True)
+    if name == "omnimoe/naive":
+      return atomic_naive(x, params["u"], params["d"], routing, "silu"), jnp.zeros(())
+    matmul = "loop" if name.endswith("_loop") else "tiled"
+    y, metrics = atomic_expert_centric(x, params["u"], params["d"], routing, "silu",
+                                       grouped_matmul=matmul, tile=_OMNI_TILE.value)
+    return y, metrics["padding_waste"]
+
+  return omni, params
 
 
 def compile_pass(fn, params, x, which):
@@ -253,6 +290,12 @@ def markdown(records) -> str:
       lines.append(f"| {path} | {fmt(fwd, 'time_ms', '.1f')} | {fmt(fwd, 'ratio_to_dense', '.2f')} "
                    f"| {fmt(bwd, 'time_ms', '.1f')} | {fmt(bwd, 'ratio_to_dense', '.2f')} "
                    f"| {temp} | {rel} | {fmt(fwd or bwd, 'padding_waste', '.3f')} |")
+    naive = {w: by.get(("omnimoe/naive", w)) for w in ("fwd", "fwd+bwd")}
+    for path in (p for p in OMNI_PATHS[1:] if any((p, w) in by for w in naive)):
+      ratios = [f"{w} {naive[w]['time_ms'] / by[path, w]['time_ms']:.2f}" for w in naive
+                if naive[w] and by.get((path, w)) and by[path, w]["time_ms"]]
+      lines += ["", f"omnimoe/naive time / {path} time (tile {_OMNI_TILE.value}): "
+                + ", ".join(ratios)]
     lines.append("")
   return "\n".join(lines)
 
@@ -260,9 +303,9 @@ def markdown(records) -> str:
 def main(argv):
   del argv
   paths = ["dense"] + [p for p in _PATHS.value if p != "dense"]
-  unknown = set(paths) - set(PATHS)
+  unknown = set(paths) - set(PATHS) - set(OMNI_PATHS)
   if unknown:
-    raise app.UsageError(f"unknown --paths {sorted(unknown)}; valid: {PATHS}")
+    raise app.UsageError(f"unknown --paths {sorted(unknown)}; valid: {PATHS + OMNI_PATHS}")
   records = []
   for spec in _SHAPES.value:
     label, dims = parse_shape(spec)

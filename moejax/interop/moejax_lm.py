@@ -9,6 +9,7 @@ unchanged; only the config is translated.
 """
 import ml_collections
 
+from moejax.errors import ConfigError
 from moejax.interop.convert import Loaded, check_shapes
 from moejax.models.hf.config import decoder_config, validate_decoder_config
 from moejax.models.transformer import moe_layer_indices
@@ -17,6 +18,12 @@ from moejax.models.transformer import moe_layer_indices
 def decoder_config_of(model_cfg) -> ml_collections.ConfigDict:
   """The decoder config computing what TransformerLM(model_cfg) computes."""
   src = model_cfg
+  if src.get("ffn_type") == "omnimoe":
+    raise ConfigError("model.ffn_type='omnimoe' has no KV-cache decoder in "
+                      "moejax/models/hf yet; evaluate it with TransformerLM (train=False)")
+  if src.get("l3") is not None and src.l3.enabled:
+    raise ConfigError("model.l3.enabled=True: the KV-cache decoder in moejax/models/hf "
+                      "has no L3 lookup layers yet; evaluate it with TransformerLM")
   m = decoder_config()
   m.family = "moejax"
   for key in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
