@@ -11,7 +11,7 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
-from moejax.config import flatten_config
+from moejax.config import flatten_config, with_defaults
 from moejax.errors import ConfigError
 
 # Config sections whose change makes a checkpoint unusable for a run.
@@ -46,8 +46,10 @@ class Checkpointer:
         meta=ocp.args.JsonSave(meta)))
 
   def read_meta(self, step: int) -> dict:
-    return self.manager.restore(step, args=ocp.args.Composite(
+    """The run's metadata; its config upgraded with keys added since (with_defaults)."""
+    meta = self.manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
+    return {**meta, "config": with_defaults(meta["config"])} if "config" in meta else meta
 
   def check_compatible(self, step: int, meta: dict) -> None:
     """Refuse (ConfigError) a checkpoint made by a different model or data config."""

@@ -30,11 +30,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.config import flatten_config, validate_config
+from moejax.config import OPEN_DICTS, flatten_config, validate_config, with_defaults
 from moejax.errors import ConfigError
 from moejax.train.metrics import read_jsonl
 
-OPEN_DICTS = ("model.moe.loss_weights",)  # overrides may add keys here
 MOE_COLUMNS = ("max_over_mean_load", "routing_entropy", "dropped_fraction", "padding_waste")
 
 
@@ -87,7 +86,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
       raise ConfigError(f"override {key}={text!r}: no config key {key!r}")
     if leaf in parent:
       parent[leaf] = _convert(key, text, parent[leaf])
-    elif parent_key in OPEN_DICTS:
+    elif parent_key.rpartition(".")[2] in OPEN_DICTS:  # e.g. model.moe.loss_weights
       parent[leaf] = float(text)
     else:
       raise ConfigError(f"override {key}={text!r}: no config key {key!r}")
@@ -128,9 +127,22 @@ def summarize(records: list[dict], eval_result: dict, num_params: int) -> dict:
   return out
 
 
-def fingerprint(config) -> dict:
-  """The config as flat JSON values: a finished variant is re-used only if it matches."""
-  return json.loads(json.dumps(flatten_config(config.to_dict()), default=str))
+def fingerprint(config: dict) -> dict:
+  """A config dict as flat JSON values: a finished variant is re-used only if it matches."""
+  return json.loads(json.dumps(flatten_config(config), default=str))
+
+
+def same_config(saved_fingerprint: dict, config) -> bool:
+  """Whether a result.json's fingerprint is `config`'s; keys added to the schema
+  since it was written count at their defaults (moejax.config.with_defaults)."""
+  nested = {}
+  for key, value in saved_fingerprint.items():
+    *parents, leaf = key.split(".")
+    node = nested
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return fingerprint(with_defaults(nested)) == fingerprint(config.to_dict())
 
 
 def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
@@ -146,7 +158,7 @@ def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
     if os.path.exists(result_path):
       with open(result_path) as f:
         result = json.load(f)
-      if result["config"] == fingerprint(config):
+      if same_config(result["config"], config):
         log(f"{variant.name}: finished earlier, not re-run")
         results.append(result)
         continue
@@ -159,7 +171,7 @@ def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
                         num_params)
     result = {"name": variant.name, "config_spec": variant.config,
               "overrides": list(variant.overrides), **summary,
-              "config": fingerprint(config)}
+              "config": fingerprint(config.to_dict())}
     with open(result_path + ".tmp", "w") as f:
       json.dump(result, f, indent=1)
     os.replace(result_path + ".tmp", result_path)  # atomic: never half a result

@@ -134,3 +134,12 @@ def test_cli_trains_each_variant_and_writes_table_and_plot(tmp_path):
   log = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True,
                        timeout=600, text=True).stdout
   assert "topk: finished earlier, not re-run" in log and "training" not in log
+
+
+def test_a_result_from_an_older_schema_still_counts_as_finished():
+  config = sweep_lib.load_config_file(MOE + ":size=tiny")
+  saved = {k: v for k, v in sweep_lib.fingerprint(config.to_dict()).items()
+           if not k.startswith("model.l3.")}  # written before model.l3 existed
+  assert sweep_lib.same_config(saved, config)
+  saved["model.moe.top_k"] = 1
+  assert not sweep_lib.same_config(saved, config)
