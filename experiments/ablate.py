@@ -4,10 +4,12 @@ r"""Run a config-driven ablation: every variant of a sweep, same budget and seed
   python -m experiments.ablate --config=configs/ablations/routers.py --workdir=/tmp/r \
       --config.steps=60          # a quick look: every variant gets 60 steps
 
-Writes WORKDIR/results.md (the table), WORKDIR/results.json and
-WORKDIR/curves.png (training and validation curves of every variant). Re-running
+Writes WORKDIR/<sweep>.md (the table), WORKDIR/<sweep>.json and
+WORKDIR/<sweep>_curves.png (training and validation curves of every variant),
+<sweep> being the config file's stem (routers, expert_types, ...). Re-running
 with the same WORKDIR skips finished variants and resumes an interrupted one
-from its checkpoint. Sweep format: moejax/train/sweep.py.
+from its checkpoint; sweeps that share a variant (same name and config) can
+share a WORKDIR and train it once. Sweep format: moejax/train/sweep.py.
 """
 import json
 import os
@@ -29,15 +31,18 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   sweep, workdir = _CONFIG.value, _WORKDIR.value
+  stem = os.path.splitext(os.path.basename(
+      config_flags.get_config_filename(flags.FLAGS["config"])))[0]
+  report = lambda suffix: os.path.join(workdir, stem + suffix)
   os.makedirs(workdir, exist_ok=True)
   results = run_sweep(sweep, workdir, log=lambda msg: print(msg, flush=True))
   table = markdown_table(results)
-  with open(os.path.join(workdir, "results.md"), "w") as f:
+  with open(report(".md"), "w") as f:
     f.write(f"# {sweep.title}\n\n{sweep.steps} steps, seed {sweep.seed}, "
             f"common overrides {list(sweep.common)}.\n\n{table}")
-  with open(os.path.join(workdir, "results.json"), "w") as f:
+  with open(report(".json"), "w") as f:
     json.dump([{k: v for k, v in r.items() if k != "config"} for r in results], f, indent=1)
-  plot_curves(workdir, [r["name"] for r in results], os.path.join(workdir, "curves.png"))
+  plot_curves(workdir, [r["name"] for r in results], report("_curves.png"))
   print(table)
 
 

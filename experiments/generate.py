@@ -10,8 +10,13 @@ r"""Generate with a KV cache from any moejax or HF MoE model, batched.
 different lengths are left padded into one batch. Prints each continuation,
 then the routing of the decode steps: distinct experts active per step in
 each MoE layer (over the batch).
+
+SERE re-routing (arXiv 2602.07616) while decoding: --sere_similarity=FILE.npy
+(from experiments.calibrate_sere) --sere_rho=0.3 switches the MoE layers to
+router 'sere' with that calibrated expert similarity.
 """
 from absl import app, flags, logging
+import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.inference.generate import generate
@@ -27,6 +32,9 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "0 = greedy.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k likeliest tokens; 0 = all.")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_SERE = flags.DEFINE_string("sere_similarity", None, "Decode with SERE re-routing using this "
+                            "[MoE layers, E, E] similarity (experiments.calibrate_sere).")
+_SERE_RHO = flags.DEFINE_float("sere_rho", 0.3, "SERE similarity threshold rho.")
 
 
 def parse_ids(text: str) -> list[int]:
@@ -41,6 +49,10 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   loaded, tokenizer, eos_id = load_model(_WORKDIR.value, _HF_DIR.value)
+  m, rest = loaded.config, loaded.rest
+  if _SERE.value:
+    from moejax.analysis.router_inference import with_sere
+    m, rest = with_sere(m, rest, np.load(_SERE.value), _SERE_RHO.value)
   prompts = [parse_ids(ids) for ids in _PROMPT_IDS.value]
   if _PROMPT.value:
     if tokenizer is None:
@@ -48,7 +60,7 @@ def main(argv):
     prompts += [[int(i) for i in tokenizer.encode(text)] for text in _PROMPT.value]
   if not prompts:
     prompts = [[int(i) for i in tokenizer.encode("\n")]] if tokenizer else [[0]]
-  out = generate(loaded.config, loaded.params, loaded.rest, prompts,
+  out = generate(m, loaded.params, rest, prompts,
                  max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
                  top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value, eos_id=eos_id)
   for i, prompt in enumerate(prompts):

@@ -22,14 +22,12 @@ import json
 import math
 
 from absl import app, flags
-import jax
 import numpy as np
 
 from moejax.analysis import router_inference as ri
 from moejax.data.shakespeare import shakespeare_sources
 from moejax.data.pipeline import build_lm_data
 from moejax.inference.restore import load_from_workdir
-from moejax.interop.convert import abstract_model
 from moejax.interop.moejax_lm import from_training_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/moe", "A trained MoE LM's workdir.")
@@ -40,7 +38,7 @@ _CALIBRATION = flags.DEFINE_integer("calibration_batches", 2, "Training batches 
 _WINDOWS = flags.DEFINE_integer("decode_windows", 64, "Validation windows decoded (SERE).")
 _DECODE_LEN = flags.DEFINE_integer("decode_len", 64, "Tokens decoded per window (SERE).")
 _BATCHES = flags.DEFINE_list("decode_batches", ["8", "16", "32", "64"], "Decode batch sizes.")
-_RHOS = flags.DEFINE_list("rhos", ["0.9", "0.7", "0.5", "0.3"], "SERE thresholds rho.")
+_RHOS = flags.DEFINE_list("rhos", ["0.7", "0.5", "0.3", "0.2", "0.1"], "SERE thresholds rho.")
 _TAUS = flags.DEFINE_list("taus", ["1", "0"], "As-COOT tau (0 = infinity).")
 _PLAY_BATCHES = flags.DEFINE_integer("play_batches", 2, "Batches per held-out play (As-COOT).")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
@@ -77,12 +75,7 @@ def sere_study(workdir, config, graphdef, params, rest, calibration, windows):
     rows.append({"router": "top-k", "batch": batch, "rho": "—",
                  **ri.decode_score(m, loaded.params, loaded.rest, windows, batch)})
     for rho in map(float, _RHOS.value):
-      m_sere = m.copy_and_resolve_references()
-      m_sere.moe.update(router="sere", sere_rho=rho, sere_primary_slots=1)
-      _, _, abstract_rest = abstract_model(m_sere)
-      rest_sere = ri.set_router_state(
-          jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract_rest),
-          "expert_similarity", list(similarity))
+      m_sere, rest_sere = ri.with_sere(m, loaded.rest, similarity, rho)
       rows.append({"router": "sere", "batch": batch, "rho": rho,
                    **ri.decode_score(m_sere, loaded.params, rest_sere, windows, batch)})
   return rows, np.asarray(similarity)
@@ -135,11 +128,12 @@ def main(argv):
     rows, similarity = sere_study(_WORKDIR.value, config, graphdef, params, rest,
                                   calibration, windows)
     records["sere"], records["sere_similarity"] = rows, similarity.tolist()
-    off = similarity[:, ~np.eye(similarity.shape[1], dtype=bool)]
+    off = similarity[:, ~np.eye(similarity.shape[1], dtype=bool)].astype(np.float64)
+    stat = lambda v: ", ".join(f"{x:.2f}" for x in v)
     report.append(
         "## SERE re-routing in batched decoding\n\n"
-        f"CKA off-diagonal per layer: min {off.min(1).round(3).tolist()}, "
-        f"median {np.median(off, 1).round(3).tolist()}, max {off.max(1).round(3).tolist()}.\n\n"
+        f"Linear CKA between experts, off-diagonal, per MoE layer: min [{stat(off.min(1))}], "
+        f"median [{stat(np.median(off, 1))}], max [{stat(off.max(1))}].\n\n"
         + table(rows, ["router", "batch", "rho", "bpb", "distinct_experts"]))
   if "as_coot" in _STUDIES.value:
     rows = as_coot_study(config, params, rest,

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.analysis.expert_similarity import expert_outputs_on_tokens, linear_cka_matrix
+from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.inference.generate import decoder_step
 from moejax.inference.kv_cache import init_cache
@@ -96,15 +97,33 @@ def set_router_state(rest: dict, name: str, per_layer) -> dict:
         found.append(path + (key,))
   visit(rest, ())
   if len(found) != len(per_layer):
-    raise ValueError(f"{len(found)} router states named {name!r}, {len(per_layer)} values")
+    raise ConfigError(f"{len(found)} router states named {name!r} (one per MoE layer), "
+                      f"but {len(per_layer)} values were given")
   out = jax.tree.map(lambda x: x, rest)
   layer_order = lambda path: [(0, k, "") if isinstance(k, int) else (1, 0, str(k)) for k in path]
   for path, value in zip(sorted(found, key=layer_order), per_layer):
     node = out
     for key in path[:-1]:
       node = node[key]
+    if np.shape(value) != np.shape(node[path[-1]]):
+      raise ConfigError(f"router state {name!r} at {'/'.join(map(str, path[:-1]))} has shape "
+                        f"{np.shape(node[path[-1]])}; the value given has {np.shape(value)}")
     node[path[-1]] = jnp.asarray(value, node[path[-1]].dtype)
   return out
+
+
+def with_sere(m, rest: dict, similarity, rho: float, primary_slots: int = 1):
+  """(decoder config, rest) of a KV-cache decoder `m` switched to SERE routing
+  with calibrated similarity [moe layers, E, E]; rest keeps every other state."""
+  m = m.copy_and_resolve_references()
+  m.moe.update(router="sere", sere_rho=rho, sere_primary_slots=primary_slots)
+  _, _, abstract_rest = abstract_model(m)
+
+  def fill(abstract, values):
+    return {key: fill(value, values.get(key, {})) if isinstance(value, dict)
+            else values.get(key, np.zeros(value.shape, value.dtype))
+            for key, value in abstract.items()}
+  return m, set_router_state(fill(abstract_rest, rest), "expert_similarity", list(similarity))
 
 
 def decode_score(m, params, rest, windows: np.ndarray, batch: int) -> dict:

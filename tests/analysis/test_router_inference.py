@@ -10,6 +10,7 @@ import pytest
 
 from configs import lm_shakespeare_moe
 from moejax.analysis import router_inference as ri
+from moejax.errors import ConfigError
 from moejax.interop.moejax_lm import decoder_config_of
 from moejax.train.loop import init_state
 from moejax.train.step import cross_entropy
@@ -90,5 +91,19 @@ def test_set_router_state_writes_each_layer_and_checks_the_count():
   for layer, v in zip((0, 2, 10), (0.1, 0.2, 0.3)):  # numeric layer order, not "10" < "2"
     assert float(out["layers"][layer]["moe"]["expert_similarity"][0, 1]) == pytest.approx(v)
   assert float(rest["layers"][0]["moe"]["expert_similarity"][0, 1]) == 0.0  # copy
-  with pytest.raises(ValueError, match="3 router states"):
+  with pytest.raises(ConfigError, match="3 router states"):
     ri.set_router_state(rest, "expert_similarity", [eye])
+  with pytest.raises(ConfigError, match=r"shape \(2, 2\); the value given has \(3, 3\)"):
+    ri.set_router_state(rest, "expert_similarity", [np.eye(3)] * 3)
+
+
+def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny):
+  config, graphdef, params, rest, windows = tiny
+  m = decoder_config_of(config.model)
+  similarity = ri.calibrate_similarity(graphdef, params, rest, jnp.asarray(windows))
+  plain = ri.decode_score(m, params, rest, windows, 8)
+  m_off, rest_off = ri.with_sere(m, rest, similarity, rho=1.5)
+  assert ri.decode_score(m_off, params, rest_off, windows, 8) == plain
+  m_on, rest_on = ri.with_sere(m, rest, similarity, rho=0.0)
+  rerouted = ri.decode_score(m_on, params, rest_on, windows, 8)
+  assert rerouted["distinct_experts"] < plain["distinct_experts"]

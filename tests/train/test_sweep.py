@@ -124,13 +124,13 @@ def test_cli_trains_each_variant_and_writes_table_and_plot(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
-  results = json.loads((workdir / "results.json").read_text())
+  results = json.loads((workdir / "sweep.json").read_text())
   assert [r["name"] for r in results] == ["topk", "top1"]
   assert all(r["steps"] == 4 and np.isfinite(r["val_bpb"]) for r in results)
   # top-1 routes half the assignments of top-2: its load figures differ.
   assert results[0]["max_over_mean_load"] != results[1]["max_over_mean_load"]
-  assert (workdir / "curves.png").stat().st_size > 10_000
-  assert "| topk |" in (workdir / "results.md").read_text()
+  assert (workdir / "sweep_curves.png").stat().st_size > 10_000
+  assert "| topk |" in (workdir / "sweep.md").read_text()
   log = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True,
                        timeout=600, text=True).stdout
   assert "topk: finished earlier, not re-run" in log and "training" not in log
