@@ -8,9 +8,11 @@ same 600 steps with seed 0; only the router / loss differs. Evaluation every
 100 steps on the held-out plays.
 
   topk             softmax top-2 + Switch balance 1e-2 + z-loss 1e-3 (the default)
+  topk_seed1       the same with seed 1: the seed-to-seed spread every other row is read against
   expert_choice    Zhou et al. 2022; NON-CAUSAL: it ranks tokens across the batch,
                    future tokens included, so its val bpb is not a causal LM figure
-  probmoe_exact    ProbMoE conditional-Bernoulli, exactly k=2 sampled experts
+  probmoe_exact    ProbMoE conditional-Bernoulli, exactly k=2 sampled experts; weights
+                   not renormalised in training or evaluation (see the MoE config)
   probmoe_dynamic  ProbMoE dynamic-k, k sampled in [1, 3] (mean active varies)
   smooth_topk      SmoothSMoE boundary smoothing + its boundary loss
   dpsl             top-2 + DPSL (symmetric Dir(1) prior, weight 1e-2) beside the balance loss
@@ -31,6 +33,7 @@ def get_config():
   c.common = ("train.eval_every=100",)
   c.variants = (
       ("topk", MOE, ()),
+      ("topk_seed1", MOE, ("seed=1",)),
       ("expert_choice", MOE + ":router=expert_choice", ()),
       ("probmoe_exact", MOE + ":router=probmoe", ()),
       ("probmoe_dynamic", MOE + ":router=probmoe",

@@ -101,11 +101,12 @@ def variants_of(sweep) -> list[Variant]:
 
 
 def variant_config(sweep, variant: Variant) -> ml_collections.ConfigDict:
-  """The variant's full config: its file, the sweep's common overrides, its own, the budget."""
+  """The variant's full config: its file, the sweep's seed and common overrides,
+  its own overrides (a variant may set `seed=1`: a seed-noise reference), the budget."""
   config = load_config_file(variant.config)
+  config.seed = sweep.seed
   apply_overrides(config, tuple(sweep.common) + variant.overrides)
   config.train.steps = sweep.steps
-  config.seed = sweep.seed
   config.train.progress_bar = False
   validate_config(config)
   return config

@@ -79,6 +79,9 @@ class FakeTrain:
 
 def test_finished_variants_are_not_rerun_and_changed_ones_are_refused(tmp_path):
   variants = (("a", MOE + ":size=tiny", ()), ("b", MOE + ":size=tiny", ("model.moe.top_k=1",)))
+  seeded = sweep_lib.variant_config(make_sweep(()), sweep_lib.Variant("s", MOE, ("seed=7",)))
+  assert seeded.seed == 7 and sweep_lib.variant_config(
+      make_sweep(()), sweep_lib.Variant("s", MOE)).seed == 3  # the sweep's seed otherwise
   fake = FakeTrain()
   first = sweep_lib.run_sweep(make_sweep(variants), str(tmp_path), train_fn=fake, log=id)
   assert fake.calls == ["a", "b"] and [r["params"] for r in first] == [12, 12]
