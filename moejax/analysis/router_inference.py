@@ -128,9 +128,10 @@ def with_sere(m, rest: dict, similarity, rho: float, primary_slots: int = 1):
 
 def decode_score(m, params, rest, windows: np.ndarray, batch: int) -> dict:
   """Teacher-forced KV-cache decoding of `windows` [N, L+1] in batches of `batch`
-  rows: every step feeds one true token per row, so each MoE call routes exactly
-  `batch` tokens (a decode batch). Returns bpb over all predicted tokens and the
-  distinct experts a step activates (mean over steps and MoE layers)."""
+  rows (a remainder of fewer rows is left out): every step feeds one true token
+  per row, so each MoE call routes exactly `batch` tokens (a decode batch).
+  Returns bpb over all predicted tokens and the distinct experts a step
+  activates (mean over steps and MoE layers)."""
   graphdef, _, _ = abstract_model(m)
   step = functools.partial(decoder_step, graphdef)
   ones = np.ones((batch, 1), bool)

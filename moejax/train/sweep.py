@@ -63,11 +63,16 @@ def _convert(key: str, text: str, old):
     return text.lower() in ("true", "1")
   if old is None or isinstance(old, str):
     return text
+  if not isinstance(old, (int, float)):
+    raise ConfigError(f"override {key}={text!r}: {type(old).__name__} keys are set in "
+                      "the variant's config file, not by an override")
   try:
-    return type(old)(float(text)) if isinstance(old, int) and "e" in text.lower() \
-        else type(old)(text)
+    value = float(text)
   except ValueError as err:
     raise ConfigError(f"override {key}={text!r}: expected {type(old).__name__}") from err
+  if isinstance(old, int) and not value.is_integer():
+    raise ConfigError(f"override {key}={text!r}: expected an integer")
+  return type(old)(value)
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:

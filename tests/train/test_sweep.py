@@ -37,7 +37,9 @@ def test_overrides_are_typed_and_unknown_keys_named():
   for bad, named in [("model.moe.topk=1", "model.moe.topk"),
                      ("model.moe.nope.x=1", "model.moe.nope.x"),
                      ("model.moe.top_k=two", "model.moe.top_k"),
-                     ("train.steps", "train.steps")]:
+                     ("train.steps", "train.steps"),
+                     ("train.steps=2.5", "train.steps"),
+                     ("model.l3.layers=1", "model.l3.layers")]:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
       sweep_lib.apply_overrides(c, (bad,))
 
