@@ -19,7 +19,6 @@ All three routers are non-causal by design (a token's experts depend on the
 other tokens of the call); bpb is the model's loss under that routing.
 """
 import json
-import math
 
 from absl import app, flags
 import numpy as np
