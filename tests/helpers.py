@@ -17,3 +17,13 @@ def random_logits(seed: int, num_tokens: int, num_experts: int, scale=2.0):
   """Float32 logits without ties (ties make top-k ambiguous for oracles)."""
   rng = np.random.default_rng(seed)
   return (scale * rng.standard_normal((num_tokens, num_experts))).astype(np.float32)
+
+
+def set_key(config, dotted_key: str, value) -> None:
+  """config['a']['b']['c'] = value for dotted_key 'a.b.c', with no type conversion
+  (bad-input tests set values the schema would refuse)."""
+  section, _, name = dotted_key.rpartition(".")
+  node = config
+  for part in filter(None, section.split(".")):
+    node = node[part]
+  node[name] = value

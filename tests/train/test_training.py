@@ -14,6 +14,7 @@ from moejax.inference.restore import load_from_workdir
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import NonFiniteLossError, init_state, train_and_evaluate
+from tests.helpers import set_key
 
 
 @pytest.fixture(scope="session")
@@ -140,11 +141,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monke
 def test_bad_input_is_rejected_before_compilation(data_dir, tmp_path, key, value, message,
                                                   monkeypatch):
   config = tiny(data_dir)
-  section, _, name = key.rpartition(".")
-  node = config
-  for part in section.split("."):
-    node = node[part]
-  node[name] = value
+  set_key(config, key, value)
   compiled = []
   monkeypatch.setattr(step_lib, "make_train_step", lambda *a: compiled.append(a))
   with pytest.raises(ConfigError, match=message):

@@ -13,6 +13,7 @@ from moejax.errors import ConfigError
 from moejax.train import step as step_lib
 from moejax.train.distributed import make_placement
 from moejax.train.loop import build_model, train_and_evaluate
+from tests.helpers import set_key
 from tests.sharding.multidevice.common import MESHES, one_device, tiny_config
 
 
@@ -99,10 +100,7 @@ def test_expert_weights_shrink_per_device(mesh, expert_factor):
 def test_bad_mesh_input_is_rejected_before_compilation(data_dir, tmp_path, monkeypatch,
                                                        section, key, value, message):
   config = tiny_config(data_dir, mesh=dict(data=-1, expert=4 if key != "expert" else 1))
-  node = config
-  for part in section.split("."):
-    node = node[part]
-  node[key] = value
+  set_key(config, f"{section}.{key}", value)
   compiled = []
   monkeypatch.setattr(step_lib, "make_train_step", lambda *a: compiled.append(a))
   monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a))
