@@ -33,11 +33,22 @@ The total is bounded though (`max_kept_pairs`: T*K + E*(M-1) for 'up',
 T*K + E*floor(M/2) for 'nearest'), and the Routing carries that bound as
 `max_valid`, so the dropless row buffers are sized by it, not by T*E.
 
-Gates: the full-softmax probability P[t, e] of every kept pair, never
-renormalised (as the reference); `model.moe.renormalize` is not used.
-Selection carries no gradient; the router learns through the gates.
+Gates (the reference's rule, benchmarks/moe-token-rounding.py,
+`forward_token_choice_rounding`): it divides the top-K values by their sum
+and scatters them in place into the softmax scores *before* the gates are
+read (`router_scores[token_indices, expert_indices]`), so
+  gate[t, e] = P[t, e] / sum_{e' in topK(t)} P[t, e']   if e in topK(t),
+  gate[t, e] = P[t, e]                                 if e was added by rounding.
+A kept top-K pair is renormalised over the token's whole top-K, also when
+rounding down dropped another of its top-K pairs (the sum is not re-taken
+over the kept pairs). `model.moe.renormalize` is not used: the rule is
+fixed, as in the reference. Selection carries no gradient; the router
+learns through the gates (through the renormalising sum too, as the
+reference's autograd does).
 
-Evaluation (train=False) routes with plain top-K and the same P gates (S = K).
+Evaluation (train=False) routes with plain top-K and renormalised gates
+(S = K), the reference's top-K baseline (`forward_topk`: softmax over the
+top-K logits), which equals the top-K pairs of training's gates.
 This is the PAPERS.md guess (train with TR, evaluate with top-K), not read in
 the paper: rounding exists for training throughput, and it couples the
 tokens of a batch (whether t keeps or gains an expert depends on the other
@@ -47,6 +58,14 @@ coupling is the same kind as capacity drops.
 
 Padding waste: with model.moe.dropless_tile dividing rounding_tile the
 dropless layout pads nothing (waste 0, unless a count is capped at T).
+
+Departures from the reference: its `forward_token_choice_rounding` overwrites
+the tile argument with `Mtile = 128`; moejax uses model.moe.rounding_tile.
+Its softmax runs in float32 and is then cast to the activation dtype; moejax
+keeps the scores and gates in float32. Ties in step 4 are broken as above.
+Earlier moejax versions gave every kept pair the raw P (no renormalisation)
+in training and evaluation, against the reference's rule above; results
+measured with them do not stand for this router.
 """
 import jax
 import jax.numpy as jnp
@@ -127,16 +146,25 @@ def max_kept_pairs(num_tokens: int, num_experts: int, k: int, tile: int, mode: s
   return min(num_tokens * num_experts, num_tokens * k + num_experts * slack)
 
 
+def rounding_gates(probs: jax.Array, in_top_k: jax.Array) -> jax.Array:
+  """Gates [T, E] (module doc, "Gates"): top-K pairs P renormalised over the
+  token's top-K, every other pair its raw P (the reference's in-place scatter)."""
+  top_k_sum = jnp.sum(jnp.where(in_top_k, probs, 0.0), axis=1, keepdims=True)
+  return jnp.where(in_top_k, probs / top_k_sum, probs)
+
+
 def token_rounding_routing(probs: jax.Array, k: int, tile: int, mode: str):
   """Token rounding as a Routing (slots as in the module doc) and its metrics."""
+  probs = probs.astype(jnp.float32)
   kept, by_prob = token_rounding(probs, k, tile, mode)
   num_tokens, num_experts = probs.shape
   num_slots = k if mode == "down" else num_experts
   index = by_prob[:, :num_slots]
   valid = jnp.take_along_axis(kept, index, axis=1)
-  weight = jnp.where(valid, jnp.take_along_axis(probs, index, axis=1), 0.0)
   in_top_k = jnp.zeros(kept.shape, bool).at[
       jnp.arange(kept.shape[0])[:, None], by_prob[:, :k]].set(True)
+  gates = rounding_gates(probs, in_top_k)
+  weight = jnp.where(valid, jnp.take_along_axis(gates, index, axis=1), 0.0)
   bound = max_kept_pairs(num_tokens, num_experts, k, tile, mode)
   return Routing(index, weight, valid, bound), rounding_metrics(kept, in_top_k)
 
@@ -149,7 +177,7 @@ def route_token_rounding(logits, *, cfg, state, rng, train):
     routing, metrics = token_rounding_routing(probs, cfg.top_k, cfg.rounding_tile,
                                               cfg.rounding_mode)
   else:
-    routing, _ = softmax_top_k(logits, cfg.top_k, renormalize=False)
+    routing, _ = softmax_top_k(logits, cfg.top_k, renormalize=True)
     ones = jnp.ones(routing.valid.shape, bool)
     metrics = rounding_metrics(ones, ones)  # nothing dropped or added, K experts per token
   metrics["routing_entropy"] = routing_entropy(probs)

@@ -1,5 +1,7 @@
 """Token rounding (SonicMoE, router 'topk_rounded') against a numpy brute force,
-its rounding guarantees, the top-k limit, eval fallback and config errors."""
+its rounding guarantees, the reference's gates (own top-k pairs renormalised,
+added pairs raw P) on a hand-worked case, the top-k limit, eval fallback and
+config errors."""
 import functools
 
 import jax
@@ -40,7 +42,8 @@ def pairs(routing):
 def brute_force(probs, k, tile, mode):
   """SonicMoE TR step by step in numpy: TC top-k, round counts, per expert keep the
   top-k tokens (by renormalised prob) first, then the others (by P), first f~_e of
-  them; ties by P, then token index."""
+  them; ties by P, then token index. Returns also the gates: renormalised top-k
+  prob for a token's own top-k pairs, raw P for the others."""
   t, e = probs.shape
   top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
   chose = np.zeros((t, e), bool)
@@ -58,7 +61,7 @@ def brute_force(probs, k, tile, mode):
     own = [i for i in by_score(renorm[:, j]) if chose[i, j]]
     others = [i for i in by_score(p64[:, j]) if not chose[i, j]]
     kept[(own + others)[:target[j]], j] = True
-  return kept, f, target
+  return kept, f, target, np.where(chose, renorm, p64)
 
 
 @CASES
@@ -67,11 +70,11 @@ def test_matches_numpy_brute_force(case):
   (t, e, k), tile, mode, seed = case
   out = route(random_logits(seed, t, e), top_k=k, rounding_tile=tile, rounding_mode=mode)
   probs = np.asarray(out.probs)
-  kept, _, _ = brute_force(probs, k, tile, mode)
-  expected = {(i, j): float(probs[i, j]) for i, j in zip(*np.nonzero(kept))}
+  kept, _, _, gates = brute_force(probs, k, tile, mode)
+  expected = {(i, j): float(gates[i, j]) for i, j in zip(*np.nonzero(kept))}
   got = pairs(out.routing)
   assert got.keys() == expected.keys()  # the kept and the dropped pairs
-  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-7)
+  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
   r = out.routing
   assert r.num_slots == (k if mode == "down" else e)
   assert len(got) <= r.max_valid <= t * e  # the bound the dropless buffers are sized by
@@ -110,12 +113,44 @@ def test_tile_one_is_top_k(case):
   logits = random_logits(seed, t, e)
   rounded = route(logits, top_k=k, rounding_tile=1, rounding_mode=mode)
   plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=True,
-                                   cfg=moe_cfg(num_experts=e, top_k=k, renormalize=False))
+                                   cfg=moe_cfg(num_experts=e, top_k=k, renormalize=True))
   got, expected = pairs(rounded.routing), pairs(plain.routing)
   assert got.keys() == expected.keys()
-  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-7)
+  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
   assert float(rounded.metrics["rounding_dropped_fraction"]) == 0.0
   assert float(rounded.metrics["rounding_added_fraction"]) == 0.0
+
+
+# Hand-worked case (T 4, E 3, K 2, tile 2): P per token, its top-2 and their sums
+#   t0 [.5 .3  .2 ] top {0,1} sum .8     t1 [.6 .1  .3 ] top {0,2} sum .9
+#   t2 [.2 .5  .3 ] top {1,2} sum .8     t3 [.4 .35 .25] top {0,1} sum .75
+# counts f = [3, 3, 2].
+HAND_PROBS = np.array([[.5, .3, .2], [.6, .1, .3], [.2, .5, .3], [.4, .35, .25]], np.float32)
+HAND_GATES = {
+    # 'up' -> [4, 4, 2]: expert 0 adds t2 (its only non-top-k token), expert 1 adds t1.
+    # Own top-k pairs get P / (top-k sum), the two added pairs their raw P.
+    "up": {(0, 0): .5 / .8, (0, 1): .3 / .8, (1, 0): .6 / .9, (1, 2): .3 / .9,
+           (1, 1): .1,  # added
+           (2, 1): .5 / .8, (2, 2): .3 / .8,
+           (2, 0): .2,  # added
+           (3, 0): .4 / .75, (3, 1): .35 / .75},
+    # 'down' -> [2, 2, 2]: expert 0 drops its lowest renormalised score (t3, .533),
+    # expert 1 drops t0 (.375). Kept pairs stay renormalised over the token's whole
+    # top-k (t0's gate is .625, t3's .467, not 1).
+    "down": {(0, 0): .5 / .8, (1, 0): .6 / .9, (1, 2): .3 / .9,
+             (2, 1): .5 / .8, (2, 2): .3 / .8, (3, 1): .35 / .75},
+}
+
+
+@pytest.mark.parametrize("mode", ["up", "down"])
+def test_gates_hand_worked_own_pairs_renormalised_added_pairs_raw(mode):
+  """The reference (benchmarks/moe-token-rounding.py) scatters the renormalised top-k
+  values into the softmax scores before reading the gates."""
+  out = route(np.log(HAND_PROBS), top_k=2, rounding_tile=2, rounding_mode=mode)
+  np.testing.assert_allclose(np.asarray(out.probs), HAND_PROBS, rtol=1e-6)
+  got, expected = pairs(out.routing), HAND_GATES[mode]
+  assert got.keys() == expected.keys()
+  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
 
 
 def test_rounded_counts_worked_example():
@@ -147,9 +182,11 @@ def test_eval_falls_back_to_plain_top_k():
   logits = random_logits(3, 40, 8)
   out = route(logits, train=False, top_k=2, rounding_tile=16, rounding_mode="up")
   plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=False,
-                                   cfg=moe_cfg(num_experts=8, top_k=2, renormalize=False))
+                                   cfg=moe_cfg(num_experts=8, top_k=2, renormalize=True))
   assert out.routing.num_slots == 2
-  assert pairs(out.routing) == pairs(plain.routing)
+  got, expected = pairs(out.routing), pairs(plain.routing)  # the reference's renormalised top-k
+  assert got.keys() == expected.keys()
+  np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
   assert pairs(route(logits, train=True, top_k=2, rounding_tile=16,
                      rounding_mode="up").routing) != pairs(plain.routing)
 
