@@ -14,8 +14,10 @@ share a WORKDIR and train it once. Sweep format: moejax/train/sweep.py.
 import json
 import os
 
-from absl import app, flags, logging
+from absl import flags
 from ml_collections import config_flags
+
+from moejax import cli
 
 from moejax.train.sweep import run_sweep
 from moejax.train.sweep_report import markdown_table, plot_curves
@@ -28,14 +30,17 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
   sweep, workdir = _CONFIG.value, _WORKDIR.value
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise cli.flag_error(_WORKDIR, "expected a directory, found a file")
+  if cli.workdir_kind(workdir) in ("training", "converted", "mixed"):
+    raise cli.flag_error(_WORKDIR, "expected a sweep directory (one subdirectory per "
+                         f"variant), found a workdir holding {cli.workdir_kind(workdir)} files")
   stem = os.path.splitext(os.path.basename(
       config_flags.get_config_filename(flags.FLAGS["config"])))[0]
   report = lambda suffix: os.path.join(workdir, stem + suffix)
+  results = run_sweep(sweep, workdir, log=lambda msg: print(msg, flush=True))  # checks first
   os.makedirs(workdir, exist_ok=True)
-  results = run_sweep(sweep, workdir, log=lambda msg: print(msg, flush=True))
   table = markdown_table(results)
   with open(report(".md"), "w") as f:
     f.write(f"# {sweep.title}\n\n{sweep.steps} steps, seed {sweep.seed}, "
@@ -47,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

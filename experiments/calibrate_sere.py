@@ -11,26 +11,35 @@ with SERE re-routing (moejax/routing/sere.py) at threshold --sere_rho.
 """
 import os
 
-from absl import app, flags
+from absl import flags
 import numpy as np
+
+from moejax import cli
+from moejax.errors import ConfigError
 
 from moejax.analysis.router_inference import calibrate_similarity
 from moejax.data.pipeline import build_lm_data
 from moejax.inference.restore import load_from_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained MoE LM's workdir.")
-_BATCHES = flags.DEFINE_integer("batches", 2, "Training batches of calibration tokens.")
+_BATCHES = cli.checked(flags.DEFINE_integer("batches", 2, "Training batches of calibration "
+                                            "tokens."), cli.at_least(1))
 _OUT = flags.DEFINE_string("out", None, "Output .npy (default WORKDIR/sere_similarity.npy).")
 flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
   del argv
+  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  out = _OUT.value or os.path.join(_WORKDIR.value, "sere_similarity.npy")
+  cli.output_file("out", out)
   config, graphdef, params, rest, _ = load_from_workdir(_WORKDIR.value)
+  if config.model.ffn_type != "moe":
+    raise ConfigError(f"model.ffn_type={config.model.ffn_type!r}: SERE calibrates the experts "
+                      f"of an MoE model (--workdir={_WORKDIR.value})")
   data = build_lm_data(config.data, seed=config.seed)
   tokens = np.concatenate([next(data.train_iter)["inputs"] for _ in range(_BATCHES.value)])
   similarity = np.asarray(calibrate_similarity(graphdef, params, rest, tokens), np.float32)
-  out = _OUT.value or os.path.join(_WORKDIR.value, "sere_similarity.npy")
   np.save(out, similarity)
   off = similarity[:, ~np.eye(similarity.shape[1], dtype=bool)]
   print(f"wrote {out}: {similarity.shape[0]} MoE layers x {similarity.shape[1]} experts, "
@@ -39,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -9,49 +9,85 @@ A training workdir (experiments.train) exports as Mixtral when its flags fit:
   python -m experiments.convert --workdir=runs/moe --out_hf_dir=/out/moe --family=mixtral
 Supported: MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
 OlmoeForCausalLM, DeepseekV3ForCausalLM (see docs/interop.md).
+
+Import refuses a workdir that holds a training run (--allow_mixed overrides);
+export refuses an --out_hf_dir that exists and is not empty.
 """
 import os
 
-from absl import app, flags
+from absl import flags
 
+from moejax import cli
 from moejax.errors import ConfigError
 from moejax.interop.convert import export_hf, import_hf, save_workdir
+from moejax.interop.hf_config import FAMILIES
 from moejax.interop.load import load_model
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory to import.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "moejax workdir (written on import, read on export).")
 _OUT_HF_DIR = flags.DEFINE_string("out_hf_dir", None, "HF directory to write (export).")
-_FAMILY = flags.DEFINE_string("family", None, "Export as this HF model_type (default: the "
-                              "model's own; 'mixtral' for training workdirs).")
+_FAMILY = cli.checked(flags.DEFINE_string(
+    "family", None, "Export as this HF model_type (default: the model's own; 'mixtral' for "
+    "training workdirs)."), cli.one_of(*FAMILIES))
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
                            "Export dtype (default: the parameters' own).")
 _PARAM_DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"],
                                  "Dtype of the imported parameters.")
-_MAX_SHARD_MB = flags.DEFINE_integer("max_shard_mb", 2048, "Largest safetensors shard written.")
+_MAX_SHARD_MB = cli.checked(flags.DEFINE_integer("max_shard_mb", 2048, "Largest safetensors "
+                                                 "shard written (export)."), cli.at_least(1))
+_ALLOW_MIXED = flags.DEFINE_bool("allow_mixed", False, "Import into a workdir that already "
+                                 "holds a training run (experiments.train).")
+
+EXPORT_ONLY = (_FAMILY, _DTYPE, _MAX_SHARD_MB)
+IMPORT_ONLY = (_PARAM_DTYPE, _ALLOW_MIXED)
+
+
+def refuse_flags_of_the_other_direction(holders, direction: str) -> None:
+  for holder in holders:
+    if flags.FLAGS[holder.name].present:
+      raise cli.flag_error(holder, f"this flag is for {direction} only")
+
+
+def import_main() -> None:
+  refuse_flags_of_the_other_direction(EXPORT_ONLY, "export (--out_hf_dir)")
+  cli.writable_workdir("workdir", _WORKDIR.value, "converted", allow_mixed=_ALLOW_MIXED.value)
+  if not os.path.isdir(_HF_DIR.value):
+    raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
+  loaded = import_hf(_HF_DIR.value, _PARAM_DTYPE.value)  # reads and checks everything first
+  directory = save_workdir(_WORKDIR.value, loaded, extra_files_from=_HF_DIR.value)
+  print(f"imported {loaded.config.family} ({loaded.config.num_layers} layers, "
+        f"{loaded.config.moe.num_experts} experts) into {directory}"
+        + (f"; {len(loaded.unused)} checkpoint tensors unused, e.g. {loaded.unused[0]}"
+           if loaded.unused else ""))
+
+
+def export_main() -> None:
+  refuse_flags_of_the_other_direction(IMPORT_ONLY, "import (--hf_dir)")
+  cli.existing_workdir("workdir", _WORKDIR.value)
+  out = _OUT_HF_DIR.value
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise cli.flag_error(_OUT_HF_DIR, "expected a new or empty directory")
+  loaded, _, _ = load_model(workdir=_WORKDIR.value)
+  family = _FAMILY.value or ("mixtral" if loaded.config.family == "moejax" else None)
+  extra = os.path.join(_WORKDIR.value, "model")
+  hf = export_hf(loaded.config, loaded.params, loaded.rest, out,
+                 family=family, dtype=_DTYPE.value, base_hf_config=loaded.hf_config,
+                 max_shard_bytes=_MAX_SHARD_MB.value << 20,
+                 extra_files_from=extra if os.path.isdir(extra) else None)
+  print(f"exported {hf['architectures'][0]} to {out}")
 
 
 def main(argv):
   del argv
   if _HF_DIR.value and _WORKDIR.value and not _OUT_HF_DIR.value:
-    loaded = import_hf(_HF_DIR.value, _PARAM_DTYPE.value)
-    directory = save_workdir(_WORKDIR.value, loaded, extra_files_from=_HF_DIR.value)
-    print(f"imported {loaded.config.family} ({loaded.config.num_layers} layers, "
-          f"{loaded.config.moe.num_experts} experts) into {directory}"
-          + (f"; {len(loaded.unused)} checkpoint tensors unused, e.g. {loaded.unused[0]}"
-             if loaded.unused else ""))
+    import_main()
   elif _WORKDIR.value and _OUT_HF_DIR.value and not _HF_DIR.value:
-    loaded, _, _ = load_model(workdir=_WORKDIR.value)
-    family = _FAMILY.value or ("mixtral" if loaded.config.family == "moejax" else None)
-    extra = os.path.join(_WORKDIR.value, "model")
-    hf = export_hf(loaded.config, loaded.params, loaded.rest, _OUT_HF_DIR.value,
-                   family=family, dtype=_DTYPE.value, base_hf_config=loaded.hf_config,
-                   max_shard_bytes=_MAX_SHARD_MB.value << 20,
-                   extra_files_from=extra if os.path.isdir(extra) else None)
-    print(f"exported {hf['architectures'][0]} to {_OUT_HF_DIR.value}")
+    export_main()
   else:
     raise ConfigError("give --hf_dir and --workdir (import) or --workdir and --out_hf_dir "
-                      "(export)")
+                      f"(export) (--hf_dir={_HF_DIR.value}, --workdir={_WORKDIR.value}, "
+                      f"--out_hf_dir={_OUT_HF_DIR.value})")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -15,9 +15,12 @@ SERE re-routing (arXiv 2602.07616) while decoding: --sere_similarity=FILE.npy
 (from experiments.calibrate_sere) --sere_rho=0.3 switches the MoE layers to
 router 'sere' with that calibrated expert similarity.
 """
-from absl import app, flags, logging
+import os
+
+from absl import flags
 import numpy as np
 
+from moejax import cli
 from moejax.errors import ConfigError
 from moejax.inference.generate import generate
 from moejax.interop.load import load_model
@@ -27,37 +30,78 @@ _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory.")
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "Text to continue (repeat for a batch).")
 _PROMPT_IDS = flags.DEFINE_multi_string("prompt_ids", [], "Comma-separated token ids "
                                         "(repeat for a batch); for models without a tokenizer.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate per prompt.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "0 = greedy.")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k likeliest tokens; 0 = all.")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_MAX_NEW = cli.checked(flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate per "
+                                            "prompt."), cli.at_least(1))
+_TEMPERATURE = cli.checked(flags.DEFINE_float("temperature", 0.8, "0 = greedy."),
+                           cli.at_least(0.0, float))
+_TOP_K = cli.checked(flags.DEFINE_integer("top_k", 0, "Sample among the k likeliest tokens; "
+                                          "0 = all."), cli.at_least(0))
+_TOP_P = cli.checked(flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off."),
+                     cli.in_range(0, 1, low_open=True))
+_SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Sampling seed."), cli.in_range(0, 2**32 - 1))
 _SERE = flags.DEFINE_string("sere_similarity", None, "Decode with SERE re-routing using this "
                             "[MoE layers, E, E] similarity (experiments.calibrate_sere).")
-_SERE_RHO = flags.DEFINE_float("sere_rho", 0.3, "SERE similarity threshold rho.")
+_SERE_RHO = cli.checked(flags.DEFINE_float("sere_rho", 0.3, "SERE similarity threshold rho."),
+                        cli.in_range(0, 1))
 
 
-def parse_ids(text: str) -> list[int]:
+def parse_ids(text: str, vocab_size: int) -> list[int]:
+  """One --prompt_ids value: comma-separated token ids, each in [0, vocab_size)."""
+  where = f"(--prompt_ids={text})"
   try:
-    return [int(t) for t in text.replace(" ", "").split(",") if t]
+    ids = [int(t) for t in text.replace(" ", "").split(",") if t]
   except ValueError as e:
-    raise ConfigError(f"--prompt_ids={text!r} must be comma-separated integers") from e
+    raise ConfigError(f"expected comma-separated integers {where}") from e
+  if not ids:
+    raise ConfigError(f"expected at least one token id {where}")
+  bad = [i for i in ids if not 0 <= i < vocab_size]
+  if bad:
+    raise ConfigError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size}) {where}")
+  return ids
+
+
+def load_similarity(path: str, m) -> np.ndarray:
+  """The --sere_similarity array, checked against the model: float [MoE layers, E, E]."""
+  cli.input_file("sere_similarity", path)
+  try:
+    similarity = np.load(path, allow_pickle=False)
+  except (OSError, ValueError, EOFError) as e:
+    raise ConfigError(f"not a readable .npy file: {e} (--sere_similarity={path})") from e
+  want = (len(m.moe_layers), m.moe.num_experts, m.moe.num_experts)
+  if not np.issubdtype(similarity.dtype, np.floating) or similarity.shape != want:
+    raise ConfigError(f"expected a float array of shape {want} (MoE layers, experts, experts), "
+                      f"found {similarity.dtype} {similarity.shape} (--sere_similarity={path})")
+  return similarity
 
 
 def main(argv):
   del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  if (_WORKDIR.value is None) == (_HF_DIR.value is None):
+    raise ConfigError("give exactly one of --workdir and --hf_dir "
+                      f"(--workdir={_WORKDIR.value}, --hf_dir={_HF_DIR.value})")
+  if _WORKDIR.value is not None:
+    cli.existing_workdir("workdir", _WORKDIR.value)
+  elif not os.path.isdir(_HF_DIR.value):
+    raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
+  if _SERE.value:
+    cli.input_file("sere_similarity", _SERE.value)
   loaded, tokenizer, eos_id = load_model(_WORKDIR.value, _HF_DIR.value)
   m, rest = loaded.config, loaded.rest
+  if _TOP_K.value > m.vocab_size:
+    raise cli.flag_error(_TOP_K, f"expected at most the vocabulary size {m.vocab_size}")
   if _SERE.value:
     from moejax.analysis.router_inference import with_sere
-    m, rest = with_sere(m, rest, np.load(_SERE.value), _SERE_RHO.value)
-  prompts = [parse_ids(ids) for ids in _PROMPT_IDS.value]
+    m, rest = with_sere(m, rest, load_similarity(_SERE.value, m), _SERE_RHO.value)
+  prompts = [parse_ids(ids, m.vocab_size) for ids in _PROMPT_IDS.value]
   if _PROMPT.value:
     if tokenizer is None:
-      raise ConfigError("this model has no tokenizer (tokenizer.json); use --prompt_ids")
-    prompts += [[int(i) for i in tokenizer.encode(text)] for text in _PROMPT.value]
+      raise ConfigError("this model has no tokenizer (tokenizer.json); use --prompt_ids "
+                        f"(--prompt={_PROMPT.value[0]})")
+    for text in _PROMPT.value:
+      ids = [int(i) for i in tokenizer.encode(text)]
+      if not ids:
+        raise ConfigError(f"the prompt encodes to no tokens (--prompt={text!r})")
+      prompts.append(ids)
   if not prompts:
     prompts = [[int(i) for i in tokenizer.encode("\n")]] if tokenizer else [[0]]
   out = generate(m, loaded.params, rest, prompts,
@@ -76,4 +120,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

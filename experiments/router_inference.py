@@ -20,8 +20,11 @@ other tokens of the call); bpb is the model's loss under that routing.
 """
 import json
 
-from absl import app, flags
+from absl import flags
 import numpy as np
+
+from moejax import cli
+from moejax.errors import ConfigError
 
 from moejax.analysis import router_inference as ri
 from moejax.data.shakespeare import shakespeare_sources
@@ -30,16 +33,26 @@ from moejax.inference.restore import load_from_workdir
 from moejax.interop.moejax_lm import from_training_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/moe", "A trained MoE LM's workdir.")
-_STUDIES = flags.DEFINE_list("studies", ["capacity", "sere", "as_coot"], "Which studies.")
-_GAMMAS = flags.DEFINE_list("gammas", ["0.5", "1", "1.5", "2"], "Capacity factors gamma.")
-_EVAL_BATCHES = flags.DEFINE_integer("eval_batches", 8, "Validation batches (capacity).")
-_CALIBRATION = flags.DEFINE_integer("calibration_batches", 2, "Training batches (SERE CKA).")
-_WINDOWS = flags.DEFINE_integer("decode_windows", 64, "Validation windows decoded (SERE).")
-_DECODE_LEN = flags.DEFINE_integer("decode_len", 64, "Tokens decoded per window (SERE).")
-_BATCHES = flags.DEFINE_list("decode_batches", ["8", "16", "32", "64"], "Decode batch sizes.")
-_RHOS = flags.DEFINE_list("rhos", ["0.7", "0.5", "0.3", "0.2", "0.1"], "SERE thresholds rho.")
-_TAUS = flags.DEFINE_list("taus", ["1", "0"], "As-COOT tau (0 = infinity).")
-_PLAY_BATCHES = flags.DEFINE_integer("play_batches", 2, "Batches per held-out play (As-COOT).")
+_STUDIES = cli.checked(flags.DEFINE_list("studies", ["capacity", "sere", "as_coot"],
+                                         "Which studies."), cli.one_of("capacity", "sere", "as_coot"))
+_GAMMAS = cli.checked(flags.DEFINE_list("gammas", ["0.5", "1", "1.5", "2"], "Capacity factors "
+                                        "gamma."), cli.in_range(0, float("inf"), low_open=True))
+_EVAL_BATCHES = cli.checked(flags.DEFINE_integer("eval_batches", 8, "Validation batches "
+                                                 "(capacity)."), cli.at_least(1))
+_CALIBRATION = cli.checked(flags.DEFINE_integer("calibration_batches", 2, "Training batches "
+                                                "(SERE CKA)."), cli.at_least(1))
+_WINDOWS = cli.checked(flags.DEFINE_integer("decode_windows", 64, "Validation windows decoded "
+                                            "(SERE)."), cli.at_least(1))
+_DECODE_LEN = cli.checked(flags.DEFINE_integer("decode_len", 64, "Tokens decoded per window "
+                                               "(SERE)."), cli.at_least(1))
+_BATCHES = cli.checked(flags.DEFINE_list("decode_batches", ["8", "16", "32", "64"], "Decode "
+                                         "batch sizes."), cli.at_least(1))
+_RHOS = cli.checked(flags.DEFINE_list("rhos", ["0.7", "0.5", "0.3", "0.2", "0.1"], "SERE "
+                                      "thresholds rho."), cli.in_range(0, 1))
+_TAUS = cli.checked(flags.DEFINE_list("taus", ["1", "0"], "As-COOT tau (0 = infinity)."),
+                    cli.at_least(0.0, float))
+_PLAY_BATCHES = cli.checked(flags.DEFINE_integer("play_batches", 2, "Batches per held-out play "
+                                                 "(As-COOT)."), cli.at_least(1))
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
 _JSON = flags.DEFINE_string("json", None, "Write the records here.")
 
@@ -107,9 +120,19 @@ def as_coot_study(config, params, rest, plays):
 
 def main(argv):
   del argv
+  if not _STUDIES.value:
+    raise cli.flag_error(_STUDIES, "expected at least one study")
+  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  cli.output_file("markdown", _MARKDOWN.value)
+  cli.output_file("json", _JSON.value)
   config, graphdef, params, rest, tokenizer = load_from_workdir(_WORKDIR.value)
+  if config.model.ffn_type != "moe":
+    raise ConfigError(f"model.ffn_type={config.model.ffn_type!r}: these studies need an MoE "
+                      f"model (--workdir={_WORKDIR.value})")
   data = build_lm_data(config.data, seed=config.seed)
-  assert data.bytes_per_token == 1.0, "bpb here assumes the byte tokenizer"
+  if data.bytes_per_token != 1.0:
+    raise ConfigError(f"data.tokenizer={config.data.tokenizer!r}: bpb here assumes the byte "
+                      f"tokenizer (--workdir={_WORKDIR.value})")
   eval_batches = list(data.eval_batches(None))
   report, records = [f"# Inference-time routers on {_WORKDIR.value}\n"], {}
   if "capacity" in _STUDIES.value:
@@ -151,4 +174,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -10,22 +10,33 @@ and, on GPU nodes, --coordinator_address=HOST:PORT --num_processes=N
 --process_id=I on every process; on TPU VMs and under SLURM (srun) JAX finds
 its peers itself. See docs/scale_out.md.
 """
+import os
+
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
+from moejax import cli
+from moejax.config import validate_config
 from moejax.train import distributed
+from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
-_STOP_AT = flags.DEFINE_integer("stop_at_step", None,
-                                "Stop after this step with a checkpoint (resume later).")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "HOST:PORT of process 0 (multi-process runs).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_STOP_AT = cli.checked(flags.DEFINE_integer(
+    "stop_at_step", None, "Stop after this step with a checkpoint (resume later)."),
+    cli.at_least(1))
+_COORDINATOR = cli.checked(flags.DEFINE_string(
+    "coordinator_address", None, "HOST:PORT of process 0 (multi-process runs)."),
+    cli.host_port())
+_NUM_PROCESSES = cli.checked(flags.DEFINE_integer("num_processes", None, "Processes in the job."),
+                             cli.at_least(1))
+_PROCESS_ID = cli.checked(flags.DEFINE_integer("process_id", None, "This process's index."),
+                          cli.at_least(0))
+_ALLOW_MIXED = flags.DEFINE_bool("allow_mixed", False, "Train into a workdir that already "
+                                 "holds an imported model (experiments.convert).")
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", distributed.DISTRIBUTED_MODES,
     "auto: join a multi-process job when the flags above are set or a SLURM job step or "
@@ -33,11 +44,28 @@ _DISTRIBUTED = flags.DEFINE_enum(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def check_inputs(config, workdir: str) -> None:
+  """Everything refusable before the run creates, writes or compiles anything."""
+  if (_PROCESS_ID.value is not None and _NUM_PROCESSES.value is not None
+      and _PROCESS_ID.value >= _NUM_PROCESSES.value):
+    raise cli.flag_error(_PROCESS_ID, f"expected an index below --num_processes="
+                         f"{_NUM_PROCESSES.value}")
+  validate_config(config)
+  if _STOP_AT.value is not None and _STOP_AT.value > config.train.steps:
+    raise cli.flag_error(_STOP_AT, f"expected a step <= train.steps={config.train.steps}")
+  cli.writable_workdir("workdir", workdir, "training", allow_mixed=_ALLOW_MIXED.value)
+  if cli.workdir_kind(workdir) in ("training", "mixed") and os.path.isdir(
+      os.path.join(workdir, "checkpoints")):
+    ckpt = Checkpointer(workdir, read_only=True)
+    latest = ckpt.latest_step()
+    if latest is not None:
+      ckpt.check_compatible(latest, {"config": jsonable(config.to_dict())})
+    ckpt.close()
+
+
 def main(argv):
   del argv
-  # orbax logs every save at INFO; --verbosity=0 brings them back.
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  check_inputs(_CONFIG.value, _WORKDIR.value)
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          _DISTRIBUTED.value)
   run = train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop_at_step=_STOP_AT.value)
@@ -49,4 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

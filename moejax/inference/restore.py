@@ -6,6 +6,7 @@ import numpy as np
 
 from moejax.data import get_tokenizer
 from moejax.data.pipeline import build_lm_data
+from moejax.errors import ConfigError
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import init_state
 
@@ -17,10 +18,13 @@ def load_from_workdir(workdir: str, step: int | None = None, *, for_generation=F
   drops depend on the other tokens in the batch and would make decoding
   non-causal; the parameters are the same.
   """
-  ckpt = Checkpointer(workdir, max_to_keep=1_000_000)
-  step = ckpt.latest_step() if step is None else step
+  ckpt = Checkpointer(workdir, read_only=True)
+  steps = sorted(ckpt.manager.all_steps())
+  step = (steps[-1] if steps else None) if step is None else step
   if step is None:
-    raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
+    raise ConfigError(f"no checkpoint in {ckpt.directory}")
+  if step not in steps:
+    raise ConfigError(f"no checkpoint of step {step} in {ckpt.directory}; it holds {steps}")
   config = ml_collections.ConfigDict(ckpt.read_meta(step)["config"])
   if for_generation and config.model.moe.dispatch == "capacity":
     config.model.moe.dispatch = "dropless"

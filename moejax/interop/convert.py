@@ -31,7 +31,7 @@ from flax import nnx
 from moejax.errors import ConfigError
 from moejax.interop.hf_config import from_hf_config, to_hf_config
 from moejax.interop.names import tensor_maps
-from moejax.interop.safetensors_io import SafetensorsReader, ShardedWriter
+from moejax.interop.safetensors_io import SafetensorsReader, ShardedWriter, read_json
 from moejax.models.hf.config import validate_decoder_config
 from moejax.models.hf.decoder import DecoderLM
 
@@ -77,11 +77,12 @@ def _orient(array, transpose: bool):
 
 
 def read_config_json(hf_dir: str) -> dict:
+  if not os.path.isdir(hf_dir):
+    raise ConfigError(f"HF checkpoint directory does not exist or is not a directory ({hf_dir})")
   path = os.path.join(hf_dir, "config.json")
   if not os.path.exists(path):
     raise ConfigError(f"{hf_dir} has no config.json: not an HF checkpoint directory")
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path)
 
 
 def import_hf(hf_dir: str, param_dtype: str = "float32") -> Loaded:
@@ -90,7 +91,10 @@ def import_hf(hf_dir: str, param_dtype: str = "float32") -> Loaded:
     raise ConfigError(f"param_dtype={param_dtype!r}; valid: {', '.join(PARAM_DTYPES)}")
   dtype = PARAM_DTYPES[param_dtype]
   hf = read_config_json(hf_dir)
-  m = from_hf_config(hf)
+  try:
+    m = from_hf_config(hf)
+  except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as e:
+    raise ConfigError(f"{e} ({os.path.join(hf_dir, 'config.json')})") from e
   _, params, rest = abstract_model(m)
   trees = {"params": params, "rest": rest}
   reader = SafetensorsReader(hf_dir)
@@ -203,8 +207,10 @@ def is_converted_workdir(workdir: str) -> bool:
 
 def load_workdir(workdir: str) -> Loaded:
   directory = os.path.join(workdir, WORKDIR_MODEL)
-  with open(os.path.join(directory, "config.json")) as f:
-    saved = json.load(f)
+  path = os.path.join(directory, "config.json")
+  saved = read_json(path)
+  if not isinstance(saved.get("model"), dict):
+    raise ConfigError(f"no 'model' object: not a converted workdir's config ({path})")
   m = ml_collections.ConfigDict(saved["model"])
   validate_decoder_config(m)
   _, params, rest = abstract_model(m)

@@ -24,6 +24,28 @@ SINGLE_FILE = "model.safetensors"
 READABLE_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
+def read_json(path: str) -> dict:
+  """A JSON object from `path`; ConfigError naming the file if missing, empty or invalid."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"file is missing ({path})")
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ConfigError(f"not valid JSON: {e} ({path})") from e
+  if not isinstance(data, dict):
+    raise ConfigError(f"expected a JSON object, found {type(data).__name__} ({path})")
+  return data
+
+
+def open_safetensors(path: str):
+  """safe_open(path); ConfigError naming the file if it is empty, truncated or not safetensors."""
+  try:
+    return safe_open(path, "numpy")
+  except Exception as e:  # noqa: BLE001 - safetensors raises SafetensorError and OSError
+    raise ConfigError(f"not a readable safetensors file: {e} ({path})") from e
+
+
 class SafetensorsReader:
 
   def __init__(self, directory: str, index_file: str = INDEX_FILE,
@@ -31,10 +53,12 @@ class SafetensorsReader:
     self.directory = directory
     index_path = os.path.join(directory, index_file)
     if os.path.exists(index_path):
-      with open(index_path) as f:
-        self.file_of = dict(json.load(f)["weight_map"])
+      weight_map = read_json(index_path).get("weight_map")
+      if not isinstance(weight_map, dict):
+        raise ConfigError(f"no weight_map object ({index_path})")
+      self.file_of = dict(weight_map)
     elif os.path.exists(os.path.join(directory, single_file)):
-      with safe_open(os.path.join(directory, single_file), "numpy") as f:
+      with open_safetensors(os.path.join(directory, single_file)) as f:
         self.file_of = {name: single_file for name in f.keys()}
     else:
       raise ConfigError(f"{directory} has neither {index_file} nor {single_file}")
@@ -55,7 +79,7 @@ class SafetensorsReader:
       if not os.path.exists(path):
         raise ConfigError(f"tensor {name!r}: its file {file} (named by the index) is missing "
                           f"from {self.directory}")
-      self._open[file] = safe_open(path, "numpy")
+      self._open[file] = open_safetensors(path)
     return self._open[file]
 
   def shape(self, name: str) -> tuple[int, ...]:
@@ -75,7 +99,12 @@ class SafetensorsReader:
     if shape != tuple(expected_shape):
       raise ConfigError(f"tensor {name!r} has shape {shape}; the config expects "
                         f"{tuple(expected_shape)}")
-    return handle.get_tensor(name).astype(dtype, copy=False)
+    try:
+      array = handle.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - a truncated file fails only here
+      raise ConfigError(f"tensor {name!r} cannot be read: {e} "
+                        f"({os.path.join(self.directory, self.file_of[name])})") from e
+    return array.astype(dtype, copy=False)
 
 
 class ShardedWriter:

@@ -5,6 +5,7 @@ Layout: WORKDIR/checkpoints/<step>/{state, data, meta}. Orbax writes each
 step to a temporary directory and renames it when complete, so a crash during
 a save leaves the previous checkpoint intact; a refused restore never writes.
 """
+import contextlib
 import json
 import os
 
@@ -29,11 +30,15 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
 
 class Checkpointer:
 
-  def __init__(self, workdir: str, max_to_keep: int):
+  def __init__(self, workdir: str, max_to_keep: int = 1, *, read_only: bool = False):
+    """read_only: for restoring; creates nothing (the directory must exist)."""
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    if read_only and not os.path.isdir(self.directory):
+      raise ConfigError(f"no checkpoints/ directory in the workdir ({self.directory})")
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
+                                             read_only=read_only),
         item_names=("state", "data", "meta"))
 
   def latest_step(self):
@@ -47,8 +52,9 @@ class Checkpointer:
 
   def read_meta(self, step: int) -> dict:
     """The run's metadata; its config upgraded with keys added since (with_defaults)."""
-    meta = self.manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"]
+    with self._naming_errors(step):
+      meta = self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
     return {**meta, "config": with_defaults(meta["config"])} if "config" in meta else meta
 
   def check_compatible(self, step: int, meta: dict) -> None:
@@ -65,10 +71,24 @@ class Checkpointer:
           ". Use a fresh --workdir or the checkpoint's config; nothing was changed.")
 
   def restore(self, step: int, abstract_state):
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=ocp.args.JsonRestore()))
+    with self._naming_errors(step):
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state),
+          data=ocp.args.JsonRestore()))
     return restored["state"], restored["data"]
+
+  @contextlib.contextmanager
+  def _naming_errors(self, step: int):
+    """A checkpoint orbax cannot read (corrupt, truncated, other shapes) as a ConfigError
+    naming it; the orbax error stays chained (--verbose)."""
+    try:
+      yield
+    except ConfigError:
+      raise
+    except Exception as e:  # noqa: BLE001 - orbax raises many types
+      first = (str(e).strip().splitlines() or [""])[0][:200]
+      raise ConfigError(f"cannot read checkpoint {self.directory}/{step}: "
+                        f"{type(e).__name__}: {first}") from e
 
   def wait(self):
     self.manager.wait_until_finished()

@@ -86,7 +86,6 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   """
   validate_config(config)
   layout = make_layout(config, devices)  # None on one device: the plain program
-  os.makedirs(workdir, exist_ok=True)
   t = config.train
   placement, put = None, lambda batch: batch
   data_shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
@@ -105,6 +104,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   moe_layers = moe_layer_indices(config.model)
   meta = {"config": jsonable(config.to_dict())}
 
+  os.makedirs(workdir, exist_ok=True)  # only now: a refused config or data leaves no workdir
   ckpt = Checkpointer(workdir, t.max_to_keep)
   latest = ckpt.latest_step()
   if latest is not None:

@@ -1,0 +1,236 @@
+"""The command-line contract shared by every entry point in experiments/.
+
+    from moejax import cli
+    _N = cli.checked(flags.DEFINE_integer("n", 3, "..."), cli.at_least(1))
+    def main(argv): ...
+    if __name__ == "__main__":
+      cli.run(main)
+
+A refused input (a bad flag, config key, file or workdir) exits with status 2
+and prints one line on stderr, `error: <what> (<flag, key or file>=<value>)`;
+`--verbose` prints the traceback too. Refused means a ConfigError (raised by
+moejax code that checked its input) or an absl flags.Error (raised while
+parsing, which runs the validators attached here). Anything else is a bug and
+keeps its traceback. Entry points check their flags and workdirs (the
+`*_workdir` helpers below) before they create, write or compile anything.
+"""
+import os
+import re
+import sys
+import traceback
+
+from absl import app, flags, logging
+
+from moejax.errors import ConfigError
+
+FLAGS = flags.FLAGS
+VERBOSE = flags.DEFINE_bool("verbose", False, "On a refused input, print the traceback too.")
+EXIT_REFUSED = 2
+
+# What marks a directory as a moejax workdir of each kind.
+TRAINING_MARKERS = ("checkpoints", "metrics.jsonl", "tensorboard")
+CONVERTED_MARKER = os.path.join("model", "config.json")
+
+
+def run(main) -> None:
+  """app.run(main) with flag parsing and main held to the contract."""
+  app.run(lambda argv: call(main, argv), flags_parser=parse_flags)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """FLAGS(argv) (validators included); a refused flag or config key exits with one line."""
+  verbose = any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)
+  try:
+    args = FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - ml_collections raises KeyError for unknown keys
+    refuse(_flag_message(e, argv), verbose=verbose)
+  for name, flag in FLAGS._flags().items():  # a config file that failed to load
+    if type(flag.value).__name__ == "_ErrorConfig":  # ml_collections defers its IOError
+      try:
+        flag.value.lock()
+      except OSError as e:
+        refuse(_config_file_message(e, f"--{name}={flag.config_filename}"), verbose=verbose)
+  return args
+
+
+def call(main, argv: list[str]):
+  """main(argv) after parse_flags; a ConfigError exits with one line."""
+  if not FLAGS["verbosity"].present:  # orbax logs every save and restore at INFO
+    logging.set_verbosity(logging.WARNING)
+  try:
+    return main(argv)
+  except ConfigError as e:
+    refuse(str(e), verbose=VERBOSE.value)
+
+
+def refuse(message: str, *, verbose: bool) -> None:
+  """Print `error: message` (one line; after the traceback with --verbose) and exit 2."""
+  if verbose:
+    traceback.print_exc()
+  line = " ".join(message.split())
+  sys.stderr.write(f"error: {line}\n")
+  sys.stderr.flush()
+  sys.exit(EXIT_REFUSED)
+
+
+def _flag_message(error: Exception, argv: list[str]) -> str:
+  """One line for an exception raised while parsing argv."""
+  text = str(error).strip()
+  if not isinstance(error, flags.Error):  # ml_collections: an unknown dotted config key
+    key = text.strip("'\"")
+    for arg in argv:
+      name, _, value = arg.lstrip("-").partition("=")
+      if "." in name and key in name.split(".")[1:]:
+        return f"unknown config key {name.split('.', 1)[1]} (--{name}={value})"
+    if isinstance(error, OSError):
+      config_arg = next((a for a in argv if re.match(r"--?config=", a)), "--config")
+      return _config_file_message(error, config_arg)
+    return f"cannot parse the flags: {type(error).__name__}: {text}"
+  if "\n" in text:  # a config file that raised: its last line is the exception
+    text = text.splitlines()[-1]
+    text = re.sub(r"^[\w.]*(ConfigError|Error): ", "", text)
+    config_arg = next((a for a in argv if re.match(r"--?config=", a)), None)
+    return f"{text} ({config_arg})" if config_arg else text
+  match = re.match(r"flag --([\w.]+)=(.*?): (.*)$", text, re.S)
+  if match:
+    name, value, what = match.groups()
+    return f"{what.rstrip('.')} (--{name}={value})"
+  return text
+
+
+def _config_file_message(error: OSError, flag: str) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  reason = next((line for line in reversed(lines) if "No such file" in line
+                 or "Error" in line), lines[-1] if lines else "")
+  return f"cannot load the config file: {reason} ({flag})"
+
+
+# ---- flag validators: attached to a flag, run by parse_flags -------------------------------
+
+def checked(holder, check, expected: str | None = None):
+  """Attach `check` (a predicate, e.g. at_least(1)) to a flag; returns the flag holder.
+
+  The predicate sees each element of a list flag; None (unset) always passes."""
+  expected = expected or check.expected
+
+  def ok(value):
+    values = value if isinstance(value, list) else [value]
+    return value is None or all(_safe(check, v) for v in values)
+  flags.register_validator(holder.name, ok, message=f"expected {expected}")
+  return holder
+
+
+def _safe(check, value) -> bool:
+  try:
+    return bool(check(value))
+  except (TypeError, ValueError):
+    return False
+
+
+def _predicate(fn, expected: str):
+  fn.expected = expected
+  return fn
+
+
+def at_least(low, kind=int):
+  """A number >= low; list elements (strings) are read with `kind`."""
+  return _predicate(lambda v: kind(v) >= low,
+                    f"{'an integer' if kind is int else 'a number'} >= {low}")
+
+
+def in_range(low, high, *, low_open=False):
+  """A number in [low, high] (or (low, high] with low_open)."""
+  lo = "(" if low_open else "["
+  return _predicate(lambda v: (low < float(v) if low_open else low <= float(v)) and
+                    float(v) <= high, f"a number in {lo}{low}, {high}]")
+
+
+def one_of(*names):
+  return _predicate(lambda v: v in names, "one of " + ", ".join(names))
+
+
+def host_port():
+  return _predicate(lambda v: re.fullmatch(r"[^:\s]+:\d{1,5}", v) is not None, "HOST:PORT")
+
+
+def flag_error(holder, expected: str) -> ConfigError:
+  """ConfigError `expected ... (--name=value)` for a flag whose value main refuses."""
+  return ConfigError(f"{expected} (--{holder.name}={holder.value})")
+
+
+# ---- files and workdirs --------------------------------------------------------------------
+
+def workdir_kind(path: str) -> str:
+  """'missing', 'file', 'empty', 'training', 'converted', 'mixed' or 'foreign'."""
+  if not os.path.exists(path):
+    return "missing"
+  if not os.path.isdir(path):
+    return "file"
+  entries = os.listdir(path)
+  if not entries:
+    return "empty"
+  training = any(name in entries for name in TRAINING_MARKERS)
+  converted = os.path.isfile(os.path.join(path, CONVERTED_MARKER))
+  if training and converted:
+    return "mixed"
+  return "training" if training else "converted" if converted else "foreign"
+
+
+KIND_WORDS = {"training": "a training run (checkpoints/)",
+              "converted": "an imported model (model/config.json)",
+              "mixed": "a training run and an imported model"}
+
+
+def existing_workdir(flag: str, path: str, kinds=("training", "converted", "mixed")) -> str:
+  """The kind of a workdir to read from; ConfigError unless it is one of `kinds`."""
+  kind = workdir_kind(path)
+  where = f"(--{flag}={path})"
+  if kind == "missing":
+    raise ConfigError(f"workdir does not exist {where}")
+  if kind == "file":
+    raise ConfigError(f"workdir is a file, not a directory {where}")
+  if kind in ("empty", "foreign"):
+    raise ConfigError(f"not a moejax workdir: no checkpoints/ or model/config.json {where}")
+  if kind not in kinds:
+    want = " or ".join(KIND_WORDS[k] for k in kinds)
+    raise ConfigError(f"workdir holds {KIND_WORDS[kind]}; this command needs {want} {where}")
+  return kind
+
+
+def writable_workdir(flag: str, path: str, kind: str, *, allow_mixed: bool = False) -> None:
+  """Refuse to write `kind` ('training' or 'converted') into a workdir holding anything else.
+
+  New and empty directories are fine, as is the same kind (a resumed run); the
+  other kind only with --allow_mixed."""
+  found = workdir_kind(path)
+  where = f"(--{flag}={path})"
+  if found == "file":
+    raise ConfigError(f"workdir is a file, not a directory {where}")
+  if found == "foreign":
+    raise ConfigError(f"directory is not empty and not a moejax workdir; use a new or empty "
+                      f"one {where}")
+  if found in ("missing", "empty", kind) or allow_mixed:
+    return
+  raise ConfigError(f"workdir already holds {KIND_WORDS[found]}; writing "
+                    f"{KIND_WORDS[kind]} there too needs --allow_mixed {where}")
+
+
+def output_file(flag: str, path: str | None) -> None:
+  """Refuse an output path whose directory is missing or that is a directory."""
+  if path is None:
+    return
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ConfigError(f"output path is a directory (--{flag}={path})")
+  if not os.path.isdir(parent):
+    raise ConfigError(f"output directory {parent} does not exist (--{flag}={path})")
+
+
+def input_file(flag: str, path: str) -> None:
+  """Refuse a missing, non-regular or empty input file."""
+  if not os.path.exists(path):
+    raise ConfigError(f"file does not exist (--{flag}={path})")
+  if not os.path.isfile(path):
+    raise ConfigError(f"not a file (--{flag}={path})")
+  if os.path.getsize(path) == 0:
+    raise ConfigError(f"file is empty (--{flag}={path})")
