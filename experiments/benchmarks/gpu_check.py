@@ -1,0 +1,268 @@
+r"""One-shot GPU check: the compiled Triton grouped matmul against oracles, then its speed.
+
+  python -m experiments.benchmarks.gpu_check --json=/tmp/gpu.json --markdown=/tmp/gpu.md
+
+Made for a short accelerator lease: every part runs on its own (a failing
+part is reported and the next one runs), and nothing here is a test (the
+suite never needs a GPU). Parts:
+
+1. correctness: ``gmm``/``tgmm`` with ``backend='pallas_gpu', interpret=False``
+   (the compiled Triton kernels of kernels/gmm_gpu.py) on the edge layouts of
+   tests/kernels (empty groups, mid-tile boundaries, m not a tile multiple,
+   overflow clipping) and on larger random layouts, against float64 numpy.
+   bf16 inputs with f32 output must match to 1e-5 relative to max|oracle|
+   (bf16 products are exact in f32/TF32); f32 inputs are reported both as
+   they run (TF32 tensor cores may be used) and checked at 2e-3. Gradients
+   through the custom_vjp against jax.grad of the one-hot einsum.
+2. speed (bf16, f32 accumulate): forward ``gmm``, ``tgmm`` and gmm fwd+bwd
+   against ``jax.lax.ragged_dot`` (XLA's grouped GEMM) and the dense matmul of
+   equal FLOPs ([m, d] @ [d, f]), at coarse, fine and finer MoE shapes. Each
+   row prints medians and the ratios dense/path (1.0 = the dense limit),
+   measured in the same run.
+"""
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels import gmm, gmm_reference, tgmm
+
+_JSON = flags.DEFINE_string("json", None, "Write all records here.")
+_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
+_REPS = flags.DEFINE_integer("reps", 20, "Timed calls per path (median).")
+_PARTS = flags.DEFINE_list("parts", ["correctness", "speed"], "Parts to run.")
+_TILINGS = flags.DEFINE_list("tilings", ["128:128:128", "128:64:128", "64:64:64"],
+                             "Triton tilings tm:tk:tn timed in the speed part.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "CPU rehearsal: interpret the kernels, tiny "
+                             "speed shapes, edge layouts only (checks the script, not the GPU).")
+
+# (group_sizes, m): the edge layouts of tests/kernels/test_gmm_kernels.py.
+EDGE_LAYOUTS = {
+    "aligned": ([16, 16], 32),
+    "mid_tile_bounds_empty_group_padding_tile": ([5, 0, 13, 12], 40),
+    "all_groups_empty": ([0, 0, 0], 20),
+    "m_not_tile_multiple_leading_empty": ([0, 37], 37),
+    "single_group": ([37], 37),
+    "eight_groups_in_few_tiles": ([3, 1, 1, 2, 0, 9, 4, 1], 29),
+    "m_smaller_than_tile": ([0, 7, 0], 7),
+    "groups_overflow_m_are_clipped": ([5, 10], 8),
+}
+# name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
+SPEED_SHAPES = {
+    "coarse": (16384, 2048, 1024, 8, 2),
+    "fine": (16384, 2048, 256, 64, 8),
+    "finer": (16384, 2048, 128, 128, 8),
+}
+
+
+def numpy_gmm(lhs, rhs, sizes):
+  lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+  out, start = np.zeros((lhs.shape[0], rhs.shape[2])), 0
+  for e, size in enumerate(sizes):
+    end = min(start + int(size), lhs.shape[0])
+    out[start:end] = lhs[start:end] @ rhs[e]
+    start = end
+  return out
+
+
+def numpy_tgmm(lhs, grad, sizes):
+  lhs, grad = np.asarray(lhs, np.float64), np.asarray(grad, np.float64)
+  out, start = np.zeros((len(sizes), lhs.shape[1], grad.shape[1])), 0
+  for e, size in enumerate(sizes):
+    end = min(start + int(size), lhs.shape[0])
+    out[e] = lhs[start:end].T @ grad[start:end]
+    start = end
+  return out
+
+
+def rel_err(got, want):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def random_layout(rng, num_groups, m, fill=0.9):
+  """Group sizes summing to about fill*m, some groups empty."""
+  weights = rng.dirichlet(np.full(num_groups, 0.5))
+  sizes = rng.multinomial(int(fill * m), weights)
+  return [int(s) for s in sizes], m
+
+
+def correctness_cases():
+  rng = np.random.default_rng(0)
+  for name, (sizes, m) in EDGE_LAYOUTS.items():
+    for k, n in ((16, 16), (32, 64), (40, 24)):
+      yield f"{name}/k{k}n{n}", sizes, m, k, n, (128, 128, 128)
+      yield f"{name}/k{k}n{n}/t16", sizes, m, k, n, (16, 16, 16)
+  for i, (groups, m, k, n) in enumerate(((8, 1000, 256, 512), (64, 4096, 128, 256),
+                                          (128, 3000, 256, 128), (3, 129, 300, 70))):
+    sizes, m = random_layout(rng, groups, m)
+    if _DRY_RUN.value:
+      return
+    yield f"random{i}/E{groups}m{m}k{k}n{n}", sizes, m, k, n, (128, 128, 128)
+
+
+def check_correctness(records):
+  rng = np.random.default_rng(1)
+  failures = 0
+  for name, sizes, m, k, n, tiling in correctness_cases():
+    lhs = rng.standard_normal((m, k)).astype(np.float32)
+    rhs = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
+    grad = rng.standard_normal((m, n)).astype(np.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    kw = dict(backend="pallas_gpu", interpret=_DRY_RUN.value, tiling=tiling)
+    rec = {"part": "correctness", "case": name}
+    try:
+      lb, rb, gb = (jnp.asarray(a, jnp.bfloat16) for a in (lhs, rhs, grad))
+      exact = [np.asarray(a.astype(jnp.float32)) for a in (lb, rb, gb)]
+      rec["gmm_bf16"] = rel_err(gmm(lb, rb, gs, preferred_element_type=jnp.float32, **kw),
+                                numpy_gmm(exact[0], exact[1], sizes))
+      rec["tgmm_bf16"] = rel_err(tgmm(lb, gb, gs, preferred_element_type=jnp.float32, **kw),
+                                 numpy_tgmm(exact[0], exact[2], sizes))
+      rec["gmm_f32"] = rel_err(gmm(lhs, rhs, gs, **kw), numpy_gmm(lhs, rhs, sizes))
+      rec["tgmm_f32"] = rel_err(tgmm(lhs, grad, gs, **kw), numpy_tgmm(lhs, grad, sizes))
+
+      def loss(a, b, fn):
+        return jnp.sum(fn(a, b) * grad)
+      kernel_fn = lambda a, b: gmm(a, b, gs, **kw)
+      ref_fn = lambda a, b: gmm_reference(a, b, gs)
+      g_kernel = jax.grad(loss, argnums=(0, 1))(lhs, rhs, kernel_fn)
+      g_ref = jax.grad(loss, argnums=(0, 1))(lhs, rhs, ref_fn)
+      rec["grad_f32"] = max(rel_err(a, b) for a, b in zip(g_kernel, g_ref))
+      ok = (rec["gmm_bf16"] < 1e-5 and rec["tgmm_bf16"] < 1e-5 and rec["gmm_f32"] < 2e-3
+            and rec["tgmm_f32"] < 2e-3 and rec["grad_f32"] < 2e-3)
+      rec["ok"] = bool(ok)
+    except Exception as e:  # report and go on: one lease, many checks
+      rec["ok"], rec["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+    failures += not rec["ok"]
+    records.append(rec)
+    print(json.dumps(rec), flush=True)
+  print(f"correctness: {sum(r['ok'] for r in records if r['part'] == 'correctness')} ok, "
+        f"{failures} failed", flush=True)
+
+
+def timed(fn, *args, reps):
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def balanced_sizes(rng, num_groups, m):
+  """Top-k-like loads: multinomial with mild skew, summing to m exactly."""
+  weights = rng.dirichlet(np.full(num_groups, 20.0))
+  return jnp.asarray(rng.multinomial(m, weights), jnp.int32)
+
+
+def check_speed(records):
+  rng = np.random.default_rng(2)
+  shapes = {"dry_run": (64, 32, 32, 4, 2)} if _DRY_RUN.value else SPEED_SHAPES
+  for shape, (tokens, d, f, experts, top_k) in shapes.items():
+    m = tokens * top_k
+    flops = 2.0 * m * d * f
+    x = jnp.asarray(rng.standard_normal((m, d)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((experts, d, f)) / np.sqrt(d), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((m, f)), jnp.bfloat16)
+    dense_w = w[0]
+    gs = balanced_sizes(rng, experts, m)
+    paths = {
+        "dense": (jax.jit(lambda a, b, g: jnp.dot(a, b, preferred_element_type=jnp.float32)
+                          .astype(jnp.bfloat16)), (x, dense_w, gs)),
+        "ragged_dot": (jax.jit(lambda a, b, g: jax.lax.ragged_dot(
+            a, b, g, preferred_element_type=jnp.float32).astype(jnp.bfloat16)), (x, w, gs)),
+    }
+    fwd_bwd = {
+        "dense": lambda a, b, g: jnp.sum(
+            (jnp.dot(a, b, preferred_element_type=jnp.float32) * dy.astype(jnp.float32))),
+        "ragged_dot": lambda a, b, g: jnp.sum(jax.lax.ragged_dot(
+            a, b, g, preferred_element_type=jnp.float32) * dy.astype(jnp.float32)),
+    }
+    for spec in _TILINGS.value:
+      tiling = tuple(int(v) for v in spec.split(":"))
+      kw = dict(backend="pallas_gpu", interpret=_DRY_RUN.value, tiling=tiling,
+                preferred_element_type=jnp.bfloat16)
+      paths[f"gmm{spec}"] = (jax.jit(lambda a, b, g, kw=kw: gmm(a, b, g, **kw)), (x, w, gs))
+      paths[f"tgmm{spec}"] = (jax.jit(lambda a, b, g, kw=kw: tgmm(a, b, g, **kw)), (x, dy, gs))
+      fwd_bwd[f"gmm{spec}"] = lambda a, b, g, kw=kw: jnp.sum(
+          gmm(a, b, g, **kw).astype(jnp.float32) * dy.astype(jnp.float32))
+    results = {}
+    for name, (fn, args) in paths.items():
+      try:
+        results[("fwd", name)] = timed(fn, *args, reps=_REPS.value)
+      except Exception as e:
+        print(f"speed {shape} fwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}",
+              flush=True)
+    for name, fn in fwd_bwd.items():
+      b = dense_w if name == "dense" else w
+      try:
+        step = jax.jit(jax.grad(fn, argnums=(0, 1)))
+        results[("fwd+bwd", name)] = timed(step, x, b, gs, reps=_REPS.value)
+      except Exception as e:
+        print(f"speed {shape} fwd+bwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}",
+              flush=True)
+    for (pass_, name), seconds in sorted(results.items()):
+      dense = results.get((pass_, "dense"))
+      factor = 3.0 if pass_ == "fwd+bwd" else 1.0
+      rec = {"part": "speed", "shape": shape, "dims": [tokens, d, f, experts, top_k],
+             "pass": pass_, "path": name, "median_ms": seconds * 1e3,
+             "tflops": factor * flops / seconds / 1e12,
+             "dense_over_path": (dense / seconds) if dense else None}
+      records.append(rec)
+      print(json.dumps(rec), flush=True)
+
+
+def markdown(records):
+  lines = [f"# GPU check ({jax.devices()[0].device_kind}, jax {jax.__version__})", ""]
+  corr = [r for r in records if r["part"] == "correctness"]
+  if corr:
+    worst = {key: max((r.get(key, 0.0) for r in corr if r["ok"]), default=float("nan"))
+             for key in ("gmm_bf16", "tgmm_bf16", "gmm_f32", "tgmm_f32", "grad_f32")}
+    lines += [f"Correctness of the compiled Triton kernels: {sum(r['ok'] for r in corr)}/"
+              f"{len(corr)} cases pass. Worst relative error (max|diff|/max|oracle|): "
+              + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()), ""]
+    lines += [f"- FAILED {r['case']}: {r.get('error', r)}" for r in corr if not r["ok"]]
+    lines.append("")
+  speed = [r for r in records if r["part"] == "speed"]
+  if speed:
+    lines += ["| shape (T, d, f, E, k) | pass | path | median ms | TFLOP/s | dense / path |",
+              "|---|---|---|---|---|---|"]
+    for r in speed:
+      ratio = "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}"
+      lines.append(f"| {r['shape']} {tuple(r['dims'])} | {r['pass']} | {r['path']} | "
+                   f"{r['median_ms']:.3f} | {r['tflops']:.0f} | {ratio} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  print(f"jax {jax.__version__} on {jax.devices()} ({platform.node()})", flush=True)
+  records = []
+  for part, fn in (("correctness", check_correctness), ("speed", check_speed)):
+    if part in _PARTS.value:
+      try:
+        fn(records)
+      except Exception:
+        traceback.print_exc()
+  report = markdown(records)
+  print(report)
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(records, f, indent=1)
+  if _MARKDOWN.value:
+    with open(_MARKDOWN.value, "w") as f:
+      f.write(report)
+  return 0 if all(r.get("ok", True) for r in records) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(app.run(main))
