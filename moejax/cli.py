@@ -91,10 +91,15 @@ def _flag_message(error: Exception, argv: list[str]) -> str:
     text = re.sub(r"^[\w.]*(ConfigError|Error): ", "", text)
     config_arg = next((a for a in argv if re.match(r"--?config=", a)), None)
     return f"{text} ({config_arg})" if config_arg else text
+  required = re.match(r"flag --([\w.]+)=None: Flag --[\w.]+ must have a value other than None",
+                      text)
+  if required:
+    return f"a required flag is missing (--{required.group(1)})"
   match = re.match(r"flag --([\w.]+)=(.*?): (.*)$", text, re.S)
   if match:
     name, value, what = match.groups()
-    return f"{what.rstrip('.')} (--{name}={value})"
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    return f"{what.rstrip('.')} (--{name}={given[-1] if given else value})"
   return text
 
 

@@ -19,7 +19,7 @@ def load_from_workdir(workdir: str, step: int | None = None, *, for_generation=F
   non-causal; the parameters are the same.
   """
   ckpt = Checkpointer(workdir, read_only=True)
-  steps = sorted(ckpt.manager.all_steps())
+  steps = ckpt.all_steps()
   step = (steps[-1] if steps else None) if step is None else step
   if step is None:
     raise ConfigError(f"no checkpoint in {ckpt.directory}")

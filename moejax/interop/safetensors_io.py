@@ -82,6 +82,9 @@ class SafetensorsReader:
       self._open[file] = open_safetensors(path)
     return self._open[file]
 
+  def _path(self, name: str) -> str:
+    return os.path.join(self.directory, self.file_of[name])
+
   def shape(self, name: str) -> tuple[int, ...]:
     return tuple(self._handle(name).get_slice(name).get_shape())
 
@@ -94,16 +97,16 @@ class SafetensorsReader:
       raise ConfigError(
           f"tensor {name!r} is stored as {stored}; moejax parameters hold "
           f"{', '.join(READABLE_DTYPES)}. Dequantize the checkpoint first (e.g. FP8 "
-          "weights with their weight_scale_inv) and convert that.")
+          f"weights with their weight_scale_inv) and convert that ({self._path(name)})")
     shape = tuple(view.get_shape())
     if shape != tuple(expected_shape):
       raise ConfigError(f"tensor {name!r} has shape {shape}; the config expects "
-                        f"{tuple(expected_shape)}")
+                        f"{tuple(expected_shape)} ({self._path(name)})")
     try:
       array = handle.get_tensor(name)
     except Exception as e:  # noqa: BLE001 - a truncated file fails only here
       raise ConfigError(f"tensor {name!r} cannot be read: {e} "
-                        f"({os.path.join(self.directory, self.file_of[name])})") from e
+                        f"({self._path(name)})") from e
     return array.astype(dtype, copy=False)
 
 

@@ -7,6 +7,7 @@ a save leaves the previous checkpoint intact; a refused restore never writes.
 """
 import contextlib
 import json
+import logging as std_logging
 import os
 
 import jax
@@ -35,14 +36,23 @@ class Checkpointer:
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
     if read_only and not os.path.isdir(self.directory):
       raise ConfigError(f"no checkpoints/ directory in the workdir ({self.directory})")
-    self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
-                                             read_only=read_only),
-        item_names=("state", "data", "meta"))
+    # Read-only, orbax warns about its options at every open and logs an unreadable
+    # file at ERROR before raising; the ConfigError of _naming_errors says it once.
+    self._quiet = _quiet_orbax if read_only else contextlib.nullcontext
+    with self._quiet():
+      self.manager = ocp.CheckpointManager(
+          self.directory,
+          options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
+                                               read_only=read_only),
+          item_names=("state", "data", "meta"))
 
   def latest_step(self):
-    return self.manager.latest_step()
+    with self._quiet():
+      return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    with self._quiet():
+      return sorted(self.manager.all_steps())
 
   def save(self, step: int, state, data_state, meta: dict) -> None:
     self.manager.save(step, args=ocp.args.Composite(
@@ -82,7 +92,8 @@ class Checkpointer:
     """A checkpoint orbax cannot read (corrupt, truncated, other shapes) as a ConfigError
     naming it; the orbax error stays chained (--verbose)."""
     try:
-      yield
+      with self._quiet():
+        yield
     except ConfigError:
       raise
     except Exception as e:  # noqa: BLE001 - orbax raises many types
@@ -96,6 +107,18 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Orbax's log records (through absl's logger) below CRITICAL are dropped."""
+  logger = std_logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(std_logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 def jsonable(tree):

@@ -1,0 +1,188 @@
+"""Every entry point refuses bad input with one line on stderr naming it, no
+traceback, a non-zero exit, and the filesystem as it was (tests/cli/harness.py)."""
+import pytest
+
+from tests.cli.conftest import TRAIN_CONFIG
+from tests.cli.harness import assert_refused, run_entry, tree_hash
+
+GEN, SAMPLE, TRAIN, CONVERT = ("experiments.generate", "experiments.sample",
+                               "experiments.train", "experiments.convert")
+ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
+    "experiments.router_inference"
+T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
+CFG = f"--config={TRAIN_CONFIG}"
+NEW = "--workdir={missing}"
+
+# (entry point, arguments, strings the error line must contain)
+CASES = [
+    # generate: flags
+    (GEN, [T, "--prompt_ids=5,99999"], ["99999", "--prompt_ids=5,99999", "vocabulary"]),
+    (GEN, [T, "--prompt_ids=5,-1"], ["-1", "--prompt_ids"]),
+    (GEN, [T, "--prompt_ids=a,b"], ["--prompt_ids=a,b", "integers"]),
+    (GEN, [T, "--prompt_ids=,"], ["--prompt_ids=,", "at least one"]),
+    (GEN, [T, "--max_new_tokens=0"], ["--max_new_tokens=0"]),
+    (GEN, [T, "--max_new_tokens=-5"], ["--max_new_tokens=-5"]),
+    (GEN, [T, "--max_new_tokens=abc"], ["--max_new_tokens=abc"]),
+    (GEN, [T, "--max_new_tokens=100000", "--prompt_ids=1"], ["max_new_tokens", "max_position"]),
+    (GEN, [T, "--temperature=-0.1"], ["--temperature=-0.1"]),
+    (GEN, [T, "--top_k=-1"], ["--top_k=-1"]),
+    (GEN, [T, "--top_k=100000"], ["--top_k=100000", "vocabulary"]),
+    (GEN, [T, "--top_p=0"], ["--top_p=0"]),
+    (GEN, [T, "--top_p=1.5"], ["--top_p=1.5"]),
+    (GEN, [T, "--seed=-1"], ["--seed=-1"]),
+    (GEN, [T, "--sere_rho=2"], ["--sere_rho=2"]),
+    (GEN, [T, "--no_such_flag=1"], ["no_such_flag"]),
+    (GEN, [C, "--prompt=hello"], ["tokenizer", "--prompt=hello"]),
+    (GEN, [T, "--prompt="], ["--prompt="]),
+    # generate: sources
+    (GEN, [], ["--workdir", "--hf_dir"]),
+    (GEN, [T, H], ["--workdir", "--hf_dir"]),
+    (GEN, [NEW], ["does not exist", "--workdir={missing}"]),
+    (GEN, ["--workdir={bad}/afile.txt"], ["a file", "afile.txt"]),
+    (GEN, ["--workdir={bad}/foreign"], ["not a moejax workdir", "foreign"]),
+    (GEN, ["--workdir={bad}/emptydir"], ["not a moejax workdir", "emptydir"]),
+    (GEN, ["--workdir={bad}/train_no_steps"], ["no checkpoint", "train_no_steps"]),
+    (GEN, ["--workdir={bad}/train_corrupt"], ["train_corrupt"]),
+    (GEN, ["--workdir={bad}/conv_corrupt_config"], ["JSON", "conv_corrupt_config/model/config.json"]),
+    (GEN, ["--workdir={bad}/conv_no_model_key"], ["conv_no_model_key/model/config.json"]),
+    (GEN, ["--workdir={bad}/conv_truncated"], ["conv_truncated/model/params-"]),
+    (GEN, ["--workdir={bad}/conv_wrong_dtype"], ["stored as I8"]),
+    (GEN, ["--hf_dir={missing}"], ["--hf_dir={missing}"]),
+    (GEN, ["--hf_dir={bad}/afile.txt"], ["--hf_dir={bad}/afile.txt"]),
+    (GEN, ["--hf_dir={bad}/hf_corrupt_config"], ["JSON", "hf_corrupt_config/config.json"]),
+    (GEN, ["--hf_dir={bad}/hf_empty_config"], ["hf_empty_config/config.json"]),
+    (GEN, ["--hf_dir={bad}/hf_list_config"], ["JSON object", "hf_list_config/config.json"]),
+    (GEN, ["--hf_dir={bad}/hf_no_config"], ["no config.json", "hf_no_config"]),
+    (GEN, ["--hf_dir={bad}/hf_bad_values"], ["hf_bad_values/config.json"]),
+    (GEN, ["--hf_dir={bad}/hf_truncated"], ["hf_truncated/model-00001"]),
+    (GEN, ["--hf_dir={bad}/hf_garbage_shard"], ["hf_garbage_shard/model-00001"]),
+    (GEN, ["--hf_dir={bad}/hf_empty_shard"], ["hf_empty_shard/model-00001"]),
+    (GEN, ["--hf_dir={bad}/hf_missing_shard"], ["model-00001", "is missing"]),
+    (GEN, ["--hf_dir={bad}/hf_bad_index"], ["hf_bad_index/model.safetensors.index.json"]),
+    (GEN, ["--hf_dir={bad}/hf_no_weights"], ["hf_no_weights", "model.safetensors"]),
+    (GEN, ["--hf_dir={bad}/hf_wrong_dtype"], ["stored as I8"]),
+    (GEN, ["--hf_dir={bad}/hf_wrong_shape"], ["has shape (3, 5)"]),
+    # generate: SERE similarity files
+    (GEN, [T, "--sere_similarity={missing}.npy"], ["does not exist", "--sere_similarity="]),
+    (GEN, [T, "--sere_similarity={bad}/empty.npy"], ["empty", "empty.npy"]),
+    (GEN, [T, "--sere_similarity={bad}/garbage.npy"], ["garbage.npy"]),
+    (GEN, [T, "--sere_similarity={bad}/wrong_shape.npy"], ["(2, 3)", "wrong_shape.npy"]),
+    (GEN, [T, "--sere_similarity={bad}/int.npy"], ["int32", "int.npy"]),
+    # sample
+    (SAMPLE, [], ["--workdir"]),
+    (SAMPLE, [NEW], ["does not exist", "--workdir={missing}"]),
+    (SAMPLE, [C], ["imported model", "training run", "--workdir={converted}"]),
+    (SAMPLE, ["--workdir={bad}/afile.txt"], ["afile.txt"]),
+    (SAMPLE, ["--workdir={bad}/foreign"], ["not a moejax workdir"]),
+    (SAMPLE, ["--workdir={bad}/train_no_steps"], ["no checkpoint"]),
+    (SAMPLE, ["--workdir={bad}/train_corrupt"], ["cannot read checkpoint", "train_corrupt"]),
+    (SAMPLE, [T, "--max_new_tokens=0"], ["--max_new_tokens=0"]),
+    (SAMPLE, [T, "--temperature=-1"], ["--temperature=-1"]),
+    (SAMPLE, [T, "--top_k=-3"], ["--top_k=-3"]),
+    (SAMPLE, [T, "--top_k=1000"], ["--top_k=1000"]),
+    (SAMPLE, [T, "--seed=-2"], ["--seed=-2"]),
+    (SAMPLE, [T, "--prompt="], ["--prompt="]),
+    # train
+    (TRAIN, [CFG, NEW, "--config.model.moe.nonexistent_key=3"],
+     ["unknown config key model.moe.nonexistent_key", "--config.model.moe.nonexistent_key=3"]),
+    (TRAIN, [CFG, NEW, "--config.nonexistent.key=3"], ["unknown config key nonexistent.key"]),
+    (TRAIN, [CFG, NEW, "--config.model.d_model=-1"], ["model.d_model=-1"]),
+    (TRAIN, [CFG, NEW, "--config.model.d_model=wide"], ["--config.model.d_model=wide"]),
+    (TRAIN, [CFG, NEW, "--config.train.steps=0"], ["train.steps=0"]),
+    (TRAIN, [CFG, NEW, "--config.data.batch_size=0"], ["data.batch_size=0"]),
+    (TRAIN, ["--config={missing}.py", NEW], ["cannot load the config file", "--config={missing}.py"]),
+    (TRAIN, ["--config=configs/lm_shakespeare_moe.py:size=huge", NEW], ["size='huge'"]),
+    (TRAIN, [NEW], ["--config"]),
+    (TRAIN, [CFG], ["--workdir"]),
+    (TRAIN, [CFG, NEW, "--stop_at_step=0"], ["--stop_at_step=0"]),
+    (TRAIN, [CFG, NEW, "--stop_at_step=-3"], ["--stop_at_step=-3"]),
+    (TRAIN, [CFG, NEW, "--stop_at_step=1000000"], ["--stop_at_step=1000000", "train.steps"]),
+    (TRAIN, [CFG, NEW, "--num_processes=0"], ["--num_processes=0"]),
+    (TRAIN, [CFG, NEW, "--process_id=-1"], ["--process_id=-1"]),
+    (TRAIN, [CFG, NEW, "--process_id=2", "--num_processes=2"], ["--process_id=2"]),
+    (TRAIN, [CFG, NEW, "--coordinator_address=nohost"], ["--coordinator_address=nohost"]),
+    (TRAIN, [CFG, NEW, "--distributed=maybe"], ["--distributed=maybe"]),
+    (TRAIN, [CFG, C], ["imported model", "training run", "--allow_mixed"]),
+    (TRAIN, [CFG, "--workdir={bad}/afile.txt"], ["a file", "afile.txt"]),
+    (TRAIN, [CFG, "--workdir={bad}/foreign"], ["not a moejax workdir", "foreign"]),
+    (TRAIN, [CFG, T, "--config.model.d_model=96"], ["incompatible", "model.d_model"]),
+    (TRAIN, [CFG, "--workdir={bad}/train_corrupt"], ["cannot read checkpoint"]),
+    # convert
+    (CONVERT, [], ["--hf_dir", "--workdir", "--out_hf_dir"]),
+    (CONVERT, [H, T], ["training run", "imported model", "--allow_mixed"]),
+    (CONVERT, [H, "--workdir={bad}/foreign"], ["not a moejax workdir"]),
+    (CONVERT, [H, "--workdir={bad}/afile.txt"], ["a file"]),
+    (CONVERT, ["--hf_dir={missing}", NEW], ["--hf_dir={missing}"]),
+    (CONVERT, ["--hf_dir={bad}/hf_corrupt_config", NEW], ["hf_corrupt_config/config.json"]),
+    (CONVERT, ["--hf_dir={bad}/hf_truncated", NEW], ["hf_truncated/model-00001"]),
+    (CONVERT, ["--hf_dir={bad}/hf_wrong_dtype", NEW], ["stored as I8"]),
+    (CONVERT, [H, NEW, "--max_shard_mb=10"], ["--max_shard_mb=10", "export"]),
+    (CONVERT, [H, NEW, "--param_dtype=int4"], ["--param_dtype=int4"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--max_shard_mb=0"], ["--max_shard_mb=0"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--max_shard_mb=-5"], ["--max_shard_mb=-5"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--family=llama"], ["--family=llama"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--dtype=int8"], ["--dtype=int8"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--param_dtype=bfloat16"],
+     ["--param_dtype=bfloat16", "import"]),
+    (CONVERT, [T, "--out_hf_dir={bad}/foreign"], ["--out_hf_dir={bad}/foreign", "empty"]),
+    (CONVERT, [NEW, "--out_hf_dir={missing}2"], ["does not exist", "--workdir={missing}"]),
+    (CONVERT, ["--workdir={bad}/conv_truncated", "--out_hf_dir={missing}"], ["conv_truncated"]),
+    # ablate
+    (ABLATE, ["--config={missing}.py", NEW], ["--config={missing}.py"]),
+    (ABLATE, ["--config=configs/ablations/routers.py", "--workdir={bad}/afile.txt"], ["afile.txt"]),
+    (ABLATE, ["--config=configs/ablations/routers.py", T], ["--workdir={train}", "sweep"]),
+    (ABLATE, ["--config=configs/ablations/routers.py", NEW, "--config.no_such_key=1"],
+     ["unknown config key no_such_key"]),
+    # calibrate_sere
+    (SERE, [NEW], ["does not exist", "--workdir={missing}"]),
+    (SERE, [C], ["imported model", "--workdir={converted}"]),
+    (SERE, [T, "--batches=0"], ["--batches=0"]),
+    (SERE, [T, "--out={missing}/sub/similarity.npy"], ["--out={missing}/sub/similarity.npy"]),
+    (SERE, [T, "--out={bad}"], ["directory", "--out={bad}"]),
+    # router_inference
+    (ROUTERS, [T, "--studies=capacity,foo"], ["--studies=capacity,foo"]),
+    (ROUTERS, [T, "--studies="], ["--studies"]),
+    (ROUTERS, [T, "--gammas=0"], ["--gammas=0"]),
+    (ROUTERS, [T, "--gammas=1,abc"], ["--gammas=1,abc"]),
+    (ROUTERS, [T, "--rhos=1.5"], ["--rhos=1.5"]),
+    (ROUTERS, [T, "--decode_batches=8,0"], ["--decode_batches=8,0"]),
+    (ROUTERS, [T, "--taus=-1"], ["--taus=-1"]),
+    (ROUTERS, [T, "--eval_batches=0"], ["--eval_batches=0"]),
+    (ROUTERS, [T, "--decode_len=-1"], ["--decode_len=-1"]),
+    (ROUTERS, [NEW], ["does not exist"]),
+    (ROUTERS, [T, "--markdown={missing}/x/report.md"], ["--markdown={missing}/x/report.md"]),
+]
+
+
+def case_id(case):
+  module, args, _ = case
+  return module.split(".")[-1] + ":" + " ".join(args).replace("{", "").replace("}", "")
+
+
+def refused(area, module, args, names):
+  """Run `module args` (placeholders filled from area) and check the whole contract."""
+  fill = lambda s: s.format(**vars(area))
+  before = tree_hash(area.root)
+  result = run_entry(module, *map(fill, args))
+  line = assert_refused(result, *map(fill, names))
+  assert tree_hash(area.root) == before, f"the tmp area changed; error was: {line}"
+  return line
+
+
+@pytest.mark.parametrize("module, args, names", CASES, ids=[case_id(c) for c in CASES])
+def test_refused(area, module, args, names):
+  refused(area, module, args, names)
+
+
+def test_verbose_shows_the_traceback(area):
+  result = run_entry(GEN, f"--workdir={area.train}", "--prompt_ids=5,99999", "--verbose")
+  assert result.code == 2
+  assert "Traceback" in result.stderr and "ConfigError" in result.stderr
+  assert result.stderr.splitlines()[-1].startswith("error: token id 99999")
+
+
+def test_verbose_shows_the_traceback_of_a_refused_config_key(area):
+  result = run_entry(TRAIN, CFG, f"--workdir={area.missing}", "--config.model.nope=1",
+                     "--verbose")
+  assert result.code == 2 and "Traceback" in result.stderr
+  assert result.stderr.splitlines()[-1].startswith("error: unknown config key model.nope")
