@@ -14,7 +14,8 @@ same 600 steps with seed 0; only the router / loss differs. Evaluation every
   probmoe_exact    ProbMoE conditional-Bernoulli, exactly k=2 sampled experts; weights
                    not renormalised in training or evaluation (see the MoE config)
   probmoe_dynamic  ProbMoE dynamic-k, k sampled in [1, 3] (mean active varies)
-  smooth_topk      SmoothSMoE boundary smoothing + its boundary loss
+  smooth_topk      SmoothSMoE boundary smoothing + its boundary loss, weight 1e-2 (the
+                   official auxiliary-loss scale; 1.0 before the fix, 100x too strong)
   dpsl             top-2 + DPSL (symmetric Dir(1) prior, weight 1e-2) beside the balance loss
   mahalanobis      MP-MoE greedy Mahalanobis subset selection (top-k at evaluation)
 Not here: as_coot, capacity_aware and sere are inference-time routers
@@ -38,7 +39,9 @@ def get_config():
       ("probmoe_exact", MOE + ":router=probmoe", ()),
       ("probmoe_dynamic", MOE + ":router=probmoe",
        ("model.moe.probmoe_k_min=1", "model.moe.probmoe_k_max=3")),
-      ("smooth_topk", MOE + ":router=smooth_topk", ("model.moe.loss_weights.smooth_boundary=1.0",)),
+      # boundary loss at the official auxiliary-loss scale, 0.01 (see moejax/routing/smooth_topk.py)
+      ("smooth_topk", MOE + ":router=smooth_topk",
+       ("model.moe.loss_weights.smooth_boundary=1e-2",)),
       ("dpsl", MOE, ("model.moe.loss_weights.dpsl=1e-2",)),
       ("mahalanobis", MOE + ":router=mahalanobis", ()),
   )

@@ -20,16 +20,41 @@ active experts per token is #{i : g_i > g_k - eta} (>= k).
 
 Slots: S = E, sorted by weight; slot valid iff its weight is > 0 (an expert
 inside the band). Invalid slots cost nothing in the dropless dispatch.
+Departure (a bug moejax does not copy): the official dispatch
+(`impls/fast_dispatch.py`, `extract_critical_smooth`, called with
+top_k = E) scans the slots from the last down, finds the last slot j
+(0-based) holding any positive gate and sets `actual_top_k = k` to j,
+not j + 1, so it keeps slots [0, j) and drops the last occupied slot of
+every token (with no expert inside the band, each token's k-th expert),
+then renormalises the remaining gates (`normalize_gate`). moejax keeps
+every slot with weight > 0.
 
 Boundary loss (registered as "smooth_boundary"): the official
     L_b = alpha * eta * (X - (k + h)) * T,  X = mean_t #{i : g_it > g_kt - eta}
-(X without gradient, h = 0.5, T = the number of tokens in the call, as the
-official code multiplies by the token count). Its gradient alpha * T * (X - k - h)
-on eta widens the band while fewer than k + h experts are active on average
-and narrows it otherwise. The router computes it (it knows cfg) and the loss
-reads it from `metrics["smooth_boundary_loss"]`. The official GShard balance
-term is the existing "load_balance" loss (it counts every active expert, as
-the official `set_load_balance` does).
+(X without gradient, alpha = 1, h = 0.5, T = the number of tokens in the
+call, as the official `smooth_routing` multiplies by the token count). Its
+gradient alpha * T * (X - k - h) on eta widens the band while fewer than
+k + h experts are active on average and narrows it otherwise. The router
+computes it (it knows cfg) and the loss reads it from
+`metrics["smooth_boundary_loss"]`.
+
+Loss weights. The official code returns L_b added to the balance loss as the
+layer's auxiliary loss (`extract_critical_smooth` returns `l_loss + bd_loss`),
+and the training scripts scale that sum by 0.01 (GMoE
+`vision_transformer.py`: `aux_loss_weights = 0.01`; Language-Glue
+`--aux_loss_weight` default 0.01). The moejax equivalent is
+`model.moe.loss_weights.smooth_boundary = 1e-2` with `smooth_boundary_alpha
+= 1`, beside `load_balance = 1e-2` (configs/ablations/routers.py). The router
+sweep used 1.0 (100x the official scale) before it was corrected.
+
+Balance loss: the official one (GMoE uses `is_gshard_loss=True`) is Tutel's
+`gshard_loss(softmax(g), topk_ids)`, which counts only each token's top-1
+expert (`top_ids[:, 0]`): E * sum_e f1_e * mean_t P_te with f1_e the fraction
+of tokens whose top-1 is e. Its `set_load_balance`, which would count every
+active expert, is defined in `gates/smooth_top.py` but never called.
+moejax's "load_balance" loss (losses/balance.py) counts every valid slot,
+i.e. every expert inside the band: a departure, small while ~k experts are
+active, and the same across the router sweep's rows.
 
 Trained eta: eta_p = `smooth_eta_init` + eta_offset, where eta_offset (init 0)
 is a trained router parameter (`init_params`): the MoE layer holds it as an

@@ -105,3 +105,17 @@ def test_boundary_loss_value_and_gradient():
   sig = 1 / (1 + math.exp(-eta_param(eta)))
   np.testing.assert_allclose(float(jax.grad(loss)(0.0)), alpha * 32 * (x - k - h) * sig,
                              rtol=1e-4)
+
+
+def test_router_sweep_uses_the_official_loss_scale():
+  """The official code adds L_b to the balance loss and scales that auxiliary loss by
+  0.01 (GMoE aux_loss_weights, Language-Glue --aux_loss_weight); its gate defaults are
+  alpha 1, h 0.5, eta_init -9, a 1, b 50. The sweep once weighted L_b at 1.0 (100x)."""
+  from moejax.train.sweep import load_config_file, variant_config, variants_of
+  sweep = load_config_file("configs/ablations/routers.py")
+  (variant,) = [v for v in variants_of(sweep) if v.name == "smooth_topk"]
+  moe = variant_config(sweep, variant).model.moe
+  assert moe.router == "smooth_topk"
+  assert moe.loss_weights.smooth_boundary == 1e-2 == moe.loss_weights.load_balance
+  assert (moe.smooth_boundary_alpha, moe.smooth_h_offset, moe.smooth_eta_init,
+          moe.smooth_a, moe.smooth_b) == (1.0, 0.5, -9.0, 1.0, 50.0)
