@@ -1,7 +1,8 @@
 """Capacity-aware inference: Token Drop and Expanded Drop (He et al., arXiv 2503.05066).
 
 Read from the official code (CASE-Lab-UMD/Capacity-Aware-MoE,
-`capacity_aware/capacity_patch.py`); an independent JAX implementation.
+`capacity_aware/capacity_patch.py`, the versions at commits 174afe8 and
+dc16df0); an independent JAX implementation.
 
 Latency under expert parallelism follows the most loaded expert, so each
 expert gets a capacity
@@ -22,18 +23,32 @@ token then does not use (it already keeps k better experts). (The paper's versio
 are local to the token's device; the released code's top-ceil(k r) is what is
 implemented here.)
 
-Sharded expert axis (`capacity_num_shards` = D > 0, the official
-`capacity_scope="device"`): experts are split into D contiguous equal groups
-(one per expert-parallel shard) and the capacity applies per shard:
+Sharded expert axis (`capacity_num_shards` = D > 0; a moejax extension, no
+official version read has a per-device capacity, it only applies per
+expert): experts are split into D contiguous equal groups (one per
+expert-parallel shard) and the capacity applies per shard:
 C_dev = ceil(gamma * k * T / D) routes per shard, keeping the highest-P
 (token, expert) candidate pairs of that shard.
 
-Weights: P at the kept experts, renormalised over a token's kept experts when
-`renormalize` (norm_topk_prob). Slots: S = k, dropped slots invalid (index 0,
-weight 0). Static shapes throughout. As in the official code no capacity is
-applied when T <= 1 (single-token decode). Difference: the official logits
-path gives a token that lost every expert its argmax expert back; here such a
-token keeps only the residual (so max load <= C always holds).
+Weights and `renormalize`. The official patch wraps the host model's gate and
+has two paths. (a) Gates that return logits (Mixtral, Qwen-MoE, OLMoE): it
+returns the logits with every dropped expert set to finfo.min, and the host
+model's own softmax + top-k then runs on them; the dropped experts get
+probability 0, so the kept experts' weights are P renormalised over the
+token's kept experts, whatever the host's norm_topk_prob says (a later
+norm_topk_prob division is by 1). (b) Gates that return (indices, weights)
+(DeepSeek): full-softmax P at the kept experts, divided by their sum only
+when the gate's norm_topk_prob is set. moejax's `renormalize=True` (the
+default) is path (a), and path (b) with norm_topk_prob; `renormalize=False`
+is path (b) without it (raw P at the kept experts). So for a host whose gate
+returns logits and whose norm_topk_prob is off (Qwen2-MoE), the official
+behaviour is `renormalize=True`, not the host's setting.
+
+Slots: S = k, dropped slots invalid (index 0, weight 0). Static shapes
+throughout. As in the official code no capacity is applied when T <= 1
+(single-token decode). Difference: the official logits path (dc16df0) gives a
+token that lost every expert its argmax expert back; here such a token keeps
+only the residual (so max load <= C always holds).
 
 NON-CAUSAL: whether a token keeps an expert depends on the other tokens of the
 call (prefill batch), as intended for inference-time load shaping.

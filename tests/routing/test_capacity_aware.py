@@ -165,3 +165,27 @@ def test_single_token_is_never_dropped():
   logits = random_logits(0, 1, 8)
   r = router(num_experts=8, top_k=2, capacity_gamma=0.01)(jnp.asarray(logits)).routing
   assert bool(jnp.all(r.valid))
+
+
+def test_weights_match_the_official_masked_logits_path():
+  """The official patch (logits path) sets dropped experts' logits to finfo.min and the
+  host model's softmax renormalises over the kept experts: renormalize=True gives those
+  weights; renormalize=False gives raw P at the kept experts (the (indices, weights)
+  path without norm_topk_prob)."""
+  logits = random_logits(7, 40, 8)
+  probs = softmax(logits.astype(np.float64))
+  kwargs = dict(num_experts=8, top_k=2, capacity_gamma=0.5)
+  renorm = router(**kwargs, renormalize=True)(jnp.asarray(logits)).routing
+  raw = router(**kwargs, renormalize=False)(jnp.asarray(logits)).routing
+  kept = kept_pairs(renorm)
+  assert kept == kept_pairs(raw) and len(kept) < 40 * 2  # some pairs were dropped
+  masked = np.full(logits.shape, np.finfo(np.float32).min, np.float64)
+  for t, e in kept:
+    masked[t, e] = logits[t, e]
+  host = softmax(masked)
+  for routing, expected in ((renorm, host), (raw, probs)):
+    idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight,
+                                              routing.valid))
+    got = {(int(t), int(idx[t, s])): float(w[t, s]) for t, s in zip(*np.nonzero(valid))}
+    np.testing.assert_allclose([got[p] for p in sorted(kept)],
+                               [expected[p] for p in sorted(kept)], rtol=1e-5)
