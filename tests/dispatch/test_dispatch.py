@@ -1,6 +1,10 @@
 """Both dispatch backends against a plain numpy per-token loop (fp32, 1e-5),
 GShard capacity drops against a brute-force priority simulation, and
-capacity/dropless invariants under hypothesis."""
+capacity/dropless invariants under hypothesis.
+
+Dropless runs at dropless_tile 1 (no padding: a row off by one lands in another
+token's or expert's row), 3 (groups end mid-tile) and the default 128 (where the
+padding would hide such a shift)."""
 import functools
 import math
 
@@ -57,6 +61,23 @@ def gshard_keep(routing, num_experts, capacity):
   return keep
 
 
+TILES = [1, 3, 128]  # 128: the default dropless_tile
+
+
+@functools.cache
+def jitted_dispatch(cfg):
+  """cfg.dispatch as one jitted function of (x, routing, weights), compiled once per cfg
+  and shape (eager dispatch compiles op by op: several times slower here)."""
+  def dispatch(x, routing, weights):
+    return get_dispatcher(cfg.dispatch)(x, routing, functools.partial(swiglu_experts, weights),
+                                        cfg)
+  return jax.jit(dispatch)
+
+
+def dispatch(x, routing, weights, cfg):
+  return jitted_dispatch(cfg)(jnp.asarray(x), routing, jax.tree.map(jnp.asarray, weights))
+
+
 def run(dispatch_name, router_name, seed, t, e, k, **cfg_kw):
   cfg = moe_cfg(router=router_name, dispatch=dispatch_name, num_experts=e, top_k=k, **cfg_kw)
   spec = get_router(router_name)
@@ -65,16 +86,16 @@ def run(dispatch_name, router_name, seed, t, e, k, **cfg_kw):
   routing = spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=False).routing
   x = np.random.default_rng(seed + 7).standard_normal((t, D)).astype(np.float32)
   weights = expert_weights(seed, e)
-  fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
-  y, metrics = get_dispatcher(dispatch_name)(jnp.asarray(x), routing, fn, cfg)
+  y, metrics = dispatch(x, routing, weights, cfg)
   return x, routing, weights, np.asarray(y), metrics, cfg
 
 
 @pytest.mark.parametrize("router", ["topk", "sigmoid_bias", "expert_choice"])
-@pytest.mark.parametrize("dispatch", ["dropless", "capacity"])
-def test_dispatch_equals_per_token_loop(dispatch, router):
+@pytest.mark.parametrize("dispatch,tile", [("dropless", t) for t in TILES] + [("capacity", 128)])
+def test_dispatch_equals_per_token_loop(dispatch, tile, router):
   # capacity_factor = E makes C >= T * k: nothing can drop.
-  x, routing, weights, y, metrics, cfg = run(dispatch, router, 3, 24, 6, 2, capacity_factor=6.0)
+  x, routing, weights, y, metrics, cfg = run(dispatch, router, 3, 24, 6, 2, capacity_factor=6.0,
+                                             dropless_tile=tile)
   assert float(metrics["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
 
@@ -96,20 +117,23 @@ def test_capacity_drops_follow_gshard_priority(seed, shape, capacity_factor):
 
 
 @settings(max_examples=60)
-@given(st.integers(0, 10_000), st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]))
-def test_dropless_drops_nothing_under_any_skew(seed, shape):
+@given(st.integers(0, 10_000), st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
+       st.sampled_from(TILES))
+def test_dropless_drops_nothing_under_any_skew(seed, shape, tile):
   t, e, k = shape
-  x, routing, weights, y, metrics, cfg = run("dropless", "topk", seed, t, e, k)
+  x, routing, weights, y, metrics, cfg = run("dropless", "topk", seed, t, e, k,
+                                             dropless_tile=tile)
   assert float(metrics["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
 
 
-def test_invalid_slots_contribute_nothing():
-  x, routing, weights, _, _, cfg = run("dropless", "topk", 1, 10, 4, 2)
+@pytest.mark.parametrize("tile", TILES)
+def test_invalid_slots_contribute_nothing(tile):
+  x, routing, weights, _, _, cfg = run("dropless", "topk", 1, 10, 4, 2, dropless_tile=tile)
   valid = np.asarray(routing.valid).copy()
   valid[::2, 1] = False
   routing = routing.with_valid(jnp.asarray(valid))
-  fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
   for name in ("dropless", "capacity"):
-    y, _ = get_dispatcher(name)(jnp.asarray(x), routing, fn, cfg)
+    y, _ = dispatch(x, routing, weights, moe_cfg(dispatch=name, num_experts=4, top_k=2,
+                                                  dropless_tile=tile))
     np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
