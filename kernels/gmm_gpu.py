@@ -80,8 +80,15 @@ def gmm_gpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):
         return acc + gmm_tiles.masked_tile_dot(
             x, w, in_group, transpose_w=transpose_rhs)
 
-      k_tiles_to_run = jnp.where(end > start, tiles_k, 0)  # skip empty groups
-      return jax.lax.fori_loop(0, k_tiles_to_run, add_k_tile, acc)
+      # A static k loop inside a cond that skips empty groups. A traced trip count
+      # (fori_loop(0, where(end > start, tiles_k, 0))) failed to compile on an H200
+      # (jax 0.11.2: "'scf.for' op failed to verify that all of {lowerBound,
+      # upperBound, step} have same type").
+      return jax.lax.cond(
+          end > start,
+          lambda acc: jax.lax.fori_loop(0, tiles_k, add_k_tile, acc),
+          lambda acc: acc,
+          acc)
 
     acc = jax.lax.fori_loop(
         group_lo_ref[t], group_hi_ref[t], add_group,
