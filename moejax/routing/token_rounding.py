@@ -49,8 +49,8 @@ reference's autograd does).
 Evaluation (train=False) routes with plain top-K and renormalised gates
 (S = K), the reference's top-K baseline (`forward_topk`: softmax over the
 top-K logits), which equals the top-K pairs of training's gates.
-This is the PAPERS.md guess (train with TR, evaluate with top-K), not read in
-the paper: rounding exists for training throughput, and it couples the
+Train with TR, evaluate with top-K is moejax's choice, not read in the
+paper (the reference is a kernel benchmark with no evaluation): rounding exists for training throughput, and it couples the
 tokens of a batch (whether t keeps or gains an expert depends on the other
 tokens' scores, later ones included). Evaluation and generation are
 therefore plain causal top-K, hence `causal=True`; the training-time
