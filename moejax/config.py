@@ -61,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   # router 'probmoe': both 0 = exact-k (k = top_k); both > 0 = dynamic-k band.
   e.probmoe_k_min = 0
   e.probmoe_k_max = 0
+  e.probmoe_detach_log_q = True  # stop-gradient on log q (official Qwen scripts; False: OLMoE)
   # router 'smooth_topk' (SmoothSMoE): eta = softplus(smooth_eta_init + state offset).
   e.smooth_eta_init = -9.0
   e.smooth_a = 1.0

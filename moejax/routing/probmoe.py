@@ -12,8 +12,25 @@ The partition function comes from a log-space dynamic programme over experts:
     A[i, j] = logaddexp(A[i-1, j-1] + log p_i, A[i-1, j] + log q_i),
     log Z_k = A[n, k].
 Marginals m_j = P(z_j = 1 | sum z = k) = d log Z_k / d log p_j, taken by
-autodiff (log q is held fixed: the official code feeds log q through a
-stop-gradient, which is what makes this derivative the marginal).
+autodiff at fixed log q (the partial derivative is the marginal whatever log q
+does in the outer derivative). log p = log_sigmoid(l) and log q =
+log_sigmoid(-l) are each computed directly, so both stay exact for any |l| in
+float32.
+
+The gradient of the marginals (they enter the straight-through weights below)
+comes in the two forms the official repository ships, chosen by
+`model.moe.probmoe_detach_log_q`:
+  True (default): log q is a stop-gradient, as in the Qwen scripts
+    (`ProbMoE_V1_qwen_{exact,dynamic}.py`: `log_q = log1mexp(log_p.detach())`).
+    Then dm_i/dl_j = Cov(z_i, z_j | sum z = k) * q_j.
+  False: log q stays connected to the logits, as in the OLMoE training scripts
+    (`train/olmoe/open_instruct/OLMoE/v1/ProbMoE_V1_olmoe_{exact,dynamic}.py`
+    at HEAD: `log_q = log1mexp(log_p)` and the marginal taken at a zero probe
+    added to log p). Then dm_i/dl_j = Cov(z_i, z_j | sum z = k), the exponential
+    family identity for the natural parameter l_j = log p_j - log q_j.
+So the two differ by a factor q_j per expert (column j of the Jacobian): Z_k
+is homogeneous of degree one in (p_j, q_j), so m depends on log p - log q only
+and d m / d log q_j = -d m / d log p_j.
 Exact sampling walks the table backwards (i = n..1, j = remaining count):
     P(z_i = 1 | j left) = exp(A[i-1, j-1] + log p_i - A[i, j]).
 Training weights use the straight-through estimator
@@ -32,10 +49,14 @@ logits sorted in decreasing order (as the official code does: in effect keep
 experts with positive logits, clipped to the band); the top-k* softmax weights,
 renormalised when `renormalize`.
 
-Differences from the official code: the optional "gradient clipping" of the
-marginals (0.99 m + 0.01 sigmoid, clamped to [1e-3, 1 - 1e-3]) is not
-implemented; -inf is a finite -1e30 rather than -300 (so very negative logits
-cannot fall below the sentinel); everything is float32.
+Differences from the official code: the official `log_sigmoid` clamps log p
+at -1e-7 and derives log q = log1mexp(log p) from the clamped value, so every
+logit above ~16 gets the same p and marginals go wrong (logits [20, 19, 18, 17,
+16, -1, -2, 0, 1, 2], k = 4: 0.805 x 4, 0.78 instead of 0.988, 0.968, 0.914,
+0.766, 0.364); moejax uses log_sigmoid(+-l) unclamped. The optional "gradient
+clipping" of the marginals (0.99 m + 0.01 sigmoid, clamped to [1e-3, 1 - 1e-3])
+is not implemented; -inf is a finite -1e30 rather than -300 (so very negative
+logits cannot fall below the sentinel); everything is float32.
 """
 import jax
 import jax.numpy as jnp
@@ -48,17 +69,18 @@ from moejax.routing.topk import softmax_top_k, validate_top_k
 NEG = -1e30  # log(0) stand-in that stays finite under addition
 
 
-def log1mexp(x: jax.Array) -> jax.Array:
-  """log(1 - exp(x)) for x <= 0, stable on both sides of log(1/2)."""
-  x = -jnp.abs(x)
-  return jnp.where(x > -0.6931471805599453, jnp.log(-jnp.expm1(x)),
-                   jnp.log1p(-jnp.exp(x)))
+def bernoulli_log_probs(logits: jax.Array, detach_log_q: bool = True
+                        ) -> tuple[jax.Array, jax.Array]:
+  """(log p, log q) = (log_sigmoid(l), log_sigmoid(-l)), float32, exact for any |l|.
 
-
-def bernoulli_log_probs(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(log p, log q) with gradients through log p only (official convention)."""
-  log_p = jnp.minimum(jax.nn.log_sigmoid(logits), -1e-7)
-  log_q = jax.lax.stop_gradient(log1mexp(log_p))
+  detach_log_q=True stops the gradient through log q (the official Qwen scripts);
+  False keeps it (the official OLMoE scripts); see the module docstring.
+  """
+  logits = logits.astype(jnp.float32)
+  log_p = jax.nn.log_sigmoid(logits)
+  log_q = jax.nn.log_sigmoid(-logits)
+  if detach_log_q:
+    log_q = jax.lax.stop_gradient(log_q)
   return log_p, log_q
 
 
@@ -137,9 +159,9 @@ def band(cfg) -> tuple[int, int, bool]:
   return cfg.top_k, cfg.top_k, False
 
 
-def probmoe_train(logits, rng, k_min: int, k_max: int):
+def probmoe_train(logits, rng, k_min: int, k_max: int, detach_log_q: bool = True):
   """Stochastic training routing: (Routing with S = k_max slots, marginals)."""
-  log_p, log_q = bernoulli_log_probs(logits)
+  log_p, log_q = bernoulli_log_probs(logits, detach_log_q)
   m, table = marginals_and_table(log_p, log_q, k_min, k_max)
   table = jax.lax.stop_gradient(table)
   k_rng, z_rng = jax.random.split(rng)
@@ -171,7 +193,11 @@ def dynamic_eval(logits, k_min: int, k_max: int, renormalize: bool) -> Routing:
 
 
 def validate_keys(cfg) -> None:
-  """Checks `probmoe_k_min` / `probmoe_k_max` whatever the router (0, 0 = exact-k)."""
+  """Checks `probmoe_k_min` / `probmoe_k_max` (0, 0 = exact-k) and
+  `probmoe_detach_log_q` whatever the router."""
+  if not isinstance(cfg.probmoe_detach_log_q, bool):
+    raise ConfigError(f"model.moe.probmoe_detach_log_q={cfg.probmoe_detach_log_q!r} "
+                      "must be True or False")
   lo, hi = cfg.probmoe_k_min, cfg.probmoe_k_max
   if lo == 0 and hi == 0:
     return
@@ -194,7 +220,7 @@ def route_probmoe(logits, *, cfg, state, rng, train):
   if train:
     if rng is None:
       raise ValueError("router 'probmoe' samples its routing in training: pass rng")
-    routing, m = probmoe_train(logits, rng, k_min, k_max)
+    routing, m = probmoe_train(logits, rng, k_min, k_max, cfg.probmoe_detach_log_q)
     metrics["probmoe_marginal_max"] = jnp.mean(jnp.max(m, axis=-1))
   elif dynamic:
     routing = dynamic_eval(logits, k_min, k_max, cfg.renormalize)

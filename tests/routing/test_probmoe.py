@@ -6,9 +6,13 @@ import itertools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
 
+from moejax.config import base_config
 from moejax.routing import get_router
 from moejax.routing import probmoe as pm
 from tests.helpers import moe_cfg, random_logits
@@ -16,9 +20,15 @@ from tests.helpers import moe_cfg, random_logits
 N_SAMPLES = 50_000
 
 
+def bernoulli64(logits_row):
+  """(p, q) in float64, q = sigmoid(-l) directly (1 - p loses q's digits for l >~ 20)."""
+  l = np.asarray(logits_row, np.float64)
+  return 1 / (1 + np.exp(-l)), 1 / (1 + np.exp(l))
+
+
 def enumerate_subsets(logits_row, sizes):
   """Brute force over every subset with |S| in `sizes`: (marginals [n], P(|S| = k) dict)."""
-  p = 1 / (1 + np.exp(-np.asarray(logits_row, np.float64)))
+  p, q = bernoulli64(logits_row)
   n = p.shape[0]
   num, mass = np.zeros(n), {}
   for k in sizes:
@@ -26,7 +36,7 @@ def enumerate_subsets(logits_row, sizes):
     for subset in itertools.combinations(range(n), k):
       z = np.zeros(n)
       z[list(subset)] = 1
-      w = np.prod(np.where(z == 1, p, 1 - p))
+      w = np.prod(np.where(z == 1, p, q))
       mass[k] += w
       num += w * z
   return num / sum(mass.values()), mass
@@ -156,3 +166,120 @@ def test_dynamic_eval_keeps_prefix_sum_argmax():
 def test_training_without_rng_is_refused():
   with pytest.raises(ValueError, match="rng"):
     route(random_logits(0, 2, 4), True, None)
+
+
+# ---- large logits (issue 11, bug 2) and the log q gradient variants -------------------------
+
+ISSUE_LOGITS = [20.0, 19.0, 18.0, 17.0, 16.0, -1.0, -2.0, 0.0, 1.0, 2.0]
+
+
+@functools.lru_cache(maxsize=None)
+def dp_marginals(k_min, k_max, detach_log_q=True):
+  @jax.jit
+  def fn(l):
+    if detach_log_q:  # the default, the one-argument call
+      log_p, log_q = pm.bernoulli_log_probs(l)
+    else:
+      log_p, log_q = pm.bernoulli_log_probs(l, detach_log_q=False)
+    return pm.marginals(log_p, log_q, k_min, k_max)
+  return fn
+
+
+def test_marginals_at_large_logits_equal_enumeration():
+  """The issue's case: log p must not saturate at l ~ 16 (exact 0.988, 0.968, 0.914, 0.766, 0.364)."""
+  rows = [ISSUE_LOGITS, [-v for v in ISSUE_LOGITS],
+          [30.0, 29.0, 25.0, 22.0, 17.0, 16.5, -30.0, -29.0, -20.0, 0.0],
+          [-30.0, -29.5, -28.0, -25.0, -24.0, -22.0, -20.0, -18.0, -16.0, -30.0]]
+  logits = np.asarray(rows, np.float32)
+  for k_min, k_max in ((4, 4), (1, 1), (3, 6)):
+    m = np.asarray(dp_marginals(k_min, k_max)(jnp.asarray(logits)))
+    for t in range(len(rows)):
+      expected, _ = enumerate_subsets(logits[t], range(k_min, k_max + 1))
+      np.testing.assert_allclose(m[t], expected, rtol=0, atol=1e-5,
+                                 err_msg=f"row {t}, k in [{k_min}, {k_max}]")
+  m = np.asarray(dp_marginals(4, 4)(jnp.asarray(logits[:1])))[0]
+  np.testing.assert_allclose(m[:5], [0.988, 0.968, 0.914, 0.766, 0.364], atol=1e-3)
+
+
+@settings(max_examples=60)
+@given(logits=hnp.arrays(np.float32, (3, 8), elements=st.floats(-30, 30, width=32)),
+       band=st.sampled_from([(1, 1), (2, 2), (4, 4), (7, 7), (2, 5)]))
+def test_marginals_equal_enumeration_for_logits_in_pm30(logits, band):
+  k_min, k_max = band
+  m = np.asarray(dp_marginals(k_min, k_max)(jnp.asarray(logits)))
+  for t in range(logits.shape[0]):
+    expected, _ = enumerate_subsets(logits[t], range(k_min, k_max + 1))
+    np.testing.assert_allclose(m[t], expected, rtol=0, atol=1e-5)
+
+
+def enumerate_covariance(logits_row, k):
+  """Cov(z_i, z_j | sum z = k) [n, n] by brute force, float64."""
+  p, q = bernoulli64(logits_row)
+  n = p.shape[0]
+  zs = []
+  ws = []
+  for subset in itertools.combinations(range(n), k):
+    z = np.zeros(n)
+    z[list(subset)] = 1
+    zs.append(z)
+    ws.append(np.prod(np.where(z == 1, p, q)))
+  zs, ws = np.asarray(zs), np.asarray(ws) / np.sum(ws)
+  mean = ws @ zs
+  return (zs * ws[:, None]).T @ zs - np.outer(mean, mean), q
+
+
+@pytest.mark.parametrize("scale", [1.0, 4.0])
+def test_log_q_gradient_variants_differ_by_q_per_expert(scale):
+  """Kept log q (OLMoE scripts): dm_i/dl_j = Cov(z_i, z_j | sum z = k), the exponential
+  family's identity for the natural parameter l. Detached log q (Qwen scripts, the
+  default): the same column scaled by q_j = 1 - sigmoid(l_j)."""
+  k = 3
+  logits = random_logits(21, 2, 7, scale=scale)
+  for t in range(logits.shape[0]):
+    cov, q = enumerate_covariance(logits[t], k)
+    row = jnp.asarray(logits[t:t + 1])
+    kept = np.asarray(jax.jacobian(lambda l: dp_marginals(k, k, False)(l)[0])(row))[:, 0]
+    detached = np.asarray(jax.jacobian(lambda l: dp_marginals(k, k, True)(l)[0])(row))[:, 0]
+    np.testing.assert_allclose(kept, cov, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(detached, cov * q[None, :], rtol=0, atol=2e-6)
+    assert np.abs(kept - detached).max() > 1e-3  # the two variants are distinguishable
+
+
+def test_straight_through_gradient_follows_the_log_q_option():
+  """`model.moe.probmoe_detach_log_q` reaches the router's gradient."""
+  logits = jnp.asarray(random_logits(8, 4, 6))
+  rng = jax.random.key(5)
+  c = jnp.asarray(np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32))
+  z = np.zeros((4, 6), np.float32)
+  np.put_along_axis(z, np.asarray(route(logits, True, rng, top_k=2).routing.expert_index),
+                    1.0, 1)
+  grads = {}
+  for detach in (True, False):
+    def through_router(l):
+      r = route(l, True, rng, top_k=2, probmoe_detach_log_q=detach).routing
+      return jnp.sum(jnp.take_along_axis(c, r.expert_index, 1) * r.combine_weight)
+
+    def surrogate(l):
+      log_p, log_q = pm.bernoulli_log_probs(l, detach)
+      m = pm.marginals(log_p, log_q, 2, 2)
+      g = jax.lax.stop_gradient(z - m) + m
+      return jnp.sum(c * z * g * jax.nn.softmax(l, -1))
+
+    grads[detach] = np.asarray(jax.jit(jax.grad(through_router))(logits))
+    np.testing.assert_allclose(grads[detach], jax.jit(jax.grad(surrogate))(logits),
+                               rtol=1e-5, atol=1e-6)
+  assert np.abs(grads[True] - grads[False]).max() > 1e-4
+
+
+def test_detach_log_q_option_is_validated():
+  from moejax.config import validate_moe
+  from moejax.errors import ConfigError
+  c = base_config().model.moe
+  c.router = "probmoe"
+  validate_moe(c, 4)
+  c.probmoe_detach_log_q = False
+  validate_moe(c, 4)
+  c = base_config().model.moe.to_dict()
+  c["probmoe_detach_log_q"] = "no"
+  with pytest.raises(ConfigError, match="probmoe_detach_log_q"):
+    pm.validate_keys(ml_collections.ConfigDict(c))
