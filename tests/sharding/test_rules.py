@@ -2,6 +2,8 @@
 
 The rules are checked against an abstract 4-axis mesh (no devices needed);
 everything that runs on 8 devices is in multidevice/ (test_on_8_devices.py)."""
+import math
+
 import jax
 import pytest
 from flax import nnx
@@ -104,3 +106,71 @@ def test_one_device_runs_the_plain_program():
   assert sharding.current_layout() is None
   x = object()
   assert sharding.constrain(x, ("batch",)) is x
+
+
+# Every rule, written out (not read back from RULES), on a mesh whose axis sizes are
+# distinct primes: a dimension of 210 = 2 * 3 * 5 * 7 divides by any set of axes, so
+# the spec shows exactly which axes a rule names. Mapping a rule to another axis, or
+# dropping one, changes the spec.
+EXPECTED_RULES = {
+    "batch": ("data", "fsdp", "expert"),
+    "length": None,
+    "act_embed": None,
+    "act_vocab": "tensor",
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "expert": "expert",
+    "lookup_rows": None,
+}
+PRIMES = dict(data=2, fsdp=3, expert=5, tensor=7)
+
+
+def test_the_rule_table_covers_every_logical_axis():
+  assert set(EXPECTED_RULES) == set(sharding.RULES)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RULES))
+def test_every_rule_at_a_divisible_shape(name):
+  lay = layout(**PRIMES)
+  assert lay.spec((name,), (210,)) == P(EXPECTED_RULES[name])
+  assert lay.spec((name,)) == P(EXPECTED_RULES[name])  # no shape: no divisibility check
+  # the same rule as the second dimension, after a replicated one
+  assert lay.spec((None, name), (4, 210)) == P(None, EXPECTED_RULES[name])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RULES))
+def test_every_rule_replicates_a_dimension_only_another_axis_divides(name):
+  lay = layout(**PRIMES)
+  size = math.prod(PRIMES[a] for a in sharding.RULES[name])
+  for axis, other in PRIMES.items():
+    if other != size:  # a dimension of one other axis's size (or of 1) stays replicated
+      assert lay.spec((name,), (other,)) == P(None), (name, axis)
+  assert lay.spec((name,), (1,)) == P(None)
+
+
+@pytest.mark.parametrize("axes,shape,spec", [
+    (("embed", "kv_heads"), (6, 14), P("fsdp", "tensor")),  # k / v projections
+    (("heads", "embed"), (14, 6), P("tensor", "fsdp")),  # o projection
+    (("expert", "mlp", "embed"), (5, 7, 3), P("expert", "tensor", "fsdp")),  # expert w_down
+    (("embed", "vocab"), (3, 7), P("fsdp", "tensor")),  # LM head
+    (("batch", "length", "act_embed"), (30, 4, 6), P(("data", "fsdp", "expert"), None, None)),
+    (("lookup_rows", "embed"), (210, 3), P(None, "fsdp")),
+])
+def test_parameter_and_activation_specs_at_divisible_shapes(axes, shape, spec):
+  assert layout(**PRIMES).spec(axes, shape) == spec
+
+
+def test_rule_overrides_parse_and_round_trip():
+  assert sharding.parse_rules(sharding.rules_as_strings()) == sharding.RULES
+  rules = sharding.parse_rules({"kv_heads": "", "embed": " data , fsdp ", "mlp": None})
+  assert rules["kv_heads"] == () and rules["mlp"] == ()
+  assert rules["embed"] == ("data", "fsdp")
+  assert {k: v for k, v in rules.items() if k not in ("kv_heads", "embed", "mlp")} == {
+      k: v for k, v in sharding.RULES.items() if k not in ("kv_heads", "embed", "mlp")}
+  lay = sharding.Layout(AbstractMesh(tuple(PRIMES.values()), sharding.MESH_AXES), rules)
+  assert lay.spec(("embed", "kv_heads"), (6, 14)) == P(("data", "fsdp"), None)
+  assert sharding.rules_as_strings()["batch"] == "data,fsdp,expert"
+  assert sharding.rules_as_strings()["length"] == ""

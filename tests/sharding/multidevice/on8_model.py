@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from moejax import sharding
 from moejax.errors import ConfigError
@@ -62,6 +63,15 @@ def test_loss_and_gradients_equal_one_device(dispatch, mesh):
     assert float(moe1[0]["dropped_fraction"]) > 0  # capacity drops happen, identically
 
 
+@functools.cache
+def placed_state(mesh):
+  """(layout, placement, fresh TrainState) of the tiny LM on MESHES[mesh], made once."""
+  config = tiny_config(mesh=MESHES[mesh])
+  layout = sharding.make_layout(config)
+  placement = make_placement(config, layout, build_model)
+  return layout, placement, placement.init_state()
+
+
 def per_device_bytes(array):
   return array.addressable_shards[0].data.nbytes
 
@@ -71,9 +81,7 @@ def per_device_bytes(array):
 def test_expert_weights_shrink_per_device(mesh, expert_factor):
   """Expert weights split by the expert axis (x fsdp x tensor on the 3-axis mesh);
   Adam's moments follow their parameters (ZeRO-3)."""
-  config = tiny_config(mesh=MESHES[mesh])
-  placement = make_placement(config, sharding.make_layout(config), build_model)
-  state = placement.init_state()
+  state = placed_state(mesh)[2]
   for name in ("w_gate", "w_up", "w_down"):
     w = state.params["blocks"][0]["ffn"]["experts"][name]
     assert per_device_bytes(w) * expert_factor == w.nbytes, name
@@ -111,3 +119,59 @@ def test_bad_mesh_input_is_rejected_before_compilation(data_dir, tmp_path, monke
 
 def test_one_device_has_no_layout():
   assert sharding.make_layout(tiny_config(), one_device()) is None
+
+
+# Where every parameter of the tiny LM lands on fsdp2_expert2_tensor2, written out:
+# (path suffix, shape, spec). The k / v kernels are [32, 16] (1 kv head x 16): their
+# kv_heads dimension divides by the tensor axis, so a wrong kv_heads rule moves them.
+PLACEMENT = [
+    ("attn/k/kernel", (32, 16), P("fsdp", "tensor")),
+    ("attn/v/kernel", (32, 16), P("fsdp", "tensor")),
+    ("attn/q/kernel", (32, 32), P("fsdp", "tensor")),
+    ("attn/o/kernel", (32, 32), P("tensor", "fsdp")),
+    ("attn_norm/scale", (32,), P(None)),
+    ("ffn_norm/scale", (32,), P(None)),
+    ("experts/w_gate", (8, 32, 32), P("expert", "fsdp", "tensor")),
+    ("experts/w_up", (8, 32, 32), P("expert", "fsdp", "tensor")),
+    ("experts/w_down", (8, 32, 32), P("expert", "tensor", "fsdp")),
+    ("ffn/router_kernel", (32, 8), P("fsdp", None)),
+    ("embed", (256, 32), P("tensor", "fsdp")),
+    ("final_norm/scale", (32,), P(None)),
+    ("head/kernel", (32, 256), P("fsdp", "tensor")),
+]
+
+
+def path_str(path):
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def expected_spec(path):
+  matches = [(shape, spec) for suffix, shape, spec in PLACEMENT if path.endswith(suffix)]
+  assert len(matches) == 1, path
+  return matches[0]
+
+
+def assert_lands(array, mesh, shape, spec, what):
+  """`array` has `shape` and each device holds exactly the block `spec` gives it."""
+  assert array.shape == shape, what
+  want = NamedSharding(mesh, spec).devices_indices_map(shape)
+  got = array.sharding.devices_indices_map(shape)
+  assert got == want, (what, array.sharding.spec, spec)
+  for shard in array.addressable_shards:
+    assert shard.data.shape == tuple(len(range(*i.indices(n))) for i, n in
+                                     zip(shard.index, shape)), what
+
+
+def test_parameters_and_adam_moments_land_where_their_rules_say():
+  layout, placement, state = placed_state("fsdp2_expert2_tensor2")
+  adam = state.opt_state[1][0]
+  seen = 0
+  for tree, name in ((state.params, "param"), (adam.mu, "mu"), (adam.nu, "nu")):
+    for path, array in jax.tree_util.tree_leaves_with_path(tree):
+      shape, spec = expected_spec(path_str(path))
+      assert_lands(array, layout.mesh, shape, spec, f"{name} {path_str(path)}")
+      seen += 1
+  assert seen == 3 * 23  # every parameter of the tiny LM, and both moments of each
+  # the batch: rows over data x fsdp x expert (1 x 2 x 2), replicated over tensor
+  tokens = jax.device_put(np.zeros(placement.batch_shape, np.int32), placement.batch)
+  assert_lands(tokens, layout.mesh, (8, 32), P(("data", "fsdp", "expert"), None), "batch")
