@@ -42,10 +42,36 @@ def check_gpu_tiling(tiling) -> None:
         f"effective tiling {tuple(tiling)}; pick other tiles or interpret=True")
 
 
+# Triton keeps NUM_STAGES copies of both operand tiles in shared memory. An
+# H200 offers 232,448 bytes per block (the f32 (128, 128, 128) tiling asked for
+# 262,144 there and failed to compile); 160 KiB also fits an A100's 164 KiB.
+NUM_STAGES = 2
+SHARED_MEMORY_BUDGET = 160 * 1024
+
+
+def fit_shared_memory(tiling, itemsize: int, contraction_axis: int) -> tuple[int, int, int]:
+  """Halve the contracted tile until both operand tiles fit SHARED_MEMORY_BUDGET.
+
+  gmm contracts over tk (axis 1: tiles [tm, tk] and [tk, tn]); tgmm over tm
+  (axis 0: tiles [tm, tk] and [tm, tn]). Stops at MIN_TRITON_DOT_TILE.
+  """
+  tiling = list(tiling)
+
+  def operand_bytes(t):
+    a, b, c = t
+    other = a * c if contraction_axis == 0 else b * c
+    return (a * b + other) * itemsize * NUM_STAGES
+
+  while (operand_bytes(tiling) > SHARED_MEMORY_BUDGET
+         and tiling[contraction_axis] > MIN_TRITON_DOT_TILE):
+    tiling[contraction_axis] //= 2
+  return tuple(tiling)
+
+
 def _compiler_params(interpret):
   if interpret:
     return None
-  return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  return plgpu.CompilerParams(num_warps=4, num_stages=NUM_STAGES)
 
 
 def gmm_gpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):

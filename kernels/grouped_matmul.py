@@ -127,8 +127,10 @@ def _gmm_forward(lhs, rhs, group_sizes, *, plan, out_dtype, transpose_rhs):
     return gmm_reference(lhs, weights, group_sizes, preferred_element_type=out_dtype)
   if 0 in (m, k, n):
     return jnp.zeros((m, n), out_dtype)
-  tm, tk, tn = tiling = gmm_tiles.fit_tiling(plan.tiling, m, k, n)
+  tiling = gmm_tiles.fit_tiling(plan.tiling, m, k, n)
   if plan.kernel == "gpu" and not plan.interpret:
+    itemsize = max(lhs.dtype.itemsize, rhs.dtype.itemsize)
+    tiling = gmm_gpu.fit_shared_memory(tiling, itemsize, contraction_axis=1)
     gmm_gpu.check_gpu_tiling(tiling)
   m_pad, k_pad, n_pad = (gmm_tiles.round_up(d, t) for d, t in zip((m, k, n), tiling))
   lhs = gmm_tiles.pad_axes(lhs, {0: m_pad, 1: k_pad})
@@ -151,6 +153,8 @@ def _tgmm_forward(lhs, grad, group_sizes, *, plan, out_dtype):
     return jnp.zeros((num_groups, k, n), out_dtype)
   tiling = gmm_tiles.fit_tiling(plan.tiling, m, k, n)
   if plan.kernel == "gpu" and not plan.interpret:
+    itemsize = max(lhs.dtype.itemsize, grad.dtype.itemsize)
+    tiling = gmm_gpu.fit_shared_memory(tiling, itemsize, contraction_axis=0)
     gmm_gpu.check_gpu_tiling(tiling)
   m_pad, k_pad, n_pad = (gmm_tiles.round_up(d, t) for d, t in zip((m, k, n), tiling))
   lhs = gmm_tiles.pad_axes(lhs, {0: m_pad, 1: k_pad})
