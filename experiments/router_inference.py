@@ -34,7 +34,8 @@ from moejax.interop.moejax_lm import from_training_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/moe", "A trained MoE LM's workdir.")
 _STUDIES = cli.checked(flags.DEFINE_list("studies", ["capacity", "sere", "as_coot"],
-                                         "Which studies."), cli.one_of("capacity", "sere", "as_coot"))
+                                         "Which studies."),
+                       cli.one_of("capacity", "sere", "as_coot"))
 _GAMMAS = cli.checked(flags.DEFINE_list("gammas", ["0.5", "1", "1.5", "2"], "Capacity factors "
                                         "gamma."), cli.in_range(0, float("inf"), low_open=True))
 _EVAL_BATCHES = cli.checked(flags.DEFINE_integer("eval_batches", 8, "Validation batches "
