@@ -73,12 +73,43 @@ def _read_rope(hf: dict, rope) -> None:
       rope[ours] = type(rope[ours])(params[theirs])
 
 
-def _windows(hf: dict, num_layers: int) -> list[int]:
-  window = hf.get("sliding_window") or 0
-  if hf.get("use_sliding_window") is False:
-    window = 0
-  types = hf.get("layer_types") or ["sliding_attention"] * num_layers
-  return [window if kind == "sliding_attention" else 0 for kind in types]
+def _windows(hf: dict, family, num_layers: int) -> list[int]:
+  """Per-layer sliding windows (0 = full causal) as transformers 5.x derives them
+  (checked against 5.24: each family's configuration_*.py and modeling_*.py).
+
+  qwen2_moe: `sliding_window` (default 4096) when `use_sliding_window` (default
+    False), else 0, on the layers whose `layer_types` entry is
+    "sliding_attention"; without `layer_types` (released configs), layer i slides
+    iff use_sliding_window and i is even and i < `max_window_layers` (default 28),
+    as Qwen2MoeConfig.__post_init__ derives it.
+  qwen3_moe: `sliding_window` (default 4096) on every layer when
+    `use_sliding_window` (default False); layer_types/max_window_layers unused.
+  mixtral: `sliding_window` (default None) on every layer; use_sliding_window,
+    layer_types and max_window_layers unused.
+  olmoe, deepseek_v3: no window (their masks are plain causal).
+  """
+  kind = family.model_type
+  if kind == "qwen2_moe":
+    use = bool(hf.get("use_sliding_window", False))
+    types = hf.get("layer_types") or [
+        "sliding_attention" if use and (i + 1) % 2 and i < hf.get("max_window_layers", 28)
+        else "full_attention" for i in range(num_layers)]
+    window = hf.get("sliding_window", 4096) if use else 0
+    if "sliding_attention" in types and not window:
+      raise ConfigError(f"config.json (qwen2_moe) has sliding layers (layer_types={types}) but "
+                        f"no window (use_sliding_window={hf.get('use_sliding_window')}, "
+                        f"sliding_window={hf.get('sliding_window')}): transformers cannot run "
+                        "it either; set use_sliding_window=true and sliding_window > 0")
+    return [window if t == "sliding_attention" else 0 for t in types]
+  if kind == "qwen3_moe":
+    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
+  elif kind == "mixtral":
+    window = hf.get("sliding_window")
+  else:
+    window = None
+  if window is not None and window <= 0:
+    raise ConfigError(f"config.json ({kind}) sliding_window={window} must be > 0 or null")
+  return [window or 0] * num_layers
 
 
 def _moe_layers(hf: dict, family, num_layers: int) -> list[int]:
@@ -114,7 +145,7 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
   else:
     a.qkv_bias = a.out_bias = bool(hf.get("attention_bias", False))
   a.clip_qkv = float(hf.get("clip_qkv") or 0.0)
-  a.windows = _windows(hf, m.num_layers)
+  a.windows = _windows(hf, family, m.num_layers)
 
   e = m.moe
   e.router, e.num_experts = family.router, _get(hf, *EXPERT_COUNT_KEYS)
