@@ -117,10 +117,12 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
 
   train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement)
   eval_step = step_lib.make_eval_step(graphdef, placement)
-  writer = MetricWriter(workdir, enabled=write_metrics and is_chief)
+  start = int(state.step)
+  # Records past `start` (logged after the restored checkpoint by a killed run) are
+  # dropped from metrics.jsonl and hidden in TensorBoard: one record per step.
+  writer = MetricWriter(workdir, enabled=write_metrics and is_chief, start_step=start)
   tokens_per_step = config.data.batch_size * config.data.seq_len
   history, last_eval = [], {}
-  start = int(state.step)
   progress = _progress_bar(start, t.steps, t.progress_bar and is_chief)
   window_start, window_steps, total_time, total_steps = time.perf_counter(), 0, 0.0, 0
   try:
