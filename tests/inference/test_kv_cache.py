@@ -68,8 +68,12 @@ def test_decode_equals_full_forward_at_every_position(name):
     logits, aux, cache = run(tokens[:, i:i + 1], mask[:, i:i + 1], cache)
     steps.append(logits)
   decoded = np.concatenate(steps, axis=1)
-  assert np.abs(np.asarray(full)[mask]).max() > 0.5
-  np.testing.assert_allclose(decoded[mask], np.asarray(full)[mask], atol=1e-5, rtol=0)
+  largest = np.abs(np.asarray(full)[mask]).max()
+  assert largest > 0.5
+  # 1e-5 of the largest logit: the two paths sum attention and experts in other
+  # orders, and float32 rounding grows with the logits (qwen3_moe reached 2.2e-5
+  # absolute at |logits| ~ 3 on an AMD EPYC host, 9e-6 relative).
+  np.testing.assert_allclose(decoded[mask], np.asarray(full)[mask], atol=1e-5 * largest, rtol=0)
   for layer in aux["moe"]:  # the last step's metric: experts the 2 rows used
     assert int(layer["metrics"]["distinct_experts"]) == len(np.unique(layer["expert_index"]))
 
