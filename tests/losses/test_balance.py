@@ -119,3 +119,12 @@ def test_z_loss_closed_form_over_several_tokens():
   grad = jax.grad(lambda l: router_z_loss(out.replace(logits=l)))(out.logits)
   softmax = np.exp(logits - lse[:, None])
   np.testing.assert_allclose(grad, 2 * lse[:, None] * softmax / 3, rtol=1e-5)
+
+
+def test_a_single_valid_assignment():
+  # One valid slot (token 2 -> expert 1): f is one-hot, loss = E * P_1 = 4 * 0.2875.
+  valid = np.zeros((4, 2), bool)
+  valid[2, 0] = True
+  index = np.array([[0, 1], [1, 2], [1, 3], [0, 3]])
+  np.testing.assert_allclose(load_balance_loss(output(index, valid, PROBS_4x4)), 4 * 0.2875,
+                             rtol=1e-6)

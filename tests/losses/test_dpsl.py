@@ -102,3 +102,41 @@ def test_registered_loss_works_with_any_router():
     value, g = loss(logits)
     assert value.dtype == jnp.float32 and np.isfinite(float(value))
     assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0
+
+
+def test_registered_loss_prior_router_then_config_then_symmetric_one():
+  """The prior: the router's metrics['dpsl_alpha'], else model.moe.dpsl_alpha, else 1."""
+  from moejax.routing import RouterOutput
+  rows = jnp.asarray(np.random.default_rng(2).dirichlet(np.ones(E), 16), jnp.float32)
+  out = RouterOutput(None, jnp.log(rows), rows, {}, {})
+  loss = get_loss("dpsl")
+  np.testing.assert_allclose(loss(out, None), dpsl_loss(rows, 1.0), rtol=1e-6)
+  np.testing.assert_allclose(loss(out, moe_cfg(dpsl_alpha=0.3)), dpsl_loss(rows, 0.3), rtol=1e-6)
+  assert abs(float(dpsl_loss(rows, 0.3)) - float(dpsl_loss(rows, 1.0))) > 1e-3
+  routed = out.replace(metrics={"dpsl_alpha": jnp.asarray([0.5, 1.0, 2.0, 3.5])})
+  np.testing.assert_allclose(loss(routed, moe_cfg(dpsl_alpha=0.3)),
+                             dpsl_loss(rows, jnp.asarray([0.5, 1.0, 2.0, 3.5])), rtol=1e-6)
+
+
+def test_one_hot_rows_keep_finite_gradients():
+  # Probabilities of exactly 0 and 1 are clipped to [1e-6, 1 - 1e-6] before the Beta
+  # CDF, whose density is infinite at 0 when a < 1 and at 1 when b = A - a < 1.
+  alpha = jnp.asarray([0.5, 0.1, 0.1, 0.1])  # a < 1 everywhere, b = 0.3 for expert 0
+  rows = jnp.asarray(np.eye(E)[[0, 0, 1, 2, 3, 0]], jnp.float32)
+  value, grad = jax.value_and_grad(lambda p: dpsl_loss(p, alpha))(rows)
+  assert np.isfinite(float(value))
+  assert np.isfinite(np.asarray(grad)).all()
+  # and the clipped values are what the CDF reads: F(1 - 1e-6) = 0.988 for b = 0.3,
+  # F(1e-6) = 0.237 for a = 0.1 (not 1 and 0)
+  u = np.asarray(pit_values(rows, alpha))
+  np.testing.assert_allclose([u[0, 0], u[0, 1]], [0.98835, 0.23681], rtol=1e-3)
+
+
+def test_ks_statistic_above_and_below_the_ecdf():
+  # E = 2, alpha = 1: u = p. p, column 0 (sorted u = .5 .9): the largest gap lies above
+  # the empirical CDF's left limit, D = .5 - 0; column 1 (u = .1 .5): below its right
+  # limit, D = 1 - .5. q: column 0 (u = .7 .8) D = .7 - 0; column 1 (u = .2 .3) D = 1 - .3.
+  p = jnp.asarray([[0.5, 0.5], [0.9, 0.1]], jnp.float32)
+  np.testing.assert_allclose(ks_statistics(p, 1.0), [0.5, 0.5], rtol=1e-5)
+  q = jnp.asarray([[0.8, 0.2], [0.7, 0.3]], jnp.float32)
+  np.testing.assert_allclose(ks_statistics(q, 1.0), [0.7, 0.7], rtol=1e-5)

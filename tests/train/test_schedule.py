@@ -146,3 +146,38 @@ def test_cross_entropy_closed_form():
   ce = step_lib.cross_entropy(logits, targets)
   assert ce.dtype == jnp.float32
   np.testing.assert_allclose(ce, np.mean(lse - picked), rtol=1e-6)
+
+
+def test_train_and_eval_steps():
+  """Two jitted train steps of a one-layer LM with the aux-loss-free router and router
+  jitter: the reported loss is CE + aux loss, the step counts up, the router bias
+  moves, train mode (jitter) differs from eval mode, and eval is plain CE."""
+  from configs import lm_shakespeare_moe
+  from moejax.train.loop import init_state
+
+  config = lm_shakespeare_moe.get_config("size=tiny,router=sigmoid_bias")
+  config.model.num_layers, config.model.moe.num_experts, config.model.moe.top_k = 1, 4, 2
+  config.model.moe.router_jitter = 0.2
+  config.model.moe.grouped_matmul = "tiled"  # the quickest to compile
+  config.model.moe.loss_weights = {"load_balance": 0.5, "z_loss": 0.1}
+  graphdef, state, opt = init_state(config)
+  tokens = np.random.default_rng(0).integers(0, 256, (2, 9))
+  batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+           "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}
+  train_step = step_lib.make_train_step(graphdef, opt, seed=7)
+  eval_step = step_lib.make_eval_step(graphdef)
+  eval_ce0, _ = eval_step(state.params, state.rest, batch)
+  params0 = jax.tree.map(np.asarray, state.params)  # (the step donates its input state)
+  bias0 = np.asarray(jax.tree.leaves(state.rest)[0])
+  assert 4.0 < float(eval_ce0) < 7.0  # about log(256) = 5.5 at initialisation
+  for step in range(2):
+    state, metrics = train_step(state, batch)
+    assert int(state.step) == step + 1
+    assert float(metrics["aux_loss"]) > 0.01 and float(metrics["grad_norm"]) > 0
+    np.testing.assert_allclose(metrics["loss"], metrics["ce_loss"] + metrics["aux_loss"],
+                               rtol=1e-6)
+    if step == 0:  # same parameters as eval_ce0: only the jitter of train mode differs
+      assert abs(float(metrics["ce_loss"]) - float(eval_ce0)) > 1e-4
+  assert not np.allclose(jax.tree.leaves(state.rest)[0], bias0)  # router state carried
+  assert all(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(state.params),
+                                                    jax.tree.leaves(params0)))
