@@ -140,3 +140,11 @@ def test_ks_statistic_above_and_below_the_ecdf():
   np.testing.assert_allclose(ks_statistics(p, 1.0), [0.5, 0.5], rtol=1e-5)
   q = jnp.asarray([[0.8, 0.2], [0.7, 0.3]], jnp.float32)
   np.testing.assert_allclose(ks_statistics(q, 1.0), [0.7, 0.7], rtol=1e-5)
+
+
+def test_cramer_von_mises_by_hand():
+  # E = 2, alpha = 1: u = p. Sorted columns (.1 .5 .8) and (.2 .5 .9) against the
+  # midpoints (i - 1/2) / 3 = 1/6, 1/2, 5/6: each column's mean square is
+  # ((1/15)^2 + 0 + (1/30)^2) / 3 = 1/540, the loss 2/540 = 1/270.
+  p = jnp.asarray([[0.1, 0.9], [0.5, 0.5], [0.8, 0.2]], jnp.float32)
+  np.testing.assert_allclose(dpsl_loss(p, 1.0), 1 / 270, rtol=1e-5)
