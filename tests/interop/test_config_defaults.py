@@ -81,12 +81,6 @@ def family_keys():
           for key in sorted(set(saved_config(family)) - SKIPPED)]
 
 
-# Qwen2-MoE windows (issue 11, correctness bug 1) are being fixed in
-# moejax/interop/hf_config.py by its owner; until then these may fail.
-WINDOW_FIX = pytest.mark.xfail(strict=False, reason="issue 11 bug 1: Qwen2-MoE windows from "
-                               "max_window_layers, fixed by the hf_config owner")
-
-
 def test_the_untouched_config_reads_the_same_either_way(tmp_path):
   for family in FAMILY_NAMES:
     hf = saved_config(family)
@@ -98,10 +92,11 @@ def test_a_dropped_key_reads_as_transformers_default(family, key, tmp_path):
   check_key(saved_config(family), key, tmp_path)
 
 
-@pytest.mark.parametrize("key", [pytest.param(k, marks=WINDOW_FIX) for k in (
-    "layer_types", "max_window_layers", "sliding_window", "use_sliding_window")])
+@pytest.mark.parametrize("key", ["layer_types", "max_window_layers", "sliding_window",
+                                 "use_sliding_window"])
 def test_qwen2_moe_sliding_window_defaults(key, tmp_path):
   # released Qwen2-MoE configs: use_sliding_window with max_window_layers, no layer_types
+  # (issue 11, correctness bug 1: these failed before 1b5c4da)
   hf = saved_config("qwen2_moe", use_sliding_window=True, sliding_window=4, max_window_layers=1)
   hf.pop("layer_types", None)
   check_key(hf, key, tmp_path)
