@@ -44,12 +44,18 @@ _DISTRIBUTED = flags.DEFINE_enum(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def check_inputs(config, workdir: str) -> None:
-  """Everything refusable before the run creates, writes or compiles anything."""
+def check_process_flags() -> None:
+  """The multi-process flags, checked before jax.distributed.initialize (which must
+  come before any JAX call, device counts included)."""
   if (_PROCESS_ID.value is not None and _NUM_PROCESSES.value is not None
       and _PROCESS_ID.value >= _NUM_PROCESSES.value):
     raise cli.flag_error(_PROCESS_ID, f"expected an index below --num_processes="
                          f"{_NUM_PROCESSES.value}")
+
+
+def check_inputs(config, workdir: str) -> None:
+  """Everything refusable before the run creates, writes or compiles anything
+  (after distributed.initialize: the mesh checks count devices)."""
   validate_config(config)
   if _STOP_AT.value is not None and _STOP_AT.value > config.train.steps:
     raise cli.flag_error(_STOP_AT, f"expected a step <= train.steps={config.train.steps}")
@@ -65,9 +71,10 @@ def check_inputs(config, workdir: str) -> None:
 
 def main(argv):
   del argv
-  check_inputs(_CONFIG.value, _WORKDIR.value)
+  check_process_flags()
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          _DISTRIBUTED.value)
+  check_inputs(_CONFIG.value, _WORKDIR.value)
   run = train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop_at_step=_STOP_AT.value)
   logging.info("final eval: %s", run.eval)
   if jax.process_index() == 0:
