@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import gmm, gmm_reference, tgmm
+from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 
 _JSON = flags.DEFINE_string("json", None, "Write all records here.")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
@@ -43,43 +44,12 @@ _TILINGS = flags.DEFINE_list("tilings", ["128:128:128", "128:64:128", "64:64:64"
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "CPU rehearsal: interpret the kernels, tiny "
                              "speed shapes, edge layouts only (checks the script, not the GPU).")
 
-# (group_sizes, m): the edge layouts of tests/kernels/test_gmm_kernels.py.
-EDGE_LAYOUTS = {
-    "aligned": ([16, 16], 32),
-    "mid_tile_bounds_empty_group_padding_tile": ([5, 0, 13, 12], 40),
-    "all_groups_empty": ([0, 0, 0], 20),
-    "m_not_tile_multiple_leading_empty": ([0, 37], 37),
-    "single_group": ([37], 37),
-    "eight_groups_in_few_tiles": ([3, 1, 1, 2, 0, 9, 4, 1], 29),
-    "m_smaller_than_tile": ([0, 7, 0], 7),
-    "groups_overflow_m_are_clipped": ([5, 10], 8),
-}
 # name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
 SPEED_SHAPES = {
     "coarse": (16384, 2048, 1024, 8, 2),
     "fine": (16384, 2048, 256, 64, 8),
     "finer": (16384, 2048, 128, 128, 8),
 }
-
-
-def numpy_gmm(lhs, rhs, sizes):
-  lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
-  out, start = np.zeros((lhs.shape[0], rhs.shape[2])), 0
-  for e, size in enumerate(sizes):
-    end = min(start + int(size), lhs.shape[0])
-    out[start:end] = lhs[start:end] @ rhs[e]
-    start = end
-  return out
-
-
-def numpy_tgmm(lhs, grad, sizes):
-  lhs, grad = np.asarray(lhs, np.float64), np.asarray(grad, np.float64)
-  out, start = np.zeros((len(sizes), lhs.shape[1], grad.shape[1])), 0
-  for e, size in enumerate(sizes):
-    end = min(start + int(size), lhs.shape[0])
-    out[e] = lhs[start:end].T @ grad[start:end]
-    start = end
-  return out
 
 
 def rel_err(got, want):

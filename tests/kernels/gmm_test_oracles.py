@@ -14,6 +14,19 @@ from hypothesis import strategies as st
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
+# (group_sizes, m): what each layout exercises is in the id (also run compiled on a
+# GPU by experiments/benchmarks/gpu_check.py).
+EDGE_LAYOUTS = {
+    "aligned": ([16, 16], 32),
+    "mid_tile_bounds_empty_group_padding_tile": ([5, 0, 13, 12], 40),
+    "all_groups_empty": ([0, 0, 0], 20),
+    "m_not_tile_multiple_leading_empty": ([0, 37], 37),
+    "single_group": ([37], 37),
+    "eight_groups_in_few_tiles": ([3, 1, 1, 2, 0, 9, 4, 1], 29),
+    "m_smaller_than_tile": ([0, 7, 0], 7),
+    "groups_overflow_m_are_clipped": ([5, 10], 8),
+}
+
 
 def numpy_gmm(lhs, rhs, group_sizes):
   """float64 out[m, n], one explicit row slice per group; other rows zero."""

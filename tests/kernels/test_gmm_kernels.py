@@ -20,24 +20,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.experimental.pallas import tpu as pltpu
 
-from gmm_test_oracles import make_case, numpy_gmm, numpy_tgmm, ragged_layouts
+from gmm_test_oracles import EDGE_LAYOUTS, make_case, numpy_gmm, numpy_tgmm, ragged_layouts
 from kernels import gmm, gmm_reference, tgmm, tgmm_reference
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=2.0**-7, atol=1e-5)
 KERNELS = ["pallas_tpu", "pallas_gpu"]
 
-# (group_sizes, m): what each layout exercises is in the id.
-LAYOUTS = {
-    "aligned": ([16, 16], 32),
-    "mid_tile_bounds_empty_group_padding_tile": ([5, 0, 13, 12], 40),
-    "all_groups_empty": ([0, 0, 0], 20),
-    "m_not_tile_multiple_leading_empty": ([0, 37], 37),
-    "single_group": ([37], 37),
-    "eight_groups_in_few_tiles": ([3, 1, 1, 2, 0, 9, 4, 1], 29),
-    "m_smaller_than_tile": ([0, 7, 0], 7),
-    "groups_overflow_m_are_clipped": ([5, 10], 8),
-}
+LAYOUTS = EDGE_LAYOUTS
 
 
 def run_both(case, backend, tiling, dtype=jnp.float32, out_dtype=None, interpret=True):
