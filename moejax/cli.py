@@ -42,7 +42,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   verbose = any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)
   try:
     args = FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 - ml_collections raises KeyError for unknown keys
+  # absl's flags.Error for bad values; ml_collections raises KeyError/AttributeError for
+  # an unknown dotted key, OSError for a config file it cannot load, and a ValueError
+  # (ConfigError included) or TypeError for a value of the wrong type. Anything else
+  # raised while parsing (a bug in a config file's get_config) keeps its traceback.
+  except (flags.Error, KeyError, AttributeError, OSError, ValueError, TypeError) as e:
     refuse(_flag_message(e, argv), verbose=verbose)
   for name, flag in FLAGS._flags().items():  # a config file that failed to load
     if type(flag.value).__name__ == "_ErrorConfig":  # ml_collections defers its IOError
