@@ -21,6 +21,7 @@ from absl import flags
 import numpy as np
 
 from moejax import cli
+from moejax.config import moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.inference.generate import generate
 from moejax.interop.load import load_model
@@ -67,7 +68,7 @@ def load_similarity(path: str, m) -> np.ndarray:
     similarity = np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError) as e:
     raise ConfigError(f"not a readable .npy file: {e} (--sere_similarity={path})") from e
-  want = (len(m.moe_layers), m.moe.num_experts, m.moe.num_experts)
+  want = (len(moe_layer_indices(m)), m.moe.num_experts, m.moe.num_experts)
   if not np.issubdtype(similarity.dtype, np.floating) or similarity.shape != want:
     raise ConfigError(f"expected a float array of shape {want} (MoE layers, experts, experts), "
                       f"found {similarity.dtype} {similarity.shape} (--sere_similarity={path})")
@@ -114,7 +115,7 @@ def main(argv):
   steps = out.distinct_experts
   if steps.size:
     counts = [f"layer {layer}: mean {steps[:, j].mean():.2f} max {steps[:, j].max()}"
-              for j, layer in enumerate(loaded.config.moe_layers)]
+              for j, layer in enumerate(moe_layer_indices(loaded.config))]
     print(f"decode routing, distinct experts per step (batch {len(prompts)}, "
           f"{steps.shape[0]} steps): " + "; ".join(counts))
 

@@ -20,6 +20,7 @@ from moejax import cli
 from moejax.config import validate_config
 from moejax.train import distributed
 from moejax.train.checkpoint import Checkpointer, jsonable
+from moejax.train.init_from import resolve_config
 from moejax.train.loop import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].",
@@ -56,6 +57,7 @@ def check_process_flags() -> None:
 def check_inputs(config, workdir: str) -> None:
   """Everything refusable before the run creates, writes or compiles anything
   (after distributed.initialize: the mesh checks count devices)."""
+  config = resolve_config(config)
   validate_config(config)
   if _STOP_AT.value is not None and _STOP_AT.value > config.train.steps:
     raise cli.flag_error(_STOP_AT, f"expected a step <= train.steps={config.train.steps}")

@@ -13,13 +13,21 @@ from moejax.routing.token_rounding import validate_rounding
 
 FFN_TYPES = ("dense", "moe", "omnimoe")
 DTYPES = ("float32", "bfloat16")
+ATTENTION_KINDS = ("gqa", "mla")
+QK_NORMS = ("none", "per_head", "across_heads")
+ROPE_SCALINGS = ("default", "yarn")
 
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  c.model_name = "decoder"  # a registered model (moejax.models.MODELS)
 
+  # The one model schema (moejax/models/decoder.py): these defaults are the
+  # 'moejax' family preset (the Shakespeare LM); moejax/interop/hf_config.py
+  # fills the same keys from an HF config.json for the released families.
   c.model = m = ml_collections.ConfigDict()
+  m.family = "moejax"  # moejax | mixtral | qwen2_moe | qwen3_moe | olmoe | deepseek_v3
   m.vocab_size = 256
   m.d_model = 128
   m.num_layers = 4
@@ -27,11 +35,24 @@ def base_config() -> ml_collections.ConfigDict:
   m.num_kv_heads = 2
   m.head_dim = 32
   m.d_ff = 512  # dense FFN width (dense layers and the dense twin)
-  m.max_seq_len = 1024
-  m.rope_theta = 10000.0
+  m.max_seq_len = 1024  # longest sequence (HF max_position_embeddings)
   m.norm_eps = 1e-6
   m.dtype = "float32"  # compute dtype; parameters stay float32
-  m.ffn_type = "moe"
+  m.tie_embeddings = False  # the embedding table is the output projection
+  m.ffn_type = "moe"  # dense | moe | omnimoe; which layers: moe.first_dense, every_n
+  # Rotary embeddings (moejax/layers/rope.py): 'default' or 'yarn' frequencies;
+  # interleave pairs 2i with 2i+1 (DeepSeek) instead of rotate-half.
+  m.rope = ml_collections.ConfigDict(dict(
+      theta=10000.0, scaling="default", interleave=False, factor=1.0,
+      original_max_position=4096, beta_fast=32.0, beta_slow=1.0, mscale=0.0,
+      mscale_all_dim=0.0, attention_factor=0.0, truncate=True))
+  # Attention (moejax/layers/attention.py): 'gqa' or 'mla' (DeepSeek latent);
+  # qk_norm none | per_head (Qwen3) | across_heads (OLMoE); clip_qkv 0 = off;
+  # windows: per-layer sliding window, [] or 0 = full causal.
+  m.attention = ml_collections.ConfigDict(dict(
+      kind="gqa", qkv_bias=False, out_bias=False, qk_norm="none", clip_qkv=0.0, windows=[]))
+  m.attention.mla = ml_collections.ConfigDict(dict(
+      q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0))
 
   m.moe = e = ml_collections.ConfigDict()
   e.num_experts = 8
@@ -41,6 +62,11 @@ def base_config() -> ml_collections.ConfigDict:
   e.shared_d_ff = 256
   e.every_n = 1
   e.first_dense = 0
+  e.dense_layers = []  # further layers kept dense (HF mlp_only_layers)
+  e.expert_counts = []  # experts per MoE layer after pruning ([] = num_experts everywhere)
+  e.shared_expert_gate = False  # sigmoid(x w) scales the shared expert (Qwen2-MoE)
+  e.num_groups = 1  # router 'group_limited' (DeepSeek-V3): expert groups
+  e.topk_groups = 1  # ... and the groups each token may use
   e.router = "topk"
   e.renormalize = True
   e.router_jitter = 0.0
@@ -124,6 +150,12 @@ def base_config() -> ml_collections.ConfigDict:
   d.train_split = "train"
   d.eval_split = "validation"
 
+  # Start from pretrained weights (moejax/train/init_from.py): an HF checkpoint
+  # directory or a converted workdir. The model section then comes from it
+  # (model.family must name its family); the MoE training keys stay the config's.
+  c.init = ml_collections.ConfigDict()
+  c.init.hf_dir = ml_collections.config_dict.placeholder(str)
+
   c.train = t = ml_collections.ConfigDict()
   t.steps = 2000
   t.learning_rate = 3e-3
@@ -157,30 +189,15 @@ def _positive(key, value, strict=True):
 
 def validate_config(c) -> None:
   """Reject bad values before any model is built (see module doc)."""
+  from moejax.models import MODELS
+  MODELS.get(c.model_name)
+  validate_model(c.model)
   m = c.model
-  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-              "head_dim", "d_ff", "max_seq_len"):
-    _positive(f"model.{key}", m[key])
-  if m.dtype not in DTYPES:
-    raise choice_error("model.dtype", m.dtype, DTYPES)
-  if m.ffn_type not in FFN_TYPES:
-    raise choice_error("model.ffn_type", m.ffn_type, FFN_TYPES)
-  if m.num_heads % m.num_kv_heads:
-    raise ConfigError(f"model.num_heads={m.num_heads} must be a multiple of "
-                      f"model.num_kv_heads={m.num_kv_heads}")
-  if m.head_dim % 2:
-    raise ConfigError(f"model.head_dim={m.head_dim} must be even for RoPE")
   if c.data.seq_len > m.max_seq_len:
     raise ConfigError(f"data.seq_len={c.data.seq_len} exceeds "
                       f"model.max_seq_len={m.max_seq_len}")
   _positive("data.seq_len", c.data.seq_len)
   _positive("data.batch_size", c.data.batch_size)
-  if m.ffn_type == "moe":
-    validate_moe(m.moe, m.num_layers)
-  if m.ffn_type == "omnimoe":
-    from moejax.experts.atomic import validate_omni
-    validate_omni(m.omni)
-    validate_placement(m.moe, m.num_layers)
   from moejax.layers.lookup import validate_l3
   validate_l3(c)
   t = c.train
@@ -190,6 +207,85 @@ def validate_config(c) -> None:
     _positive(f"train.{key}", t[key])
   _positive("train.warmup_steps", t.warmup_steps, strict=False)
   sharding.validate_sharding_config(c)
+
+
+def validate_model(m) -> None:
+  """The `model` section: every family, trained or imported (ConfigError names the key)."""
+  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+              "head_dim", "d_ff", "max_seq_len"):
+    _positive(f"model.{key}", m[key])
+  for key, value, choices in (("model.dtype", m.dtype, DTYPES),
+                              ("model.ffn_type", m.ffn_type, FFN_TYPES),
+                              ("model.attention.kind", m.attention.kind, ATTENTION_KINDS),
+                              ("model.attention.qk_norm", m.attention.qk_norm, QK_NORMS),
+                              ("model.rope.scaling", m.rope.scaling, ROPE_SCALINGS)):
+    if value not in choices:
+      raise choice_error(key, value, choices)
+  if m.num_heads % m.num_kv_heads:
+    raise ConfigError(f"model.num_heads={m.num_heads} must be a multiple of "
+                      f"model.num_kv_heads={m.num_kv_heads}")
+  if m.head_dim % 2:
+    raise ConfigError(f"model.head_dim={m.head_dim} must be even for RoPE")
+  if len(m.attention.windows) not in (0, m.num_layers):
+    raise ConfigError(f"model.attention.windows has {len(m.attention.windows)} entries "
+                      f"for model.num_layers={m.num_layers} (give none or one per layer)")
+  if m.ffn_type == "moe":
+    validate_moe(m.moe, m.num_layers)
+  if m.ffn_type == "omnimoe":
+    from moejax.experts.atomic import validate_omni
+    validate_omni(m.omni)
+    validate_placement(m.moe, m.num_layers)
+  counts = m.moe.expert_counts
+  if counts and len(counts) != len(moe_layer_indices(m)):
+    raise ConfigError(f"model.moe.expert_counts has {len(counts)} entries for "
+                      f"{len(moe_layer_indices(m))} MoE layers")
+  for i in range(len(counts)):
+    spec = routing.get_router(m.moe.router)
+    if spec.validate is not None:
+      spec.validate(layer_moe_config(m, i))
+
+
+def moe_layer_indices(m) -> list[int]:
+  """Sparse layers: i >= moe.first_dense with (i - first_dense) % every_n == 0 and i
+  not in moe.dense_layers (none when model.ffn_type is 'dense')."""
+  e = m.moe
+  if m.ffn_type not in ("moe", "omnimoe"):
+    return []
+  return [i for i in range(m.num_layers) if i >= e.first_dense and i not in e.dense_layers
+          and (i - e.first_dense) % e.every_n == 0]
+
+
+def set_moe_layers(m, layers) -> None:
+  """Make exactly `layers` sparse (ffn_type 'dense' when none): an HF config's
+  list expressed in moe.first_dense / every_n / dense_layers. Works on a
+  ConfigDict or a plain dict."""
+  layers = sorted(layers)
+  if not layers:
+    m["ffn_type"] = "dense"
+    return
+  if m["ffn_type"] == "dense":
+    m["ffn_type"] = "moe"
+  first = layers[0]
+  m["moe"]["first_dense"], m["moe"]["every_n"] = first, 1
+  m["moe"]["dense_layers"] = [i for i in range(first, m["num_layers"]) if i not in layers]
+
+
+def layer_windows(m) -> list[int]:
+  """The sliding window of every layer (0 = full causal)."""
+  return list(m.attention.windows) or [0] * m.num_layers
+
+
+def layer_moe_config(m, moe_index: int) -> ml_collections.FrozenConfigDict:
+  """The MoE section of the moe_index-th MoE layer, with its own expert count (pruned)."""
+  moe = ml_collections.ConfigDict(m.moe.to_dict())
+  if m.moe.expert_counts:
+    moe.num_experts = m.moe.expert_counts[moe_index]
+  return ml_collections.FrozenConfigDict(moe)
+
+
+def expert_counts(m) -> list[int]:
+  """Experts per MoE layer."""
+  return list(m.moe.expert_counts) or [m.moe.num_experts] * len(moe_layer_indices(m))
 
 
 def validate_placement(e, num_layers: int) -> None:
@@ -245,7 +341,29 @@ def with_defaults(saved: dict) -> dict:
       nested = isinstance(v, dict) and isinstance(out.get(key), dict)
       out[key] = merge(out[key], v) if nested and key not in OPEN_DICTS else v
     return out
-  return merge(base_config().to_dict(), saved)
+  return merge(base_config().to_dict(), migrate_legacy(saved))
+
+
+def migrate_legacy(saved: dict) -> dict:
+  """A saved config in today's schema: the one model schema (issue 12) moved
+  model.rope_theta to model.rope.theta, and the decoder configs of converted
+  workdirs said max_position for max_seq_len and listed moe_layers."""
+  model = dict(saved.get("model", {}))
+  if "rope_theta" in model:
+    model["rope"] = {**model.get("rope", {}), "theta": model.pop("rope_theta")}
+  if "max_position" in model:
+    model["max_seq_len"] = model.pop("max_position")
+  if "moe_layers" in model:
+    layers = model.pop("moe_layers")
+    model["moe"] = dict(model.get("moe", {}))
+    model.setdefault("ffn_type", "moe")
+    set_moe_layers(model, layers)
+  return {**saved, "model": model}
+
+
+def model_config_from_dict(saved_model: dict) -> ml_collections.ConfigDict:
+  """The `model` section of a stored config (any moejax version) in today's schema."""
+  return ml_collections.ConfigDict(with_defaults({"model": saved_model})["model"])
 
 
 def flatten_config(d: dict, prefix: str = "") -> dict:

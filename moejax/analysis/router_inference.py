@@ -2,7 +2,7 @@
 
 Capacity-aware drop (arXiv 2503.05066), As-COOT (TiME) and SERE (arXiv
 2602.07616) change only how a trained model's router assigns tokens at
-inference. The helpers here rebuild a trained TransformerLM with other
+inference. The helpers here rebuild a trained model with other
 `model.moe` router keys and the same parameters (`with_router`), score it on
 batches (`score_batches`), calibrate SERE's expert-similarity matrices from
 calibration tokens (`calibrate_similarity`) and write them into a router's
@@ -24,7 +24,7 @@ from moejax.inference.generate import decoder_step
 from moejax.inference.kv_cache import init_cache
 from moejax.interop.convert import abstract_model
 from moejax.train.loop import build_model
-from moejax.train.step import cross_entropy, split_model
+from moejax.train.step import cross_entropy, moe_metrics, split_model
 
 
 def with_router(config, **moe_keys):
@@ -38,8 +38,8 @@ def with_router(config, **moe_keys):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(graphdef, params, rest, inputs, targets):
-  logits, aux = nnx.merge(graphdef, params, rest)(inputs)
-  return cross_entropy(logits, targets), aux["moe"]
+  logits, aux, _ = nnx.merge(graphdef, params, rest)(inputs)
+  return cross_entropy(logits, targets), moe_metrics(aux)
 
 
 def score_batches(graphdef, params, rest, batches, top_k: int) -> dict:
@@ -62,7 +62,7 @@ def score_batches(graphdef, params, rest, batches, top_k: int) -> dict:
 
 
 def moe_layer_inputs(model, tokens) -> list[jax.Array]:
-  """The inputs [B*L, d] of every MoE layer of a TransformerLM on `tokens`: the
+  """The inputs [B*L, d] of every MoE layer of the model on `tokens`: the
   outputs of each MoE block's ffn_norm, captured with nnx.capture (no model edits)."""
   _, outputs = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(tokens)
   by_block = {path[1]: value.get_value()[0] for path, value in nnx.to_flat_state(outputs)
@@ -113,7 +113,7 @@ def set_router_state(rest: dict, name: str, per_layer) -> dict:
 
 
 def with_sere(m, rest: dict, similarity, rho: float, primary_slots: int = 1):
-  """(decoder config, rest) of a KV-cache decoder `m` switched to SERE routing
+  """(model config, rest) of a model `m` switched to SERE routing
   with calibrated similarity [moe layers, E, E]; rest keeps every other state."""
   m = m.copy_and_resolve_references()
   m.moe.update(router="sere", sere_rho=rho, sere_primary_slots=primary_slots)

@@ -159,5 +159,9 @@ class OmniMoELayer(nnx.Module):
     counts = jnp.bincount(routing.expert_index.reshape(-1), length=cfg.num_atomic_experts)
     load = load_metrics(counts, cfg.tile)
     load.pop("load_fraction")  # N entries per layer per log step: too many to log
-    metrics = {**metrics, **load, "dead_fraction": jnp.mean((counts == 0).astype(jnp.float32))}
-    return y.reshape(b, l, d), {"aux_loss": jnp.zeros((), jnp.float32), "metrics": metrics}
+    metrics = {**metrics, **load, "dead_fraction": jnp.mean((counts == 0).astype(jnp.float32)),
+               "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32)}
+    return y.reshape(b, l, d), {
+        "aux_loss": jnp.zeros((), jnp.float32), "metrics": metrics,
+        "expert_index": routing.expert_index, "combine_weight": routing.combine_weight,
+        "valid": routing.valid}

@@ -1,4 +1,4 @@
-"""Batched generation with a KV cache for the decoder families (moejax/models/hf).
+"""Batched generation with a KV cache for the decoder (moejax/models/decoder.py).
 
 Prompts of different lengths are left padded into one [B, L] block, prefilled
 in one call, then decoded one token per row per step (two compiled shapes in
@@ -16,6 +16,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -60,6 +61,20 @@ def sample_tokens(logits, rng, temperature: float, top_k: int = 0, top_p: float 
   return jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
 
 
+def generation_config(m):
+  """m as decoding runs it: dropless dispatch with small tiles (a decode step sends
+  a handful of rows to each expert; capacity drops would depend on the batch and
+  make decoding non-causal). ConfigError for a router that is not causal."""
+  from moejax import routing
+  if m.ffn_type == "moe" and not routing.get_router(m.moe.router).causal:
+    raise ConfigError(f"model.moe.router={m.moe.router!r} is not causal: a decoder "
+                      "routes each token from its own state only")
+  m = ml_collections.ConfigDict(m.to_dict())
+  m.moe.dispatch = "dropless"
+  m.moe.dropless_tile = min(m.moe.dropless_tile, 8)
+  return m
+
+
 def validate_sampling(temperature: float, top_k: int, top_p: float, max_new_tokens: int) -> None:
   if temperature < 0:
     raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy)")
@@ -88,7 +103,8 @@ def decoder_step(graphdef, params, rest, tokens, mask, cache):
 
   Jitted once per graphdef and shape: prefill and decode are two compilations,
   shared by every generate call on the same model."""
-  logits, aux, cache = nnx.merge(graphdef, params, rest)(tokens, mask, cache)
+  logits, aux, cache = nnx.merge(graphdef, params, rest)(tokens, token_mask_BxL=mask,
+                                                         cache=cache)
   distinct = jnp.stack([a["metrics"]["distinct_experts"] for a in aux["moe"]]
                        or [jnp.zeros((), jnp.int32)])
   return logits[:, -1], distinct, cache
@@ -101,9 +117,10 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
   going but their tail is cut by Generated.row)."""
   validate_sampling(temperature, top_k, top_p, max_new_tokens)
   tokens, mask = left_pad(prompts, pad_id)
-  if tokens.shape[1] + max_new_tokens > m.max_position:
+  if tokens.shape[1] + max_new_tokens > m.max_seq_len:
     raise ConfigError(f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) "
-                      f"exceeds the model's max_position={m.max_position}")
+                      f"exceeds the model's max_seq_len={m.max_seq_len}")
+  m = generation_config(m)
   graphdef, _, _ = abstract_model(m)
   step = functools.partial(decoder_step, graphdef)
   cache = init_cache(m, len(prompts), tokens.shape[1] + max_new_tokens)

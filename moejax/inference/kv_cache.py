@@ -1,4 +1,4 @@
-"""A fixed-size KV cache for the decoder families (moejax/models/hf).
+"""A fixed-size KV cache for the decoder (moejax/models/decoder.py).
 
 Slots [0, max_len) per batch row. Prefill writes a left-padded prompt block
 at slots [0, L); each decode step writes one token at the next slot.
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from moejax.models.hf.decoder import DTYPES
+from moejax.models.decoder import DTYPES
 
 
 @struct.dataclass

@@ -1,4 +1,4 @@
-"""HF safetensors import/export for the decoder families (moejax/models/hf).
+"""HF safetensors import/export for the decoder families (moejax/models/decoder.py).
 
   import_hf(hf_dir) -> Loaded(config, params, rest, hf_config)
   export_hf(config, params, rest, out_dir, family=..., dtype=...)

@@ -1,7 +1,7 @@
 """Import an HF checkpoint directory into moejax params, and export them back.
 
     loaded = import_hf(hf_dir)                  # config.json + safetensors -> Loaded
-    model = loaded.model()                      # a DecoderLM (moejax/models/hf)
+    model = loaded.model()                      # a Decoder (moejax/models/decoder.py)
     export_hf(loaded.config, loaded.params, loaded.rest, out_dir, base_hf_config=loaded.hf_config)
 
 Parameters live in the trees of `nnx.split(model, nnx.Param, ...)` as pure
@@ -32,8 +32,8 @@ from moejax.errors import ConfigError
 from moejax.interop.hf_config import from_hf_config, to_hf_config
 from moejax.interop.names import tensor_maps
 from moejax.interop.safetensors_io import SafetensorsReader, ShardedWriter, read_json
-from moejax.models.hf.config import validate_decoder_config
-from moejax.models.hf.decoder import DecoderLM
+from moejax.config import model_config_from_dict, moe_layer_indices, validate_model
+from moejax.models.decoder import Decoder
 
 PARAM_DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16, "float16": np.float16}
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
@@ -42,20 +42,20 @@ WORKDIR_MODEL = "model"
 
 @dataclasses.dataclass
 class Loaded:
-  config: ml_collections.ConfigDict  # the decoder config (models/hf/config.py)
+  config: ml_collections.ConfigDict  # the model config (moejax/config.py `model`)
   params: dict
   rest: dict  # non-trained state (e.g. DeepSeek-V3's e_score_correction_bias)
   hf_config: dict | None = None  # the original config.json, when there was one
   unused: tuple = ()  # checkpoint tensors no parameter reads (e.g. DeepSeek's MTP layer)
 
-  def model(self) -> DecoderLM:
+  def model(self) -> Decoder:
     graphdef, _, _ = abstract_model(self.config)
     return nnx.merge(graphdef, self.params, self.rest)
 
 
 def abstract_model(m):
-  """(graphdef, params, rest) of DecoderLM(m) as ShapeDtypeStructs: nothing allocated."""
-  model = nnx.eval_shape(lambda: DecoderLM(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
+  """(graphdef, params, rest) of Decoder(m) as ShapeDtypeStructs: nothing allocated."""
+  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 
@@ -117,11 +117,12 @@ def import_hf(hf_dir: str, param_dtype: str = "float32") -> Loaded:
 def config_for_params(m, params) -> ml_collections.ConfigDict:
   """m with each MoE layer's expert count read from its router kernel [d, E]."""
   m = ml_collections.ConfigDict(m.to_dict())
-  counts = [int(params["blocks"][i]["ffn"]["router_kernel"].shape[-1]) for i in m.moe_layers]
+  counts = [int(params["blocks"][i]["ffn"]["router_kernel"].shape[-1])
+            for i in moe_layer_indices(m) if m.ffn_type == "moe"]
   m.moe.expert_counts = [] if len(set(counts)) <= 1 else counts
   if counts:
     m.moe.num_experts = max(counts)
-  validate_decoder_config(m)
+  validate_model(m)
   return m
 
 
@@ -211,8 +212,8 @@ def load_workdir(workdir: str) -> Loaded:
   saved = read_json(path)
   if not isinstance(saved.get("model"), dict):
     raise ConfigError(f"no 'model' object: not a converted workdir's config ({path})")
-  m = ml_collections.ConfigDict(saved["model"])
-  validate_decoder_config(m)
+  m = model_config_from_dict(saved["model"])  # also a workdir of an older moejax
+  validate_model(m)
   _, params, rest = abstract_model(m)
   trees = {"params": params, "rest": rest}
   reader = SafetensorsReader(directory, index_file="params.index.json")

@@ -1,4 +1,4 @@
-"""HF config.json <-> the decoder config (moejax/models/hf/config.py).
+"""HF config.json <-> the model config (moejax/config.py `model`, one schema for all).
 
 `from_hf_config` reads a family's config.json (transformers 4.x and 5.x key
 spellings: `rope_theta`/`rope_scaling` or `rope_parameters`, every alias of
@@ -10,10 +10,10 @@ moejax LM with shared experts written as Mixtral), naming the keys.
 """
 import ml_collections
 
-from moejax.config import flatten_config
+from moejax.config import (base_config, expert_counts, flatten_config, layer_windows,
+                           moe_layer_indices, set_moe_layers, validate_model)
 from moejax.errors import ConfigError
-from moejax.models.hf.config import decoder_config, expert_counts, validate_decoder_config
-from moejax.models.hf.families import FAMILIES
+from moejax.models.families import FAMILIES
 
 _REQUIRED = object()
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -121,14 +121,23 @@ def _moe_layers(hf: dict, family, num_layers: int) -> list[int]:
   return list(range(num_layers))
 
 
+def imported_model_config() -> ml_collections.ConfigDict:
+  """The schema's defaults with what an imported model starts from: no router
+  losses and a frozen aux-loss-free bias (a fine-tuning config sets its own)."""
+  m = base_config().model
+  m.moe.loss_weights = {}
+  m.moe.bias_update_rate = 0.0  # a loaded model's bias stays as trained
+  return m
+
+
 def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
-  """The decoder config of a supported family's config.json (ConfigError otherwise)."""
+  """The model config of a supported family's config.json (ConfigError otherwise)."""
   family = family_of(hf)
   hf = {**FAMILY_DEFAULTS.get(family.model_type, {}), **hf}
   if _get(hf, "hidden_act", default="silu") != "silu":
     raise ConfigError(f"config.json hidden_act={hf['hidden_act']!r}: only silu (SwiGLU) "
                       "experts are supported")
-  m = decoder_config()
+  m = imported_model_config()
   m.family = family.model_type
   m.vocab_size, m.d_model = _get(hf, "vocab_size"), _get(hf, "hidden_size")
   m.num_layers, m.num_heads = _get(hf, "num_hidden_layers"), _get(hf, "num_attention_heads")
@@ -136,7 +145,7 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
   m.head_dim = _get(hf, "head_dim", default=m.d_model // m.num_heads)
   m.norm_eps = float(_get(hf, "rms_norm_eps", default=1e-6))
   m.tie_embeddings = bool(hf.get("tie_word_embeddings", False))
-  m.max_position = _get(hf, "max_position_embeddings", default=4096)
+  m.max_seq_len = _get(hf, "max_position_embeddings", default=4096)
   _read_rope(hf, m.rope)
   a = m.attention
   a.kind, a.qk_norm = family.attention, family.qk_norm
@@ -154,7 +163,7 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
       hf.get("norm_topk_prob", family.model_type == "deepseek_v3"))
   e.expert_d_ff = _get(hf, "moe_intermediate_size", "intermediate_size")
   m.d_ff = _get(hf, "intermediate_size")
-  m.moe_layers = _moe_layers(hf, family, m.num_layers)
+  set_moe_layers(m, _moe_layers(hf, family, m.num_layers))
   if family.model_type == "qwen2_moe" and _get(hf, "shared_expert_intermediate_size", default=0):
     e.num_shared_experts, e.shared_d_ff = 1, hf["shared_expert_intermediate_size"]
     e.shared_expert_gate = True
@@ -172,7 +181,7 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
                                                   _get(hf, "qk_rope_head_dim"))
     mla.v_head_dim = _get(hf, "v_head_dim")
     m.rope.interleave = bool(hf.get("rope_interleave", True))
-  validate_decoder_config(m)
+  validate_model(m)
   return m
 
 
@@ -185,14 +194,16 @@ def _family_keys(m, family) -> dict:
                       f"model has {expert_counts(m)} per MoE layer. Prune to the same count "
                       "in every layer to export it.")
   num_experts = counts.pop() if counts else e.num_experts
-  dense_layers = [i for i in range(m.num_layers) if i not in m.moe_layers]
-  window = max(a.windows) if any(a.windows) else None
+  moe_layers = moe_layer_indices(m)
+  dense_layers = [i for i in range(m.num_layers) if i not in moe_layers]
+  windows = layer_windows(m)
+  window = max(windows) if any(windows) else None
   out = {"architectures": [family.architecture], "model_type": family.model_type,
          "vocab_size": m.vocab_size, "hidden_size": m.d_model,
          "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
          "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
          "rms_norm_eps": m.norm_eps, "tie_word_embeddings": m.tie_embeddings,
-         "max_position_embeddings": m.max_position, "hidden_act": "silu",
+         "max_position_embeddings": m.max_seq_len, "hidden_act": "silu",
          "num_experts_per_tok": e.top_k, "rope_parameters": _rope_parameters(m.rope)}
   kind = family.model_type
   if kind in ("mixtral", "olmoe"):
@@ -209,7 +220,7 @@ def _family_keys(m, family) -> dict:
     if kind == "qwen2_moe":
       out.update(qkv_bias=a.qkv_bias, shared_expert_intermediate_size=(
           e.num_shared_experts * e.shared_d_ff), layer_types=[
-              "sliding_attention" if w else "full_attention" for w in a.windows])
+              "sliding_attention" if w else "full_attention" for w in windows])
     else:
       out["attention_bias"] = a.qkv_bias
   elif kind == "olmoe":
@@ -217,7 +228,7 @@ def _family_keys(m, family) -> dict:
   elif kind == "deepseek_v3":
     mla = a.mla
     out.update(n_routed_experts=num_experts, n_shared_experts=e.num_shared_experts,
-               first_k_dense_replace=min(m.moe_layers, default=m.num_layers),
+               first_k_dense_replace=min(moe_layers, default=m.num_layers),
                n_group=e.num_groups, topk_group=e.topk_groups,
                routed_scaling_factor=e.routed_scaling_factor,
                q_lora_rank=mla.q_lora_rank or None, kv_lora_rank=mla.kv_lora_rank,
@@ -256,10 +267,19 @@ COMPUTE_MOE_KEYS = ("router", "top_k", "renormalize", "routed_scaling_factor", "
 _FREE_KEYS = ("family", "dtype")
 
 
+# Keys that say the same thing another way (compared as moe_layers and windows).
+_LAYOUT_KEYS = ("ffn_type", "moe.first_dense", "moe.every_n", "moe.dense_layers",
+                "attention.windows")
+
+
 def _compute_keys(m) -> dict:
   flat = flatten_config(m.to_dict())
-  return {k: v for k, v in flat.items()
-          if not k.startswith("moe.") or k[len("moe."):] in COMPUTE_MOE_KEYS}
+  out = {k: v for k, v in flat.items()
+         if k not in _LAYOUT_KEYS and not k.startswith(("omni.", "l3."))
+         and (not k.startswith("moe.") or k[len("moe."):] in COMPUTE_MOE_KEYS)}
+  out.update(moe_layers=tuple(moe_layer_indices(m)), windows=tuple(layer_windows(m)),
+             omnimoe=m.ffn_type == "omnimoe", l3=bool(m.get("l3") and m.l3.enabled))
+  return out
 
 
 def check_expressible(m, hf: dict) -> None:
@@ -272,7 +292,7 @@ def check_expressible(m, hf: dict) -> None:
   if m.moe.num_shared_experts == 0:
     back.pop("moe.shared_d_ff", None)
     ours.pop("moe.shared_d_ff", None)
-  if not m.moe_layers or len(m.moe_layers) == m.num_layers:
+  if len(moe_layer_indices(m)) in (0, m.num_layers):
     back.pop("d_ff", None)
     ours.pop("d_ff", None)
   diffs = [f"{k}: model={ours.get(k)!r} {hf['model_type']}={back.get(k)!r}"

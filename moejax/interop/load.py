@@ -1,5 +1,7 @@
-"""Load a model for inference from any source: a converted workdir, a training
-workdir (TransformerLM checkpoints) or an HF checkpoint directory."""
+"""The one loader: a model for inference or fine-tuning from any source, a
+converted workdir, a training workdir (its latest checkpoint) or an HF
+checkpoint directory. Each gives a Loaded (config in the one model schema,
+params, rest) of the one Decoder."""
 import json
 import os
 
@@ -58,8 +60,14 @@ def load_model(workdir: str | None = None, hf_dir: str | None = None):
     loaded = load_workdir(workdir)
     return loaded, hf_tokenizer(directory), eos_token_id(loaded.hf_config, directory)
   if os.path.isdir(os.path.join(workdir, "checkpoints")):
-    from moejax.interop.moejax_lm import from_training_workdir
     loaded, tokenizer = from_training_workdir(workdir)
     return loaded, tokenizer, None
   raise ConfigError(f"{workdir} holds neither a converted model (model/config.json) nor "
                     "training checkpoints (checkpoints/)")
+
+
+def from_training_workdir(workdir: str, step: int | None = None):
+  """(Loaded, tokenizer) of a training workdir's checkpoint (latest by default)."""
+  from moejax.inference.restore import load_from_workdir
+  config, _, params, rest, tokenizer = load_from_workdir(workdir, step, for_generation=True)
+  return Loaded(config.model, params, rest), tokenizer

@@ -1,7 +1,7 @@
 """Which HF tensor holds which moejax parameter, for every family.
 
 A TensorMap ties one moejax array (a path in the params or rest tree of
-moejax/models/hf/decoder.py) to its HF tensor(s):
+moejax/models/decoder.py) to its HF tensor(s):
   - one tensor, or one per expert stacked along axis 0 (HF stores
     `experts.{e}.gate_proj.weight` per expert; moejax holds w_gate [E, d, f]);
   - `transpose`: HF Linear weights are [out, in], moejax kernels [in, out].
@@ -11,7 +11,7 @@ w1/w3/w2, Qwen2-MoE's `shared_expert` (+ `shared_expert_gate`), DeepSeek-V3's
 """
 import dataclasses
 
-from moejax.models.hf.config import expert_counts
+from moejax.config import expert_counts, moe_layer_indices
 
 EXPERT_NAMES = {"mixtral": {"w_gate": "w1", "w_up": "w3", "w_down": "w2"}}
 DEFAULT_EXPERT_NAMES = {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}
@@ -88,7 +88,7 @@ def _routed_ffn(m, i, num_experts) -> list[TensorMap]:
 def tensor_maps(m) -> list[TensorMap]:
   """Every parameter of the decoder `m` with its HF name(s), in checkpoint order."""
   out = [TensorMap(("embed",), ("model.embed_tokens.weight",))]
-  counts = dict(zip(m.moe_layers, expert_counts(m)))
+  counts = dict(zip(moe_layer_indices(m), expert_counts(m)))
   for i in range(m.num_layers):
     layer = f"model.layers.{i}"
     out.append(TensorMap(("blocks", i, "attn_norm", "scale"), (f"{layer}.input_layernorm.weight",)))

@@ -1,7 +1,8 @@
-"""RMSNorm, rotary embeddings, grouped-query causal attention and the dense SwiGLU MLP.
+"""The one Linear, RMSNorm and dense SwiGLU MLP every model is built from.
 
 Every projection names its dimensions' logical axes (moejax/sharding.py maps
 them to mesh axes): column-parallel in, row-parallel out (Megatron).
+Attention lives in attention.py, rotary embeddings in rope.py.
 """
 import jax
 import jax.numpy as jnp
@@ -25,55 +26,23 @@ class RMSNorm(nnx.Module):
     return (x32 * self.scale[...]).astype(x.dtype)
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """RoPE (Su et al. 2021) on x [B, L, H, D], rotate-half layout (Llama / HF)."""
-  half = x.shape[-1] // 2
-  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle = positions[..., None].astype(jnp.float32) * freq  # [B, L, half]
-  cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
-
-
 class Linear(nnx.Module):
-  """A bias-free projection with float32 parameters, computed in `dtype`."""
+  """x @ kernel [+ bias]: float32 parameters, computed in `dtype` (HF nn.Linear).
+
+  logical_axes names the kernel's (in, out) dimensions; the bias takes the
+  out name."""
 
   def __init__(self, d_in: int, d_out: int, *, rngs: nnx.Rngs, dtype, scale=1.0,
-               logical_axes=(None, None)):
+               logical_axes=(None, None), bias: bool = False):
     self.kernel = nnx.Param(dense_init(scale)(rngs.params(), (d_in, d_out)),
                             logical_axes=logical_axes)
+    self.bias = (nnx.Param(jnp.zeros((d_out,), jnp.float32), logical_axes=logical_axes[1:])
+                 if bias else nnx.data(None))
     self.dtype = dtype
 
   def __call__(self, x):
-    return x.astype(self.dtype) @ self.kernel[...].astype(self.dtype)
-
-
-class Attention(nnx.Module):
-  """Causal self-attention with grouped-query heads (Ainslie et al. 2023) and RoPE."""
-
-  def __init__(self, cfg, *, rngs: nnx.Rngs, dtype):
-    d, h = cfg.d_model, cfg.head_dim
-    self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, h
-    self.rope_theta = cfg.rope_theta
-    self.q = Linear(d, cfg.num_heads * h, rngs=rngs, dtype=dtype,
-                    logical_axes=("embed", "heads"))
-    self.k = Linear(d, cfg.num_kv_heads * h, rngs=rngs, dtype=dtype,
-                    logical_axes=("embed", "kv_heads"))
-    self.v = Linear(d, cfg.num_kv_heads * h, rngs=rngs, dtype=dtype,
-                    logical_axes=("embed", "kv_heads"))
-    self.o = Linear(cfg.num_heads * h, d, rngs=rngs, dtype=dtype,
-                    logical_axes=("heads", "embed"))
-
-  def __call__(self, x_BxLxD, positions_BxL):
-    b, l, _ = x_BxLxD.shape
-    q = self.q(x_BxLxD).reshape(b, l, self.num_heads, self.head_dim)
-    k = self.k(x_BxLxD).reshape(b, l, self.num_kv_heads, self.head_dim)
-    v = self.v(x_BxLxD).reshape(b, l, self.num_kv_heads, self.head_dim)
-    q = rotary(q, positions_BxL, self.rope_theta)
-    k = rotary(k, positions_BxL, self.rope_theta)
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-    return self.o(out.reshape(b, l, self.num_heads * self.head_dim))
+    y = x.astype(self.dtype) @ self.kernel[...].astype(self.dtype)
+    return y if self.bias is None else y + self.bias[...].astype(self.dtype)
 
 
 class SwiGLU(nnx.Module):

@@ -32,7 +32,7 @@ Read from the paper (via summaries of the arXiv text): the equation above,
 static token routing, CPU offload/prefetch, LZW-based allocation and the 512
 cap. Guessed: the exact LZW weight, the pre-norm x̂ on the query and in the mix,
 the initialisation, and where L3 layers sit (here: after chosen decoder blocks,
-each with its own residual; see moejax/models/transformer.py).
+each with its own residual; see moejax/models/decoder.py).
 
 Sharding and host offload: the tables carry the logical axis "lookup_rows",
 which moejax/sharding.RULES maps to no mesh axis (replicated; never split on

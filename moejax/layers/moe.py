@@ -4,7 +4,11 @@
                                     -> losses (weighted) + metrics
 Shared experts (DeepSeekMoE, Dai et al. 2024) are one dense SwiGLU of width
 num_shared_experts * shared_d_ff that every token passes through; summing
-n shared experts of width f is exactly one SwiGLU of width n * f.
+n shared experts of width f is exactly one SwiGLU of width n * f. With
+moe.shared_expert_gate a per-token sigmoid(x w_g) scales it (Qwen2-MoE).
+
+token_mask [B, L] (left-padded generation batches): padding tokens get
+invalid slots, so they cost no expert compute and do not count in the load.
 
 Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
@@ -78,11 +82,17 @@ class MoELayer(nnx.Module):
                                                              cfg.num_experts)
     self.experts = SwiGLUExperts(cfg.num_experts, d_model, cfg.expert_d_ff, rngs=rngs)
     self.shared = nnx.data(None)
+    self.shared_gate = nnx.data(None)
     if cfg.num_shared_experts > 0:
       self.shared = SwiGLU(d_model, cfg.num_shared_experts * cfg.shared_d_ff,
                            rngs=rngs, dtype=dtype)
+      if cfg.get("shared_expert_gate", False):
+        self.shared_gate = nnx.Param(jnp.zeros((d_model, 1), jnp.float32),
+                                     logical_axes=("embed", None))
 
-  def __call__(self, x_BxLxD, *, train: bool = False, rng=None):
+  def __call__(self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None):
+    """(y [B, L, d], aux): aux = {aux_loss, metrics, and the Routing as
+    expert_index, combine_weight, valid [T, S]} for analysis and parity tests."""
     cfg = self.cfg
     b, l, d = x_BxLxD.shape
     x_TxD = sharding.constrain(x_BxLxD.reshape(b * l, d), ("batch", "act_embed"))
@@ -101,18 +111,28 @@ class MoELayer(nnx.Module):
       for name, var in self.router_state.items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))
 
-    y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), out.routing)
+    assignment = out.routing
+    if token_mask is not None:
+      assignment = assignment.with_valid(assignment.valid & token_mask.reshape(b * l, 1))
+    y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), assignment)
     if self.shared is not None:
-      y_TxD = y_TxD + self.shared(x_TxD)
+      shared = self.shared(x_TxD)
+      if self.shared_gate is not None:
+        gate = x_TxD.astype(router_dtype) @ self.shared_gate[...].astype(router_dtype)
+        shared = shared * jax.nn.sigmoid(gate).astype(shared.dtype)
+      y_TxD = y_TxD + shared
 
     loss_values = {name: losses.get_loss(name)(out, cfg)
                    for name in sorted({*DIAGNOSTIC_LOSSES, *cfg.loss_weights})}
     aux_loss = sum((cfg.loss_weights[name] * loss_values[name]
                     for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
+    counts = assignment.expert_counts(cfg.num_experts)
     metrics = {**out.metrics, **dispatch_metrics, **loss_values,
-               **load_metrics(out.routing.expert_counts(cfg.num_experts), cfg.dropless_tile,
-                              num_tokens=b * l)}
-    return y_TxD.reshape(b, l, d), {"aux_loss": aux_loss, "metrics": metrics}
+               **load_metrics(counts, cfg.dropless_tile, num_tokens=b * l),
+               "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32)}
+    return y_TxD.reshape(b, l, d), {
+        "aux_loss": aux_loss, "metrics": metrics, "expert_index": assignment.expert_index,
+        "combine_weight": assignment.combine_weight, "valid": assignment.valid}
 
   def dispatch(self, x_TxD, assignment):
     """The configured dispatcher; across the mesh (expert parallel) under a Layout."""

@@ -1,1 +1,19 @@
-from moejax.models.transformer import TransformerLM, moe_layer_indices
+"""Models, built by name from the config (`model_name`, big_vision style).
+
+  decoder   the one decoder LM: moejax's own MoE LM and the HF families
+            (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3); moejax/models/decoder.py
+
+`build_model(model_name, model_cfg, rngs)` is what the trainer calls, so a
+new model (e.g. a ViT-MoE) slots in with one registration.
+"""
+from moejax.models.decoder import DTYPES, Decoder
+from moejax.models.families import FAMILIES
+from moejax.registry import Registry
+
+MODELS = Registry("model_name")
+MODELS.add("decoder", Decoder)
+
+
+def build_model(model_name: str, model_cfg, *, rngs):
+  """The registered model `model_name` built from the `model` config section."""
+  return MODELS.get(model_name)(model_cfg, rngs=rngs)

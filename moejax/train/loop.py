@@ -21,11 +21,12 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.config import validate_config
+from moejax.config import moe_layer_indices, validate_config
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
-from moejax.models import TransformerLM, moe_layer_indices
+from moejax import models
 from moejax.sharding import make_layout
+from moejax.train import init_from
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.distributed import make_placement, process_zero_first
@@ -47,8 +48,9 @@ class Run:
 
 
 def build_model(config):
+  """The model `config.model_name` (moejax.models.MODELS) of `config.model`."""
   model_cfg = ml_collections.FrozenConfigDict(config.model)
-  return TransformerLM(model_cfg, rngs=nnx.Rngs(config.seed))
+  return models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed))
 
 
 def init_state(config):
@@ -84,6 +86,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   devices: the devices to run on (default all of them), laid out by the
   config's `mesh`; on one device, the plain single-device program.
   """
+  config = init_from.resolve_config(config)
   validate_config(config)
   layout = make_layout(config, devices)  # None on one device: the plain program
   t = config.train
@@ -114,6 +117,9 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     state, data_state = ckpt.restore(latest, target)
     data.train_iter.set_state(data_state)
     logging.info("resumed from step %d in %s", latest, ckpt.directory)
+  elif config.init.hf_dir:
+    state = init_from.initial_state(config, state, optimizer, placement)
+    logging.info("starting from the pretrained weights in %s", config.init.hf_dir)
 
   train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement)
   eval_step = step_lib.make_eval_step(graphdef, placement)

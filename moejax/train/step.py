@@ -36,6 +36,11 @@ def cross_entropy(logits, targets):
       logits.astype(jnp.float32), targets))
 
 
+def moe_metrics(aux) -> list:
+  """Per MoE layer, the metrics of the model's aux (the routing itself stays on device)."""
+  return [layer["metrics"] for layer in aux["moe"]]
+
+
 def make_optimizer(t) -> optax.GradientTransformation:
   """AdamW with linear warmup and cosine decay, after global-norm clipping.
 
@@ -68,7 +73,7 @@ def make_train_step(graphdef, optimizer, seed: int, placement=None):
 
   def loss_fn(params, rest, batch, rng):
     model = nnx.merge(graphdef, params, rest)
-    logits, aux = model(batch["inputs"], train=True, rng=rng)
+    logits, aux, _ = model(batch["inputs"], train=True, rng=rng)
     ce = cross_entropy(logits, batch["targets"])
     _, _, new_rest = split_model(model)
     return ce + aux["aux_loss"], (ce, aux, new_rest)
@@ -80,7 +85,7 @@ def make_train_step(graphdef, optimizer, seed: int, placement=None):
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "ce_loss": ce, "aux_loss": aux["aux_loss"],
-               "grad_norm": optax.tree.norm(grads), "moe": aux["moe"]}
+               "grad_norm": optax.tree.norm(grads), "moe": moe_metrics(aux)}
     return TrainState(state.step + 1, params, new_rest, opt_state), metrics
 
   if placement is None:
@@ -94,8 +99,8 @@ def make_eval_step(graphdef, placement=None):
 
   def eval_step(params, rest, batch):
     model = nnx.merge(graphdef, params, rest)
-    logits, aux = model(batch["inputs"], train=False)
-    return cross_entropy(logits, batch["targets"]), aux["moe"]
+    logits, aux, _ = model(batch["inputs"], train=False)
+    return cross_entropy(logits, batch["targets"]), moe_metrics(aux)
 
   if placement is None:
     return jax.jit(eval_step)

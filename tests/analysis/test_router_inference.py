@@ -11,7 +11,6 @@ import pytest
 from configs import lm_shakespeare_moe
 from moejax.analysis import router_inference as ri
 from moejax.errors import ConfigError
-from moejax.interop.moejax_lm import decoder_config_of
 from moejax.train.loop import init_state
 from moejax.train.step import cross_entropy
 
@@ -33,7 +32,7 @@ def full_forward_bpb(graphdef, params, rest, windows):
 
 def test_teacher_forced_decoding_equals_the_full_forward(tiny):
   config, graphdef, params, rest, windows = tiny
-  m = decoder_config_of(config.model)
+  m = config.model
   for batch in (2, 8):  # top-k routing does not depend on the decode batch
     out = ri.decode_score(m, params, rest, windows, batch)
     assert out["bpb"] == pytest.approx(full_forward_bpb(graphdef, params, rest, windows),
@@ -99,7 +98,7 @@ def test_set_router_state_writes_each_layer_and_checks_the_count():
 
 def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny):
   config, graphdef, params, rest, windows = tiny
-  m = decoder_config_of(config.model)
+  m = config.model
   similarity = ri.calibrate_similarity(graphdef, params, rest, jnp.asarray(windows))
   plain = ri.decode_score(m, params, rest, windows, 8)
   m_off, rest_off = ri.with_sere(m, rest, similarity, rho=1.5)

@@ -13,7 +13,8 @@ from safetensors.numpy import load_file, save_file
 
 from configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf, save_workdir
-from moejax.interop.moejax_lm import from_training_workdir
+from moejax.config import moe_layer_indices
+from moejax.interop.load import from_training_workdir
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import init_state
 
@@ -69,7 +70,7 @@ def area(tmp_path_factory):
   save_workdir(p.converted, loaded)
   export_hf(loaded.config, loaded.params, loaded.rest, p.hf, family="mixtral",
             max_shard_bytes=200_000)
-  p.moe_layers, p.num_experts = len(loaded.config.moe_layers), loaded.config.moe.num_experts
+  p.moe_layers, p.num_experts = len(moe_layer_indices(loaded.config)), loaded.config.moe.num_experts
   p.vocab_size = loaded.config.vocab_size
 
   bad = p.bad = os.path.join(root, "bad")

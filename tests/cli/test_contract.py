@@ -5,8 +5,7 @@ import pytest
 from tests.cli.conftest import TRAIN_CONFIG
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
-GEN, SAMPLE, TRAIN, CONVERT = ("experiments.generate", "experiments.sample",
-                               "experiments.train", "experiments.convert")
+GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.convert"
 ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
@@ -23,7 +22,7 @@ CASES = [
     (GEN, [T, "--max_new_tokens=0"], ["--max_new_tokens=0"]),
     (GEN, [T, "--max_new_tokens=-5"], ["--max_new_tokens=-5"]),
     (GEN, [T, "--max_new_tokens=abc"], ["--max_new_tokens=abc"]),
-    (GEN, [T, "--max_new_tokens=100000", "--prompt_ids=1"], ["max_new_tokens", "max_position"]),
+    (GEN, [T, "--max_new_tokens=100000", "--prompt_ids=1"], ["max_new_tokens", "max_seq_len"]),
     (GEN, [T, "--temperature=-0.1"], ["--temperature=-0.1"]),
     (GEN, [T, "--top_k=-1"], ["--top_k=-1"]),
     (GEN, [T, "--top_k=100000"], ["--top_k=100000", "vocabulary"]),
@@ -69,20 +68,6 @@ CASES = [
     (GEN, [T, "--sere_similarity={bad}/garbage.npy"], ["garbage.npy"]),
     (GEN, [T, "--sere_similarity={bad}/wrong_shape.npy"], ["(2, 3)", "wrong_shape.npy"]),
     (GEN, [T, "--sere_similarity={bad}/int.npy"], ["int32", "int.npy"]),
-    # sample
-    (SAMPLE, [], ["--workdir"]),
-    (SAMPLE, [NEW], ["does not exist", "--workdir={missing}"]),
-    (SAMPLE, [C], ["imported model", "training run", "--workdir={converted}"]),
-    (SAMPLE, ["--workdir={bad}/afile.txt"], ["afile.txt"]),
-    (SAMPLE, ["--workdir={bad}/foreign"], ["not a moejax workdir"]),
-    (SAMPLE, ["--workdir={bad}/train_no_steps"], ["no checkpoint"]),
-    (SAMPLE, ["--workdir={bad}/train_corrupt"], ["cannot read checkpoint", "train_corrupt"]),
-    (SAMPLE, [T, "--max_new_tokens=0"], ["--max_new_tokens=0"]),
-    (SAMPLE, [T, "--temperature=-1"], ["--temperature=-1"]),
-    (SAMPLE, [T, "--top_k=-3"], ["--top_k=-3"]),
-    (SAMPLE, [T, "--top_k=1000"], ["--top_k=1000"]),
-    (SAMPLE, [T, "--seed=-2"], ["--seed=-2"]),
-    (SAMPLE, [T, "--prompt="], ["--prompt="]),
     # train
     (TRAIN, [CFG, NEW, "--config.model.moe.nonexistent_key=3"],
      ["unknown config key model.moe.nonexistent_key", "--config.model.moe.nonexistent_key=3"]),

@@ -191,9 +191,3 @@ def test_tiny_omnimoe_lm_learns_in_thirty_steps(data_dir, tmp_path):  # noqa: F8
   assert 0 < rec["moe/layer0/routing_entropy"] <= math.log(64) + 1e-4
   stats = run.state.rest["blocks"][0]["ffn"]["bn_stats"]
   assert float(np.abs(np.asarray(stats["mean_x"])).max()) > 0  # running statistics trained
-
-
-def test_kv_cache_decoder_refuses_omnimoe_by_name():
-  from moejax.interop.moejax_lm import decoder_config_of
-  with pytest.raises(ConfigError, match="model.ffn_type='omnimoe'"):
-    decoder_config_of(lm_shakespeare_omnimoe.get_config("size=tiny").model)

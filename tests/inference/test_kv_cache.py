@@ -1,5 +1,6 @@
 """KV-cache decoding equals the full forward pass at every position (1e-5) for
-every family, MLA included, on a left-padded batch; batched generation equals
+every family, MLA included, and for the trained default, OmniMoE and L3 models,
+on a left-padded batch; batched generation equals
 generating each prompt alone; top-k / top-p filtering; decode routing metrics."""
 import jax
 import jax.numpy as jnp
@@ -8,18 +9,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
 from configs.lm_shakespeare_moe import get_config
+from moejax.config import moe_layer_indices
 from moejax.inference.generate import filter_logits, generate, left_pad, sample_tokens
 from moejax.inference.kv_cache import cache_bytes, init_cache
 from moejax.interop.convert import abstract_model
 from moejax.interop.hf_config import from_hf_config
-from moejax.interop.moejax_lm import decoder_config_of
+from moejax.models import Decoder
 from tests.interop.hf_tiny import FAMILY_NAMES, family_configs
 
 
+# moejax's own models at size=tiny: the default LM, OmniMoE and L3.
+TRAINED = {"moejax": get_config, "omnimoe": lm_shakespeare_omnimoe.get_config,
+           "l3": lm_shakespeare_l3.get_config}
+
+
 def family_config(name):
-  if name == "moejax":  # the default Shakespeare LM at size=tiny
-    m = decoder_config_of(get_config("size=tiny").model)
+  if name in TRAINED:
+    m = TRAINED[name]("size=tiny").model
   else:
     m = from_hf_config(family_configs()[name].to_dict())
   m.moe.grouped_matmul = "tiled"  # fastest to compile on CPU
@@ -34,9 +42,12 @@ def random_params(m, seed=0):
   out = []
   for (path, spec), key in zip(leaves, keys):
     name = jax.tree_util.keystr(path)
+    if not jnp.issubdtype(spec.dtype, jnp.floating):  # L3's table layout: a real init
+      out.append(real_init(m, path))
+      continue
     noise = jax.random.normal(key, spec.shape, jnp.float32)
-    if "scale" in name:
-      value = 1.0 + 0.2 * noise
+    if "scale" in name or "var_" in name:  # norm scales, OmniMoE's BatchNorm variances
+      value = 1.0 + 0.2 * jnp.abs(noise)
     elif "router_kernel" in name:
       value = noise
     elif "bias" in name:
@@ -47,20 +58,30 @@ def random_params(m, seed=0):
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def real_init(m, path):
+  model = nnx.merge(*nnx.split(Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0))))
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  tree = (nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
+  for key in path:
+    tree = tree[key.idx if hasattr(key, "idx") else key.key]
+  return tree
+
+
 def batch(vocab):
   rng = np.random.default_rng(1)
   prompts = [list(rng.integers(3, vocab, 9)), list(rng.integers(3, vocab, 5))]
   return left_pad(prompts)
 
 
-@pytest.mark.parametrize("name", FAMILY_NAMES + ("moejax",))
+@pytest.mark.parametrize("name", FAMILY_NAMES + tuple(TRAINED))
 def test_decode_equals_full_forward_at_every_position(name):
   """One pass over the whole left-padded batch vs one token at a time from an
   empty cache (padding included), each with its own cache."""
   m = family_config(name)
   params, rest = random_params(m)
   graphdef, _, _ = abstract_model(m)
-  run = jax.jit(lambda t, mask, cache: nnx.merge(graphdef, params, rest)(t, mask, cache))
+  run = jax.jit(lambda t, mask, cache: nnx.merge(graphdef, params, rest)(
+      t, token_mask_BxL=mask, cache=cache))
   tokens, mask = batch(m.vocab_size)
   full, _, _ = run(tokens, mask, init_cache(m, 2, tokens.shape[1] + 2))
   cache, steps = init_cache(m, 2, tokens.shape[1] + 2), []
@@ -83,8 +104,9 @@ def test_full_forward_with_and_without_a_cache_agree():
   params, rest = random_params(m)
   model = nnx.merge(abstract_model(m)[0], params, rest)
   tokens, mask = batch(m.vocab_size)
-  without, _, _ = jax.jit(lambda t, k: model(t, k))(tokens, mask)
-  with_cache, _, _ = jax.jit(lambda t, k, c: model(t, k, c))(tokens, mask, init_cache(m, 2, 9))
+  without, _, _ = jax.jit(lambda t, k: model(t, token_mask_BxL=k))(tokens, mask)
+  with_cache, _, _ = jax.jit(lambda t, k, c: model(t, token_mask_BxL=k, cache=c))(
+      tokens, mask, init_cache(m, 2, 9))
   np.testing.assert_allclose(np.asarray(with_cache)[mask], np.asarray(without)[mask], atol=1e-6)
 
 
@@ -107,7 +129,7 @@ def test_batched_greedy_generation_equals_each_prompt_alone():
   together = generate(m, params, rest, prompts, max_new_tokens=6)
   alone = generate(m, params, rest, [prompts[1]], max_new_tokens=6)
   np.testing.assert_array_equal(together.tokens[1], alone.tokens[0])
-  assert together.distinct_experts.shape == (5, len(m.moe_layers))
+  assert together.distinct_experts.shape == (5, len(moe_layer_indices(m)))
   assert (together.distinct_experts >= 1).all()
   assert (together.distinct_experts <= 2 * m.moe.top_k).all()  # 2 rows x top_k each
 

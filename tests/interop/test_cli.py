@@ -10,7 +10,7 @@ import transformers
 
 from configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf
-from moejax.interop.moejax_lm import from_training_workdir
+from moejax.interop.load import from_training_workdir
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import init_state
 from tests.interop.hf_tiny import hf_forward, padded_batch

@@ -12,7 +12,6 @@ from safetensors.numpy import load_file, save_file
 from moejax.config import base_config
 from moejax.errors import ConfigError
 from moejax.interop.convert import abstract_model, export_hf, import_hf
-from moejax.interop.moejax_lm import decoder_config_of
 
 QPROJ = "model.layers.1.self_attn.q_proj.weight"
 
@@ -91,7 +90,7 @@ def test_export_refuses_what_the_family_cannot_express(tmp_path):
   c = base_config().model
   c.d_model, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim = 16, 1, 2, 1, 8
   c.moe.num_shared_experts = 1
-  m = decoder_config_of(c)
+  m = c
   _, params, rest = abstract_model(m)
   params, rest = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (params, rest))
   with pytest.raises(ConfigError, match="MixtralForCausalLM cannot express.*num_shared_experts"):

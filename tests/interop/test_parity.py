@@ -12,7 +12,7 @@ from tests.interop.hf_tiny import hf_forward, padded_batch
 
 def moejax_forward(loaded, tokens, mask):
   graphdef, _, _ = abstract_model(loaded.config)
-  forward = jax.jit(lambda p, r, t, m: nnx.merge(graphdef, p, r)(t, m)[:2])
+  forward = jax.jit(lambda p, r, t, m: nnx.merge(graphdef, p, r)(t, token_mask_BxL=m)[:2])
   logits, aux = forward(loaded.params, loaded.rest, jnp.asarray(tokens, jnp.int32),
                         jnp.asarray(mask, bool))
   return np.asarray(logits), [np.asarray(layer["expert_index"]) for layer in aux["moe"]]

@@ -179,10 +179,3 @@ def test_tiny_l3_lm_learns_and_checkpoints_its_table(tmp_path):
   restored, _ = ckpt.restore(ckpt.latest_step(), jax.tree.map(np.asarray, state))
   np.testing.assert_array_equal(restored.rest["lookups"]["1"]["offsets"], table["offsets"])
   assert restored.params["lookups"]["1"]["keys"].shape == (l3.budget, config.model.d_model)
-
-
-def test_kv_cache_decoder_refuses_l3_by_name():
-  from configs import lm_shakespeare_l3
-  from moejax.interop.moejax_lm import decoder_config_of
-  with pytest.raises(ConfigError, match="model.l3.enabled=True"):
-    decoder_config_of(lm_shakespeare_l3.get_config("size=tiny").model)

@@ -13,7 +13,7 @@ from jax.test_util import check_grads
 from moejax.config import base_config
 from moejax.layers.moe import MoELayer
 from moejax.losses.balance import load_balance_loss, router_z_loss
-from moejax.models import TransformerLM
+from moejax.models import Decoder
 from moejax.routing import Routing, RouterOutput
 from tests.helpers import moe_cfg
 
@@ -87,22 +87,22 @@ def tiny_model_cfg(**moe):
                                              ("topk", "capacity")])
 def test_changing_token_t_changes_no_earlier_logit(router, dispatch):
   # capacity_factor 8 = E/k * 2: no drops, so capacity routing is per-token too.
-  model = TransformerLM(tiny_model_cfg(router=router, dispatch=dispatch, capacity_factor=8.0),
-                        rngs=nnx.Rngs(0))
+  model = Decoder(tiny_model_cfg(router=router, dispatch=dispatch, capacity_factor=8.0),
+                  rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
-  logits, _ = model(tokens)
+  logits, _, _ = model(tokens)
   for t in (0, 5, 11):
     changed = tokens.at[:, t].set((tokens[:, t] + 17) % 256)
-    logits2, _ = model(changed)
+    logits2, _, _ = model(changed)
     np.testing.assert_array_equal(logits[:, :t], logits2[:, :t])
     assert not np.allclose(logits[:, t:], logits2[:, t:])
 
 
 def test_expert_choice_is_flagged_and_is_non_causal():
-  model = TransformerLM(tiny_model_cfg(router="expert_choice"), rngs=nnx.Rngs(0))
+  model = Decoder(tiny_model_cfg(router="expert_choice"), rngs=nnx.Rngs(0))
   assert not model.blocks[0].ffn.router_spec.causal
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
-  logits, _ = model(tokens)
+  logits, _, _ = model(tokens)
   differs = []
   for seed in range(4):  # some later change must move an earlier logit
     changed = tokens.at[:, 8:].set(jax.random.randint(jax.random.key(seed), (2, 4), 0, 256))

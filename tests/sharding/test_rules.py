@@ -12,7 +12,9 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 from moejax import sharding
 from moejax.config import base_config, validate_config
 from moejax.errors import ConfigError
-from moejax.models import TransformerLM
+from moejax.interop.hf_config import from_hf_config
+from moejax.models import Decoder
+from tests.interop.hf_tiny import FAMILY_NAMES, family_configs
 from moejax.train import step as step_lib
 from moejax.train.loop import train_and_evaluate
 
@@ -46,15 +48,19 @@ def test_a_mesh_axis_is_used_once_per_array():
   assert lay.spec(("expert", "embed", "mlp"), (4, 32, 64)) == P("expert", "fsdp", "tensor")
 
 
-def test_every_parameter_of_the_lm_names_its_axes():
-  model = nnx.eval_shape(lambda: TransformerLM(base_config().model, rngs=nnx.Rngs(0)))
+@pytest.mark.parametrize("family", ("moejax",) + FAMILY_NAMES)
+def test_every_parameter_of_every_family_names_its_axes(family):
+  m = (base_config().model if family == "moejax"
+       else from_hf_config(family_configs()[family].to_dict()))
+  model = nnx.eval_shape(lambda: Decoder(m, rngs=nnx.Rngs(0)))
   _, params, _ = nnx.split(model, nnx.Param, ...)
   axes_tree = sharding.logical_axes_of(params)
   for axes, param in zip(jax.tree.leaves(axes_tree), jax.tree.leaves(nnx.to_pure_dict(params))):
     assert len(axes.names) == param.ndim
     assert set(axes.names) - {None} <= set(sharding.RULES)
     assert param.ndim < 2 or any(axes.names)  # every matrix is split somewhere
-  experts = axes_tree["blocks"][0]["ffn"]["experts"]
+  moe_block = next(i for i, b in enumerate(model.blocks) if b.is_moe)
+  experts = axes_tree["blocks"][moe_block]["ffn"]["experts"]
   assert experts["w_down"].names == ("expert", "mlp", "embed")
 
 

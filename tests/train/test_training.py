@@ -60,7 +60,7 @@ def test_thirty_steps_lower_the_loss(data_dir, tmp_path):
     assert key in rec, key
   np.testing.assert_allclose(sum(rec[f"moe/layer1/load_fraction/e{e}"] for e in range(8)), 1.0,
                              rtol=1e-5)
-  # what experiments.sample restores is what training ended with
+  # what experiments.generate restores is what training ended with
   _, _, params, _, tokenizer = load_from_workdir(str(tmp_path), for_generation=True)
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), params_of(run))
   assert tokenizer.decode(tokenizer.encode("ROMEO:")) == "ROMEO:"

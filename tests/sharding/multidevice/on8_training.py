@@ -66,3 +66,27 @@ def test_training_on_2x4_equals_one_device_and_resumes_on_other_layouts(data_dir
     resumed = train_and_evaluate(target_config, workdir, write_metrics=False, devices=devices)
     assert resumed.start_step == SAVED, name
     np.testing.assert_allclose(losses(resumed), losses(rest), rtol=1e-5, err_msg=name)
+
+
+def test_an_imported_family_trains_on_2x4_as_on_one_device(data_dir, tmp_path):
+  """A tiny DeepSeek-V3 (MLA, shared experts, group-limited routing with its bias
+  state) fine-tuned from its HF checkpoint: every parameter carries logical axes,
+  so the 2 x 4 mesh with expert parallelism trains it with one device's losses."""
+  from configs import finetune_hf
+  from tests.interop.hf_tiny import make_model, save_model
+  hf_dir = save_model(make_model("deepseek_v3", vocab_size=256), str(tmp_path / "hf"))
+
+  def finetune(mesh=None):
+    c = finetune_hf.get_config("family=deepseek_v3,steps=3,seq_len=32,batch_size=8")
+    c.init.hf_dir, c.data.data_dir = hf_dir, data_dir
+    c.train.log_every, c.train.eval_batches, c.train.progress_bar = 1, 1, False
+    for axis, size in (mesh or {}).items():
+      c.mesh[axis] = size
+    return c
+
+  one = train_and_evaluate(finetune(), str(tmp_path / "one"), write_metrics=False,
+                           devices=one_device())
+  on_2x4 = train_and_evaluate(finetune(MESHES["data2_expert4"]), str(tmp_path / "2x4"),
+                              write_metrics=False)
+  np.testing.assert_allclose(losses(on_2x4), losses(one), rtol=1e-5)
+  assert len(losses(one)) == 3

@@ -1,7 +1,7 @@
-"""Causal attention of the HF MoE families, each with an optional KV cache.
+"""The one causal attention module of every model, with an optional KV cache.
 
-GroupedQueryAttention: Mixtral, Qwen2/3-MoE, OLMoE and moejax's own LM
-(GQA, Ainslie et al. 2023), with the family flags of config.py: q/k/v biases,
+GroupedQueryAttention: moejax's own LM, Mixtral, Qwen2/3-MoE, OLMoE
+(GQA, Ainslie et al. 2023), with the family flags of moejax/config.py: q/k/v biases,
 q/k RMSNorm per head (Qwen3) or across heads (OLMoE), q/k/v clipping (OLMoE),
 sliding windows (Mistral).
 LatentAttention: multi-head latent attention (DeepSeek-V2, sec. 2.1; V3).
@@ -12,27 +12,22 @@ and every step expands them with kv_b_proj (the plain, unabsorbed form).
 Both return (out, new layer cache). Without a cache the keys are the call's
 own tokens; with one, the new keys are written at slot `start` and the
 queries attend over the whole cache. `allowed` [B, Lq, S] says which key
-slots each query may see (causal, padding, window); see decoder.py.
+slots each query may see (causal, padding, window); see moejax/models/decoder.py.
+Every projection carries logical axes (moejax/sharding.py): heads split over
+`tensor`, the model dimension over `fsdp`; MLA's low-rank latents stay whole.
 """
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.layers.dense import RMSNorm, dense_init
-from moejax.models.hf.rope import apply_rope, attention_scale, rope_frequencies
+from moejax.layers.dense import Linear, RMSNorm
+from moejax.layers.rope import apply_rope, attention_scale, rope_frequencies
 
 
-class Projection(nnx.Module):
-  """x @ kernel [+ bias]; float32 parameters, computed in `dtype` (HF nn.Linear)."""
-
-  def __init__(self, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs, dtype):
-    self.kernel = nnx.Param(dense_init()(rngs.params(), (d_in, d_out)))
-    self.bias = nnx.Param(jnp.zeros((d_out,), jnp.float32)) if bias else nnx.data(None)
-    self.dtype = dtype
-
-  def __call__(self, x):
-    y = x.astype(self.dtype) @ self.kernel[...].astype(self.dtype)
-    return y if self.bias is None else y + self.bias[...].astype(self.dtype)
+def projection(rngs, dtype):
+  """Linear(d_in, d_out, axes, bias) with the module's rngs and compute dtype."""
+  return lambda d_in, d_out, axes, bias=False: Linear(d_in, d_out, rngs=rngs, dtype=dtype,
+                                                      logical_axes=axes, bias=bias)
 
 
 def attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxV, allowed_BxLxS, scale: float):
@@ -68,11 +63,11 @@ class GroupedQueryAttention(nnx.Module):
     a = m.attention
     self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.num_kv_heads, m.head_dim
     q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    proj = lambda d_in, d_out, bias: Projection(d_in, d_out, bias=bias, rngs=rngs, dtype=dtype)
-    self.q = proj(m.d_model, q_dim, a.qkv_bias)
-    self.k = proj(m.d_model, kv_dim, a.qkv_bias)
-    self.v = proj(m.d_model, kv_dim, a.qkv_bias)
-    self.o = proj(q_dim, m.d_model, a.out_bias)
+    proj = projection(rngs, dtype)
+    self.q = proj(m.d_model, q_dim, ("embed", "heads"), a.qkv_bias)
+    self.k = proj(m.d_model, kv_dim, ("embed", "kv_heads"), a.qkv_bias)
+    self.v = proj(m.d_model, kv_dim, ("embed", "kv_heads"), a.qkv_bias)
+    self.o = proj(q_dim, m.d_model, ("heads", "embed"), a.out_bias)
     self.qk_norm, self.clip = a.qk_norm, a.clip_qkv
     if a.qk_norm == "per_head":
       self.q_norm, self.k_norm = RMSNorm(m.head_dim, m.norm_eps), RMSNorm(m.head_dim, m.norm_eps)
@@ -107,18 +102,17 @@ class LatentAttention(nnx.Module):
                                                 mla.v_head_dim)
     self.latent_dim = mla.kv_lora_rank
     qk_dim = self.nope_dim + self.rope_dim
-    proj = lambda d_in, d_out, bias=False: Projection(d_in, d_out, bias=bias, rngs=rngs,
-                                                      dtype=dtype)
+    proj = projection(rngs, dtype)
     if mla.q_lora_rank:
-      self.q_a = proj(m.d_model, mla.q_lora_rank, a.qkv_bias)
+      self.q_a = proj(m.d_model, mla.q_lora_rank, ("embed", None), a.qkv_bias)
       self.q_a_norm = RMSNorm(mla.q_lora_rank, m.norm_eps)
-      self.q_b = proj(mla.q_lora_rank, m.num_heads * qk_dim)
+      self.q_b = proj(mla.q_lora_rank, m.num_heads * qk_dim, (None, "heads"))
     else:
-      self.q = proj(m.d_model, m.num_heads * qk_dim)
-    self.kv_a = proj(m.d_model, self.latent_dim + self.rope_dim, a.qkv_bias)
+      self.q = proj(m.d_model, m.num_heads * qk_dim, ("embed", "heads"))
+    self.kv_a = proj(m.d_model, self.latent_dim + self.rope_dim, ("embed", None), a.qkv_bias)
     self.kv_a_norm = RMSNorm(self.latent_dim, m.norm_eps)
-    self.kv_b = proj(self.latent_dim, m.num_heads * (self.nope_dim + self.v_dim))
-    self.o = proj(m.num_heads * self.v_dim, m.d_model, a.out_bias)
+    self.kv_b = proj(self.latent_dim, m.num_heads * (self.nope_dim + self.v_dim), (None, "heads"))
+    self.o = proj(m.num_heads * self.v_dim, m.d_model, ("heads", "embed"), a.out_bias)
     self.has_q_lora = bool(mla.q_lora_rank)
     self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, qk_dim)
 

@@ -1,0 +1,87 @@
+"""Fine-tuning a pretrained model: `--config.init.hf_dir=DIR` (HF safetensors or
+a converted workdir, experiments.convert).
+
+`resolve_config` replaces the config's `model` section with the one the
+directory holds (its sizes, attention, routing and expert counts), keeping
+the config's MoE *training* keys (router losses, jitter, the aux-loss-free
+bias rate, dispatch and kernel choices) and compute dtype. The config must
+name the directory's family in `model.family`, so a config meant for one
+family never silently trains another. It reads config.json only, so a bad
+directory is refused before anything is built or written.
+
+`initial_state` then puts the pretrained params (and router state, e.g.
+DeepSeek-V3's score-correction bias) into a fresh TrainState: step 0, a
+fresh optimizer, in the run's shardings when there is a mesh. Resuming a
+run never re-reads the directory: checkpoints win.
+"""
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from moejax.config import model_config_from_dict
+from moejax.errors import ConfigError
+from moejax.train import step as step_lib
+
+# model.moe keys that say how to train, not what the pretrained model computes.
+TRAINING_MOE_KEYS = ("loss_weights", "router_jitter", "bias_update_rate", "dispatch",
+                     "grouped_matmul", "dropless_tile", "dropless_block", "capacity_factor",
+                     "min_capacity")
+
+
+def source_model_config(directory: str) -> ml_collections.ConfigDict:
+  """The model config stored in `directory` (a converted workdir or an HF dir), read
+  without its weights."""
+  from moejax.interop.convert import WORKDIR_MODEL, is_converted_workdir, read_config_json
+  from moejax.interop.hf_config import from_hf_config
+  from moejax.interop.safetensors_io import read_json
+  if is_converted_workdir(directory):
+    return model_config_from_dict(
+        read_json(os.path.join(directory, WORKDIR_MODEL, "config.json"))["model"])
+  return from_hf_config(read_config_json(directory))
+
+
+def resolve_config(config) -> ml_collections.ConfigDict:
+  """`config` with its model section taken from init.hf_dir (unchanged without one)."""
+  directory = config.init.hf_dir
+  if not directory:
+    return config
+  try:
+    source = source_model_config(directory)
+  except ConfigError as e:
+    raise ConfigError(f"{e} (init.hf_dir={directory})") from e
+  if config.model.family != source.family:
+    raise ConfigError(f"init.hf_dir={directory} holds a {source.family} model, but the config "
+                      f"says model.family={config.model.family!r}; set "
+                      f"--config.model.family={source.family} or use that family's config")
+  out = ml_collections.ConfigDict(config.to_dict())
+  for key in TRAINING_MOE_KEYS:
+    source.moe[key] = config.model.moe[key]
+  source.dtype = config.model.dtype
+  out.model = source
+  return out
+
+
+def pretrained(config):
+  """(params, rest) of init.hf_dir, checked against the config's model."""
+  from moejax.interop.convert import check_shapes, import_hf, is_converted_workdir, load_workdir
+  directory = config.init.hf_dir
+  loaded = load_workdir(directory) if is_converted_workdir(directory) else import_hf(directory)
+  check_shapes(config.model, loaded.params, loaded.rest)
+  return loaded.params, loaded.rest
+
+
+def initial_state(config, state: step_lib.TrainState, optimizer, placement=None):
+  """A fresh TrainState holding the pretrained weights, in `state`'s dtypes and
+  (with a Placement) its shardings."""
+  params, rest = pretrained(config)
+  cast = lambda tree, like: jax.tree.map(lambda x, s: np.asarray(x).astype(s.dtype), tree, like)
+  params, rest = cast(params, state.params), cast(rest, state.rest)
+
+  def fresh(p, r):
+    return step_lib.TrainState(np.int32(0), p, r, optimizer.init(p))
+
+  if placement is None:
+    return jax.jit(fresh)(params, rest)
+  return jax.jit(fresh, out_shardings=placement.state)(params, rest)
