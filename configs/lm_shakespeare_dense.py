@@ -5,7 +5,7 @@ top_k * expert_d_ff, i.e. equal active parameters per token (the router aside).
 
 Args as configs/lm_shakespeare_moe.py (size=tiny, ...).
 """
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 
 
 def get_config(arg=None):

@@ -26,8 +26,8 @@ Args (comma-separated key=value): size=tiny|small, budget=, cap=,
 allocation=, l3_layers= (block indices joined by '+', e.g. 1+3).
 e.g. --config=configs/lm_shakespeare_l3.py:size=tiny,allocation=frequency
 """
-from configs import lm_shakespeare_moe
 from moejax.config import parse_config_arg
+from moejax.configs import lm_shakespeare_moe
 
 DEFAULTS = dict(size="small", budget=0, cap=0, allocation="lzw", l3_layers="1")
 # size -> (budget, cap, d_emb, d_up)

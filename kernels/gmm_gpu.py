@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels import gmm_metadata
-from kernels import gmm_tiles
+from . import gmm_metadata
+from . import gmm_tiles
 
 MIN_TRITON_DOT_TILE = 16
 

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import gmm_metadata
-from kernels import gmm_tiles
+from . import gmm_metadata
+from . import gmm_tiles
 
 
 def _run_boundaries(key_ref, i, num_slots: int):

@@ -29,11 +29,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels import gmm_gpu
-from kernels import gmm_metadata
-from kernels import gmm_tiles
-from kernels import gmm_tpu
-from kernels.gmm_reference import gmm_reference, tgmm_reference
+from . import gmm_gpu
+from . import gmm_metadata
+from . import gmm_tiles
+from . import gmm_tpu
+from .gmm_reference import gmm_reference, tgmm_reference
 
 BACKENDS = ("auto", "reference", "pallas", "pallas_tpu", "pallas_gpu")
 DEFAULT_TILING = (128, 128, 128)

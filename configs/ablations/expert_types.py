@@ -17,7 +17,7 @@ docstring has the arithmetic; dense is 0.5% under, its d_ff being 2 x 256).
 """
 import ml_collections
 
-from configs.ablations.routers import get_config as routers_sweep
+from moejax.configs.ablations.routers import get_config as routers_sweep
 
 
 def get_config():

@@ -69,7 +69,7 @@ def make_matmul(name, layout, block_rows):
     return functools.partial(tiled_matmul, layout.tile_expert(), layout.tile)
   if name == "ragged_dot":
     return lambda rows, w: jax.lax.ragged_dot(rows, w, layout.padded_sizes)
-  from kernels import gmm
+  from moejax.kernels import gmm
   return lambda rows, w: gmm(rows, w, layout.padded_sizes)
 
 
