@@ -100,6 +100,7 @@ class MoELayer(nnx.Module):
     if self.router_state is not None and train:
       for name, var in self.router_state.items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))
+      routing.base.report_router_stats(self, out.stats)  # micro-batching: moejax/train/step.py
 
     y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), out.routing)
     if self.shared is not None:
