@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.config import validate_config
+from moejax.config import validate_config, validate_micro_batches
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax.models import TransformerLM, moe_layer_indices
@@ -90,6 +90,8 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   placement, put = None, lambda batch: batch
   data_shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
   if layout is not None:
+    # The mesh is known now: every micro-batch must keep rows on every batch shard.
+    validate_micro_batches(config, layout.size(layout.mesh_axes("batch")))
     placement = make_placement(config, layout, build_model)
     data_shard, put = placement.data_shard(), placement.global_batch
   data = process_zero_first(lambda: build_lm_data(config.data, seed=config.seed, **data_shard))
@@ -115,7 +117,8 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     data.train_iter.set_state(data_state)
     logging.info("resumed from step %d in %s", latest, ckpt.directory)
 
-  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement)
+  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement,
+                                        t.micro_batches)
   eval_step = step_lib.make_eval_step(graphdef, placement)
   start = int(state.step)
   # Records past `start` (logged after the restored checkpoint by a killed run) are
