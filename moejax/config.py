@@ -145,6 +145,11 @@ def base_config() -> ml_collections.ConfigDict:
   # strided micro-batches, one optimizer update and one router-state update per step
   # (moejax/train/step.py); 4 x 8 rows is the step of one batch of 32.
   t.micro_batches = 1
+  # Dtype policy (moejax/train/step.py): parameters and optimizer moments are stored
+  # in these; the update runs in float32, activations in model.dtype (the compute
+  # dtype), router parameters and router math stay float32 whatever the policy.
+  t.param_dtype = "float32"
+  t.opt_state_dtype = "float32"
 
   # Device mesh (moejax/sharding.py): axis sizes, -1 = the devices left over.
   # One device in all: the plain single-device program.
@@ -195,6 +200,9 @@ def validate_config(c) -> None:
   for key in ("log_every", "eval_every", "checkpoint_every", "max_to_keep"):
     _positive(f"train.{key}", t[key])
   _positive("train.warmup_steps", t.warmup_steps, strict=False)
+  for key in ("param_dtype", "opt_state_dtype"):
+    if t[key] not in DTYPES:
+      raise choice_error(f"train.{key}", t[key], DTYPES)
   sharding.validate_sharding_config(c)
   validate_micro_batches(c, fixed_batch_shards(c))
 

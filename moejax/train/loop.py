@@ -47,8 +47,10 @@ class Run:
 
 
 def build_model(config):
+  """The model, its parameters stored in train.param_dtype (router ones float32)."""
   model_cfg = ml_collections.FrozenConfigDict(config.model)
-  return TransformerLM(model_cfg, rngs=nnx.Rngs(config.seed))
+  model = TransformerLM(model_cfg, rngs=nnx.Rngs(config.seed))
+  return step_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
 
 
 def init_state(config):

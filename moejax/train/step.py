@@ -38,6 +38,12 @@ BatchNorm routing normalises over the tokens of each call). Routers that
 couple the tokens of one call (expert choice, token rounding, capacity drops,
 optimal transport) route each micro-batch on its own: a smaller routing group,
 not the one-batch function.
+
+Dtype policy: train.param_dtype is the dtype the parameters are stored (and
+updated) in, except router parameters (any path component starting with
+"router"), which stay float32 like all router math; train.opt_state_dtype is
+the dtype of the optimizer moments, whose update is computed in float32;
+model.dtype is the compute dtype.
 """
 import jax
 import jax.numpy as jnp
@@ -46,6 +52,9 @@ from flax import nnx, struct
 
 from moejax import sharding
 from moejax.routing import base as routing_base
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
 
 @struct.dataclass
 class TrainState:
@@ -70,10 +79,52 @@ def _is_float(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _cast_floats(tree, dtype):
+  return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) else x, tree)
+
+
+def is_router_path(path) -> bool:
+  """Router parameters (router_kernel, router_params, router_x, ...) stay float32."""
+  return any(str(key).startswith("router") for key in path)
+
+
+def apply_param_dtype(model, param_dtype: str = "float32"):
+  """Store `model`'s floating nnx.Params in `param_dtype`, router parameters excepted."""
+  dtype = DTYPES[param_dtype]
+  if dtype == jnp.float32:
+    return model
+  for path, node in nnx.iter_graph(model):
+    if (isinstance(node, nnx.Param) and not is_router_path(path)
+        and _is_float(node.get_value())):
+      node.set_value(node.get_value().astype(dtype))
+  return model
+
+
+def with_state_dtype(inner: optax.GradientTransformation,
+                     opt_state_dtype: str) -> optax.GradientTransformation:
+  """`inner` computed in float32 (gradients, params, state), its floating state
+  stored in `opt_state_dtype`; updates come out float32 and
+  optax.apply_updates casts the new params back to their own dtype."""
+  dtype = DTYPES[opt_state_dtype]
+
+  def init(params):
+    return _cast_floats(inner.init(_cast_floats(params, jnp.float32)), dtype)
+
+  def update(updates, state, params=None):
+    updates, state = inner.update(
+        _cast_floats(updates, jnp.float32), _cast_floats(state, jnp.float32),
+        None if params is None else _cast_floats(params, jnp.float32))
+    return updates, _cast_floats(state, dtype)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(t) -> optax.GradientTransformation:
   """AdamW with linear warmup and cosine decay, after global-norm clipping.
 
   Weight decay skips vectors (norm scales); matrices and embeddings decay.
+  With a bfloat16 train.param_dtype or train.opt_state_dtype the update runs in
+  float32 and the moments are kept in train.opt_state_dtype (with_state_dtype).
   """
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
@@ -83,7 +134,12 @@ def make_optimizer(t) -> optax.GradientTransformation:
                        mask=decay_mask)]
   if t.grad_clip > 0:
     chain.insert(0, optax.clip_by_global_norm(t.grad_clip))
-  return optax.chain(*chain)
+  optimizer = optax.chain(*chain)
+  param_dtype = t.get("param_dtype", "float32")
+  opt_state_dtype = t.get("opt_state_dtype", "float32")
+  if param_dtype != "float32" or opt_state_dtype != "float32":
+    optimizer = with_state_dtype(optimizer, opt_state_dtype)
+  return optimizer
 
 
 def jit_on_mesh(fn, layout, **jit_kwargs):
