@@ -5,6 +5,8 @@ need, so every key exists and `--config.a.b=value` overrides always work.
 `validate_config` runs before anything is built or compiled and raises a
 ConfigError naming the bad key and value.
 """
+import math
+
 import ml_collections
 
 from moejax import dispatch, losses, routing, sharding
@@ -171,6 +173,15 @@ def base_config() -> ml_collections.ConfigDict:
   t.checkpoint_every = 200
   t.max_to_keep = 2
   t.progress_bar = True
+  # Gradient accumulation: the step's batch (data.batch_size rows) runs as this many
+  # strided micro-batches, one optimizer update and one router-state update per step
+  # (moejax/train/step.py); 4 x 8 rows is the step of one batch of 32.
+  t.micro_batches = 1
+  # Dtype policy (moejax/train/step.py): parameters and optimizer moments are stored
+  # in these; the update runs in float32, activations in model.dtype (the compute
+  # dtype), router parameters and router math stay float32 whatever the policy.
+  t.param_dtype = "float32"
+  t.opt_state_dtype = "float32"
 
   # Device mesh (moejax/sharding.py): axis sizes, -1 = the devices left over.
   # One device in all: the plain single-device program.
@@ -206,7 +217,41 @@ def validate_config(c) -> None:
   for key in ("log_every", "eval_every", "checkpoint_every", "max_to_keep"):
     _positive(f"train.{key}", t[key])
   _positive("train.warmup_steps", t.warmup_steps, strict=False)
+  for key in ("param_dtype", "opt_state_dtype"):
+    if t[key] not in DTYPES:
+      raise choice_error(f"train.{key}", t[key], DTYPES)
   sharding.validate_sharding_config(c)
+  validate_micro_batches(c, fixed_batch_shards(c))
+
+
+def fixed_batch_shards(c) -> int:
+  """Shards the mesh splits the batch into, when the config fixes them (no -1 among
+  the batch axes; otherwise 1 here, and the loop checks again with the devices)."""
+  rules = sharding.parse_rules(c.sharding.rules)
+  sizes = [c.mesh[a] for a in rules["batch"]]
+  return 1 if -1 in sizes else math.prod(sizes)
+
+
+def validate_micro_batches(c, batch_shards: int = 1) -> None:
+  """train.micro_batches: >= 1, dividing each batch shard's rows, and a model whose
+  training step is the same with micro-batches (moejax/train/step.py)."""
+  m, batch = c.train.micro_batches, c.data.batch_size
+  if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+    raise ConfigError(f"train.micro_batches={m!r} must be an int >= 1")
+  if batch % m:
+    raise ConfigError(f"train.micro_batches={m} must divide data.batch_size={batch}")
+  if batch_shards > 1 and (batch // batch_shards) % m:
+    raise ConfigError(f"train.micro_batches={m} must divide the {batch // batch_shards} rows "
+                      f"of each of the {batch_shards} batch shards (data.batch_size={batch}): "
+                      "every micro-batch keeps rows on every shard")
+  if m == 1:
+    return
+  if c.model.ffn_type == "omnimoe":
+    raise ConfigError(f"train.micro_batches={m} is not supported with model.ffn_type="
+                      "'omnimoe': its router's BatchNorm normalises over the tokens of each "
+                      "call and updates running statistics per call")
+  if c.model.ffn_type == "moe":
+    routing.base.check_micro_batches(routing.get_router(c.model.moe.router), c.model.moe, m)
 
 
 def validate_model(m) -> None:

@@ -110,6 +110,7 @@ class MoELayer(nnx.Module):
     if self.router_state is not None and train:
       for name, var in self.router_state.items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))
+      routing.base.report_router_stats(self, out.stats)  # micro-batching: moejax/train/step.py
 
     assignment = out.routing
     if token_mask is not None:

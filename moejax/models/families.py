@@ -6,7 +6,7 @@
   qwen3_moe    gqa        per_head      topk, norm_topk_prob (Qwen3 report 2025) none
   olmoe        gqa        across_heads  topk, norm_topk_prob (Muennighoff 2024)  none
   deepseek_v3  mla        (latent norms) group_limited sigmoid + bias, scaled    n plain
-  moejax       gqa        none          as trained (TransformerLM workdirs)      n plain
+  moejax       gqa        none          as trained (the default Shakespeare preset) n plain
 
 Numbers (sizes, expert counts, windows, rope) come from each checkpoint's
 config.json (moejax/interop/hf_config.py).

@@ -14,16 +14,38 @@ expert_index and weight are ignored (by convention 0 and 0.0).
 
 A router also returns the float32 probabilities over all E experts that
 its losses use (`probs`), its float32 logits, metrics and updated state.
+
+Router state across micro-batches (the state-update protocol)
+-------------------------------------------------------------
+Non-trained router state that follows the training batch (the aux-loss-free
+bias, a co-occurrence EMA) must move once per optimizer step, from the load of
+the whole step's batch. A router does that by splitting its update in two:
+  * `RouterOutput.stats`: accumulable statistics of the call, *sums* over its
+    tokens (per-expert assignment counts, co-occurrence sums, the token count),
+    so the sum over micro-batches is the statistic of the whole batch;
+  * `RouterSpec.update_state(state, stats, cfg) -> new state`: pure.
+In training `route` itself returns update_state(state, stats, cfg), so one call
+is one update. With train.micro_batches = M > 1 the train step
+(moejax/train/step.py) runs every micro-batch from the state at the start of
+the step, discards the per-call states, sums the stats of each layer over the
+micro-batches and calls update_state once: the state after the step equals the
+one-batch state. MoE layers hand their stats to the step through
+`collect_router_stats` / `report_router_stats` (a trace-time collector; the
+stats still leave the traced function as its outputs). A router with
+init_state but no update_state refuses M > 1 (`check_micro_batches`); so does
+one whose `accumulation_check` gives a reason.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from moejax.errors import ConfigError
 from moejax.registry import Registry
 
 
@@ -68,6 +90,9 @@ class RouterOutput:
   probs: jax.Array  # float32 [T, E], what balance losses read
   metrics: Mapping[str, jax.Array]
   state: Mapping[str, jax.Array]  # updated non-trained router state
+  # Accumulable statistics of this call (sums over its tokens) that
+  # RouterSpec.update_state reads; empty for routers without the protocol.
+  stats: Mapping[str, jax.Array] = struct.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +111,12 @@ class RouterSpec:
     (expert choice); such a router must not be used for autoregressive
     generation without care.
   validate: cfg -> None, raising ConfigError for bad router settings.
+  update_state: (state, summed stats, cfg) -> new state, pure: the state-update
+    protocol of the module doc. None: the state (if any) is whatever `route`
+    returns, and micro-batching is refused when there is one.
+  accumulation_check: cfg -> None, or the reason why this router's training
+    step is not the same with micro-batches (e.g. a loss scaled by the tokens
+    of the call); check_micro_batches turns it into a ConfigError.
   """
   name: str
   route: Callable[..., RouterOutput]
@@ -93,6 +124,8 @@ class RouterSpec:
   causal: bool = True
   validate: Callable[[Any], None] | None = None
   init_params: Callable[[int], dict[str, jax.Array]] | None = None
+  update_state: Callable[[dict, dict, Any], dict] | None = None
+  accumulation_check: Callable[[Any], str | None] | None = None
 
   def initial_state(self, num_experts: int) -> dict[str, jax.Array]:
     """The full `state` dict `route` expects at initialisation (state and params)."""
@@ -104,17 +137,60 @@ ROUTERS = Registry("model.moe.router")
 
 
 def register_router(name: str, *, init_state=None, causal=True, validate=None,
-                    init_params=None):
+                    init_params=None, update_state=None, accumulation_check=None):
   """Decorator: register a pure routing function under `name`."""
 
   def wrap(fn):
-    ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params))
+    ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params,
+                                 update_state, accumulation_check))
     return fn
 
   return wrap
 
 
 get_router = ROUTERS.get
+
+
+def check_micro_batches(spec: RouterSpec, cfg, micro_batches: int) -> None:
+  """ConfigError unless `micro_batches` micro-batches give this router the
+  one-batch training step (see the module doc)."""
+  if micro_batches == 1:
+    return
+  reason = None
+  if spec.init_state is not None and spec.update_state is None:
+    reason = ("its state is updated by every call and it has no update_state "
+              "(moejax/routing/base.py), so micro-batches would update it once each")
+  elif spec.accumulation_check is not None:
+    reason = spec.accumulation_check(cfg)
+  if reason:
+    raise ConfigError(f"train.micro_batches={micro_batches} is not supported with "
+                      f"model.moe.router={spec.name!r}: {reason}")
+
+
+# Trace-time collectors of (layer, stats) reports; see collect_router_stats.
+_COLLECTORS: list[list] = []
+
+
+@contextlib.contextmanager
+def collect_router_stats() -> Iterator[list]:
+  """Collect the (layer, stats) that MoE layers report while tracing the body.
+
+  The caller must return the collected arrays from the function it traces (the
+  train step does); they are tracers of that trace.
+  """
+  reports: list = []
+  _COLLECTORS.append(reports)
+  try:
+    yield reports
+  finally:
+    _COLLECTORS.pop()
+
+
+def report_router_stats(layer, stats: Mapping[str, jax.Array]) -> None:
+  """Called by an MoE layer in training: its router's stats for this call.
+  A no-op outside collect_router_stats or for routers without stats."""
+  if _COLLECTORS and stats:
+    _COLLECTORS[-1].append((layer, dict(stats)))
 
 
 def routing_entropy(probs: jax.Array) -> jax.Array:

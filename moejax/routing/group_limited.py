@@ -11,7 +11,8 @@ routing"), with the auxiliary-loss-free bias of `sigmoid_bias.py`.
 
 With num_groups = topk_groups = 1 this is `sigmoid_bias` routing (optionally
 without renormalisation). The bias follows sigmoid_bias's sign rule while
-training (`bias_update_rate`; 0 keeps a loaded checkpoint's bias fixed).
+training (`bias_update_rate`; 0 keeps a loaded checkpoint's bias fixed), with its
+state-update protocol (expert counts summed over micro-batches, one update per step).
 Config keys (read with defaults, so older MoE configs still work):
 model.moe.num_groups (G, default 1) and model.moe.topk_groups (default 1).
 """
@@ -20,7 +21,8 @@ import jax.numpy as jnp
 
 from moejax.errors import ConfigError
 from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
-from moejax.routing.sigmoid_bias import bias_update, init_bias_state, validate_bias_router
+from moejax.routing.sigmoid_bias import (init_bias_state, load_stats, update_bias_state,
+                                         validate_bias_router)
 
 
 def group_settings(cfg) -> tuple[int, int]:
@@ -59,7 +61,8 @@ def group_limited_choice(choice_scores: jax.Array, num_groups: int, topk_groups:
   return top_k_slots(masked, k)[1]
 
 
-@register_router("group_limited", init_state=init_bias_state, validate=validate_group_limited)
+@register_router("group_limited", init_state=init_bias_state, validate=validate_group_limited,
+                 update_state=update_bias_state)
 def route_group_limited(logits, *, cfg, state, rng, train):
   del rng
   num_groups, topk_groups = group_settings(cfg)
@@ -71,9 +74,11 @@ def route_group_limited(logits, *, cfg, state, rng, train):
     weight = weight / (jnp.sum(weight, axis=-1, keepdims=True) + 1e-20)
   weight = weight * cfg.routed_scaling_factor
   routing = Routing(index, weight, jnp.ones(index.shape, bool))
-  new_bias = bias
+  new_state, stats = {"bias": bias}, {}
   if train:
-    new_bias = bias_update(bias, routing.expert_counts(logits.shape[-1]), cfg.bias_update_rate)
+    stats = load_stats(routing, logits.shape[-1])
+    new_state = update_bias_state(state, stats, cfg)
   probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-  metrics = {"routing_entropy": routing_entropy(probs), "bias_norm": jnp.linalg.norm(new_bias)}
-  return RouterOutput(routing, logits, probs, metrics, {"bias": new_bias})
+  metrics = {"routing_entropy": routing_entropy(probs),
+             "bias_norm": jnp.linalg.norm(new_state["bias"])}
+  return RouterOutput(routing, logits, probs, metrics, new_state, stats)

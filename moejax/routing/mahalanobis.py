@@ -26,6 +26,13 @@ following is reconstructed (guesses marked):
     With Sigma = I this is top-k by g^2 (= top-k by g, as g > 0). Two
     perfectly correlated experts with equal scores give a zero gain to the
     second once the first is in.
+  * State-update protocol (moejax/routing/base.py): the batch covariance is
+    computed from accumulable sums over tokens, stats = {indicator_sum: sum_t z_t,
+    indicator_outer_sum: sum_t z_t z_t^T, tokens: T}, as
+    Cov = S_zz / T - (S_z / T)(S_z / T)^T, and `update_mp_state` applies the
+    EMA once. With train.micro_batches > 1 the sums of all micro-batches give the
+    covariance of the whole batch (integer-valued sums: exact in float32), so
+    the state after the step is the one-batch state.
   * Inference (train=False): plain softmax top-k ("no additional latency at
     inference time"). Weights in both modes: the softmax probabilities of the
     chosen experts, renormalised when `renormalize`.
@@ -82,6 +89,29 @@ def batch_cooccurrence_cov(routing: Routing, num_experts: int) -> jax.Array:
   return zc.T @ zc / routing.num_tokens
 
 
+def indicator_stats(routing: Routing, num_experts: int) -> dict:
+  """Accumulable sums over the call's tokens of z [T, E], z z^T, and the token count."""
+  z = jnp.zeros((routing.num_tokens, num_experts), jnp.float32)
+  z = z.at[jnp.arange(routing.num_tokens)[:, None], routing.expert_index].add(
+      routing.valid.astype(jnp.float32))
+  return {"indicator_sum": jnp.sum(z, axis=0), "indicator_outer_sum": z.T @ z,
+          "tokens": jnp.asarray(routing.num_tokens, jnp.float32)}
+
+
+def cov_from_stats(stats: dict) -> jax.Array:
+  """Covariance (biased) of the indicators from their sums: S_zz/T - m m^T."""
+  tokens = jnp.maximum(stats["tokens"], 1.0)
+  mean = stats["indicator_sum"] / tokens
+  return stats["indicator_outer_sum"] / tokens - jnp.outer(mean, mean)
+
+
+def update_mp_state(state, stats, cfg):
+  """The state-update protocol: one EMA step towards the covariance of the summed stats."""
+  decay = cfg.mp_ema_decay
+  cov = jax.lax.stop_gradient(state["cooc_cov"])
+  return {"cooc_cov": decay * cov + (1 - decay) * cov_from_stats(stats)}
+
+
 def init_mp_state(num_experts: int):
   return {"cooc_cov": jnp.zeros((num_experts, num_experts), jnp.float32)}
 
@@ -93,7 +123,8 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.mp_ridge={cfg.mp_ridge} must be > 0")
 
 
-@register_router("mahalanobis", init_state=init_mp_state, validate=validate_top_k)
+@register_router("mahalanobis", init_state=init_mp_state, validate=validate_top_k,
+                 update_state=update_mp_state)
 def route_mahalanobis(logits, *, cfg, state, rng, train):
   del rng
   num_experts = logits.shape[-1]
@@ -109,10 +140,9 @@ def route_mahalanobis(logits, *, cfg, state, rng, train):
   if cfg.renormalize:
     weight = weight / jnp.sum(weight, axis=-1, keepdims=True)
   routing = Routing(index, weight, jnp.ones(index.shape, bool))
-  decay = cfg.mp_ema_decay
-  new_cov = decay * cov + (1 - decay) * batch_cooccurrence_cov(routing, num_experts)
+  stats = indicator_stats(routing, num_experts)
   _, topk_index = jax.lax.top_k(probs, cfg.top_k)
   same = jnp.mean(jnp.all(jnp.sort(index, 1) == jnp.sort(topk_index, 1), axis=1))
   metrics.update({"mp_objective": jnp.mean(jnp.sum(gains, axis=-1)),
                   "mp_topk_agreement": same.astype(jnp.float32)})
-  return RouterOutput(routing, logits, probs, metrics, {"cooc_cov": new_cov})
+  return RouterOutput(routing, logits, probs, metrics, update_mp_state(state, stats, cfg), stats)

@@ -28,6 +28,9 @@ with the similarity matrix kept as non-trained router state
 analysis step writes the calibrated matrix there). Training is plain top-k.
 NON-CAUSAL in the strict sense: the primary set is shared by all tokens of the
 call (in decode, the concurrent sequences of one step).
+Training never changes the similarity state: its `update_state` (the protocol
+of moejax/routing/base.py) is the identity over no stats, so micro-batching is
+exact for it.
 """
 import jax
 import jax.numpy as jnp
@@ -95,7 +98,14 @@ def validate_sere(cfg) -> None:
                       f"<= model.moe.top_k={cfg.top_k}")
 
 
-@register_router("sere", init_state=init_sere_state, causal=False, validate=validate_sere)
+def keep_sere_state(state, stats, cfg):
+  """The state-update protocol: training leaves the similarity matrix alone."""
+  del stats, cfg
+  return state
+
+
+@register_router("sere", init_state=init_sere_state, causal=False, validate=validate_sere,
+                 update_state=keep_sere_state)
 def route_sere(logits, *, cfg, state, rng, train):
   del rng
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)

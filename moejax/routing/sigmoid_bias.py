@@ -8,6 +8,10 @@ After each training step the bias moves against the observed imbalance:
 (load_e = assignments to e in the batch), so overloaded experts become less
 likely to be picked. The update is computed from this batch's load inside the
 forward pass and takes effect from the next step; evaluation leaves b alone.
+The load is reported as `stats["expert_counts"]` and the rule is the router's
+`update_state` (moejax/routing/base.py): with train.micro_batches > 1 the
+counts are summed over the micro-batches and the bias moves once per step,
+from the load of the whole batch, exactly as with one batch.
 `probs` (for optional balance losses) is s normalised to sum 1 per token.
 """
 import jax
@@ -35,8 +39,19 @@ def bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
   return bias + rate * jnp.sign(jnp.mean(counts) - counts)
 
 
+def update_bias_state(state, stats, cfg):
+  """The state-update protocol: one sign-rule step from the summed expert counts."""
+  return {"bias": bias_update(jax.lax.stop_gradient(state["bias"]), stats["expert_counts"],
+                              cfg.bias_update_rate)}
+
+
+def load_stats(routing: Routing, num_experts: int) -> dict:
+  """Accumulable statistics of one call: valid assignments per expert (int32 [E])."""
+  return {"expert_counts": routing.expert_counts(num_experts)}
+
+
 @register_router("sigmoid_bias", init_state=init_bias_state,
-                 validate=validate_bias_router)
+                 validate=validate_bias_router, update_state=update_bias_state)
 def route_sigmoid_bias(logits, *, cfg, state, rng, train):
   del rng
   scores = jax.nn.sigmoid(logits)
@@ -46,11 +61,11 @@ def route_sigmoid_bias(logits, *, cfg, state, rng, train):
   weight = weight / jnp.sum(weight, axis=-1, keepdims=True)
   weight = weight * cfg.routed_scaling_factor
   routing = Routing(index, weight, jnp.ones(index.shape, bool))
-  new_bias = bias
+  new_state, stats = {"bias": bias}, {}
   if train:
-    new_bias = bias_update(bias, routing.expert_counts(logits.shape[-1]),
-                           cfg.bias_update_rate)
+    stats = load_stats(routing, logits.shape[-1])
+    new_state = update_bias_state(state, stats, cfg)
   probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
   metrics = {"routing_entropy": routing_entropy(probs),
-             "bias_norm": jnp.linalg.norm(new_bias)}
-  return RouterOutput(routing, logits, probs, metrics, {"bias": new_bias})
+             "bias_norm": jnp.linalg.norm(new_state["bias"])}
+  return RouterOutput(routing, logits, probs, metrics, new_state, stats)

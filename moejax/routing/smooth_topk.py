@@ -56,6 +56,11 @@ moejax's "load_balance" loss (losses/balance.py) counts every valid slot,
 i.e. every expert inside the band: a departure, small while ~k experts are
 active, and the same across the router sweep's rows.
 
+Micro-batches (train.micro_batches > 1): L_b scales with the tokens T of the
+call, so M micro-batches of T/M tokens each give 1/M of the one-batch gradient
+on eta; the router refuses micro-batching while the loss has a weight
+(`accumulation_check`). The routing itself is per token and accumulates exactly.
+
 Trained eta: eta_p = `smooth_eta_init` + eta_offset, where eta_offset (init 0)
 is a trained router parameter (`init_params`): the MoE layer holds it as an
 nnx.Param and passes it in `state`, so gradients reach it through both the
@@ -121,7 +126,16 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.smooth_h_offset={cfg.smooth_h_offset} must be >= 0")
 
 
-@register_router("smooth_topk", init_params=init_smooth_params, validate=validate_top_k)
+def boundary_loss_accumulation(cfg) -> str | None:
+  """Why micro-batches would change the step (the boundary loss is scaled by T), or None."""
+  if cfg.loss_weights.get("smooth_boundary", 0.0) > 0:
+    return ("model.moe.loss_weights.smooth_boundary is scaled by the tokens of each call, "
+            "so micro-batches would shrink it by train.micro_batches")
+  return None
+
+
+@register_router("smooth_topk", init_params=init_smooth_params, validate=validate_top_k,
+                 accumulation_check=boundary_loss_accumulation)
 def route_smooth_top_k(logits, *, cfg, state, rng, train):
   del rng, train
   num_experts = logits.shape[-1]

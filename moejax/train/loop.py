@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.config import moe_layer_indices, validate_config
+from moejax.config import moe_layer_indices, validate_config, validate_micro_batches
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax import models
@@ -48,9 +48,11 @@ class Run:
 
 
 def build_model(config):
-  """The model `config.model_name` (moejax.models.MODELS) of `config.model`."""
+  """The model `config.model_name` (moejax.models.MODELS) of `config.model`, its
+  parameters stored in train.param_dtype (router ones float32)."""
   model_cfg = ml_collections.FrozenConfigDict(config.model)
-  return models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed))
+  model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed))
+  return step_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
 
 
 def init_state(config):
@@ -93,6 +95,8 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   placement, put = None, lambda batch: batch
   data_shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
   if layout is not None:
+    # The mesh is known now: every micro-batch must keep rows on every batch shard.
+    validate_micro_batches(config, layout.size(layout.mesh_axes("batch")))
     placement = make_placement(config, layout, build_model)
     data_shard, put = placement.data_shard(), placement.global_batch
   data = process_zero_first(lambda: build_lm_data(config.data, seed=config.seed, **data_shard))
@@ -121,7 +125,8 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     state = init_from.initial_state(config, state, optimizer, placement)
     logging.info("starting from the pretrained weights in %s", config.init.hf_dir)
 
-  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement)
+  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement,
+                                        t.micro_batches)
   eval_step = step_lib.make_eval_step(graphdef, placement)
   start = int(state.step)
   # Records past `start` (logged after the restored checkpoint by a killed run) are

@@ -8,6 +8,42 @@ no trainer code.
 
 With a Placement (moejax/train/distributed.py) the steps are jitted with its
 shardings and traced under its mesh Layout; without one, plain jax.jit.
+
+Gradient accumulation (train.micro_batches = M > 1). One jitted step splits
+its batch [B, ...] into M micro-batches of B/M rows, runs forward and backward
+on each inside a jax.lax.scan (one micro-batch's activations live at a time),
+sums the gradients in float32 and divides by M, and updates the optimizer
+once. The split is strided: micro-batch m holds rows m, m + M, m + 2M, ...
+([B, ...] -> [B/M, M, ...] -> swap -> [M, B/M, ...]). The batch arrives split
+over the data axes in contiguous blocks of B/D rows per shard, and every such
+block holds B/(D*M) rows of every micro-batch, so each micro-batch stays split
+over all the data shards with no data movement (config validation requires M
+to divide B/D); a contiguous split would put each micro-batch on a few shards.
+The loss is a mean over tokens and every micro-batch has B/M rows of the same
+length, so the mean of the micro-batch gradients is the gradient of the whole
+batch, up to float32 summation order. Losses and metrics are the means of the
+micro-batch values (exact for token means such as the loss, z-loss and load
+fractions; a batch-level statistic such as max_over_mean_load, or the
+load-balance loss f . P, becomes the mean of its micro-batch values). The
+step's PRNG key is folded with the micro-batch index (with M = 1 it is the
+step key, so M = 1 is the program it always was).
+
+Router state (moejax/routing/base.py, "the state-update protocol"): every
+micro-batch routes with the state from the start of the step; the step sums
+each layer's reported router stats over the micro-batches and applies the
+router's update_state once, so the state after the step equals the one-batch
+state. The rest of `rest` is carried over unchanged; config validation refuses
+M > 1 for stateful routing without the protocol (and for OmniMoE, whose
+BatchNorm routing normalises over the tokens of each call). Routers that
+couple the tokens of one call (expert choice, token rounding, capacity drops,
+optimal transport) route each micro-batch on its own: a smaller routing group,
+not the one-batch function.
+
+Dtype policy: train.param_dtype is the dtype the parameters are stored (and
+updated) in, except router parameters (any path component starting with
+"router"), which stay float32 like all router math; train.opt_state_dtype is
+the dtype of the optimizer moments, whose update is computed in float32;
+model.dtype is the compute dtype.
 """
 import jax
 import jax.numpy as jnp
@@ -15,6 +51,9 @@ import optax
 from flax import nnx, struct
 
 from moejax import sharding
+from moejax.routing import base as routing_base
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @struct.dataclass
@@ -41,10 +80,56 @@ def moe_metrics(aux) -> list:
   return [layer["metrics"] for layer in aux["moe"]]
 
 
+def _is_float(x) -> bool:
+  return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _cast_floats(tree, dtype):
+  return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) else x, tree)
+
+
+def is_router_path(path) -> bool:
+  """Router parameters (router_kernel, router_params, router_x, ...) stay float32."""
+  return any(str(key).startswith("router") for key in path)
+
+
+def apply_param_dtype(model, param_dtype: str = "float32"):
+  """Store `model`'s floating nnx.Params in `param_dtype`, router parameters excepted."""
+  dtype = DTYPES[param_dtype]
+  if dtype == jnp.float32:
+    return model
+  for path, node in nnx.iter_graph(model):
+    if (isinstance(node, nnx.Param) and not is_router_path(path)
+        and _is_float(node.get_value())):
+      node.set_value(node.get_value().astype(dtype))
+  return model
+
+
+def with_state_dtype(inner: optax.GradientTransformation,
+                     opt_state_dtype: str) -> optax.GradientTransformation:
+  """`inner` computed in float32 (gradients, params, state), its floating state
+  stored in `opt_state_dtype`; updates come out float32 and
+  optax.apply_updates casts the new params back to their own dtype."""
+  dtype = DTYPES[opt_state_dtype]
+
+  def init(params):
+    return _cast_floats(inner.init(_cast_floats(params, jnp.float32)), dtype)
+
+  def update(updates, state, params=None):
+    updates, state = inner.update(
+        _cast_floats(updates, jnp.float32), _cast_floats(state, jnp.float32),
+        None if params is None else _cast_floats(params, jnp.float32))
+    return updates, _cast_floats(state, dtype)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(t) -> optax.GradientTransformation:
   """AdamW with linear warmup and cosine decay, after global-norm clipping.
 
   Weight decay skips vectors (norm scales); matrices and embeddings decay.
+  With a bfloat16 train.param_dtype or train.opt_state_dtype the update runs in
+  float32 and the moments are kept in train.opt_state_dtype (with_state_dtype).
   """
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
@@ -54,7 +139,12 @@ def make_optimizer(t) -> optax.GradientTransformation:
                        mask=decay_mask)]
   if t.grad_clip > 0:
     chain.insert(0, optax.clip_by_global_norm(t.grad_clip))
-  return optax.chain(*chain)
+  optimizer = optax.chain(*chain)
+  param_dtype = t.get("param_dtype", "float32")
+  opt_state_dtype = t.get("opt_state_dtype", "float32")
+  if param_dtype != "float32" or opt_state_dtype != "float32":
+    optimizer = with_state_dtype(optimizer, opt_state_dtype)
+  return optimizer
 
 
 def jit_on_mesh(fn, layout, **jit_kwargs):
@@ -68,24 +158,112 @@ def jit_on_mesh(fn, layout, **jit_kwargs):
   return jax.jit(traced_on_mesh, **jit_kwargs)
 
 
-def make_train_step(graphdef, optimizer, seed: int, placement=None):
-  base_key = jax.random.key(seed)
+def split_micro_batches(batch: dict, micro_batches: int) -> dict:
+  """[B, ...] -> [M, B/M, ...], micro-batch m = rows m, m + M, ... (strided: each
+  micro-batch keeps rows on every data shard; see the module doc)."""
+
+  def split(x):
+    x = x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1)
+    return sharding.constrain(x, (None, "batch", "length", *[None] * (x.ndim - 3))[:x.ndim])
+
+  return jax.tree.map(split, batch)
+
+
+def _modules_by_path(model) -> list:
+  """(module, 'blocks/0/ffn') for every submodule of `model`."""
+  return [(node, "/".join(map(str, path))) for path, node in nnx.iter_graph(model)
+          if isinstance(node, nnx.Module)]
+
+
+def make_loss_fn(graphdef):
+  """(params, rest, batch, rng) -> (loss, (ce, aux, new_rest, router_stats)).
+
+  router_stats: {layer path: the stats its router reported} (the state-update
+  protocol of moejax/routing/base.py).
+  """
 
   def loss_fn(params, rest, batch, rng):
     model = nnx.merge(graphdef, params, rest)
-    logits, aux, _ = model(batch["inputs"], train=True, rng=rng)
+    with routing_base.collect_router_stats() as reports:
+      logits, aux, _ = model(batch["inputs"], train=True, rng=rng)
+    aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
     ce = cross_entropy(logits, batch["targets"])
+    paths = {id(node): path for node, path in _modules_by_path(model)}
+    stats = {paths[id(layer)]: layer_stats for layer, layer_stats in reports}
     _, _, new_rest = split_model(model)
-    return ce + aux["aux_loss"], (ce, aux, new_rest)
+    return ce + aux["aux_loss"], (ce, aux, new_rest, stats)
+
+  return loss_fn
+
+
+def apply_router_updates(graphdef, params, rest, stats: dict) -> dict:
+  """`rest` with each reporting layer's router state advanced once by
+  update_state(state, summed stats, cfg); everything else unchanged."""
+  model = nnx.merge(graphdef, params, rest)
+  layers = {path: node for node, path in _modules_by_path(model)}
+  for key, layer_stats in stats.items():
+    layer = layers[key]
+    state = {name: var.get_value() for name, var in layer.router_state.items()}
+    new_state = layer.router_spec.update_state(state, layer_stats, layer.cfg)
+    for name, var in layer.router_state.items():
+      var.set_value(jax.lax.stop_gradient(new_state[name]).astype(var.get_value().dtype))
+  return split_model(model)[2]
+
+
+def _mean_over_micro_batches(x):
+  mean = jnp.mean(x, axis=0)
+  return mean.astype(x.dtype) if _is_float(x) else mean
+
+
+def make_grad_fn(graphdef, micro_batches: int = 1):
+  """(params, rest, batch, rng) -> (grads, metrics, new_rest) of one optimizer step.
+
+  metrics: loss, ce_loss, aux_loss, moe (per-layer metrics), grad_norm. With
+  micro_batches > 1: float32 gradients averaged over strided micro-batches,
+  metrics averaged, router state updated once from the summed stats (module doc).
+  """
+  loss_fn = make_loss_fn(graphdef)
+  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def metrics_of(loss, ce, aux, grads):
+    return {"loss": loss, "ce_loss": ce, "aux_loss": aux["aux_loss"],
+            "grad_norm": optax.tree.norm(grads), "moe": aux["moe"]}
+
+  def one_batch(params, rest, batch, rng):
+    (loss, (ce, aux, new_rest, _)), grads = value_and_grad(params, rest, batch, rng)
+    return grads, metrics_of(loss, ce, aux, grads), new_rest
+
+  def accumulated(params, rest, batch, rng):
+    micro = split_micro_batches(batch, micro_batches)
+
+    def body(grad_sum, xs):
+      micro_batch, index = xs
+      (loss, (ce, aux, _, stats)), grads = value_and_grad(
+          params, rest, micro_batch, jax.random.fold_in(rng, index))
+      grad_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32), grad_sum, grads)
+      return grad_sum, (loss, ce, aux, stats)
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    grad_sum, (loss, ce, aux, stats) = jax.lax.scan(
+        body, zeros, (micro, jnp.arange(micro_batches)))
+    grads = jax.tree.map(lambda g: g / micro_batches, grad_sum)
+    loss, ce, aux = jax.tree.map(_mean_over_micro_batches, (loss, ce, aux))
+    stats = jax.tree.map(lambda x: jnp.sum(x, axis=0), stats)
+    new_rest = apply_router_updates(graphdef, params, rest, stats)
+    return grads, metrics_of(loss, ce, aux, grads), new_rest
+
+  return one_batch if micro_batches == 1 else accumulated
+
+
+def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batches: int = 1):
+  base_key = jax.random.key(seed)
+  grad_fn = make_grad_fn(graphdef, micro_batches)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(base_key, state.step)
-    (loss, (ce, aux, new_rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, state.rest, batch, rng)
+    grads, metrics, new_rest = grad_fn(state.params, state.rest, batch, rng)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "ce_loss": ce, "aux_loss": aux["aux_loss"],
-               "grad_norm": optax.tree.norm(grads), "moe": moe_metrics(aux)}
     return TrainState(state.step + 1, params, new_rest, opt_state), metrics
 
   if placement is None:

@@ -31,9 +31,10 @@ def loss_and_grads(config, layout):
       0, 256, (config.data.batch_size, config.data.seq_len + 1)), jnp.int32)
 
   def loss_fn(params):
-    logits, aux = nnx.merge(graphdef, params, rest)(tokens[:, :-1], train=True,
-                                                    rng=jax.random.key(1))
-    return step_lib.cross_entropy(logits, tokens[:, 1:]) + aux["aux_loss"], aux["moe"]
+    logits, aux, _ = nnx.merge(graphdef, params, rest)(tokens[:, :-1], train=True,
+                                                       rng=jax.random.key(1))
+    return (step_lib.cross_entropy(logits, tokens[:, 1:]) + aux["aux_loss"],
+            step_lib.moe_metrics(aux))
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if layout is None:
