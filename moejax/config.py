@@ -39,7 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.d_ff = 512  # dense FFN width (dense layers and the dense twin)
   m.max_seq_len = 1024  # longest sequence (HF max_position_embeddings)
   m.norm_eps = 1e-6
-  m.dtype = "float32"  # compute dtype; parameters stay float32
+  m.dtype = "float32"  # compute dtype; parameters: train.param_dtype (default float32)
   m.tie_embeddings = False  # the embedding table is the output projection
   m.ffn_type = "moe"  # dense | moe | omnimoe; which layers: moe.first_dense, every_n
   # Rotary embeddings (moejax/layers/rope.py): 'default' or 'yarn' frequencies;

@@ -18,7 +18,8 @@ a full forward pass and returns cache=None.
 
 aux = {"aux_loss": the weighted router losses (float32 scalar), "moe": per
 MoE layer {"metrics", "expert_index", "combine_weight", "valid"}}.
-Parameters are float32; activations run in `model.dtype`; logits are
+Parameters are float32 (train.param_dtype may store them in bfloat16; router
+parameters stay float32); activations run in `model.dtype`; logits are
 float32. Under a mesh Layout the residual stream and the logits are pinned
 to their logical axes (batch split; see moejax/sharding.py).
 """
