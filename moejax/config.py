@@ -42,6 +42,11 @@ def base_config() -> ml_collections.ConfigDict:
   m.dtype = "float32"  # compute dtype; parameters: train.param_dtype (default float32)
   m.tie_embeddings = False  # the embedding table is the output projection
   m.ffn_type = "moe"  # dense | moe | omnimoe; which layers: moe.first_dense, every_n
+  # The scale skeleton (moejax/models/decoder.py): jax.lax.scan over identical
+  # layers (one block compiled, not num_layers), and rematerialisation by a named
+  # policy: none | full | dots | save_moe_routing (keep the routing, recompute experts).
+  m.scan_layers = False
+  m.remat = "none"
   # Rotary embeddings (moejax/layers/rope.py): 'default' or 'yarn' frequencies;
   # interleave pairs 2i with 2i+1 (DeepSeek) instead of rotate-half.
   m.rope = ml_collections.ConfigDict(dict(
@@ -288,6 +293,12 @@ def validate_model(m) -> None:
     spec = routing.get_router(m.moe.router)
     if spec.validate is not None:
       spec.validate(layer_moe_config(m, i))
+  from moejax.models.decoder import REMAT_POLICIES, scan_layer_differences
+  if m.remat not in REMAT_POLICIES:
+    raise choice_error("model.remat", m.remat, REMAT_POLICIES)
+  if m.scan_layers and scan_layer_differences(m):
+    raise ConfigError(f"model.scan_layers=True needs identical layers; "
+                      f"{scan_layer_differences(m)} (keep the loop: model.scan_layers=False)")
 
 
 def moe_layer_indices(m) -> list[int]:

@@ -69,7 +69,11 @@ def generation_config(m):
   if m.ffn_type == "moe" and not routing.get_router(m.moe.router).causal:
     raise ConfigError(f"model.moe.router={m.moe.router!r} is not causal: a decoder "
                       "routes each token from its own state only")
+  if m.get("scan_layers", False):
+    raise ConfigError("model.scan_layers=True: decode the loop layout "
+                      "(moejax.models.decoder.unstack_layers; moejax.interop.load does it)")
   m = ml_collections.ConfigDict(m.to_dict())
+  m.remat = "none"  # no backward pass here
   m.moe.dispatch = "dropless"
   m.moe.dropless_tile = min(m.moe.dropless_tile, 8)
   return m

@@ -19,12 +19,16 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from moejax import dispatch, losses, routing, sharding
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
 from moejax.experts import SwiGLUExperts, swiglu_experts
 from moejax.layers.dense import SwiGLU
 
+
+# The values remat policy 'save_moe_routing' keeps (moejax/models/decoder.py).
+ROUTING_NAMES = ("moe_router_logits", "moe_expert_index", "moe_combine_weight")
 
 # Reported at every log step whatever their training weight.
 DIAGNOSTIC_LOSSES = ("load_balance", "z_loss")
@@ -104,7 +108,8 @@ class MoELayer(nnx.Module):
       router_in = router_in * jax.random.uniform(
           jitter_rng, router_in.shape, router_dtype,
           1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
-    logits = router_in @ self.router_kernel[...].astype(router_dtype)
+    logits = checkpoint_name(router_in @ self.router_kernel[...].astype(router_dtype),
+                             "moe_router_logits")
     out = self.router_spec.route(logits, cfg=cfg, rng=rng, train=train,
                                  state=router_inputs(self.router_params, self.router_state))
     if self.router_state is not None and train:
@@ -112,7 +117,9 @@ class MoELayer(nnx.Module):
         var.set_value(jax.lax.stop_gradient(out.state[name]))
       routing.base.report_router_stats(self, out.stats)  # micro-batching: moejax/train/step.py
 
-    assignment = out.routing
+    assignment = out.routing.replace(
+        expert_index=checkpoint_name(out.routing.expert_index, "moe_expert_index"),
+        combine_weight=checkpoint_name(out.routing.combine_weight, "moe_combine_weight"))
     if token_mask is not None:
       assignment = assignment.with_valid(assignment.valid & token_mask.reshape(b * l, 1))
     y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), assignment)

@@ -18,6 +18,19 @@ a full forward pass and returns cache=None.
 
 aux = {"aux_loss": the weighted router losses (float32 scalar), "moe": per
 MoE layer {"metrics", "expert_index", "combine_weight", "valid"}}.
+
+Scale skeleton (MaxText's scan_layers and remat_policy):
+  model.scan_layers  the blocks' variables are stacked on a leading layer axis
+                     and run by jax.lax.scan: one block is traced and compiled
+                     instead of num_layers. Only for identical layers
+                     (scan_layer_differences); the loop stays for the rest
+                     (pruned layers with unequal expert counts, L3, windows
+                     that differ). KV-cache decoding and export read the loop
+                     layout: unstack_layers converts (load.py does it).
+  model.remat        a jax.checkpoint policy per block, by name (REMAT_POLICIES):
+                     'save_moe_routing' keeps the router logits and the Routing
+                     (layers/moe.py ROUTING_NAMES) and recomputes the rest,
+                     expert activations included, in the backward pass.
 Parameters are float32 (train.param_dtype may store them in bfloat16; router
 parameters stay float32); activations run in `model.dtype`; logits are
 float32. Under a mesh Layout the residual stream and the logits are pinned
@@ -25,18 +38,39 @@ to their logical axes (batch split; see moejax/sharding.py).
 """
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from moejax import sharding
-from moejax.config import layer_moe_config, moe_layer_indices
+from moejax.config import expert_counts, layer_moe_config, layer_windows, moe_layer_indices
 from moejax.experts.atomic import OmniMoELayer
 from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import Linear, RMSNorm, SwiGLU
 from moejax.layers.lookup import build_lookup_layer
-from moejax.layers.moe import MoELayer
+from moejax.layers.moe import ROUTING_NAMES, MoELayer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 RESIDUAL_AXES = ("batch", "length", "act_embed")
+REMAT_POLICIES = {
+    "none": None,  # keep every activation
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only block inputs
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+    "save_moe_routing": jax.checkpoint_policies.save_only_these_names(*ROUTING_NAMES),
+}
+
+
+def scan_layer_differences(m) -> str:
+  """Why the layers of `m` cannot be scanned ('' when they are identical)."""
+  moe = moe_layer_indices(m)
+  if moe and len(moe) != m.num_layers:
+    return f"layers {moe} are MoE and the others dense"
+  if len(set(layer_windows(m))) > 1:
+    return f"model.attention.windows={list(m.attention.windows)} differ"
+  if len(set(expert_counts(m))) > 1:
+    return f"model.moe.expert_counts={list(m.moe.expert_counts)} differ"
+  if m.get("l3") is not None and m.l3.enabled:
+    return f"L3 layers follow blocks {list(m.l3.layers)}"
+  return ""
 
 
 class DecoderBlock(nnx.Module):
@@ -71,6 +105,77 @@ class DecoderBlock(nnx.Module):
     return x + h, aux, layer_cache
 
 
+def rematerialised(block, policy):
+  """block's call under jax.checkpoint(policy): the backward pass recomputes what
+  the policy does not save. Router state the call updates is written back."""
+  graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+
+  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng):
+    def apply(params, rest, x):
+      inner = nnx.merge(graphdef, params, rest)
+      out = inner(x, positions, allowed, token_mask, layer_cache, start, train=train, rng=rng)
+      return out, nnx.split(inner, nnx.Param, ...)[2]
+    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x)
+    nnx.update(block, new_rest)
+    return out
+  return call
+
+
+class ScannedBlocks(nnx.Module):
+  """num_layers identical DecoderBlocks as one block whose variables carry a
+  leading layer axis (logical axis None), run by jax.lax.scan. Built as the
+  loop builds them, block by block from the same rngs, then stacked: the same
+  seed gives the loop model's parameters."""
+
+  def __init__(self, m, *, rngs: nnx.Rngs, dtype):
+    blocks = [DecoderBlock(m, i, rngs=rngs, dtype=dtype) for i in range(m.num_layers)]
+    states = [nnx.state(b) for b in blocks]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    self.block = blocks[0]
+    nnx.update(self.block, stacked)
+    for _, variable in nnx.iter_graph(self.block):
+      if isinstance(variable, nnx.Variable):
+        axes = variable.get_metadata().get("logical_axes")
+        if axes is not None:
+          variable.set_metadata(logical_axes=(None, *axes))
+    self.num_layers = m.num_layers
+
+  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy):
+    graphdef, params, rest = nnx.split(self.block, nnx.Param, ...)
+
+    def body(x, layer):
+      params_i, rest_i, index = layer
+      block = nnx.merge(graphdef, params_i, rest_i)
+      x, aux, _ = block(x, positions, allowed, token_mask, None, 0, train=train,
+                        rng=jax.random.fold_in(rng, index))
+      return sharding.constrain(x, RESIDUAL_AXES), (aux, nnx.split(block, nnx.Param, ...)[2])
+
+    if policy is not None:
+      body = jax.checkpoint(body, policy=policy)
+    x, (aux, rest) = jax.lax.scan(body, x, (params, rest, jnp.arange(self.num_layers)))
+    nnx.update(self.block, rest)
+    if aux is None:
+      return x, []
+    return x, [jax.tree.map(lambda a, i=i: a[i], aux) for i in range(self.num_layers)]
+
+
+def unstack_layers(m, params: dict, rest: dict):
+  """(m, params, rest) of a scanned model in the loop layout (blocks 0..L-1), which
+  the KV cache, export and the loop read; unchanged for a loop model."""
+  if not m.get("scan_layers", False):
+    return m, params, rest
+
+  def unstack(tree):
+    if "blocks" not in tree:
+      return tree
+    block = tree["blocks"]["block"]
+    return {**tree, "blocks": {i: jax.tree.map(lambda a, i=i: a[i], block)
+                               for i in range(m.num_layers)}}
+  m = ml_collections.ConfigDict(m.to_dict())
+  m.scan_layers = False
+  return m, unstack(params), unstack(rest)
+
+
 def windowed(shape, start, window: int):
   """[1, Lq, S]: key slot within `window` slots of the query slot (Mistral)."""
   _, lq, s = shape
@@ -85,8 +190,11 @@ class Decoder(nnx.Module):
     self.dtype = DTYPES[m.dtype]
     self.embed = nnx.Param(jax.random.normal(rngs.params(), (m.vocab_size, m.d_model),
                                              jnp.float32), logical_axes=("vocab", "embed"))
-    self.blocks = nnx.List([DecoderBlock(m, i, rngs=rngs, dtype=self.dtype)
-                            for i in range(m.num_layers)])
+    if m.scan_layers:
+      self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
+    else:
+      self.blocks = nnx.List([DecoderBlock(m, i, rngs=rngs, dtype=self.dtype)
+                              for i in range(m.num_layers)])
     # L3 layers (moejax/layers/lookup.py), keyed by the block they follow.
     l3 = m.get("l3")
     self.lookups = nnx.Dict({str(i): build_lookup_layer(m, rngs=rngs, dtype=self.dtype)
@@ -120,19 +228,28 @@ class Decoder(nnx.Module):
     # FSDP gathers the table's embed dim before the lookup (vocab stays split).
     table = sharding.constrain(self.embed[...].astype(self.dtype), ("vocab", None))
     x = sharding.constrain(table[tokens_BxL], RESIDUAL_AXES)
-    aux_loss, moe_aux, new_layers = jnp.zeros((), jnp.float32), [], []
-    for i, block in enumerate(self.blocks):
-      layer_cache = None if cache is None else cache.layers[i]
-      x, aux, layer_cache = block(x, positions, allowed, token_mask_BxL if padded else None,
-                                  layer_cache, start, train=train,
-                                  rng=jax.random.fold_in(rng, i))
-      x = sharding.constrain(x, RESIDUAL_AXES)
-      new_layers.append(layer_cache)
-      if str(i) in self.lookups:  # static routing by token id: needs the ids
-        x = sharding.constrain(self.lookups[str(i)](x, tokens_BxL), RESIDUAL_AXES)
-      if aux is not None:
-        aux_loss = aux_loss + aux["aux_loss"]
-        moe_aux.append(aux)
+    policy = REMAT_POLICIES[self.cfg.remat]
+    mask = token_mask_BxL if padded else None
+    new_layers = []
+    if self.cfg.scan_layers:
+      if cache is not None:
+        raise ValueError("a scanned model decodes in the loop layout: unstack_layers")
+      x, layers_aux = self.blocks(x, positions, allowed, mask, train=train, rng=rng,
+                                  policy=policy)
+    else:
+      layers_aux = []
+      for i, block in enumerate(self.blocks):
+        layer_cache = None if cache is None else cache.layers[i]
+        call = block if policy is None else rematerialised(block, policy)
+        x, aux, layer_cache = call(x, positions, allowed, mask, layer_cache, start,
+                                   train=train, rng=jax.random.fold_in(rng, i))
+        x = sharding.constrain(x, RESIDUAL_AXES)
+        new_layers.append(layer_cache)
+        if str(i) in self.lookups:  # static routing by token id: needs the ids
+          x = sharding.constrain(self.lookups[str(i)](x, tokens_BxL), RESIDUAL_AXES)
+        layers_aux.append(aux)
+    moe_aux = [aux for aux in layers_aux if aux is not None]
+    aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
     x = self.final_norm(x)
     if self.head is None:  # tied: the embedding table is the output projection
       logits = x.astype(self.dtype) @ self.embed[...].T.astype(self.dtype)

@@ -1,0 +1,102 @@
+"""Scan over layers and remat policies compute what the plain loop computes:
+outputs, gradients and router state (1e-6); a scanned model built from a seed
+holds the loop model's parameters, stacked; layers that differ and unknown
+policies are refused by name before anything is built."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs.lm_shakespeare_moe import get_config
+from moejax.config import validate_model
+from moejax.errors import ConfigError
+from moejax.models import Decoder
+from moejax.models.decoder import REMAT_POLICIES, unstack_layers
+from moejax.train.step import cross_entropy, split_model
+
+
+def model_config(**keys):
+  m = get_config("size=tiny,router=sigmoid_bias").model  # router state: the aux-loss-free bias
+  m.num_layers = 3
+  m.moe.loss_weights = {"z_loss": 1e-3, "load_balance": 1e-2}
+  for key, value in keys.items():
+    m[key] = value
+  validate_model(m)
+  return ml_collections.FrozenConfigDict(m)
+
+
+TOKENS = jax.random.randint(jax.random.key(3), (2, 16), 0, 256)
+
+
+def loss_and_grads(m):
+  """(loss, grads, rest after the step) of one training forward+backward, in the loop layout."""
+  graphdef, params, rest = split_model(Decoder(m, rngs=nnx.Rngs(0)))
+
+  def loss_fn(params):
+    model = nnx.merge(graphdef, params, rest)
+    logits, aux, _ = model(TOKENS[:, :-1], train=True, rng=jax.random.key(1))
+    loss = cross_entropy(logits, TOKENS[:, 1:]) + aux["aux_loss"]
+    return loss, split_model(model)[2]
+
+  (loss, new_rest), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
+  _, grads, new_rest = unstack_layers(m, grads, new_rest)
+  return loss, grads, new_rest
+
+
+def assert_trees_close(a, b, atol):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def loop_reference():
+  return loss_and_grads(model_config())
+
+
+def test_scanned_model_holds_the_loop_parameters_stacked():
+  loop = split_model(Decoder(model_config(), rngs=nnx.Rngs(0)))
+  scanned_m = model_config(scan_layers=True)
+  scanned = split_model(Decoder(scanned_m, rngs=nnx.Rngs(0)))
+  assert scanned[1]["blocks"]["block"]["attn"]["q"]["kernel"].shape[0] == 3
+  _, params, rest = unstack_layers(scanned_m, scanned[1], scanned[2])
+  assert_trees_close(params, loop[1], atol=0)
+  assert_trees_close(rest, loop[2], atol=0)
+
+
+@pytest.mark.parametrize("scan,remat", [(True, "none"), (False, "full"),
+                                        (False, "save_moe_routing"), (True, "save_moe_routing"),
+                                        (True, "dots")])
+def test_scan_and_remat_equal_the_loop(scan, remat, loop_reference):
+  loss, grads, rest = loss_and_grads(model_config(scan_layers=scan, remat=remat))
+  ref_loss, ref_grads, ref_rest = loop_reference
+  np.testing.assert_allclose(float(loss), float(ref_loss), atol=1e-6, rtol=0)
+  assert_trees_close(grads, ref_grads, atol=1e-6)
+  assert_trees_close(rest, ref_rest, atol=1e-6)  # the bias moved once per layer, as in the loop
+  bias = rest["blocks"][0]["ffn"]["router_state"]["bias"]
+  assert np.abs(np.asarray(bias)).max() > 0
+
+
+def test_every_remat_policy_is_covered():
+  assert set(REMAT_POLICIES) == {"none", "full", "dots", "save_moe_routing"}
+
+
+@pytest.mark.parametrize("keys,message", [
+    (dict(scan_layers=True, ffn_type="moe", moe_first_dense=1),
+     r"model\.scan_layers=True needs identical layers; layers \[1, 2\] are MoE"),
+    (dict(scan_layers=True, windows=[0, 8, 0]), r"model\.attention\.windows=\[0, 8, 0\] differ"),
+    (dict(remat="everything"),
+     r"model\.remat='everything' is not known; valid: dots, full, none, save_moe_routing"),
+])
+def test_bad_scale_settings_are_refused_by_name(keys, message):
+  m = get_config("size=tiny").model
+  m.num_layers = 3
+  m.moe.first_dense = keys.pop("moe_first_dense", 0)
+  if "windows" in keys:
+    m.attention.windows = keys.pop("windows")
+  for key, value in keys.items():
+    m[key] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_model(m)
