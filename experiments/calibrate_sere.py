@@ -19,7 +19,7 @@ from moejax.errors import ConfigError
 
 from moejax.analysis.router_inference import calibrate_similarity
 from moejax.data.pipeline import build_lm_data
-from moejax.inference.restore import load_from_workdir
+from moejax.train.restore import load_from_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained MoE LM's workdir.")
 _BATCHES = cli.checked(flags.DEFINE_integer("batches", 2, "Training batches of calibration "

@@ -29,7 +29,7 @@ from moejax.errors import ConfigError
 from moejax.analysis import router_inference as ri
 from moejax.data.shakespeare import shakespeare_sources
 from moejax.data.pipeline import build_lm_data
-from moejax.inference.restore import load_from_workdir
+from moejax.train.restore import load_from_workdir
 from moejax.interop.moejax_lm import from_training_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/moe", "A trained MoE LM's workdir.")

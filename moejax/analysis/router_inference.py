@@ -22,7 +22,7 @@ from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.inference.generate import decoder_step
 from moejax.inference.kv_cache import init_cache
-from moejax.interop.convert import abstract_model
+from moejax.models.decoder import abstract_model
 from moejax.train.loop import build_model
 from moejax.train.step import cross_entropy, moe_metrics, split_model
 

@@ -22,7 +22,7 @@ from flax import nnx
 
 from moejax.errors import ConfigError
 from moejax.inference.kv_cache import init_cache
-from moejax.interop.convert import abstract_model
+from moejax.models.decoder import abstract_model
 
 
 def left_pad(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from moejax.interop.hf_config import from_hf_config, to_hf_config
 from moejax.interop.names import tensor_maps
 from moejax.interop.safetensors_io import SafetensorsReader, ShardedWriter, read_json
 from moejax.config import model_config_from_dict, moe_layer_indices, validate_model
-from moejax.models.decoder import Decoder
+from moejax.models.decoder import Decoder, abstract_model
 
 PARAM_DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16, "float16": np.float16}
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
@@ -51,13 +51,6 @@ class Loaded:
   def model(self) -> Decoder:
     graphdef, _, _ = abstract_model(self.config)
     return nnx.merge(graphdef, self.params, self.rest)
-
-
-def abstract_model(m):
-  """(graphdef, params, rest) of Decoder(m) as ShapeDtypeStructs: nothing allocated."""
-  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 
 
 def _get(tree, path):

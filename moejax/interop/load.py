@@ -68,7 +68,7 @@ def load_model(workdir: str | None = None, hf_dir: str | None = None):
 
 def from_training_workdir(workdir: str, step: int | None = None):
   """(Loaded, tokenizer) of a training workdir's checkpoint (latest by default)."""
-  from moejax.inference.restore import load_from_workdir
+  from moejax.train.restore import load_from_workdir
   from moejax.models.decoder import unstack_layers
   config, _, params, rest, tokenizer = load_from_workdir(workdir, step, for_generation=True)
   return Loaded(*unstack_layers(config.model, params, rest)), tokenizer

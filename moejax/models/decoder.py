@@ -260,3 +260,10 @@ class Decoder(nnx.Module):
       cache = cache.replace(layers=tuple(new_layers), key_valid=key_valid, length=start + l,
                             next_position=first_position + jnp.sum(token_mask_BxL, axis=1))
     return logits, {"aux_loss": aux_loss, "moe": moe_aux}, cache
+
+
+def abstract_model(m):
+  """(graphdef, params, rest) of Decoder(m) as ShapeDtypeStructs: nothing allocated."""
+  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)

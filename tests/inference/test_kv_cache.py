@@ -14,9 +14,9 @@ from configs.lm_shakespeare_moe import get_config
 from moejax.config import moe_layer_indices
 from moejax.inference.generate import filter_logits, generate, left_pad, sample_tokens
 from moejax.inference.kv_cache import cache_bytes, init_cache
-from moejax.interop.convert import abstract_model
 from moejax.interop.hf_config import from_hf_config
 from moejax.models import Decoder
+from moejax.models.decoder import abstract_model
 from tests.interop.hf_tiny import FAMILY_NAMES, family_configs
 
 

@@ -11,7 +11,8 @@ from safetensors.numpy import load_file, save_file
 
 from moejax.config import base_config
 from moejax.errors import ConfigError
-from moejax.interop.convert import abstract_model, export_hf, import_hf
+from moejax.interop.convert import export_hf, import_hf
+from moejax.models.decoder import abstract_model
 
 QPROJ = "model.layers.1.self_attn.q_proj.weight"
 

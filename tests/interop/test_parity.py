@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.interop.convert import abstract_model, import_hf
+from moejax.interop.convert import import_hf
+from moejax.models.decoder import abstract_model
 from tests.interop.hf_tiny import hf_forward, padded_batch
 
 

@@ -26,3 +26,21 @@ def test_missing_keys_get_defaults_and_open_dicts_are_kept_whole():
   changed["model"]["moe"]["top_k"] = 3
   diffs = config_mismatch(with_defaults(changed)["model"], current.to_dict()["model"])
   assert len(diffs) == 1 and diffs[0].startswith("moe.top_k")
+
+
+def test_configs_of_the_two_old_model_schemas_migrate_to_the_one_schema():
+  """Issue 12 merged TransformerLM's schema (model.rope_theta) and the HF
+  decoder's (max_position, an explicit moe_layers list) into one."""
+  from moejax.config import model_config_from_dict, moe_layer_indices
+  trained = base_config().to_dict()["model"]
+  trained["rope_theta"] = trained.pop("rope")["theta"] * 2
+  m = model_config_from_dict(trained)
+  assert m.rope.theta == 2 * base_config().model.rope.theta and "rope_theta" not in m
+
+  converted = {k: v for k, v in base_config().to_dict()["model"].items()
+               if k not in ("max_seq_len", "ffn_type")}
+  converted.update(num_layers=6, max_position=4096, moe_layers=[1, 2, 4, 5])
+  m = model_config_from_dict(converted)
+  assert m.max_seq_len == 4096 and moe_layer_indices(m) == [1, 2, 4, 5]
+  converted["moe_layers"] = []
+  assert moe_layer_indices(model_config_from_dict(converted)) == []

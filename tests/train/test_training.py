@@ -10,7 +10,7 @@ import pytest
 
 from configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
-from moejax.inference.restore import load_from_workdir
+from moejax.train.restore import load_from_workdir
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import NonFiniteLossError, init_state, train_and_evaluate
