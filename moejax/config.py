@@ -9,7 +9,7 @@ import math
 
 import ml_collections
 
-from moejax import dispatch, losses, routing, sharding
+from moejax import dispatch, experts, losses, routing, sharding
 from moejax.errors import ConfigError, choice_error
 from moejax.routing.token_rounding import validate_rounding
 
@@ -75,8 +75,13 @@ def base_config() -> ml_collections.ConfigDict:
   e.router_init_scale = 0.1
   e.bias_update_rate = 1e-3
   e.routed_scaling_factor = 1.0
+  # Expert type (moejax/experts): swiglu | atomic; a type's own settings live in
+  # model.moe.<type> (added below from the registry, e.g. model.moe.atomic.activation).
+  e.experts = "swiglu"
   e.dispatch = "dropless"
-  e.grouped_matmul = "auto"  # dropless only: auto | fused | loop | tiled | ragged_dot | gmm
+  # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
+  e.grouped_matmul = "auto"
+  e.gmm_backend = "auto"  # grouped_matmul 'gmm': kernels.BACKENDS (Pallas kernel or jnp reference)
   e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
   e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
   # router 'topk_rounded' (SonicMoE token rounding): counts rounded to this tile;
@@ -112,6 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
   e.sere_rho = 0.5
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
   e.dpsl_alpha = 1.0  # loss 'dpsl': symmetric Dirichlet prior (DPSL)
+  for name, spec in experts.EXPERT_TYPES.items():  # model.moe.<expert type>: its settings
+    if spec.settings:
+      e[name] = ml_collections.ConfigDict(dict(spec.settings))
 
   # ffn_type 'omnimoe' (OmniMoE, moejax/experts/atomic.py): shared SwiGLU + N atomic
   # experts on an n x n product-key grid; layers placed by moe.first_dense/every_n.
@@ -364,12 +372,28 @@ def validate_moe(e, num_layers: int) -> None:
   if spec.validate is not None:
     spec.validate(e)
   dispatch.get_dispatcher(e.dispatch)
-  from moejax.dispatch.dropless import get_grouped_matmul
-  get_grouped_matmul(e.grouped_matmul)
+  validate_experts(e)
   for name, weight in e.loss_weights.items():
     losses.get_loss(name)
     _positive(f"model.moe.loss_weights.{name}", weight, strict=False)
   _positive("model.moe.dpsl_alpha", e.dpsl_alpha)
+
+
+def validate_experts(e) -> None:
+  """model.moe.experts, every expert type's settings, grouped_matmul and gmm_backend,
+  against the registries (moejax/experts, moejax/dispatch/grouped_matmul.py, kernels)."""
+  from kernels import BACKENDS
+  from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
+  expert_type = experts.get_expert_type(e.experts)
+  for _, spec in experts.EXPERT_TYPES.items():
+    spec.validate_settings(e)
+  matmul = resolve_grouped_matmul(e.grouped_matmul, expert_type.bind({}, e),
+                                  config_key="model.moe.grouped_matmul")
+  if matmul.fused and not expert_type.fused:
+    raise ConfigError(f"model.moe.grouped_matmul={e.grouped_matmul!r} runs the expert type's "
+                      f"fused path; model.moe.experts={e.experts!r} declares none")
+  if e.gmm_backend not in BACKENDS:
+    raise choice_error("model.moe.gmm_backend", e.gmm_backend, BACKENDS)
 
 
 # Dicts whose keys are data, not schema: a saved value replaces the default whole.
