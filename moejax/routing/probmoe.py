@@ -212,7 +212,7 @@ def validate_keys(cfg) -> None:
                       f"model.moe.num_experts={cfg.num_experts}")
 
 
-@register_router("probmoe", validate=validate_top_k)
+@register_router("probmoe", validate=validate_top_k, promises={"weights_proportional_to_probs"})
 def route_probmoe(logits, *, cfg, state, rng, train):
   k_min, k_max, dynamic = band(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
