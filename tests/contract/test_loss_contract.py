@@ -1,0 +1,20 @@
+"""Every registered loss: a finite float32 scalar on the (training) output of
+every registered router it accepts (ConfigError for the others, at
+least one accepted), and its declared hand-worked example (oracles.check_loss)."""
+import pytest
+
+from moejax.losses import LOSSES
+from moejax.losses.base import LOSS_EXAMPLES
+from moejax.routing import ROUTERS
+from tests.contract.oracles import check_loss, router_outputs
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_loss_keeps_the_loss_contract(loss):
+  outputs = {f"{name} (train=True)": router_outputs(ROUTERS.get(name))[True]
+             for name in ROUTERS}
+  check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss))
+
+
+def test_balance_and_dpsl_declare_examples():
+  assert {"load_balance", "z_loss", "dpsl"} <= set(LOSS_EXAMPLES)
