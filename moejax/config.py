@@ -81,7 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
   e.dispatch = "dropless"
   # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
   e.grouped_matmul = "auto"
-  e.gmm_backend = "auto"  # grouped_matmul 'gmm': kernels.BACKENDS (Pallas kernel or jnp reference)
+  # grouped_matmul 'gmm' (also 'auto' on TPU/GPU): kernels.BACKENDS, checked when gmm is used
+  e.gmm_backend = "auto"
   e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
   e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
   # router 'topk_rounded' (SonicMoE token rounding): counts rounded to this tile;
@@ -380,9 +381,9 @@ def validate_moe(e, num_layers: int) -> None:
 
 
 def validate_experts(e) -> None:
-  """model.moe.experts, every expert type's settings, grouped_matmul and gmm_backend,
-  against the registries (moejax/experts, moejax/dispatch/grouped_matmul.py, kernels)."""
-  from kernels import BACKENDS
+  """model.moe.experts, every expert type's settings, and grouped_matmul with its own
+  settings (gmm: gmm_backend), against the registries (moejax/experts,
+  moejax/dispatch/grouped_matmul.py; no names are listed here)."""
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   expert_type = experts.get_expert_type(e.experts)
   for _, spec in experts.EXPERT_TYPES.items():
@@ -392,8 +393,8 @@ def validate_experts(e) -> None:
   if matmul.fused and not expert_type.fused:
     raise ConfigError(f"model.moe.grouped_matmul={e.grouped_matmul!r} runs the expert type's "
                       f"fused path; model.moe.experts={e.experts!r} declares none")
-  if e.gmm_backend not in BACKENDS:
-    raise choice_error("model.moe.gmm_backend", e.gmm_backend, BACKENDS)
+  if matmul.validate is not None:
+    matmul.validate(e)
 
 
 # Dicts whose keys are data, not schema: a saved value replaces the default whole.

@@ -13,6 +13,8 @@ An entry (`GroupedMatmulSpec`) is one of
   an alias   resolve(experts) -> the name of another entry, for this platform
              and expert type (`experts`: BoundExperts, or None for a plain
              expert function).
+An entry may also declare validate(moe_cfg) for its own settings (ConfigError);
+config validation calls it for the entry the configured name resolves to.
 
 Registered:
   'fused'       the expert type's fused path (SwiGLU: the SonicMoE block loop
@@ -58,6 +60,7 @@ class GroupedMatmulSpec:
   make: Callable[[TileLayout, Any], Matmul] | None = None
   fused: bool = False
   resolve: Callable[[Any], str] | None = None
+  validate: Callable[[Any], None] | None = None
 
   def __post_init__(self):
     if (self.make is not None) + self.fused + (self.resolve is not None) != 1:
@@ -67,14 +70,14 @@ class GroupedMatmulSpec:
 GROUPED_MATMULS = Registry("model.moe.grouped_matmul")
 
 
-def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None):
-  """Register a grouped matmul; as a decorator of `make` when only the name is given."""
+def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None, validate=None):
+  """Register a grouped matmul; as a decorator of `make` when no make/fused/resolve is given."""
   if make is None and not fused and resolve is None:
     def wrap(fn):
-      register_grouped_matmul(name, make=fn)
+      register_grouped_matmul(name, make=fn, validate=validate)
       return fn
     return wrap
-  return GROUPED_MATMULS.add(name, GroupedMatmulSpec(name, make, fused, resolve))
+  return GROUPED_MATMULS.add(name, GroupedMatmulSpec(name, make, fused, resolve, validate))
 
 
 def resolve_grouped_matmul(name: str, experts=None, *, config_key=None) -> GroupedMatmulSpec:
@@ -120,7 +123,15 @@ def gmm_backend_of(cfg) -> str:
   return cfg.get("gmm_backend", "auto")
 
 
-@register_grouped_matmul("gmm")
+def validate_gmm(cfg) -> None:
+  """model.moe.gmm_backend is one of kernels.BACKENDS (imported only when gmm is used)."""
+  from kernels import BACKENDS
+  from moejax.errors import choice_error
+  if gmm_backend_of(cfg) not in BACKENDS:
+    raise choice_error("model.moe.gmm_backend", gmm_backend_of(cfg), BACKENDS)
+
+
+@register_grouped_matmul("gmm", validate=validate_gmm)
 def make_gmm(layout, cfg):
   from moejax.kernels import gmm  # Pallas: imported only when used
   backend = gmm_backend_of(cfg)
