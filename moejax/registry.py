@@ -63,3 +63,27 @@ class Registry(Generic[T]):
 
   def __len__(self) -> int:
     return len(self._items)
+
+
+# A part's own settings (routers, expert types): declared defaults, held in the
+# config section model.moe.<part name>, which config.base_config builds from the
+# registries, so adding a part needs no edit of config.py.
+
+def settings_of(cfg, name: str, defaults) -> dict:
+  """The part's settings: `cfg.<name>` over its declared defaults (a default
+  wherever the section or a key is missing, e.g. a hand-built cfg)."""
+  section = None if cfg is None else cfg.get(name)
+  return {key: (default if section is None else section.get(key, default))
+          for key, default in dict(defaults).items()}
+
+
+def check_section(cfg, name: str, defaults, what: str) -> None:
+  """ConfigError if model.moe.<name> holds keys `what` does not declare."""
+  from moejax.errors import ConfigError
+  section = cfg.get(name)
+  if section is None:
+    return
+  unknown = set(section) - set(dict(defaults))
+  if unknown:
+    raise ConfigError(f"model.moe.{name} has unknown keys {sorted(unknown)}; {what} has "
+                      f"settings {sorted(dict(defaults))}")

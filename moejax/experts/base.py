@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from moejax.errors import ConfigError
-from moejax.registry import Registry
+from moejax.registry import Registry, check_section, settings_of
 
 GroupedMatmul = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -72,9 +72,7 @@ class ExpertType:
 
   def options(self, cfg=None) -> dict:
     """This type's settings from model.moe.<name> of `cfg` (defaults where absent)."""
-    section = None if cfg is None else cfg.get(self.name)
-    return {key: (default if section is None else section.get(key, default))
-            for key, default in self.settings.items()}
+    return settings_of(cfg, self.name, self.settings)
 
   def bind(self, weights: dict, cfg=None, **options) -> "BoundExperts":
     """These experts with their weights; options from `cfg`, overridden by keywords."""
@@ -86,14 +84,9 @@ class ExpertType:
 
   def validate_settings(self, moe_cfg) -> None:
     """Check model.moe.<name> (ConfigError naming the key)."""
+    check_section(moe_cfg, self.name, self.settings, f"expert type {self.name!r}")
     section = moe_cfg.get(self.name)
-    if section is None:
-      return
-    unknown = set(section) - set(self.settings)
-    if unknown:
-      raise ConfigError(f"model.moe.{self.name} has unknown keys {sorted(unknown)}; "
-                        f"expert type {self.name!r} has settings {sorted(self.settings)}")
-    if self.validate is not None:
+    if self.validate is not None and section is not None:
       self.validate(section)
 
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from moejax.errors import ConfigError
-from moejax.registry import Registry
+from moejax.registry import Registry, settings_of
 
 
 @struct.dataclass
@@ -119,6 +119,12 @@ class RouterSpec:
     of the call); check_micro_batches turns it into a ConfigError.
   promises: properties beyond the Routing contract that the contract tests
     (tests/contract/) then check, from PROMISES.
+  settings: ((key, default), ...) the router's own settings, held in the config
+    section model.moe.<name> (config.base_config builds it from this registry);
+    `options(cfg)` reads them. legacy_keys: ((flat model.moe key of older
+    configs, setting), ...), moved into the section when a stored config is
+    loaded (config.with_defaults). validate_settings: moe cfg -> None,
+    ConfigError for bad settings, checked whatever the router.
   """
   name: str
   route: Callable[..., RouterOutput]
@@ -129,6 +135,13 @@ class RouterSpec:
   update_state: Callable[[dict, dict, Any], dict] | None = None
   accumulation_check: Callable[[Any], str | None] | None = None
   promises: frozenset[str] = frozenset()
+  settings: tuple[tuple[str, Any], ...] = ()
+  legacy_keys: tuple[tuple[str, str], ...] = ()
+  validate_settings: Callable[[Any], None] | None = None
+
+  def options(self, cfg) -> dict:
+    """This router's settings from model.moe.<name> of `cfg` (defaults where absent)."""
+    return settings_of(cfg, self.name, self.settings)
 
   def __post_init__(self):
     unknown = set(self.promises) - set(PROMISES)
@@ -155,12 +168,14 @@ ROUTERS = Registry("model.moe.router")
 
 def register_router(name: str, *, init_state=None, causal=True, validate=None,
                     init_params=None, update_state=None, accumulation_check=None,
-                    promises=()):
-  """Decorator: register a pure routing function under `name`."""
+                    promises=(), settings=None, legacy_keys=None, validate_settings=None):
+  """Decorator: register a pure routing function under `name` (see RouterSpec)."""
 
   def wrap(fn):
     ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params,
-                                 update_state, accumulation_check, frozenset(promises)))
+                                 update_state, accumulation_check, frozenset(promises),
+                                 tuple((settings or {}).items()),
+                                 tuple((legacy_keys or {}).items()), validate_settings))
     return fn
 
   return wrap
