@@ -29,7 +29,7 @@ Registered:
                 matmul; computes the unused tiles too).
   'ragged_dot'  jax.lax.ragged_dot on the padded groups (portable; on CPU it
                 lowers to a masked dense dot over all groups, E x the FLOPs).
-  'gmm'         the Pallas grouped-matmul kernel from kernels/, backend
+  'gmm'         the Pallas grouped-matmul kernel (moejax.kernels), backend
                 model.moe.gmm_backend (kernels.BACKENDS; 'auto': the TPU or GPU
                 kernel, on CPU the kernel's jnp reference, E x the FLOPs).
   'auto'        'gmm' on TPU/GPU; on CPU 'fused' for expert types with a fused
@@ -125,7 +125,7 @@ def gmm_backend_of(cfg) -> str:
 
 def validate_gmm(cfg) -> None:
   """model.moe.gmm_backend is one of kernels.BACKENDS (imported only when gmm is used)."""
-  from kernels import BACKENDS
+  from moejax.kernels import BACKENDS
   from moejax.errors import choice_error
   if gmm_backend_of(cfg) not in BACKENDS:
     raise choice_error("model.moe.gmm_backend", gmm_backend_of(cfg), BACKENDS)
