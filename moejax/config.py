@@ -9,8 +9,9 @@ import math
 
 import ml_collections
 
-from moejax import dispatch, losses, routing, sharding
+from moejax import dispatch, experts, losses, routing, sharding
 from moejax.errors import ConfigError, choice_error
+from moejax.registry import check_section
 from moejax.routing.token_rounding import validate_rounding
 
 FFN_TYPES = ("dense", "moe", "omnimoe")
@@ -80,8 +81,14 @@ def base_config() -> ml_collections.ConfigDict:
   e.router_init_scale = 0.1
   e.bias_update_rate = 1e-3
   e.routed_scaling_factor = 1.0
+  # Expert type (moejax/experts): swiglu | atomic; a type's own settings live in
+  # model.moe.<type> (added below from the registry, e.g. model.moe.atomic.activation).
+  e.experts = "swiglu"
   e.dispatch = "dropless"
-  e.grouped_matmul = "auto"  # dropless only: auto | fused | loop | tiled | ragged_dot | gmm
+  # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
+  e.grouped_matmul = "auto"
+  # grouped_matmul 'gmm' (also 'auto' on TPU/GPU): kernels.BACKENDS, checked when gmm is used
+  e.gmm_backend = "auto"
   e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
   e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
   # router 'topk_rounded' (SonicMoE token rounding): counts rounded to this tile;
@@ -90,11 +97,8 @@ def base_config() -> ml_collections.ConfigDict:
   e.rounding_mode = "nearest"  # up | down | nearest
   e.capacity_factor = 1.25
   e.min_capacity = 4
-  # Research routers, batch 1 (see each router's module docstring).
-  # router 'probmoe': both 0 = exact-k (k = top_k); both > 0 = dynamic-k band.
-  e.probmoe_k_min = 0
-  e.probmoe_k_max = 0
-  e.probmoe_detach_log_q = True  # stop-gradient on log q (official Qwen scripts; False: OLMoE)
+  # Research routers, batch 1 (see each router's module docstring). Routers that
+  # declare settings (probmoe) have them in model.moe.<router>, added below.
   # router 'smooth_topk' (SmoothSMoE): eta = softplus(smooth_eta_init + state offset).
   e.smooth_eta_init = -9.0
   e.smooth_a = 1.0
@@ -117,6 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
   e.sere_rho = 0.5
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
   e.dpsl_alpha = 1.0  # loss 'dpsl': symmetric Dirichlet prior (DPSL)
+  add_part_sections(e)
 
   # ffn_type 'omnimoe' (OmniMoE, moejax/experts/atomic.py): shared SwiGLU + N atomic
   # experts on an n x n product-key grid; layers placed by moe.first_dense/every_n.
@@ -196,6 +201,22 @@ def base_config() -> ml_collections.ConfigDict:
   s.all_to_all = "auto"  # expert-parallel exchange: auto | ragged (TPU/GPU) | fixed
   s.a2a_capacity_factor = 0.0  # 0: receive buffers that never overflow; f > 0: f x mean load
   return c
+
+
+def parts_with_settings():
+  """(name, spec, what) of every registered router and expert type that declares
+  settings: each gets the section model.moe.<name>."""
+  return [(name, spec, f"{kind} {name!r}")
+          for kind, registry in (("router", routing.ROUTERS), ("expert type", experts.EXPERT_TYPES))
+          for name, spec in registry.items() if spec.settings]
+
+
+def add_part_sections(e) -> None:
+  """model.moe.<part>: the declared defaults of every part with settings."""
+  for name, spec, what in parts_with_settings():
+    if name in e:
+      raise ValueError(f"{what}: model.moe.{name} already exists")
+    e[name] = ml_collections.ConfigDict(dict(spec.settings))
 
 
 def _positive(key, value, strict=True):
@@ -365,22 +386,42 @@ def validate_moe(e, num_layers: int) -> None:
   validate_rounding(e)
   _positive("model.moe.min_capacity", e.min_capacity, strict=False)
   _positive("model.moe.num_shared_experts", e.num_shared_experts, strict=False)
-  for module in (routing.probmoe, routing.smooth_topk, routing.mahalanobis,
+  for module in (routing.smooth_topk, routing.mahalanobis,
                  routing.optimal_transport, routing.capacity_aware, routing.sere):
     module.validate_keys(e)  # research-router keys, checked whatever the router
     # (so those routers register validate=validate_top_k only)
+  for name, spec in routing.ROUTERS.items():  # routers' own sections, whatever the router
+    check_section(e, name, spec.settings, f"router {name!r}")
+    if spec.validate_settings is not None:
+      spec.validate_settings(e)
   if not 0 <= e.router_jitter < 1:
     raise ConfigError(f"model.moe.router_jitter={e.router_jitter} must be in [0, 1)")
   spec = routing.get_router(e.router)
   if spec.validate is not None:
     spec.validate(e)
   dispatch.get_dispatcher(e.dispatch)
-  from moejax.dispatch.dropless import get_grouped_matmul
-  get_grouped_matmul(e.grouped_matmul)
+  validate_experts(e)
   for name, weight in e.loss_weights.items():
     losses.get_loss(name)
     _positive(f"model.moe.loss_weights.{name}", weight, strict=False)
   _positive("model.moe.dpsl_alpha", e.dpsl_alpha)
+
+
+def validate_experts(e) -> None:
+  """model.moe.experts, every expert type's settings, and grouped_matmul with its own
+  settings (gmm: gmm_backend), against the registries (moejax/experts,
+  moejax/dispatch/grouped_matmul.py; no names are listed here)."""
+  from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
+  expert_type = experts.get_expert_type(e.experts)
+  for _, spec in experts.EXPERT_TYPES.items():
+    spec.validate_settings(e)
+  matmul = resolve_grouped_matmul(e.grouped_matmul, expert_type.bind({}, e),
+                                  config_key="model.moe.grouped_matmul")
+  if matmul.fused and not expert_type.fused:
+    raise ConfigError(f"model.moe.grouped_matmul={e.grouped_matmul!r} runs the expert type's "
+                      f"fused path; model.moe.experts={e.experts!r} declares none")
+  if matmul.validate is not None:
+    matmul.validate(e)
 
 
 # Dicts whose keys are data, not schema: a saved value replaces the default whole.
@@ -397,7 +438,7 @@ def with_defaults(saved: dict) -> dict:
       nested = isinstance(v, dict) and isinstance(out.get(key), dict)
       out[key] = merge(out[key], v) if nested and key not in OPEN_DICTS else v
     return out
-  return merge(base_config().to_dict(), migrate_legacy(saved))
+  return merge(base_config().to_dict(), migrate_part_settings(migrate_legacy(saved)))
 
 
 def migrate_legacy(saved: dict) -> dict:
@@ -420,6 +461,23 @@ def migrate_legacy(saved: dict) -> dict:
 def model_config_from_dict(saved_model: dict) -> ml_collections.ConfigDict:
   """The `model` section of a stored config (any moejax version) in today's schema."""
   return ml_collections.ConfigDict(with_defaults({"model": saved_model})["model"])
+
+
+def migrate_part_settings(saved: dict) -> dict:
+  """Flat model.moe keys of older configs moved into the sections of the parts
+  that declare them (RouterSpec.legacy_keys): probmoe_k_min -> probmoe.k_min."""
+  moe = saved.get("model", {}).get("moe")
+  if not isinstance(moe, dict):
+    return saved
+  moe = dict(moe)
+  for name, spec in routing.ROUTERS.items():
+    for old, new in spec.legacy_keys:
+      if old in moe:
+        section = dict(moe.get(name) or {})
+        value = moe.pop(old)
+        section.setdefault(new, value)
+        moe[name] = section
+  return {**saved, "model": {**saved["model"], "moe": moe}}
 
 
 def flatten_config(d: dict, prefix: str = "") -> dict:

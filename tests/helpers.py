@@ -2,14 +2,19 @@
 import ml_collections
 import numpy as np
 
-from moejax.config import base_config
+from moejax.config import OPEN_DICTS, base_config
 
 
 def moe_cfg(**overrides) -> ml_collections.FrozenConfigDict:
-  """The default MoE layer config with overrides, frozen as layers hold it."""
+  """The default MoE layer config with overrides, frozen as layers hold it. A dict
+  for a part's section (probmoe={"k_min": 1}) changes only the keys it names."""
   c = base_config().model.moe
   for key, value in overrides.items():
-    c[key] = value
+    if isinstance(value, dict) and key not in OPEN_DICTS and isinstance(
+        c.get(key), ml_collections.ConfigDict):
+      c[key].update(value)
+    else:
+      c[key] = value
   return ml_collections.FrozenConfigDict(c)
 
 

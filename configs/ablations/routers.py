@@ -38,7 +38,7 @@ def get_config():
       ("expert_choice", MOE + ":router=expert_choice", ()),
       ("probmoe_exact", MOE + ":router=probmoe", ()),
       ("probmoe_dynamic", MOE + ":router=probmoe",
-       ("model.moe.probmoe_k_min=1", "model.moe.probmoe_k_max=3")),
+       ("model.moe.probmoe.k_min=1", "model.moe.probmoe.k_max=3")),
       # boundary loss at the official auxiliary-loss scale, 0.01 (see moejax/routing/smooth_topk.py)
       ("smooth_topk", MOE + ":router=smooth_topk",
        ("model.moe.loss_weights.smooth_boundary=1e-2",)),

@@ -3,7 +3,9 @@
 A dispatcher is a pure function
     (x [T, d], routing, expert_fn, cfg) -> (y [T, d], metrics)
 where expert_fn(rows, matmul) applies the experts to rows grouped by expert
-(see moejax/experts). `cfg` is the layer's MoE ConfigDict.
+(see moejax/experts): the MoE layer passes BoundExperts, which also carry the
+expert type's fused path, if it declares one (experts.base.experts_of).
+`cfg` is the layer's MoE ConfigDict.
 
 Also here: the tile-padded row layout that the dropless backends share
 (`tile_layout`) and the padding-waste figure every router reports.

@@ -98,7 +98,9 @@ def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: di
   """The dispatcher contract `(x [T, d], routing, ...) -> (y [T, d], metrics)` across the mesh.
 
   weights: {name: [E, ...]} expert weights in the compute dtype; weight_axes:
-  their logical axes; expert_apply(weights, rows, matmul) the expert function.
+  their logical axes; expert_apply(weights, rows, matmul) the expert function
+  (an expert type's `apply`, or BoundExperts.apply with its options bound: the
+  local dispatcher then finds the type's fused path, experts.base.experts_of).
   """
   mesh = layout.mesh
   active = lambda axes: tuple(a for a in axes if mesh.shape[a] > 1)

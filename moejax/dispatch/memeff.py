@@ -1,6 +1,10 @@
-"""Memory-efficient dropless SwiGLU MoE (SonicMoE, arXiv 2512.14080): dispatch
-'dropless_memeff', also dispatch 'dropless' with grouped_matmul 'fused' (which
-'auto' picks on CPU for SwiGLU experts).
+"""Memory-efficient dropless SwiGLU MoE (SonicMoE, arXiv 2512.14080): the fused
+path the 'swiglu' expert type declares (moejax/experts/swiglu.py).
+
+Dispatch 'dropless_memeff' runs the fused path of whatever expert type it is
+given (ConfigError for a type or plain expert function without one), as does
+dispatch 'dropless' with grouped_matmul 'fused' (which 'auto' picks on CPU
+for expert types that have a fused path).
 
 Same routing, layout and forward as 'dropless' (tile-padded rows, base.py),
 but the whole expert pass is one `jax.custom_vjp` fused into the block loop
@@ -33,7 +37,7 @@ from jax import lax
 from moejax.dispatch.base import dropless_metrics, register_dispatcher, tile_layout
 from moejax.dispatch.blocks import block_rows_of, block_schedule, for_each_block
 from moejax.errors import ConfigError
-from moejax.experts.swiglu import swiglu_weights_of
+from moejax.experts.base import experts_of
 
 
 def _rows(a, start, size):
@@ -114,12 +118,20 @@ swiglu_moe_memeff.defvjp(_memeff_fwd, _memeff_bwd)
 
 @register_dispatcher("dropless_memeff")
 def dispatch_dropless_memeff(x, routing, expert_fn, cfg):
-  weights = swiglu_weights_of(expert_fn)
-  if weights is None:
+  """The expert type's fused path (see module doc)."""
+  experts = experts_of(expert_fn)
+  if experts is None or not experts.has_fused:
+    what = f"expert type {experts.type.name!r}" if experts is not None else repr(expert_fn)
     raise ConfigError(
-        f"model.moe.dispatch={cfg.dispatch!r} with model.moe.grouped_matmul="
-        f"{cfg.grouped_matmul!r} runs the fused SwiGLU path (dropless_memeff), which needs "
-        f"SwiGLU experts (functools.partial(swiglu_experts, weights)); got {expert_fn!r}")
+        f"model.moe.dispatch={cfg.get('dispatch', 'dropless')!r} with model.moe.grouped_matmul="
+        f"{cfg.grouped_matmul!r} runs the expert type's fused path, but {what} declares "
+        "none (a registered ExpertType with `fused`, moejax/experts/base.py); use "
+        "grouped_matmul 'loop' or another matmul")
+  return experts.fused(x, routing, cfg)
+
+
+def swiglu_memeff_dispatch(weights: dict, x, routing, cfg):
+  """SwiGLU experts {w_gate, w_up, w_down} fused over the dropless layout: (y, metrics)."""
   x = jnp.asarray(x)
   layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
   row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))

@@ -1,3 +1,13 @@
-"""Expert types: parameters plus a per-expert function written against a
-grouped matmul, so that every dispatch backend can run every expert type."""
-from moejax.experts.swiglu import SwiGLUExperts, swiglu_experts
+"""Expert types: parameters plus a per-expert function, a grouped-matmul form
+of it and optionally a fused path, registered by name (`model.moe.experts`)
+so that every dispatch backend runs every expert type. The interface is
+documented in base.py; add a type with one file calling
+`register_expert_type` and an import below.
+
+Modules here import moejax.dispatch and moejax.layers only inside functions:
+dispatch imports experts.base, and layers.moe imports this package.
+"""
+from moejax.experts.base import (EXPERT_TYPES, BoundExperts, ExpertType, experts_of,
+                                 get_expert_type, register_expert_type)
+from moejax.experts.swiglu import SwiGLUExperts, swiglu_experts  # registers 'swiglu'
+from moejax.experts import atomic  # registers 'atomic' (OmniMoE's atomic experts)

@@ -18,13 +18,16 @@ Two schedules, the same function:
                  dispatch unchanged (moejax/dispatch/dropless.py): the atomic
                  experts are an expert function over the grouped matmul with
                  weights u [N, d, 1] and d [N, 1, d], a 'hidden width' of 1.
-                 The grouped matmul is model.omni.grouped_matmul:
+                 The grouped matmul is model.omni.grouped_matmul, any
+                 entry of the one registry (dispatch/grouped_matmul.py):
                    'tiled' each tile of `tile` rows (one expert) times its
                            expert's vector: one dense batched einsum that
                            reads u_e, d_e once per tile instead of per row;
                    'loop'  one small matmul per block of one expert's rows
                            (blocks.py), exact FLOPs, many tiny steps;
-                   'ragged_dot' jax.lax.ragged_dot (GPU/TPU; N x FLOPs on CPU).
+                   'ragged_dot', 'gmm' N x FLOPs on CPU;
+                   'fused' (and 'auto' on CPU) the naive schedule, which
+                           the atomic expert type declares as its fused path.
                  Padding rows (each expert's group is padded to `tile`) add
                  compute but nothing to y. The official Triton kernels also
                  group experts that share identical token lists into real
@@ -37,6 +40,13 @@ paper's speed-up is a GPU kernel result (Triton) we do not reproduce in XLA.
 With N >> T k (few rows per expert) the padded buffer, ~N tile rows, dominates
 (N 65536, T 2048, k 16, d 512: 12x slower fwd+bwd).
 
+Expert type 'atomic' (model.moe.experts='atomic'): the same N atomic experts
+under the ordinary MoE layer, with any router and dispatcher; weights
+u [N, d, 1] and d [N, 1, d] (hidden width 1), activation from
+model.moe.atomic.activation; fused path = the naive schedule. The OmniMoE
+layer below keeps its own [N, d] parameters (checkpoints) and runs them
+through this expert type.
+
 Guesses (neither paper text nor code fixes them): u and d start truncated
 normal with variance 1/d (the code uses nn.Embedding, whose own default is
 N(0, 1), and may be re-initialised by its host model); the router kernels use
@@ -45,24 +55,21 @@ auxiliary loss: the code has none (aux_loss = 0). Metrics over the N atomic
 experts: max_over_mean_load, dead_fraction (share of experts no assignment in
 the batch used), the padding waste at `tile`, routing entropy over all N.
 """
-import functools
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
 from moejax import sharding
-from moejax.dispatch.dropless import dispatch_dropless
+from moejax.dispatch.base import padding_waste
 from moejax.errors import ConfigError, choice_error
+from moejax.experts.base import ExpertType, register_expert_type
 from moejax.layers.dense import SwiGLU, dense_init
-from moejax.layers.moe import RouterState, load_metrics
 from moejax.routing.product_key import (grid_size, per_axis_k_of, route_product_key,
                                         validate_product_key)
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
 SCHEDULES = ("expert_centric", "naive")
-GROUPED_MATMULS = ("tiled", "loop", "ragged_dot")
 
 
 def validate_omni(o) -> None:
@@ -71,12 +78,17 @@ def validate_omni(o) -> None:
   for key in ("shared_d_ff", "tile", "block_rows"):
     if o[key] < 1:
       raise ConfigError(f"model.omni.{key}={o[key]} must be > 0")
-  if o.activation not in ACTIVATIONS:
-    raise choice_error("model.omni.activation", o.activation, ACTIVATIONS)
+  validate_atomic_settings(o, "model.omni")
   if o.schedule not in SCHEDULES:
     raise choice_error("model.omni.schedule", o.schedule, SCHEDULES)
+  from moejax.dispatch.grouped_matmul import GROUPED_MATMULS  # dispatch imports experts.base
   if o.grouped_matmul not in GROUPED_MATMULS:
     raise choice_error("model.omni.grouped_matmul", o.grouped_matmul, GROUPED_MATMULS)
+
+
+def validate_atomic_settings(section, prefix="model.moe.atomic") -> None:
+  if section.activation not in ACTIVATIONS:
+    raise choice_error(f"{prefix}.activation", section.activation, ACTIVATIONS)
 
 
 def atomic_naive(x, u, d, routing, activation: str):
@@ -91,27 +103,75 @@ def atomic_naive(x, u, d, routing, activation: str):
   return jnp.einsum("tk,tkd->td", g, d[index].astype(acc)).astype(x.dtype)
 
 
-def atomic_experts(weights: dict, rows, matmul, *, activation: str):
+def atomic_expert(weights_e: dict, x, *, activation: str = "silu"):
+  """One atomic expert on rows x [n, d]: act(x u_e) d_e with u_e [d, 1], d_e [1, d]."""
+  return ACTIVATIONS[activation](x @ weights_e["u"]) @ weights_e["d"]
+
+
+def atomic_experts(weights: dict, rows, matmul, *, activation: str = "silu"):
   """The expert function of dispatch: rows grouped by expert -> act(rows u_e) d_e."""
-  h = ACTIVATIONS[activation](matmul(rows, weights["u"][:, :, None]))  # [R, 1]
-  return matmul(h, weights["d"][:, None, :])  # [R, d]
+  h = ACTIVATIONS[activation](matmul(rows, weights["u"]))  # [R, 1]
+  return matmul(h, weights["d"])  # [R, d]
+
+
+def atomic_fused(weights: dict, x, routing, cfg, *, activation: str = "silu"):
+  """The naive (token-centric) schedule as this type's fused path; returns (y, metrics)."""
+  y = atomic_naive(x, weights["u"][:, :, 0], weights["d"][:, 0, :], routing, activation)
+  counts = routing.expert_counts(weights["u"].shape[0])
+  return y, {"dropped_fraction": jnp.zeros((), jnp.float32),
+             "padding_waste": padding_waste(counts, cfg.get("dropless_tile", 1))}
+
+
+def atomic_init(rngs: nnx.Rngs, num_experts: int, d_model: int):
+  """u or d [N, d_model], truncated normal with variance 1 / d_model (see module doc)."""
+  init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                              in_axis=-1, out_axis=-2)
+  return init(rngs.params(), (num_experts, d_model))
+
+
+class AtomicExperts(nnx.Module):
+  """N atomic experts as expert type 'atomic': u [N, d, 1], d [N, 1, d]."""
+
+  LOGICAL_AXES = {"u": ("expert", "embed", None), "d": ("expert", None, "embed")}
+
+  def __init__(self, num_experts: int, d_model: int, *, rngs: nnx.Rngs):
+    self.u = nnx.Param(atomic_init(rngs, num_experts, d_model)[:, :, None],
+                       logical_axes=self.LOGICAL_AXES["u"])
+    self.d = nnx.Param(atomic_init(rngs, num_experts, d_model)[:, None, :],
+                       logical_axes=self.LOGICAL_AXES["d"])
+
+  def weights(self, dtype) -> dict:
+    return {"u": self.u[...].astype(dtype), "d": self.d[...].astype(dtype)}
+
+
+ATOMIC = register_expert_type(ExpertType(
+    "atomic", build=lambda num_experts, d_model, cfg, *, rngs: AtomicExperts(
+        num_experts, d_model, rngs=rngs),
+    logical_axes=AtomicExperts.LOGICAL_AXES, expert=atomic_expert, apply=atomic_experts,
+    fused=atomic_fused, settings={"activation": "silu"}, validate=validate_atomic_settings))
+
+
+def atomic_weights(u, d, dtype) -> dict:
+  """OmniMoE's [N, d] parameters as the atomic expert type's weights."""
+  return {"u": u.astype(dtype)[:, :, None], "d": d.astype(dtype)[:, None, :]}
 
 
 def atomic_expert_centric(x, u, d, routing, activation: str, *, grouped_matmul="tiled",
                           tile=8, block_rows=512):
   """Expert-centric schedule through the dropless dispatcher; returns (y, metrics)."""
+  from moejax.dispatch.dropless import dispatch_dropless  # dispatch imports experts.base
   cfg = ml_collections.ConfigDict(dict(
       num_experts=u.shape[0], grouped_matmul=grouped_matmul, dropless_tile=tile,
-      dropless_block=block_rows))
-  weights = {"u": u.astype(x.dtype), "d": d.astype(x.dtype)}
-  expert_fn = functools.partial(atomic_experts, weights, activation=activation)
-  return dispatch_dropless(x, routing, expert_fn, cfg)
+      dropless_block=block_rows, dispatch="dropless"))
+  experts = ATOMIC.bind(atomic_weights(u, d, x.dtype), activation=activation)
+  return dispatch_dropless(x, routing, experts, cfg)
 
 
 class OmniMoELayer(nnx.Module):
   """Shared SwiGLU + product-key router + N atomic experts; returns (y, aux) like MoELayer."""
 
   def __init__(self, d_model: int, cfg, *, rngs: nnx.Rngs, dtype):
+    from moejax.layers.moe import RouterState  # layers.moe imports this package
     self.cfg = cfg
     self.dtype = dtype
     n = grid_size(cfg.num_atomic_experts)
@@ -123,11 +183,10 @@ class OmniMoELayer(nnx.Module):
         name: RouterState(jnp.zeros((n,), jnp.float32) if name.startswith("mean")
                           else jnp.ones((n,), jnp.float32))
         for name in ("mean_x", "var_x", "mean_y", "var_y")})
-    init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                                in_axis=-1, out_axis=-2)
-    shape = (cfg.num_atomic_experts, d_model)
-    self.up = nnx.Param(init(rngs.params(), shape), logical_axes=(None, "embed"))
-    self.down = nnx.Param(init(rngs.params(), shape), logical_axes=(None, "embed"))
+    self.up = nnx.Param(atomic_init(rngs, cfg.num_atomic_experts, d_model),
+                        logical_axes=(None, "embed"))
+    self.down = nnx.Param(atomic_init(rngs, cfg.num_atomic_experts, d_model),
+                          logical_axes=(None, "embed"))
 
   def route(self, x_TxD, *, train: bool):
     """(Routing, router metrics); updates the BatchNorm running statistics when training."""
@@ -143,6 +202,7 @@ class OmniMoELayer(nnx.Module):
     return routing, metrics
 
   def __call__(self, x_BxLxD, *, train: bool = False, rng=None):
+    from moejax.layers.moe import load_metrics  # layers.moe imports this package
     del rng
     cfg = self.cfg
     b, l, d = x_BxLxD.shape

@@ -1,19 +1,22 @@
-"""SwiGLU experts (Shazeer 2020), stacked expert-major.
+"""SwiGLU experts (Shazeer 2020), stacked expert-major: expert type 'swiglu'.
 
 Weights: w_gate, w_up [E, d, f] and w_down [E, f, d], float32 parameters cast
 to the compute dtype at use. The expert function never sees which token went
 where: it receives rows already grouped by the dispatch backend and a
 `matmul(rows, w[E, a, b])` that applies each group's own expert slice
 (a batched einsum for the capacity layout, a grouped matmul for dropless).
+Fused path: the memory-efficient SonicMoE kernel (dispatch/memeff.py).
 """
-import functools
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-GroupedMatmul = Callable[[jax.Array, jax.Array], jax.Array]
+from moejax.experts.base import ExpertType, GroupedMatmul, register_expert_type
+
+
+def swiglu_expert(weights_e: dict, x: jax.Array) -> jax.Array:
+  """One expert: down(silu(gate(x)) * up(x)); weights_e: w_gate, w_up [d, f], w_down [f, d]."""
+  return (jax.nn.silu(x @ weights_e["w_gate"]) * (x @ weights_e["w_up"])) @ weights_e["w_down"]
 
 
 def swiglu_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul) -> jax.Array:
@@ -22,14 +25,10 @@ def swiglu_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul) -> jax
   return matmul(hidden, weights["w_down"])
 
 
-def swiglu_weights_of(expert_fn) -> dict | None:
-  """The weights of `functools.partial(swiglu_experts, weights)` (what MoELayer
-  passes to its dispatcher), else None. Fused SwiGLU paths (dispatch
-  'dropless_memeff') need the weights themselves, not just the function."""
-  if (isinstance(expert_fn, functools.partial) and expert_fn.func is swiglu_experts
-      and len(expert_fn.args) == 1 and not expert_fn.keywords):
-    return expert_fn.args[0]
-  return None
+def swiglu_fused(weights: dict, x, routing, cfg):
+  """The whole SwiGLU expert pass in one block loop (SonicMoE, dispatch/memeff.py)."""
+  from moejax.dispatch.memeff import swiglu_memeff_dispatch  # dispatch imports experts.base
+  return swiglu_memeff_dispatch(weights, x, routing, cfg)
 
 
 class SwiGLUExperts(nnx.Module):
@@ -56,3 +55,13 @@ class SwiGLUExperts(nnx.Module):
 
   def __call__(self, rows, matmul: GroupedMatmul, dtype=jnp.float32):
     return swiglu_experts(self.weights(dtype), rows, matmul)
+
+
+def build_swiglu(num_experts: int, d_model: int, cfg, *, rngs: nnx.Rngs) -> SwiGLUExperts:
+  """E experts of width model.moe.expert_d_ff."""
+  return SwiGLUExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs)
+
+
+SWIGLU = register_expert_type(ExpertType(
+    "swiglu", build=build_swiglu, logical_axes=SwiGLUExperts.LOGICAL_AXES,
+    expert=swiglu_expert, apply=swiglu_experts, fused=swiglu_fused))

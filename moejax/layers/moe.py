@@ -14,16 +14,13 @@ Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
 """
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from moejax import dispatch, losses, routing, sharding
+from moejax import dispatch, experts, losses, routing, sharding
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
-from moejax.experts import SwiGLUExperts, swiglu_experts
 from moejax.layers.dense import SwiGLU
 
 
@@ -84,7 +81,8 @@ class MoELayer(nnx.Module):
         logical_axes=("embed", None))
     self.router_params, self.router_state = router_variables(self.router_spec,
                                                              cfg.num_experts)
-    self.experts = SwiGLUExperts(cfg.num_experts, d_model, cfg.expert_d_ff, rngs=rngs)
+    self.expert_type = experts.get_expert_type(cfg.get("experts", "swiglu"))
+    self.experts = self.expert_type.build(cfg.num_experts, d_model, cfg, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
     if cfg.num_shared_experts > 0:
@@ -144,11 +142,10 @@ class MoELayer(nnx.Module):
 
   def dispatch(self, x_TxD, assignment):
     """The configured dispatcher; across the mesh (expert parallel) under a Layout."""
-    weights = self.experts.weights(self.dtype)
+    bound = self.expert_type.bind(self.experts.weights(self.dtype), self.cfg)
     layout = sharding.current_layout()
     if layout is None:
-      return self.dispatcher(x_TxD, assignment, functools.partial(swiglu_experts, weights),
-                             self.cfg)
-    return expert_parallel_dispatch(x_TxD, assignment, weights, SwiGLUExperts.LOGICAL_AXES,
-                                    swiglu_experts, self.cfg, layout)
+      return self.dispatcher(x_TxD, assignment, bound, self.cfg)
+    return expert_parallel_dispatch(x_TxD, assignment, bound.weights, bound.type.logical_axes,
+                                    bound.apply, self.cfg, layout)
 

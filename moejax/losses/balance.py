@@ -1,12 +1,37 @@
 """The Switch load-balancing loss and the router z-loss."""
+import math
+
 import jax
 import jax.numpy as jnp
 
 from moejax.losses.base import register_loss
-from moejax.routing.base import RouterOutput
+from moejax.routing.base import RouterOutput, Routing
 
 
-@register_loss("load_balance")
+def _output(index, valid, probs, logits) -> RouterOutput:
+  valid = jnp.asarray(valid, bool)
+  routing = Routing(jnp.asarray(index, jnp.int32), jnp.where(valid, 1.0, 0.0), valid)
+  return RouterOutput(routing, jnp.asarray(logits, jnp.float32),
+                      jnp.asarray(probs, jnp.float32), {}, {})
+
+
+def load_balance_example():
+  """3 tokens, 2 experts, top-1; token 2's slot is invalid (it would be expert 1).
+  f = [2, 0] / 2 valid = [1, 0] (the invalid slot counts nowhere); P = column
+  means over all 3 tokens = [0.5, 0.5]. Loss = 2 * (1 * 0.5 + 0 * 0.5) = 1."""
+  probs = jnp.asarray([[0.75, 0.25], [0.25, 0.75], [0.5, 0.5]])
+  return _output([[0], [0], [1]], [[True], [True], [False]], probs, jnp.log(probs)), None, 1.0
+
+
+def z_loss_example():
+  """logits [0, 0] and [log 3, 0]: logsumexp log 2 and log 4 = 2 log 2, so the
+  loss is ((log 2)^2 + (2 log 2)^2) / 2 = 2.5 (log 2)^2."""
+  logits = [[0.0, 0.0], [math.log(3.0), 0.0]]
+  probs = jax.nn.softmax(jnp.asarray(logits), axis=-1)
+  return _output([[0], [0]], [[True], [True]], probs, logits), None, 2.5 * math.log(2.0) ** 2
+
+
+@register_loss("load_balance", example=load_balance_example)
 def load_balance_loss(out: RouterOutput, cfg=None) -> jax.Array:
   """Switch Transformer eq. 4: E * sum_e f_e * P_e.
 
@@ -22,7 +47,7 @@ def load_balance_loss(out: RouterOutput, cfg=None) -> jax.Array:
   return num_experts * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
 
 
-@register_loss("z_loss")
+@register_loss("z_loss", example=z_loss_example)
 def router_z_loss(out: RouterOutput, cfg=None) -> jax.Array:
   """ST-MoE eq. 5: mean over tokens of logsumexp(logits)^2."""
   return jnp.mean(jnp.square(jax.nn.logsumexp(out.logits, axis=-1)))

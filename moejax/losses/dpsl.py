@@ -72,7 +72,19 @@ def ks_statistics(probs: jax.Array, alpha=DEFAULT_ALPHA) -> jax.Array:
   return jnp.max(jnp.maximum(i / n - u, u - (i - 1) / n), axis=0)
 
 
-@register_loss("dpsl")
+def dpsl_example():
+  """E = 2, alpha = 1: Beta(1, 1) is Uniform, so u = p. probs [0.3, 0.7] and
+  [0.6, 0.4]: sorted columns (0.3, 0.6) and (0.4, 0.7) against targets
+  (0.25, 0.75) give (0.05^2 + 0.15^2) / 2 = 0.0125 each, 0.025 in all."""
+  import ml_collections
+  from moejax.routing.base import Routing
+  probs = jnp.asarray([[0.3, 0.7], [0.6, 0.4]], jnp.float32)
+  routing = Routing(jnp.asarray([[1], [0]], jnp.int32), jnp.ones((2, 1)), jnp.ones((2, 1), bool))
+  out = RouterOutput(routing, jnp.log(probs), probs, {}, {})
+  return out, ml_collections.ConfigDict({"dpsl_alpha": 1.0}), 0.025
+
+
+@register_loss("dpsl", example=dpsl_example)
 def dpsl(out: RouterOutput, cfg=None) -> jax.Array:
   """DPSL with the router's prior if it reports one, else model.moe.dpsl_alpha."""
   default = DEFAULT_ALPHA if cfg is None else cfg.get("dpsl_alpha", DEFAULT_ALPHA)

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from moejax.errors import ConfigError
-from moejax.registry import Registry
+from moejax.registry import Registry, settings_of
 
 
 @struct.dataclass
@@ -117,6 +117,14 @@ class RouterSpec:
   accumulation_check: cfg -> None, or the reason why this router's training
     step is not the same with micro-batches (e.g. a loss scaled by the tokens
     of the call); check_micro_batches turns it into a ConfigError.
+  promises: properties beyond the Routing contract that the contract tests
+    (tests/contract/) then check, from PROMISES.
+  settings: ((key, default), ...) the router's own settings, held in the config
+    section model.moe.<name> (config.base_config builds it from this registry);
+    `options(cfg)` reads them. legacy_keys: ((flat model.moe key of older
+    configs, setting), ...), moved into the section when a stored config is
+    loaded (config.with_defaults). validate_settings: moe cfg -> None,
+    ConfigError for bad settings, checked whatever the router.
   """
   name: str
   route: Callable[..., RouterOutput]
@@ -126,6 +134,20 @@ class RouterSpec:
   init_params: Callable[[int], dict[str, jax.Array]] | None = None
   update_state: Callable[[dict, dict, Any], dict] | None = None
   accumulation_check: Callable[[Any], str | None] | None = None
+  promises: frozenset[str] = frozenset()
+  settings: tuple[tuple[str, Any], ...] = ()
+  legacy_keys: tuple[tuple[str, str], ...] = ()
+  validate_settings: Callable[[Any], None] | None = None
+
+  def options(self, cfg) -> dict:
+    """This router's settings from model.moe.<name> of `cfg` (defaults where absent)."""
+    return settings_of(cfg, self.name, self.settings)
+
+  def __post_init__(self):
+    unknown = set(self.promises) - set(PROMISES)
+    if unknown:
+      raise ValueError(f"router {self.name!r}: unknown promises {sorted(unknown)}; "
+                       f"known: {sorted(PROMISES)}")
 
   def initial_state(self, num_experts: int) -> dict[str, jax.Array]:
     """The full `state` dict `route` expects at initialisation (state and params)."""
@@ -133,16 +155,27 @@ class RouterSpec:
             **(self.init_params(num_experts) if self.init_params else {})}
 
 
+# What a router may promise about its RouterOutput (RouterSpec.promises).
+PROMISES = {
+    # Per token, the valid slots' weights are c_t * probs[t, e] with one c_t > 0
+    # (raw softmax weights, renormalised top-k, a routed scaling factor).
+    "weights_proportional_to_probs",
+}
+
+
 ROUTERS = Registry("model.moe.router")
 
 
 def register_router(name: str, *, init_state=None, causal=True, validate=None,
-                    init_params=None, update_state=None, accumulation_check=None):
-  """Decorator: register a pure routing function under `name`."""
+                    init_params=None, update_state=None, accumulation_check=None,
+                    promises=(), settings=None, legacy_keys=None, validate_settings=None):
+  """Decorator: register a pure routing function under `name` (see RouterSpec)."""
 
   def wrap(fn):
     ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params,
-                                 update_state, accumulation_check))
+                                 update_state, accumulation_check, frozenset(promises),
+                                 tuple((settings or {}).items()),
+                                 tuple((legacy_keys or {}).items()), validate_settings))
     return fn
 
   return wrap

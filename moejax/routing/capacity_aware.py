@@ -126,7 +126,8 @@ def validate_keys(cfg) -> None:
                       f"capacity) or divide model.moe.num_experts={cfg.num_experts}")
 
 
-@register_router("capacity_aware", causal=False, validate=validate_top_k)
+@register_router("capacity_aware", causal=False, validate=validate_top_k,
+                 promises={"weights_proportional_to_probs"})
 def route_capacity_aware(logits, *, cfg, state, rng, train):
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)

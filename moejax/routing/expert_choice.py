@@ -47,7 +47,8 @@ def expert_choice(probs: jax.Array, capacity: int) -> Routing:
   return Routing(expert_index, weight, chosen)
 
 
-@register_router("expert_choice", causal=False, validate=validate_expert_choice)
+@register_router("expert_choice", causal=False, validate=validate_expert_choice,
+                 promises={"weights_proportional_to_probs"})
 def route_expert_choice(logits, *, cfg, state, rng, train):
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)

@@ -80,7 +80,8 @@ def validate_keys(cfg) -> None:
                       "(0 = balanced Sinkhorn, tau = infinity)")
 
 
-@register_router("as_coot", causal=False, validate=validate_top_k)
+@register_router("as_coot", causal=False, validate=validate_top_k,
+                 promises={"weights_proportional_to_probs"})
 def route_as_coot(logits, *, cfg, state, rng, train):
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)

@@ -19,7 +19,7 @@ float32.
 
 The gradient of the marginals (they enter the straight-through weights below)
 comes in the two forms the official repository ships, chosen by
-`model.moe.probmoe_detach_log_q`:
+`model.moe.probmoe.detach_log_q`:
   True (default): log q is a stop-gradient, as in the Qwen scripts
     (`ProbMoE_V1_qwen_{exact,dynamic}.py`: `log_q = log1mexp(log_p.detach())`).
     Then dm_i/dl_j = Cov(z_i, z_j | sum z = k) * q_j.
@@ -39,7 +39,7 @@ gathered at the sampled experts, not renormalised (forward value z * softmax).
 Evaluation (train=False) is deterministic: softmax top-k, renormalised when
 `model.moe.renormalize` (the official `norm_topk_prob`).
 
-Dynamic-k ("band" mode, `probmoe_k_min`/`probmoe_k_max` both > 0): the DP runs
+Dynamic-k ("band" mode, `probmoe.k_min`/`probmoe.k_max` both > 0): the DP runs
 to k_max; k is drawn from P(sum z = k) restricted to [k_min, k_max]
 (softmax of A[n, k_min..k_max]), then a subset of that size is drawn exactly.
 Marginals are those of the band-conditioned distribution, d/dlog p of
@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, register_router,
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
                                  routing_entropy, top_k_slots)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
@@ -154,8 +154,9 @@ def sample_band_k(rng, table: jax.Array, k_min: int, k_max: int) -> jax.Array:
 
 def band(cfg) -> tuple[int, int, bool]:
   """(k_min, k_max, dynamic) from the config: exact-k uses top_k."""
-  if cfg.probmoe_k_min > 0 or cfg.probmoe_k_max > 0:
-    return cfg.probmoe_k_min, cfg.probmoe_k_max, True
+  s = settings(cfg)
+  if s["k_min"] > 0 or s["k_max"] > 0:
+    return s["k_min"], s["k_max"], True
   return cfg.top_k, cfg.top_k, False
 
 
@@ -192,27 +193,42 @@ def dynamic_eval(logits, k_min: int, k_max: int, renormalize: bool) -> Routing:
   return Routing(jnp.where(valid, index, 0), weight, valid)
 
 
+# model.moe.probmoe: k_min = k_max = 0 is exact-k (k = top_k), both > 0 the
+# dynamic-k band; detach_log_q: stop-gradient on log q (official Qwen scripts;
+# False: OLMoE). Configs saved before the section had flat probmoe_* keys.
+SETTINGS = {"k_min": 0, "k_max": 0, "detach_log_q": True}
+LEGACY_KEYS = {"probmoe_k_min": "k_min", "probmoe_k_max": "k_max",
+               "probmoe_detach_log_q": "detach_log_q"}
+
+
+def settings(cfg) -> dict:
+  """model.moe.probmoe of this layer's MoE config (defaults where absent)."""
+  return get_router("probmoe").options(cfg)
+
+
 def validate_keys(cfg) -> None:
-  """Checks `probmoe_k_min` / `probmoe_k_max` (0, 0 = exact-k) and
-  `probmoe_detach_log_q` whatever the router."""
-  if not isinstance(cfg.probmoe_detach_log_q, bool):
-    raise ConfigError(f"model.moe.probmoe_detach_log_q={cfg.probmoe_detach_log_q!r} "
+  """Checks model.moe.probmoe (k_min, k_max: 0, 0 = exact-k; detach_log_q) whatever
+  the router."""
+  s = settings(cfg)
+  if not isinstance(s["detach_log_q"], bool):
+    raise ConfigError(f"model.moe.probmoe.detach_log_q={s['detach_log_q']!r} "
                       "must be True or False")
-  lo, hi = cfg.probmoe_k_min, cfg.probmoe_k_max
+  lo, hi = s["k_min"], s["k_max"]
   if lo == 0 and hi == 0:
     return
   if lo < 1:
-    raise ConfigError(f"model.moe.probmoe_k_min={lo} must be >= 1 when "
-                      "dynamic-k is on (or both probmoe_k_min and probmoe_k_max 0)")
+    raise ConfigError(f"model.moe.probmoe.k_min={lo} must be >= 1 when "
+                      "dynamic-k is on (or both probmoe.k_min and probmoe.k_max 0)")
   if hi < lo:
-    raise ConfigError(f"model.moe.probmoe_k_min={lo} must be <= "
-                      f"model.moe.probmoe_k_max={hi}")
+    raise ConfigError(f"model.moe.probmoe.k_min={lo} must be <= "
+                      f"model.moe.probmoe.k_max={hi}")
   if hi > cfg.num_experts:
-    raise ConfigError(f"model.moe.probmoe_k_max={hi} must be <= "
+    raise ConfigError(f"model.moe.probmoe.k_max={hi} must be <= "
                       f"model.moe.num_experts={cfg.num_experts}")
 
 
-@register_router("probmoe", validate=validate_top_k)
+@register_router("probmoe", validate=validate_top_k, promises={"weights_proportional_to_probs"},
+                 settings=SETTINGS, legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
 def route_probmoe(logits, *, cfg, state, rng, train):
   k_min, k_max, dynamic = band(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
@@ -220,7 +236,7 @@ def route_probmoe(logits, *, cfg, state, rng, train):
   if train:
     if rng is None:
       raise ValueError("router 'probmoe' samples its routing in training: pass rng")
-    routing, m = probmoe_train(logits, rng, k_min, k_max, cfg.probmoe_detach_log_q)
+    routing, m = probmoe_train(logits, rng, k_min, k_max, settings(cfg)["detach_log_q"])
     metrics["probmoe_marginal_max"] = jnp.mean(jnp.max(m, axis=-1))
   elif dynamic:
     routing = dynamic_eval(logits, k_min, k_max, cfg.renormalize)

@@ -32,7 +32,7 @@ def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> Routing:
   return Routing(index, weight, jnp.ones(index.shape, bool)), probs
 
 
-@register_router("topk", validate=validate_top_k)
+@register_router("topk", validate=validate_top_k, promises={"weights_proportional_to_probs"})
 def route_top_k(logits, *, cfg, state, rng, train):
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)

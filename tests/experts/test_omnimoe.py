@@ -151,7 +151,8 @@ def test_layer_schedules_agree_and_eval_uses_running_statistics():
     ("per_axis_k", 8, r"model\.omni\.per_axis_k=8 < min\(top_k=32, n=64\)"),
     ("shared_d_ff", 0, r"model\.omni\.shared_d_ff=0 must be > 0"),
     ("schedule", "nope", r"model\.omni\.schedule='nope' is not known; valid: expert_centric, naive"),
-    ("grouped_matmul", "gmm", r"model\.omni\.grouped_matmul='gmm' is not known"),
+    ("grouped_matmul", "gemm", r"model\.omni\.grouped_matmul='gemm' is not known; valid: auto, "),
+    ("activation", "tanh", r"model\.omni\.activation='tanh' is not known; valid: gelu, relu, silu"),
 ])
 def test_bad_omni_keys_are_rejected_before_compilation(data_dir, tmp_path, monkeypatch,  # noqa: F811
                                                        key, value, message):

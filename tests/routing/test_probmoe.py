@@ -89,7 +89,7 @@ def test_dynamic_k_lies_in_band_with_the_dp_law():
   k_min, k_max = 2, 4
   logits = random_logits(5, 1, 8, scale=1.0) - 0.5
   out = route(np.repeat(logits, N_SAMPLES, 0), True, jax.random.key(1), top_k=2,
-              probmoe_k_min=k_min, probmoe_k_max=k_max)
+              probmoe=dict(k_min=k_min, k_max=k_max))
   r = out.routing
   assert r.expert_index.shape == (N_SAMPLES, k_max)
   ks = np.asarray(r.valid).sum(1)
@@ -151,7 +151,7 @@ def test_eval_is_deterministic_top_k():
 def test_dynamic_eval_keeps_prefix_sum_argmax():
   logits = random_logits(12, 32, 8)
   k_min, k_max = 2, 5
-  r = route(logits, False, probmoe_k_min=k_min, probmoe_k_max=k_max).routing
+  r = route(logits, False, probmoe=dict(k_min=k_min, k_max=k_max)).routing
   probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))
   for t in range(32):
     order = np.argsort(-logits[t], kind="stable")
@@ -249,7 +249,7 @@ def test_log_q_gradient_variants_differ_by_q_per_expert(scale):
 
 
 def test_straight_through_gradient_follows_the_log_q_option():
-  """`model.moe.probmoe_detach_log_q` reaches the router's gradient."""
+  """`model.moe.probmoe.detach_log_q` reaches the router's gradient."""
   logits = jnp.asarray(random_logits(8, 4, 6))
   rng = jax.random.key(5)
   c = jnp.asarray(np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32))
@@ -259,7 +259,7 @@ def test_straight_through_gradient_follows_the_log_q_option():
   grads = {}
   for detach in (True, False):
     def through_router(l):
-      r = route(l, True, rng, top_k=2, probmoe_detach_log_q=detach).routing
+      r = route(l, True, rng, top_k=2, probmoe=dict(detach_log_q=detach)).routing
       return jnp.sum(jnp.take_along_axis(c, r.expert_index, 1) * r.combine_weight)
 
     def surrogate(l):
@@ -280,9 +280,26 @@ def test_detach_log_q_option_is_validated():
   c = base_config().model.moe
   c.router = "probmoe"
   validate_moe(c, 4)
-  c.probmoe_detach_log_q = False
+  c.probmoe.detach_log_q = False
   validate_moe(c, 4)
   c = base_config().model.moe.to_dict()
-  c["probmoe_detach_log_q"] = "no"
-  with pytest.raises(ConfigError, match="probmoe_detach_log_q"):
+  c["probmoe"]["detach_log_q"] = "no"
+  with pytest.raises(ConfigError, match=r"model\.moe\.probmoe\.detach_log_q='no'"):
     pm.validate_keys(ml_collections.ConfigDict(c))
+
+
+def test_stored_flat_probmoe_keys_load_into_model_moe_probmoe():
+  """Workdirs and sweep results saved before the section keep loading (and matching)."""
+  from moejax.config import with_defaults
+  from moejax.train.sweep import fingerprint, same_config
+  saved = base_config().to_dict()
+  moe = saved["model"]["moe"]
+  del moe["probmoe"]
+  moe.update(probmoe_k_min=1, probmoe_k_max=3, probmoe_detach_log_q=False)
+  assert with_defaults(saved)["model"]["moe"]["probmoe"] == {
+      "k_min": 1, "k_max": 3, "detach_log_q": False}
+  current = base_config()
+  current.model.moe.probmoe.update(dict(k_min=1, k_max=3, detach_log_q=False))
+  assert same_config(fingerprint(saved), current)
+  current.model.moe.probmoe.k_max = 4
+  assert not same_config(fingerprint(saved), current)

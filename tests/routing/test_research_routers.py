@@ -15,11 +15,11 @@ from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.layers.moe import MoELayer
 from moejax.routing import Routing, get_router
-from tests.helpers import moe_cfg, random_logits
+from tests.helpers import moe_cfg, random_logits, set_key
 
 ROUTERS = {  # name: extra config
     "probmoe": {},
-    "probmoe_dynamic": dict(probmoe_k_min=1, probmoe_k_max=3),
+    "probmoe_dynamic": dict(probmoe=dict(k_min=1, k_max=3)),
     "smooth_topk": dict(smooth_eta_init=0.0),
     "mahalanobis": {},
     "as_coot": {},
@@ -128,7 +128,7 @@ def test_moe_layer_training_call(label):
 
 
 @pytest.mark.parametrize("key,value", [
-    ("probmoe_k_min", 3), ("probmoe_k_max", 9), ("probmoe_k_min", -1),
+    ("probmoe.k_min", 3), ("probmoe.k_max", 9), ("probmoe.k_min", -1),
     ("smooth_b", 0.0), ("smooth_a", -1.0), ("smooth_boundary_alpha", -0.5),
     ("mp_ema_decay", 1.0), ("mp_ridge", 0.0),
     ("ot_epsilon", 0.0), ("ot_iters", 0), ("ot_tau", -1.0),
@@ -138,11 +138,11 @@ def test_moe_layer_training_call(label):
 ])
 def test_bad_values_raise_config_error_naming_key_and_value(key, value):
   c = base_config()
-  c.model.moe[key] = value
-  if key == "probmoe_k_min" and value == 3:
-    c.model.moe.probmoe_k_max = 2  # k_min > k_max
-  if key == "probmoe_k_max":
-    c.model.moe.probmoe_k_min = 1
+  set_key(c.model.moe, key, value)
+  if key == "probmoe.k_min" and value == 3:
+    c.model.moe.probmoe.k_max = 2  # k_min > k_max
+  if key == "probmoe.k_max":
+    c.model.moe.probmoe.k_min = 1
   with pytest.raises(ConfigError) as err:
     validate_config(c)
   assert f"model.moe.{key}={value}" in str(err.value)

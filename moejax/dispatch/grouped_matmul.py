@@ -1,0 +1,150 @@
+"""`model.moe.grouped_matmul`: how dropless dispatch applies the experts to rows
+grouped by expert. The one registry of these choices: dispatch
+(dropless.py), config validation (model.moe.grouped_matmul and
+model.omni.grouped_matmul) and the contract tests all read it.
+
+An entry (`GroupedMatmulSpec`) is one of
+  a matmul   make(layout, cfg) -> matmul(rows [R, a], w [E, a, b]) -> [R, b]
+             over the tile-padded row buffer (base.TileLayout): the rows of
+             expert e times w[e]; padding rows give anything (they carry
+             weight 0). The expert type's `apply` runs against it.
+  fused      no matmul: dispatch runs the expert type's own fused path
+             (ConfigError if the type declares none).
+  an alias   resolve(experts) -> the name of another entry, for this platform
+             and expert type (`experts`: BoundExperts, or None for a plain
+             expert function).
+An entry may also declare validate(moe_cfg) for its own settings (ConfigError);
+config validation calls it for the entry the configured name resolves to.
+
+Registered:
+  'fused'       the expert type's fused path (SwiGLU: the SonicMoE block loop
+                of memeff.py, the same as dispatch 'dropless_memeff'; atomic:
+                the naive gather). Fastest on CPU, least memory.
+  'loop'        a fori_loop over row blocks (blocks.py): each block one plain
+                matmul against its expert's weight slice, read in place; only
+                blocks holding rows are visited. Exact FLOPs up to padding.
+                The fastest path on CPU for any expert function.
+  'tiled'       one batched einsum over all tiles, each tile times its expert's
+                weight slice gathered per tile (a [tiles, a, b] weight copy per
+                matmul; computes the unused tiles too).
+  'ragged_dot'  jax.lax.ragged_dot on the padded groups (portable; on CPU it
+                lowers to a masked dense dot over all groups, E x the FLOPs).
+  'gmm'         the Pallas grouped-matmul kernel (moejax.kernels), backend
+                model.moe.gmm_backend (kernels.BACKENDS; 'auto': the TPU or GPU
+                kernel, on CPU the kernel's jnp reference, E x the FLOPs).
+  'auto'        'gmm' on TPU/GPU; on CPU 'fused' for expert types with a fused
+                path, else 'loop' (measured: docs/results/moe_layer_*_cpu.md).
+'fused', 'loop' and 'gmm' are custom VJPs: reverse-mode only (no jax.jvp /
+jacfwd); force 'tiled' for forward-mode differentiation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from moejax.dispatch.base import TileLayout
+from moejax.dispatch.blocks import block_rows_of, block_schedule, loop_matmul_fn
+from moejax.registry import Registry
+
+Matmul = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulSpec:
+  """A registered grouped matmul: exactly one of make, fused, resolve (module doc)."""
+  name: str
+  make: Callable[[TileLayout, Any], Matmul] | None = None
+  fused: bool = False
+  resolve: Callable[[Any], str] | None = None
+  validate: Callable[[Any], None] | None = None
+
+  def __post_init__(self):
+    if (self.make is not None) + self.fused + (self.resolve is not None) != 1:
+      raise ValueError(f"grouped matmul {self.name!r}: give exactly one of make, fused, resolve")
+
+
+GROUPED_MATMULS = Registry("model.moe.grouped_matmul")
+
+
+def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None, validate=None):
+  """Register a grouped matmul; as a decorator of `make` when no make/fused/resolve is given."""
+  if make is None and not fused and resolve is None:
+    def wrap(fn):
+      register_grouped_matmul(name, make=fn, validate=validate)
+      return fn
+    return wrap
+  return GROUPED_MATMULS.add(name, GroupedMatmulSpec(name, make, fused, resolve, validate))
+
+
+def resolve_grouped_matmul(name: str, experts=None, *, config_key=None) -> GroupedMatmulSpec:
+  """The entry `name` stands for (aliases such as 'auto' followed) for these experts."""
+  seen = []
+  while True:
+    if name not in GROUPED_MATMULS and config_key is not None:
+      from moejax.errors import choice_error
+      raise choice_error(config_key, name, GROUPED_MATMULS)
+    spec = GROUPED_MATMULS.get(name)
+    if spec.resolve is None:
+      return spec
+    seen.append(name)
+    name = spec.resolve(experts)
+    if name in seen:
+      raise ValueError(f"grouped matmul aliases loop: {seen + [name]}")
+
+
+def tiled_matmul(tile_expert, tile, rows, w):
+  """rows [n_tiles * tile, a] @ w[tile_expert[j]] for each tile j -> [n_tiles * tile, b]."""
+  a = rows.shape[-1]
+  out = jnp.einsum("tra,tab->trb", rows.reshape(-1, tile, a), w[tile_expert])
+  return out.reshape(-1, w.shape[-1])
+
+
+@register_grouped_matmul("loop")
+def make_loop(layout, cfg):
+  return loop_matmul_fn(block_schedule(layout, block_rows_of(cfg)))
+
+
+@register_grouped_matmul("tiled")
+def make_tiled(layout, cfg):
+  return functools.partial(tiled_matmul, layout.tile_expert(), layout.tile)
+
+
+@register_grouped_matmul("ragged_dot")
+def make_ragged_dot(layout, cfg):
+  return lambda rows, w: jax.lax.ragged_dot(rows, w, layout.padded_sizes)
+
+
+def gmm_backend_of(cfg) -> str:
+  """model.moe.gmm_backend ('auto' for configs saved before it existed)."""
+  return cfg.get("gmm_backend", "auto")
+
+
+def validate_gmm(cfg) -> None:
+  """model.moe.gmm_backend is one of kernels.BACKENDS (imported only when gmm is used)."""
+  from moejax.kernels import BACKENDS
+  from moejax.errors import choice_error
+  if gmm_backend_of(cfg) not in BACKENDS:
+    raise choice_error("model.moe.gmm_backend", gmm_backend_of(cfg), BACKENDS)
+
+
+@register_grouped_matmul("gmm", validate=validate_gmm)
+def make_gmm(layout, cfg):
+  from moejax.kernels import gmm  # Pallas: imported only when used
+  backend = gmm_backend_of(cfg)
+  return lambda rows, w: gmm(rows, w, layout.padded_sizes, backend=backend)
+
+
+register_grouped_matmul("fused", fused=True)
+
+
+def resolve_auto(experts) -> str:
+  if jax.default_backend() != "cpu":
+    return "gmm"
+  return "fused" if experts is not None and experts.has_fused else "loop"
+
+
+register_grouped_matmul("auto", resolve=resolve_auto)

@@ -1,0 +1,344 @@
+"""The one reference every registered part is checked against (tests/contract/).
+
+The per-token loop, written plainly:
+    y[t] = sum over valid slots s of  weight[t, s] * expert(weights[e[t, s]], x[t])
+one token and one slot at a time, in float64, with the expert type's own
+per-expert function (ExpertType.expert) on the slices weights[e]. Its
+gradients with respect to x, the expert weights and the combine weights come
+from autodiff of that same loop (jax.enable_x64).
+
+The check_* functions raise AssertionError naming the part and what differs
+when a part breaks its contract. test_*_contract.py call them for every entry
+of the registries (routers, expert types, dispatchers, grouped matmuls,
+losses); test_wrong_parts_fail.py registers broken parts for the duration of a
+test and shows that the checks reject them.
+
+Shapes are tiny so that each check compiles in seconds: T = 10 tokens, E = 5
+experts (expert 4 gets no row: an empty group), S = 3 slots per token, some
+invalid (token 1 has none), d = 8, SwiGLU width 6, dropless tile 3 (groups
+end mid-tile) and block 6 (two block sizes, 6 and 3).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from moejax.config import base_config, validate_moe
+from moejax.dispatch import DISPATCHERS
+from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
+from moejax.errors import ConfigError
+from moejax.experts import EXPERT_TYPES, experts_of
+from moejax.routing import Routing
+from moejax.routing.base import PROMISES
+
+T, E, S, D, F = 10, 5, 3, 8, 6
+TILE, BLOCK = 3, 6
+TOL = 1e-5  # fp32 against the float64 loop, relative to the largest reference entry
+
+
+def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
+  """The default model.moe section at the contract shapes, validated, with overrides.
+
+  capacity_factor = E: every expert has room for all T * S assignments, so no
+  dispatcher may drop one (and the per-token loop, which drops nothing,
+  stays the reference for every dispatcher)."""
+  c = base_config().model.moe
+  c.update(dict(num_experts=E, top_k=S, expert_d_ff=F, dropless_tile=TILE,
+                dropless_block=BLOCK, capacity_factor=float(E), min_capacity=1,
+                rounding_tile=TILE))
+  c.update(overrides)
+  validate_moe(c, num_layers=2)
+  return ml_collections.FrozenConfigDict(c)
+
+
+def f64(tree):
+  return jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64)), tree)
+
+
+def per_token_loop(expert, weights, x, index, weight, valid, options):
+  """y[t] = sum_s [valid] weight[t, s] * expert({k: w[e[t, s]]}, x[t]), token by token
+  (a lax.map over tokens, so it compiles once), slot by slot."""
+  def one_token(token):
+    x_t, index_t, weight_t, valid_t = token
+    y_t = jnp.zeros(x_t.shape, x_t.dtype)
+    for s in range(index_t.shape[0]):
+      weights_e = {name: w[index_t[s]] for name, w in weights.items()}
+      out = expert(weights_e, x_t[None, :], **options)[0]
+      y_t = y_t + jnp.where(valid_t[s], weight_t[s], 0.0) * out
+    return y_t
+
+  return jax.lax.map(one_token, (x, index, weight, valid))
+
+
+def reference(expert, weights, x, routing: Routing, proj, options):
+  """(y, grads) of the per-token loop in float64; loss = sum(y * proj), grads of
+  (x, weights, combine_weight)."""
+  with jax.enable_x64(True):
+    def loss(x, weights, weight, proj):
+      y = per_token_loop(expert, weights, x, routing.expert_index, weight,
+                         routing.valid, options)
+      return jnp.sum(y * proj), y
+
+    (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
+        f64(x), f64(weights), f64(routing.combine_weight), f64(proj))
+    return np.asarray(y), jax.tree.map(np.asarray, grads)
+
+
+def assert_close(what: str, got, want, tol: float = TOL) -> None:
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
+  assert np.all(np.isfinite(got)), f"{what}: not finite"
+  scale = max(float(np.max(np.abs(want))), 1e-6)
+  err = float(np.max(np.abs(got - want))) / scale
+  assert err <= tol, (f"{what}: max |got - want| / max |want| = {err:.3g} > {tol:g}"
+                      f" (max |want| = {scale:.3g})")
+
+
+def contract_routing(seed: int = 0) -> Routing:
+  """Distinct experts per token from 0..E-2 (expert E-1 stays empty); about a
+  quarter of the slots invalid, token 0 all valid, token 1 none. Invalid slots
+  carry a nonzero weight and a real expert index: dispatch must ignore both."""
+  rng = np.random.default_rng(seed)
+  index = np.stack([rng.choice(E - 1, S, replace=False) for _ in range(T)])
+  valid = rng.random((T, S)) < 0.75
+  valid[0], valid[1] = True, False
+  weight = rng.uniform(0.2, 1.0, (T, S))
+  return Routing(jnp.asarray(index, jnp.int32), jnp.asarray(weight, jnp.float32),
+                 jnp.asarray(valid))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertCase:
+  weights: dict
+  x: jax.Array
+  routing: Routing
+  proj: jax.Array
+  options: dict
+  y: np.ndarray  # reference output
+  grads: tuple  # reference (d x, d weights, d combine_weight)
+
+
+def expert_case(expert_type) -> ExpertCase:
+  """Weights of the shapes the type builds, inputs, and the reference: computed
+  once per (expert function, build, settings), so a type that reuses another's
+  (test_wrong_parts_fail.py) reuses its reference too."""
+  return _expert_case(expert_type.expert, expert_type.build,
+                      tuple(sorted(expert_type.settings.items())))
+
+
+@functools.cache
+def _expert_case(expert, build, settings) -> ExpertCase:
+  options = dict(settings)  # the type's defaults (contract_cfg leaves them)
+  shapes = jax.eval_shape(lambda: build(E, D, contract_cfg(), rngs=nnx.Rngs(0)).weights(
+      jnp.float32))
+  weights = random_weights(shapes)
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
+  proj = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
+  routing = contract_routing()
+  y, grads = reference(expert, weights, x, routing, proj, options)
+  return ExpertCase(weights, x, routing, proj, options, y, grads)
+
+
+def random_weights(shapes: dict, seed: int = 0) -> dict:
+  """Standard normal over sqrt(fan-in) (the second-to-last axis), float32."""
+  rng = np.random.default_rng(seed)
+  return {key: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-2]), jnp.float32)
+          for key, s in sorted(shapes.items())}
+
+
+def check_expert_type(expert_type) -> None:
+  """What an ExpertType declares about its parameters is what `build` makes."""
+  cfg = contract_cfg(experts=expert_type.name)
+  build = lambda: expert_type.build(E, D, cfg, rngs=nnx.Rngs(0))
+  module = nnx.eval_shape(build)
+  weights = jax.eval_shape(lambda: build().weights(jnp.float32))
+  name = expert_type.name
+  assert set(weights) == set(expert_type.logical_axes), (
+      f"{name}: weights {sorted(weights)} vs logical_axes {sorted(expert_type.logical_axes)}")
+  for key, w in weights.items():
+    axes = expert_type.logical_axes[key]
+    assert w.shape[0] == E, f"{name}.{key}: shape {w.shape} is not expert-major [E={E}, ...]"
+    assert len(axes) == len(w.shape) and axes[0] == "expert", f"{name}.{key}: {axes}, {w.shape}"
+    assert w.dtype == jnp.float32, f"{name}.{key}: weights(float32) gave {w.dtype}"
+  params = [(path, var) for path, var in nnx.iter_graph(module) if isinstance(var, nnx.Param)]
+  assert params, f"{name}: build made no nnx.Param"
+  for path, var in params:
+    axes = var.get_metadata().get("logical_axes")
+    assert axes is not None and len(axes) == len(var.shape), f"{name}{path}: logical axes {axes}"
+  # Older callers' functools.partial(apply, weights), and expert parallelism's
+  # partial(bound.apply, local weights), bind the same type with the same options.
+  bound = experts_of(functools.partial(expert_type.apply, weights))
+  assert bound is not None and bound.type is expert_type, f"{name}: experts_of(partial) = {bound}"
+  options = expert_type.options(cfg)
+  local = experts_of(functools.partial(expert_type.bind(weights, cfg).apply, weights))
+  assert local is not None and local.type is expert_type and dict(local.options) == options, (
+      f"{name}: experts_of(partial(bound.apply, w)) = {local}")
+  rows = jax.eval_shape(lambda: expert_type.expert(
+      {k: jnp.zeros(w.shape[1:], w.dtype) for k, w in weights.items()}, jnp.ones((2, D)),
+      **options))
+  assert rows.shape == (2, D), f"{name}.expert: rows [2, {D}] -> {rows.shape}"
+
+
+def check_dispatch(expert_type, dispatcher: str, grouped_matmul: str, tol: float = TOL,
+                   **cfg_overrides) -> None:
+  """Forward output and gradients (x, expert weights, combine weights) of
+  dispatcher + grouped matmul on this expert type equal the per-token loop.
+
+  A grouped matmul that resolves to the fused path of a type that declares
+  none must raise ConfigError instead."""
+  cfg = contract_cfg(experts=expert_type.name, dispatch=dispatcher,
+                     grouped_matmul=grouped_matmul, **cfg_overrides)
+  case = expert_case(expert_type)
+  dispatch = DISPATCHERS.get(dispatcher)
+  part = f"{expert_type.name} / dispatch {dispatcher} / grouped_matmul {grouped_matmul}"
+
+  def loss(x, weights, combine_weight):
+    routing = case.routing.replace(combine_weight=combine_weight)
+    y, metrics = dispatch(x, routing, expert_type.bind(weights, cfg), cfg)
+    return jnp.sum(y * case.proj), (y, metrics)
+
+  run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+  args = (case.x, case.weights, case.routing.combine_weight)
+  if resolve_grouped_matmul(grouped_matmul, expert_type.bind(case.weights)).fused and (
+      expert_type.fused is None):
+    try:
+      run(*args)
+    except ConfigError:
+      return
+    raise AssertionError(f"{part}: no fused path declared, yet no ConfigError")
+  (_, (y, metrics)), (dx, dweights, dweight) = run(*args)
+  assert y.dtype == case.x.dtype, f"{part}: y is {y.dtype}, x is {case.x.dtype}"
+  if "dropped_fraction" in metrics:
+    assert float(metrics["dropped_fraction"]) == 0.0, f"{part}: dropped with room for all"
+  want_dx, want_dweights, want_dweight = case.grads
+  assert_close(f"{part}: y", y, case.y, tol)
+  assert_close(f"{part}: d x", dx, want_dx, tol)
+  for key in case.weights:
+    assert_close(f"{part}: d {key}", dweights[key], want_dweights[key], tol)
+  assert_close(f"{part}: d combine_weight", dweight, want_dweight, tol)
+
+
+# ---------------------------------------------------------------------------
+# Routers: the Routing contract (moejax/routing/base.py) at T_R tokens, E_R
+# experts, top-2, with the default config otherwise (small tiles).
+
+T_R, E_R, K_R = 16, 8, 2
+
+
+def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
+  return contract_cfg(router=name, num_experts=E_R, top_k=K_R, capacity_factor=1.25,
+                      dropless_tile=4, rounding_tile=4)
+
+
+@functools.cache
+def router_outputs(spec) -> dict:
+  """{train: RouterOutput} of this router on fixed logits (one compile for both)."""
+  cfg = router_cfg(spec.name)
+  logits = jnp.asarray(2.0 * np.random.default_rng(3).standard_normal((T_R, E_R)), jnp.float32)
+
+  def both(logits, state, rng):
+    return {train: spec.route(logits, cfg=cfg, state=state, rng=rng, train=train)
+            for train in (False, True)}
+
+  return jax.jit(both)(logits, spec.initial_state(E_R), jax.random.key(0))
+
+
+@functools.cache
+def router_dispatch():
+  """(jitted dispatch of a Routing, its expert type, weights, x): the default
+  dispatcher, grouped matmul and expert type at the router shapes."""
+  cfg = router_cfg("topk")
+  expert_type = EXPERT_TYPES.get(cfg.experts)
+  weights = random_weights(jax.eval_shape(lambda: expert_type.build(
+      E_R, D, cfg, rngs=nnx.Rngs(0)).weights(jnp.float32)), seed=2)
+  x = jnp.asarray(np.random.default_rng(4).standard_normal((T_R, D)), jnp.float32)
+  dispatch = DISPATCHERS.get(cfg.dispatch)
+  run = jax.jit(lambda x, routing, weights: dispatch(x, routing, expert_type.bind(weights, cfg),
+                                                     cfg)[0])
+  options = expert_type.options(cfg)
+  loop = jax.jit(lambda weights, x, r: per_token_loop(expert_type.expert, weights, x,
+                                                      r.expert_index, r.combine_weight,
+                                                      r.valid, options))
+  return run, loop, weights, x
+
+
+def check_routing(name: str, out, promises=frozenset()) -> None:
+  """A RouterOutput is well formed (and keeps the router's promises)."""
+  r = out.routing
+  index, weight, valid = (np.asarray(a) for a in (r.expert_index, r.combine_weight, r.valid))
+  probs, logits = np.asarray(out.probs), np.asarray(out.logits)
+  assert index.ndim == 2 and index.shape[0] == T_R, f"{name}: expert_index {index.shape}"
+  assert weight.shape == index.shape == valid.shape, f"{name}: slot arrays differ in shape"
+  assert index.dtype == np.int32 and valid.dtype == np.bool_, f"{name}: dtypes"
+  assert weight.dtype == np.float32, f"{name}: combine_weight is {weight.dtype}"
+  assert ((0 <= index) & (index < E_R)).all(), f"{name}: expert_index outside [0, {E_R})"
+  assert np.isfinite(weight).all(), f"{name}: combine_weight not finite"
+  for t in range(T_R):
+    chosen = index[t][valid[t]]
+    assert len(set(chosen.tolist())) == len(chosen), f"{name}: token {t} names {chosen} twice"
+  if r.max_valid is not None:
+    assert valid.sum() <= r.max_valid, f"{name}: {valid.sum()} valid > max_valid {r.max_valid}"
+  assert probs.shape == logits.shape == (T_R, E_R), f"{name}: probs/logits shape"
+  assert probs.dtype == logits.dtype == np.float32, f"{name}: probs/logits dtype"
+  assert np.isfinite(logits).all() and np.isfinite(probs).all(), f"{name}: probs not finite"
+  assert (probs >= 0).all(), f"{name}: negative probs"
+  np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5, err_msg=f"{name}: probs rows")
+  for key, value in {**out.metrics, **out.state}.items():
+    assert np.isfinite(np.asarray(value)).all(), f"{name}: metric/state {key} not finite"
+  assert set(promises) <= PROMISES, f"{name}: unknown promises {set(promises) - PROMISES}"
+  if "weights_proportional_to_probs" in promises:
+    for t in range(T_R):
+      if valid[t].any():
+        c = weight[t][valid[t]] / probs[t, index[t][valid[t]]]
+        assert (c > 0).all(), f"{name}: token {t} weight/probs {c}"
+        np.testing.assert_allclose(c, c[0], rtol=1e-5, err_msg=f"{name}: token {t} weights "
+                                   "are not one multiple of its probs (promised)")
+
+
+def check_router(spec) -> None:
+  """Both modes: well-formed Routing, and dispatching it equals the per-token loop."""
+  run, loop, weights, x = router_dispatch()
+  for train, out in router_outputs(spec).items():
+    name = f"router {spec.name} (train={train})"
+    check_routing(name, out, spec.promises)
+    r = out.routing
+    with jax.enable_x64(True):
+      want = np.asarray(loop(f64(weights), f64(x), r.replace(combine_weight=f64(r.combine_weight))))
+    assert_close(f"{name}: dispatch of its Routing", run(x, r, weights), want)
+
+
+# ---------------------------------------------------------------------------
+# Losses.
+
+def check_loss(name: str, loss, outputs: dict, example=None) -> None:
+  """A finite float32 scalar on every router output the loss accepts (it raises
+  ConfigError for the others; at least one accepted), a finite gradient (probs
+  and logits) on the first accepted, and its declared hand-worked example."""
+  cfg = router_cfg("topk")
+  accepted = []
+  for router, out in outputs.items():
+    try:
+      value = loss(out, cfg)
+    except ConfigError:
+      continue
+    accepted.append(out)
+    value = np.asarray(value)
+    assert value.shape == () and value.dtype == np.float32, f"loss {name} on {router}: {value!r}"
+    assert np.isfinite(value), f"loss {name} on {router}: {value}"
+  assert accepted, f"loss {name} accepts no registered router's output"
+  out = accepted[0]
+  grads = jax.jit(jax.grad(lambda probs, logits: loss(out.replace(probs=probs, logits=logits), cfg),
+                           argnums=(0, 1)))(out.probs, out.logits)
+  assert all(np.isfinite(np.asarray(g)).all() for g in grads), f"loss {name}: gradient"
+  if example is not None:
+    out, example_cfg, expected = example()
+    got = float(loss(out, example_cfg))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7,
+                               err_msg=f"loss {name}: its declared example")

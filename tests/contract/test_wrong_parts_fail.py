@@ -1,0 +1,91 @@
+"""The acceptance proof: a deliberately wrong part, registered for one test only
+(Registry.temporarily), fails the same contract checks every registered part
+passes. Each broken part differs from a correct one in one factor."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, GroupedMatmulSpec, tiled_matmul
+from moejax.experts import EXPERT_TYPES
+from moejax.experts.swiglu import SWIGLU, swiglu_fused
+from moejax.losses import LOSSES
+from moejax.losses.balance import load_balance_example, load_balance_loss
+from moejax.routing import ROUTERS, RouterSpec
+from moejax.routing.topk import route_top_k
+from tests.contract.oracles import (E, check_dispatch, check_loss, check_router,
+                                    router_outputs)
+
+
+def fused_without_combine_weight(weights, x, routing, cfg):
+  """SwiGLU's fused path with every valid slot at weight 1: drops the w[t, s] factor."""
+  ones = jnp.where(routing.valid, 1.0, 0.0).astype(routing.combine_weight.dtype)
+  return swiglu_fused(weights, x, routing.replace(combine_weight=ones), cfg)
+
+
+def fused_without_router_gradient(weights, x, routing, cfg):
+  """The right forward, but no gradient reaches the combine weights (the router)."""
+  frozen = routing.replace(combine_weight=jax.lax.stop_gradient(routing.combine_weight))
+  return swiglu_fused(weights, x, frozen, cfg)
+
+
+@pytest.mark.parametrize("fused,fails_at", [
+    (fused_without_combine_weight, "y"),
+    (fused_without_router_gradient, "d combine_weight")])
+def test_an_expert_type_with_a_wrong_fused_path_fails(fused, fails_at):
+  wrong = dataclasses.replace(SWIGLU, name="swiglu_wrong_fused", fused=fused)
+  with EXPERT_TYPES.temporarily(wrong.name, wrong):
+    with pytest.raises(AssertionError, match=f"grouped_matmul fused: {fails_at}:"):
+      check_dispatch(wrong, "dropless", "fused")
+  assert wrong.name not in EXPERT_TYPES  # removed again
+
+
+def test_the_fused_check_is_not_vacuous():
+  check_dispatch(SWIGLU, "dropless", "fused")  # the correct part passes the same check
+
+
+def test_a_grouped_matmul_that_shifts_experts_fails():
+  def make_shifted(layout, cfg):  # each tile times the NEXT expert's weights
+    return lambda rows, w: tiled_matmul((layout.tile_expert() + 1) % E, layout.tile, rows, w)
+
+  with GROUPED_MATMULS.temporarily("tiled_shifted", GroupedMatmulSpec("tiled_shifted",
+                                                                      make=make_shifted)):
+    with pytest.raises(AssertionError, match="grouped_matmul tiled_shifted: y:"):
+      check_dispatch(EXPERT_TYPES.get("atomic"), "dropless", "tiled_shifted")
+  assert "tiled_shifted" not in GROUPED_MATMULS
+
+
+def test_a_router_that_breaks_its_promise_fails():
+  def squared_top_k(logits, *, cfg, state, rng, train):  # weights p^2, not proportional to p
+    out = route_top_k(logits, cfg=cfg, state=state, rng=rng, train=train)
+    return out.replace(routing=out.routing.replace(
+        combine_weight=jnp.square(out.routing.combine_weight)))
+
+  spec = RouterSpec("topk_squared", squared_top_k, promises=frozenset(
+      {"weights_proportional_to_probs"}))
+  with ROUTERS.temporarily(spec.name, spec):
+    with pytest.raises(AssertionError, match="not one multiple of its probs"):
+      check_router(spec)
+  assert spec.name not in ROUTERS
+
+
+def test_a_router_with_an_out_of_range_expert_fails():
+  def shifted_top_k(logits, *, cfg, state, rng, train):  # expert e -> e + 1: E is out of range
+    out = route_top_k(logits, cfg=cfg, state=state, rng=rng, train=train)
+    return out.replace(routing=out.routing.replace(expert_index=out.routing.expert_index + 1))
+
+  spec = RouterSpec("topk_shifted", shifted_top_k)
+  with ROUTERS.temporarily(spec.name, spec):
+    with pytest.raises(AssertionError, match="expert_index outside"):
+      check_router(spec)
+
+
+def test_a_loss_that_misses_its_example_fails():
+  def halved(out, cfg=None):
+    return 0.5 * load_balance_loss(out, cfg)
+
+  with LOSSES.temporarily("load_balance_halved", halved):
+    outputs = {"topk": router_outputs(ROUTERS.get("topk"))[True]}
+    with pytest.raises(AssertionError, match="its declared example"):
+      check_loss("load_balance_halved", halved, outputs, load_balance_example)
