@@ -30,7 +30,7 @@ from moejax.analysis import router_inference as ri
 from moejax.data.shakespeare import shakespeare_sources
 from moejax.data.pipeline import build_lm_data
 from moejax.train.restore import load_from_workdir
-from moejax.interop.moejax_lm import from_training_workdir
+from moejax.interop.load import from_training_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/moe", "A trained MoE LM's workdir.")
 _STUDIES = cli.checked(flags.DEFINE_list("studies", ["capacity", "sere", "as_coot"],

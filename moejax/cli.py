@@ -81,11 +81,14 @@ def _flag_message(error: Exception, argv: list[str]) -> str:
   """One line for an exception raised while parsing argv."""
   text = str(error).strip()
   if not isinstance(error, flags.Error):  # ml_collections: an unknown dotted config key
-    key = text.strip("'\"")
+    words = re.findall(r"\w+", text)  # "'nope'", or "'nope'\nDid you mean \"rope\" ..."
+    key = words[0] if words else text
+    hint = re.search(r'Did you mean "(\w+)"', text.replace("\\", ""))
     for arg in argv:
       name, _, value = arg.lstrip("-").partition("=")
       if "." in name and key in name.split(".")[1:]:
-        return f"unknown config key {name.split('.', 1)[1]} (--{name}={value})"
+        suggestion = f"; did you mean {hint.group(1)}?" if hint else ""
+        return f"unknown config key {name.split('.', 1)[1]}{suggestion} (--{name}={value})"
     if isinstance(error, OSError):
       config_arg = next((a for a in argv if re.match(r"--?config=", a)), "--config")
       return _config_file_message(error, config_arg)

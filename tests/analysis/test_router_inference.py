@@ -64,7 +64,9 @@ def test_calibration_captures_moe_inputs_and_finds_duplicate_experts(tiny):
   # Oracle for the first layer's input: ffn_norm(x + attn(attn_norm(x))) by hand.
   block, x = model.blocks[0], model.embed[...][windows[:, :-1]]
   positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-  by_hand = block.ffn_norm(x + block.attn(block.attn_norm(x), positions))
+  causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))[None]
+  attended, _ = block.attn(block.attn_norm(x), positions, causal)
+  by_hand = block.ffn_norm(x + attended)
   np.testing.assert_allclose(inputs[0], by_hand.reshape(-1, x.shape[-1]), rtol=1e-6, atol=1e-6)
   # Make expert 3 a copy of expert 1 in every layer: CKA(1, 3) = 1, others < 1.
   params = jax.tree.map(lambda v: v, params)
