@@ -7,6 +7,8 @@ check every registered part against one contract (tests/contract/), and
 `temporarily` registers a part for the duration of a `with` block only.
 """
 import contextlib
+import importlib
+import pkgutil
 from typing import Callable, Generic, Iterator, TypeVar
 
 from moejax.errors import choice_error
@@ -87,3 +89,10 @@ def check_section(cfg, name: str, defaults, what: str) -> None:
   if unknown:
     raise ConfigError(f"model.moe.{name} has unknown keys {sorted(unknown)}; {what} has "
                       f"settings {sorted(dict(defaults))}")
+
+
+def import_package_modules(package_name: str, package_path) -> None:
+  """Import every module of a package, so each file that registers a part
+  registers it: adding a part is adding a file, with no list to edit."""
+  for module in pkgutil.iter_modules(package_path):
+    importlib.import_module(f"{package_name}.{module.name}")

@@ -1,8 +1,8 @@
 """Expert types: parameters plus a per-expert function, a grouped-matmul form
 of it and optionally a fused path, registered by name (`model.moe.experts`)
 so that every dispatch backend runs every expert type. The interface is
-documented in base.py; add a type with one file calling
-`register_expert_type` and an import below.
+documented in base.py; add a type with one file here calling
+`register_expert_type` (every module of this package is imported).
 
 Modules here import moejax.dispatch and moejax.layers only inside functions:
 dispatch imports experts.base, and layers.moe imports this package.
@@ -10,4 +10,6 @@ dispatch imports experts.base, and layers.moe imports this package.
 from moejax.experts.base import (EXPERT_TYPES, BoundExperts, ExpertType, experts_of,
                                  get_expert_type, register_expert_type)
 from moejax.experts.swiglu import SwiGLUExperts, swiglu_experts  # registers 'swiglu'
-from moejax.experts import atomic  # registers 'atomic' (OmniMoE's atomic experts)
+from moejax.registry import import_package_modules
+
+import_package_modules(__name__, __path__)  # 'atomic' (OmniMoE's atomic experts), ...

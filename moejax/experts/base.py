@@ -34,7 +34,7 @@ backend knows any type by name or identity:
   validate(section) -> None: ConfigError for bad settings (optional).
 
 A new kind of expert (LoRA, quantized, pruned, ...) is one file here calling
-`register_expert_type`, imported in __init__.py; the contract tests then run
+`register_expert_type` (the package imports every module); the contract tests then run
 it through every dispatcher and grouped matmul without a test edit.
 
 Bound experts. Dispatchers take `expert_fn(rows, matmul)`; the MoE layer

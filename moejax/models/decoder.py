@@ -43,11 +43,11 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.config import expert_counts, layer_moe_config, layer_windows, moe_layer_indices
-from moejax.experts.atomic import OmniMoELayer
 from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import Linear, RMSNorm, SwiGLU
 from moejax.layers.lookup import build_lookup_layer
 from moejax.layers.moe import ROUTING_NAMES, MoELayer
+from moejax.layers.omnimoe import OmniMoELayer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 RESIDUAL_AXES = ("batch", "length", "act_embed")

@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from configs import lm_shakespeare_omnimoe
 from moejax.config import base_config, validate_config
 from moejax.errors import ConfigError
-from moejax.experts.atomic import OmniMoELayer, atomic_expert_centric, atomic_naive
+from moejax.experts.atomic import atomic_expert_centric, atomic_naive
+from moejax.layers.omnimoe import OmniMoELayer
 from moejax.routing.base import Routing
 from moejax.routing.product_key import product_key_top_k, route_product_key
 from moejax.train import step as step_lib
