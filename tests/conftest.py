@@ -7,3 +7,17 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("moejax", deadline=None, print_blob=True)
 settings.load_profile("moejax")
+
+
+# Files that take the longest (scripts/test.sh prints --durations), run first so
+# that the two workers (--dist loadfile) finish together instead of one idling
+# while the other runs the 8-device sessions at the end.
+SLOW_FIRST = ("tests/sharding/test_on_8_devices.py", "tests/sharding/test_multi_process.py",
+              "tests/train/test_sweep.py", "tests/train/test_finetune_hf.py",
+              "tests/experts/test_omnimoe.py", "tests/train/test_grad_accumulation.py",
+              "tests/analysis/test_router_inference.py", "tests/layers/test_lookup.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(SLOW_FIRST)))

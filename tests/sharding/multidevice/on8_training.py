@@ -77,7 +77,7 @@ def test_an_imported_family_trains_on_2x4_as_on_one_device(data_dir, tmp_path):
   hf_dir = save_model(make_model("deepseek_v3", vocab_size=256), str(tmp_path / "hf"))
 
   def finetune(mesh=None):
-    c = finetune_hf.get_config("family=deepseek_v3,steps=3,seq_len=32,batch_size=8")
+    c = finetune_hf.get_config("family=deepseek_v3,steps=3,seq_len=16,batch_size=8")
     c.init.hf_dir, c.data.data_dir = hf_dir, data_dir
     c.train.log_every, c.train.eval_batches, c.train.progress_bar = 1, 1, False
     for axis, size in (mesh or {}).items():
