@@ -277,7 +277,13 @@ def validate_micro_batches(c, batch_shards: int = 1) -> None:
                       "'omnimoe': its router's BatchNorm normalises over the tokens of each "
                       "call and updates running statistics per call")
   if c.model.ffn_type == "moe":
-    routing.base.check_micro_batches(routing.get_router(c.model.moe.router), c.model.moe, m)
+    spec = routing.get_router(c.model.moe.router)
+    if spec.init_state is not None and (c.model.scan_layers or c.model.remat != "none"):
+      raise ConfigError(f"train.micro_batches={m} with model.scan_layers={c.model.scan_layers} "
+                        f"and model.remat={c.model.remat!r}: the stateful router "
+                        f"model.moe.router={c.model.moe.router!r} updates its state inside "
+                        "the scanned or rematerialised block; use the loop without remat")
+    routing.base.check_micro_batches(spec, c.model.moe, m)
 
 
 def validate_model(m) -> None:

@@ -12,7 +12,8 @@ directory is refused before anything is built or written.
 `initial_state` then puts the pretrained params (and router state, e.g.
 DeepSeek-V3's score-correction bias) into a fresh TrainState: step 0, a
 fresh optimizer, in the run's shardings when there is a mesh. Resuming a
-run never re-reads the directory: checkpoints win.
+run restores the checkpoint, never the directory's weights; it reads the
+directory's config.json again, to check the run still matches it.
 """
 import os
 

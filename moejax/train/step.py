@@ -189,7 +189,11 @@ def make_loss_fn(graphdef):
     aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
     ce = cross_entropy(logits, batch["targets"])
     paths = {id(node): path for node, path in _modules_by_path(model)}
-    stats = {paths[id(layer)]: layer_stats for layer, layer_stats in reports}
+    # A scanned or rematerialised block reports from a copy inside its own trace,
+    # not a layer of this tree: its state is written back by the block itself
+    # (config refuses micro-batching with a stateful router there).
+    stats = {paths[id(layer)]: layer_stats for layer, layer_stats in reports
+             if id(layer) in paths}
     _, _, new_rest = split_model(model)
     return ce + aux["aux_loss"], (ce, aux, new_rest, stats)
 

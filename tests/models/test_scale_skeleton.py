@@ -100,3 +100,17 @@ def test_bad_scale_settings_are_refused_by_name(keys, message):
     m[key] = value
   with pytest.raises(ConfigError, match=message):
     validate_model(m)
+
+
+def test_the_trainer_runs_a_scanned_rematerialised_model_with_a_stateful_router(tmp_path):
+  """Through train_and_evaluate: the bias router's state moves inside the scan."""
+  from moejax.train.loop import train_and_evaluate
+  c = get_config("size=tiny,router=sigmoid_bias")
+  c.model.scan_layers, c.model.remat = True, "save_moe_routing"
+  c.train.steps, c.train.log_every, c.train.eval_batches, c.train.progress_bar = 3, 1, 1, False
+  run = train_and_evaluate(c, str(tmp_path / "run"), write_metrics=False)
+  bias = np.asarray(run.state.rest["blocks"]["block"]["ffn"]["router_state"]["bias"])
+  assert bias.shape[0] == c.model.num_layers and np.abs(bias).max() > 0
+  c.train.micro_batches = 2
+  with pytest.raises(ConfigError, match=r"train\.micro_batches=2 with model\.scan_layers=True"):
+    train_and_evaluate(c, str(tmp_path / "other"))
