@@ -51,9 +51,9 @@ import optax
 from flax import nnx, struct
 
 from moejax import sharding
+from moejax.models.decoder import DTYPES
 from moejax.routing import base as routing_base
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @struct.dataclass
