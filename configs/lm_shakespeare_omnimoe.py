@@ -1,7 +1,9 @@
 r"""OmniMoE (arXiv 2602.05711) on the Shakespeare plays at the default MoE's active FLOPs.
 
-Every FFN is a shared SwiGLU of width f_s plus N = n x n atomic experts, top_k
-per token, picked by the Cartesian product router (moejax/experts/atomic.py).
+OmniMoE is the one MoE layer (moejax/layers/moe.py) with the Cartesian
+product router (router 'product_key', moejax/routing/product_key.py), N = n x n
+atomic experts (expert type 'atomic', moejax/experts/atomic.py) and one
+shared SwiGLU expert of width f_s; no auxiliary loss.
 
   python -m experiments.train --config=configs/lm_shakespeare_omnimoe.py --workdir=runs/omni
 
@@ -22,27 +24,35 @@ vs 8 * 3 * 128 * 256 + 1,024 = 787,456 for the default MoE.
 
 Variants by arg (comma-separated key=value):
   :size=tiny                 a seconds-long smoke run
-  :schedule=expert_centric   the paper's expert-centric schedule (the same function;
-                             on CPU the default token-centric gather is ~2x faster)
+  :schedule=expert_centric   the paper's expert-centric schedule (the same function,
+                             model.moe.grouped_matmul='tiled' instead of 'fused';
+                             on CPU the token-centric gather is ~2x faster)
   :experts=1024,top_k=64     other grid / sparsity (f_s re-derived)
 """
 from moejax.config import apply_size, base_config, parse_config_arg
 
 DEFAULTS = dict(size="small", schedule="naive", experts=0, top_k=0)
 PRESETS = {"tiny": (64, 4), "small": (4096, 32)}  # size: (N, top_k)
+SCHEDULES = {"naive": "fused", "expert_centric": "tiled"}  # -> model.moe.grouped_matmul
+TILE = 8  # rows per expert tile of the expert-centric layout (few rows per atomic expert)
 
 
 def get_config(arg=None):
   a = parse_config_arg(arg, DEFAULTS)
   c = base_config()
   apply_size(c, a.size)  # the default MoE's model, data and steps
-  c.model.ffn_type = "omnimoe"
-  o = c.model.omni
+  e = c.model.moe
+  active = e.top_k * e.expert_d_ff  # the default MoE's active width, matched below
   preset_n, preset_k = PRESETS.get(a.size, PRESETS["small"])
-  o.num_atomic_experts = a.experts or preset_n
-  o.top_k = a.top_k or preset_k
-  o.schedule = a.schedule
-  n = int(round(o.num_atomic_experts ** 0.5))  # validate_config checks n * n = N
-  active = c.model.moe.top_k * c.model.moe.expert_d_ff
-  o.shared_d_ff = max(1, round((3 * active - 2 * n - 2 * o.top_k) / 3))
+  e.router, e.experts = "product_key", "atomic"
+  e.num_experts = a.experts or preset_n
+  e.top_k = a.top_k or preset_k
+  if a.schedule not in SCHEDULES:
+    from moejax.errors import choice_error
+    raise choice_error("config arg schedule", a.schedule, SCHEDULES)
+  e.grouped_matmul, e.dropless_tile = SCHEDULES[a.schedule], TILE
+  e.loss_weights = {}
+  n = int(round(e.num_experts ** 0.5))  # validate_config checks n * n = N
+  e.num_shared_experts = 1
+  e.shared_d_ff = max(1, round((3 * active - 2 * n - 2 * e.top_k) / 3))
   return c

@@ -14,7 +14,7 @@ from moejax.errors import ConfigError, choice_error
 from moejax.registry import check_section
 from moejax.routing.token_rounding import validate_rounding
 
-FFN_TYPES = ("dense", "moe", "omnimoe")
+FFN_TYPES = ("dense", "moe")
 DTYPES = ("float32", "bfloat16")
 ATTENTION_KINDS = ("gqa", "mla")
 QK_NORMS = ("none", "per_head", "across_heads")
@@ -42,7 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.norm_eps = 1e-6
   m.dtype = "float32"  # compute dtype; parameters: train.param_dtype (default float32)
   m.tie_embeddings = False  # the embedding table is the output projection
-  m.ffn_type = "moe"  # dense | moe | omnimoe; which layers: moe.first_dense, every_n
+  m.ffn_type = "moe"  # dense | moe; which layers: moe.first_dense, every_n
   # The scale skeleton (moejax/models/decoder.py): jax.lax.scan over identical
   # layers (one block compiled, not num_layers), and rematerialisation by a named
   # policy: none | full | dots | save_moe_routing (keep the routing, recompute experts).
@@ -122,21 +122,6 @@ def base_config() -> ml_collections.ConfigDict:
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
   e.dpsl_alpha = 1.0  # loss 'dpsl': symmetric Dirichlet prior (DPSL)
   add_part_sections(e)
-
-  # ffn_type 'omnimoe' (OmniMoE, moejax/experts/atomic.py): shared SwiGLU + N atomic
-  # experts on an n x n product-key grid; layers placed by moe.first_dense/every_n.
-  m.omni = o = ml_collections.ConfigDict()
-  o.num_atomic_experts = 4096  # N, a perfect square
-  o.top_k = 32
-  o.per_axis_k = 0  # product-key candidates per axis; 0: min(top_k, n) (exact)
-  o.shared_d_ff = 448
-  o.activation = "silu"  # silu | gelu | relu
-  # naive | expert_centric: the same function; naive is ~2x faster fwd+bwd on CPU
-  # (experiments/benchmarks/moe_layer.py --shapes=omni --paths=omnimoe/...).
-  o.schedule = "naive"
-  o.grouped_matmul = "tiled"  # expert_centric only: tiled | loop | ragged_dot
-  o.tile = 8  # rows per expert tile of the expert-centric layout
-  o.block_rows = 512  # grouped_matmul 'loop' block size
 
   # L3 Large Lookup Layers (moejax/layers/lookup.py): static token-id routing to
   # a CSR table of `budget` rows, <= cap per token id, one L3 layer after each
@@ -272,10 +257,6 @@ def validate_micro_batches(c, batch_shards: int = 1) -> None:
                       "every micro-batch keeps rows on every shard")
   if m == 1:
     return
-  if c.model.ffn_type == "omnimoe":
-    raise ConfigError(f"train.micro_batches={m} is not supported with model.ffn_type="
-                      "'omnimoe': its router's BatchNorm normalises over the tokens of each "
-                      "call and updates running statistics per call")
   if c.model.ffn_type == "moe":
     spec = routing.get_router(c.model.moe.router)
     if spec.init_state is not None and (c.model.scan_layers or c.model.remat != "none"):
@@ -308,10 +289,6 @@ def validate_model(m) -> None:
                       f"for model.num_layers={m.num_layers} (give none or one per layer)")
   if m.ffn_type == "moe":
     validate_moe(m.moe, m.num_layers)
-  if m.ffn_type == "omnimoe":
-    from moejax.experts.atomic import validate_omni
-    validate_omni(m.omni)
-    validate_placement(m.moe, m.num_layers)
   counts = m.moe.expert_counts
   if counts and len(counts) != len(moe_layer_indices(m)):
     raise ConfigError(f"model.moe.expert_counts has {len(counts)} entries for "
@@ -332,7 +309,7 @@ def moe_layer_indices(m) -> list[int]:
   """Sparse layers: i >= moe.first_dense with (i - first_dense) % every_n == 0 and i
   not in moe.dense_layers (none when model.ffn_type is 'dense')."""
   e = m.moe
-  if m.ffn_type not in ("moe", "omnimoe"):
+  if m.ffn_type != "moe":
     return []
   return [i for i in range(m.num_layers) if i >= e.first_dense and i not in e.dense_layers
           and (i - e.first_dense) % e.every_n == 0]
@@ -372,7 +349,7 @@ def expert_counts(m) -> list[int]:
 
 
 def validate_placement(e, num_layers: int) -> None:
-  """Which layers are sparse (moe and omnimoe alike): model.moe.first_dense, every_n."""
+  """Which layers are sparse: model.moe.first_dense, every_n."""
   _positive("model.moe.every_n", e.every_n)
   if not 0 <= e.first_dense < num_layers:
     raise ConfigError(f"model.moe.first_dense={e.first_dense} must be in "
@@ -392,6 +369,8 @@ def validate_moe(e, num_layers: int) -> None:
   validate_rounding(e)
   _positive("model.moe.min_capacity", e.min_capacity, strict=False)
   _positive("model.moe.num_shared_experts", e.num_shared_experts, strict=False)
+  if e.num_shared_experts:
+    _positive("model.moe.shared_d_ff", e.shared_d_ff)
   for module in (routing.smooth_topk, routing.mahalanobis,
                  routing.optimal_transport, routing.capacity_aware, routing.sere):
     module.validate_keys(e)  # research-router keys, checked whatever the router
@@ -405,6 +384,10 @@ def validate_moe(e, num_layers: int) -> None:
   spec = routing.get_router(e.router)
   if spec.validate is not None:
     spec.validate(e)
+  if e.loss_weights and not spec.gives_probs:
+    raise ConfigError(f"model.moe.loss_weights={dict(e.loss_weights)}: model.moe.router="
+                      f"{e.router!r} forms no probabilities over all experts, so no loss "
+                      "applies (set model.moe.loss_weights={})")
   dispatch.get_dispatcher(e.dispatch)
   validate_experts(e)
   for name, weight in e.loss_weights.items():
@@ -450,8 +433,12 @@ def with_defaults(saved: dict) -> dict:
 def migrate_legacy(saved: dict) -> dict:
   """A saved config in today's schema: the one model schema (issue 12) moved
   model.rope_theta to model.rope.theta, and the decoder configs of converted
-  workdirs said max_position for max_seq_len and listed moe_layers."""
+  workdirs said max_position for max_seq_len and listed moe_layers; OmniMoE
+  became the one MoE layer with router product_key (migrate_omnimoe)."""
   model = dict(saved.get("model", {}))
+  if model.get("ffn_type") == "omnimoe":
+    model = migrate_omnimoe(model)
+  model.pop("omni", None)  # every config held the section until the one MoE layer
   if "rope_theta" in model:
     model["rope"] = {**model.get("rope", {}), "theta": model.pop("rope_theta")}
   if "max_position" in model:
@@ -462,6 +449,29 @@ def migrate_legacy(saved: dict) -> dict:
     model.setdefault("ffn_type", "moe")
     set_moe_layers(model, layers)
   return {**saved, "model": model}
+
+
+def migrate_omnimoe(model: dict) -> dict:
+  """ffn_type 'omnimoe' with its model.omni section (before the one MoE layer) as
+  the MoE layer with router product_key, atomic experts and one shared expert."""
+  model = dict(model)
+  omni = {**OMNI_DEFAULTS, **model.pop("omni", {})}
+  fused = omni["schedule"] == "naive"  # the atomic type's fused path is that schedule
+  model["ffn_type"] = "moe"
+  model["moe"] = {**model.get("moe", {}), **dict(
+      router="product_key", experts="atomic", num_experts=omni["num_atomic_experts"],
+      top_k=omni["top_k"], product_key={"per_axis_k": omni["per_axis_k"]},
+      atomic={"activation": omni["activation"]}, num_shared_experts=1,
+      shared_d_ff=omni["shared_d_ff"], shared_expert_gate=False, loss_weights={},
+      dispatch="dropless", grouped_matmul="fused" if fused else omni["grouped_matmul"],
+      dropless_tile=omni["tile"], dropless_block=omni["block_rows"])}
+  return model
+
+
+# model.omni as the last moejax with it saved it (for migrate_omnimoe).
+OMNI_DEFAULTS = dict(num_atomic_experts=4096, top_k=32, per_axis_k=0, shared_d_ff=448,
+                     activation="silu", schedule="naive", grouped_matmul="tiled", tile=8,
+                     block_rows=512)
 
 
 def model_config_from_dict(saved_model: dict) -> ml_collections.ConfigDict:

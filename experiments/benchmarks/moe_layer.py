@@ -78,7 +78,7 @@ _ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.roun
 _CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
 _MAX_TEMP = flags.DEFINE_float("max_temp_gib", 6.0,
                                 "Skip (and report) a path whose compiled temp memory is larger.")
-_OMNI_TILE = flags.DEFINE_integer("omni_tile", 8, "model.omni.tile of omnimoe/expert_centric*.")
+_OMNI_TILE = flags.DEFINE_integer("omni_tile", 8, "model.moe.dropless_tile of omnimoe/expert_centric*.")
 _JSON = flags.DEFINE_string("json", None, "Write one record per shape, path and pass here.")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
 
@@ -173,7 +173,7 @@ def make_path(name, dims):
 
 def make_omni_path(name, dims, normal):
   """Router + atomic experts of OmniMoE over E = N = n^2 experts (no shared SwiGLU)."""
-  from moejax.experts.atomic import atomic_expert_centric, atomic_naive
+  from moejax.experts.atomic import ATOMIC, atomic_naive
   from moejax.routing.product_key import grid_size, route_product_key
   t, d, f, e, k = dims
   n = grid_size(e)
@@ -181,15 +181,16 @@ def make_omni_path(name, dims, normal):
             "d": normal(e, d) * np.sqrt(e / d)}  # std 1/sqrt(d), as the layer's init
   stats = {"mean_x": jnp.zeros(n), "var_x": jnp.ones(n), "mean_y": jnp.zeros(n),
            "var_y": jnp.ones(n)}
+  matmul = "loop" if name.endswith("_loop") else "tiled"
+  cfg = moe_cfg(e, k, grouped_matmul=matmul, dropless_tile=_OMNI_TILE.value)
 
   def omni(params, x):
     routing, _, _ = route_product_key(x @ params["router_x"], x @ params["router_y"], stats,
                                       top_k=k, per_axis_k=min(k, n), train=True)
     if name == "omnimoe/naive":
       return atomic_naive(x, params["u"], params["d"], routing, "silu"), jnp.zeros(())
-    matmul = "loop" if name.endswith("_loop") else "tiled"
-    y, metrics = atomic_expert_centric(x, params["u"], params["d"], routing, "silu",
-                                       grouped_matmul=matmul, tile=_OMNI_TILE.value)
+    experts = ATOMIC.bind({"u": params["u"][:, :, None], "d": params["d"][:, None, :]})
+    y, metrics = get_dispatcher("dropless")(x, routing, experts, cfg)
     return y, metrics["padding_waste"]
 
   return omni, params

@@ -8,19 +8,23 @@ eq. for Dynamic Expert Assembly, the code's OmniMoE.forward)
     y_t = SwiGLU(x_t) + sum_{e in topk(t)} w_te act(u_e . x_t) d_e
 i.e. each token assembles its own width-top_k MLP out of the pool.
 
-Two schedules, the same function:
-  naive          token-centric: gather u, d per (token, slot), [T, k, d] each,
+OmniMoE is the one MoE layer (moejax/layers/moe.py) with router
+'product_key', model.moe.experts='atomic' (this type, registered below) and
+one shared expert of width shared_d_ff; configs/lm_shakespeare_omnimoe.py.
+The atomic type's weights are u [N, d, 1] and d [N, 1, d], a 'hidden width'
+of 1, so every dispatcher and grouped matmul runs it.
+
+Two schedules, the same function, chosen by model.moe.grouped_matmul:
+  naive          ('fused', and 'auto' on CPU) token-centric: gather u, d per (token, slot), [T, k, d] each,
                  then two batched contractions (the reference; the code's
                  OmniMoE_Pytorch).
   expert_centric the paper's Expert-Centric Scheduling: (token,
                  expert) pairs sorted by expert, each expert's rows computed
                  together against its own u_e, d_e. This reuses the dropless
-                 dispatch unchanged (moejax/dispatch/dropless.py): the atomic
-                 experts are an expert function over the grouped matmul with
-                 weights u [N, d, 1] and d [N, 1, d], a 'hidden width' of 1.
-                 The grouped matmul is model.omni.grouped_matmul, any
-                 entry of the one registry (dispatch/grouped_matmul.py):
-                   'tiled' each tile of `tile` rows (one expert) times its
+                 dispatch unchanged (moejax/dispatch/dropless.py) with any
+                 other entry of the one grouped-matmul registry
+                 (dispatch/grouped_matmul.py):
+                   'tiled' each tile of dropless_tile rows (one expert) times its
                            expert's vector: one dense batched einsum that
                            reads u_e, d_e once per tile instead of per row;
                    'loop'  one small matmul per block of one expert's rows
@@ -28,8 +32,8 @@ Two schedules, the same function:
                    'ragged_dot', 'gmm' N x FLOPs on CPU;
                    'fused' (and 'auto' on CPU) the naive schedule, which
                            the atomic expert type declares as its fused path.
-                 Padding rows (each expert's group is padded to `tile`) add
-                 compute but nothing to y. The official Triton kernels also
+                 Padding rows (each expert's group is padded to
+                 dropless_tile) add compute but nothing to y. The official Triton kernels also
                  group experts that share identical token lists into real
                  GEMMs; we do not.
 The default schedule is 'naive': on the 2-core CPU at the LM's layer (T 4096,
@@ -40,52 +44,31 @@ paper's speed-up is a GPU kernel result (Triton) we do not reproduce in XLA.
 With N >> T k (few rows per expert) the padded buffer, ~N tile rows, dominates
 (N 65536, T 2048, k 16, d 512: 12x slower fwd+bwd).
 
-Expert type 'atomic' (model.moe.experts='atomic'): the same N atomic experts
-under the ordinary MoE layer, with any router and dispatcher; weights
-u [N, d, 1] and d [N, 1, d] (hidden width 1), activation from
-model.moe.atomic.activation; fused path = the naive schedule. The OmniMoE
-layer (moejax/layers/omnimoe.py) keeps its own [N, d] parameters
-(checkpoints) and runs them through the functions here.
+Settings: model.moe.atomic.activation (silu | gelu | relu).
 
 Guesses (neither paper text nor code fixes them): u and d start truncated
 normal with variance 1/d (the code uses nn.Embedding, whose own default is
 N(0, 1), and may be re-initialised by its host model); the router kernels use
 the dense fan-in init (BatchNorm makes the router scale-invariant). No
-auxiliary loss: the code has none (aux_loss = 0). Metrics over the N atomic
-experts: max_over_mean_load, dead_fraction (share of experts no assignment in
-the batch used), the padding waste at `tile`, routing entropy over all N.
+auxiliary loss: the code has none (the product_key router gives no probs, so
+none applies). Metrics over the N atomic experts: max_over_mean_load,
+distinct_experts (used by some assignment of the batch), the padding waste at
+dropless_tile, routing entropy over all N.
 """
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from moejax.dispatch.base import padding_waste
-from moejax.errors import ConfigError, choice_error
+from moejax.errors import choice_error
 from moejax.experts.base import ExpertType, register_expert_type
-from moejax.routing.product_key import validate_product_key
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
-SCHEDULES = ("expert_centric", "naive")
 
 
-def validate_omni(o) -> None:
-  """Checks of model.omni (ConfigError naming key and value)."""
-  validate_product_key(o)
-  for key in ("shared_d_ff", "tile", "block_rows"):
-    if o[key] < 1:
-      raise ConfigError(f"model.omni.{key}={o[key]} must be > 0")
-  validate_atomic_settings(o, "model.omni")
-  if o.schedule not in SCHEDULES:
-    raise choice_error("model.omni.schedule", o.schedule, SCHEDULES)
-  from moejax.dispatch.grouped_matmul import GROUPED_MATMULS  # dispatch imports experts.base
-  if o.grouped_matmul not in GROUPED_MATMULS:
-    raise choice_error("model.omni.grouped_matmul", o.grouped_matmul, GROUPED_MATMULS)
-
-
-def validate_atomic_settings(section, prefix="model.moe.atomic") -> None:
+def validate_atomic_settings(section) -> None:
   if section.activation not in ACTIVATIONS:
-    raise choice_error(f"{prefix}.activation", section.activation, ACTIVATIONS)
+    raise choice_error("model.moe.atomic.activation", section.activation, ACTIVATIONS)
 
 
 def atomic_naive(x, u, d, routing, activation: str):
@@ -146,19 +129,3 @@ ATOMIC = register_expert_type(ExpertType(
         num_experts, d_model, rngs=rngs),
     logical_axes=AtomicExperts.LOGICAL_AXES, expert=atomic_expert, apply=atomic_experts,
     fused=atomic_fused, settings={"activation": "silu"}, validate=validate_atomic_settings))
-
-
-def atomic_weights(u, d, dtype) -> dict:
-  """OmniMoE's [N, d] parameters as the atomic expert type's weights."""
-  return {"u": u.astype(dtype)[:, :, None], "d": d.astype(dtype)[:, None, :]}
-
-
-def atomic_expert_centric(x, u, d, routing, activation: str, *, grouped_matmul="tiled",
-                          tile=8, block_rows=512):
-  """Expert-centric schedule through the dropless dispatcher; returns (y, metrics)."""
-  from moejax.dispatch.dropless import dispatch_dropless  # dispatch imports experts.base
-  cfg = ml_collections.ConfigDict(dict(
-      num_experts=u.shape[0], grouped_matmul=grouped_matmul, dropless_tile=tile,
-      dropless_block=block_rows, dispatch="dropless"))
-  experts = ATOMIC.bind(atomic_weights(u, d, x.dtype), activation=activation)
-  return dispatch_dropless(x, routing, experts, cfg)

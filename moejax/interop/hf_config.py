@@ -261,9 +261,9 @@ def to_hf_config(m, family: str | None = None, base: dict | None = None) -> dict
 
 # The MoE keys that change what a loaded model computes (the rest are training,
 # dispatch or other routers' settings).
-COMPUTE_MOE_KEYS = ("router", "top_k", "renormalize", "routed_scaling_factor", "expert_d_ff",
-                    "num_shared_experts", "shared_d_ff", "shared_expert_gate", "num_groups",
-                    "topk_groups")
+COMPUTE_MOE_KEYS = ("router", "experts", "top_k", "renormalize", "routed_scaling_factor",
+                    "expert_d_ff", "num_shared_experts", "shared_d_ff", "shared_expert_gate",
+                    "num_groups", "topk_groups")
 _FREE_KEYS = ("family", "dtype")
 
 
@@ -275,10 +275,10 @@ _LAYOUT_KEYS = ("ffn_type", "moe.first_dense", "moe.every_n", "moe.dense_layers"
 def _compute_keys(m) -> dict:
   flat = flatten_config(m.to_dict())
   out = {k: v for k, v in flat.items()
-         if k not in _LAYOUT_KEYS and not k.startswith(("omni.", "l3."))
+         if k not in _LAYOUT_KEYS and not k.startswith("l3.")
          and (not k.startswith("moe.") or k[len("moe."):] in COMPUTE_MOE_KEYS)}
   out.update(moe_layers=tuple(moe_layer_indices(m)), windows=tuple(layer_windows(m)),
-             omnimoe=m.ffn_type == "omnimoe", l3=bool(m.get("l3") and m.l3.enabled))
+             l3=bool(m.get("l3") and m.l3.enabled))
   return out
 
 

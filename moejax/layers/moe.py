@@ -2,6 +2,9 @@
 
     x [B, L, d] -> router (float32) -> Routing -> dispatch(experts) -> y
                                     -> losses (weighted) + metrics
+OmniMoE (Shi et al. 2026) is this layer with router=product_key (a router
+that owns its projection), experts=atomic and one shared expert.
+
 Shared experts (DeepSeekMoE, Dai et al. 2024) are one dense SwiGLU of width
 num_shared_experts * shared_d_ff that every token passes through; summing
 n shared experts of width f is exactly one SwiGLU of width n * f. With
@@ -29,6 +32,9 @@ ROUTING_NAMES = ("moe_router_logits", "moe_expert_index", "moe_combine_weight")
 
 # Reported at every log step whatever their training weight.
 DIAGNOSTIC_LOSSES = ("load_balance", "z_loss")
+# Per-expert load fractions are logged up to this many experts (not N = 4096
+# atomic experts); max_over_mean_load and distinct_experts always.
+MAX_LOGGED_EXPERTS = 256
 
 
 class RouterState(nnx.Variable):
@@ -74,11 +80,19 @@ class MoELayer(nnx.Module):
     self.dtype = dtype
     self.router_spec = routing.get_router(cfg.router)
     self.dispatcher = dispatch.get_dispatcher(cfg.dispatch)
-    # Small router init keeps early routing near uniform (ST-MoE sec. 3.2).
-    self.router_kernel = nnx.Param(jax.nn.initializers.variance_scaling(
-        cfg.router_init_scale, "fan_in", "truncated_normal")(
-            rngs.params(), (d_model, cfg.num_experts), jnp.float32),
-        logical_axes=("embed", None))
+    projection = self.router_spec.projection
+    self.router_kernel = self.router_projection = nnx.data(None)
+    if projection is None:
+      # Small router init keeps early routing near uniform (ST-MoE sec. 3.2).
+      self.router_kernel = nnx.Param(jax.nn.initializers.variance_scaling(
+          cfg.router_init_scale, "fan_in", "truncated_normal")(
+              rngs.params(), (d_model, cfg.num_experts), jnp.float32),
+          logical_axes=("embed", None))
+    else:  # the router's own parameters (routing/base.py, RouterProjection)
+      self.router_projection = nnx.Dict({
+          name: nnx.Param(value, logical_axes=projection.logical_axes[name])
+          for name, value in projection.init(rngs.params(), d_model, cfg.num_experts,
+                                             cfg).items()})
     self.router_params, self.router_state = router_variables(self.router_spec,
                                                              cfg.num_experts)
     self.expert_type = experts.get_expert_type(cfg.get("experts", "swiglu"))
@@ -106,8 +120,7 @@ class MoELayer(nnx.Module):
       router_in = router_in * jax.random.uniform(
           jitter_rng, router_in.shape, router_dtype,
           1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
-    logits = checkpoint_name(router_in @ self.router_kernel[...].astype(router_dtype),
-                             "moe_router_logits")
+    logits = checkpoint_name(self.router_logits(router_in), "moe_router_logits")
     out = self.router_spec.route(logits, cfg=cfg, rng=rng, train=train,
                                  state=router_inputs(self.router_params, self.router_state))
     if self.router_state is not None and train:
@@ -128,17 +141,28 @@ class MoELayer(nnx.Module):
         shared = shared * jax.nn.sigmoid(gate).astype(shared.dtype)
       y_TxD = y_TxD + shared
 
+    # A router without probs over all experts takes no loss (config validation).
+    diagnostics = DIAGNOSTIC_LOSSES if self.router_spec.gives_probs else ()
     loss_values = {name: losses.get_loss(name)(out, cfg)
-                   for name in sorted({*DIAGNOSTIC_LOSSES, *cfg.loss_weights})}
+                   for name in sorted({*diagnostics, *cfg.loss_weights})}
     aux_loss = sum((cfg.loss_weights[name] * loss_values[name]
                     for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
     counts = assignment.expert_counts(cfg.num_experts)
     metrics = {**out.metrics, **dispatch_metrics, **loss_values,
                **load_metrics(counts, cfg.dropless_tile, num_tokens=b * l),
                "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32)}
+    if cfg.num_experts > MAX_LOGGED_EXPERTS:  # [E] per layer per log step: too many
+      metrics.pop("load_fraction")
     return y_TxD.reshape(b, l, d), {
         "aux_loss": aux_loss, "metrics": metrics, "expert_index": assignment.expert_index,
         "combine_weight": assignment.combine_weight, "valid": assignment.valid}
+
+  def router_logits(self, x_TxD):
+    """What the router's `route` receives: x W, or its own projection of x."""
+    if self.router_projection is None:
+      return x_TxD @ self.router_kernel[...].astype(x_TxD.dtype)
+    params = {name: var[...].astype(x_TxD.dtype) for name, var in self.router_projection.items()}
+    return self.router_spec.projection.apply(params, x_TxD, self.cfg)
 
   def dispatch(self, x_TxD, assignment):
     """The configured dispatcher; across the mesh (expert parallel) under a Layout."""

@@ -1,8 +1,8 @@
 """The one decoder: moejax's own LM and every HF family (config: moejax/config.py `model`).
 
 Pre-norm blocks, h = x + attn(norm(x)); y = h + ffn(norm(h)), where ffn is
-the MoE layer (moejax/layers/moe.py), OmniMoE's atomic-expert layer or a dense
-SwiGLU (which layers: moejax.config.moe_layer_indices). With model.l3.enabled
+the one MoE layer (moejax/layers/moe.py; OmniMoE is its product_key router
+with atomic experts) or a dense SwiGLU (which layers: moejax.config.moe_layer_indices). With model.l3.enabled
 an L3 layer (moejax/layers/lookup.py) follows each block in model.l3.layers.
 
     logits, aux, cache = Decoder(model_cfg)(tokens_BxL, token_mask_BxL=None,
@@ -47,7 +47,6 @@ from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import Linear, RMSNorm, SwiGLU
 from moejax.layers.lookup import build_lookup_layer
 from moejax.layers.moe import ROUTING_NAMES, MoELayer
-from moejax.layers.omnimoe import OmniMoELayer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 RESIDUAL_AXES = ("batch", "length", "act_embed")
@@ -83,9 +82,7 @@ class DecoderBlock(nnx.Module):
     self.ffn_norm = RMSNorm(m.d_model, m.norm_eps)
     moe_layers = moe_layer_indices(m)
     self.is_moe = layer in moe_layers
-    if self.is_moe and m.ffn_type == "omnimoe":
-      self.ffn = OmniMoELayer(m.d_model, m.omni, rngs=rngs, dtype=dtype)
-    elif self.is_moe:
+    if self.is_moe:
       moe_cfg = layer_moe_config(m, moe_layers.index(layer))
       self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype)
     else:
@@ -98,10 +95,7 @@ class DecoderBlock(nnx.Module):
     x = x + h
     if not self.is_moe:
       return x + self.ffn(self.ffn_norm(x)), None, layer_cache
-    if isinstance(self.ffn, MoELayer):
-      h, aux = self.ffn(self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng)
-    else:
-      h, aux = self.ffn(self.ffn_norm(x), train=train, rng=rng)
+    h, aux = self.ffn(self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng)
     return x + h, aux, layer_cache
 
 

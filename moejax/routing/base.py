@@ -13,7 +13,20 @@ contributes nothing and costs no expert compute in the dropless path; its
 expert_index and weight are ignored (by convention 0 and 0.0).
 
 A router also returns the float32 probabilities over all E experts that
-its losses use (`probs`), its float32 logits, metrics and updated state.
+its losses use (`probs`), its float32 logits, metrics and updated state. A
+router whose point is never to form [T, E] (product keys over N = n^2 experts)
+returns probs = logits = None and declares gives_probs=False: no loss applies
+to it, and config validation refuses loss weights with it.
+
+Router inputs (RouterSpec.projection)
+-------------------------------------
+By default the MoE layer owns the router kernel W [d, E] and `route` receives
+the float32 logits x W. A router may own its projection instead (a
+`RouterProjection`: its parameters, their logical axes, and the map from the
+float32 token features x [T, d] to whatever `route` takes in place of the
+logits, e.g. the two [T, n] halves of a product-key router). The layer then
+holds no kernel; the projection's parameters are trained like the kernel
+(float32, under model.moe's router settings) and sharded by their axes.
 
 Router state across micro-batches (the state-update protocol)
 -------------------------------------------------------------
@@ -73,9 +86,10 @@ class Routing:
     return jnp.where(self.valid, self.combine_weight, 0.0)
 
   def expert_counts(self, num_experts: int) -> jax.Array:
-    """Valid assignments per expert, int32 [E]."""
-    one_hot = jax.nn.one_hot(self.expert_index, num_experts, dtype=jnp.int32)
-    return jnp.sum(one_hot * self.valid[..., None].astype(jnp.int32), (0, 1))
+    """Valid assignments per expert, int32 [E] (a scatter-add: no [T, S, E]
+    one-hot, which at E = 4096 atomic experts would be gigabytes)."""
+    return jnp.zeros((num_experts,), jnp.int32).at[self.expert_index.reshape(-1)].add(
+        self.valid.reshape(-1).astype(jnp.int32))
 
   def with_valid(self, valid: jax.Array) -> "Routing":
     """The same routing with a new validity mask (used by capacity drops)."""
@@ -86,8 +100,8 @@ class Routing:
 class RouterOutput:
   """Everything a router reports for one layer call."""
   routing: Routing
-  logits: jax.Array  # float32 [T, E], what z-loss reads
-  probs: jax.Array  # float32 [T, E], what balance losses read
+  logits: jax.Array | None  # float32 [T, E], what z-loss reads (None: gives_probs=False)
+  probs: jax.Array | None  # float32 [T, E], what balance losses read (None: gives_probs=False)
   metrics: Mapping[str, jax.Array]
   state: Mapping[str, jax.Array]  # updated non-trained router state
   # Accumulable statistics of this call (sums over its tokens) that
@@ -95,12 +109,28 @@ class RouterOutput:
   stats: Mapping[str, jax.Array] = struct.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (static in nnx graphs)
+class RouterProjection:
+  """A router's own projection of the token features (see the module doc).
+
+  init(key, d_model, num_experts, cfg) -> {name: float32 array}: the trained
+    parameters, created once per MoE layer;
+  logical_axes: {name: logical axes} of each parameter (sharding);
+  apply(params, x_f32 [T, d], cfg) -> the float32 array `route` receives in
+    place of the logits.
+  """
+  init: Callable[..., dict[str, jax.Array]]
+  logical_axes: Mapping[str, tuple]
+  apply: Callable[..., jax.Array]
+
+
 @dataclasses.dataclass(frozen=True)
 class RouterSpec:
   """A registered router.
 
   route: pure function (logits_f32 [T, E], *, cfg, state, rng, train)
-    -> RouterOutput. `cfg` is the layer's MoE ConfigDict (read-only).
+    -> RouterOutput. `cfg` is the layer's MoE ConfigDict (read-only). With a
+    `projection`, its first argument is what the projection returns.
   init_state: num_experts -> dict of float32 arrays kept as non-trained
     router state (e.g. the aux-loss-free bias), or None.
   init_params: num_experts -> dict of float32 arrays the router trains
@@ -125,6 +155,10 @@ class RouterSpec:
     configs, setting), ...), moved into the section when a stored config is
     loaded (config.with_defaults). validate_settings: moe cfg -> None,
     ConfigError for bad settings, checked whatever the router.
+  projection: the router's own RouterProjection, or None for the layer's
+    kernel x W [d, E] (the module doc).
+  gives_probs: False when the RouterOutput has no logits / probs over all E
+    experts (then no loss applies; the module doc).
   """
   name: str
   route: Callable[..., RouterOutput]
@@ -138,6 +172,8 @@ class RouterSpec:
   settings: tuple[tuple[str, Any], ...] = ()
   legacy_keys: tuple[tuple[str, str], ...] = ()
   validate_settings: Callable[[Any], None] | None = None
+  projection: RouterProjection | None = None
+  gives_probs: bool = True
 
   def options(self, cfg) -> dict:
     """This router's settings from model.moe.<name> of `cfg` (defaults where absent)."""
@@ -168,14 +204,16 @@ ROUTERS = Registry("model.moe.router")
 
 def register_router(name: str, *, init_state=None, causal=True, validate=None,
                     init_params=None, update_state=None, accumulation_check=None,
-                    promises=(), settings=None, legacy_keys=None, validate_settings=None):
+                    promises=(), settings=None, legacy_keys=None, validate_settings=None,
+                    projection=None, gives_probs=True):
   """Decorator: register a pure routing function under `name` (see RouterSpec)."""
 
   def wrap(fn):
     ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params,
                                  update_state, accumulation_check, frozenset(promises),
                                  tuple((settings or {}).items()),
-                                 tuple((legacy_keys or {}).items()), validate_settings))
+                                 tuple((legacy_keys or {}).items()), validate_settings,
+                                 projection, gives_probs))
     return fn
 
   return wrap
@@ -189,12 +227,10 @@ def check_micro_batches(spec: RouterSpec, cfg, micro_batches: int) -> None:
   one-batch training step (see the module doc)."""
   if micro_batches == 1:
     return
-  reason = None
-  if spec.init_state is not None and spec.update_state is None:
+  reason = spec.accumulation_check(cfg) if spec.accumulation_check is not None else None
+  if not reason and spec.init_state is not None and spec.update_state is None:
     reason = ("its state is updated by every call and it has no update_state "
               "(moejax/routing/base.py), so micro-batches would update it once each")
-  elif spec.accumulation_check is not None:
-    reason = spec.accumulation_check(cfg)
   if reason:
     raise ConfigError(f"train.micro_batches={micro_batches} is not supported with "
                       f"model.moe.router={spec.name!r}: {reason}")

@@ -30,9 +30,14 @@ normalise with the running statistics, so a token's routing then depends on
 that token alone. In training the batch statistics mix in later tokens of the
 same sequence: a (small, O(1/T)) non-causal leak the paper has as well.
 
-Not a registered router: the registry's contract is one logit matrix and
-probabilities [T, E] for the balance losses, and the point of this router is
-never to form [T, N]. The layer (moejax/experts/atomic.py) calls it directly.
+Registered as router 'product_key' with its own projection (RouterSpec.
+projection): two kernels W_x, W_y [d, n], and `route` receives z = [z_x, z_y]
+[T, 2n]. It never forms [T, N] (its point), so it gives no probs (no loss
+applies; OmniMoE has none) and metrics over all N come from the counts.
+OmniMoE is the one MoE layer with router=product_key, experts=atomic and one
+shared expert (configs/lm_shakespeare_omnimoe.py). Settings: model.moe.
+product_key.per_axis_k. Micro-batching is refused: BatchNorm normalises by the
+tokens of each call, so M micro-batches are a different function.
 """
 import math
 
@@ -41,42 +46,44 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.routing.base import Routing, routing_entropy
+from moejax.registry import settings_of
+from moejax.routing.base import (RouterOutput, RouterProjection, Routing, register_router,
+                                 routing_entropy)
 
 BN_MOMENTUM = 0.1  # torch.nn.BatchNorm1d defaults, as in the official module
 BN_EPS = 1e-5
+SETTINGS = {"per_axis_k": 0}  # product-key candidates per axis; 0: min(top_k, n), exact
 
 
-def grid_size(num_atomic_experts: int) -> int:
-  """n with n * n = N, or ConfigError naming model.omni.num_atomic_experts."""
-  n = math.isqrt(max(num_atomic_experts, 0))
-  if num_atomic_experts < 1 or n * n != num_atomic_experts:
-    raise ConfigError(f"model.omni.num_atomic_experts={num_atomic_experts} must be a "
-                      "positive perfect square (N = n x n grid of the product router)")
+def grid_size(num_experts: int) -> int:
+  """n with n * n = N, or ConfigError naming model.moe.num_experts."""
+  n = math.isqrt(max(num_experts, 0))
+  if num_experts < 1 or n * n != num_experts:
+    raise ConfigError(f"model.moe.num_experts={num_experts} must be a positive perfect "
+                      "square with model.moe.router='product_key' (N = n x n grid)")
   return n
 
 
-def per_axis_k_of(o) -> int:
-  """model.omni.per_axis_k, with 0 meaning min(top_k, n) (the smallest exact choice)."""
-  return o.per_axis_k or min(o.top_k, grid_size(o.num_atomic_experts))
+def per_axis_k_of(cfg) -> int:
+  """model.moe.product_key.per_axis_k, 0 meaning min(top_k, n) (the smallest exact choice)."""
+  return (settings_of(cfg, "product_key", SETTINGS)["per_axis_k"]
+          or min(cfg.top_k, grid_size(cfg.num_experts)))
 
 
-def validate_product_key(o) -> None:
-  """Checks of model.omni's router keys (ConfigError naming key and value)."""
-  n = grid_size(o.num_atomic_experts)
-  if not 1 <= o.top_k <= o.num_atomic_experts:
-    raise ConfigError(f"model.omni.top_k={o.top_k} must be in [1, "
-                      f"model.omni.num_atomic_experts={o.num_atomic_experts}]")
-  if not 0 <= o.per_axis_k <= n:
-    raise ConfigError(f"model.omni.per_axis_k={o.per_axis_k} must be in [0, n={n}] "
+def validate_product_key(cfg) -> None:
+  """The grid, top_k and per_axis_k (ConfigError naming key and value)."""
+  n = grid_size(cfg.num_experts)
+  per_axis_k = settings_of(cfg, "product_key", SETTINGS)["per_axis_k"]
+  if not 0 <= per_axis_k <= n:
+    raise ConfigError(f"model.moe.product_key.per_axis_k={per_axis_k} must be in [0, n={n}] "
                       "(0: min(top_k, n))")
-  a = per_axis_k_of(o)
-  if o.top_k > a * a:  # (ranks (r, c) with (r+1)(c+1) <= top_k are then all a^2 pairs)
-    raise ConfigError(f"model.omni.top_k={o.top_k} is larger than the per_axis_k^2="
-                      f"{a * a} candidate pairs (model.omni.per_axis_k={a})")
-  if a < min(o.top_k, n):
-    raise ConfigError(f"model.omni.per_axis_k={a} < min(top_k={o.top_k}, n={n}): "
-                      "the product-key search would not be exact")
+  a = per_axis_k_of(cfg)
+  if cfg.top_k > a * a:  # (ranks (r, c) with (r+1)(c+1) <= top_k are then all a^2 pairs)
+    raise ConfigError(f"model.moe.top_k={cfg.top_k} is larger than the per_axis_k^2="
+                      f"{a * a} candidate pairs (model.moe.product_key.per_axis_k={a})")
+  if a < min(cfg.top_k, n):
+    raise ConfigError(f"model.moe.product_key.per_axis_k={a} < min(top_k={cfg.top_k}, n={n}):"
+                      " the product-key search would not be exact")
 
 
 def batch_norm(z, mean, var, *, train: bool):
@@ -137,3 +144,40 @@ def route_product_key(z_x, z_y, stats: dict, *, top_k: int, per_axis_k: int, tra
              "routed_weight_sum": jnp.mean(jnp.sum(weight, axis=-1))}
   new_stats = {"mean_x": mean_x, "var_x": var_x, "mean_y": mean_y, "var_y": var_y}
   return routing, metrics, new_stats
+
+
+def init_projection(key, d_model: int, num_experts: int, cfg=None) -> dict:
+  """W_x, W_y [d, n]: the dense fan-in init (BatchNorm makes the router scale-invariant)."""
+  n = grid_size(num_experts)
+  init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+  key_x, key_y = jax.random.split(key)
+  return {"w_x": init(key_x, (d_model, n), jnp.float32),
+          "w_y": init(key_y, (d_model, n), jnp.float32)}
+
+
+def project(params, x, cfg=None):
+  """z = [x W_x, x W_y] [T, 2n]."""
+  return jnp.concatenate([x @ params["w_x"], x @ params["w_y"]], axis=-1)
+
+
+def init_batch_norm_state(num_experts: int) -> dict:
+  n = grid_size(num_experts)
+  return {"mean_x": jnp.zeros((n,), jnp.float32), "var_x": jnp.ones((n,), jnp.float32),
+          "mean_y": jnp.zeros((n,), jnp.float32), "var_y": jnp.ones((n,), jnp.float32)}
+
+
+@register_router(
+    "product_key", init_state=init_batch_norm_state, validate=validate_product_key,
+    settings=SETTINGS, gives_probs=False,
+    projection=RouterProjection(init_projection, {"w_x": ("embed", None),
+                                                  "w_y": ("embed", None)}, project),
+    accumulation_check=lambda cfg: ("its BatchNorm normalises by the tokens of each call, "
+                                    "so micro-batches route differently"))
+def product_key_router(z, *, cfg, state, rng=None, train=False) -> RouterOutput:
+  """OmniMoE's router on z = [z_x, z_y] (the module doc); BatchNorm statistics as state."""
+  del rng
+  n = z.shape[-1] // 2
+  stats = {name: state[name] for name in ("mean_x", "var_x", "mean_y", "var_y")}
+  routing, metrics, new_stats = route_product_key(
+      z[:, :n], z[:, n:], stats, top_k=cfg.top_k, per_axis_k=per_axis_k_of(cfg), train=train)
+  return RouterOutput(routing, None, None, metrics, new_stats)

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 
 from moejax.config import flatten_config, with_defaults
 from moejax.errors import ConfigError
+from moejax.train.layouts import placed_like, stored_layout
 
 # Config sections whose change makes a checkpoint unusable for a run.
 COMPATIBILITY_SECTIONS = ("model", "data")
@@ -62,10 +63,13 @@ class Checkpointer:
 
   def read_meta(self, step: int) -> dict:
     """The run's metadata; its config upgraded with keys added since (with_defaults)."""
-    with self._naming_errors(step):
-      meta = self.manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))["meta"]
+    meta = self._stored_meta(step)
     return {**meta, "config": with_defaults(meta["config"])} if "config" in meta else meta
+
+  def _stored_meta(self, step: int) -> dict:
+    with self._naming_errors(step):
+      return self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
 
   def check_compatible(self, step: int, meta: dict) -> None:
     """Refuse (ConfigError) a checkpoint made by a different model or data config."""
@@ -81,11 +85,18 @@ class Checkpointer:
           ". Use a fresh --workdir or the checkpoint's config; nothing was changed.")
 
   def restore(self, step: int, abstract_state):
+    """(state, data state) of `step`, in the layout of `abstract_state`; a
+    checkpoint of an older variable layout (moejax/train/layouts.py) is read
+    in its own layout and mapped to today's."""
+    layout = stored_layout(self._stored_meta(step).get("config", {}))
+    target = abstract_state if layout is None else layout.to_old(abstract_state)
     with self._naming_errors(step):
       restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state),
-          data=ocp.args.JsonRestore()))
-    return restored["state"], restored["data"]
+          state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+    state = restored["state"]
+    if layout is not None:
+      state = placed_like(layout.to_new(state), abstract_state)
+    return state, restored["data"]
 
   @contextlib.contextmanager
   def _naming_errors(self, step: int):

@@ -35,6 +35,7 @@ from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.experts import EXPERT_TYPES, experts_of
 from moejax.routing import Routing
+from moejax.routing import get_router as routing_spec
 from moejax.routing.base import PROMISES
 
 T, E, S, D, F = 10, 5, 3, 8, 6
@@ -52,6 +53,8 @@ def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
   c.update(dict(num_experts=E, top_k=S, expert_d_ff=F, dropless_tile=TILE,
                 dropless_block=BLOCK, capacity_factor=float(E), min_capacity=1,
                 rounding_tile=TILE))
+  if "loss_weights" in overrides:  # replaced whole (ConfigDict.update would merge)
+    c.loss_weights = ml_collections.ConfigDict(overrides.pop("loss_weights"))
   c.update(overrides)
   validate_moe(c, num_layers=2)
   return ml_collections.FrozenConfigDict(c)
@@ -227,21 +230,33 @@ def check_dispatch(expert_type, dispatcher: str, grouped_matmul: str, tol: float
 
 # ---------------------------------------------------------------------------
 # Routers: the Routing contract (moejax/routing/base.py) at T_R tokens, E_R
-# experts, top-2, with the default config otherwise (small tiles).
+# experts (a 4 x 4 grid for product keys), top-2, with the default config
+# otherwise (small tiles). A router with its own projection routes its
+# projection of fixed token features x [T_R, D].
 
-T_R, E_R, K_R = 16, 8, 2
+T_R, E_R, K_R = 16, 16, 2
 
 
 def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
+  """The contract's MoE section for router `name` (no loss weights for a router
+  without probs, which config validation requires)."""
+  no_losses = {} if routing_spec(name).gives_probs else {"loss_weights": {}}
   return contract_cfg(router=name, num_experts=E_R, top_k=K_R, capacity_factor=1.25,
-                      dropless_tile=4, rounding_tile=4)
+                      dropless_tile=4, rounding_tile=4, **no_losses)
 
 
 @functools.cache
 def router_outputs(spec) -> dict:
-  """{train: RouterOutput} of this router on fixed logits (one compile for both)."""
+  """{train: RouterOutput} of this router on fixed logits, or on its projection of
+  fixed features (one compile for both)."""
   cfg = router_cfg(spec.name)
-  logits = jnp.asarray(2.0 * np.random.default_rng(3).standard_normal((T_R, E_R)), jnp.float32)
+  if spec.projection is None:
+    logits = jnp.asarray(2.0 * np.random.default_rng(3).standard_normal((T_R, E_R)), jnp.float32)
+  else:
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((T_R, D)), jnp.float32)
+    params = spec.projection.init(jax.random.key(5), D, E_R, cfg)
+    assert set(params) == set(spec.projection.logical_axes), f"{spec.name}: projection axes"
+    logits = spec.projection.apply(params, x, cfg)
 
   def both(logits, state, rng):
     return {train: spec.route(logits, cfg=cfg, state=state, rng=rng, train=train)
@@ -269,11 +284,10 @@ def router_dispatch():
   return run, loop, weights, x
 
 
-def check_routing(name: str, out, promises=frozenset()) -> None:
+def check_routing(name: str, out, promises=frozenset(), gives_probs=True) -> None:
   """A RouterOutput is well formed (and keeps the router's promises)."""
   r = out.routing
   index, weight, valid = (np.asarray(a) for a in (r.expert_index, r.combine_weight, r.valid))
-  probs, logits = np.asarray(out.probs), np.asarray(out.logits)
   assert index.ndim == 2 and index.shape[0] == T_R, f"{name}: expert_index {index.shape}"
   assert weight.shape == index.shape == valid.shape, f"{name}: slot arrays differ in shape"
   assert index.dtype == np.int32 and valid.dtype == np.bool_, f"{name}: dtypes"
@@ -285,14 +299,19 @@ def check_routing(name: str, out, promises=frozenset()) -> None:
     assert len(set(chosen.tolist())) == len(chosen), f"{name}: token {t} names {chosen} twice"
   if r.max_valid is not None:
     assert valid.sum() <= r.max_valid, f"{name}: {valid.sum()} valid > max_valid {r.max_valid}"
+  for key, value in {**out.metrics, **out.state}.items():
+    assert np.isfinite(np.asarray(value)).all(), f"{name}: metric/state {key} not finite"
+  assert set(promises) <= PROMISES, f"{name}: unknown promises {set(promises) - PROMISES}"
+  if not gives_probs:  # routers that never form [T, E] (RouterSpec.gives_probs)
+    assert out.probs is None and out.logits is None and not promises, (
+        f"{name}: gives_probs=False, yet probs/logits or promises")
+    return
+  probs, logits = np.asarray(out.probs), np.asarray(out.logits)
   assert probs.shape == logits.shape == (T_R, E_R), f"{name}: probs/logits shape"
   assert probs.dtype == logits.dtype == np.float32, f"{name}: probs/logits dtype"
   assert np.isfinite(logits).all() and np.isfinite(probs).all(), f"{name}: probs not finite"
   assert (probs >= 0).all(), f"{name}: negative probs"
   np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5, err_msg=f"{name}: probs rows")
-  for key, value in {**out.metrics, **out.state}.items():
-    assert np.isfinite(np.asarray(value)).all(), f"{name}: metric/state {key} not finite"
-  assert set(promises) <= PROMISES, f"{name}: unknown promises {set(promises) - PROMISES}"
   if "weights_proportional_to_probs" in promises:
     for t in range(T_R):
       if valid[t].any():
@@ -307,7 +326,7 @@ def check_router(spec) -> None:
   run, loop, weights, x = router_dispatch()
   for train, out in router_outputs(spec).items():
     name = f"router {spec.name} (train={train})"
-    check_routing(name, out, spec.promises)
+    check_routing(name, out, spec.promises, spec.gives_probs)
     r = out.routing
     with jax.enable_x64(True):
       want = np.asarray(loop(f64(weights), f64(x), r.replace(combine_weight=f64(r.combine_weight))))
@@ -324,6 +343,8 @@ def check_loss(name: str, loss, outputs: dict, example=None) -> None:
   cfg = router_cfg("topk")
   accepted = []
   for router, out in outputs.items():
+    if out.probs is None:  # gives_probs=False: no loss applies (config validation refuses)
+      continue
     try:
       value = loss(out, cfg)
     except ConfigError:

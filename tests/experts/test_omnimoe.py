@@ -1,5 +1,7 @@
-"""OmniMoE (arXiv 2602.05711): product-key search == brute force, expert-centric
-== naive gather == a float64 per-token loop, bad config keys, and a tiny LM that learns."""
+"""OmniMoE (arXiv 2602.05711) as the one MoE layer with router product_key and
+atomic experts: product-key search == brute force, expert-centric == naive
+gather == a float64 per-token loop, bad config keys, stored configs of the
+former OmniMoE layer, and a tiny LM that learns."""
 import math
 
 import jax
@@ -11,14 +13,15 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from configs import lm_shakespeare_omnimoe
-from moejax.config import base_config, validate_config
+from moejax.config import apply_size, base_config, validate_config, validate_moe, with_defaults
 from moejax.errors import ConfigError
-from moejax.experts.atomic import atomic_expert_centric, atomic_naive
-from moejax.layers.omnimoe import OmniMoELayer
+from moejax.experts.atomic import atomic_naive
+from moejax.layers.moe import MoELayer
 from moejax.routing.base import Routing
 from moejax.routing.product_key import product_key_top_k, route_product_key
 from moejax.train import step as step_lib
 from moejax.train.loop import train_and_evaluate
+from tests.helpers import set_key
 from tests.train.test_training import data_dir  # noqa: F401  (session fixture)
 
 # (n, per-axis k >= min(top_k, n), top_k <= n^2, tokens, seed); few shapes, many contents.
@@ -97,45 +100,51 @@ def test_naive_gather_equals_a_float64_per_token_loop(activation):
   np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
 
 
+def omni_layer_cfg(activation="silu", **overrides):
+  """The OmniMoE MoE section at n = 4 (16 atomic experts), top-3, d = 8."""
+  c = lm_shakespeare_omnimoe.get_config("size=tiny").model.moe
+  c.update(dict(num_experts=16, top_k=3, shared_d_ff=8, dropless_block=8), **overrides)
+  c.atomic.activation = activation
+  validate_moe(c, num_layers=2)
+  return ml_collections.FrozenConfigDict(c)
+
+
 @pytest.mark.parametrize("matmul,tile,act", [("tiled", 8, "silu"), ("tiled", 1, "gelu"),
                                              ("loop", 4, "relu")])
-def test_expert_centric_equals_naive_forward_and_gradients(matmul, tile, act):
-  t, d, n, k = 40, 16, 6, 5
-  rng = np.random.default_rng(2)
-  f32 = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-  params = {"rx": f32(d, n), "ry": f32(d, n), "u": f32(n * n, d) / 4, "d": f32(n * n, d) / 4}
-  x, cotangent = f32(t, d), f32(t, d)
-  stats = {"mean_x": jnp.zeros(n), "var_x": jnp.ones(n), "mean_y": jnp.zeros(n), "var_y": jnp.ones(n)}
+def test_expert_centric_layer_equals_naive_forward_and_gradients(matmul, tile, act):
+  """The one MoE layer with the product_key router: the paper's expert-centric
+  schedule (dropless, grouped matmul) and the naive gather ('fused') give the
+  same output and the same gradients, router projection included."""
+  x = jax.random.normal(jax.random.key(1), (2, 5, 8))
+  cot = jax.random.normal(jax.random.key(2), (2, 5, 8))
 
-  def loss(params, x, schedule):
-    routing, _, _ = route_product_key(x @ params["rx"], x @ params["ry"], stats, top_k=k,
-                                      per_axis_k=k, train=True)
-    if schedule == "naive":
-      y = atomic_naive(x, params["u"], params["d"], routing, act)
-    else:
-      y, _ = atomic_expert_centric(x, params["u"], params["d"], routing, act,
-                                   grouped_matmul=matmul, tile=tile, block_rows=8)
-    return jnp.sum(y * cotangent), y
+  def run(matmul, tile):
+    cfg = omni_layer_cfg(act, grouped_matmul=matmul, dropless_tile=tile)
+    layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
+    graphdef, params, rest = step_lib.split_model(layer)
 
-  grad = jax.grad(loss, argnums=(0, 1), has_aux=True)
-  (g_naive, y_naive), (g_ec, y_ec) = grad(params, x, "naive"), grad(params, x, "expert_centric")
-  np.testing.assert_allclose(y_ec, y_naive, rtol=1e-5, atol=1e-5)
-  assert float(jnp.max(jnp.abs(g_naive[0]["rx"]))) > 1e-3  # the router does get gradient
+    def loss(params, x, rest):
+      y, aux = nnx.merge(graphdef, params, rest)(x, train=True)
+      return jnp.sum(y * cot), (y, aux["aux_loss"])
+
+    return jax.grad(loss, argnums=(0, 1), has_aux=True)(params, x, rest)
+
+  (g_naive, (y_naive, aux)), (g_ec, (y_ec, _)) = run("fused", 8), run(matmul, tile)
+  np.testing.assert_allclose(y_ec, y_naive, rtol=1e-5, atol=1e-6)
+  assert float(aux) == 0.0  # OmniMoE has no auxiliary loss
+  w_x = g_naive[0]["router_projection"]["w_x"]
+  assert float(jnp.max(jnp.abs(w_x))) > 1e-3  # the router does get gradient
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), g_ec, g_naive)
 
 
-def test_layer_schedules_agree_and_eval_uses_running_statistics():
-  cfg = base_config().model.omni
-  cfg.update(num_atomic_experts=16, top_k=3, shared_d_ff=8)
-  layers = {s: OmniMoELayer(8, ml_collections.FrozenConfigDict({**cfg.to_dict(), "schedule": s}),
-                            rngs=nnx.Rngs(0), dtype=jnp.float32) for s in ("naive", "expert_centric")}
+def test_layer_trains_batch_norm_and_eval_uses_running_statistics():
+  layer = MoELayer(8, omni_layer_cfg(), rngs=nnx.Rngs(0), dtype=jnp.float32)
   x = jax.random.normal(jax.random.key(1), (2, 5, 8))
-  (y_n, aux_n), (y_e, aux_e) = (layers[s](x, train=True) for s in ("naive", "expert_centric"))
-  np.testing.assert_allclose(y_e, y_n, rtol=1e-5, atol=1e-6)
-  assert float(aux_n["aux_loss"]) == 0.0 and "max_over_mean_load" in aux_n["metrics"]
-  layer = layers["naive"]
-  np.testing.assert_allclose(layer.bn_stats["mean_x"][...],
-                             0.1 * jnp.mean(x.reshape(10, 8) @ layer.router_x[...], 0), rtol=1e-5)
+  assert layer.router_kernel is None and set(layer.router_projection) == {"w_x", "w_y"}
+  _, aux = layer(x, train=True)
+  assert "max_over_mean_load" in aux["metrics"] and "load_balance" not in aux["metrics"]
+  want = 0.1 * jnp.mean(x.reshape(10, 8) @ layer.router_projection["w_x"][...], 0)
+  np.testing.assert_allclose(layer.router_state["mean_x"][...], want, rtol=1e-5, atol=1e-7)
   # eval: each token's output depends on that token alone (running statistics)
   full, _ = layer(x, train=False)
   alone, _ = layer(x[:1, :2], train=False)
@@ -143,22 +152,30 @@ def test_layer_schedules_agree_and_eval_uses_running_statistics():
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("num_atomic_experts", 1000, r"model\.omni\.num_atomic_experts=1000 must be a positive perfect square"),
-    ("num_atomic_experts", 0, r"model\.omni\.num_atomic_experts=0 must be"),
-    ("top_k", 4097, r"model\.omni\.top_k=4097 must be in \[1, model\.omni\.num_atomic_experts=4096\]"),
-    ("top_k", 0, r"model\.omni\.top_k=0 must be in"),
-    ("per_axis_k", 65, r"model\.omni\.per_axis_k=65 must be in \[0, n=64\]"),
-    ("per_axis_k", 4, r"model\.omni\.top_k=32 is larger than the per_axis_k\^2=16 candidate"),
-    ("per_axis_k", 8, r"model\.omni\.per_axis_k=8 < min\(top_k=32, n=64\)"),
-    ("shared_d_ff", 0, r"model\.omni\.shared_d_ff=0 must be > 0"),
-    ("schedule", "nope", r"model\.omni\.schedule='nope' is not known; valid: expert_centric, naive"),
-    ("grouped_matmul", "gemm", r"model\.omni\.grouped_matmul='gemm' is not known; valid: auto, "),
-    ("activation", "tanh", r"model\.omni\.activation='tanh' is not known; valid: gelu, relu, silu"),
+    ("model.moe.num_experts", 1000,
+     r"model\.moe\.num_experts=1000 must be a positive perfect square"),
+    ("model.moe.top_k", 4097, r"model\.moe\.top_k=4097"),
+    ("model.moe.product_key.per_axis_k", 65,
+     r"model\.moe\.product_key\.per_axis_k=65 must be in \[0, n=64\]"),
+    ("model.moe.product_key.per_axis_k", 4,
+     r"model\.moe\.top_k=32 is larger than the per_axis_k\^2=16 candidate"),
+    ("model.moe.product_key.per_axis_k", 8,
+     r"model\.moe\.product_key\.per_axis_k=8 < min\(top_k=32, n=64\)"),
+    ("model.moe.shared_d_ff", 0, r"model\.moe\.shared_d_ff=0 must be > 0"),
+    ("model.moe.grouped_matmul", "gemm", r"model\.moe\.grouped_matmul='gemm' is not known"),
+    ("model.moe.atomic.activation", "tanh",
+     r"model\.moe\.atomic\.activation='tanh' is not known; valid: gelu, relu, silu"),
+    ("train.micro_batches", 2,
+     r"^train\.micro_batches=2 is not supported with model\.moe\.router='product_key': its "
+     r"BatchNorm normalises by the tokens of each call"),
+    ("model.moe.loss_weights", {"load_balance": 0.01},
+     r"model\.moe\.loss_weights=\{'load_balance': 0\.01\}: model\.moe\.router='product_key' "
+     r"forms no probabilities"),
 ])
 def test_bad_omni_keys_are_rejected_before_compilation(data_dir, tmp_path, monkeypatch,  # noqa: F811
                                                        key, value, message):
   config = lm_shakespeare_omnimoe.get_config("size=small")
-  config.model.omni[key] = value
+  set_key(config, key, value)
   with pytest.raises(ConfigError, match=message):
     validate_config(config)
   config.data.data_dir, config.train.progress_bar = data_dir, False
@@ -173,10 +190,34 @@ def test_config_matches_the_default_moe_active_flops():
   for size in ("tiny", "small"):
     c = lm_shakespeare_omnimoe.get_config(f"size={size}")
     validate_config(c)
-    m, o = c.model, c.model.omni
-    n = math.isqrt(o.num_atomic_experts)
-    omni = 3 * m.d_model * o.shared_d_ff + 2 * m.d_model * n + 2 * m.d_model * o.top_k
-    assert omni == 3 * m.d_model * m.moe.top_k * m.moe.expert_d_ff, size
+    m, e = c.model, c.model.moe
+    n = math.isqrt(e.num_experts)
+    omni = 3 * m.d_model * e.shared_d_ff + 2 * m.d_model * n + 2 * m.d_model * e.top_k
+    default = base_config()
+    apply_size(default, size)
+    assert omni == 3 * m.d_model * default.model.moe.top_k * default.model.moe.expert_d_ff, size
+
+
+def test_a_stored_omnimoe_config_becomes_the_moe_layer_it_computes():
+  """Configs saved before the one MoE layer (ffn_type 'omnimoe', model.omni)
+  load as router product_key + atomic experts + one shared expert."""
+  saved = base_config().to_dict()
+  saved["model"]["ffn_type"] = "omnimoe"
+  saved["model"]["omni"] = dict(num_atomic_experts=64, top_k=4, per_axis_k=0, shared_d_ff=56,
+                                activation="gelu", schedule="expert_centric",
+                                grouped_matmul="loop", tile=4, block_rows=64)
+  c = ml_collections.ConfigDict(with_defaults(saved))
+  validate_config(c)
+  e = c.model.moe
+  assert (c.model.ffn_type, e.router, e.experts, e.num_experts, e.top_k) == (
+      "moe", "product_key", "atomic", 64, 4)
+  assert (e.num_shared_experts, e.shared_d_ff, e.atomic.activation, dict(e.loss_weights)) == (
+      1, 56, "gelu", {})
+  assert (e.grouped_matmul, e.dropless_tile, e.dropless_block) == ("loop", 4, 64)
+  assert "omni" not in c.model
+  plain = ml_collections.ConfigDict(with_defaults(base_config().to_dict() | {"model": {
+      **base_config().model.to_dict(), "omni": {"top_k": 32}}}))
+  assert "omni" not in plain.model and plain.model.moe.router == "topk"
 
 
 def test_tiny_omnimoe_lm_learns_in_thirty_steps(data_dir, tmp_path):  # noqa: F811
@@ -188,8 +229,9 @@ def test_tiny_omnimoe_lm_learns_in_thirty_steps(data_dir, tmp_path):  # noqa: F8
   assert run.eval["val_loss"] < math.log(256) - 0.5
   rec = run.history[-1]
   for key in ("moe/layer0/max_over_mean_load", "moe/layer1/routing_entropy",
-              "moe/layer1/dead_fraction", "moe/layer0/padding_waste"):
+              "moe/layer1/distinct_experts", "moe/layer0/padding_waste"):
     assert key in rec, key
   assert 0 < rec["moe/layer0/routing_entropy"] <= math.log(64) + 1e-4
-  stats = run.state.rest["blocks"][0]["ffn"]["bn_stats"]
+  assert "moe/layer0/load_balance" not in rec
+  stats = run.state.rest["blocks"][0]["ffn"]["router_state"]
   assert float(np.abs(np.asarray(stats["mean_x"])).max()) > 0  # running statistics trained

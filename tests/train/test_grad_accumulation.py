@@ -194,8 +194,6 @@ def test_bfloat16_params_and_optimizer_state_are_used():
      r"^train\.param_dtype='float16' is not known; valid: bfloat16, float32$"),
     ("train.opt_state_dtype", "fp8",
      r"^train\.opt_state_dtype='fp8' is not known; valid: bfloat16, float32$"),
-    ("model.ffn_type", "omnimoe",
-     r"^train\.micro_batches=16 is not supported with model\.ffn_type='omnimoe'"),
     ("model.moe.router", "smooth_topk",
      r"^train\.micro_batches=16 is not supported with model\.moe\.router='smooth_topk'"),
 ])
