@@ -39,7 +39,9 @@ its state writes dropped) sums each MoE layer's aux["step_stats"], then the
 grad scan hands the sums to every layer (Decoder(step_stats=...), loop,
 rematerialised and scanned blocks alike). Cost: one more forward per step
 (about a third more compute; nothing reads its logits). The logged
-load_balance is then the one-batch value too. 'micro_batch' gives each
+load_balance is then the one-batch value too (with no weighted loss that
+declares step statistics there is no extra pass, and it is the mean of the
+micro-batch values, like max_over_mean_load). 'micro_batch' gives each
 micro-batch its own f (MaxText / Megatron practice; no extra forward). On the
 tiny model, 4 x 8 vs 1 x 32 with the default loss weights (load_balance 1e-2,
 z_loss 1e-3): gradients differ by 7.5e-9 with 'step' and by 2.6e-5 (sigmoid_bias)
