@@ -19,6 +19,7 @@ DTYPES = ("float32", "bfloat16")
 ATTENTION_KINDS = ("gqa", "mla")
 QK_NORMS = ("none", "per_head", "across_heads")
 ROPE_SCALINGS = ("default", "yarn")
+BALANCE_STATISTICS = ("step", "micro_batch")  # train.balance_statistics
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -172,6 +173,11 @@ def base_config() -> ml_collections.ConfigDict:
   # strided micro-batches, one optimizer update and one router-state update per step
   # (moejax/train/step.py); 4 x 8 rows is the step of one batch of 32.
   t.micro_batches = 1
+  # Batch statistics of the router losses under micro-batches (moejax/train/step.py):
+  # 'step' (exact: one extra forward per step gives every micro-batch the whole
+  # step's load fractions) or 'micro_batch' (each micro-batch its own, as in
+  # MaxText / Megatron: no extra forward, a different load-balance loss).
+  t.balance_statistics = "step"
   # Dtype policy (moejax/train/step.py): parameters and optimizer moments are stored
   # in these; the update runs in float32, activations in model.dtype (the compute
   # dtype), router parameters and router math stay float32 whatever the policy.
@@ -249,6 +255,9 @@ def validate_micro_batches(c, batch_shards: int = 1) -> None:
   m, batch = c.train.micro_batches, c.data.batch_size
   if isinstance(m, bool) or not isinstance(m, int) or m < 1:
     raise ConfigError(f"train.micro_batches={m!r} must be an int >= 1")
+  if c.train.balance_statistics not in BALANCE_STATISTICS:
+    raise choice_error("train.balance_statistics", c.train.balance_statistics,
+                       BALANCE_STATISTICS)
   if batch % m:
     raise ConfigError(f"train.micro_batches={m} must divide data.batch_size={batch}")
   if batch_shards > 1 and (batch // batch_shards) % m:
@@ -265,6 +274,7 @@ def validate_micro_batches(c, batch_shards: int = 1) -> None:
                         f"model.moe.router={c.model.moe.router!r} updates its state inside "
                         "the scanned or rematerialised block; use the loop without remat")
     routing.base.check_micro_batches(spec, c.model.moe, m)
+    losses.check_step_statistics(c.model.moe.loss_weights, m, c.train.balance_statistics)
 
 
 def validate_model(m) -> None:

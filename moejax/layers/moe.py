@@ -106,9 +106,14 @@ class MoELayer(nnx.Module):
         self.shared_gate = nnx.Param(jnp.zeros((d_model, 1), jnp.float32),
                                      logical_axes=("embed", None))
 
-  def __call__(self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None):
-    """(y [B, L, d], aux): aux = {aux_loss, metrics, and the Routing as
-    expert_index, combine_weight, valid [T, S]} for analysis and parity tests."""
+  def __call__(self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None,
+               step_stats=None):
+    """(y [B, L, d], aux): aux = {aux_loss, metrics, step_stats, and the Routing as
+    expert_index, combine_weight, valid [T, S]} for analysis and parity tests.
+
+    step_stats {loss name: stats}: the step's statistics of the losses that declare
+    them (moejax/losses/base.py), used instead of this call's; aux["step_stats"]
+    holds this call's (gradient accumulation sums them, moejax/train/step.py)."""
     cfg = self.cfg
     b, l, d = x_BxLxD.shape
     x_TxD = sharding.constrain(x_BxLxD.reshape(b * l, d), ("batch", "act_embed"))
@@ -143,8 +148,8 @@ class MoELayer(nnx.Module):
 
     # A router without probs over all experts takes no loss (config validation).
     diagnostics = DIAGNOSTIC_LOSSES if self.router_spec.gives_probs else ()
-    loss_values = {name: losses.get_loss(name)(out, cfg)
-                   for name in sorted({*diagnostics, *cfg.loss_weights})}
+    names = sorted({*diagnostics, *cfg.loss_weights})
+    loss_values = {name: losses.loss_value(name, out, cfg, step_stats) for name in names}
     aux_loss = sum((cfg.loss_weights[name] * loss_values[name]
                     for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
     counts = assignment.expert_counts(cfg.num_experts)
@@ -154,7 +159,9 @@ class MoELayer(nnx.Module):
     if cfg.num_experts > MAX_LOGGED_EXPERTS:  # [E] per layer per log step: too many
       metrics.pop("load_fraction")
     return y_TxD.reshape(b, l, d), {
-        "aux_loss": aux_loss, "metrics": metrics, "expert_index": assignment.expert_index,
+        "aux_loss": aux_loss, "metrics": metrics,
+        "step_stats": losses.step_stats_of(names, out, cfg),
+        "expert_index": assignment.expert_index,
         "combine_weight": assignment.combine_weight, "valid": assignment.valid}
 
   def router_logits(self, x_TxD):

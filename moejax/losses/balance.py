@@ -31,20 +31,28 @@ def z_loss_example():
   return _output([[0], [0]], [[True], [True]], probs, logits), None, 2.5 * math.log(2.0) ** 2
 
 
-@register_loss("load_balance", example=load_balance_example)
-def load_balance_loss(out: RouterOutput, cfg=None) -> jax.Array:
+def load_balance_stats(out: RouterOutput, cfg=None) -> dict:
+  """The non-differentiable part of the load-balance loss as a sum over tokens:
+  valid assignments per expert [E] (moejax/losses/base.py, step-level statistics)."""
+  return {"counts": out.routing.expert_counts(out.probs.shape[-1]).astype(jnp.float32)}
+
+
+@register_loss("load_balance", example=load_balance_example, step_stats=load_balance_stats)
+def load_balance_loss(out: RouterOutput, cfg=None, step_stats=None) -> jax.Array:
   """Switch Transformer eq. 4: E * sum_e f_e * P_e.
 
   f_e: fraction of valid assignments that go to expert e (for k > 1 the
   assignments are counted over all k slots, as in GShard / Mixtral), not
   differentiable. P_e: mean router probability of expert e, differentiable.
-  Equals 1 at perfect balance with uniform probabilities.
+  Equals 1 at perfect balance with uniform probabilities. With `step_stats`
+  (load_balance_stats summed over the step's batch) f is the step's: the loss
+  is linear in P given f, so the mean over equal micro-batches is the
+  one-batch loss and gradient.
   """
-  num_experts = out.probs.shape[-1]
-  counts = out.routing.expert_counts(num_experts).astype(jnp.float32)
+  counts = (load_balance_stats(out) if step_stats is None else step_stats)["counts"]
   fraction = counts / jnp.maximum(jnp.sum(counts), 1.0)
   mean_prob = jnp.mean(out.probs, axis=0)
-  return num_experts * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
+  return out.probs.shape[-1] * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
 
 
 @register_loss("z_loss", example=z_loss_example)

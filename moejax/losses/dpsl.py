@@ -28,7 +28,9 @@ differentiable in x) and the sort (a permutation).
 Registered loss "dpsl": the prior is the router's own if it reports one in
 `out.metrics["dpsl_alpha"]` (scalar, [E] or [T, E], e.g. per-task priors),
 else the symmetric `model.moe.dpsl_alpha` (default DEFAULT_ALPHA = 1.0, the
-paper's Qwen2 setting; 0.75 was better for Llama3.2).
+paper's Qwen2 setting; 0.75 was better for Llama3.2). It is a statistic of the
+whole call's tokens (each token's rank among them), so gradient accumulation
+with train.balance_statistics='step' refuses it (moejax/losses/base.py).
 """
 import jax
 import jax.numpy as jnp
@@ -84,7 +86,10 @@ def dpsl_example():
   return out, ml_collections.ConfigDict({"dpsl_alpha": 1.0}), 0.025
 
 
-@register_loss("dpsl", example=dpsl_example)
+@register_loss("dpsl", example=dpsl_example,
+               batch_statistic="it compares each expert's empirical distribution over the "
+                               "tokens of a call (sorted ranks), which no sums over "
+                               "micro-batches reproduce")
 def dpsl(out: RouterOutput, cfg=None) -> jax.Array:
   """DPSL with the router's prior if it reports one, else model.moe.dpsl_alpha."""
   default = DEFAULT_ALPHA if cfg is None else cfg.get("dpsl_alpha", DEFAULT_ALPHA)

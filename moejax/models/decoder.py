@@ -17,7 +17,9 @@ cache's next slot and attend over everything cached; without one the call is
 a full forward pass and returns cache=None.
 
 aux = {"aux_loss": the weighted router losses (float32 scalar), "moe": per
-MoE layer {"metrics", "expert_index", "combine_weight", "valid"}}.
+MoE layer {"metrics", "step_stats", "expert_index", "combine_weight", "valid"}}.
+`step_stats`, one {loss name: stats} per MoE layer (gradient accumulation,
+moejax/train/step.py), replaces each layer's own loss statistics.
 
 Scale skeleton (MaxText's scan_layers and remat_policy):
   model.scan_layers  the blocks' variables are stacked on a leading layer axis
@@ -88,14 +90,16 @@ class DecoderBlock(nnx.Module):
     else:
       self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
 
-  def __call__(self, x, positions, allowed, token_mask, layer_cache, start, *, train, rng):
+  def __call__(self, x, positions, allowed, token_mask, layer_cache, start, *, train, rng,
+               step_stats=None):
     if self.window:
       allowed = allowed & windowed(allowed.shape, start, self.window)
     h, layer_cache = self.attn(self.attn_norm(x), positions, allowed, layer_cache, start)
     x = x + h
     if not self.is_moe:
       return x + self.ffn(self.ffn_norm(x)), None, layer_cache
-    h, aux = self.ffn(self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng)
+    h, aux = self.ffn(self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng,
+                      step_stats=step_stats)
     return x + h, aux, layer_cache
 
 
@@ -104,12 +108,14 @@ def rematerialised(block, policy):
   the policy does not save. Router state the call updates is written back."""
   graphdef, params, rest = nnx.split(block, nnx.Param, ...)
 
-  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng):
-    def apply(params, rest, x):
+  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng,
+           step_stats=None):
+    def apply(params, rest, x, step_stats):
       inner = nnx.merge(graphdef, params, rest)
-      out = inner(x, positions, allowed, token_mask, layer_cache, start, train=train, rng=rng)
+      out = inner(x, positions, allowed, token_mask, layer_cache, start, train=train, rng=rng,
+                  step_stats=step_stats)
       return out, nnx.split(inner, nnx.Param, ...)[2]
-    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x)
+    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x, step_stats)
     nnx.update(block, new_rest)
     return out
   return call
@@ -134,19 +140,23 @@ class ScannedBlocks(nnx.Module):
           variable.set_metadata(logical_axes=(None, *axes))
     self.num_layers = m.num_layers
 
-  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy):
+  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy,
+               step_stats=None):
+    """step_stats: one per layer (Decoder), scanned over as [L, ...]."""
     graphdef, params, rest = nnx.split(self.block, nnx.Param, ...)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *step_stats) if step_stats else None
 
     def body(x, layer):
-      params_i, rest_i, index = layer
+      params_i, rest_i, index, stats_i = layer
       block = nnx.merge(graphdef, params_i, rest_i)
       x, aux, _ = block(x, positions, allowed, token_mask, None, 0, train=train,
-                        rng=jax.random.fold_in(rng, index))
+                        rng=jax.random.fold_in(rng, index), step_stats=stats_i)
       return sharding.constrain(x, RESIDUAL_AXES), (aux, nnx.split(block, nnx.Param, ...)[2])
 
     if policy is not None:
       body = jax.checkpoint(body, policy=policy)
-    x, (aux, rest) = jax.lax.scan(body, x, (params, rest, jnp.arange(self.num_layers)))
+    x, (aux, rest) = jax.lax.scan(body, x,
+                                  (params, rest, jnp.arange(self.num_layers), stacked))
     nnx.update(self.block, rest)
     if aux is None:
       return x, []
@@ -200,7 +210,7 @@ class Decoder(nnx.Module):
                          logical_axes=("embed", "vocab"))
 
   def __call__(self, tokens_BxL, *, token_mask_BxL=None, cache=None, train: bool = False,
-               rng=None):
+               rng=None, step_stats=None):
     b, l = tokens_BxL.shape
     padded = token_mask_BxL is not None
     if not padded:
@@ -229,14 +239,17 @@ class Decoder(nnx.Module):
       if cache is not None:
         raise ValueError("a scanned model decodes in the loop layout: unstack_layers")
       x, layers_aux = self.blocks(x, positions, allowed, mask, train=train, rng=rng,
-                                  policy=policy)
+                                  policy=policy, step_stats=step_stats)
     else:
       layers_aux = []
+      moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
+      block_stats = dict(zip(moe_blocks, step_stats or ()))
       for i, block in enumerate(self.blocks):
         layer_cache = None if cache is None else cache.layers[i]
         call = block if policy is None else rematerialised(block, policy)
         x, aux, layer_cache = call(x, positions, allowed, mask, layer_cache, start,
-                                   train=train, rng=jax.random.fold_in(rng, i))
+                                   train=train, rng=jax.random.fold_in(rng, i),
+                                   step_stats=block_stats.get(i))
         x = sharding.constrain(x, RESIDUAL_AXES)
         new_layers.append(layer_cache)
         if str(i) in self.lookups:  # static routing by token id: needs the ids

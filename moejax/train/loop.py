@@ -126,7 +126,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     logging.info("starting from the pretrained weights in %s", config.init.hf_dir)
 
   train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement,
-                                        t.micro_batches)
+                                        t.micro_batches, t.balance_statistics)
   eval_step = step_lib.make_eval_step(graphdef, placement)
   start = int(state.step)
   # Records past `start` (logged after the restored checkpoint by a killed run) are

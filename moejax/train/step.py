@@ -23,10 +23,31 @@ The loss is a mean over tokens and every micro-batch has B/M rows of the same
 length, so the mean of the micro-batch gradients is the gradient of the whole
 batch, up to float32 summation order. Losses and metrics are the means of the
 micro-batch values (exact for token means such as the loss, z-loss and load
-fractions; a batch-level statistic such as max_over_mean_load, or the
-load-balance loss f . P, becomes the mean of its micro-batch values). The
-step's PRNG key is folded with the micro-batch index (with M = 1 it is the
-step key, so M = 1 is the program it always was).
+fractions; a batch-level statistic such as max_over_mean_load becomes the mean
+of its micro-batch values). The step's PRNG key is folded with the micro-batch
+index (with M = 1 it is the step key, so M = 1 is the program it always was).
+
+Step-level loss statistics (train.balance_statistics). The Switch load-balance
+loss E * sum_e f_e P_e is a product of two batch means, so on a micro-batch it
+is a different loss. Its gradient flows through P only (f is stop-gradient)
+and it is linear in P given f: with the step's f in every micro-batch, the
+mean over micro-batches is the one-batch loss and gradient. 'step' (default)
+does two passes when a weighted loss declares step statistics
+(moejax/losses/base.py): a forward-only scan over the micro-batches (same
+routing as the grad scan: train=True, the same keys, the step's router state,
+its state writes dropped) sums each MoE layer's aux["step_stats"], then the
+grad scan hands the sums to every layer (Decoder(step_stats=...), loop,
+rematerialised and scanned blocks alike). Cost: one more forward per step
+(about a third more compute; nothing reads its logits). The logged
+load_balance is then the one-batch value too (with no weighted loss that
+declares step statistics there is no extra pass, and it is the mean of the
+micro-batch values, like max_over_mean_load). 'micro_batch' gives each
+micro-batch its own f (MaxText / Megatron practice; no extra forward). On the
+tiny model, 4 x 8 vs 1 x 32 with the default loss weights (load_balance 1e-2,
+z_loss 1e-3): gradients differ by 7.5e-9 with 'step' and by 2.6e-5 (sigmoid_bias)
+/ 5.7e-5 (topk) with 'micro_batch' (tests/train/test_grad_accumulation.py). A
+loss that is a batch statistic without such a form (dpsl) is refused with
+'step' and M > 1.
 
 Router state (moejax/routing/base.py, "the state-update protocol"): every
 micro-batch routes with the state from the start of the step; the step sums
@@ -50,7 +71,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from moejax import sharding
+from moejax import losses, sharding
+from moejax.layers.moe import MoELayer
 from moejax.models.decoder import DTYPES
 from moejax.routing import base as routing_base
 
@@ -176,16 +198,17 @@ def _modules_by_path(model) -> list:
 
 
 def make_loss_fn(graphdef):
-  """(params, rest, batch, rng) -> (loss, (ce, aux, new_rest, router_stats)).
+  """(params, rest, batch, rng, step_stats=None) -> (loss, (ce, aux, new_rest, router_stats)).
 
   router_stats: {layer path: the stats its router reported} (the state-update
-  protocol of moejax/routing/base.py).
+  protocol of moejax/routing/base.py). step_stats: the step's loss statistics per
+  MoE layer (Decoder), or None for the batch's own.
   """
 
-  def loss_fn(params, rest, batch, rng):
+  def loss_fn(params, rest, batch, rng, step_stats=None):
     model = nnx.merge(graphdef, params, rest)
     with routing_base.collect_router_stats() as reports:
-      logits, aux, _ = model(batch["inputs"], train=True, rng=rng)
+      logits, aux, _ = model(batch["inputs"], train=True, rng=rng, step_stats=step_stats)
     aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
     ce = cross_entropy(logits, batch["targets"])
     paths = {id(node): path for node, path in _modules_by_path(model)}
@@ -219,12 +242,39 @@ def _mean_over_micro_batches(x):
   return mean.astype(x.dtype) if _is_float(x) else mean
 
 
-def make_grad_fn(graphdef, micro_batches: int = 1):
+def needs_step_statistics(model) -> bool:
+  """Whether a MoE layer of `model` trains a loss that declares step-level statistics."""
+  return any(isinstance(node, MoELayer) and losses.needs_step_statistics(node.cfg.loss_weights)
+             for _, node in nnx.iter_graph(model))
+
+
+def make_step_statistics_fn(graphdef, micro_batches: int):
+  """(params, rest, micro [M, B/M, ...], rng) -> per MoE layer, the step's loss
+  statistics: a forward-only scan over the micro-batches (the grad scan's routing:
+  train=True, the same keys, the step's router state; its state writes dropped)
+  summing each layer's aux["step_stats"]."""
+
+  def step_statistics(params, rest, micro, rng):
+    def body(_, xs):
+      micro_batch, index = xs
+      model = nnx.merge(graphdef, params, rest)
+      _, aux, _ = model(micro_batch["inputs"], train=True, rng=jax.random.fold_in(rng, index))
+      return None, [layer.get("step_stats", {}) for layer in aux["moe"]]
+
+    _, stats = jax.lax.scan(body, None, (micro, jnp.arange(micro_batches)))
+    return jax.lax.stop_gradient(jax.tree.map(lambda x: jnp.sum(x, axis=0), stats))
+
+  return step_statistics
+
+
+def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "step"):
   """(params, rest, batch, rng) -> (grads, metrics, new_rest) of one optimizer step.
 
   metrics: loss, ce_loss, aux_loss, moe (per-layer metrics), grad_norm. With
   micro_batches > 1: float32 gradients averaged over strided micro-batches,
-  metrics averaged, router state updated once from the summed stats (module doc).
+  metrics averaged, router state updated once from the summed stats; with
+  balance_statistics='step' losses with step-level statistics use the whole
+  step's (module doc).
   """
   loss_fn = make_loss_fn(graphdef)
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
@@ -237,13 +287,19 @@ def make_grad_fn(graphdef, micro_batches: int = 1):
     (loss, (ce, aux, new_rest, _)), grads = value_and_grad(params, rest, batch, rng)
     return grads, metrics_of(loss, ce, aux, grads), new_rest
 
+  step_statistics = make_step_statistics_fn(graphdef, micro_batches)
+
   def accumulated(params, rest, batch, rng):
     micro = split_micro_batches(batch, micro_batches)
+    step_stats = None
+    if (balance_statistics == "step"
+        and needs_step_statistics(nnx.merge(graphdef, params, rest))):
+      step_stats = step_statistics(params, rest, micro, rng)
 
     def body(grad_sum, xs):
       micro_batch, index = xs
       (loss, (ce, aux, _, stats)), grads = value_and_grad(
-          params, rest, micro_batch, jax.random.fold_in(rng, index))
+          params, rest, micro_batch, jax.random.fold_in(rng, index), step_stats)
       grad_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32), grad_sum, grads)
       return grad_sum, (loss, ce, aux, stats)
 
@@ -259,9 +315,10 @@ def make_grad_fn(graphdef, micro_batches: int = 1):
   return one_batch if micro_batches == 1 else accumulated
 
 
-def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batches: int = 1):
+def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batches: int = 1,
+                    balance_statistics: str = "step"):
   base_key = jax.random.key(seed)
-  grad_fn = make_grad_fn(graphdef, micro_batches)
+  grad_fn = make_grad_fn(graphdef, micro_batches, balance_statistics)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(base_key, state.step)

@@ -336,10 +336,11 @@ def check_router(spec) -> None:
 # ---------------------------------------------------------------------------
 # Losses.
 
-def check_loss(name: str, loss, outputs: dict, example=None) -> None:
+def check_loss(name: str, loss, outputs: dict, example=None, step_stats=None) -> None:
   """A finite float32 scalar on every router output the loss accepts (it raises
   ConfigError for the others; at least one accepted), a finite gradient (probs
-  and logits) on the first accepted, and its declared hand-worked example."""
+  and logits) on the first accepted, its step statistics if it declares them
+  (check_step_stats) and its declared hand-worked example."""
   cfg = router_cfg("topk")
   accepted = []
   for router, out in outputs.items():
@@ -358,8 +359,35 @@ def check_loss(name: str, loss, outputs: dict, example=None) -> None:
   grads = jax.jit(jax.grad(lambda probs, logits: loss(out.replace(probs=probs, logits=logits), cfg),
                            argnums=(0, 1)))(out.probs, out.logits)
   assert all(np.isfinite(np.asarray(g)).all() for g in grads), f"loss {name}: gradient"
+  if step_stats is not None:
+    check_step_stats(name, loss, step_stats, out, cfg)
   if example is not None:
     out, example_cfg, expected = example()
     got = float(loss(out, example_cfg))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7,
                                err_msg=f"loss {name}: its declared example")
+
+
+def check_step_stats(name, loss, step_stats, out, cfg, parts: int = 4) -> None:
+  """A loss with step_stats (moejax/losses/base.py): on `parts` strided groups of
+  the tokens, each given the stats summed over all groups, the mean loss and its
+  gradient (probs, logits) are the loss and gradient of all the tokens."""
+
+  def part(out, m):
+    return out.replace(routing=jax.tree.map(lambda a: a[m::parts], out.routing),
+                       probs=out.probs[m::parts], logits=out.logits[m::parts])
+
+  summed = jax.tree.map(lambda *xs: sum(xs), *[step_stats(part(out, m), cfg)
+                                               for m in range(parts)])
+
+  def whole(probs, logits):
+    return loss(out.replace(probs=probs, logits=logits), cfg)
+
+  def accumulated(probs, logits):
+    new = out.replace(probs=probs, logits=logits)
+    return sum(loss(part(new, m), cfg, step_stats=summed) for m in range(parts)) / parts
+
+  for got, want in zip(*[jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(out.probs, out.logits)
+                         for f in (accumulated, whole)]):
+    np.testing.assert_allclose(jax.tree.leaves(got), jax.tree.leaves(want), rtol=1e-6,
+                               atol=1e-7, err_msg=f"loss {name}: step statistics")

@@ -6,12 +6,13 @@ dispatcher on that Routing equals the per-token loop (oracles.check_router).
 Every registered loss (here too: it reads the routers' outputs, computed once
 per test worker): a finite float32 scalar on the training output of every
 registered router it accepts (ConfigError for the others, at least one
-accepted), a finite gradient, and its declared hand-worked example
-(oracles.check_loss)."""
+accepted), a finite gradient, its step statistics (micro-batches given the
+summed stats make the one-batch loss and gradient) and its declared
+hand-worked example (oracles.check_loss)."""
 import pytest
 
 from moejax.losses import LOSSES
-from moejax.losses.base import LOSS_EXAMPLES
+from moejax.losses.base import LOSS_EXAMPLES, LOSS_STEP_STATS
 from moejax.routing import ROUTERS
 from tests.contract.oracles import check_loss, check_router, router_outputs
 
@@ -25,7 +26,8 @@ def test_router_keeps_the_routing_contract(router):
 def test_loss_keeps_the_loss_contract(loss):
   outputs = {f"{name} (train=True)": router_outputs(ROUTERS.get(name))[True]
              for name in ROUTERS}
-  check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss))
+  check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss),
+             LOSS_STEP_STATS.get(loss))
 
 
 def test_balance_and_dpsl_declare_examples():

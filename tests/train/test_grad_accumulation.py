@@ -1,13 +1,15 @@
 """Gradient accumulation (train.micro_batches), the router state-update protocol
 and the dtype policy (moejax/train/step.py, moejax/routing/base.py).
 
-4 micro-batches of 8 rows must give the step of one batch of 32: gradients
-within 1e-5, params after one optimizer step within 1e-5, and the aux-loss-free
-bias within 1e-6 (it moves once, from the load of all 32 rows). The model's
-aux loss here is the z-loss only: a mean over tokens, like the cross-entropy.
-The load-balance loss E * sum_e f_e P_e is a product of two batch means, so
-per micro-batch it is a different loss (measured on this model: grads differ
-by ~6e-5 with its default weight 1e-2; see the module doc of step.py).
+4 micro-batches of 8 rows must give the step of one batch of 32 with the
+default loss weights (load_balance 1e-2, z_loss 1e-3): gradients within 1e-5,
+params after one optimizer step within 1e-5, and the aux-loss-free bias within
+1e-6 (it moves once, from the load of all 32 rows). The load-balance loss
+E * sum_e f_e P_e is a product of two batch means; with
+train.balance_statistics='step' every micro-batch uses the step's f (one
+forward-only pass first), so it is exact (measured: grads 7.5e-9); with
+'micro_batch' each uses its own f, a different loss (grads differ by 5.7e-5
+on topk, 2.6e-5 on sigmoid_bias).
 """
 import functools
 
@@ -18,6 +20,7 @@ import pytest
 
 from moejax.config import apply_size, base_config, validate_config, validate_micro_batches
 from moejax.errors import ConfigError
+from moejax.models.decoder import unstack_layers
 from moejax.routing import get_router
 from moejax.routing.base import RouterSpec, check_micro_batches
 from moejax.train import step as step_lib
@@ -27,13 +30,15 @@ from tests.helpers import moe_cfg, random_logits, set_key
 MICRO, ROWS = 4, 32
 
 
-def tiny_config(router="topk", **train):
+def tiny_config(router="topk", model=(), **train):
+  """Default loss weights; `model`: (key, value) pairs of the model section."""
   c = base_config()
   apply_size(c, "tiny")
   c.data.batch_size = ROWS
   c.model.moe.router = router
-  c.model.moe.loss_weights = {"z_loss": 1e-3}  # token means only (module doc)
   c.train.warmup_steps = 0  # the first step already moves the params
+  for key, value in model:
+    c.model[key] = value
   for key, value in train.items():
     c.train[key] = value
   validate_config(c)
@@ -58,18 +63,22 @@ def max_diff(a, b) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def setup(router):
-  config = tiny_config(router)
+def setup(router, model=()):
+  config = tiny_config(router, model)
   graphdef, state, optimizer = init_state(config)
   return config, graphdef, host(state), optimizer
 
 
 @functools.lru_cache(maxsize=None)
-def grads_of(router, micro_batches):
-  """(grads, metrics, new_rest) of the step's batch of 32, float32 on the host."""
-  config, graphdef, state, _ = setup(router)
-  grad_fn = jax.jit(step_lib.make_grad_fn(graphdef, micro_batches))
-  return host(grad_fn(state.params, state.rest, random_batch(config), jax.random.key(0)))
+def grads_of(router, micro_batches, balance_statistics="step", model=()):
+  """(grads, metrics, new_rest) of the step's batch of 32, float32 on the host,
+  in the loop layout (a scanned model's layers unstacked)."""
+  config, graphdef, state, _ = setup(router, model)
+  grad_fn = jax.jit(step_lib.make_grad_fn(graphdef, micro_batches, balance_statistics))
+  grads, metrics, rest = host(grad_fn(state.params, state.rest, random_batch(config),
+                                      jax.random.key(0)))
+  _, grads, rest = unstack_layers(config.model, grads, rest)
+  return grads, metrics, rest
 
 
 @pytest.mark.parametrize("router", ["topk", "sigmoid_bias"])
@@ -82,10 +91,32 @@ def test_grads_of_4x8_equal_one_batch_of_32(router):
   assert max(np.max(np.abs(g)) for g in jax.tree.leaves(one[0])) > 1e-3  # not vacuous
   for key in ("loss", "ce_loss", "aux_loss", "grad_norm"):
     np.testing.assert_allclose(micro[1][key], one[1][key], rtol=1e-6, err_msg=key)
-  # load fractions are token means: averaged over micro-batches they are the batch's
-  np.testing.assert_allclose(micro[1]["moe"][0]["load_fraction"],
-                             one[1]["moe"][0]["load_fraction"], atol=1e-6)
+  # load fractions are token means: averaged over micro-batches they are the batch's;
+  # the logged load-balance loss uses the step's f: the one-batch value too
+  for key in ("load_fraction", "load_balance"):
+    np.testing.assert_allclose(micro[1]["moe"][0][key], one[1]["moe"][0][key], atol=1e-6,
+                               err_msg=key)
   assert max_diff(one[2], micro[2]) <= 1e-6  # router state (sigmoid_bias: the bias)
+
+
+def test_micro_batch_statistics_give_a_different_load_balance_loss():
+  """balance_statistics='micro_batch': each micro-batch its own f (no extra forward),
+  so the gradient is not the one-batch gradient (the check above would catch it)."""
+  one, micro = grads_of("topk", 1), grads_of("topk", MICRO, "micro_batch")
+  grad_diff = max_diff(one[0], micro[0])
+  print(f"micro_batch statistics: max |grad 1x32 - grad 4x8| = {grad_diff:.3g}")
+  assert grad_diff > 1e-5
+  assert abs(float(micro[1]["moe"][0]["load_balance"] - one[1]["moe"][0]["load_balance"])) > 1e-4
+
+
+def test_scanned_rematerialised_blocks_get_the_step_statistics():
+  """model.scan_layers with remat: the step's counts reach every scanned layer
+  (stacked [L, ...]); the same seed gives the loop model's parameters."""
+  model = (("scan_layers", True), ("remat", "full"))
+  one, micro = grads_of("topk", 1), grads_of("topk", MICRO, model=model)
+  grad_diff = max_diff(one[0], micro[0])
+  print(f"scanned, remat: max |grad 1x32 (loop) - grad 4x8| = {grad_diff:.3g}")
+  assert grad_diff <= 1e-5
 
 
 def test_train_step_4x8_equals_one_batch_and_the_bias_moves_once():
@@ -194,6 +225,11 @@ def test_bfloat16_params_and_optimizer_state_are_used():
      r"^train\.param_dtype='float16' is not known; valid: bfloat16, float32$"),
     ("train.opt_state_dtype", "fp8",
      r"^train\.opt_state_dtype='fp8' is not known; valid: bfloat16, float32$"),
+    ("train.balance_statistics", "exact",
+     r"^train\.balance_statistics='exact' is not known; valid: micro_batch, step$"),
+    ("model.moe.loss_weights.dpsl", 1e-2,
+     r"^train\.micro_batches=16 with train\.balance_statistics='step' is not supported "
+     r"with model\.moe\.loss_weights\.dpsl=0\.01: "),
     ("model.moe.router", "smooth_topk",
      r"^train\.micro_batches=16 is not supported with model\.moe\.router='smooth_topk'"),
 ])
