@@ -51,7 +51,7 @@ def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
   c = base_config().model.moe
   c.update(dict(num_experts=E, top_k=S, expert_d_ff=F, dropless_tile=TILE,
                 dropless_block=BLOCK, capacity_factor=float(E), min_capacity=1,
-                rounding_tile=TILE))
+                topk_rounded=dict(tile=TILE)))
   c.update(overrides)
   validate_moe(c, num_layers=2)
   return ml_collections.FrozenConfigDict(c)
@@ -234,7 +234,7 @@ T_R, E_R, K_R = 16, 8, 2
 
 def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
   return contract_cfg(router=name, num_experts=E_R, top_k=K_R, capacity_factor=1.25,
-                      dropless_tile=4, rounding_tile=4)
+                      dropless_tile=4, topk_rounded=dict(tile=4))
 
 
 @functools.cache
