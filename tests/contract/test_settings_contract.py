@@ -2,8 +2,8 @@
 own section (model.moe.<name>; a loss's in model.moe.losses.<name>) at the declared
 defaults, valid as they are, closed to unknown keys; every flat key of older
 configs (legacy_keys) loads into its section (config.with_defaults) and is refused
-in a live config; and a router added from outside moejax/config.py (here: from this
-test) gets its section, overrides and validation with no edit of config.py."""
+in a live config; and a router or loss added from outside moejax/config.py (here:
+from this test) gets its section, overrides and validation with no edit of config.py."""
 import sys
 
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from moejax.config import base_config, parts_with_settings, validate_config, with_defaults
 from moejax.errors import ConfigError
+from moejax.losses import LOSSES, register_loss
 from moejax.registry import section_of
 from moejax.routing import ROUTERS, RouterOutput, register_router
 from moejax.routing.topk import softmax_top_k
@@ -122,3 +123,33 @@ def test_a_router_is_one_file_and_one_test(monkeypatch):
   finally:
     ROUTERS.remove("throwaway")
   assert "throwaway" not in base_config().model.moe
+
+
+def test_a_loss_is_one_file_and_one_test():
+  """The same for a loss, named like a router on purpose: its section is
+  model.moe.losses.sere, apart from the router's model.moe.sere."""
+
+  def validate(cfg):
+    scale = LOSSES.get("sere").options(cfg)["scale"]
+    if scale <= 0:
+      raise ConfigError(f"model.moe.losses.sere.scale={scale} must be > 0")
+
+  @register_loss("sere", settings={"scale": 1.0}, validate_settings=validate)
+  def scaled_z_loss(out, cfg=None):
+    return LOSSES.get("sere").options(cfg)["scale"] * jnp.mean(jnp.square(out.logits))
+
+  try:
+    c = base_config()
+    assert c.model.moe.losses.sere.to_dict() == {"scale": 1.0}
+    assert c.model.moe.sere.to_dict() == dict(ROUTERS.get("sere").settings)
+    apply_overrides(c, ["model.moe.losses.sere.scale=3.0"])
+    c.model.moe.loss_weights.sere = 1e-2
+    validate_config(c)
+    out = RouterOutput(None, jnp.ones((2, 4)), jnp.full((2, 4), 0.25), {}, {})
+    assert float(LOSSES.get("sere")(out, c.model.moe)) == 3.0
+    c.model.moe.losses.sere.scale = -1.0
+    with pytest.raises(ConfigError, match=r"model\.moe\.losses\.sere\.scale=-1\.0 must be > 0"):
+      validate_config(c)
+  finally:
+    LOSSES.remove("sere")
+  assert "sere" not in base_config().model.moe.losses
