@@ -72,13 +72,17 @@ def base_config() -> ml_collections.ConfigDict:
   e.dense_layers = []  # further layers kept dense (HF mlp_only_layers)
   e.expert_counts = []  # experts per MoE layer after pruning ([] = num_experts everywhere)
   e.shared_expert_gate = False  # sigmoid(x w) scales the shared expert (Qwen2-MoE)
-  e.num_groups = 1  # router 'group_limited' (DeepSeek-V3): expert groups
-  e.topk_groups = 1  # ... and the groups each token may use
   e.router = "topk"
   e.renormalize = True
   e.router_jitter = 0.0
   e.router_init_scale = 0.1
-  e.bias_update_rate = 1e-3
+  # Routing keys of the model schema, kept flat (not in one router's section): the
+  # HF families read and write them (moejax/interop/hf_config.py: DeepSeek-V3
+  # n_group, topk_group, routed_scaling_factor) and they decide what a loaded model
+  # computes; more than one router reads routed_scaling_factor and the bias rate.
+  e.num_groups = 1  # expert groups (group-limited routing)
+  e.topk_groups = 1  # ... and the groups each token may use
+  e.bias_update_rate = 1e-3  # aux-loss-free bias step (0: a loaded bias stays fixed)
   e.routed_scaling_factor = 1.0
   # Expert type (moejax/experts): swiglu | atomic; its own settings: model.moe.<type>.
   e.experts = "swiglu"
