@@ -12,6 +12,8 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+import ml_collections
+
 from moejax.errors import ConfigError, choice_error
 
 T = TypeVar("T")
@@ -124,7 +126,10 @@ class PartSettings:
     return settings_of(cfg, self.path, self.defaults)
 
   def refuse_flat_keys(self, cfg) -> None:
-    for old, key in self.legacy_keys if cfg is not None else ():
+    """ConfigError for a flat key of older configs in a live `cfg` (it would be ignored)."""
+    if cfg is None:
+      return
+    for old, key in self.legacy_keys:
       if old in cfg:
         raise ConfigError(f"model.moe.{old}={cfg[old]!r} is a flat key of older configs; "
                           f"{self.what} reads model.moe.{self.path}.{key}")
@@ -138,7 +143,6 @@ class PartSettings:
 
   def add_defaults(self, moe) -> None:
     """Create model.moe.<path> at the defaults in the ConfigDict `moe`."""
-    import ml_collections
     *parents, name = self.path.split(".")
     for part in parents:
       if part not in moe:
