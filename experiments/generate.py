@@ -42,7 +42,8 @@ _TOP_P = cli.checked(flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Sampling seed."), cli.in_range(0, 2**32 - 1))
 _SERE = flags.DEFINE_string("sere_similarity", None, "Decode with SERE re-routing using this "
                             "[MoE layers, E, E] similarity (experiments.calibrate_sere).")
-_SERE_RHO = cli.checked(flags.DEFINE_float("sere_rho", 0.3, "SERE similarity threshold rho."),
+_SERE_RHO = cli.checked(flags.DEFINE_float("sere_rho", 0.3, "SERE similarity threshold rho "
+                                           "(model.moe.sere.rho)."),
                         cli.in_range(0, 1))
 
 

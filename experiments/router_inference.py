@@ -72,8 +72,8 @@ def capacity_study(config, params, rest, batches):
            **ri.score_batches(base, params, rest, batches, k)}]
   for r in (1.0, 2.0):
     for gamma in map(float, _GAMMAS.value):
-      _, graphdef = ri.with_router(config, router="capacity_aware", capacity_gamma=gamma,
-                                   capacity_expand_r=r)
+      _, graphdef = ri.with_router(config, router="capacity_aware",
+                                   capacity_aware=dict(gamma=gamma, expand_r=r))
       rows.append({"router": "token drop" if r == 1 else "expanded drop", "gamma": gamma,
                    "r": r, **ri.score_batches(graphdef, params, rest, batches, k)})
   return rows
@@ -113,7 +113,7 @@ def as_coot_study(config, params, rest, plays):
     rows.append({"play": play, "router": "top-k", "tau": "—",
                  **ri.score_batches(base, params, rest, batches, k)})
     for tau in map(float, _TAUS.value):
-      _, graphdef = ri.with_router(config, router="as_coot", ot_tau=tau)
+      _, graphdef = ri.with_router(config, router="as_coot", as_coot=dict(tau=tau))
       rows.append({"play": play, "router": "as_coot", "tau": "inf" if tau == 0 else tau,
                    **ri.score_batches(graphdef, params, rest, batches, k)})
   return rows

@@ -11,8 +11,7 @@ import ml_collections
 
 from moejax import dispatch, experts, losses, routing, sharding
 from moejax.errors import ConfigError, choice_error
-from moejax.registry import check_section
-from moejax.routing.token_rounding import validate_rounding
+from moejax.registry import PartSettings, section_of
 
 FFN_TYPES = ("dense", "moe")
 DTYPES = ("float32", "bfloat16")
@@ -74,16 +73,19 @@ def base_config() -> ml_collections.ConfigDict:
   e.dense_layers = []  # further layers kept dense (HF mlp_only_layers)
   e.expert_counts = []  # experts per MoE layer after pruning ([] = num_experts everywhere)
   e.shared_expert_gate = False  # sigmoid(x w) scales the shared expert (Qwen2-MoE)
-  e.num_groups = 1  # router 'group_limited' (DeepSeek-V3): expert groups
-  e.topk_groups = 1  # ... and the groups each token may use
   e.router = "topk"
   e.renormalize = True
   e.router_jitter = 0.0
   e.router_init_scale = 0.1
-  e.bias_update_rate = 1e-3
+  # Routing keys of the model schema, kept flat (not in one router's section): the
+  # HF families read and write them (moejax/interop/hf_config.py: DeepSeek-V3
+  # n_group, topk_group, routed_scaling_factor) and they decide what a loaded model
+  # computes; more than one router reads routed_scaling_factor and the bias rate.
+  e.num_groups = 1  # expert groups (group-limited routing)
+  e.topk_groups = 1  # ... and the groups each token may use
+  e.bias_update_rate = 1e-3  # aux-loss-free bias step (0: a loaded bias stays fixed)
   e.routed_scaling_factor = 1.0
-  # Expert type (moejax/experts): swiglu | atomic; a type's own settings live in
-  # model.moe.<type> (added below from the registry, e.g. model.moe.atomic.activation).
+  # Expert type (moejax/experts): swiglu | atomic; its own settings: model.moe.<type>.
   e.experts = "swiglu"
   e.dispatch = "dropless"
   # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
@@ -92,36 +94,13 @@ def base_config() -> ml_collections.ConfigDict:
   e.gmm_backend = "auto"
   e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
   e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
-  # router 'topk_rounded' (SonicMoE token rounding): counts rounded to this tile;
-  # with dropless_tile dividing rounding_tile the dropless layout pads nothing.
-  e.rounding_tile = 128
-  e.rounding_mode = "nearest"  # up | down | nearest
   e.capacity_factor = 1.25
   e.min_capacity = 4
-  # Research routers, batch 1 (see each router's module docstring). Routers that
-  # declare settings (probmoe) have them in model.moe.<router>, added below.
-  # router 'smooth_topk' (SmoothSMoE): eta = softplus(smooth_eta_init + state offset).
-  e.smooth_eta_init = -9.0
-  e.smooth_a = 1.0
-  e.smooth_b = 50.0
-  e.smooth_boundary_alpha = 1.0  # loss 'smooth_boundary'
-  e.smooth_h_offset = 0.5
-  # router 'mahalanobis' (MP-MoE): co-occurrence covariance EMA + ridge.
-  e.mp_ema_decay = 0.99
-  e.mp_ridge = 1e-3
-  # router 'as_coot' (TiME semi-relaxed Sinkhorn); ot_tau = 0 means tau = infinity.
-  e.ot_epsilon = 0.05
-  e.ot_tau = 1.0
-  e.ot_iters = 50
-  # router 'capacity_aware' (Token Drop r = 1 / Expanded Drop r > 1).
-  e.capacity_gamma = 1.0
-  e.capacity_expand_r = 1.0
-  e.capacity_num_shards = 0  # > 0: capacity per expert-parallel shard
-  # router 'sere': primary slots per token and the similarity threshold rho.
-  e.sere_primary_slots = 1
-  e.sere_rho = 0.5
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
-  e.dpsl_alpha = 1.0  # loss 'dpsl': symmetric Dirichlet prior (DPSL)
+  # Each part's own settings (a router's, an expert type's, a loss's) are in its
+  # section, added here from the registries at the defaults the part declares:
+  # model.moe.<router or expert type> (model.moe.sere.rho, model.moe.atomic.activation)
+  # and model.moe.losses.<loss> (model.moe.losses.dpsl.alpha); see moejax/registry.py.
   add_part_sections(e)
 
   # L3 Large Lookup Layers (moejax/layers/lookup.py): static token-id routing to
@@ -194,20 +173,37 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def parts_with_settings():
-  """(name, spec, what) of every registered router and expert type that declares
-  settings: each gets the section model.moe.<name>."""
-  return [(name, spec, f"{kind} {name!r}")
-          for kind, registry in (("router", routing.ROUTERS), ("expert type", experts.EXPERT_TYPES))
-          for name, spec in registry.items() if spec.settings]
+def parts_with_settings() -> list[PartSettings]:
+  """The settings section of every registered router, expert type and loss that
+  declares settings (moejax/registry.py, PartSettings)."""
+  return [spec.config_section
+          for registry in (routing.ROUTERS, experts.EXPERT_TYPES, losses.LOSSES)
+          for _, spec in registry.items() if spec.settings]
 
 
 def add_part_sections(e) -> None:
-  """model.moe.<part>: the declared defaults of every part with settings."""
-  for name, spec, what in parts_with_settings():
-    if name in e:
-      raise ValueError(f"{what}: model.moe.{name} already exists")
-    e[name] = ml_collections.ConfigDict(dict(spec.settings))
+  """model.moe.<part> and model.moe.losses.<loss>: every part's declared defaults."""
+  for part in parts_with_settings():
+    part.add_defaults(e)
+
+
+def validate_part_settings(e) -> None:
+  """Every part's section, whatever the part in use: no unknown keys, no flat keys
+  of older configs, values its own validation accepts; and no unknown section in
+  a group of sections (model.moe.losses)."""
+  parts = parts_with_settings()
+  for part in parts:
+    part.check(e)
+  groups = {}  # 'losses' -> the loss names with a section
+  for part in parts:
+    group, _, name = part.path.rpartition(".")
+    if group:
+      groups.setdefault(group, set()).add(name)
+  for group, names in groups.items():
+    unknown = set(section_of(e, group) or ()) - names
+    if unknown:
+      raise ConfigError(f"model.moe.{group} has unknown sections {sorted(unknown)}; "
+                        f"known: {sorted(names)}")
 
 
 def _positive(key, value, strict=True):
@@ -376,19 +372,11 @@ def validate_moe(e, num_layers: int) -> None:
   validate_placement(e, num_layers)
   _positive("model.moe.dropless_tile", e.dropless_tile)
   _positive("model.moe.dropless_block", e.dropless_block)
-  validate_rounding(e)
   _positive("model.moe.min_capacity", e.min_capacity, strict=False)
   _positive("model.moe.num_shared_experts", e.num_shared_experts, strict=False)
   if e.num_shared_experts:
     _positive("model.moe.shared_d_ff", e.shared_d_ff)
-  for module in (routing.smooth_topk, routing.mahalanobis,
-                 routing.optimal_transport, routing.capacity_aware, routing.sere):
-    module.validate_keys(e)  # research-router keys, checked whatever the router
-    # (so those routers register validate=validate_top_k only)
-  for name, spec in routing.ROUTERS.items():  # routers' own sections, whatever the router
-    check_section(e, name, spec.settings, f"router {name!r}")
-    if spec.validate_settings is not None:
-      spec.validate_settings(e)
+  validate_part_settings(e)
   if not 0 <= e.router_jitter < 1:
     raise ConfigError(f"model.moe.router_jitter={e.router_jitter} must be in [0, 1)")
   spec = routing.get_router(e.router)
@@ -403,7 +391,6 @@ def validate_moe(e, num_layers: int) -> None:
   for name, weight in e.loss_weights.items():
     losses.get_loss(name)
     _positive(f"model.moe.loss_weights.{name}", weight, strict=False)
-  _positive("model.moe.dpsl_alpha", e.dpsl_alpha)
 
 
 def validate_experts(e) -> None:
@@ -411,9 +398,7 @@ def validate_experts(e) -> None:
   settings (gmm: gmm_backend), against the registries (moejax/experts,
   moejax/dispatch/grouped_matmul.py; no names are listed here)."""
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
-  expert_type = experts.get_expert_type(e.experts)
-  for _, spec in experts.EXPERT_TYPES.items():
-    spec.validate_settings(e)
+  expert_type = experts.get_expert_type(e.experts)  # settings: validate_part_settings
   matmul = resolve_grouped_matmul(e.grouped_matmul, expert_type.bind({}, e),
                                   config_key="model.moe.grouped_matmul")
   if matmul.fused and not expert_type.fused:
@@ -491,18 +476,13 @@ def model_config_from_dict(saved_model: dict) -> ml_collections.ConfigDict:
 
 def migrate_part_settings(saved: dict) -> dict:
   """Flat model.moe keys of older configs moved into the sections of the parts
-  that declare them (RouterSpec.legacy_keys): probmoe_k_min -> probmoe.k_min."""
+  that declare them (legacy_keys): probmoe_k_min -> probmoe.k_min, dpsl_alpha ->
+  losses.dpsl.alpha."""
   moe = saved.get("model", {}).get("moe")
   if not isinstance(moe, dict):
     return saved
-  moe = dict(moe)
-  for name, spec in routing.ROUTERS.items():
-    for old, new in spec.legacy_keys:
-      if old in moe:
-        section = dict(moe.get(name) or {})
-        value = moe.pop(old)
-        section.setdefault(new, value)
-        moe[name] = section
+  for part in parts_with_settings():
+    moe = part.migrate(moe)
   return {**saved, "model": {**saved["model"], "moe": moe}}
 
 

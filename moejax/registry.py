@@ -7,11 +7,14 @@ check every registered part against one contract (tests/contract/), and
 `temporarily` registers a part for the duration of a `with` block only.
 """
 import contextlib
+import dataclasses
 import importlib
 import pkgutil
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from moejax.errors import choice_error
+import ml_collections
+
+from moejax.errors import ConfigError, choice_error
 
 T = TypeVar("T")
 
@@ -67,28 +70,102 @@ class Registry(Generic[T]):
     return len(self._items)
 
 
-# A part's own settings (routers, expert types): declared defaults, held in the
-# config section model.moe.<part name>, which config.base_config builds from the
-# registries, so adding a part needs no edit of config.py.
+# A part's own settings (routers, expert types, losses): defaults declared in
+# the part's file, held in one config section under model.moe, which
+# config.base_config builds from the registries (adding a part edits no config.py):
+#   router or expert type <name>: model.moe.<name>           (model.moe.sere.rho)
+#   loss <name>:                  model.moe.losses.<name>    (model.moe.losses.dpsl.alpha)
+# Losses have a namespace of their own, so a loss may share a router's name.
 
-def settings_of(cfg, name: str, defaults) -> dict:
-  """The part's settings: `cfg.<name>` over its declared defaults (a default
+def section_of(cfg, path: str):
+  """cfg.<path> for a dotted `path` ('sere', 'losses.dpsl'), or None where missing."""
+  node = cfg
+  for part in path.split("."):
+    node = None if node is None else node.get(part)
+  return node
+
+
+def settings_of(cfg, path: str, defaults) -> dict:
+  """The part's settings: `cfg.<path>` over its declared defaults (a default
   wherever the section or a key is missing, e.g. a hand-built cfg)."""
-  section = None if cfg is None else cfg.get(name)
+  section = None if cfg is None else section_of(cfg, path)
   return {key: (default if section is None else section.get(key, default))
           for key, default in dict(defaults).items()}
 
 
-def check_section(cfg, name: str, defaults, what: str) -> None:
-  """ConfigError if model.moe.<name> holds keys `what` does not declare."""
-  from moejax.errors import ConfigError
-  section = cfg.get(name)
+def check_section(cfg, path: str, defaults, what: str) -> None:
+  """ConfigError if model.moe.<path> holds keys `what` does not declare."""
+  section = section_of(cfg, path)
   if section is None:
     return
   unknown = set(section) - set(dict(defaults))
   if unknown:
-    raise ConfigError(f"model.moe.{name} has unknown keys {sorted(unknown)}; {what} has "
+    raise ConfigError(f"model.moe.{path} has unknown keys {sorted(unknown)}; {what} has "
                       f"settings {sorted(dict(defaults))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartSettings:
+  """One part's settings section, model.moe.<path> (see above).
+
+  defaults: ((key, default), ...). legacy_keys: ((flat model.moe key of older
+  configs, key), ...), moved into the section when a stored config loads
+  (`migrate`) and refused in a live config (a flat key would be ignored).
+  validate: moe cfg -> None, ConfigError naming model.moe.<path>.<key> and the
+  value; it runs whether or not the part is in use.
+  """
+  path: str
+  what: str  # "router 'sere'", for messages
+  defaults: tuple[tuple[str, Any], ...]
+  legacy_keys: tuple[tuple[str, str], ...] = ()
+  validate: Callable[[Any], None] | None = None
+
+  def options(self, cfg) -> dict:
+    """The settings from `cfg` (the layer's MoE config), defaults where absent."""
+    self.refuse_flat_keys(cfg)
+    return settings_of(cfg, self.path, self.defaults)
+
+  def refuse_flat_keys(self, cfg) -> None:
+    """ConfigError for a flat key of older configs in a live `cfg` (it would be ignored)."""
+    if cfg is None:
+      return
+    for old, key in self.legacy_keys:
+      if old in cfg:
+        raise ConfigError(f"model.moe.{old}={cfg[old]!r} is a flat key of older configs; "
+                          f"{self.what} reads model.moe.{self.path}.{key}")
+
+  def check(self, cfg) -> None:
+    """ConfigError for unknown keys, old flat keys or bad values (`validate`)."""
+    check_section(cfg, self.path, self.defaults, self.what)
+    self.refuse_flat_keys(cfg)
+    if self.validate is not None:
+      self.validate(cfg)
+
+  def add_defaults(self, moe) -> None:
+    """Create model.moe.<path> at the defaults in the ConfigDict `moe`."""
+    *parents, name = self.path.split(".")
+    for part in parents:
+      if part not in moe:
+        moe[part] = ml_collections.ConfigDict()
+      moe = moe[part]
+    if name in moe:
+      raise ValueError(f"{self.what}: model.moe.{self.path} already exists")
+    moe[name] = ml_collections.ConfigDict(dict(self.defaults))
+
+  def migrate(self, moe: dict) -> dict:
+    """A stored model.moe dict with this part's flat legacy keys moved into its
+    section (a value already in the section wins)."""
+    moved = {key: moe[old] for old, key in self.legacy_keys if old in moe}
+    if not moved:
+      return moe
+    moe = {k: v for k, v in moe.items() if k not in dict(self.legacy_keys)}
+    *parents, name = self.path.split(".")
+    node = moe
+    for part in parents:
+      node[part] = dict(node.get(part) or {})
+      node = node[part]
+    node[name] = {**moved, **(node.get(name) or {})}
+    return moe
 
 
 def import_package_modules(package_name: str, package_path) -> None:

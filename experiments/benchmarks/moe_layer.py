@@ -73,8 +73,8 @@ _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs 
 _TILE = flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile.")
 _ROUTER = flags.DEFINE_string("router", "topk", "model.moe.router of the MoE paths, e.g. "
                               "topk_rounded (token rounding, train mode) with --rounding_*.")
-_ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.rounding_tile.")
-_ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.rounding_mode.")
+_ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.topk_rounded.tile.")
+_ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.topk_rounded.mode.")
 _CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
 _MAX_TEMP = flags.DEFINE_float("max_temp_gib", 6.0,
                                 "Skip (and report) a path whose compiled temp memory is larger.")
@@ -96,8 +96,8 @@ def moe_cfg(num_experts, top_k, **overrides):
   c = base_config().model.moe
   c.num_experts, c.top_k, c.dropless_tile, c.capacity_factor = (
       num_experts, top_k, _TILE.value, _CF.value)
-  c.router, c.rounding_tile, c.rounding_mode = (
-      _ROUTER.value, _ROUNDING_TILE.value, _ROUNDING_MODE.value)
+  c.router = _ROUTER.value
+  c.topk_rounded.tile, c.topk_rounded.mode = _ROUNDING_TILE.value, _ROUNDING_MODE.value
   c.update(overrides)
   return c.lock()
 

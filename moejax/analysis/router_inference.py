@@ -116,7 +116,8 @@ def with_sere(m, rest: dict, similarity, rho: float, primary_slots: int = 1):
   """(model config, rest) of a model `m` switched to SERE routing
   with calibrated similarity [moe layers, E, E]; rest keeps every other state."""
   m = m.copy_and_resolve_references()
-  m.moe.update(router="sere", sere_rho=rho, sere_primary_slots=primary_slots)
+  m.moe.router = "sere"
+  m.moe.sere.update(rho=rho, primary_slots=primary_slots)
   _, _, abstract_rest = abstract_model(m)
 
   def fill(abstract, values):

@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from moejax.errors import ConfigError
-from moejax.registry import Registry, check_section, settings_of
+from moejax.registry import PartSettings, Registry
 
 GroupedMatmul = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -70,9 +70,15 @@ class ExpertType:
   settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   validate: Callable[[Any], None] | None = None
 
+  @property
+  def config_section(self) -> PartSettings:
+    """Its settings section, model.moe.<name> (`validate` gets the section itself)."""
+    return PartSettings(self.name, f"expert type {self.name!r}", tuple(self.settings.items()),
+                        validate=self._validate_section)
+
   def options(self, cfg=None) -> dict:
     """This type's settings from model.moe.<name> of `cfg` (defaults where absent)."""
-    return settings_of(cfg, self.name, self.settings)
+    return self.config_section.options(cfg)
 
   def bind(self, weights: dict, cfg=None, **options) -> "BoundExperts":
     """These experts with their weights; options from `cfg`, overridden by keywords."""
@@ -84,7 +90,9 @@ class ExpertType:
 
   def validate_settings(self, moe_cfg) -> None:
     """Check model.moe.<name> (ConfigError naming the key)."""
-    check_section(moe_cfg, self.name, self.settings, f"expert type {self.name!r}")
+    self.config_section.check(moe_cfg)
+
+  def _validate_section(self, moe_cfg) -> None:
     section = moe_cfg.get(self.name)
     if self.validate is not None and section is not None:
       self.validate(section)

@@ -3,7 +3,7 @@
 Each loss returns an unweighted float32 scalar; the MoE layer multiplies by
 the weight from `model.moe.loss_weights[name]`.
 """
-from moejax.losses.base import (LOSSES, check_step_statistics, get_loss, loss_value,
+from moejax.losses.base import (LOSSES, LossSpec, check_step_statistics, get_loss, loss_value,
                                 needs_step_statistics, register_loss, step_stats_of)
 from moejax.registry import import_package_modules
 

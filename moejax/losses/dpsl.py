@@ -27,16 +27,19 @@ differentiable in x) and the sort (a permutation).
 
 Registered loss "dpsl": the prior is the router's own if it reports one in
 `out.metrics["dpsl_alpha"]` (scalar, [E] or [T, E], e.g. per-task priors),
-else the symmetric `model.moe.dpsl_alpha` (default DEFAULT_ALPHA = 1.0, the
-paper's Qwen2 setting; 0.75 was better for Llama3.2). It is a statistic of the
-whole call's tokens (each token's rank among them), so gradient accumulation
-with train.balance_statistics='step' refuses it (moejax/losses/base.py).
+else the symmetric `model.moe.losses.dpsl.alpha` (default DEFAULT_ALPHA = 1.0,
+the paper's Qwen2 setting; 0.75 was better for Llama3.2). Configs saved before
+that section had the flat key model.moe.dpsl_alpha (migrated on load). It is a
+statistic of the whole call's tokens (each token's rank among them), so
+gradient accumulation with train.balance_statistics='step' refuses it
+(moejax/losses/base.py).
 """
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import betainc
 
-from moejax.losses.base import register_loss
+from moejax.errors import ConfigError
+from moejax.losses.base import get_loss, register_loss
 from moejax.routing.base import RouterOutput
 
 DEFAULT_ALPHA = 1.0
@@ -83,14 +86,22 @@ def dpsl_example():
   probs = jnp.asarray([[0.3, 0.7], [0.6, 0.4]], jnp.float32)
   routing = Routing(jnp.asarray([[1], [0]], jnp.int32), jnp.ones((2, 1)), jnp.ones((2, 1), bool))
   out = RouterOutput(routing, jnp.log(probs), probs, {}, {})
-  return out, ml_collections.ConfigDict({"dpsl_alpha": 1.0}), 0.025
+  return out, ml_collections.ConfigDict({"losses": {"dpsl": {"alpha": 1.0}}}), 0.025
 
 
-@register_loss("dpsl", example=dpsl_example,
+def validate_keys(cfg) -> None:
+  """model.moe.losses.dpsl: alpha > 0 (whatever the losses in use)."""
+  alpha = get_loss("dpsl").options(cfg)["alpha"]
+  if not alpha > 0:
+    raise ConfigError(f"model.moe.losses.dpsl.alpha={alpha} must be > 0")
+
+
+@register_loss("dpsl", example=dpsl_example, settings={"alpha": DEFAULT_ALPHA},
+               legacy_keys={"dpsl_alpha": "alpha"}, validate_settings=validate_keys,
                batch_statistic="it compares each expert's empirical distribution over the "
                                "tokens of a call (sorted ranks), which no sums over "
                                "micro-batches reproduce")
 def dpsl(out: RouterOutput, cfg=None) -> jax.Array:
-  """DPSL with the router's prior if it reports one, else model.moe.dpsl_alpha."""
-  default = DEFAULT_ALPHA if cfg is None else cfg.get("dpsl_alpha", DEFAULT_ALPHA)
+  """DPSL with the router's prior if it reports one, else model.moe.losses.dpsl.alpha."""
+  default = get_loss("dpsl").options(cfg)["alpha"]
   return dpsl_loss(out.probs, out.metrics.get("dpsl_alpha", default))

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from moejax.errors import ConfigError
-from moejax.registry import Registry, settings_of
+from moejax.registry import PartSettings, Registry
 
 
 @struct.dataclass
@@ -154,7 +154,8 @@ class RouterSpec:
     `options(cfg)` reads them. legacy_keys: ((flat model.moe key of older
     configs, setting), ...), moved into the section when a stored config is
     loaded (config.with_defaults). validate_settings: moe cfg -> None,
-    ConfigError for bad settings, checked whatever the router.
+    ConfigError naming model.moe.<name>.<key> and the value, checked whatever
+    the router. See registry.PartSettings.
   projection: the router's own RouterProjection, or None for the layer's
     kernel x W [d, E] (the module doc).
   gives_probs: False when the RouterOutput has no logits / probs over all E
@@ -175,9 +176,15 @@ class RouterSpec:
   projection: RouterProjection | None = None
   gives_probs: bool = True
 
+  @property
+  def config_section(self) -> PartSettings:
+    """Its settings section, model.moe.<name>."""
+    return PartSettings(self.name, f"router {self.name!r}", self.settings, self.legacy_keys,
+                        self.validate_settings)
+
   def options(self, cfg) -> dict:
     """This router's settings from model.moe.<name> of `cfg` (defaults where absent)."""
-    return settings_of(cfg, self.name, self.settings)
+    return self.config_section.options(cfg)
 
   def __post_init__(self):
     unknown = set(self.promises) - set(PROMISES)

@@ -23,7 +23,10 @@ token then does not use (it already keeps k better experts). (The paper's versio
 are local to the token's device; the released code's top-ceil(k r) is what is
 implemented here.)
 
-Sharded expert axis (`capacity_num_shards` = D > 0; a moejax extension, no
+Settings (model.moe.capacity_aware): gamma (1.0), expand_r (1.0 = Token
+Drop), num_shards (0 = capacity per expert).
+
+Sharded expert axis (`capacity_aware.num_shards` = D > 0; a moejax extension, no
 official version read has a per-device capacity, it only applies per
 expert): experts are split into D contiguous equal groups (one per
 expert-parallel shard) and the capacity applies per shard:
@@ -59,7 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, register_router,
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
                                  routing_entropy, top_k_slots)
 from moejax.routing.topk import validate_top_k
 
@@ -115,28 +118,39 @@ def capacity_route(probs: jax.Array, top_k: int, capacity, num_cand, num_shards:
   return Routing(jnp.where(valid, index, 0), weight, valid)
 
 
+# model.moe.capacity_aware (configs saved before the section had flat capacity_* keys).
+SETTINGS = {"gamma": 1.0, "expand_r": 1.0, "num_shards": 0}
+LEGACY_KEYS = {"capacity_gamma": "gamma", "capacity_expand_r": "expand_r",
+               "capacity_num_shards": "num_shards"}
+
+
 def validate_keys(cfg) -> None:
-  if cfg.capacity_gamma <= 0:
-    raise ConfigError(f"model.moe.capacity_gamma={cfg.capacity_gamma} must be > 0")
-  if cfg.capacity_expand_r < 1:
-    raise ConfigError(f"model.moe.capacity_expand_r={cfg.capacity_expand_r} must be >= 1")
-  shards = cfg.capacity_num_shards
+  """model.moe.capacity_aware: gamma > 0, expand_r >= 1, num_shards 0 or dividing
+  num_experts (whatever the router)."""
+  s = get_router("capacity_aware").options(cfg)
+  if s["gamma"] <= 0:
+    raise ConfigError(f"model.moe.capacity_aware.gamma={s['gamma']} must be > 0")
+  if s["expand_r"] < 1:
+    raise ConfigError(f"model.moe.capacity_aware.expand_r={s['expand_r']} must be >= 1")
+  shards = s["num_shards"]
   if shards < 0 or (shards > 0 and cfg.num_experts % shards):
-    raise ConfigError(f"model.moe.capacity_num_shards={shards} must be 0 (per-expert "
+    raise ConfigError(f"model.moe.capacity_aware.num_shards={shards} must be 0 (per-expert "
                       f"capacity) or divide model.moe.num_experts={cfg.num_experts}")
 
 
 @register_router("capacity_aware", causal=False, validate=validate_top_k,
-                 promises={"weights_proportional_to_probs"})
+                 promises={"weights_proportional_to_probs"}, settings=SETTINGS,
+                 legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
 def route_capacity_aware(logits, *, cfg, state, rng, train):
   del rng, train
+  s = get_router("capacity_aware").options(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
   num_tokens, num_experts = logits.shape
-  shards = cfg.capacity_num_shards
+  shards = s["num_shards"]
   capacity = (None if num_tokens <= 1 else  # single-token decode: no capacity (official)
-              token_capacity(num_tokens, shards or num_experts, cfg.top_k, cfg.capacity_gamma))
+              token_capacity(num_tokens, shards or num_experts, cfg.top_k, s["gamma"]))
   routing = capacity_route(probs, cfg.top_k, capacity,
-                           num_candidates(num_experts, cfg.top_k, cfg.capacity_expand_r),
+                           num_candidates(num_experts, cfg.top_k, s["expand_r"]),
                            shards, cfg.renormalize)
   kept = jnp.sum(routing.valid).astype(jnp.float32)
   metrics = {"routing_entropy": routing_entropy(probs),

@@ -33,6 +33,7 @@ following is reconstructed (guesses marked):
     EMA once. With train.micro_batches > 1 the sums of all micro-batches give the
     covariance of the whole batch (integer-valued sums: exact in float32), so
     the state after the step is the one-batch state.
+  * Settings (model.moe.mahalanobis): ema_decay (0.99) and ridge eps (1e-3).
   * Inference (train=False): plain softmax top-k ("no additional latency at
     inference time"). Weights in both modes: the softmax probabilities of the
     chosen experts, renormalised when `renormalize`.
@@ -41,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, register_router,
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
                                  routing_entropy)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
@@ -107,7 +108,7 @@ def cov_from_stats(stats: dict) -> jax.Array:
 
 def update_mp_state(state, stats, cfg):
   """The state-update protocol: one EMA step towards the covariance of the summed stats."""
-  decay = cfg.mp_ema_decay
+  decay = get_router("mahalanobis").options(cfg)["ema_decay"]
   cov = jax.lax.stop_gradient(state["cooc_cov"])
   return {"cooc_cov": decay * cov + (1 - decay) * cov_from_stats(stats)}
 
@@ -116,15 +117,23 @@ def init_mp_state(num_experts: int):
   return {"cooc_cov": jnp.zeros((num_experts, num_experts), jnp.float32)}
 
 
+# model.moe.mahalanobis (configs saved before the section had flat mp_* keys).
+SETTINGS = {"ema_decay": 0.99, "ridge": 1e-3}
+LEGACY_KEYS = {"mp_ema_decay": "ema_decay", "mp_ridge": "ridge"}
+
+
 def validate_keys(cfg) -> None:
-  if not 0 <= cfg.mp_ema_decay < 1:
-    raise ConfigError(f"model.moe.mp_ema_decay={cfg.mp_ema_decay} must be in [0, 1)")
-  if cfg.mp_ridge <= 0:
-    raise ConfigError(f"model.moe.mp_ridge={cfg.mp_ridge} must be > 0")
+  """model.moe.mahalanobis: ema_decay in [0, 1), ridge > 0 (whatever the router)."""
+  s = get_router("mahalanobis").options(cfg)
+  if not 0 <= s["ema_decay"] < 1:
+    raise ConfigError(f"model.moe.mahalanobis.ema_decay={s['ema_decay']} must be in [0, 1)")
+  if s["ridge"] <= 0:
+    raise ConfigError(f"model.moe.mahalanobis.ridge={s['ridge']} must be > 0")
 
 
 @register_router("mahalanobis", init_state=init_mp_state, validate=validate_top_k,
-                 update_state=update_mp_state)
+                 update_state=update_mp_state, settings=SETTINGS, legacy_keys=LEGACY_KEYS,
+                 validate_settings=validate_keys)
 def route_mahalanobis(logits, *, cfg, state, rng, train):
   del rng
   num_experts = logits.shape[-1]
@@ -134,7 +143,8 @@ def route_mahalanobis(logits, *, cfg, state, rng, train):
   if not train:
     routing, _ = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
     return RouterOutput(routing, logits, probs, metrics, state)
-  sigma = cov + cfg.mp_ridge * jnp.eye(num_experts, dtype=jnp.float32)
+  ridge = get_router("mahalanobis").options(cfg)["ridge"]
+  sigma = cov + ridge * jnp.eye(num_experts, dtype=jnp.float32)
   index, gains = greedy_mahalanobis(jax.lax.stop_gradient(probs), sigma, cfg.top_k)
   weight = jnp.take_along_axis(probs, index, axis=-1)
   if cfg.renormalize:

@@ -10,7 +10,7 @@ b = 1/E per expert (hard: every expert receives the same transport mass, the
 load-balance constraint). Scaling iterations in log space, K = exp(-C / eps):
     u = (a / K v)^(tau / (tau + eps)),   v = b / (K^T u),
 ending with the v step so the expert marginals are exact. tau = inf
-(`ot_tau <= 0` here) gives the balanced Sinkhorn (u = a / K v); a finite tau
+(`as_coot.tau = 0` here) gives the balanced Sinkhorn (u = a / K v); a finite tau
 lets a token whose affinities are all poor carry less than a_t mass.
 Slots are filled in k rounds: round j solves the transport above with each
 token's experts of rounds < j masked out (cost +inf) and gives each token the
@@ -23,6 +23,9 @@ plan. Combine weights are the softmax probabilities of the chosen experts
 (renormalised when `renormalize`), so only the selection changes. The same
 function runs in training and at test time (the paper's use is test time).
 
+Settings (model.moe.as_coot): epsilon (0.05), tau (1.0; 0 = infinity),
+iters (50, scaling iterations per plan).
+
 NON-CAUSAL: pi couples all tokens of the call (like expert choice): do not use
 it to train an autoregressive LM without care.
 
@@ -34,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, register_router,
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
                                  routing_entropy)
 from moejax.routing.topk import validate_top_k
 
@@ -70,25 +73,34 @@ def semi_relaxed_sinkhorn(scores: jax.Array, epsilon: float, tau: float | None,
   return log_u[:, None] + log_k + log_v[None, :], log_u, log_v
 
 
+# model.moe.as_coot (configs saved before the section had flat ot_* keys).
+SETTINGS = {"epsilon": 0.05, "tau": 1.0, "iters": 50}
+LEGACY_KEYS = {"ot_epsilon": "epsilon", "ot_tau": "tau", "ot_iters": "iters"}
+
+
 def validate_keys(cfg) -> None:
-  if cfg.ot_epsilon <= 0:
-    raise ConfigError(f"model.moe.ot_epsilon={cfg.ot_epsilon} must be > 0")
-  if cfg.ot_iters < 1:
-    raise ConfigError(f"model.moe.ot_iters={cfg.ot_iters} must be >= 1")
-  if cfg.ot_tau < 0:
-    raise ConfigError(f"model.moe.ot_tau={cfg.ot_tau} must be >= 0 "
+  """model.moe.as_coot: epsilon > 0, iters >= 1, tau >= 0 (whatever the router)."""
+  s = get_router("as_coot").options(cfg)
+  if s["epsilon"] <= 0:
+    raise ConfigError(f"model.moe.as_coot.epsilon={s['epsilon']} must be > 0")
+  if s["iters"] < 1:
+    raise ConfigError(f"model.moe.as_coot.iters={s['iters']} must be >= 1")
+  if s["tau"] < 0:
+    raise ConfigError(f"model.moe.as_coot.tau={s['tau']} must be >= 0 "
                       "(0 = balanced Sinkhorn, tau = infinity)")
 
 
 @register_router("as_coot", causal=False, validate=validate_top_k,
-                 promises={"weights_proportional_to_probs"})
+                 promises={"weights_proportional_to_probs"}, settings=SETTINGS,
+                 legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
 def route_as_coot(logits, *, cfg, state, rng, train):
   del rng, train
+  s = get_router("as_coot").options(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
   scores, chosen, slots, plans = (jax.lax.stop_gradient(logits),
                                   jnp.zeros(logits.shape, bool), [], [])
   for _ in range(cfg.top_k):  # one balanced plan per slot (module doc)
-    log_pi, _, _ = semi_relaxed_sinkhorn(scores, cfg.ot_epsilon, cfg.ot_tau, cfg.ot_iters,
+    log_pi, _, _ = semi_relaxed_sinkhorn(scores, s["epsilon"], s["tau"], s["iters"],
                                          allowed=~chosen)
     plans.append(log_pi)
     slots.append(jnp.argmax(log_pi, axis=-1))

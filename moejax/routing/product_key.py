@@ -46,9 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.registry import settings_of
-from moejax.routing.base import (RouterOutput, RouterProjection, Routing, register_router,
-                                 routing_entropy)
+from moejax.routing.base import (RouterOutput, RouterProjection, Routing, get_router,
+                                 register_router, routing_entropy)
 
 BN_MOMENTUM = 0.1  # torch.nn.BatchNorm1d defaults, as in the official module
 BN_EPS = 1e-5
@@ -66,14 +65,14 @@ def grid_size(num_experts: int) -> int:
 
 def per_axis_k_of(cfg) -> int:
   """model.moe.product_key.per_axis_k, 0 meaning min(top_k, n) (the smallest exact choice)."""
-  return (settings_of(cfg, "product_key", SETTINGS)["per_axis_k"]
+  return (get_router("product_key").options(cfg)["per_axis_k"]
           or min(cfg.top_k, grid_size(cfg.num_experts)))
 
 
 def validate_product_key(cfg) -> None:
   """The grid, top_k and per_axis_k (ConfigError naming key and value)."""
   n = grid_size(cfg.num_experts)
-  per_axis_k = settings_of(cfg, "product_key", SETTINGS)["per_axis_k"]
+  per_axis_k = get_router("product_key").options(cfg)["per_axis_k"]
   if not 0 <= per_axis_k <= n:
     raise ConfigError(f"model.moe.product_key.per_axis_k={per_axis_k} must be in [0, n={n}] "
                       "(0: min(top_k, n))")

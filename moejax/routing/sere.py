@@ -9,10 +9,10 @@ moejax.analysis.expert_similarity.linear_cka_matrix).
 
 Online, per decode batch (all T tokens of the call):
   * primary set P = the union over tokens of each token's s highest-weight
-    valid slots (`sere_primary_slots`);
+    valid slots (`model.moe.sere.primary_slots`, default 1);
   * every other valid slot whose expert e is not in P is re-routed, keeping
     its weight, to e* = argmax_{p in P} Sim[e, p] when Sim[e, e*] >= rho
-    (`sere_rho`); otherwise e stays (a "critical" expert);
+    (`model.moe.sere.rho`, default 0.5); otherwise e stays (a "critical" expert);
   * slots whose expert is in P are unchanged.
 So the batch touches fewer distinct experts (never more: every target is
 already active). Differences from the kernel: (1) a re-routed slot that lands
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, register_router,
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
                                  routing_entropy)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
@@ -83,18 +83,26 @@ def init_sere_state(num_experts: int):
   return {"expert_similarity": jnp.eye(num_experts, dtype=jnp.float32)}
 
 
+# model.moe.sere (configs saved before the section had flat sere_* keys).
+SETTINGS = {"primary_slots": 1, "rho": 0.5}
+LEGACY_KEYS = {"sere_primary_slots": "primary_slots", "sere_rho": "rho"}
+
+
 def validate_keys(cfg) -> None:
-  if not 0.0 <= cfg.sere_rho <= 1.0:
-    raise ConfigError(f"model.moe.sere_rho={cfg.sere_rho} must be in [0, 1]")
-  if cfg.sere_primary_slots < 1:
-    raise ConfigError(f"model.moe.sere_primary_slots={cfg.sere_primary_slots} must be >= 1")
+  """model.moe.sere: rho in [0, 1], primary_slots >= 1 (whatever the router)."""
+  s = get_router("sere").options(cfg)
+  if not 0.0 <= s["rho"] <= 1.0:
+    raise ConfigError(f"model.moe.sere.rho={s['rho']} must be in [0, 1]")
+  if s["primary_slots"] < 1:
+    raise ConfigError(f"model.moe.sere.primary_slots={s['primary_slots']} must be >= 1")
 
 
 def validate_sere(cfg) -> None:
+  """The router in use: top_k, and primary_slots <= top_k."""
   validate_top_k(cfg)
-  validate_keys(cfg)
-  if cfg.sere_primary_slots > cfg.top_k:
-    raise ConfigError(f"model.moe.sere_primary_slots={cfg.sere_primary_slots} must be "
+  slots = get_router("sere").options(cfg)["primary_slots"]
+  if slots > cfg.top_k:
+    raise ConfigError(f"model.moe.sere.primary_slots={slots} must be "
                       f"<= model.moe.top_k={cfg.top_k}")
 
 
@@ -105,7 +113,8 @@ def keep_sere_state(state, stats, cfg):
 
 
 @register_router("sere", init_state=init_sere_state, causal=False, validate=validate_sere,
-                 update_state=keep_sere_state)
+                 update_state=keep_sere_state, settings=SETTINGS, legacy_keys=LEGACY_KEYS,
+                 validate_settings=validate_keys)
 def route_sere(logits, *, cfg, state, rng, train):
   del rng
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
@@ -113,8 +122,9 @@ def route_sere(logits, *, cfg, state, rng, train):
   metrics = {"routing_entropy": routing_entropy(probs)}
   if not train:
     before = jnp.sum(routing.expert_counts(num_experts) > 0)
+    s = get_router("sere").options(cfg)
     routing = sere_reroute(routing, jax.lax.stop_gradient(state["expert_similarity"]),
-                           cfg.sere_primary_slots, cfg.sere_rho)
+                           s["primary_slots"], s["rho"])
     after = jnp.sum(routing.expert_counts(num_experts) > 0)
     metrics["sere_active_expert_reduction"] = (before - after).astype(jnp.float32)
   return RouterOutput(routing, logits, probs, metrics, state)

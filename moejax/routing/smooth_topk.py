@@ -35,17 +35,19 @@ Boundary loss (registered as "smooth_boundary"): the official
 call, as the official `smooth_routing` multiplies by the token count). Its
 gradient alpha * T * (X - k - h) on eta widens the band while fewer than
 k + h experts are active on average and narrows it otherwise. The router
-computes it (it knows cfg) and the loss reads it from
-`metrics["smooth_boundary_loss"]`.
+computes the term without alpha (it knows eta, k and h) as
+`metrics["smooth_boundary_term"]`, and the loss multiplies it by its own
+setting alpha (`model.moe.losses.smooth_boundary.alpha`).
 
 Loss weights. The official code returns L_b added to the balance loss as the
 layer's auxiliary loss (`extract_critical_smooth` returns `l_loss + bd_loss`),
 and the training scripts scale that sum by 0.01 (GMoE
 `vision_transformer.py`: `aux_loss_weights = 0.01`; Language-Glue
 `--aux_loss_weight` default 0.01). The moejax equivalent is
-`model.moe.loss_weights.smooth_boundary = 1e-2` with `smooth_boundary_alpha
-= 1`, beside `load_balance = 1e-2` (configs/ablations/routers.py). The router
-sweep used 1.0 (100x the official scale) before it was corrected.
+`model.moe.loss_weights.smooth_boundary = 1e-2` with
+`model.moe.losses.smooth_boundary.alpha = 1`, beside `load_balance = 1e-2`
+(configs/ablations/routers.py). The router sweep used 1.0 (100x the official
+scale) before it was corrected.
 
 Balance loss: the official one (GMoE uses `is_gshard_loss=True`) is Tutel's
 `gshard_loss(softmax(g), topk_ids)`, which counts only each token's top-1
@@ -61,7 +63,10 @@ call, so M micro-batches of T/M tokens each give 1/M of the one-batch gradient
 on eta; the router refuses micro-batching while the loss has a weight
 (`accumulation_check`). The routing itself is per token and accumulates exactly.
 
-Trained eta: eta_p = `smooth_eta_init` + eta_offset, where eta_offset (init 0)
+Settings (model.moe.smooth_topk): eta_init, a, b, h_offset (defaults -9, 1,
+50, 0.5, the official ones); the loss's alpha in model.moe.losses.smooth_boundary.
+
+Trained eta: eta_p = `smooth_topk.eta_init` + eta_offset, where eta_offset (init 0)
 is a trained router parameter (`init_params`): the MoE layer holds it as an
 nnx.Param and passes it in `state`, so gradients reach it through both the
 routing weights and the boundary loss, as in the paper.
@@ -70,8 +75,8 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.losses.base import register_loss
-from moejax.routing.base import (RouterOutput, Routing, register_router,
+from moejax.losses.base import get_loss, register_loss
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
                                  routing_entropy, top_k_slots)
 from moejax.routing.topk import validate_top_k
 
@@ -115,15 +120,27 @@ def init_smooth_params(num_experts: int):
   return {"eta_offset": jnp.zeros((), jnp.float32)}
 
 
+# model.moe.smooth_topk (configs saved before the section had flat smooth_* keys).
+SETTINGS = {"eta_init": -9.0, "a": 1.0, "b": 50.0, "h_offset": 0.5}
+LEGACY_KEYS = {"smooth_eta_init": "eta_init", "smooth_a": "a", "smooth_b": "b",
+               "smooth_h_offset": "h_offset"}
+
+
 def validate_keys(cfg) -> None:
-  for key in ("smooth_a", "smooth_b"):
-    if cfg[key] <= 0:
-      raise ConfigError(f"model.moe.{key}={cfg[key]} must be > 0")
-  if cfg.smooth_boundary_alpha < 0:
-    raise ConfigError(f"model.moe.smooth_boundary_alpha={cfg.smooth_boundary_alpha} "
-                      "must be >= 0")
-  if cfg.smooth_h_offset < 0:
-    raise ConfigError(f"model.moe.smooth_h_offset={cfg.smooth_h_offset} must be >= 0")
+  """model.moe.smooth_topk: a, b > 0, h_offset >= 0 (whatever the router)."""
+  s = get_router("smooth_topk").options(cfg)
+  for key in ("a", "b"):
+    if s[key] <= 0:
+      raise ConfigError(f"model.moe.smooth_topk.{key}={s[key]} must be > 0")
+  if s["h_offset"] < 0:
+    raise ConfigError(f"model.moe.smooth_topk.h_offset={s['h_offset']} must be >= 0")
+
+
+def validate_loss_keys(cfg) -> None:
+  """model.moe.losses.smooth_boundary: alpha >= 0."""
+  alpha = get_loss("smooth_boundary").options(cfg)["alpha"]
+  if alpha < 0:
+    raise ConfigError(f"model.moe.losses.smooth_boundary.alpha={alpha} must be >= 0")
 
 
 def boundary_loss_accumulation(cfg) -> str | None:
@@ -135,28 +152,30 @@ def boundary_loss_accumulation(cfg) -> str | None:
 
 
 @register_router("smooth_topk", init_params=init_smooth_params, validate=validate_top_k,
-                 accumulation_check=boundary_loss_accumulation)
+                 accumulation_check=boundary_loss_accumulation, settings=SETTINGS,
+                 legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
 def route_smooth_top_k(logits, *, cfg, state, rng, train):
   del rng, train
+  s = get_router("smooth_topk").options(cfg)
   num_experts = logits.shape[-1]
-  eta = jax.nn.softplus(cfg.smooth_eta_init + state["eta_offset"])
-  weights, active, g_k = smooth_top_k_weights(logits, cfg.top_k, eta,
-                                              cfg.smooth_a, cfg.smooth_b)
+  eta = jax.nn.softplus(s["eta_init"] + state["eta_offset"])
+  weights, active, g_k = smooth_top_k_weights(logits, cfg.top_k, eta, s["a"], s["b"])
   weight, index = top_k_slots(weights, num_experts)
   valid = weight > 0
   routing = Routing(jnp.where(valid, index, 0), jnp.where(valid, weight, 0.0), valid)
-  loss, mean_active = boundary_loss(logits, g_k, eta, cfg.top_k,
-                                    cfg.smooth_boundary_alpha, cfg.smooth_h_offset)
+  term, mean_active = boundary_loss(logits, g_k, eta, cfg.top_k, 1.0, s["h_offset"])
   probs = jax.nn.softmax(logits, axis=-1)
   metrics = {"routing_entropy": routing_entropy(probs), "smooth_eta": eta,
-             "active_experts": mean_active, "smooth_boundary_loss": loss}
+             "active_experts": mean_active, "smooth_boundary_term": term}
   return RouterOutput(routing, logits, probs, metrics, state)
 
 
-@register_loss("smooth_boundary")
+@register_loss("smooth_boundary", settings={"alpha": 1.0},
+               legacy_keys={"smooth_boundary_alpha": "alpha"},
+               validate_settings=validate_loss_keys)
 def smooth_boundary_loss(out: RouterOutput, cfg=None) -> jax.Array:
-  """The SmoothSMoE boundary loss computed by the "smooth_topk" router."""
-  if "smooth_boundary_loss" not in out.metrics:
+  """The SmoothSMoE boundary loss: alpha times the term the "smooth_topk" router computes."""
+  if "smooth_boundary_term" not in out.metrics:
     raise ConfigError("model.moe.loss_weights.smooth_boundary needs "
                       "model.moe.router='smooth_topk'")
-  return out.metrics["smooth_boundary_loss"]
+  return get_loss("smooth_boundary").options(cfg)["alpha"] * out.metrics["smooth_boundary_term"]

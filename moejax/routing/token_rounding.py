@@ -5,7 +5,7 @@ Each expert's token count is rounded to a multiple of a tile so that a tiled
 grouped matmul wastes no padding rows:
   1. P = softmax(logits) over all E experts (float32); token-choice top-K;
      f_e = number of tokens whose top-K holds e.
-  2. f~_e = f_e rounded to a multiple of M = model.moe.rounding_tile:
+  2. f~_e = f_e rounded to a multiple of M = model.moe.topk_rounded.tile:
      'up' ceil, 'down' floor, 'nearest' round half to even (torch.round, as
      the reference's 'nr'); then capped at T (so with T not a multiple of M
      a capped count is T, not a multiple of M).
@@ -56,11 +56,15 @@ tokens' scores, later ones included). Evaluation and generation are
 therefore plain causal top-K, hence `causal=True`; the training-time
 coupling is the same kind as capacity drops.
 
-Padding waste: with model.moe.dropless_tile dividing rounding_tile the
+Settings (model.moe.topk_rounded): tile M (128) and mode (up | down |
+nearest, default nearest). The tile is the router's own: dispatch does not
+read it (model.moe.dropless_tile is dispatch's padding unit).
+
+Padding waste: with model.moe.dropless_tile dividing topk_rounded.tile the
 dropless layout pads nothing (waste 0, unless a count is capped at T).
 
 Departures from the reference: its `forward_token_choice_rounding` overwrites
-the tile argument with `Mtile = 128`; moejax uses model.moe.rounding_tile.
+the tile argument with `Mtile = 128`; moejax uses model.moe.topk_rounded.tile.
 Its softmax runs in float32 and is then cast to the activation dtype; moejax
 keeps the scores and gates in float32. Ties in step 4 are broken as above.
 Earlier moejax versions gave every kept pair the raw P (no renormalisation)
@@ -71,23 +75,27 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError, choice_error
-from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy
+from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
+                                 routing_entropy)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 ROUNDING_MODES = ("up", "down", "nearest")
+# model.moe.topk_rounded (configs saved before the section had flat rounding_* keys).
+SETTINGS = {"tile": 128, "mode": "nearest"}
+LEGACY_KEYS = {"rounding_tile": "tile", "rounding_mode": "mode"}
 
 
 def validate_rounding(cfg) -> None:
-  """ConfigError for a rounding tile below 1 or an unknown rounding mode."""
-  if cfg.rounding_mode not in ROUNDING_MODES:
-    raise choice_error("model.moe.rounding_mode", cfg.rounding_mode, ROUNDING_MODES)
-  if not isinstance(cfg.rounding_tile, int) or cfg.rounding_tile < 1:
-    raise ConfigError(f"model.moe.rounding_tile={cfg.rounding_tile!r} must be an int >= 1")
+  """model.moe.topk_rounded: tile an int >= 1, mode a known one (whatever the router)."""
+  s = get_router("topk_rounded").options(cfg)
+  if s["mode"] not in ROUNDING_MODES:
+    raise choice_error("model.moe.topk_rounded.mode", s["mode"], ROUNDING_MODES)
+  check_tile(s["tile"])
 
 
-def validate_token_rounding(cfg) -> None:
-  validate_top_k(cfg)
-  validate_rounding(cfg)
+def check_tile(tile) -> None:
+  if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+    raise ConfigError(f"model.moe.topk_rounded.tile={tile!r} must be an int >= 1")
 
 
 def rounded_counts(counts: jax.Array, tile: int, mode: str, num_tokens: int) -> jax.Array:
@@ -98,7 +106,7 @@ def rounded_counts(counts: jax.Array, tile: int, mode: str, num_tokens: int) -> 
   elif mode == "nearest":  # half to even
     quotient = quotient + ((2 * remainder > tile) | ((2 * remainder == tile) & (quotient % 2 == 1)))
   elif mode != "down":
-    raise choice_error("model.moe.rounding_mode", mode, ROUNDING_MODES)
+    raise choice_error("model.moe.topk_rounded.mode", mode, ROUNDING_MODES)
   return jnp.minimum(quotient * tile, num_tokens).astype(jnp.int32)
 
 
@@ -108,8 +116,7 @@ def token_rounding(probs: jax.Array, k: int, tile: int, mode: str):
   probs float32 [T, E] -> (kept bool [T, E], by_prob int32 [T, E]: each
   token's experts by descending P, the first k being its top-K).
   """
-  if not isinstance(tile, int) or tile < 1:
-    raise ConfigError(f"model.moe.rounding_tile={tile!r} must be an int >= 1")
+  check_tile(tile)
   num_tokens, num_experts = probs.shape
   probs = jax.lax.stop_gradient(probs)  # selection carries no gradient
   by_prob = jnp.argsort(-probs, axis=1, stable=True).astype(jnp.int32)
@@ -169,13 +176,14 @@ def token_rounding_routing(probs: jax.Array, k: int, tile: int, mode: str):
   return Routing(index, weight, valid, bound), rounding_metrics(kept, in_top_k)
 
 
-@register_router("topk_rounded", validate=validate_token_rounding)
+@register_router("topk_rounded", validate=validate_top_k, settings=SETTINGS,
+                 legacy_keys=LEGACY_KEYS, validate_settings=validate_rounding)
 def route_token_rounding(logits, *, cfg, state, rng, train):
   del rng
   probs = jax.nn.softmax(logits, axis=-1)
   if train:
-    routing, metrics = token_rounding_routing(probs, cfg.top_k, cfg.rounding_tile,
-                                              cfg.rounding_mode)
+    s = get_router("topk_rounded").options(cfg)
+    routing, metrics = token_rounding_routing(probs, cfg.top_k, s["tile"], s["mode"])
   else:
     routing, _ = softmax_top_k(logits, cfg.top_k, renormalize=True)
     ones = jnp.ones(routing.valid.shape, bool)

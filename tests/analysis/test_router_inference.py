@@ -47,9 +47,11 @@ def test_score_batches_reports_loss_and_top_k_load(tiny):
   assert out["bpb"] == pytest.approx(full_forward_bpb(graphdef, params, rest, windows), rel=1e-6)
   assert out["experts_per_token"] == pytest.approx(2.0) and out["kept_fraction"] == 1.0
   # gamma large: capacity-aware drop is top-k; gamma small: max load = C exactly.
-  _, loose = ri.with_router(config, router="capacity_aware", capacity_gamma=100.0)
+  _, loose = ri.with_router(config, router="capacity_aware",
+                             capacity_aware=dict(gamma=100.0))
   assert ri.score_batches(loose, params, rest, [batch], 2)["bpb"] == pytest.approx(out["bpb"])
-  _, tight = ri.with_router(config, router="capacity_aware", capacity_gamma=0.5)
+  _, tight = ri.with_router(config, router="capacity_aware",
+                             capacity_aware=dict(gamma=0.5))
   drop = ri.score_batches(tight, params, rest, [batch], 2)
   capacity = math.ceil(0.5 * 2 * windows[:, :-1].size / config.model.moe.num_experts)
   assert drop["max_load"] <= capacity + 1e-6 and drop["kept_fraction"] < 1.0

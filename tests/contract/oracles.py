@@ -52,7 +52,7 @@ def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
   c = base_config().model.moe
   c.update(dict(num_experts=E, top_k=S, expert_d_ff=F, dropless_tile=TILE,
                 dropless_block=BLOCK, capacity_factor=float(E), min_capacity=1,
-                rounding_tile=TILE))
+                topk_rounded=dict(tile=TILE)))
   if "loss_weights" in overrides:  # replaced whole (ConfigDict.update would merge)
     c.loss_weights = ml_collections.ConfigDict(overrides.pop("loss_weights"))
   c.update(overrides)
@@ -242,7 +242,7 @@ def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
   without probs, which config validation requires)."""
   no_losses = {} if routing_spec(name).gives_probs else {"loss_weights": {}}
   return contract_cfg(router=name, num_experts=E_R, top_k=K_R, capacity_factor=1.25,
-                      dropless_tile=4, rounding_tile=4, **no_losses)
+                      dropless_tile=4, topk_rounded=dict(tile=4), **no_losses)
 
 
 @functools.cache

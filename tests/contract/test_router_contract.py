@@ -12,7 +12,7 @@ hand-worked example (oracles.check_loss)."""
 import pytest
 
 from moejax.losses import LOSSES
-from moejax.losses.base import LOSS_EXAMPLES, LOSS_STEP_STATS
+from moejax.losses.base import LOSS_EXAMPLES
 from moejax.routing import ROUTERS
 from tests.contract.oracles import check_loss, check_router, router_outputs
 
@@ -27,7 +27,7 @@ def test_loss_keeps_the_loss_contract(loss):
   outputs = {f"{name} (train=True)": router_outputs(ROUTERS.get(name))[True]
              for name in ROUTERS}
   check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss),
-             LOSS_STEP_STATS.get(loss))
+             LOSSES.get(loss).step_stats)
 
 
 def test_balance_and_dpsl_declare_examples():

@@ -11,6 +11,7 @@ from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, GroupedMatmulSpec, t
 from moejax.experts import EXPERT_TYPES
 from moejax.experts.swiglu import SWIGLU, swiglu_fused
 from moejax.losses import LOSSES
+from moejax.losses.base import LossSpec
 from moejax.losses.balance import load_balance_example, load_balance_loss
 from moejax.routing import ROUTERS, RouterSpec
 from moejax.routing.topk import route_top_k
@@ -85,7 +86,8 @@ def test_a_loss_that_misses_its_example_fails():
   def halved(out, cfg=None):
     return 0.5 * load_balance_loss(out, cfg)
 
-  with LOSSES.temporarily("load_balance_halved", halved):
+  with LOSSES.temporarily("load_balance_halved", LossSpec("load_balance_halved", halved)):
     outputs = {"topk": router_outputs(ROUTERS.get("topk"))[True]}
     with pytest.raises(AssertionError, match="its declared example"):
-      check_loss("load_balance_halved", halved, outputs, load_balance_example)
+      check_loss("load_balance_halved", LOSSES.get("load_balance_halved"), outputs,
+                 load_balance_example)

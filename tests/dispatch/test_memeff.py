@@ -99,7 +99,7 @@ def layer_loss(dispatch, router="topk", t=48, e=6, k=2, tile=4, block=8, **cfg_k
 
 @pytest.mark.parametrize("router,cfg_kw", [
     ("topk", {}), ("topk", {"renormalize": False, "k": 3}),
-    ("topk_rounded", {"rounding_tile": 4, "rounding_mode": "up"}),
+    ("topk_rounded", {"topk_rounded": {"tile": 4, "mode": "up"}}),
     ("expert_choice", {"capacity_factor": 1.0})])
 def test_memeff_forward_and_gradients_equal_plain_dropless(router, cfg_kw):
   plain, args = layer_loss("dropless", router, **cfg_kw)

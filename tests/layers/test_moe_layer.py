@@ -134,7 +134,7 @@ def test_router_trained_parameters_get_gradients():
   """SmoothSMoE's band eta is a router parameter (init_params): the layer holds it
   as an nnx.Param and the boundary loss + routing weights give it a gradient."""
   cfg = moe_cfg(router="smooth_topk", num_experts=6, top_k=2, expert_d_ff=8,
-                smooth_eta_init=0.5, loss_weights={"smooth_boundary": 1.0})
+                smooth_topk=dict(eta_init=0.5), loss_weights={"smooth_boundary": 1.0})
   layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
   graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
@@ -155,6 +155,6 @@ def test_dpsl_reads_its_prior_from_the_config():
   from moejax.losses.dpsl import dpsl_loss
   probs = jax.nn.softmax(jax.random.normal(jax.random.key(0), (32, 4)), -1)
   out = RouterOutput(None, jnp.log(probs), probs, {}, {})
-  np.testing.assert_allclose(get_loss("dpsl")(out, moe_cfg(dpsl_alpha=0.5)),
+  np.testing.assert_allclose(get_loss("dpsl")(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.5)))),
                              dpsl_loss(probs, 0.5), rtol=1e-6)
   assert not np.isclose(dpsl_loss(probs, 0.5), dpsl_loss(probs, 1.0))

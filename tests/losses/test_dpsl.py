@@ -105,16 +105,16 @@ def test_registered_loss_works_with_any_router():
 
 
 def test_registered_loss_prior_router_then_config_then_symmetric_one():
-  """The prior: the router's metrics['dpsl_alpha'], else model.moe.dpsl_alpha, else 1."""
+  """The prior: the router's metrics['dpsl_alpha'], else model.moe.losses.dpsl.alpha, else 1."""
   from moejax.routing import RouterOutput
   rows = jnp.asarray(np.random.default_rng(2).dirichlet(np.ones(E), 16), jnp.float32)
   out = RouterOutput(None, jnp.log(rows), rows, {}, {})
   loss = get_loss("dpsl")
   np.testing.assert_allclose(loss(out, None), dpsl_loss(rows, 1.0), rtol=1e-6)
-  np.testing.assert_allclose(loss(out, moe_cfg(dpsl_alpha=0.3)), dpsl_loss(rows, 0.3), rtol=1e-6)
+  np.testing.assert_allclose(loss(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))), dpsl_loss(rows, 0.3), rtol=1e-6)
   assert abs(float(dpsl_loss(rows, 0.3)) - float(dpsl_loss(rows, 1.0))) > 1e-3
   routed = out.replace(metrics={"dpsl_alpha": jnp.asarray([0.5, 1.0, 2.0, 3.5])})
-  np.testing.assert_allclose(loss(routed, moe_cfg(dpsl_alpha=0.3)),
+  np.testing.assert_allclose(loss(routed, moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))),
                              dpsl_loss(rows, jnp.asarray([0.5, 1.0, 2.0, 3.5])), rtol=1e-6)
 
 

@@ -153,8 +153,8 @@ def test_registered_router_matches_brute_force():
   logits = random_logits(5, 40, 8)
   probs = softmax(logits.astype(np.float64))
   for gamma, r, shards in ((0.5, 1.0, 0), (0.75, 2.0, 0), (0.5, 1.5, 4)):
-    out = router(num_experts=8, top_k=2, capacity_gamma=gamma, capacity_expand_r=r,
-                 capacity_num_shards=shards)(jnp.asarray(logits))
+    out = router(num_experts=8, top_k=2, capacity_aware=dict(
+        gamma=gamma, expand_r=r, num_shards=shards))(jnp.asarray(logits))
     assert kept_pairs(out.routing) == brute_force(probs, 2, gamma, r, shards)
     dropped = 1 - np.asarray(out.routing.valid).mean()
     np.testing.assert_allclose(float(out.metrics["router_dropped_fraction"]), dropped,
@@ -163,7 +163,7 @@ def test_registered_router_matches_brute_force():
 
 def test_single_token_is_never_dropped():
   logits = random_logits(0, 1, 8)
-  r = router(num_experts=8, top_k=2, capacity_gamma=0.01)(jnp.asarray(logits)).routing
+  r = router(num_experts=8, top_k=2, capacity_aware=dict(gamma=0.01))(jnp.asarray(logits)).routing
   assert bool(jnp.all(r.valid))
 
 
@@ -174,7 +174,7 @@ def test_weights_match_the_official_masked_logits_path():
   path without norm_topk_prob)."""
   logits = random_logits(7, 40, 8)
   probs = softmax(logits.astype(np.float64))
-  kwargs = dict(num_experts=8, top_k=2, capacity_gamma=0.5)
+  kwargs = dict(num_experts=8, top_k=2, capacity_aware=dict(gamma=0.5))
   renorm = router(**kwargs, renormalize=True)(jnp.asarray(logits)).routing
   raw = router(**kwargs, renormalize=False)(jnp.asarray(logits)).routing
   kept = kept_pairs(renorm)

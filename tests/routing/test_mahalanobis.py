@@ -17,8 +17,11 @@ greedy = jax.jit(greedy_mahalanobis, static_argnums=2)
 
 
 @functools.lru_cache(maxsize=None)
-def jitted_route(name, train, **cfg):
-  """One compiled router per (name, config); state and logits are arguments."""
+def jitted_route(name, train, ema_decay=None, **cfg):
+  """One compiled router per (name, config); state and logits are arguments.
+  ema_decay: model.moe.mahalanobis.ema_decay (None: the default)."""
+  if ema_decay is not None:
+    cfg["mahalanobis"] = dict(ema_decay=ema_decay)
   cfg = moe_cfg(router=name, **cfg)
   return jax.jit(functools.partial(get_router(name).route, cfg=cfg, rng=None, train=train))
 
@@ -108,7 +111,7 @@ def test_greedy_within_063_of_brute_force():
 def test_cooccurrence_ema_state_and_inference_top_k():
   e, k, decay = 6, 2, 0.9
   logits = random_logits(3, 40, e)
-  cfg = dict(num_experts=e, top_k=k, mp_ema_decay=decay)
+  cfg = dict(num_experts=e, top_k=k, ema_decay=decay)
   old = np.random.default_rng(1).random((e, e)).astype(np.float32)
   old = old @ old.T / e
   out = jitted_route("mahalanobis", True, **cfg)(jnp.asarray(logits),

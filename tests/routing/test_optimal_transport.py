@@ -68,8 +68,8 @@ def test_every_slot_is_balanced_with_top_2():
   gave max/mean 1.17 here: near-one-hot rows leave the second choice to the logits.)"""
   scores = skewed_scores(4) * 3
   e = scores.shape[1]
-  cfg = moe_cfg(router="as_coot", num_experts=e, top_k=2, ot_epsilon=0.05, ot_tau=0.0,
-                ot_iters=200)
+  cfg = moe_cfg(router="as_coot", num_experts=e, top_k=2,
+                as_coot=dict(epsilon=0.05, tau=0.0, iters=200))
   r = jax.jit(functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None,
                                 train=False))(jnp.asarray(scores)).routing
   index = np.asarray(r.expert_index)
@@ -83,8 +83,8 @@ def test_every_slot_is_balanced_with_top_2():
 def test_skewed_batch_load_is_balanced():
   scores = skewed_scores(3)
   e = scores.shape[1]
-  cfg = moe_cfg(router="as_coot", num_experts=e, top_k=1, ot_epsilon=0.05, ot_tau=1.0,
-                ot_iters=50)
+  cfg = moe_cfg(router="as_coot", num_experts=e, top_k=1,
+                as_coot=dict(epsilon=0.05, tau=1.0, iters=50))
   route = jax.jit(functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None,
                                     train=False))
   r = route(jnp.asarray(scores)).routing

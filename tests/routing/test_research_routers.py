@@ -20,11 +20,11 @@ from tests.helpers import moe_cfg, random_logits, set_key
 ROUTERS = {  # name: extra config
     "probmoe": {},
     "probmoe_dynamic": dict(probmoe=dict(k_min=1, k_max=3)),
-    "smooth_topk": dict(smooth_eta_init=0.0),
+    "smooth_topk": dict(smooth_topk=dict(eta_init=0.0)),
     "mahalanobis": {},
     "as_coot": {},
-    "capacity_aware": dict(capacity_gamma=0.75, capacity_expand_r=2.0),
-    "sere": dict(sere_rho=0.2),
+    "capacity_aware": dict(capacity_aware=dict(gamma=0.75, expand_r=2.0)),
+    "sere": dict(sere=dict(rho=0.2)),
 }
 D, F = 8, 12
 
@@ -129,12 +129,15 @@ def test_moe_layer_training_call(label):
 
 @pytest.mark.parametrize("key,value", [
     ("probmoe.k_min", 3), ("probmoe.k_max", 9), ("probmoe.k_min", -1),
-    ("smooth_b", 0.0), ("smooth_a", -1.0), ("smooth_boundary_alpha", -0.5),
-    ("mp_ema_decay", 1.0), ("mp_ridge", 0.0),
-    ("ot_epsilon", 0.0), ("ot_iters", 0), ("ot_tau", -1.0),
-    ("capacity_gamma", 0.0), ("capacity_gamma", -2.0), ("capacity_expand_r", 0.5),
-    ("capacity_num_shards", 3), ("capacity_num_shards", -1),
-    ("sere_rho", 1.5), ("sere_rho", -0.1), ("sere_primary_slots", 0),
+    ("smooth_topk.b", 0.0), ("smooth_topk.a", -1.0), ("smooth_topk.h_offset", -0.1),
+    ("losses.smooth_boundary.alpha", -0.5), ("losses.dpsl.alpha", 0.0),
+    ("mahalanobis.ema_decay", 1.0), ("mahalanobis.ridge", 0.0),
+    ("as_coot.epsilon", 0.0), ("as_coot.iters", 0), ("as_coot.tau", -1.0),
+    ("capacity_aware.gamma", 0.0), ("capacity_aware.gamma", -2.0),
+    ("capacity_aware.expand_r", 0.5),
+    ("capacity_aware.num_shards", 3), ("capacity_aware.num_shards", -1),
+    ("sere.rho", 1.5), ("sere.rho", -0.1), ("sere.primary_slots", 0),
+    ("topk_rounded.tile", 0), ("topk_rounded.tile", -4),
 ])
 def test_bad_values_raise_config_error_naming_key_and_value(key, value):
   c = base_config()
@@ -150,8 +153,8 @@ def test_bad_values_raise_config_error_naming_key_and_value(key, value):
 
 def test_router_specific_checks():
   c = base_config()
-  c.model.moe.router, c.model.moe.sere_primary_slots = "sere", 3  # > top_k = 2
-  with pytest.raises(ConfigError, match="sere_primary_slots=3"):
+  c.model.moe.router, c.model.moe.sere.primary_slots = "sere", 3  # > top_k = 2
+  with pytest.raises(ConfigError, match=r"model\.moe\.sere\.primary_slots=3"):
     validate_config(c)
   for router in ("probmoe", "smooth_topk", "mahalanobis", "as_coot", "capacity_aware", "sere"):
     c = base_config()

@@ -150,7 +150,7 @@ def test_router_reroutes_only_at_evaluation():
   e, k = 6, 2
   logits = random_logits(1, 16, e)
   sim = random_similarity(np.random.default_rng(1), e)
-  cfg = moe_cfg(router="sere", num_experts=e, top_k=k, sere_primary_slots=1, sere_rho=0.3)
+  cfg = moe_cfg(router="sere", num_experts=e, top_k=k, sere=dict(primary_slots=1, rho=0.3))
   spec = get_router("sere")
   state = {"expert_similarity": jnp.asarray(sim)}
   plain = top_k_routing(logits, k)

@@ -46,7 +46,7 @@ def path_jumps(name, step, **cfg):
 
 
 def test_weights_are_continuous_across_a_top_k_switch():
-  cfg = dict(smooth_eta_init=eta_param(0.5))
+  cfg = dict(smooth_topk=dict(eta_init=eta_param(0.5)))
   coarse, fine = path_jumps("smooth_topk", 1e-2, **cfg), path_jumps("smooth_topk", 1e-3, **cfg)
   assert fine < 0.2 * coarse and fine < 0.01, (coarse, fine)
   hard_coarse = path_jumps("topk", 1e-2, renormalize=True)
@@ -59,7 +59,7 @@ def test_weights_are_continuous_across_a_top_k_switch():
 def test_eta_to_zero_is_hard_top_k(shape):
   (t, e, k), seed = shape
   logits = random_logits(seed, t, e)
-  smooth = route("smooth_topk", logits, top_k=k, smooth_eta_init=-40.0).routing
+  smooth = route("smooth_topk", logits, top_k=k, smooth_topk=dict(eta_init=-40.0)).routing
   hard = route("topk", logits, top_k=k, renormalize=True).routing
   assert np.asarray(smooth.valid).sum(1).tolist() == [k] * t
   np.testing.assert_allclose(dense_weights(smooth, e), dense_weights(hard, e), atol=1e-6)
@@ -70,7 +70,7 @@ def test_eta_to_zero_is_hard_top_k(shape):
 def test_active_count_is_the_band(shape, eta):
   (t, e, k), seed = shape
   logits = random_logits(seed, t, e)
-  out = route("smooth_topk", logits, top_k=k, smooth_eta_init=eta_param(eta))
+  out = route("smooth_topk", logits, top_k=k, smooth_topk=dict(eta_init=eta_param(eta)))
   r = out.routing
   active = np.asarray(r.valid).sum(1)
   g_k = np.sort(logits, 1)[:, -k][:, None]
@@ -89,14 +89,15 @@ def test_active_count_is_the_band(shape, eta):
 def test_boundary_loss_value_and_gradient():
   logits = random_logits(4, 32, 8)
   eta, k, alpha, h = 0.4, 2, 0.7, 0.5
-  cfg = moe_cfg(router="smooth_topk", top_k=k, smooth_eta_init=eta_param(eta),
-                smooth_boundary_alpha=alpha, smooth_h_offset=h)
+  cfg = moe_cfg(router="smooth_topk", top_k=k,
+                smooth_topk=dict(eta_init=eta_param(eta), h_offset=h),
+                losses=dict(smooth_boundary=dict(alpha=alpha)))
   spec = get_router("smooth_topk")
 
   def loss(offset):
     out = spec.route(jnp.asarray(logits), cfg=cfg, state={"eta_offset": offset}, rng=None,
                      train=True)
-    return get_loss("smooth_boundary")(out)
+    return get_loss("smooth_boundary")(out, cfg)
 
   g_k = np.sort(logits, 1)[:, -k][:, None]
   x = (logits > g_k - eta).sum(1).mean()
@@ -117,5 +118,5 @@ def test_router_sweep_uses_the_official_loss_scale():
   moe = variant_config(sweep, variant).model.moe
   assert moe.router == "smooth_topk"
   assert moe.loss_weights.smooth_boundary == 1e-2 == moe.loss_weights.load_balance
-  assert (moe.smooth_boundary_alpha, moe.smooth_h_offset, moe.smooth_eta_init,
-          moe.smooth_a, moe.smooth_b) == (1.0, 0.5, -9.0, 1.0, 50.0)
+  assert moe.losses.smooth_boundary.alpha == 1.0
+  assert moe.smooth_topk.to_dict() == dict(eta_init=-9.0, a=1.0, b=50.0, h_offset=0.5)

@@ -68,7 +68,7 @@ def brute_force(probs, k, tile, mode):
 @given(cases)
 def test_matches_numpy_brute_force(case):
   (t, e, k), tile, mode, seed = case
-  out = route(random_logits(seed, t, e), top_k=k, rounding_tile=tile, rounding_mode=mode)
+  out = route(random_logits(seed, t, e), top_k=k, topk_rounded=dict(tile=tile, mode=mode))
   probs = np.asarray(out.probs)
   kept, _, _, gates = brute_force(probs, k, tile, mode)
   expected = {(i, j): float(gates[i, j]) for i, j in zip(*np.nonzero(kept))}
@@ -91,7 +91,7 @@ def test_matches_numpy_brute_force(case):
 def test_counts_are_tile_multiples_within_rounding_distance(case):
   (t, e, k), tile, mode, seed = case
   logits = random_logits(seed, t, e)
-  out = route(logits, top_k=k, rounding_tile=tile, rounding_mode=mode)
+  out = route(logits, top_k=k, topk_rounded=dict(tile=tile, mode=mode))
   counts = np.asarray(out.routing.expert_counts(e))
   f = np.asarray(get_router("topk").route(jnp.asarray(logits), cfg=moe_cfg(num_experts=e, top_k=k),
                                           state={}, rng=None, train=False
@@ -111,7 +111,7 @@ def test_counts_are_tile_multiples_within_rounding_distance(case):
 def test_tile_one_is_top_k(case):
   (t, e, k), _, mode, seed = case
   logits = random_logits(seed, t, e)
-  rounded = route(logits, top_k=k, rounding_tile=1, rounding_mode=mode)
+  rounded = route(logits, top_k=k, topk_rounded=dict(tile=1, mode=mode))
   plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=True,
                                    cfg=moe_cfg(num_experts=e, top_k=k, renormalize=True))
   got, expected = pairs(rounded.routing), pairs(plain.routing)
@@ -146,7 +146,7 @@ HAND_GATES = {
 def test_gates_hand_worked_own_pairs_renormalised_added_pairs_raw(mode):
   """The reference (benchmarks/moe-token-rounding.py) scatters the renormalised top-k
   values into the softmax scores before reading the gates."""
-  out = route(np.log(HAND_PROBS), top_k=2, rounding_tile=2, rounding_mode=mode)
+  out = route(np.log(HAND_PROBS), top_k=2, topk_rounded=dict(tile=2, mode=mode))
   np.testing.assert_allclose(np.asarray(out.probs), HAND_PROBS, rtol=1e-6)
   got, expected = pairs(out.routing), HAND_GATES[mode]
   assert got.keys() == expected.keys()
@@ -167,7 +167,7 @@ def test_dropless_pads_nothing_when_tiles_match():
   """Rounding tile == dispatch tile: zero padding rows, and the output is the per-token loop."""
   from tests.dispatch.test_dispatch import expert_weights, reference_loop
   t, e, k, tile = 64, 4, 2, 8
-  out = route(random_logits(5, t, e), top_k=k, rounding_tile=tile, rounding_mode="up")
+  out = route(random_logits(5, t, e), top_k=k, topk_rounded=dict(tile=tile, mode="up"))
   x = np.random.default_rng(0).standard_normal((t, 8)).astype(np.float32)
   weights = expert_weights(0, e)
   fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
@@ -180,30 +180,30 @@ def test_dropless_pads_nothing_when_tiles_match():
 
 def test_eval_falls_back_to_plain_top_k():
   logits = random_logits(3, 40, 8)
-  out = route(logits, train=False, top_k=2, rounding_tile=16, rounding_mode="up")
+  out = route(logits, train=False, top_k=2, topk_rounded=dict(tile=16, mode="up"))
   plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=False,
                                    cfg=moe_cfg(num_experts=8, top_k=2, renormalize=True))
   assert out.routing.num_slots == 2
   got, expected = pairs(out.routing), pairs(plain.routing)  # the reference's renormalised top-k
   assert got.keys() == expected.keys()
   np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
-  assert pairs(route(logits, train=True, top_k=2, rounding_tile=16,
-                     rounding_mode="up").routing) != pairs(plain.routing)
+  assert pairs(route(logits, train=True, top_k=2,
+                     topk_rounded=dict(tile=16, mode="up")).routing) != pairs(plain.routing)
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("rounding_mode", "sideways", "model.moe.rounding_mode='sideways'"),
-    ("rounding_tile", 0, "model.moe.rounding_tile=0"),
-    ("rounding_tile", -4, "model.moe.rounding_tile=-4"),
+    ("mode", "sideways", "model.moe.topk_rounded.mode='sideways'"),
+    ("tile", 0, "model.moe.topk_rounded.tile=0"),
+    ("tile", -4, "model.moe.topk_rounded.tile=-4"),
 ])
 def test_bad_rounding_config_names_key_and_value(key, value, message):
   c = base_config()
   c.model.moe.router = "topk_rounded"
-  c.model.moe[key] = value
-  with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+  c.model.moe.topk_rounded[key] = value
+  with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
     validate_config(c)
-  with pytest.raises(ConfigError, match="rounding"):
-    route(random_logits(0, 8, 4), top_k=2, **{key: value})
+  with pytest.raises(ConfigError, match=r"model\.moe\.topk_rounded\."):
+    route(random_logits(0, 8, 4), top_k=2, topk_rounded={key: value})
 
 
 def test_default_config_with_token_rounding_validates():

@@ -4,10 +4,10 @@ from moejax.train.checkpoint import config_mismatch
 
 
 def old_schema(config: dict) -> dict:
-  """The dict an older moejax saved: without the `model.l3` section and a moe key."""
+  """The dict an older moejax saved: without the `model.l3` section and a part's section."""
   saved = {**config, "model": {k: v for k, v in config["model"].items() if k != "l3"}}
   saved["model"]["moe"] = {k: v for k, v in config["model"]["moe"].items()
-                           if k != "sere_rho"}
+                           if k != "sere"}
   saved["model"]["moe"]["loss_weights"] = {"z_loss": 1e-3}
   return saved
 
@@ -17,7 +17,7 @@ def test_missing_keys_get_defaults_and_open_dicts_are_kept_whole():
   current.model.moe.loss_weights = {"z_loss": 1e-3}
   upgraded = with_defaults(old_schema(current.to_dict()))
   assert upgraded["model"]["l3"] == base_config().model.l3.to_dict()
-  assert upgraded["model"]["moe"]["sere_rho"] == base_config().model.moe.sere_rho
+  assert upgraded["model"]["moe"]["sere"] == base_config().model.moe.sere.to_dict()
   # loss_weights is data: the saved dict is not merged with the default one.
   assert upgraded["model"]["moe"]["loss_weights"] == {"z_loss": 1e-3}
   assert config_mismatch(upgraded["model"], current.to_dict()["model"]) == []

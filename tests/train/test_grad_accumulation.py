@@ -160,7 +160,7 @@ def test_micro_batches_are_strided_so_each_keeps_rows_on_every_shard():
 @pytest.mark.parametrize("router,extra", [
     ("sigmoid_bias", {}),
     ("group_limited", {"num_groups": 4, "topk_groups": 2}),
-    ("mahalanobis", {"mp_ema_decay": 0.9}),
+    ("mahalanobis", {"mahalanobis": {"ema_decay": 0.9}}),
     ("sere", {}),
 ])
 def test_router_state_from_summed_stats_equals_one_call(router, extra):
