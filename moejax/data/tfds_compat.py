@@ -10,9 +10,12 @@ raises ModuleNotFoundError during ``download_and_prepare``. Subclassing
 """
 
 import inspect
+from collections.abc import Callable
 
 import tensorflow_datasets as tfds
 from etils import epath
+
+from moejax.data.storage import exclusive_lock
 
 
 class LocalGeneratorBasedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -22,3 +25,20 @@ class LocalGeneratorBasedBuilder(tfds.core.GeneratorBasedBuilder, skip_registrat
   @classmethod
   def code_path(cls) -> epath.Path:
     return epath.Path(inspect.getfile(cls))
+
+
+def prepare_once(make_builder: Callable[[], tfds.core.DatasetBuilder],
+                 lock_path: str) -> tfds.core.DatasetBuilder:
+  """Prepares ``make_builder()`` as array_record unless already prepared; returns
+  the builder. Idempotent and safe when several processes race: preparation
+  runs under a file lock and re-checks ``is_prepared`` once the lock is held."""
+  builder = make_builder()
+  if not builder.is_prepared():
+    with exclusive_lock(lock_path):
+      builder = make_builder()
+      if not builder.is_prepared():
+        builder.download_and_prepare(
+            file_format='array_record',
+            download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+        builder = make_builder()  # Reload so info reflects the files on disk.
+  return builder
