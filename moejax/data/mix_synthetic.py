@@ -38,7 +38,8 @@ TRAIN_TEMPLATES = {
     'birthplace': ('{name} was born in {value}.', '{name} grew up in the town of {value}.'),
     'profession': ('{name} works as a {value}.', 'By trade, {name} is a {value}.'),
     'birth_year': ('{name} was born in the year {value}.', "{name}'s year of birth is {value}."),
-    'colour': ("{name}'s favourite colour is {value}.", 'Of all colours, {name} likes {value} best.'),
+    'colour': ("{name}'s favourite colour is {value}.",
+               'Of all colours, {name} likes {value} best.'),
     'pet': ('{name} keeps a {value} as a pet.', '{name} owns a pet {value}.'),
 }
 HELD_OUT_TEMPLATES = {
@@ -128,6 +129,6 @@ def arithmetic_documents(seed: int, count: int) -> list[Document]:
     chosen = [line for line in lines if is_held_out_problem(line.split(' = ')[0]) == held_out]
     for start in range(0, len(chosen), PROBLEMS_PER_DOCUMENT):
       text = '\n'.join(chosen[start:start + PROBLEMS_PER_DOCUMENT])
-      documents.append(Document('arithmetic', f'arithmetic/{part}/{start // PROBLEMS_PER_DOCUMENT:04d}',
-                                text, held_out))
+      title = f'arithmetic/{part}/{start // PROBLEMS_PER_DOCUMENT:04d}'
+      documents.append(Document('arithmetic', title, text, held_out))
   return documents

