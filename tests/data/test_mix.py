@@ -19,7 +19,7 @@ from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 
-from .helpers import data_config, take
+from .helpers import assert_batches_equal, data_config, take
 
 BROWN_FILES = {  # name -> tagged text; cats.txt is written from GENRES
     'ca01': "\n\n\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ./.\nIt/pps ended/vbd ./.\n",
@@ -199,6 +199,20 @@ def test_build_lm_data_trains_only_on_the_weighted_domains(mix_dir):
   speeches = '\0'.join(r['text'] for r in read_split(mix_dir, 'validation_speeches'))
   row = next(data.eval_batches(1))['inputs'][0]
   assert bytes(row.astype(np.uint8)).decode() in speeches + '\0'
+
+
+def test_mixed_training_resumes_exactly(mix_dir):
+  cfg = data_config(mix_dir, name='mix', eval_split='validation_speeches',
+                    mix=dict(weights=dict(drama=2.0, code=1.0, facts=1.0)))
+  first = build_lm_data(cfg, seed=3).train_iter
+  take(first, 3)
+  state = first.get_state()
+  expected = take(first, 4)
+  resumed = build_lm_data(cfg, seed=3).train_iter
+  resumed.set_state(state)
+  assert_batches_equal(take(resumed, 4), expected)
+  other_seed = take(build_lm_data(cfg, seed=4).train_iter, 7)[3:]
+  assert any(not np.array_equal(a['inputs'], b['inputs']) for a, b in zip(other_seed, expected))
 
 
 @pytest.mark.parametrize('weights, message', [
