@@ -161,6 +161,8 @@ def main(argv):
     from moejax.data.pipeline import split_documents
     documents = split_documents(config.data)
   context = _CONTEXT.value or (config.data.seq_len if config else lm.max_seq_len)
+  if context > lm.max_seq_len:
+    raise cli.flag_error(_CONTEXT, f"expected at most model.max_seq_len={lm.max_seq_len}")
   settings = harness.Settings(context, _STRIDE.value or None, _BATCH.value, probes,
                               _PROBE_COUNT.value, _SEED.value, _RESAMPLES.value)
   result = harness.evaluate(lm, tokenizer, prefix, documents, settings, experts)

@@ -8,6 +8,7 @@ Decoder; `logits_lm` wraps any function returning logits (hand-written
 models in tests).
 """
 import dataclasses
+import functools
 from typing import Callable, Protocol
 
 import jax
@@ -47,28 +48,29 @@ class logits_lm:
     return TokenScores(picked, logits.argmax(-1).astype(np.int32), [])
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _decoder_forward(graphdef, params, rest, inputs, targets, mask):
+  """(log p(targets), argmax, routing per MoE layer) of one batch of rows."""
+  logits, aux, _ = nnx.merge(graphdef, params, rest)(inputs, token_mask_BxL=mask)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  b, l = inputs.shape
+  routing = [jnp.where(a["valid"], a["expert_index"], -1).reshape(b, l, -1) for a in aux["moe"]]
+  return picked, jnp.argmax(logits, -1).astype(jnp.int32), routing
+
+
 class decoder_lm:
-  """The Decoder of (model config, params, rest) as an LM, jitted once per shape."""
+  """The Decoder of (model config, params, rest) as an LM; compiled once per
+  architecture and shape (a reference of the same architecture reuses it)."""
 
   def __init__(self, m, params, rest):
-    graphdef, _, _ = abstract_model(m)
+    self._graphdef, _, _ = abstract_model(m)
     self.vocab_size, self.max_seq_len = m.vocab_size, m.max_seq_len
     self._params, self._rest = params, rest
 
-    @jax.jit
-    def forward(params, rest, inputs, targets, mask):
-      logits, aux, _ = nnx.merge(graphdef, params, rest)(inputs, token_mask_BxL=mask)
-      logp = jax.nn.log_softmax(logits, axis=-1)
-      picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-      b, l = inputs.shape
-      routing = [jnp.where(a["valid"], a["expert_index"], -1).reshape(b, l, -1)
-                 for a in aux["moe"]]
-      return picked, jnp.argmax(logits, -1).astype(jnp.int32), routing
-    self._forward = forward
-
   def __call__(self, inputs, targets, mask) -> TokenScores:
-    picked, argmax, routing = jax.device_get(self._forward(
-        self._params, self._rest, jnp.asarray(inputs, jnp.int32),
+    picked, argmax, routing = jax.device_get(_decoder_forward(
+        self._graphdef, self._params, self._rest, jnp.asarray(inputs, jnp.int32),
         jnp.asarray(targets, jnp.int32), jnp.asarray(mask, bool)))
     return TokenScores(picked, argmax, list(routing))
 

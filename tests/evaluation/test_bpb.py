@@ -1,7 +1,6 @@
 """bpb over whole documents: uniform models, windowing against a direct loop, the Decoder."""
 import math
 
-import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from moejax.data.tokenizers import ByteTokenizer
 from moejax.evaluation import bpb
 from moejax.evaluation.model import decoder_lm, logits_lm
 from moejax.models.decoder import Decoder
+from tests.evaluation.oracles import direct_logprobs
 
 V = 256
 TEXTS = [("prose", "It was the best of times, it was the worst of times."),
@@ -76,14 +76,11 @@ def test_decoder_scores_match_a_direct_forward_pass():
   lm = decoder_lm(m, nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
   docs = bpb.encode_documents([("a", "To be, or not"), ("b", "x = 1\n")], ByteTokenizer())
   scores = bpb.score_documents(lm, docs, 0, context=32, batch_size=4)  # padded batch
-  for d, doc in enumerate(docs):
-    seq = np.concatenate([[0], doc.tokens])[None]
-    logits, aux, _ = model(seq[:, :-1])
-    logp = jax.nn.log_softmax(logits[0], -1)
-    want = -float(np.take_along_axis(np.asarray(logp), seq[0, 1:, None], 1).sum())
-    assert scores.nats[d] == pytest.approx(want, rel=2e-6)
+  logprobs, aux = direct_logprobs(model, ["To be, or not", "x = 1\n"])
+  for d, (doc, logp) in enumerate(zip(docs, logprobs)):
+    assert scores.nats[d] == pytest.approx(-logp.sum(), rel=2e-6)
     first = int(np.sum(scores.num_tokens[:d]))
-    for layer, experts in zip(aux["moe"], scores.routing):
-      np.testing.assert_array_equal(experts[first:first + len(doc.tokens)],
-                                    np.asarray(layer["expert_index"]))
+    for layer, experts in zip(aux["moe"], scores.routing):  # [2 x 14 tokens, 2 slots]
+      want = np.asarray(layer["expert_index"]).reshape(2, 14, -1)[d, :len(doc.tokens)]
+      np.testing.assert_array_equal(experts[first:first + len(doc.tokens)], want)
   assert len(scores.routing) == 2 and scores.token_doc.tolist() == [0] * 13 + [1] * 6

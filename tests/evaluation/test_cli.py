@@ -1,14 +1,15 @@
 """experiments.evaluate end to end on a fresh tiny MoE workdir, and its refusals."""
 import json
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 
+from configs.lm_shakespeare_moe import get_config
 from moejax.interop.load import load_model
 from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry
+from tests.evaluation.oracles import direct_logprobs
+from tests.evaluation.domain_texts import SPLITS, write_tiny_domains
 
 EVAL = "experiments.evaluate"
 DOCS = [{"domain": "drama", "text": "ROMEO: But soft!"}, {"domain": "code", "text": "x = 1\n"},
@@ -21,6 +22,10 @@ def area(tmp_path_factory):
   training_workdir(str(root / "w"))
   (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
   (root / "bad.jsonl").write_text('{"domain": "a"}\n')
+  config = get_config("size=tiny")
+  config.data.update(name=write_tiny_domains(str(root / "tfds")), data_dir=str(root / "tfds"),
+                     batch_size=2)
+  training_workdir(str(root / "domains"), config)
   return root
 
 
@@ -32,24 +37,26 @@ def test_run_against_itself(area):
   assert result.code == 0, result.stderr[-2000:]
   report = json.loads(out.read_text())
   assert "drama |" in result.stdout and report["documents"] == {"code": 1, "drama": 2}
-  # oracle: one direct forward pass per document after the separator byte 0 (one
-  # right-padded batch: the causal model's logits of a prefix ignore what follows)
-  model = load_model(f"{area}/w")[0].model()
-  seqs = [np.frombuffer(b"\0" + d["text"].encode(), np.uint8).astype(np.int32) for d in DOCS]
-  batch = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
-  for i, seq in enumerate(seqs):
-    batch[i, :len(seq)] = seq
-  logp = np.asarray(jax.nn.log_softmax(nnx.jit(lambda m, x: m(x)[0])(model, batch), -1))
+  # oracle: one direct forward pass per document after the separator byte 0
+  logprobs, _ = direct_logprobs(load_model(f"{area}/w")[0].model(), [d["text"] for d in DOCS])
   nats = {}
-  for i, (d, seq) in enumerate(zip(DOCS, seqs)):
-    picked = logp[i, np.arange(len(seq) - 1), seq[1:]].astype(np.float64)
-    nats[d["domain"]] = nats.get(d["domain"], 0) - picked.sum()
+  for d, logp in zip(DOCS, logprobs):
+    nats[d["domain"]] = nats.get(d["domain"], 0) - logp.sum()
   assert report["bpb"]["code"] == pytest.approx(nats["code"] / np.log(2) / 6, rel=1e-5)
   assert report["bpb"]["all"] == pytest.approx(sum(nats.values()) / np.log(2) / 36, rel=1e-5)
   assert report["probes"]["arithmetic"]["all"]["n"] == 2
   assert report["reference"]["difference"]["all"]["high"] == 0.0
   assert report["reference"]["topk_set_changed"] == [0.0, 0.0]
   assert len(report["routing"]) == 2 and set(report["routing"][0]["usage"]) == {"code", "drama"}
+
+
+def test_held_out_split_of_the_training_data_by_default(area):
+  result = run_entry(EVAL, f"--workdir={area}/domains", "--probes=", f"--out={area}/d.json")
+  assert result.code == 0, result.stderr[-2000:]
+  report = json.loads((area / "d.json").read_text())
+  assert report["documents"] == {"code": 1, "drama": 2} and report["probes"] == {}
+  assert report["bytes"] == sum(len(text) for _, text in SPLITS["validation"])
+  assert report["context"] == 32  # the training seq_len
 
 
 @pytest.mark.parametrize("args,names", [
@@ -62,6 +69,8 @@ def test_run_against_itself(area):
     (["--workdir={a}/w", "--docs={a}/bad.jsonl"], ["--docs=", "bad.jsonl, line 1", "text"]),
     (["--workdir={a}/w", "--docs={a}/none.jsonl"], ["does not exist", "none.jsonl"]),
     (["--workdir={a}/w", "--context=-1"], ["--context=-1"]),
+    (["--workdir={a}/w", "--docs={a}/docs.jsonl", "--context=5000"],
+     ["--context=5000", "max_seq_len=1024"]),
 ])
 def test_refused(area, args, names):
   result = run_entry(EVAL, *(a.format(a=area) for a in args))
