@@ -59,7 +59,8 @@ def evaluate(lm: LM, tokenizer, prefix_id: int, documents: list[tuple[str, str]]
             "tokens": int(scores.num_tokens.sum()),
             "bytes": int(sum(doc.num_bytes for doc in docs)), "probes": {}}
   for name in settings.probes:
-    examples = probe_data.probe_examples(name, documents, settings.seed, settings.probe_count)
+    examples = probe_data.probe_examples(name, documents, settings.seed, settings.probe_count,
+                                           settings.context)
     correct = probes.probe_correct(lm, tokenizer, prefix_id, examples, probe_data.PROBES[name],
                                    context=settings.context, batch_size=settings.batch_size)
     report["probes"][name] = probes.accuracy_by_group(correct, [e.group for e in examples])

@@ -106,14 +106,17 @@ PROBES = {"facts": "greedy", "arithmetic": "greedy", "next_passage": "choice",
           "last_word": "greedy"}
 
 
-def probe_examples(name: str, documents, seed: int, count: int) -> list[Example]:
-  """The examples of probe `name` (PROBES): count per group, from (domain, text) documents."""
+def probe_examples(name: str, documents, seed: int, count: int,
+                   context: int = 400) -> list[Example]:
+  """The examples of probe `name` (PROBES): count per group (facts: count entities),
+  from (domain, text) documents; passages are up to context // 2 characters (200 at most)."""
+  size = max(1, min(200, context // 2))
   if name == "facts":
     return fact_examples(make_facts(seed, count))
   if name == "arithmetic":
     return arithmetic_examples(seed, count)
   if name == "next_passage":
-    return next_passage_examples(documents, seed, count)
+    return next_passage_examples(documents, seed, count, size)
   if name == "last_word":
-    return last_word_examples(documents, seed, count)
+    return last_word_examples(documents, seed, count, size)
   raise ConfigError(f"probe {name!r} is not known; valid: {', '.join(sorted(PROBES))}")

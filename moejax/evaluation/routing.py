@@ -40,7 +40,7 @@ def entropy_bits(p: np.ndarray) -> float:
   """Shannon entropy in bits of a distribution (zeros ignored)."""
   p = np.asarray(p, np.float64).ravel()
   p = p[p > 0]
-  return float(-(p * np.log2(p)).sum())
+  return float(0.0 - (p * np.log2(p)).sum())  # 0.0, not -0.0, for one outcome
 
 
 def mutual_information(counts: np.ndarray) -> float:

@@ -100,3 +100,13 @@ def test_bad_input():
     run([Example("a", ("b",))], {}, "beam")
   with pytest.raises(ConfigError, match="probe 'trivia' is not known"):
     probe_data.probe_examples("trivia", [], 0, 1)
+
+
+def test_every_probe_fits_a_short_context():
+  text = "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar. " * 8
+  docs = [("a", text), ("a", text[5:]), ("a", text[9:])]
+  for name, scoring in probe_data.PROBES.items():
+    examples = probe_data.probe_examples(name, docs, 0, 2, context=16)
+    assert examples and all(len(c) <= 16 for e in examples for c in e.choices), name
+    assert len(probe_correct(lookup_model({}), TOK, 0, examples, scoring, context=16)) == \
+        len(examples)
