@@ -12,6 +12,7 @@ document's `domain` feature, else the dataset name). --reference_workdir or
 per domain and the fraction of tokens whose top-k expert set changed. Prints
 a table; --out writes the whole report as JSON. See moejax/evaluation/.
 """
+import dataclasses
 import json
 import os
 
@@ -156,28 +157,31 @@ def main(argv):
   elif _WORKDIR.value is None or not os.path.isdir(os.path.join(_WORKDIR.value, "checkpoints")):
     raise ConfigError("give --docs: only a training workdir names its held-out documents "
                       f"(--workdir={_WORKDIR.value}, --hf_dir={_HF_DIR.value})")
+  # load both models and check the sizes before any document is read or scored
   lm, tokenizer, prefix, experts, config = load(_WORKDIR.value, _HF_DIR.value)
+  ref = load(_REF_WORKDIR.value, _REF_HF_DIR.value) if has_reference else None
+  context = _CONTEXT.value or (config.data.seq_len if config else lm.max_seq_len)
+  for model in (lm, ref[0] if ref else lm):
+    if context > model.max_seq_len:
+      raise cli.flag_error(_CONTEXT, f"expected at most model.max_seq_len={model.max_seq_len}")
+  if _STRIDE.value > context:
+    raise cli.flag_error(_STRIDE, f"expected at most the context, {context}")
   if _DOCS.value is None:
     from moejax.data.pipeline import split_documents
     documents = split_documents(config.data)
-  context = _CONTEXT.value or (config.data.seq_len if config else lm.max_seq_len)
-  if context > lm.max_seq_len:
-    raise cli.flag_error(_CONTEXT, f"expected at most model.max_seq_len={lm.max_seq_len}")
   settings = harness.Settings(context, _STRIDE.value or None, _BATCH.value, probes,
                               _PROBE_COUNT.value, _SEED.value, _RESAMPLES.value)
   result = harness.evaluate(lm, tokenizer, prefix, documents, settings, experts)
   report = {"model": _WORKDIR.value or _HF_DIR.value, "context": context, **result.report}
   comparison = None
-  if has_reference:
-    ref_lm, ref_tokenizer, ref_prefix, ref_experts, _ = load(_REF_WORKDIR.value,
-                                                             _REF_HF_DIR.value)
-    ref = harness.evaluate(ref_lm, ref_tokenizer, ref_prefix, documents,
-                           harness.Settings(context, settings.stride, settings.batch_size, (),
-                                            seed=settings.seed), ref_experts)
-    comparison = harness.compare(result, ref, settings, [max(a, b) for a, b in
-                                                         zip(experts, ref_experts)])
+  if ref:
+    ref_lm, ref_tokenizer, ref_prefix, ref_experts, _ = ref
+    ref_eval = harness.evaluate(ref_lm, ref_tokenizer, ref_prefix, documents,
+                                dataclasses.replace(settings, probes=()), ref_experts)
+    comparison = harness.compare(result, ref_eval, settings, [max(a, b) for a, b in
+                                                              zip(experts, ref_experts)])
     report["reference"] = {"model": _REF_WORKDIR.value or _REF_HF_DIR.value,
-                           "bpb": ref.report["bpb"], **comparison}
+                           "bpb": ref_eval.report["bpb"], **comparison}
   print(table(result.report, comparison))
   if _OUT.value:
     with open(_OUT.value, "w") as f:

@@ -59,18 +59,14 @@ def test_held_out_split_of_the_training_data_by_default(area):
   assert report["context"] == 32  # the training seq_len
 
 
+# the flag and source refusals of every entry point are in tests/cli/test_contract.py;
+# these need a documents file or a loaded model
 @pytest.mark.parametrize("args,names", [
-    ([], ["--workdir", "--hf_dir"]),
-    (["--workdir={a}/w", "--hf_dir={a}"], ["--workdir", "--hf_dir"]),
-    (["--workdir={a}/w", "--reference_workdir={a}/w", "--reference_hf_dir={a}"],
-     ["--reference_workdir", "--reference_hf_dir"]),
-    (["--workdir={a}/w", "--docs={a}/docs.jsonl", "--probes=facts,trivia"],
-     ["'trivia'", "--probes=facts,trivia"]),
     (["--workdir={a}/w", "--docs={a}/bad.jsonl"], ["--docs=", "bad.jsonl, line 1", "text"]),
     (["--workdir={a}/w", "--docs={a}/none.jsonl"], ["does not exist", "none.jsonl"]),
-    (["--workdir={a}/w", "--context=-1"], ["--context=-1"]),
     (["--workdir={a}/w", "--docs={a}/docs.jsonl", "--context=5000"],
      ["--context=5000", "max_seq_len=1024"]),
+    (["--workdir={a}/w", "--docs={a}/docs.jsonl", "--stride=33"], ["--stride=33", "32"]),
 ])
 def test_refused(area, args, names):
   result = run_entry(EVAL, *(a.format(a=area) for a in args))
