@@ -22,7 +22,7 @@ from moejax import cli
 from moejax.config import expert_counts
 from moejax.errors import ConfigError
 from moejax.evaluation import harness
-from moejax.evaluation.model import decoder_lm
+from moejax.evaluation.model import DecoderLM
 from moejax.evaluation.probe_data import PROBES
 from moejax.interop.load import load_model
 
@@ -113,7 +113,7 @@ def load(workdir, hf_dir):
   if prefix >= loaded.config.vocab_size:
     raise cli.flag_error(_PREFIX, f"expected a token id below {loaded.config.vocab_size}")
   config = training_config(workdir) if workdir else None
-  return (decoder_lm(loaded.config, loaded.params, loaded.rest), tokenizer, prefix,
+  return (DecoderLM(loaded.config, loaded.params, loaded.rest), tokenizer, prefix,
           expert_counts(loaded.config), config)
 
 

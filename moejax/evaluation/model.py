@@ -3,8 +3,8 @@
 An LM is a callable lm(inputs [B, L] int32, targets [B, L] int32, mask [B, L]
 bool) -> TokenScores: log p(target | inputs up to it) (natural log), the
 argmax token at every position, and per MoE layer the experts of every
-input token ([B, L, S], -1 for an invalid slot). `decoder_lm` wraps the one
-Decoder; `logits_lm` wraps any function returning logits (hand-written
+input token ([B, L, S], -1 for an invalid slot). `DecoderLM` wraps the one
+Decoder; `LogitsLM` wraps any function returning logits (hand-written
 models in tests).
 """
 import dataclasses
@@ -34,7 +34,7 @@ class LM(Protocol):
 
 
 @dataclasses.dataclass
-class logits_lm:
+class LogitsLM:
   """An LM from fn(inputs [B, L]) -> logits [B, L, V]; log-softmax in float64."""
   fn: Callable[[np.ndarray], np.ndarray]
   vocab_size: int
@@ -59,7 +59,7 @@ def _decoder_forward(graphdef, params, rest, inputs, targets, mask):
   return picked, jnp.argmax(logits, -1).astype(jnp.int32), routing
 
 
-class decoder_lm:
+class DecoderLM:
   """The Decoder of (model config, params, rest) as an LM; compiled once per
   architecture and shape (a reference of the same architecture reuses it)."""
 

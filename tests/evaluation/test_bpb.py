@@ -9,7 +9,7 @@ from flax import nnx
 from configs.lm_shakespeare_moe import get_config
 from moejax.data.tokenizers import ByteTokenizer
 from moejax.evaluation import bpb
-from moejax.evaluation.model import decoder_lm, logits_lm
+from moejax.evaluation.model import DecoderLM, LogitsLM
 from moejax.models.decoder import Decoder
 from tests.evaluation.oracles import direct_logprobs
 
@@ -36,11 +36,11 @@ def bigram_table(seed=0):
 
 def test_uniform_logits_give_log2_vocab_over_bytes_per_token():
   docs = bpb.encode_documents(TEXTS, ByteTokenizer())
-  scores = bpb.score_documents(logits_lm(uniform, V), docs, 0, context=16, stride=5)
+  scores = bpb.score_documents(LogitsLM(uniform, V), docs, 0, context=16, stride=5)
   assert bpb.bpb_by_domain(docs, scores.nats) == pytest.approx(
       {"code": 8.0, "prose": 8.0, "all": 8.0}, rel=1e-13)
   docs = bpb.encode_documents([("x", "abcdefghijklmnop" * 5)], PairTokenizer())
-  scores = bpb.score_documents(logits_lm(uniform, V), docs, 0, context=8)
+  scores = bpb.score_documents(LogitsLM(uniform, V), docs, 0, context=8)
   assert bpb.bpb_by_domain(docs, scores.nats)["x"] == pytest.approx(math.log2(V) / 2, rel=1e-13)
 
 
@@ -53,7 +53,7 @@ def test_windows_by_hand():
 @pytest.mark.parametrize("context,stride", [(1, 1), (4, 4), (4, 3), (7, 2), (64, 64)])
 def test_every_token_scored_once_with_the_right_input(context, stride):
   table = bigram_table()
-  lm = logits_lm(lambda inputs: table[inputs], V)  # p(next | previous token)
+  lm = LogitsLM(lambda inputs: table[inputs], V)  # p(next | previous token)
   docs = bpb.encode_documents(TEXTS, ByteTokenizer())
   scores = bpb.score_documents(lm, docs, 0, context=context, stride=stride, batch_size=3)
   logp = table - np.log(np.exp(table).sum(1, keepdims=True))
@@ -73,7 +73,7 @@ def test_decoder_scores_match_a_direct_forward_pass():
   m = get_config("size=tiny").model
   model = Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0))
   _, params, rest = nnx.split(model, nnx.Param, ...)
-  lm = decoder_lm(m, nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
+  lm = DecoderLM(m, nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
   docs = bpb.encode_documents([("a", "To be, or not"), ("b", "x = 1\n")], ByteTokenizer())
   scores = bpb.score_documents(lm, docs, 0, context=32, batch_size=4)  # padded batch
   logprobs, aux = direct_logprobs(model, ["To be, or not", "x = 1\n"])

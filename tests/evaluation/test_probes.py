@@ -7,7 +7,7 @@ import pytest
 from moejax.data.tokenizers import ByteTokenizer
 from moejax.errors import ConfigError
 from moejax.evaluation import probe_data
-from moejax.evaluation.model import logits_lm
+from moejax.evaluation.model import LogitsLM
 from moejax.evaluation.probes import Example, choose, continuation_row, probe_correct, \
     accuracy_by_group
 
@@ -29,7 +29,7 @@ def lookup_model(known: dict[str, str]):
           if 0 <= j < len(answer) and text == prompt + answer[:j]:
             logits[b, l, ord(answer[j])] = 5.0
     return logits
-  return logits_lm(fn, V)
+  return LogitsLM(fn, V)
 
 
 def run(examples, known, scoring, **kw):
