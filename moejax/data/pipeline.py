@@ -242,3 +242,19 @@ def _check_fits_one_batch(settings: dict, key: str, num_windows: int) -> None:
         f"data.{key}={settings[key]!r} of data.name={settings['name']!r} is too small: "
         f"{num_windows} windows of data.seq_len+1={settings['seq_len'] + 1} tokens, "
         f"fewer than one batch of data.batch_size={settings['batch_size']}")
+
+
+def split_documents(cfg, split_key: str = 'eval_split') -> list[tuple[str, str]]:
+  """(domain, text) of every document of the split ``cfg[split_key]`` (default the
+  eval split), in order: the document's ``domain`` feature when the dataset has
+  one, else ``cfg.name``. For the evaluation harness (moejax/evaluation)."""
+  settings = {key: cfg.get(key, default) for key, default in OPTIONAL_DEFAULTS.items()}
+  check_tokenizer_settings(settings['tokenizer'], settings['vocab_size'])
+  builder = _open_builder(settings['name'], resolve_data_dir(settings['data_dir']))
+  source = _open_split(builder, settings, split_key)
+  texts = _read_texts(source, settings['text_key'])
+  if 'domain' not in builder.info.features:
+    return [(settings['name'], text) for text in texts]
+  domains = (source[i]['domain'] for i in range(len(source)))
+  return [(d.decode('utf-8') if isinstance(d, bytes) else str(d), text)
+          for d, text in zip(domains, texts)]

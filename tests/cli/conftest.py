@@ -21,9 +21,9 @@ from moejax.train.loop import init_state
 TRAIN_CONFIG = "configs/lm_shakespeare_moe.py:size=tiny"
 
 
-def training_workdir(workdir: str) -> None:
-  """Step 0 of the tiny default MoE, as experiments.train checkpoints it."""
-  config = get_config("size=tiny")
+def training_workdir(workdir: str, config=None) -> None:
+  """Step 0 of `config` (default: the tiny default MoE), as experiments.train checkpoints it."""
+  config = config or get_config("size=tiny")
   _, state, _ = init_state(config)
   ckpt = Checkpointer(workdir, max_to_keep=1)
   ckpt.save(0, jax.tree.map(np.asarray, state), {}, {"config": jsonable(config.to_dict())})

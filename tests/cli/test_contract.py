@@ -8,6 +8,7 @@ from tests.cli.harness import assert_refused, run_entry, tree_hash
 GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.convert"
 ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
+EVAL = "experiments.evaluate"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -141,6 +142,20 @@ CASES = [
     (ROUTERS, [T, "--decode_len=-1"], ["--decode_len=-1"]),
     (ROUTERS, [NEW], ["does not exist"]),
     (ROUTERS, [T, "--markdown={missing}/x/report.md"], ["--markdown={missing}/x/report.md"]),
+    # evaluate
+    (EVAL, [], ["--workdir", "--hf_dir"]),
+    (EVAL, [T, H], ["--workdir", "--hf_dir"]),
+    (EVAL, [T, "--reference_workdir={train}", "--reference_hf_dir={hf}"],
+     ["--reference_workdir", "--reference_hf_dir"]),
+    (EVAL, [T, "--reference_workdir={missing}"], ["does not exist", "--reference_workdir"]),
+    (EVAL, [C], ["give --docs", "--workdir={converted}"]),
+    (EVAL, [H], ["give --docs", "--hf_dir={hf}"]),
+    (EVAL, [T, "--probes=facts,trivia"], ["'trivia'", "--probes=facts,trivia"]),
+    (EVAL, [T, "--docs={bad}/afile.txt"], ["not a JSON line", "afile.txt, line 1"]),
+    (EVAL, [T, "--docs={bad}/empty.npy"], ["empty", "--docs={bad}/empty.npy"]),
+    (EVAL, [T, "--out={bad}"], ["directory", "--out={bad}"]),
+    (EVAL, [T, "--stride=-1"], ["--stride=-1"]),
+    (EVAL, [T, "--bootstrap_resamples=0"], ["--bootstrap_resamples=0"]),
 ]
 
 

@@ -1,0 +1,192 @@
+r"""Evaluate a model on held-out documents: bpb per domain, probes, routing.
+
+  python -m experiments.evaluate --workdir=runs/moe --out=eval.json
+  python -m experiments.evaluate --workdir=runs/moe --reference_workdir=runs/dense
+  python -m experiments.evaluate --hf_dir=/ckpt/OLMoE --docs=heldout.jsonl --context=1024
+
+--workdir (a training or converted workdir) or --hf_dir: the model. The held-out
+documents are --docs (a .jsonl file of {"domain": ..., "text": ...} lines) or,
+for a training workdir, the eval split of the data it trained on (the
+document's `domain` feature, else the dataset name). --reference_workdir or
+--reference_hf_dir adds the paired bootstrap of bpb(model) - bpb(reference)
+per domain and the fraction of tokens whose top-k expert set changed. Prints
+a table; --out writes the whole report as JSON. See moejax/evaluation/.
+"""
+import dataclasses
+import json
+import os
+
+from absl import flags
+
+from moejax import cli
+from moejax.config import expert_counts
+from moejax.errors import ConfigError
+from moejax.evaluation import harness
+from moejax.evaluation.model import DecoderLM
+from moejax.evaluation.probe_data import PROBES
+from moejax.interop.load import load_model
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training or converted workdir.")
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory.")
+_REF_WORKDIR = flags.DEFINE_string("reference_workdir", None, "Reference model's workdir.")
+_REF_HF_DIR = flags.DEFINE_string("reference_hf_dir", None, "Reference HF directory.")
+_DOCS = flags.DEFINE_string("docs", None, "Held-out documents: .jsonl lines "
+                            '{"domain": str, "text": str}.')
+_PROBES = flags.DEFINE_list("probes", list(PROBES), "Probes to run (empty: none): "
+                            + ", ".join(PROBES))
+_CONTEXT = cli.checked(flags.DEFINE_integer("context", 0, "Tokens per window; 0 = the "
+                                            "training seq_len, else model.max_seq_len."),
+                       cli.at_least(0))
+_STRIDE = cli.checked(flags.DEFINE_integer("stride", 0, "Window advance; 0 = the context."),
+                      cli.at_least(0))
+_BATCH = cli.checked(flags.DEFINE_integer("batch_size", 8, "Rows per model call."),
+                     cli.at_least(1))
+_PROBE_COUNT = cli.checked(flags.DEFINE_integer("probe_count", 32, "Examples per probe group."),
+                           cli.at_least(1))
+_RESAMPLES = cli.checked(flags.DEFINE_integer("bootstrap_resamples", 1000, "Bootstrap "
+                                              "resamples."), cli.at_least(1))
+_SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Seed of probe data and bootstrap."),
+                    cli.in_range(0, 2**32 - 1))
+_PREFIX = cli.checked(flags.DEFINE_integer("prefix_id", -1, "Token read before each "
+                                           "document; -1 = the tokenizer's separator."),
+                      cli.at_least(-1))
+_OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
+
+
+def check_source(workdir_flag, hf_flag) -> None:
+  """Exactly one of the two flags, naming an existing source."""
+  if (workdir_flag.value is None) == (hf_flag.value is None):
+    raise ConfigError(f"give exactly one of --{workdir_flag.name} and --{hf_flag.name} "
+                      f"(--{workdir_flag.name}={workdir_flag.value}, "
+                      f"--{hf_flag.name}={hf_flag.value})")
+  if workdir_flag.value is not None:
+    cli.existing_workdir(workdir_flag.name, workdir_flag.value)
+  elif not os.path.isdir(hf_flag.value):
+    raise cli.flag_error(hf_flag, "expected an existing HF checkpoint directory")
+
+
+def read_docs(path: str) -> list[tuple[str, str]]:
+  """(domain, text) of every line of a .jsonl file."""
+  cli.input_file("docs", path)
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"(--docs={path}, line {number})"
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ConfigError(f"not a JSON line: {e} {where}") from e
+      if not isinstance(record, dict) or not all(
+          isinstance(record.get(k), str) for k in ("domain", "text")):
+        raise ConfigError(f'expected {{"domain": str, "text": str}} {where}')
+      out.append((record["domain"], record["text"]))
+  if not out:
+    raise ConfigError(f"no documents (--docs={path})")
+  return out
+
+
+def training_config(workdir: str):
+  """The config a training workdir's latest checkpoint was trained with, or None."""
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    return None
+  import ml_collections
+  from moejax.train.checkpoint import Checkpointer
+  ckpt = Checkpointer(workdir, read_only=True)
+  steps = ckpt.all_steps()
+  config = ml_collections.ConfigDict(ckpt.read_meta(steps[-1])["config"]) if steps else None
+  ckpt.close()
+  return config
+
+
+def load(workdir, hf_dir):
+  """(LM, tokenizer, prefix id, experts per MoE layer, training config or None)."""
+  loaded, tokenizer, eos_id = load_model(workdir, hf_dir)
+  where = f"(--workdir={workdir})" if workdir else f"(--hf_dir={hf_dir})"
+  if tokenizer is None:
+    raise ConfigError(f"the model has no tokenizer (tokenizer.json) to read documents with "
+                      f"{where}")
+  prefix = _PREFIX.value if _PREFIX.value >= 0 else getattr(tokenizer, "eos_id", eos_id)
+  if prefix is None:
+    raise ConfigError(f"the model names no separator (eos) token; give --prefix_id {where}")
+  if prefix >= loaded.config.vocab_size:
+    raise cli.flag_error(_PREFIX, f"expected a token id below {loaded.config.vocab_size}")
+  config = training_config(workdir) if workdir else None
+  return (DecoderLM(loaded.config, loaded.params, loaded.rest), tokenizer, prefix,
+          expert_counts(loaded.config), config)
+
+
+def accuracy_text(accuracy) -> str:
+  return "—" if accuracy is None else f"{accuracy:.3f}"
+
+
+def table(report: dict, reference: dict | None) -> str:
+  lines = ["domain | docs | bpb" + (" | bpb - reference [95% interval]" if reference else "")]
+  for domain, value in report["bpb"].items():
+    docs = report["documents"].get(domain, sum(report["documents"].values()))
+    line = f"{domain} | {docs} | {value:.4f}"
+    if reference:
+      d = reference["difference"][domain]
+      line += f" | {d['difference']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+    lines.append(line)
+  for name, groups in report["probes"].items():
+    lines.append(f"probe {name}: " + ", ".join(f"{g} {accuracy_text(v['accuracy'])} (n={v['n']})"
+                                                for g, v in groups.items()))
+  for j, layer in enumerate(report.get("routing", [])):
+    lines.append(f"MoE layer {j}: I(domain; expert) {layer['mutual_information_bits']:.4f} "
+                 f"bits of H(domain) {layer['domain_entropy_bits']:.4f}, max/mean load "
+                 f"{layer['max_over_mean_load']:.3f}")
+  if reference and isinstance(reference["topk_set_changed"], list):
+    lines.append("top-k set changed vs reference: " + ", ".join(
+        f"layer {j} {v:.3f}" for j, v in enumerate(reference["topk_set_changed"])))
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  check_source(_WORKDIR, _HF_DIR)
+  has_reference = _REF_WORKDIR.value is not None or _REF_HF_DIR.value is not None
+  if has_reference:
+    check_source(_REF_WORKDIR, _REF_HF_DIR)
+  cli.output_file("out", _OUT.value)
+  probes = tuple(p for p in _PROBES.value if p)
+  harness.Settings(1, probes=probes).check()
+  if _DOCS.value is not None:
+    documents = read_docs(_DOCS.value)
+  elif _WORKDIR.value is None or not os.path.isdir(os.path.join(_WORKDIR.value, "checkpoints")):
+    raise ConfigError("give --docs: only a training workdir names its held-out documents "
+                      f"(--workdir={_WORKDIR.value}, --hf_dir={_HF_DIR.value})")
+  # load both models and check the sizes before any document is read or scored
+  lm, tokenizer, prefix, experts, config = load(_WORKDIR.value, _HF_DIR.value)
+  ref = load(_REF_WORKDIR.value, _REF_HF_DIR.value) if has_reference else None
+  context = _CONTEXT.value or (config.data.seq_len if config else lm.max_seq_len)
+  for model in (lm, ref[0] if ref else lm):
+    if context > model.max_seq_len:
+      raise cli.flag_error(_CONTEXT, f"expected at most model.max_seq_len={model.max_seq_len}")
+  if _STRIDE.value > context:
+    raise cli.flag_error(_STRIDE, f"expected at most the context, {context}")
+  if _DOCS.value is None:
+    from moejax.data.pipeline import split_documents
+    documents = split_documents(config.data)
+  settings = harness.Settings(context, _STRIDE.value or None, _BATCH.value, probes,
+                              _PROBE_COUNT.value, _SEED.value, _RESAMPLES.value)
+  result = harness.evaluate(lm, tokenizer, prefix, documents, settings, experts)
+  report = {"model": _WORKDIR.value or _HF_DIR.value, "context": context, **result.report}
+  comparison = None
+  if ref:
+    ref_lm, ref_tokenizer, ref_prefix, ref_experts, _ = ref
+    ref_eval = harness.evaluate(ref_lm, ref_tokenizer, ref_prefix, documents,
+                                dataclasses.replace(settings, probes=()), ref_experts)
+    comparison = harness.compare(result, ref_eval, settings, [max(a, b) for a, b in
+                                                              zip(experts, ref_experts)])
+    report["reference"] = {"model": _REF_WORKDIR.value or _REF_HF_DIR.value,
+                           "bpb": ref_eval.report["bpb"], **comparison}
+  print(table(result.report, comparison))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  cli.run(main)
