@@ -141,3 +141,13 @@ def test_pipeline_serves_the_generated_windows(tmp_path):
   assert bytes(batch["inputs"][0].astype(np.uint8)).decode() == first
   assert batch["targets"][0, -1] == 0 and data.bytes_per_token == 1.0  # the separator
   assert data.num_eval_batches == 2 and not list(tmp_path.iterdir())  # nothing cached
+
+
+def test_config_windows_are_whole_documents():
+  from moejax.config import validate_config
+  from moejax.configs import polyglot_synth
+  c = polyglot_synth.get_config("top_k=1")
+  validate_config(c)
+  assert c.data.name == polyglot.NAME and c.model.moe.top_k == 1
+  assert c.data.seq_len == c.data.polyglot.doc_len  # every window: one document + separator
+  assert c.train.eval_batches * c.data.batch_size == c.data.polyglot.eval_docs
