@@ -116,3 +116,15 @@ def test_two_arms_two_seeds_pair_by_seed_and_plot_every_run(tmp_path):
   png = tmp_path / "curves.png"
   plot_curves(results, str(png))
   assert png.stat().st_size > 10_000
+
+
+def test_the_five_seed_router_sweep_pairs_arms_by_seed():
+  from moejax.configs.ablations import routers_seeds
+  sweep = routers_seeds.get_config()
+  assert sweep_lib.sweep_seeds(sweep) == (0, 1, 2, 3, 4)
+  variants = {v.name: v for v in sweep_lib.variants_of(sweep)}
+  assert variants["topk"].expect is None and variants["dpsl"].expect == "lower"
+  top = sweep_lib.fingerprint(sweep_lib.variant_config(sweep, variants["topk"], 3).to_dict())
+  dpsl = sweep_lib.fingerprint(sweep_lib.variant_config(sweep, variants["dpsl"], 3).to_dict())
+  assert {k for k in top.keys() | dpsl.keys() if top.get(k) != dpsl.get(k)} == {
+      "model.moe.loss_weights.dpsl"} and top["seed"] == 3
