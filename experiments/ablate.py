@@ -11,7 +11,7 @@ and seed),
 with the same WORKDIR skips finished variants and resumes an interrupted one
 from its checkpoint; sweeps that share a variant (same name and config) can
 share a WORKDIR and train it once. Sweep format: moejax/train/sweep.py.
-A sweep with `seeds=[...]` runs every variant on every seed and its table gives
+A sweep with `seeds=(...)` runs every variant on every seed and its table gives
 the paired difference to the first variant, a 95% t-interval and a verdict
 ("reproduces" only when the interval excludes 0 in the variant's `expect`
 direction): moejax/train/seed_stats.py.

@@ -3,7 +3,7 @@
 A sweep config (configs/ablations/*.py) holds
     steps     the training budget every variant gets (train.steps)
     seed      the seed every variant gets, or
-    seeds     a list of distinct seeds (issue 13): every variant runs on every
+    seeds     a tuple of distinct seeds (issue 13): every variant runs on every
               seed; seed s fixes initialisation and data order (config.seed feeds
               nnx.Rngs, the grain shuffle and the step keys), so all arms on seed s
               see the same batches and pair up (moejax/train/seed_stats.py)
