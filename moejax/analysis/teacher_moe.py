@@ -5,7 +5,8 @@ the raw softmax probability) with random weights and a sharpened router
 (kernel scaled by `gate_scale`), so its expert regions are well separated.
 Inputs x ~ N(0, I_d); targets y = teacher(x) + noise, the noise Gaussian with
 std `noise` times the std of the clean outputs. A student of the same family
-(a different init) is trained on (x, y) with MSE + the layer's router losses.
+(a different init) is trained on (x, y) with MSE + the layer's router losses
+(Adam, cosine decay to 1% of the learning rate).
 
 Known optimum: the Bayes predictor is the teacher itself, so the test MSE
 floor is the noise variance; `noise_floor` gives it exactly on the test set
@@ -114,7 +115,7 @@ def train_student(s: Settings, *, teacher_seed: int = 0, student_seed: int = 1,
   student = MoELayer(s.d_model, layer_config(s, num_experts), rngs=nnx.Rngs(student_seed),
                      dtype=jnp.float32)
   graphdef, params, rest = nnx.split(student, nnx.Param, ...)
-  optimizer = optax.adam(s.learning_rate)
+  optimizer = optax.adam(optax.cosine_decay_schedule(s.learning_rate, s.steps, alpha=0.01))
   opt_state = optimizer.init(params)
   targets = train["clean"] + train["noise"]
 
