@@ -5,11 +5,16 @@ r"""Run a config-driven ablation: every variant of a sweep, same budget and seed
       --config.steps=60          # a quick look: every variant gets 60 steps
 
 Writes WORKDIR/<sweep>.md (the table), WORKDIR/<sweep>.json and
-WORKDIR/<sweep>_curves.png (training and validation curves of every variant),
+WORKDIR/<sweep>_curves.png (training and validation curves of every variant
+and seed),
 <sweep> being the config file's stem (routers, expert_types, ...). Re-running
 with the same WORKDIR skips finished variants and resumes an interrupted one
 from its checkpoint; sweeps that share a variant (same name and config) can
 share a WORKDIR and train it once. Sweep format: moejax/train/sweep.py.
+A sweep with `seeds=(...)` runs every variant on every seed and its table gives
+the paired difference to the first variant, a 95% t-interval and a verdict
+("reproduces" only when the interval excludes 0 in the variant's `expect`
+direction): moejax/train/seed_stats.py.
 """
 import json
 import os
@@ -19,8 +24,8 @@ from ml_collections import config_flags
 
 from moejax import cli
 
-from moejax.train.sweep import run_sweep
-from moejax.train.sweep_report import markdown_table, plot_curves
+from moejax.train.sweep import run_sweep, sweep_seeds
+from moejax.train.sweep_report import markdown_table, plot_curves, seed_table
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.",
                                           lock_config=True)
@@ -41,13 +46,15 @@ def main(argv):
   report = lambda suffix: os.path.join(workdir, stem + suffix)
   results = run_sweep(sweep, workdir, log=lambda msg: print(msg, flush=True))  # checks first
   os.makedirs(workdir, exist_ok=True)
-  table = markdown_table(results)
+  seeds = sweep_seeds(sweep)
+  table = seed_table(results) if "seeds" in sweep else markdown_table(results)
   with open(report(".md"), "w") as f:
-    f.write(f"# {sweep.title}\n\n{sweep.steps} steps, seed {sweep.seed}, "
-            f"common overrides {list(sweep.common)}.\n\n{table}")
+    f.write(f"# {sweep.title}\n\n{sweep.steps} steps, seed{'s' * (len(seeds) > 1)} "
+            f"{', '.join(map(str, seeds))}, common overrides {list(sweep.common)}."
+            f"\n\n{table}")
   with open(report(".json"), "w") as f:
     json.dump([{k: v for k, v in r.items() if k != "config"} for r in results], f, indent=1)
-  plot_curves(workdir, [r["name"] for r in results], report("_curves.png"))
+  plot_curves(results, report("_curves.png"))
   print(table)
 
 

@@ -5,8 +5,10 @@
 
   name         'shakespeare' (built in, modern spelling), 'shakespeare_folio'
                (built in, modern + First Folio), 'mix' (built in, multi-domain,
-               ``moejax.data.mix``), or any TFDS dataset already prepared as
-               array_record in ``data_dir``.
+               ``moejax.data.mix``), a generated dataset of ``GENERATED_DATASETS``
+               ('polyglot_synth': moejax.data.polyglot, settings in
+               ``data.polyglot``, nothing written to disk), or any TFDS dataset
+               already prepared as array_record in ``data_dir``.
   mix.weights  for 'mix': {domain: weight}; training interleaves the domains in
                these proportions (``mix.mixed_train_windows``).
   text_key     feature holding the text (default 'text').
@@ -46,7 +48,7 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from moejax.data import mix, shakespeare
+from moejax.data import mix, polyglot, shakespeare
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.storage import resolve_data_dir
 from moejax.data.tokenizers import Tokenizer, check_tokenizer_settings, get_tokenizer
@@ -61,6 +63,8 @@ BUILTIN_DATASETS = {
                                            config='modern_and_folio'),
     'mix': mix.prepare_mix,
 }
+# Generated dataset name -> fn(data config) -> (dataset id, {split: texts}).
+GENERATED_DATASETS = {polyglot.NAME: polyglot.split_texts}
 OPTIONAL_DEFAULTS = {
     'name': 'shakespeare', 'text_key': 'text', 'train_split': 'train',
     'eval_split': 'validation', 'tokenizer': 'byte', 'vocab_size': None,
@@ -106,13 +110,17 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   mix_weights = (mix.check_weights(settings['mix'].get('weights'))
                  if settings['name'] == 'mix' else None)
   data_dir = resolve_data_dir(settings['data_dir'])
-  builder = _open_builder(settings['name'], data_dir)
-  sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
-  texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
+  if settings['name'] in GENERATED_DATASETS:
+    dataset_id, texts = _generated_texts(cfg, settings)
+  else:
+    builder = _open_builder(settings['name'], data_dir)
+    dataset_id = builder.info.full_name.replace('/', '-')
+    sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
+    texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
 
   tokenizer = get_tokenizer(
       settings['tokenizer'], vocab_size=settings['vocab_size'],
-      model_path=_tokenizer_path(builder, settings, data_dir),
+      model_path=_tokenizer_path(dataset_id, settings, data_dir),
       train_texts=lambda: texts['train_split'])
   streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
              for key, split_texts in texts.items()}
@@ -228,11 +236,20 @@ def _read_texts(source: Sequence[dict], text_key: str) -> list[str]:
   return [text.decode('utf-8') if isinstance(text, bytes) else str(text) for text in texts]
 
 
-def _tokenizer_path(builder, settings: dict, data_dir: str) -> str:
+def _generated_texts(cfg, settings: dict) -> tuple[str, dict[str, list[str]]]:
+  """(dataset id, {'train_split': texts, 'eval_split': texts}) of a generated dataset."""
+  dataset_id, splits = GENERATED_DATASETS[settings['name']](cfg)
+  for key in ('train_split', 'eval_split'):
+    if settings[key] not in splits:
+      raise ConfigError(f'data.{key}={settings[key]!r} is not a split of data.name='
+                        f"{settings['name']!r}; splits: {', '.join(splits)}")
+  return dataset_id, {key: splits[settings[key]] for key in ('train_split', 'eval_split')}
+
+
+def _tokenizer_path(dataset_id: str, settings: dict, data_dir: str) -> str:
   """Cache file of a learned tokenizer: keyed by dataset, split, key and vocab."""
-  dataset = builder.info.full_name.replace('/', '-')
   return os.path.join(data_dir, 'moejax_tokenizers',
-                      f"{dataset}-{settings['train_split']}-{settings['text_key']}"
+                      f"{dataset_id}-{settings['train_split']}-{settings['text_key']}"
                       f"-{settings['tokenizer']}{settings['vocab_size']}.model")
 
 

@@ -2,9 +2,15 @@
 
 A sweep config (configs/ablations/*.py) holds
     steps     the training budget every variant gets (train.steps)
-    seed      the seed every variant gets
+    seed      the seed every variant gets, or
+    seeds     a tuple of distinct seeds (issue 13): every variant runs on every
+              seed; seed s fixes initialisation and data order (config.seed feeds
+              nnx.Rngs, the grain shuffle and the step keys), so all arms on seed s
+              see the same batches and pair up (moejax/train/seed_stats.py)
     common    "key=value" overrides applied to every variant (e.g. eval cadence)
-    variants  (name, "configs/file.py[:arg]", ("key=value", ...)) tuples
+    variants  (name, "configs/file.py[:arg]", ("key=value", ...)[, expect]) tuples;
+              expect ("lower" | "higher" | None) is the paper's claimed direction of
+              the metric against the first variant, the baseline
 Overrides use the dotted keys of `--config.a.b=value`; each must exist in the
 variant's config (a typo is a ConfigError naming it), except new entries of
 `model.moe.loss_weights`, which is open by design. Values are converted to the
@@ -13,7 +19,9 @@ type of the value they replace.
 `run_sweep` validates every variant before training any, trains each one in
 WORKDIR/<name> with `train_and_evaluate` (an interrupted variant resumes from
 its checkpoint) and writes WORKDIR/<name>/result.json when it finishes; a
-variant whose result.json exists, for the same config, is not re-run.
+variant whose result.json exists, for the same config, is not re-run. With
+`seeds`, run s of a variant lives in WORKDIR/<name>/seed_<s>, runs go seed by
+seed (every arm of seed 0 first) and a variant may not override `seed`.
 
 Summary figures (`summarize`): final val bpb; tokens/s as the median over log
 windows (robust to the compile window and to a shared machine); MoE metrics
@@ -33,6 +41,7 @@ import numpy as np
 from moejax.config import OPEN_DICTS, flatten_config, validate_config, with_defaults
 from moejax.errors import ConfigError
 from moejax.train.metrics import read_jsonl
+from moejax.train.seed_stats import DIRECTIONS, check_seeds
 
 MOE_COLUMNS = ("max_over_mean_load", "routing_entropy", "dropped_fraction", "padding_waste")
 
@@ -42,6 +51,7 @@ class Variant:
   name: str
   config: str  # "configs/file.py[:arg]"
   overrides: tuple = ()
+  expect: str | None = None  # the paper's direction against the baseline
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
@@ -98,18 +108,47 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
 
 
 def variants_of(sweep) -> list[Variant]:
-  variants = [Variant(name, spec, tuple(overrides)) for name, spec, overrides in sweep.variants]
+  variants = []
+  for entry in sweep.variants:
+    if len(entry) not in (3, 4):
+      raise ConfigError(f"sweep variant {entry!r}: expected (name, config, overrides"
+                        "[, expect])")
+    variant = Variant(entry[0], entry[1], tuple(entry[2]), *entry[3:])
+    if variant.expect not in DIRECTIONS:
+      raise ConfigError(f"variant {variant.name!r} expect={variant.expect!r}: must be "
+                        "'lower', 'higher' or None")
+    if "seeds" in sweep and any(o.partition("=")[0] == "seed" for o in variant.overrides):
+      raise ConfigError(f"variant {variant.name!r} overrides seed; with seeds= every "
+                        "variant runs on every seed")
+    variants.append(variant)
   names = [v.name for v in variants]
   if not variants or len(set(names)) != len(names):
     raise ConfigError(f"sweep variants={names}: need at least one, names unique")
   return variants
 
 
-def variant_config(sweep, variant: Variant) -> ml_collections.ConfigDict:
-  """The variant's full config: its file, the sweep's seed and common overrides,
-  its own overrides (a variant may set `seed=1`: a seed-noise reference), the budget."""
+def sweep_seeds(sweep) -> tuple[int, ...]:
+  """The sweep's seeds: `seeds` (checked: non-empty, distinct) or (`seed`,)."""
+  if "seeds" not in sweep:
+    return (sweep.seed,)
+  if "seed" in sweep:
+    raise ConfigError(f"seed={sweep.seed!r} and seeds={sweep.seeds!r} are both set; "
+                      "give one of them")
+  return check_seeds(sweep.seeds)
+
+
+def run_dir_of(sweep, workdir: str, name: str, seed: int) -> str:
+  """WORKDIR/<name>, or WORKDIR/<name>/seed_<seed> for a multi-seed sweep."""
+  run_dir = os.path.join(workdir, name)
+  return os.path.join(run_dir, f"seed_{seed}") if "seeds" in sweep else run_dir
+
+
+def variant_config(sweep, variant: Variant, seed: int | None = None) -> ml_collections.ConfigDict:
+  """The variant's full config: its file, the seed (default the sweep's `seed`) and
+  common overrides, its own overrides (in a one-seed sweep a variant may set
+  `seed=1`: a seed-noise reference), the budget."""
   config = load_config_file(variant.config)
-  config.seed = sweep.seed
+  config.seed = sweep.seed if seed is None else seed
   apply_overrides(config, tuple(sweep.common) + variant.overrides)
   config.train.steps = sweep.steps
   config.train.progress_bar = False
@@ -152,34 +191,38 @@ def same_config(saved_fingerprint: dict, config) -> bool:
 
 
 def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
-  """Train every variant not already finished; returns one result dict per variant."""
+  """Train every (seed, variant) not already finished; returns one result dict per
+  run, seed by seed, each with its "seed" and "expect"."""
   if train_fn is None:
     from moejax.train.loop import train_and_evaluate as train_fn
+  seeds = sweep_seeds(sweep)
   variants = variants_of(sweep)
-  configs = {v.name: variant_config(sweep, v) for v in variants}  # all errors first
-  results = []
-  for variant in variants:
-    config, run_dir = configs[variant.name], os.path.join(workdir, variant.name)
-    result_path = os.path.join(run_dir, "result.json")
+  configs = {(s, v.name): variant_config(sweep, v, s) for s in seeds for v in variants}
+  results = []  # all errors above, before any training or writing
+  for seed, variant in ((s, v) for s in seeds for v in variants):
+    config = configs[seed, variant.name]
+    run_dir = run_dir_of(sweep, workdir, variant.name, seed)
+    result_path, label = os.path.join(run_dir, "result.json"), os.path.relpath(run_dir, workdir)
     if os.path.exists(result_path):
       with open(result_path) as f:
         result = json.load(f)
       if same_config(result["config"], config):
-        log(f"{variant.name}: finished earlier, not re-run")
-        results.append(result)
+        log(f"{label}: finished earlier, not re-run")
+        results.append({**result, "seed": config.seed, "expect": variant.expect,
+                        "run_dir": run_dir})
         continue
       raise ConfigError(f"{result_path} was trained with another config; remove "
                         f"{run_dir} or give the variant a new name")
-    log(f"{variant.name}: training {config.train.steps} steps in {run_dir}")
+    log(f"{label}: training {config.train.steps} steps in {run_dir}")
     run = train_fn(config, run_dir)
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(run.state.params))
     summary = summarize(read_jsonl(os.path.join(run_dir, "metrics.jsonl")), run.eval,
                         num_params)
     result = {"name": variant.name, "config_spec": variant.config,
-              "overrides": list(variant.overrides), **summary,
+              "overrides": list(variant.overrides), "seed": config.seed, **summary,
               "config": fingerprint(config.to_dict())}
     with open(result_path + ".tmp", "w") as f:
       json.dump(result, f, indent=1)
     os.replace(result_path + ".tmp", result_path)  # atomic: never half a result
-    results.append(result)
+    results.append({**result, "expect": variant.expect, "run_dir": run_dir})
   return results

@@ -124,6 +124,8 @@ CASES = [
     (ABLATE, ["--config=configs/ablations/routers.py", T], ["--workdir={train}", "sweep"]),
     (ABLATE, ["--config=configs/ablations/routers.py", NEW, "--config.no_such_key=1"],
      ["unknown config key no_such_key"]),
+    (ABLATE, ["--config=configs/ablations/routers_seeds.py", NEW, "--config.seeds=(0, 1, 0)"],
+     ["seeds=[0, 1, 0]", "twice"]),
     # calibrate_sere
     (SERE, [NEW], ["does not exist", "--workdir={missing}"]),
     (SERE, [C], ["imported model", "--workdir={converted}"]),
