@@ -131,6 +131,12 @@ def base_config() -> ml_collections.ConfigDict:
   # "validation" is every held-out document, "validation_<domain>" one domain's.
   d.mix = ml_collections.ConfigDict(dict(weights=ml_collections.ConfigDict(dict(
       drama=1.0, prose=1.0, speeches=1.0, code=1.0, facts=0.5, arithmetic=0.5))))
+  # data.name="files" (moejax/data/files.py): globs of .txt / .jsonl files (.jsonl:
+  # one document per line, under text_key), streamed from disk. eval unset: every
+  # 10th train file (sorted) is held out whole.
+  d.files = ml_collections.ConfigDict(dict(
+      train=ml_collections.config_dict.placeholder(str),
+      eval=ml_collections.config_dict.placeholder(str)))
 
   # Start from pretrained weights (moejax/train/init_from.py): an HF checkpoint
   # directory or a converted workdir. The model section then comes from it
@@ -230,6 +236,9 @@ def validate_config(c) -> None:
   if c.data.name == "mix":
     from moejax.data.mix import check_weights
     check_weights(c.data.mix.weights)
+  if c.data.name == "files":
+    from moejax.data.files import resolve_files
+    resolve_files(c.data.files)
   from moejax.layers.lookup import validate_l3
   validate_l3(c)
   t = c.train
