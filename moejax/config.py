@@ -136,6 +136,12 @@ def base_config() -> ml_collections.ConfigDict:
   d.polyglot = ml_collections.ConfigDict(dict(
       num_languages=4, pool_size=24, alphabet_size=12, branching=3, doc_len=128,
       train_docs=4096, eval_docs=512, seed=0))
+  # data.name="files" (moejax/data/files.py): globs of .txt / .jsonl files (.jsonl:
+  # one document per line, under text_key), streamed from disk. eval unset: every
+  # 10th train file (sorted) is held out whole.
+  d.files = ml_collections.ConfigDict(dict(
+      train=ml_collections.config_dict.placeholder(str),
+      eval=ml_collections.config_dict.placeholder(str)))
 
   # Start from pretrained weights (moejax/train/init_from.py): an HF checkpoint
   # directory or a converted workdir. The model section then comes from it
@@ -235,6 +241,9 @@ def validate_config(c) -> None:
   if c.data.name == "mix":
     from moejax.data.mix import check_weights
     check_weights(c.data.mix.weights)
+  if c.data.name == "files":
+    from moejax.data.files import resolve_files
+    resolve_files(c.data.files)
   from moejax.layers.lookup import validate_l3
   validate_l3(c)
   t = c.train

@@ -5,10 +5,13 @@
 
   name         'shakespeare' (built in, modern spelling), 'shakespeare_folio'
                (built in, modern + First Folio), 'mix' (built in, multi-domain,
-               ``moejax.data.mix``), a generated dataset of ``GENERATED_DATASETS``
-               ('polyglot_synth': moejax.data.polyglot, settings in
-               ``data.polyglot``, nothing written to disk), or any TFDS dataset
-               already prepared as array_record in ``data_dir``.
+               ``moejax.data.mix``), 'files' (your own .txt/.jsonl files,
+               streamed: ``moejax.data.files``), a generated dataset of
+               ``GENERATED_DATASETS`` ('polyglot_synth': moejax.data.polyglot,
+               settings in ``data.polyglot``, nothing written to disk), or any
+               TFDS dataset already prepared as array_record in ``data_dir``.
+  files.train, files.eval   for 'files': globs; eval unset holds out every
+               10th train file whole.
   mix.weights  for 'mix': {domain: weight}; training interleaves the domains in
                these proportions (``mix.mixed_train_windows``).
   text_key     feature holding the text (default 'text').
@@ -19,7 +22,8 @@
                $TFDS_DATA_DIR or ~/tensorflow_datasets).
 
 Each split is tokenized and packed (``moejax.data.packing``) in memory, which
-suits corpora up to a few hundred million tokens. Documents are separated by
+suits corpora up to a few hundred million tokens; 'files' gives the same
+windows read lazily from disk, for corpora larger than memory. Documents are separated by
 the tokenizer's ``eos_id``: byte 0 (NUL) for 'byte', ``</s>`` (id 2) for
 'sentencepiece'.
 
@@ -40,6 +44,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -48,10 +54,11 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from moejax.data import mix, polyglot, shakespeare
+from moejax.data import files, mix, polyglot, shakespeare
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.storage import resolve_data_dir
-from moejax.data.tokenizers import Tokenizer, check_tokenizer_settings, get_tokenizer
+from moejax.data.tokenizers import (ByteTokenizer, Tokenizer, check_tokenizer_settings,
+                                    get_tokenizer)
 from moejax.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
@@ -68,7 +75,7 @@ GENERATED_DATASETS = {polyglot.NAME: polyglot.split_texts}
 OPTIONAL_DEFAULTS = {
     'name': 'shakespeare', 'text_key': 'text', 'train_split': 'train',
     'eval_split': 'validation', 'tokenizer': 'byte', 'vocab_size': None,
-    'data_dir': None, 'mix': {},
+    'data_dir': None, 'mix': {}, 'files': {},
 }
 # Windows are cheap numpy slices; a little read-ahead keeps the host ahead of
 # the accelerator without holding many batches in memory.
@@ -110,26 +117,33 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   mix_weights = (mix.check_weights(settings['mix'].get('weights'))
                  if settings['name'] == 'mix' else None)
   data_dir = resolve_data_dir(settings['data_dir'])
-  if settings['name'] in GENERATED_DATASETS:
-    dataset_id, texts = _generated_texts(cfg, settings)
+  if settings['name'] == 'files':
+    tokenizer, windows = files.streamed_splits(
+        settings['files'], functools.partial(_files_tokenizer, settings, data_dir),
+        settings['seq_len'], settings['text_key'])
+    eval_bytes, eval_tokens = (windows['eval_split'].num_text_bytes,
+                               windows['eval_split'].num_tokens)
   else:
-    builder = _open_builder(settings['name'], data_dir)
-    dataset_id = builder.info.full_name.replace('/', '-')
-    sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
-    texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
-
-  tokenizer = get_tokenizer(
-      settings['tokenizer'], vocab_size=settings['vocab_size'],
-      model_path=_tokenizer_path(dataset_id, settings, data_dir),
-      train_texts=lambda: texts['train_split'])
-  streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
-             for key, split_texts in texts.items()}
-  windows = {key: PackedWindows(stream, settings['seq_len']) for key, stream in streams.items()}
+    if settings['name'] in GENERATED_DATASETS:
+      dataset_id, texts = _generated_texts(cfg, settings)
+    else:
+      builder = _open_builder(settings['name'], data_dir)
+      dataset_id = builder.info.full_name.replace('/', '-')
+      sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
+      texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
+    tokenizer = get_tokenizer(
+        settings['tokenizer'], vocab_size=settings['vocab_size'],
+        model_path=_tokenizer_path(dataset_id, settings, data_dir),
+        train_texts=lambda: texts['train_split'])
+    streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
+               for key, split_texts in texts.items()}
+    windows = {key: PackedWindows(stream, settings['seq_len']) for key, stream in streams.items()}
+    eval_texts = texts['eval_split']
+    eval_bytes = sum(len(text.encode('utf-8')) for text in eval_texts) + len(eval_texts)
+    eval_tokens = len(streams['eval_split'])
   for key, split_windows in windows.items():
     _check_fits_one_batch(settings, key, len(split_windows))
 
-  eval_texts = texts['eval_split']
-  eval_bytes = sum(len(text.encode('utf-8')) for text in eval_texts) + len(eval_texts)
   rows = settings['batch_size'] // shard_count
   if mix_weights is None:
     train_windows = grain.MapDataset.source(windows['train_split']).shuffle(seed=seed).repeat()
@@ -144,7 +158,7 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   return LMData(train_iter=iter(train.to_iter_dataset(READ_OPTIONS)),
                 eval_batches=functools.partial(_eval_batches, eval_ds, num_eval_batches),
                 tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
-                bytes_per_token=eval_bytes / len(streams['eval_split']),
+                bytes_per_token=eval_bytes / eval_tokens,
                 num_eval_batches=num_eval_batches)
 
 
@@ -201,7 +215,7 @@ def _open_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   """The prepared, array_record-backed builder for ``data.name``."""
   if name in BUILTIN_DATASETS:
     return BUILTIN_DATASETS[name](data_dir)
-  hint = (f"built-in names: {', '.join(BUILTIN_DATASETS)}; any TFDS dataset name also "
+  hint = (f"built-in names: {', '.join(BUILTIN_DATASETS)}, files; any TFDS dataset name also "
           f"works once prepared with file_format='array_record' in data.data_dir")
   try:
     builder = tfds.builder(name, data_dir=data_dir)
@@ -253,10 +267,24 @@ def _tokenizer_path(dataset_id: str, settings: dict, data_dir: str) -> str:
                       f"-{settings['tokenizer']}{settings['vocab_size']}.model")
 
 
+def _files_tokenizer(settings: dict, data_dir: str, train_texts) -> Tokenizer:
+  """The tokenizer of data.name=files; a learned one is cached per set of train files."""
+  paths = files.resolve_files(settings['files'])['train']
+  key = hashlib.sha256(json.dumps(
+      [(p, os.path.getsize(p), os.path.getmtime(p)) for p in paths]).encode()).hexdigest()[:16]
+  model_path = os.path.join(data_dir, 'moejax_tokenizers', f"files-{key}-{settings['text_key']}"
+                            f"-{settings['tokenizer']}{settings['vocab_size']}.model")
+  return get_tokenizer(settings['tokenizer'], vocab_size=settings['vocab_size'],
+                       model_path=model_path, train_texts=train_texts)
+
+
 def _check_fits_one_batch(settings: dict, key: str, num_windows: int) -> None:
   if num_windows < settings['batch_size']:
+    split = (f"data.files.{key.split('_')[0]}={settings['files'].get(key.split('_')[0])!r}"
+             if settings['name'] == 'files' else
+             f"data.{key}={settings[key]!r} of data.name={settings['name']!r}")
     raise ConfigError(
-        f"data.{key}={settings[key]!r} of data.name={settings['name']!r} is too small: "
+        f"{split} is too small: "
         f"{num_windows} windows of data.seq_len+1={settings['seq_len'] + 1} tokens, "
         f"fewer than one batch of data.batch_size={settings['batch_size']}")
 
@@ -267,6 +295,10 @@ def split_documents(cfg, split_key: str = 'eval_split') -> list[tuple[str, str]]
   one, else ``cfg.name``. For the evaluation harness (moejax/evaluation)."""
   settings = {key: cfg.get(key, default) for key, default in OPTIONAL_DEFAULTS.items()}
   check_tokenizer_settings(settings['tokenizer'], settings['vocab_size'])
+  if settings['name'] == 'files':
+    paths = files.resolve_files(settings['files'])[split_key.split('_')[0]]
+    return [('files', text) for text in files.StreamedWindows(
+        paths, ByteTokenizer(), 1, settings['text_key']).texts()]
   builder = _open_builder(settings['name'], resolve_data_dir(settings['data_dir']))
   source = _open_split(builder, settings, split_key)
   texts = _read_texts(source, settings['text_key'])
