@@ -171,6 +171,17 @@ def test_synthetic_held_out_wording_and_problems_never_occur_in_training():
     assert int(c) == {'+': int(a) + int(b), '-': int(a) - int(b), '*': int(a) * int(b)}[op]
 
 
+def test_every_fact_template_gives_a_prompt_with_one_answer():
+  """The probe asks 'the sentence up to the value': the name must come first and no
+  prompt may begin another (1.0.0's 'X was born in' began 'X was born in the year')."""
+  templates = [t for ts in mix_synthetic.TRAIN_TEMPLATES.values() for t in ts]
+  templates += mix_synthetic.HELD_OUT_TEMPLATES.values()
+  prompts = [mix_synthetic.fact_prompt(t, 'Ka Lo', 'teal')[0] for t in templates]
+  assert all('Ka Lo' in prompt for prompt in prompts)
+  for i, a in enumerate(prompts):
+    assert not any((b + ' ').startswith(a + ' ') for j, b in enumerate(prompts) if j != i), a
+
+
 def test_mixture_sampling_matches_the_weights():
   domains = [d for d in mix.DOMAINS for _ in range(3)]
   texts = [chr(ord('A') + mix.DOMAINS.index(d)) * 50 for d in domains]  # one letter per domain
