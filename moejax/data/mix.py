@@ -200,6 +200,28 @@ def check_weights(weights) -> dict[str, float]:
   return {domain: float(weights[domain]) for domain in DOMAINS if weights.get(domain, 0) > 0}
 
 
+TOKENIZER_SAMPLE_BYTES = 1_000_000  # per domain
+
+
+def tokenizer_sample(texts: Sequence[str], domains: Sequence[str],
+                     bytes_per_domain: int | None = None) -> list[str]:
+  """What a learned tokenizer is trained on: per domain (DOMAINS order) the lines
+  of its documents, taken in order of sha256(text) (spread over genres and eras,
+  not the first titles), until ``bytes_per_domain`` (TOKENIZER_SAMPLE_BYTES) UTF-8
+  bytes; the same every time, and independent of ``data.mix.weights``."""
+  sample = []
+  for domain in DOMAINS:
+    ordered = sorted((text for text, d in zip(texts, domains) if d == domain),
+                     key=lambda text: hashlib.sha256(text.encode()).digest())
+    budget = bytes_per_domain or TOKENIZER_SAMPLE_BYTES
+    for line in (line for text in ordered for line in text.split('\n') if line):
+      budget -= len(line.encode()) + 1
+      if budget < 0:
+        break
+      sample.append(line)
+  return sample
+
+
 def mixed_train_windows(texts: Sequence[str], domains: Sequence[str], weights: Mapping[str, float],
                         encode: Callable[[str], np.ndarray], eos_id: int, seq_len: int,
                         seed: int) -> grain.MapDataset:

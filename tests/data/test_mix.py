@@ -17,6 +17,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from moejax.config import base_config, validate_config
 from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
 from moejax.data.pipeline import build_lm_data
+from moejax.data.tokenizers import SentencePieceTokenizer
 from moejax.errors import ConfigError
 
 from .helpers import assert_batches_equal, data_config, take
@@ -210,6 +211,43 @@ def test_build_lm_data_trains_only_on_the_weighted_domains(mix_dir):
   speeches = '\0'.join(r['text'] for r in read_split(mix_dir, 'validation_speeches'))
   row = next(data.eval_batches(1))['inputs'][0]
   assert bytes(row.astype(np.uint8)).decode() in speeches + '\0'
+
+
+def test_tokenizer_sample_is_bounded_balanced_and_whole_lines():
+  texts = ['a1\na2', 'a3', 'bb1\nbb2\nbb3', 'code line\n\nnext']
+  domains = ['drama', 'drama', 'prose', 'code']
+  sample = mix.tokenizer_sample(texts, domains, bytes_per_domain=9)  # a line costs len + 1
+  assert sorted(sample[:3]) == ['a1', 'a2', 'a3']  # drama: 3 * 3 = 9 bytes, all of it
+  assert len(sample[3:5]) == 2 and set(sample[3:5]) < {'bb1', 'bb2', 'bb3'}  # 8, a third is 12
+  assert sample[5:] == []  # 'code line' + '\n' is 10 bytes, over the budget
+  assert mix.tokenizer_sample(texts[::-1], domains[::-1], 9) == sample  # order-free
+
+
+def test_sentencepiece_on_mix_trains_once_on_the_sample_and_is_deterministic(mix_dir,
+                                                                              monkeypatch):
+  monkeypatch.setattr(mix, 'TOKENIZER_SAMPLE_BYTES', 2000)  # below most fixture domains
+  cfg = data_config(mix_dir, name='mix', tokenizer='sentencepiece', vocab_size=400,
+                    mix=dict(weights=dict(drama=1.0, facts=1.0)))
+  data = build_lm_data(cfg, seed=0)
+  path = os.path.join(mix_dir, 'moejax_tokenizers', 'moejax_mix-1.1.0-train-text-'
+                      f'sentencepiece400-sample2000.model')
+  cached = Path(path).read_bytes()
+  train = read_split(mix_dir, 'train')
+  sample = mix.tokenizer_sample([r['text'] for r in train], [r['domain'] for r in train])
+  lines = {d: [line for r in train if r['domain'] == d for line in r['text'].split('\n') if line]
+           for d in mix.DOMAINS}
+  cost = lambda chosen: sum(len(line.encode()) + 1 for line in chosen)
+  for domain in mix.DOMAINS:  # every domain, whatever the weights, up to 2000 bytes
+    taken = cost(line for line in sample if line in set(lines[domain]))
+    longest = max(cost([line]) for line in lines[domain])
+    assert (taken == cost(lines[domain]) if cost(lines[domain]) <= 2000 else
+            2000 - longest < taken <= 2000), (domain, taken)
+  assert cost(lines['facts']) > 2000 and cost(lines['code']) > 2000  # bounded, not all
+  again = SentencePieceTokenizer.train(sample, 400).model_proto  # a second training
+  assert hashlib.sha256(again).hexdigest() == hashlib.sha256(cached).hexdigest()
+  for record in read_split(mix_dir, 'validation'):
+    assert data.tokenizer.decode(data.tokenizer.encode(record['text'])) == record['text']
+  assert data.bytes_per_token > 1.2  # merges learned (bytes: exactly 1)
 
 
 def test_mixed_training_resumes_exactly(mix_dir):
