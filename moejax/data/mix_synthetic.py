@@ -9,6 +9,8 @@ facts: invented people (syllable names) with five attributes. Training
   the value and the rest of the sentence): ``fact_prompt``. No template's
   prompt begins another's, so each prompt has one right answer (1.1.0 reworded
   'was born in {value}' and 'In {value}, {name} came ...', which did not).
+  Answers start at a space, where sentencepiece pieces start too, so a prompt
+  and its answer encoded apart give the tokens of the whole sentence.
 arithmetic: lines 'a op b = c' with 2- or 3-digit operands and op in + - *;
   a problem is held out when sha256('a op b') is 0 mod 10, so no held-out
   problem appears in training. 32 problems per document, one per line; as a

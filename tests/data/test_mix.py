@@ -19,6 +19,7 @@ from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
 from moejax.data.pipeline import build_lm_data
 from moejax.data.tokenizers import SentencePieceTokenizer
 from moejax.errors import ConfigError
+from moejax.evaluation import probe_data
 
 from .helpers import assert_batches_equal, data_config, take
 
@@ -248,6 +249,12 @@ def test_sentencepiece_on_mix_trains_once_on_the_sample_and_is_deterministic(mix
   for record in read_split(mix_dir, 'validation'):
     assert data.tokenizer.decode(data.tokenizer.encode(record['text'])) == record['text']
   assert data.bytes_per_token > 1.2  # merges learned (bytes: exactly 1)
+  # probes encode prompt and answer apart; the answer starts at a space, where pieces start
+  encode = lambda text: data.tokenizer.encode(text).tolist()
+  examples = probe_data.fact_examples(0, 12, num_people=12) + probe_data.arithmetic_examples(
+      0, 5, num_problems=400)
+  for e in examples:
+    assert encode(e.prompt) + encode(e.choices[0]) == encode(e.prompt + e.choices[0]), e
 
 
 def test_mixed_training_resumes_exactly(mix_dir):
