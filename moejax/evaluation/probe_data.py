@@ -115,7 +115,7 @@ def default_probes(dataset: str | None) -> tuple[str, ...]:
 
 def probe_examples(name: str, documents, seed: int, count: int,
                    context: int = 400) -> list[Example]:
-  """The examples of probe `name` (PROBES): count per group (facts: count entities),
+  """The examples of probe `name` (PROBES): count per group (facts: count people),
   from (domain, text) documents; passages are up to context // 2 characters (200 at most)."""
   size = max(1, min(200, context // 2))
   if name == "facts":
