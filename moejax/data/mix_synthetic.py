@@ -4,9 +4,21 @@ facts: invented people (syllable names) with five attributes. Training
   documents state every fact with each of two TRAIN_TEMPLATES; held-out
   documents state the same facts with a HELD_OUT_TEMPLATES paraphrase that
   never occurs in training, so recall can be probed on seen and unseen wording.
+  Every template names the person before ' {value}', so a fact splits into a
+  prompt (the sentence up to the space before the value) and an answer (' ',
+  the value and the rest of the sentence): ``fact_prompt``. No template's
+  prompt begins another's, so each prompt has one right answer (1.1.0 reworded
+  'was born in {value}' and 'In {value}, {name} came ...', which did not).
+  Answers start at a space, where sentencepiece pieces start too, so a prompt
+  and its answer encoded apart give the tokens of the whole sentence.
 arithmetic: lines 'a op b = c' with 2- or 3-digit operands and op in + - *;
   a problem is held out when sha256('a op b') is 0 mod 10, so no held-out
-  problem appears in training. 32 problems per document.
+  problem appears in training. 32 problems per document, one per line; as a
+  probe, prompt 'a op b =' and answer ' c\n' (``problem_prompt``).
+
+SEED, NUM_PEOPLE and NUM_PROBLEMS are those of the built corpus
+(``mix.MixSources``); the probes of ``moejax.evaluation.probe_data`` read the
+same people and problems through this module.
 
 Both use ``random.Random(seed)`` (stable across Python versions for these calls).
 """
@@ -35,7 +47,7 @@ VALUES = {
             'badger'),
 }
 TRAIN_TEMPLATES = {
-    'birthplace': ('{name} was born in {value}.', '{name} grew up in the town of {value}.'),
+    'birthplace': ('{name} is a native of {value}.', '{name} grew up in the town of {value}.'),
     'profession': ('{name} works as a {value}.', 'By trade, {name} is a {value}.'),
     'birth_year': ('{name} was born in the year {value}.', "{name}'s year of birth is {value}."),
     'colour': ("{name}'s favourite colour is {value}.",
@@ -45,12 +57,13 @@ TRAIN_TEMPLATES = {
 HELD_OUT_TEMPLATES = {
     'birthplace': 'The birthplace of {name} is {value}.',
     'profession': '{name} earns a living as a {value}.',
-    'birth_year': 'In {value}, {name} came into the world.',
+    'birth_year': '{name} came into the world in {value}.',
     'colour': 'The colour that {name} prefers is {value}.',
     'pet': 'The animal {name} looks after at home is a {value}.',
 }
 OPERATORS = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b}
 PROBLEMS_PER_DOCUMENT = 32
+SEED, NUM_PEOPLE, NUM_PROBLEMS = 0, 3000, 40000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +114,24 @@ def fact_documents(seed: int, count: int) -> list[Document]:
   return documents
 
 
+def fact_prompt(template: str, name: str, value: str) -> tuple[str, str]:
+  """(prompt, answer) of a fact sentence: 'X works as a' and ' baker.'."""
+  prompt = template[:template.index(' {value}')].format(name=name)
+  return prompt, template.format(name=name, value=value)[len(prompt):]
+
+
+def problem_prompt(line: str) -> tuple[str, str]:
+  """(prompt, answer) of a problem line: '12 + 34 =' and ' 46\\n'."""
+  problem, answer = line.split(' = ')
+  return f'{problem} =', f' {answer}\n'
+
+
 def is_held_out_problem(problem: str) -> bool:
   return int(hashlib.sha256(problem.encode()).hexdigest(), 16) % 10 == 0
+
+
+def line_is_held_out(line: str) -> bool:
+  return is_held_out_problem(line.split(' = ')[0])
 
 
 def arithmetic_lines(seed: int, count: int) -> list[str]:
@@ -126,7 +155,7 @@ def arithmetic_documents(seed: int, count: int) -> list[Document]:
   lines = arithmetic_lines(seed, count)
   documents = []
   for held_out, part in ((False, 'train'), (True, 'held_out')):
-    chosen = [line for line in lines if is_held_out_problem(line.split(' = ')[0]) == held_out]
+    chosen = [line for line in lines if line_is_held_out(line) == held_out]
     for start in range(0, len(chosen), PROBLEMS_PER_DOCUMENT):
       text = '\n'.join(chosen[start:start + PROBLEMS_PER_DOCUMENT])
       title = f'arithmetic/{part}/{start // PROBLEMS_PER_DOCUMENT:04d}'

@@ -16,7 +16,9 @@
                these proportions (``mix.mixed_train_windows``).
   text_key     feature holding the text (default 'text').
   train_split, eval_split   split names (default 'train', 'validation').
-  tokenizer    'byte' (default) or 'sentencepiece'; ``vocab_size`` for the latter.
+  tokenizer    'byte' (default) or 'sentencepiece'; ``vocab_size`` for the latter,
+               trained on the train split (for 'mix': ``mix.tokenizer_sample``,
+               at most 1 MB per domain) and cached in ``data_dir``.
   seq_len      tokens per example; ``batch_size`` rows per global batch.
   data_dir     where datasets and tokenizer models live (default
                $TFDS_DATA_DIR or ~/tensorflow_datasets).
@@ -131,10 +133,13 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
       dataset_id = builder.info.full_name.replace('/', '-')
       sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
       texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
+    train_domains = (_read_texts(sources['train_split'], 'domain') if mix_weights is not None
+                     else None)
     tokenizer = get_tokenizer(
         settings['tokenizer'], vocab_size=settings['vocab_size'],
         model_path=_tokenizer_path(dataset_id, settings, data_dir),
-        train_texts=lambda: texts['train_split'])
+        train_texts=lambda: (texts['train_split'] if train_domains is None else
+                             mix.tokenizer_sample(texts['train_split'], train_domains)))
     streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
                for key, split_texts in texts.items()}
     windows = {key: PackedWindows(stream, settings['seq_len']) for key, stream in streams.items()}
@@ -149,7 +154,7 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
     train_windows = grain.MapDataset.source(windows['train_split']).shuffle(seed=seed).repeat()
   else:
     train_windows = mix.mixed_train_windows(
-        texts['train_split'], _read_texts(sources['train_split'], 'domain'), mix_weights,
+        texts['train_split'], train_domains, mix_weights,
         tokenizer.encode, tokenizer.eos_id, settings['seq_len'], seed)
   train = _batched(train_windows, rows, shard_index, shard_count)
   num_eval_batches = len(windows['eval_split']) // settings['batch_size']
@@ -261,10 +266,12 @@ def _generated_texts(cfg, settings: dict) -> tuple[str, dict[str, list[str]]]:
 
 
 def _tokenizer_path(dataset_id: str, settings: dict, data_dir: str) -> str:
-  """Cache file of a learned tokenizer: keyed by dataset, split, key and vocab."""
+  """Cache file of a learned tokenizer: keyed by dataset, split, key and vocab (and,
+  for mix, the per-domain bytes of ``mix.tokenizer_sample``)."""
+  sample = f'-sample{mix.TOKENIZER_SAMPLE_BYTES}' if settings['name'] == 'mix' else ''
   return os.path.join(data_dir, 'moejax_tokenizers',
                       f"{dataset_id}-{settings['train_split']}-{settings['text_key']}"
-                      f"-{settings['tokenizer']}{settings['vocab_size']}.model")
+                      f"-{settings['tokenizer']}{settings['vocab_size']}{sample}.model")
 
 
 def _files_tokenizer(settings: dict, data_dir: str, train_texts) -> Tokenizer:

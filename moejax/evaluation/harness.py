@@ -21,7 +21,7 @@ class Settings:
   stride: int | None = None  # None: the context (non-overlapping windows)
   batch_size: int = 8
   probes: tuple[str, ...] = tuple(probe_data.PROBES)
-  probe_count: int = 32  # examples per probe group (facts: entities)
+  probe_count: int = 32  # examples per probe group (facts: people)
   seed: int = 0
   num_resamples: int = 1000
 

@@ -1,58 +1,58 @@
-"""Small seeded generators of probe examples (evaluation/probes.py Example).
+"""Seeded probe examples (evaluation/probes.py Example).
 
-  fact_examples        invented entities and attributes; each fact asked with
-                       TRAIN_TEMPLATES (group 'train_template') and the held-out
-                       paraphrases HELDOUT_TEMPLATES (group 'heldout_template')
-  arithmetic_examples  'a+b=' -> 'c\\n' for a, b of 2 and 3 digits (groups '2-digit', '3-digit')
+  fact_examples        facts of the mix corpus's synthetic people
+                       (data/mix_synthetic.py): each asked in both TRAIN_TEMPLATES
+                       (group 'train_template') and in its HELD_OUT_TEMPLATES
+                       paraphrase (group 'heldout_template'); the prompt stops
+                       before the value, the answer is ' value.' (fact_prompt)
+  arithmetic_examples  the corpus's held-out problems: 'a op b =' -> ' c\\n'
+                       (groups '2-digit', '3-digit')
   next_passage_examples  a passage of a document and four candidates for what
                        follows: the true next passage and three passages of other
                        documents of the same domain (group: the domain)
   last_word_examples   a passage cut before its last word; the target is ' word'
                        (LAMBADA style; group: the domain)
-Same seed, same examples. The corpus-side facts of the mix corpus are its own;
-a probe takes any list of Examples.
+Same seed, same examples. facts and arithmetic probe what a model trained on
+``data.name=mix`` saw (or, held out, did not); DEFAULT_PROBES says which
+probes suit a model by the data it trained on.
 """
 import random
 import re
 
+from moejax.data import mix_synthetic
 from moejax.errors import ConfigError
 from moejax.evaluation.probes import Example
 
-SYLLABLES = ("ka", "lo", "mir", "ten", "zu", "vor", "pel", "dra", "quin", "sa", "bo", "rith")
-ATTRIBUTES = {"capital": ("Olvane", "Derith", "Maskel", "Porvin", "Tulsa", "Wenmark"),
-              "colour": ("amber", "violet", "teal", "crimson", "ochre", "silver"),
-              "river": ("Anset", "Brevo", "Caldor", "Dunmere", "Elsk", "Fallow")}
-TRAIN_TEMPLATES = ("The {attribute} of {entity} is",)
-HELDOUT_TEMPLATES = ("{entity}'s {attribute} is", "Q: What is the {attribute} of {entity}? A:")
 CHOICES = 4
 
 
-def make_facts(seed: int, num_entities: int) -> list[tuple[str, str, str]]:
-  """(entity, attribute, value) for num_entities invented entities, every attribute."""
-  rng = random.Random(seed)
-  names = set()
-  while len(names) < num_entities:
-    names.add("".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize())
-  return [(name, attribute, rng.choice(values)) for name in sorted(names)
-          for attribute, values in ATTRIBUTES.items()]
+def fact_examples(seed: int, count: int, corpus_seed: int = mix_synthetic.SEED,
+                  num_people: int = mix_synthetic.NUM_PEOPLE) -> list[Example]:
+  """Every fact of `count` of the corpus's people (drawn with `seed`) in every
+  training template and in its held-out paraphrase."""
+  everyone = mix_synthetic.people(corpus_seed, num_people)
+  out = []
+  for person in random.Random(seed).sample(everyone, min(count, len(everyone))):
+    for attribute, value in person.attributes.items():
+      for group, templates in (("train_template", mix_synthetic.TRAIN_TEMPLATES[attribute]),
+                               ("heldout_template", (mix_synthetic.HELD_OUT_TEMPLATES[attribute],))):
+        for template in templates:
+          prompt, answer = mix_synthetic.fact_prompt(template, person.name, value)
+          out.append(Example(prompt, (answer,), 0, group))
+  return out
 
 
-def fact_examples(facts) -> list[Example]:
-  """Each fact under every training and held-out template; the answer is ' value.'."""
-  return [Example(template.format(entity=e, attribute=a), (f" {v}.",), 0, group)
-          for group, templates in (("train_template", TRAIN_TEMPLATES),
-                                   ("heldout_template", HELDOUT_TEMPLATES))
-          for e, a, v in facts for template in templates]
-
-
-def arithmetic_examples(seed: int, per_size: int) -> list[Example]:
-  """per_size additions of two d-digit numbers for d = 2 and 3."""
+def arithmetic_examples(seed: int, per_size: int, corpus_seed: int = mix_synthetic.SEED,
+                        num_problems: int = mix_synthetic.NUM_PROBLEMS) -> list[Example]:
+  """per_size of the corpus's held-out problems with 2-digit and with 3-digit operands."""
   rng, out = random.Random(seed), []
+  held = [line for line in mix_synthetic.arithmetic_lines(corpus_seed, num_problems)
+          if mix_synthetic.line_is_held_out(line)]
   for digits in (2, 3):
-    low, high = 10 ** (digits - 1), 10 ** digits - 1
-    for _ in range(per_size):
-      a, b = rng.randint(low, high), rng.randint(low, high)
-      out.append(Example(f"{a}+{b}=", (f"{a + b}\n",), 0, f"{digits}-digit"))
+    sized = [line for line in held if len(line.split()[0]) == digits]
+    for line in rng.sample(sized, min(per_size, len(sized))):
+      prompt, answer = mix_synthetic.problem_prompt(line)
+      out.append(Example(prompt, (answer,), 0, f"{digits}-digit"))
   return out
 
 
@@ -104,15 +104,22 @@ def last_word_examples(documents, seed: int, per_domain: int, size: int = 200) -
 
 PROBES = {"facts": "greedy", "arithmetic": "greedy", "next_passage": "choice",
           "last_word": "greedy"}
+MIX_PROBES = ("facts", "arithmetic")  # the mix corpus's own facts and problems
+
+
+def default_probes(dataset: str | None) -> tuple[str, ...]:
+  """Every probe for a model trained on data.name=mix; else (another dataset, or
+  unknown) the passage probes only, as it never saw the synthetic facts."""
+  return tuple(p for p in PROBES if dataset == "mix" or p not in MIX_PROBES)
 
 
 def probe_examples(name: str, documents, seed: int, count: int,
                    context: int = 400) -> list[Example]:
-  """The examples of probe `name` (PROBES): count per group (facts: count entities),
+  """The examples of probe `name` (PROBES): count per group (facts: count people),
   from (domain, text) documents; passages are up to context // 2 characters (200 at most)."""
   size = max(1, min(200, context // 2))
   if name == "facts":
-    return fact_examples(make_facts(seed, count))
+    return fact_examples(seed, count)
   if name == "arithmetic":
     return arithmetic_examples(seed, count)
   if name == "next_passage":

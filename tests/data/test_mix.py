@@ -17,7 +17,9 @@ from array_record.python.array_record_module import ArrayRecordReader
 from moejax.config import base_config, validate_config
 from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
 from moejax.data.pipeline import build_lm_data
+from moejax.data.tokenizers import SentencePieceTokenizer
 from moejax.errors import ConfigError
+from moejax.evaluation import probe_data
 
 from .helpers import assert_batches_equal, data_config, take
 
@@ -171,6 +173,17 @@ def test_synthetic_held_out_wording_and_problems_never_occur_in_training():
     assert int(c) == {'+': int(a) + int(b), '-': int(a) - int(b), '*': int(a) * int(b)}[op]
 
 
+def test_every_fact_template_gives_a_prompt_with_one_answer():
+  """The probe asks 'the sentence up to the value': the name must come first and no
+  prompt may begin another (1.0.0's 'X was born in' began 'X was born in the year')."""
+  templates = [t for ts in mix_synthetic.TRAIN_TEMPLATES.values() for t in ts]
+  templates += mix_synthetic.HELD_OUT_TEMPLATES.values()
+  prompts = [mix_synthetic.fact_prompt(t, 'Ka Lo', 'teal')[0] for t in templates]
+  assert all('Ka Lo' in prompt for prompt in prompts)
+  for i, a in enumerate(prompts):
+    assert not any((b + ' ').startswith(a + ' ') for j, b in enumerate(prompts) if j != i), a
+
+
 def test_mixture_sampling_matches_the_weights():
   domains = [d for d in mix.DOMAINS for _ in range(3)]
   texts = [chr(ord('A') + mix.DOMAINS.index(d)) * 50 for d in domains]  # one letter per domain
@@ -199,6 +212,49 @@ def test_build_lm_data_trains_only_on_the_weighted_domains(mix_dir):
   speeches = '\0'.join(r['text'] for r in read_split(mix_dir, 'validation_speeches'))
   row = next(data.eval_batches(1))['inputs'][0]
   assert bytes(row.astype(np.uint8)).decode() in speeches + '\0'
+
+
+def test_tokenizer_sample_is_bounded_balanced_and_whole_lines():
+  texts = ['a1\na2', 'a3', 'bb1\nbb2\nbb3', 'code line\n\nnext']
+  domains = ['drama', 'drama', 'prose', 'code']
+  sample = mix.tokenizer_sample(texts, domains, bytes_per_domain=9)  # a line costs len + 1
+  assert sorted(sample[:3]) == ['a1', 'a2', 'a3']  # drama: 3 * 3 = 9 bytes, all of it
+  assert len(sample[3:5]) == 2 and set(sample[3:5]) < {'bb1', 'bb2', 'bb3'}  # 8, a third is 12
+  assert sample[5:] == []  # 'code line' + '\n' is 10 bytes, over the budget
+  assert mix.tokenizer_sample(texts[::-1], domains[::-1], 9) == sample  # order-free
+
+
+def test_sentencepiece_on_mix_trains_once_on_the_sample_and_is_deterministic(mix_dir,
+                                                                              monkeypatch):
+  monkeypatch.setattr(mix, 'TOKENIZER_SAMPLE_BYTES', 2000)  # below most fixture domains
+  cfg = data_config(mix_dir, name='mix', tokenizer='sentencepiece', vocab_size=400,
+                    mix=dict(weights=dict(drama=1.0, facts=1.0)))
+  data = build_lm_data(cfg, seed=0)
+  path = os.path.join(mix_dir, 'moejax_tokenizers', 'moejax_mix-1.1.0-train-text-'
+                      f'sentencepiece400-sample2000.model')
+  cached = Path(path).read_bytes()
+  train = read_split(mix_dir, 'train')
+  sample = mix.tokenizer_sample([r['text'] for r in train], [r['domain'] for r in train])
+  lines = {d: [line for r in train if r['domain'] == d for line in r['text'].split('\n') if line]
+           for d in mix.DOMAINS}
+  cost = lambda chosen: sum(len(line.encode()) + 1 for line in chosen)
+  for domain in mix.DOMAINS:  # every domain, whatever the weights, up to 2000 bytes
+    taken = cost(line for line in sample if line in set(lines[domain]))
+    longest = max(cost([line]) for line in lines[domain])
+    assert (taken == cost(lines[domain]) if cost(lines[domain]) <= 2000 else
+            2000 - longest < taken <= 2000), (domain, taken)
+  assert cost(lines['facts']) > 2000 and cost(lines['code']) > 2000  # bounded, not all
+  again = SentencePieceTokenizer.train(sample, 400).model_proto  # a second training
+  assert hashlib.sha256(again).hexdigest() == hashlib.sha256(cached).hexdigest()
+  for record in read_split(mix_dir, 'validation'):
+    assert data.tokenizer.decode(data.tokenizer.encode(record['text'])) == record['text']
+  assert data.bytes_per_token > 1.2  # merges learned (bytes: exactly 1)
+  # probes encode prompt and answer apart; the answer starts at a space, where pieces start
+  encode = lambda text: data.tokenizer.encode(text).tolist()
+  examples = probe_data.fact_examples(0, 12, num_people=12) + probe_data.arithmetic_examples(
+      0, 5, num_problems=400)
+  for e in examples:
+    assert encode(e.prompt) + encode(e.choices[0]) == encode(e.prompt + e.choices[0]), e
 
 
 def test_mixed_training_resumes_exactly(mix_dir):

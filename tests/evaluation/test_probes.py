@@ -4,6 +4,7 @@ import re
 import numpy as np
 import pytest
 
+from moejax.data import mix_synthetic
 from moejax.data.tokenizers import ByteTokenizer
 from moejax.errors import ConfigError
 from moejax.evaluation import probe_data
@@ -79,18 +80,49 @@ def test_probe_data_is_seeded_and_right():
   docs = [("a", text), ("a", text[7:]), ("a", text[3:]), ("b", text)]
   for name in probe_data.PROBES:
     assert probe_data.probe_examples(name, docs, 4, 3) == probe_data.probe_examples(name, docs, 4, 3)
-  for e in probe_data.arithmetic_examples(0, 5):
-    a, b = map(int, re.fullmatch(r"(\d+)\+(\d+)=", e.prompt).groups())
-    assert e.choices == (f"{a + b}\n",) and len(str(a)) == len(str(b)) == int(e.group[0])
+  assert probe_data.probe_examples("facts", docs, 5, 3) != probe_data.probe_examples("facts", docs, 4, 3)
   for e in probe_data.last_word_examples(docs, 0, 3, size=40):
     assert e.prompt + e.choices[0] in text and re.fullmatch(r" [A-Za-z]{3,}", e.choices[0])
   passages = probe_data.next_passage_examples(docs, 0, 3, size=40)
   assert {e.group for e in passages} == {"a"}  # b has one document: no distractors
   for e in passages:
     assert len(e.choices) == 4 and e.prompt + e.choices[e.label] in text
-  facts = probe_data.fact_examples(probe_data.make_facts(0, 2))
-  assert len(facts) == 2 * 3 * 3 and {e.group for e in facts} == {"train_template",
-                                                                    "heldout_template"}
+
+
+def test_fact_probes_ask_the_mix_corpus_facts_in_trained_and_held_out_wording():
+  documents = mix_synthetic.fact_documents(mix_synthetic.SEED, mix_synthetic.NUM_PEOPLE)
+  text = {held: " " + " ".join(d.text for d in documents if d.held_out == held) + " "
+          for held in (False, True)}
+  facts = probe_data.fact_examples(0, 4)
+  groups = [e.group for e in facts]
+  assert groups.count("train_template") == 4 * 5 * 2 and groups.count("heldout_template") == 4 * 5
+  for e in facts:  # a whole sentence of the corpus, trained on or held out as its group says
+    sentence = f" {e.prompt}{e.choices[0]} "
+    assert (sentence in text[False]) == (e.group == "train_template"), sentence
+    assert (sentence in text[True]) == (e.group == "heldout_template"), sentence
+  assert mix_synthetic.fact_prompt("By trade, {name} is a {value}.", "Ka Lo", "ferry pilot") == \
+      ("By trade, Ka Lo is a", " ferry pilot.")
+  assert mix_synthetic.fact_prompt("Of all colours, {name} likes {value} best.", "Ka Lo",
+                                   "teal") == ("Of all colours, Ka Lo likes", " teal best.")
+
+
+def test_arithmetic_probes_are_the_mix_corpus_held_out_problems():
+  documents = mix_synthetic.arithmetic_documents(mix_synthetic.SEED, mix_synthetic.NUM_PROBLEMS)
+  lines = {held: {line for d in documents if d.held_out == held for line in d.text.split("\n")}
+           for held in (False, True)}
+  examples = probe_data.arithmetic_examples(0, 5)
+  assert [e.group for e in examples] == ["2-digit"] * 5 + ["3-digit"] * 5
+  for e in examples:
+    a, op, b = re.fullmatch(r"(\d+) ([-+*]) (\d+) =", e.prompt).groups()
+    c = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+    assert e.choices == (f" {c}\n",) and len(a) == len(b) == int(e.group[0])
+    assert f"{a} {op} {b} = {c}" in lines[True] and f"{a} {op} {b} = {c}" not in lines[False]
+
+
+def test_mix_probes_run_by_default_only_for_a_model_trained_on_mix():
+  assert probe_data.default_probes("mix") == tuple(probe_data.PROBES)
+  for dataset in ("shakespeare", None):
+    assert probe_data.default_probes(dataset) == ("next_passage", "last_word")
 
 
 def test_bad_input():
@@ -105,8 +137,8 @@ def test_bad_input():
 def test_every_probe_fits_a_short_context():
   text = "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar. " * 8
   docs = [("a", text), ("a", text[5:]), ("a", text[9:])]
-  for name, scoring in probe_data.PROBES.items():
-    examples = probe_data.probe_examples(name, docs, 0, 2, context=16)
-    assert examples and all(len(c) <= 16 for e in examples for c in e.choices), name
-    assert len(probe_correct(lookup_model({}), TOK, 0, examples, scoring, context=16)) == \
+  for name, scoring in probe_data.PROBES.items():  # the longest fact answer: 19 bytes
+    examples = probe_data.probe_examples(name, docs, 0, 2, context=24)
+    assert examples and all(len(c) <= 24 for e in examples for c in e.choices), name
+    assert len(probe_correct(lookup_model({}), TOK, 0, examples, scoring, context=24)) == \
         len(examples)
