@@ -119,7 +119,7 @@ def test_memeff_gradients_match_finite_differences():
   with jax.enable_x64(True):
     loss, args = layer_loss("dropless_memeff", t=8, e=3, tile=2, block=4)
     args = jax.tree.map(lambda a: a.astype(jnp.float64), args)
-    check_grads(loss, args, order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+    check_grads(jax.jit(loss), args, order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
 def saved_shapes(fn, *args):

@@ -127,7 +127,7 @@ def test_expert_centric_layer_equals_naive_forward_and_gradients(matmul, tile, a
       y, aux = nnx.merge(graphdef, params, rest)(x, train=True)
       return jnp.sum(y * cot), (y, aux["aux_loss"])
 
-    return jax.grad(loss, argnums=(0, 1), has_aux=True)(params, x, rest)
+    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x, rest)
 
   (g_naive, (y_naive, aux)), (g_ec, (y_ec, _)) = run("fused", 8), run(matmul, tile)
   np.testing.assert_allclose(y_ec, y_naive, rtol=1e-5, atol=1e-6)

@@ -34,6 +34,7 @@ def test_moe_layer_gradients_match_finite_differences(router, dispatch):
     x = jax.random.normal(jax.random.key(1), (2, 5, 8), jnp.float64)
     proj = jax.random.normal(jax.random.key(2), (2, 5, 8), jnp.float64)
 
+    @jax.jit  # one compilation instead of op-by-op dispatch of every call
     def loss(x, params):
       y, aux = nnx.merge(graphdef, params, rest)(x, train=False)
       return jnp.sum(y * proj) + aux["aux_loss"]
@@ -87,26 +88,33 @@ def tiny_model_cfg(**moe):
                                              ("topk", "capacity")])
 def test_changing_token_t_changes_no_earlier_logit(router, dispatch):
   # capacity_factor 8 = E/k * 2: no drops, so capacity routing is per-token too.
-  model = Decoder(tiny_model_cfg(router=router, dispatch=dispatch, capacity_factor=8.0),
-                  rngs=nnx.Rngs(0))
+  model = jitted_logits(Decoder(tiny_model_cfg(router=router, dispatch=dispatch,
+                                               capacity_factor=8.0), rngs=nnx.Rngs(0)))
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
-  logits, _, _ = model(tokens)
+  logits = model(tokens)
   for t in (0, 5, 11):
     changed = tokens.at[:, t].set((tokens[:, t] + 17) % 256)
-    logits2, _, _ = model(changed)
+    logits2 = model(changed)
     np.testing.assert_array_equal(logits[:, :t], logits2[:, :t])
     assert not np.allclose(logits[:, t:], logits2[:, t:])
 
 
+def jitted_logits(model):
+  """tokens -> logits of `model` (eval), compiled once for all calls of a test."""
+  graphdef, state = nnx.split(model)
+  return jax.jit(lambda tokens: nnx.merge(graphdef, state)(tokens)[0])
+
+
 def test_expert_choice_is_flagged_and_is_non_causal():
-  model = Decoder(tiny_model_cfg(router="expert_choice"), rngs=nnx.Rngs(0))
-  assert not model.blocks[0].ffn.router_spec.causal
+  decoder = Decoder(tiny_model_cfg(router="expert_choice"), rngs=nnx.Rngs(0))
+  assert not decoder.blocks[0].ffn.router_spec.causal
+  model = jitted_logits(decoder)
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
-  logits, _, _ = model(tokens)
+  logits = model(tokens)
   differs = []
   for seed in range(4):  # some later change must move an earlier logit
     changed = tokens.at[:, 8:].set(jax.random.randint(jax.random.key(seed), (2, 4), 0, 256))
-    differs.append(not np.array_equal(model(changed)[0][:, :8], logits[:, :8]))
+    differs.append(not np.array_equal(model(changed)[:, :8], logits[:, :8]))
   assert any(differs)
 
 
@@ -146,7 +154,7 @@ def test_router_trained_parameters_get_gradients():
                                                                  rng=jax.random.key(0))
     return jnp.sum(y ** 2) + aux["aux_loss"]
 
-  grad = jax.grad(loss)(params)["router_params"]["eta_offset"]
+  grad = jax.jit(jax.grad(loss))(params)["router_params"]["eta_offset"]
   assert np.isfinite(float(grad)) and abs(float(grad)) > 0
 
 
