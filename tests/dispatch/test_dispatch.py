@@ -100,7 +100,7 @@ def test_dispatch_equals_per_token_loop(dispatch, tile, router):
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=30)  # each new shape compiles (suite budget)
+@settings(max_examples=20)  # each new shape compiles (suite budget)
 @given(st.integers(0, 10_000), st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
        st.sampled_from([0.25, 0.5, 1.0, 1.25]))
 def test_capacity_drops_follow_gshard_priority(seed, shape, capacity_factor):
@@ -116,7 +116,7 @@ def test_capacity_drops_follow_gshard_priority(seed, shape, capacity_factor):
   np.testing.assert_allclose(y, reference_loop(x, routing, weights, keep), rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=30)  # each new shape compiles (suite budget)
+@settings(max_examples=20)  # each new shape compiles (suite budget)
 @given(st.integers(0, 10_000), st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
        st.sampled_from(TILES))
 def test_dropless_drops_nothing_under_any_skew(seed, shape, tile):

@@ -37,7 +37,7 @@ def brute_force(lp_x, lp_y, k):
   return np.take_along_axis(scores, index, 1), index
 
 
-@settings(max_examples=30)  # each new shape compiles (suite budget)
+@settings(max_examples=20)  # each new shape compiles (suite budget)
 @given(grids)
 def test_product_key_top_k_is_the_brute_force_top_k(grid):
   n, a, k, t, seed = grid
@@ -50,7 +50,7 @@ def test_product_key_top_k_is_the_brute_force_top_k(grid):
   np.testing.assert_array_equal(score, want_score)  # best first, bit-exact sums
 
 
-@settings(max_examples=25)  # each new shape compiles (suite budget)
+@settings(max_examples=15)  # each new shape compiles (suite budget)
 @given(grids, st.booleans())
 def test_router_weights_are_product_probabilities(grid, train):
   n, a, k, t, seed = grid

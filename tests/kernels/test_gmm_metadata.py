@@ -22,7 +22,7 @@ def padded(m, tm):
   return -(-m // tm) * tm
 
 
-@settings(max_examples=20, deadline=None)  # each new shape compiles (suite budget)
+@settings(max_examples=12, deadline=None)  # each new shape compiles (suite budget)
 @given(ragged_layouts(), st.sampled_from([8, 16]), st.booleans())
 def test_schedule_visits_each_touching_pair_once_in_order(layout, tm, for_tgmm):
   sizes, m = layout
@@ -54,7 +54,7 @@ def test_schedule_visits_each_touching_pair_once_in_order(layout, tm, for_tgmm):
   assert np.all((tiles >= 0) & (tiles < m_pad // tm))
 
 
-@settings(max_examples=20, deadline=None)  # each new shape compiles (suite budget)
+@settings(max_examples=12, deadline=None)  # each new shape compiles (suite budget)
 @given(ragged_layouts(), st.sampled_from([8, 16]))
 def test_gpu_ranges_cover_touching_pairs(layout, tm):
   sizes, m = layout
