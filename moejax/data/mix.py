@@ -29,13 +29,11 @@ re-measured for 1.1.0):
   facts       train  3000 docs   1,266,604 B   held out 3000 docs    741,302 B
   arithmetic  train  1127 docs     572,951 B   held out  124 docs     62,776 B
 
-Split sha256 (``python -m moejax.data.mix_cli describe DATA_DIR``, same on
-two builds in a row). 1.1.0 changed the facts, so ``train`` and ``validation``
-(which hold facts) are still those of 1.0.0 and must be re-measured with the
-fetched sources; ``validation_facts`` is 1.1.0's (it holds only synthetic text):
+Split sha256 of version 1.1.0 (``python -m moejax.data.mix_cli describe
+DATA_DIR``, the same on two builds in a row from the fetched sources, 2026-11-30):
 
-  train (1.0.0)          3496743f9df31bcae9e1f234012a5386563ef08acc3c697b0a283f677064ec9b
-  validation (1.0.0)     299e96cf674685d085ac87c905092ff63a98bca7739eab063946baf2c9761510
+  train                  846334b245c477236d293f2ba0f3c2ae6987da377d98d3a5c28135b910e8f7d1
+  validation             8efdc6e0d49cf3fb231bf337f3ba988bb95a5c5e75836a988160de692e5930a1
   validation_drama       21e37f6c4789cf8638235dbc0b0bcfd9a7e55198565ae4c806e466387620139d
   validation_prose       fd6bcde1ecb1ed9289473284af38e2a485f1bbc0a76e7193daf185f2f9c9b140
   validation_speeches    b8ae69bd7c2dbc3adf122134aca4205f501edabeb63f4daaacfb3190312ef2f1
