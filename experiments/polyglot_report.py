@@ -21,6 +21,7 @@ from moejax import cli
 from moejax.data import polyglot
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
+from moejax.evaluation.routing import nmi
 from moejax.train.metrics import read_jsonl
 from moejax.train.restore import load_from_workdir
 
@@ -61,7 +62,7 @@ def main(argv):
          "excess": evals[-1]["val_bpb"] / floor - 1,
          "steps_to_5pct": polyglot.steps_to_within(evals, floor, tolerance=0.05),
          "steps_to_10pct": polyglot.steps_to_within(evals, floor, tolerance=0.10),
-         "nmi_language_top1_expert": [polyglot.nmi(languages, e) for e in experts],
+         "nmi_language_top1_expert": [nmi(languages, e) for e in experts],
          "eval_windows": windows}
   print(json.dumps(out, indent=1))
   if _JSON.value:

@@ -25,7 +25,8 @@ window is one document and its separator, so it is attainable), windows of
 seq_len + 1 whose first token is never a target (moejax/data/packing.py).
 With the byte tokenizer bits/byte = nats / ln 2.
 
-Report helpers: `nmi` (language vs a model's top-1 expert), `steps_to_within`
+Report helpers: `moejax.evaluation.routing.nmi` (language vs a model's top-1
+expert), `steps_to_within`
 (first logged step within 5% of the floor) and `token_languages`.
 """
 from __future__ import annotations
@@ -149,22 +150,6 @@ def token_languages(labels, doc_len: int, seq_len: int, num_windows: int) -> np.
   stream = np.repeat(np.asarray(labels), doc_len + 1)
   window = seq_len + 1
   return stream[:num_windows * window].reshape(num_windows, window)[:, :-1]
-
-
-def nmi(a, b) -> float:
-  """Normalised mutual information 2 I(A;B) / (H(A) + H(B)) of two label arrays
-  (1 for a relabelling, 0 for independence; 0 when both are constant)."""
-  a, b = np.unique(np.ravel(a), return_inverse=True)[1], np.unique(np.ravel(b),
-                                                                     return_inverse=True)[1]
-  joint = np.zeros((a.max() + 1, b.max() + 1))
-  np.add.at(joint, (a, b), 1.0)
-  joint /= joint.sum()
-  pa, pb = joint.sum(1), joint.sum(0)
-  entropy = lambda p: float(-np.sum(p[p > 0] * np.log(p[p > 0])))
-  nz = joint > 0
-  mutual = float(np.sum(joint[nz] * np.log(joint[nz] / np.outer(pa, pb)[nz])))
-  denominator = entropy(pa) + entropy(pb)
-  return 2 * mutual / denominator if denominator > 0 else 0.0
 
 
 def steps_to_within(history, floor: float, key: str = "val_bpb",
