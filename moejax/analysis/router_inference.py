@@ -71,9 +71,11 @@ def moe_layer_inputs(model, tokens) -> list[jax.Array]:
           for i, block in enumerate(model.blocks) if block.is_moe]
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def calibrate_similarity(graphdef, params, rest, tokens) -> jax.Array:
   """SERE's offline step: linear CKA between every pair of experts' outputs on
-  the calibration tokens' MoE inputs, per MoE layer -> float32 [layers, E, E]."""
+  the calibration tokens' MoE inputs, per MoE layer -> float32 [layers, E, E].
+  One compiled program (eagerly, every expert's op dispatches on its own)."""
   model = nnx.merge(graphdef, params, rest)
   inputs = moe_layer_inputs(model, tokens)
   layers = [b.ffn for b in model.blocks if b.is_moe]
