@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from moejax import cli
 
-from moejax.train.sweep import run_sweep, sweep_seeds
+from moejax.train.sweep import metric_of, run_sweep, sweep_seeds
 from moejax.train.sweep_report import markdown_table, plot_curves, seed_table
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.",
@@ -47,7 +47,8 @@ def main(argv):
   results = run_sweep(sweep, workdir, log=lambda msg: print(msg, flush=True))  # checks first
   os.makedirs(workdir, exist_ok=True)
   seeds = sweep_seeds(sweep)
-  table = seed_table(results) if "seeds" in sweep else markdown_table(results)
+  table = (seed_table(results, metric_of(sweep)) if "seeds" in sweep
+           else markdown_table(results))
   with open(report(".md"), "w") as f:
     f.write(f"# {sweep.title}\n\n{sweep.steps} steps, seed{'s' * (len(seeds) > 1)} "
             f"{', '.join(map(str, seeds))}, common overrides {list(sweep.common)}."

@@ -55,6 +55,9 @@ _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Seed of probe data and boot
 _PREFIX = cli.checked(flags.DEFINE_integer("prefix_id", -1, "Token read before each "
                                            "document; -1 = the tokenizer's separator."),
                       cli.at_least(-1))
+_BYTES_PER_DOMAIN = cli.checked(flags.DEFINE_integer(
+    "bytes_per_domain", 0, "Score only the first N bytes of each domain's documents "
+    "(whole documents, the last one cut); 0 = every byte."), cli.at_least(0))
 _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
 
 
@@ -174,12 +177,14 @@ def main(argv):
   if _DOCS.value is None:
     from moejax.data.pipeline import split_documents
     documents = split_documents(config.data)
+  documents = harness.sample_documents(documents, _BYTES_PER_DOMAIN.value)
   probes = default_probes(config.data.get("name") if config else None) if chosen is None \
       else chosen
   settings = harness.Settings(context, _STRIDE.value or None, _BATCH.value, probes,
                               _PROBE_COUNT.value, _SEED.value, _RESAMPLES.value)
   result = harness.evaluate(lm, tokenizer, prefix, documents, settings, experts)
-  report = {"model": _WORKDIR.value or _HF_DIR.value, "context": context, **result.report}
+  report = {"model": _WORKDIR.value or _HF_DIR.value, "context": context,
+            "bytes_per_domain": _BYTES_PER_DOMAIN.value, **result.report}
   comparison = None
   if ref:
     ref_lm, ref_tokenizer, ref_prefix, ref_experts, _ = ref

@@ -35,6 +35,32 @@ class Settings:
         raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
 
 
+def sample_documents(documents: list[tuple[str, str]],
+                     bytes_per_domain: int) -> list[tuple[str, str]]:
+  """The first `bytes_per_domain` UTF-8 bytes of each domain's documents, in their
+  order: whole documents while they fit, then the prefix of the next one that
+  fills the budget (cut at a character boundary). Deterministic, so every model
+  compared is scored on the same bytes; 0 keeps everything."""
+  if bytes_per_domain < 0:
+    raise ConfigError(f"bytes_per_domain={bytes_per_domain} must be >= 0 (0: every byte)")
+  if bytes_per_domain == 0:
+    return list(documents)
+  used, out = {}, []
+  for domain, text in documents:
+    left = bytes_per_domain - used.get(domain, 0)
+    if left <= 0:
+      continue
+    data = text.encode("utf-8")
+    if len(data) > left:  # the last document of the domain: its prefix
+      text = data[:left].decode("utf-8", errors="ignore")
+      used[domain] = bytes_per_domain
+    else:
+      used[domain] = used.get(domain, 0) + len(data)
+    if text:
+      out.append((domain, text))
+  return out
+
+
 @dataclasses.dataclass
 class Evaluation:
   docs: list  # bpb.Document

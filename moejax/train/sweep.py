@@ -8,6 +8,14 @@ A sweep config (configs/ablations/*.py) holds
               nnx.Rngs, the grain shuffle and the step keys), so all arms on seed s
               see the same batches and pair up (moejax/train/seed_stats.py)
     common    "key=value" overrides applied to every variant (e.g. eval cadence)
+    heldout_bytes_per_domain  optional: after training, score each run with the
+              evaluation harness on the first N bytes of every domain of its eval
+              split (the same bytes for every arm and seed, `harness.sample_documents`):
+              heldout_bpb (over all of them), heldout_bpb/<domain> and
+              heldout_mi_bits (I(domain; top-1 expert), mean over MoE layers);
+              the seed table then compares heldout_bpb instead of val_bpb (the
+              training loop's eval takes the split's first windows: one domain
+              of a corpus sorted by domain)
     variants  (name, "configs/file.py[:arg]", ("key=value", ...)[, expect]) tuples;
               expect ("lower" | "higher" | None) is the paper's claimed direction of
               the metric against the first variant, the baseline
@@ -172,6 +180,29 @@ def summarize(records: list[dict], eval_result: dict, num_params: int) -> dict:
   return out
 
 
+def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
+  """The harness's bpb per domain (and I(domain; expert)) of the run's last
+  checkpoint on the first `bytes_per_domain` bytes of each eval-split domain."""
+  from moejax.config import expert_counts
+  from moejax.data.pipeline import split_documents
+  from moejax.evaluation import harness
+  from moejax.evaluation.model import DecoderLM
+  from moejax.interop.load import load_model
+  loaded, tokenizer, _ = load_model(run_dir)
+  documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
+  settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
+                              probes=())
+  report = harness.evaluate(DecoderLM(loaded.config, loaded.params, loaded.rest), tokenizer,
+                            tokenizer.eos_id, documents, settings,
+                            expert_counts(loaded.config)).report
+  out = {"heldout_bpb": report["bpb"]["all"], "heldout_bytes": report["bytes"]}
+  out.update({f"heldout_bpb/{d}": v for d, v in report["bpb"].items() if d != "all"})
+  if report.get("routing"):
+    out["heldout_mi_bits"] = float(np.mean([layer["mutual_information_bits"]
+                                            for layer in report["routing"]]))
+  return out
+
+
 def fingerprint(config: dict) -> dict:
   """A config dict as flat JSON values: a finished variant is re-used only if it matches."""
   return json.loads(json.dumps(flatten_config(config), default=str))
@@ -190,9 +221,17 @@ def same_config(saved_fingerprint: dict, config) -> bool:
   return fingerprint(with_defaults(nested)) == fingerprint(config.to_dict())
 
 
+def metric_of(sweep) -> str:
+  """The figure the sweep's arms are compared on."""
+  return "heldout_bpb" if sweep.get("heldout_bytes_per_domain") else "val_bpb"
+
+
 def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
   """Train every (seed, variant) not already finished; returns one result dict per
   run, seed by seed, each with its "seed" and "expect"."""
+  if sweep.get("heldout_bytes_per_domain", 0) < 0:
+    raise ConfigError(f"heldout_bytes_per_domain={sweep.heldout_bytes_per_domain} must be "
+                      ">= 0 (0: off)")
   if train_fn is None:
     from moejax.train.loop import train_and_evaluate as train_fn
   seeds = sweep_seeds(sweep)
@@ -218,6 +257,8 @@ def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(run.state.params))
     summary = summarize(read_jsonl(os.path.join(run_dir, "metrics.jsonl")), run.eval,
                         num_params)
+    if sweep.get("heldout_bytes_per_domain"):
+      summary.update(heldout_figures(run_dir, config, sweep.heldout_bytes_per_domain))
     result = {"name": variant.name, "config_spec": variant.config,
               "overrides": list(variant.overrides), "seed": config.seed, **summary,
               "config": fingerprint(config.to_dict())}
