@@ -109,7 +109,11 @@ def test_a_bad_variant_fails_before_any_training(tmp_path):
   with pytest.raises(ConfigError, match="nope.py"):
     sweep_lib.run_sweep(make_sweep((("x", "configs/nope.py", ()),)), str(tmp_path),
                         train_fn=fake, log=id)
-  assert fake.calls == []
+  negative = make_sweep(variants[:1])
+  negative.heldout_bytes_per_domain = -1
+  with pytest.raises(ConfigError, match=r"^heldout_bytes_per_domain=-1 must be >= 0"):
+    sweep_lib.run_sweep(negative, str(tmp_path), train_fn=fake, log=id)
+  assert fake.calls == [] and not os.listdir(tmp_path)
 
 
 def test_cli_trains_each_variant_and_writes_table_and_plot(tmp_path):
@@ -120,6 +124,7 @@ def test_cli_trains_each_variant_and_writes_table_and_plot(tmp_path):
       "  c = ml_collections.ConfigDict()\n"
       "  c.title, c.steps, c.seed = 'cli', 4, 0\n"
       "  c.common = ('train.eval_every=2', 'train.log_every=2', 'train.eval_batches=1')\n"
+      "  c.heldout_bytes_per_domain = 4096\n"
       f"  c.variants = (('topk', '{MOE}:size=tiny', ()),\n"
       f"                ('top1', '{MOE}:size=tiny', ('model.moe.top_k=1',)))\n"
       "  return c\n")
@@ -132,6 +137,11 @@ def test_cli_trains_each_variant_and_writes_table_and_plot(tmp_path):
   results = json.loads((workdir / "sweep.json").read_text())
   assert [r["name"] for r in results] == ["topk", "top1"]
   assert all(r["steps"] == 4 and np.isfinite(r["val_bpb"]) for r in results)
+  # scored by the harness on the first 4096 bytes of the held-out plays: the
+  # loop's eval (one batch of other windows) is a different sample of the same text
+  for r in results:
+    assert r["heldout_bytes"] == 4096 and r["heldout_bpb/shakespeare"] == r["heldout_bpb"]
+    assert r["heldout_bpb"] != r["val_bpb"] and abs(r["heldout_bpb"] / r["val_bpb"] - 1) < 0.1
   # top-1 routes half the assignments of top-2: its load figures differ.
   assert results[0]["max_over_mean_load"] != results[1]["max_over_mean_load"]
   assert (workdir / "sweep_curves.png").stat().st_size > 10_000
