@@ -60,13 +60,12 @@ def get_config(arg=None):
     m.ffn_type = "dense"
   c.data.name = "mix"
   c.data.seq_len, c.data.batch_size = seq_len, batch
+  if a.model == "s_upcycled":  # init.upcycle_from: set by experiments/zoo.py
+    c.init.upcycle_step = int(steps * UPCYCLE_AT)
+    steps -= c.init.upcycle_step
   t = c.train
   t.steps, t.warmup_steps = steps, steps // 20
   t.log_every, t.eval_every, t.eval_batches = 25, steps // 4, 16
   t.checkpoint_every, t.max_to_keep = steps // 10, 10  # every 10% snapshot kept
   t.progress_bar = False
-  if a.model == "s_upcycled":
-    c.init.upcycle_step = int(steps * UPCYCLE_AT)
-    t.steps = steps - c.init.upcycle_step
-    t.checkpoint_every = steps // 10
   return c

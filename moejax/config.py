@@ -148,6 +148,10 @@ def base_config() -> ml_collections.ConfigDict:
   # (model.family must name its family); the MoE training keys stay the config's.
   c.init = ml_collections.ConfigDict()
   c.init.hf_dir = ml_collections.config_dict.placeholder(str)
+  # Sparse upcycling (moejax/train/upcycle.py): an MoE started from a dense training
+  # workdir's checkpoint (upcycle_step; 0 = its latest), experts cut from its FFNs.
+  c.init.upcycle_from = ml_collections.config_dict.placeholder(str)
+  c.init.upcycle_step = 0
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 2000
@@ -244,6 +248,9 @@ def validate_config(c) -> None:
   if c.data.name == "files":
     from moejax.data.files import resolve_files
     resolve_files(c.data.files)
+  if c.init.upcycle_from:
+    from moejax.train.upcycle import source_config
+    source_config(c)
   from moejax.layers.lookup import validate_l3
   validate_l3(c)
   t = c.train

@@ -1,5 +1,6 @@
 """Fine-tuning a pretrained model: `--config.init.hf_dir=DIR` (HF safetensors or
-a converted workdir, experiments.convert).
+a converted workdir, experiments.convert); `--config.init.upcycle_from=DIR`
+starts an MoE from a dense training workdir instead (moejax/train/upcycle.py).
 
 `resolve_config` replaces the config's `model` section with the one the
 directory holds (its sizes, attention, routing and expert counts), keeping
@@ -43,8 +44,16 @@ def source_model_config(directory: str) -> ml_collections.ConfigDict:
   return from_hf_config(read_config_json(directory))
 
 
+def check_one_source(config) -> None:
+  """At most one of init.hf_dir and init.upcycle_from."""
+  if config.init.hf_dir and config.init.get("upcycle_from"):
+    raise ConfigError(f"init.upcycle_from={config.init.upcycle_from} and "
+                      f"init.hf_dir={config.init.hf_dir} are both set; give one")
+
+
 def resolve_config(config) -> ml_collections.ConfigDict:
   """`config` with its model section taken from init.hf_dir (unchanged without one)."""
+  check_one_source(config)
   directory = config.init.hf_dir
   if not directory:
     return config
@@ -76,7 +85,11 @@ def pretrained(config):
 def initial_state(config, state: step_lib.TrainState, optimizer, placement=None):
   """A fresh TrainState holding the pretrained weights, in `state`'s dtypes and
   (with a Placement) its shardings."""
-  params, rest = pretrained(config)
+  if config.init.upcycle_from:
+    from moejax.train.upcycle import upcycled
+    params, rest = upcycled(config, jax.device_get(state.params), jax.device_get(state.rest))
+  else:
+    params, rest = pretrained(config)
   cast = lambda tree, like: jax.tree.map(lambda x, s: np.asarray(x).astype(s.dtype), tree, like)
   params, rest = cast(params, state.params), cast(rest, state.rest)
 

@@ -121,9 +121,10 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     state, data_state = ckpt.restore(latest, target)
     data.train_iter.set_state(data_state)
     logging.info("resumed from step %d in %s", latest, ckpt.directory)
-  elif config.init.hf_dir:
+  elif config.init.hf_dir or config.init.upcycle_from:
     state = init_from.initial_state(config, state, optimizer, placement)
-    logging.info("starting from the pretrained weights in %s", config.init.hf_dir)
+    logging.info("starting from the weights in %s",
+                 config.init.hf_dir or config.init.upcycle_from)
 
   train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement,
                                         t.micro_batches, t.balance_statistics)

@@ -1,0 +1,156 @@
+"""The checkpoint zoo (issue 13, part 3): train, cache, fingerprint and evaluate
+the models of configs/zoo.py.
+
+Each model trains deterministically into ZOO_DIR/<name> with a snapshot at
+every 10% of training. `parameter_digests` fingerprints every snapshot (sha256
+over the float32 bytes of every parameter and router state, paths sorted), so
+a second training (`verify`) either reproduces the zoo bit for bit or names
+the first snapshot that differs. ZOO_DIR/<name>/zoo.json holds the digests, the
+training time and the evaluation report (moejax/evaluation harness: bpb per
+domain on the first N bytes of every held-out domain, probes, routing); a
+finished model whose config is unchanged is not retrained.
+"""
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from moejax.configs import zoo as zoo_configs
+from moejax.errors import ConfigError
+
+ZOO_JSON = "zoo.json"
+
+
+def model_config(name: str, zoo_dir: str, seed: int = 0):
+  """configs/zoo.py's `name`; s_upcycled reads s_dense's snapshot in `zoo_dir`."""
+  config = zoo_configs.get_config(f"model={name},seed={seed}")
+  if name == "s_upcycled":
+    config.init.upcycle_from = os.path.join(zoo_dir, zoo_configs.UPCYCLE_SOURCE)
+  return config
+
+
+def parameter_digests(workdir: str) -> dict[str, str]:
+  """{step: sha256 of the snapshot's parameters and router state} of every checkpoint."""
+  from moejax.train.checkpoint import Checkpointer
+  from moejax.train.restore import load_from_workdir
+  ckpt = Checkpointer(workdir, read_only=True)
+  steps = ckpt.all_steps()
+  ckpt.close()
+  return {str(step): tree_digest(*load_from_workdir(workdir, step)[2:4]) for step in steps}
+
+
+def tree_digest(params, rest) -> str:
+  """sha256 over every leaf's path and float32 bytes, paths sorted."""
+  digest = hashlib.sha256()
+  leaves = jax.tree_util.tree_flatten_with_path({"params": params, "rest": rest})[0]
+  for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
+    digest.update(jax.tree_util.keystr(path).encode())
+    digest.update(np.ascontiguousarray(np.asarray(leaf, np.float32)).tobytes())
+  return digest.hexdigest()
+
+
+def evaluate(workdir: str, config, bytes_per_domain: int, probe_count: int) -> dict:
+  """The harness report of the workdir's last snapshot on its held-out documents."""
+  from moejax.config import expert_counts
+  from moejax.data.pipeline import split_documents
+  from moejax.evaluation import harness
+  from moejax.evaluation.model import DecoderLM
+  from moejax.evaluation.probe_data import default_probes
+  from moejax.interop.load import load_model
+  loaded, tokenizer, _ = load_model(workdir)
+  documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
+  settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
+                              probes=tuple(default_probes(config.data.name)),
+                              probe_count=probe_count)
+  lm = DecoderLM(loaded.config, loaded.params, loaded.rest)
+  report = harness.evaluate(lm, tokenizer, tokenizer.eos_id, documents, settings,
+                            expert_counts(loaded.config)).report
+  return {"bytes_per_domain": bytes_per_domain, **report}
+
+
+def train(name: str, zoo_dir: str, workdir: str | None = None, log=print) -> dict:
+  """Train `name` into `workdir` (default ZOO_DIR/<name>); its digests and time."""
+  from moejax.train.loop import train_and_evaluate
+  workdir = workdir or os.path.join(zoo_dir, name)
+  config = model_config(name, zoo_dir)
+  log(f"{name}: training {config.train.steps} steps in {workdir}")
+  start = time.perf_counter()
+  run = train_and_evaluate(config, workdir)
+  seconds = time.perf_counter() - start
+  return {"name": name, "steps": config.train.steps, "train_seconds": round(seconds, 1),
+          "tokens_per_second": round(run.tokens_per_second, 1), "final_eval": run.eval,
+          "snapshots": parameter_digests(workdir),
+          "config": json.loads(config.to_json_best_effort())}
+
+
+def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
+          log=print) -> dict:
+  """Train (unless cached with the same config) and evaluate one zoo model."""
+  workdir = os.path.join(zoo_dir, name)
+  path = os.path.join(workdir, ZOO_JSON)
+  config = model_config(name, zoo_dir)
+  if os.path.exists(path):
+    with open(path) as f:
+      entry = json.load(f)
+    if entry["config"] == json.loads(config.to_json_best_effort()):
+      log(f"{name}: cached in {workdir}")
+      return entry
+    raise ConfigError(f"{path} was trained with another config; remove {workdir}")
+  entry = train(name, zoo_dir, log=log)
+  entry["eval"] = evaluate(workdir, config, bytes_per_domain, probe_count)
+  with open(path + ".tmp", "w") as f:
+    json.dump(entry, f, indent=1)
+  os.replace(path + ".tmp", path)
+  return entry
+
+
+def verify(name: str, zoo_dir: str, log=print) -> dict:
+  """Retrain `name` in a temporary directory and compare every snapshot's digest
+  with the cached zoo.json: {"bit_exact": bool, "first_difference": step or None}."""
+  with open(os.path.join(zoo_dir, name, ZOO_JSON)) as f:
+    expected = json.load(f)["snapshots"]
+  scratch = tempfile.mkdtemp(prefix=f"moejax-zoo-{name}-")
+  try:
+    again = train(name, zoo_dir, os.path.join(scratch, name), log=log)
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+  return {**compare_snapshots(expected, again["snapshots"]),
+          "train_seconds": again["train_seconds"]}
+
+
+def compare_snapshots(expected: dict, again: dict) -> dict:
+  """bit_exact: the same steps with the same digests; else the first step that
+  differs (or is missing on either side)."""
+  differing = [s for s in set(expected) | set(again) if expected.get(s) != again.get(s)]
+  return {"bit_exact": not differing, "snapshots": len(expected),
+          "first_difference": min(differing, key=int) if differing else None}
+
+
+def table(entries: list[dict]) -> str:
+  """Markdown: per model, time, held-out bpb per domain, probes, routing."""
+  domains = sorted({d for e in entries for d in e["eval"]["bpb"] if d != "all"})
+  head = ["model", "steps", "train min", "tokens/s", *domains, "all"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for e in entries:
+    bpb = e["eval"]["bpb"]
+    lines.append("| " + " | ".join([e["name"], str(e["steps"]), f"{e['train_seconds'] / 60:.1f}",
+                                    f"{e['tokens_per_second']:.0f}"]
+                                   + [f"{bpb[d]:.3f}" for d in domains + ["all"]]) + " |")
+  lines += ["", "| model | probe | group | accuracy (n) |", "|---|---|---|---|"]
+  for e in entries:
+    for probe, groups in e["eval"]["probes"].items():
+      for group, v in groups.items():
+        acc = "—" if v["accuracy"] is None else f"{v['accuracy']:.3f}"
+        lines.append(f"| {e['name']} | {probe} | {group} | {acc} ({v['n']}) |")
+  lines += ["", "| model | MoE layer | I(domain; expert) bits | of H(domain) | max/mean load |",
+            "|---|---|---|---|---|"]
+  for e in entries:
+    for j, layer in enumerate(e["eval"].get("routing", [])):
+      lines.append(f"| {e['name']} | {j} | {layer['mutual_information_bits']:.4f} | "
+                   f"{layer['domain_entropy_bits']:.4f} | {layer['max_over_mean_load']:.3f} |")
+  return "\n".join(lines) + "\n"

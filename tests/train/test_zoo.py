@@ -1,0 +1,90 @@
+"""The checkpoint zoo's machinery (moejax/train/zoo.py) on a tiny stand-in model:
+cached builds, snapshot digests, bit-exact regeneration and its failure."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from moejax.configs import lm_shakespeare_moe, zoo as zoo_configs
+from moejax.errors import ConfigError
+from moejax.train import zoo
+
+
+def tiny_config(name, zoo_dir, seed=0):
+  del name, zoo_dir
+  c = lm_shakespeare_moe.get_config("size=tiny")
+  c.seed = seed
+  c.train.steps, c.train.checkpoint_every, c.train.max_to_keep = 6, 3, 10
+  c.train.eval_every, c.train.progress_bar = 6, False
+  return c
+
+
+@pytest.fixture(scope="module")
+def tiny_zoo(tmp_path_factory):
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(zoo, "model_config", tiny_config)
+    zoo_dir = str(tmp_path_factory.mktemp("zoo"))
+    entry = zoo.build("xs", zoo_dir, bytes_per_domain=2048, probe_count=4, log=id)
+    yield zoo_dir, entry
+
+
+def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
+  monkeypatch.setattr(zoo, "model_config", tiny_config)
+  zoo_dir, entry = tiny_zoo
+  assert sorted(entry["snapshots"], key=int) == ["3", "6"]
+  assert len(set(entry["snapshots"].values())) == 2  # the parameters moved
+  assert entry["eval"]["bytes"] == 2048 and 0 < entry["eval"]["bpb"]["all"] < 8
+  with open(os.path.join(zoo_dir, "xs", zoo.ZOO_JSON)) as f:
+    assert json.load(f)["snapshots"] == entry["snapshots"]
+  # cached: a second build does not train (a train call would fail here)
+  monkeypatch.setattr(zoo, "train", lambda *a, **k: pytest.fail("retrained"))
+  assert zoo.build("xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
+  assert "| xs | 6 |" in zoo.table([entry])
+  # another config for the same name is refused, not silently re-used
+  monkeypatch.setattr(zoo, "model_config", lambda n, d: tiny_config(n, d, seed=1))
+  with pytest.raises(ConfigError, match="trained with another config"):
+    zoo.build("xs", zoo_dir, 2048, 4, log=id)
+
+
+def test_verify_regenerates_bit_exactly(tiny_zoo, monkeypatch):
+  monkeypatch.setattr(zoo, "model_config", tiny_config)
+  zoo_dir, _ = tiny_zoo
+  result = zoo.verify("xs", zoo_dir, log=id)
+  assert result["bit_exact"] and result["first_difference"] is None
+  assert result["snapshots"] == 2
+
+
+def test_compare_snapshots_names_the_first_difference():
+  a = {"3": "x", "6": "y", "9": "z"}
+  assert zoo.compare_snapshots(a, dict(a))["bit_exact"]
+  assert zoo.compare_snapshots(a, dict(a, **{"6": "w", "9": "w"}))["first_difference"] == "6"
+  missing = zoo.compare_snapshots(a, {"3": "x", "6": "y"})
+  assert not missing["bit_exact"] and missing["first_difference"] == "9"
+  assert zoo.compare_snapshots(a, dict(a, **{"12": "q"}))["first_difference"] == "12"
+
+
+def test_digest_reads_every_bit_of_every_leaf():
+  rng = np.random.default_rng(0)
+  params = {"a": rng.normal(size=(3, 4)).astype(np.float32), "b": {"c": np.ones(2, np.float32)}}
+  rest = {"bias": np.zeros(4, np.float32)}
+  digest = zoo.tree_digest(params, rest)
+  assert zoo.tree_digest({"b": params["b"], "a": params["a"].copy()}, rest) == digest
+  nudged = params["a"].copy()
+  nudged[2, 3] = np.nextafter(nudged[2, 3], np.float32(np.inf))  # one ulp
+  assert zoo.tree_digest(dict(params, a=nudged), rest) != digest
+  assert zoo.tree_digest(params, {"bias": np.full(4, -0.0, np.float32)}) != digest  # sign bit
+  assert zoo.tree_digest(params, {"other": rest["bias"]}) != digest  # the path counts
+
+
+def test_zoo_configs():
+  for name in zoo_configs.MODELS:
+    c = zoo_configs.get_config(f"model={name}")
+    assert c.data.name == "mix" and c.train.checkpoint_every * 10 == c.train.steps
+  s, dense = zoo_configs.get_config("model=s"), zoo_configs.get_config("model=s_dense")
+  assert dense.model.ffn_type == "dense"
+  assert dense.model.d_ff == s.model.moe.top_k * s.model.moe.expert_d_ff  # equal active width
+  up = zoo_configs.get_config("model=s_upcycled")
+  assert up.init.upcycle_step + up.train.steps == s.train.steps
+  with pytest.raises(ConfigError, match="config arg model"):
+    zoo_configs.get_config("model=m")
