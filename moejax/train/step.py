@@ -315,17 +315,30 @@ def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "st
   return one_batch if micro_batches == 1 else accumulated
 
 
-def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batches: int = 1,
-                    balance_statistics: str = "step"):
-  base_key = jax.random.key(seed)
+def train_step_fn(graphdef, optimizer, micro_batches: int = 1,
+                  balance_statistics: str = "step"):
+  """The unjitted step (state, batch, base_key) -> (new state, metrics); its PRNG
+  key is fold_in(base_key, state.step). make_train_step closes it over the seed's
+  key and jits it; it can also be vmapped over stacked states, batches and keys."""
   grad_fn = make_grad_fn(graphdef, micro_batches, balance_statistics)
 
-  def train_step(state: TrainState, batch):
+  def train_step(state: TrainState, batch, base_key):
     rng = jax.random.fold_in(base_key, state.step)
     grads, metrics, new_rest = grad_fn(state.params, state.rest, batch, rng)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return TrainState(state.step + 1, params, new_rest, opt_state), metrics
+
+  return train_step
+
+
+def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batches: int = 1,
+                    balance_statistics: str = "step"):
+  base_key = jax.random.key(seed)
+  step_fn = train_step_fn(graphdef, optimizer, micro_batches, balance_statistics)
+
+  def train_step(state: TrainState, batch):
+    return step_fn(state, batch, base_key)
 
   if placement is None:
     return jax.jit(train_step, donate_argnums=0)
