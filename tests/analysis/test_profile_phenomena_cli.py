@@ -6,12 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.lm_shakespeare_moe import get_config
 from moejax.analysis import super_experts as se
 from moejax.train.restore import load_from_workdir
-from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry
-from tests.evaluation.domain_texts import SPLITS, write_tiny_domains
+from tests.evaluation.domain_texts import SPLITS, tiny_domains_workdir
 
 PROFILE = "experiments.profile_phenomena"
 
@@ -19,10 +17,7 @@ PROFILE = "experiments.profile_phenomena"
 @pytest.fixture(scope="module")
 def area(tmp_path_factory):
   root = tmp_path_factory.mktemp("profile")
-  config = get_config("size=tiny")
-  config.data.update(name=write_tiny_domains(str(root / "tfds")), data_dir=str(root / "tfds"),
-                     batch_size=2)
-  training_workdir(str(root / "w"), config)
+  tiny_domains_workdir(root, root / "w")
   return root
 
 
