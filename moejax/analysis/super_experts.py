@@ -20,6 +20,8 @@ Guesses (the official code, ZunhaiSu/Super-Experts-Profilling, was not read; the
 criterion is from a third-party spec citing Eq. 6; /work/shared/specs/PAPERS.md, entry 3):
   * a_{l,e} is the expert's output before the router's combine weight, in float32;
     an expert no calibration token reaches has a = 0; shared experts are not counted;
+    "routed" is the router's valid slots (a capacity dispatcher's own drops are not
+    seen; the CLI loads capacity models as dropless, as generation does);
   * P99.5 is numpy's linearly interpolated percentile over all layers' a;
   * L (`massive_layers`): blocks whose residual max/median ratio is at least
     `min_ratio` and whose max grew at least `growth`-fold over the stream entering
