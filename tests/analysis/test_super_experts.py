@@ -197,3 +197,16 @@ def test_massive_activations_find_a_planted_outlier(tiny):
   h = first_block_by_hand(graphdef, params, rest, jnp.asarray(tokens))
   assert out["max"][0] == pytest.approx(float(jnp.max(jnp.abs(h))), rel=1e-6)
   assert out["median"][0] == pytest.approx(float(jnp.median(jnp.abs(h))), rel=1e-6)
+
+
+def test_a_scanned_model_is_profiled_in_the_loop_layout(tiny):
+  config, graphdef, params, rest, tokens = tiny
+  scanned = config.copy_and_resolve_references()
+  scanned.model.scan_layers = True
+  scanned_graphdef, state, _ = init_state(scanned)  # the same seed: the loop model's, stacked
+  assert "block" in state.params["blocks"]
+  assert se.profile((scanned, state.params, state.rest), tokens) == se.profile(
+      (config, params, rest), tokens)
+  from moejax.errors import ConfigError
+  with pytest.raises(ConfigError, match="unstack_layers"):
+    se.measure(scanned_graphdef, state.params, state.rest, tokens)
