@@ -61,13 +61,22 @@ def score_batches(graphdef, params, rest, batches, top_k: int) -> dict:
   return {"bpb": float(np.mean(losses)) / math.log(2), **out}
 
 
+def captured_forward(model, tokens):
+  """(logits, aux, outputs) of a full forward pass on `tokens`, where outputs maps
+  each module path and method, e.g. ("blocks", 0, "ffn_norm", "__call__"), to
+  what that method returned on its first call: nnx.capture's method_outputs,
+  no model edits. Under jit, what the caller does not read is never computed."""
+  (logits, aux, _), outputs = nnx.capture(model, nnx.Intermediate,
+                                          method_outputs=nnx.Intermediate)(tokens)
+  return logits, aux, {path: value.get_value()[0]
+                       for path, value in nnx.to_flat_state(outputs)}
+
+
 def moe_layer_inputs(model, tokens) -> list[jax.Array]:
   """The inputs [B*L, d] of every MoE layer of the model on `tokens`: the
-  outputs of each MoE block's ffn_norm, captured with nnx.capture (no model edits)."""
-  _, outputs = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(tokens)
-  by_block = {path[1]: value.get_value()[0] for path, value in nnx.to_flat_state(outputs)
-              if path[0] == "blocks" and path[2:] == ("ffn_norm", "__call__")}
-  return [by_block[i].reshape(-1, by_block[i].shape[-1])
+  outputs of each MoE block's ffn_norm (captured_forward)."""
+  _, _, outputs = captured_forward(model, tokens)
+  return [outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model)
           for i, block in enumerate(model.blocks) if block.is_moe]
 
 

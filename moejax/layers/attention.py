@@ -30,16 +30,30 @@ def projection(rngs, dtype):
                                                       logical_axes=axes, bias=bias)
 
 
-def attend(q_BxLxHxK, k_BxSxGxK, v_BxSxGxV, allowed_BxLxS, scale: float):
-  """Softmax attention (float32 softmax) of H query heads over G key/value heads."""
+def attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
+  """The softmax of every attention: float32 [B, G, R, L, S] over key slots S, for
+  H = G * R query heads (head h = g * R + r reads key/value head g); disallowed
+  slots get probability 0. Analysis reads it through the modules' `probabilities`
+  (moejax/analysis/super_experts.py: attention sinks)."""
   b, l, h, _ = q_BxLxHxK.shape
   g = k_BxSxGxK.shape[2]
   q = q_BxLxHxK.reshape(b, l, g, h // g, -1)
   scores = jnp.einsum("blgrk,bsgk->bgrls", q, k_BxSxGxK).astype(jnp.float32) * scale
   scores = jnp.where(allowed_BxLxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxGxV.dtype)
-  out = jnp.einsum("bgrls,bsgv->blgrv", probs, v_BxSxGxV)
-  return out.reshape(b, l, h, -1)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+def attend(probs_BxGxRxLxS, v_BxSxGxV):
+  """The values weighted by `attention_probabilities` -> [B, L, H, V]."""
+  b, _, _, l, _ = probs_BxGxRxLxS.shape
+  out = jnp.einsum("bgrls,bsgv->blgrv", probs_BxGxRxLxS.astype(v_BxSxGxV.dtype), v_BxSxGxV)
+  return out.reshape(b, l, -1, v_BxSxGxV.shape[-1])
+
+
+def probabilities(self, q_BxLxHxK, k_BxSxGxK, allowed_BxLxS):
+  """Both attention modules' softmax, a method of each (nnx.capture's method_outputs
+  records it, under .../attn/probabilities, with no model edits)."""
+  return attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, self.scale)
 
 
 def rotary(rope_cfg, positions_BxL):
@@ -58,6 +72,7 @@ def write_cache(layer_cache: dict | None, new: dict, start) -> dict:
 
 
 class GroupedQueryAttention(nnx.Module):
+  probabilities = probabilities
 
   def __init__(self, m, *, rngs: nnx.Rngs, dtype):
     a = m.attention
@@ -89,11 +104,12 @@ class GroupedQueryAttention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     rope = rotary(self.rope_cfg, positions_BxL)
     cache = write_cache(layer_cache, {"k": rope(k), "v": v}, start)
-    out = attend(rope(q), cache["k"], cache["v"], allowed_BxLxS, self.scale)
+    out = attend(self.probabilities(rope(q), cache["k"], allowed_BxLxS), cache["v"])
     return self.o(out.reshape(b, l, -1)), cache
 
 
 class LatentAttention(nnx.Module):
+  probabilities = probabilities
 
   def __init__(self, m, *, rngs: nnx.Rngs, dtype):
     a, mla = m.attention, m.attention.mla
@@ -132,5 +148,5 @@ class LatentAttention(nnx.Module):
                                      (b, s, self.num_heads, self.rope_dim))
     k = jnp.concatenate([k_nope, k_rope_shared.astype(k_nope.dtype)], axis=-1)
     q = jnp.concatenate([q_nope, rope(q_rope)], axis=-1)
-    out = attend(q, k, v, allowed_BxLxS, self.scale)
+    out = attend(self.probabilities(q, k, allowed_BxLxS), v)
     return self.o(out.reshape(b, l, -1)), cache

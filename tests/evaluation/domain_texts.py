@@ -34,3 +34,14 @@ def write_tiny_domains(data_dir: str) -> str:
   TinyDomains(data_dir=data_dir, file_format="array_record").download_and_prepare(
       file_format="array_record")
   return TinyDomains.name
+
+
+def tiny_domains_workdir(root, workdir) -> None:
+  """Step 0 of the tiny default MoE trained on this dataset (written to root/tfds)
+  in `workdir`: a training workdir whose eval split has domains."""
+  from configs.lm_shakespeare_moe import get_config
+  from tests.cli.conftest import training_workdir
+  config = get_config("size=tiny")
+  data_dir = str(root / "tfds")
+  config.data.update(name=write_tiny_domains(data_dir), data_dir=data_dir, batch_size=2)
+  training_workdir(str(workdir), config)

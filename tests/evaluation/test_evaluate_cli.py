@@ -4,12 +4,11 @@ import json
 import numpy as np
 import pytest
 
-from configs.lm_shakespeare_moe import get_config
 from moejax.interop.load import load_model
 from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry
 from tests.evaluation.oracles import direct_logprobs
-from tests.evaluation.domain_texts import SPLITS, write_tiny_domains
+from tests.evaluation.domain_texts import SPLITS, tiny_domains_workdir
 
 EVAL = "experiments.evaluate"
 DOCS = [{"domain": "drama", "text": "ROMEO: But soft!"}, {"domain": "code", "text": "x = 1\n"},
@@ -22,10 +21,7 @@ def area(tmp_path_factory):
   training_workdir(str(root / "w"))
   (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
   (root / "bad.jsonl").write_text('{"domain": "a"}\n')
-  config = get_config("size=tiny")
-  config.data.update(name=write_tiny_domains(str(root / "tfds")), data_dir=str(root / "tfds"),
-                     batch_size=2)
-  training_workdir(str(root / "domains"), config)
+  tiny_domains_workdir(root, root / "domains")
   return root
 
 

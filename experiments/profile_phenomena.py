@@ -1,0 +1,119 @@
+r"""Do super experts, massive activations and attention sinks appear in a trained model?
+
+  python -m experiments.profile_phenomena --workdir=runs/zoo/s --out=phenomena.json
+
+Reads the held-out documents of the data the workdir trained on (its eval split,
+as experiments/evaluate.py does; --bytes_per_domain keeps the first N bytes of
+each domain), writes each domain as one stream of [separator] + document tokens
+and cuts it into windows of --context tokens (the remainder is left out), then
+runs moejax/analysis/super_experts.profile on all windows in one program:
+a_{l,e} per MoE layer and expert, the super experts (arXiv 2507.23279), the
+residual stream's massive activations per block and the attention mass on
+position 0 per layer (with the uniform-attention baseline). Prints a table;
+--out writes the whole profile as JSON.
+"""
+import json
+
+from absl import flags
+import numpy as np
+
+from moejax import cli
+from moejax.errors import ConfigError
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
+_BYTES_PER_DOMAIN = cli.checked(flags.DEFINE_integer(
+    "bytes_per_domain", 4096, "Read only the first N bytes of each domain's held-out "
+    "documents; 0 = every byte (all windows run in one program)."), cli.at_least(0))
+_CONTEXT = cli.checked(flags.DEFINE_integer("context", 0, "Tokens per window; 0 = the "
+                                            "training seq_len."), cli.at_least(0))
+_QUANTILE = cli.checked(flags.DEFINE_float("quantile", 99.5, "SE: a above this percentile "
+                                           "of all a."), cli.in_range(0, 100))
+_FRACTION = cli.checked(flags.DEFINE_float("fraction_of_max", 0.1, "SE: a above this "
+                                           "fraction of the largest a."), cli.in_range(0, 1))
+_MIN_RATIO = cli.checked(flags.DEFINE_float("min_ratio", 100.0, "Massive activations: "
+                                            "max / median |h| at least this."),
+                         cli.at_least(0.0, float))
+_GROWTH = cli.checked(flags.DEFINE_float("growth", 2.0, "Massive activations form in a "
+                                         "block whose max |h| grows at least this much."),
+                      cli.at_least(0.0, float))
+_OUT = flags.DEFINE_string("out", None, "Write the profile here as JSON.")
+flags.mark_flag_as_required("workdir")
+
+
+def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[np.ndarray,
+                                                                                   dict]:
+  """(int32 [N, context] windows, {domain: windows}): each domain's documents as one
+  stream of [prefix_id] + tokens, cut into whole windows."""
+  from moejax.evaluation.bpb import encode_documents
+  streams = {}
+  for doc in encode_documents(documents, tokenizer):
+    streams.setdefault(doc.domain, []).extend([[prefix_id], doc.tokens])
+  windows, counts = [], {}
+  for domain, parts in streams.items():
+    stream = np.concatenate(parts).astype(np.int32)
+    n = len(stream) // context
+    counts[domain] = n
+    windows.append(stream[:n * context].reshape(n, context))
+  if not sum(counts.values()):
+    raise ConfigError(f"no domain has a whole window of {context} tokens; give a shorter "
+                      f"--context or more --bytes_per_domain (--context={context}, "
+                      f"--bytes_per_domain={_BYTES_PER_DOMAIN.value})")
+  return np.concatenate(windows), counts
+
+
+def table(report: dict) -> str:
+  massive, sinks = report["massive_activations"], report["attention_sinks"]
+  lines = [f"{report['tokens'][0]} windows of {report['tokens'][1]} tokens; uniform "
+           f"attention would put {sinks['uniform_baseline']:.3f} on position 0",
+           "block | MoE | max |h| (row, position, channel) | max / median | mass on position 0 "
+           "| max a_e"]
+  peaks = dict(zip(report["moe_blocks"], report["expert_output_peaks"]))
+  for i, layer in enumerate(massive["layers"]):
+    peak = max((v for v in peaks.get(i, []) if v is not None), default=None)
+    lines.append(f"{i} | {'yes' if i in peaks else 'no'} | {layer['max']:.2f} ({layer['row']}, "
+                 f"{layer['position']}, {layer['channel']}) | {layer['ratio']:.1f} | "
+                 f"{sinks['mass_on_position_0'][i]:.3f} | "
+                 + ("—" if peak is None else f"{peak:.2f}"))
+  lines.append(f"massive activations form in blocks: {massive['massive_layers'] or 'none'}")
+  describe = lambda found: ", ".join(f"block {p['block']} expert {p['expert']} (a={p['a']:.2f})"
+                                     for p in found) or "none"
+  lines.append(f"super experts: {describe(report['super_experts'])}; by the two thresholds "
+               f"alone: {describe(report['super_experts_unfiltered'])}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  cli.output_file("out", _OUT.value)
+  from moejax.analysis import super_experts
+  from moejax.data.pipeline import split_documents
+  from moejax.evaluation.harness import sample_documents
+  from moejax.train.restore import load_from_workdir
+  config, _, params, rest, tokenizer = load_from_workdir(_WORKDIR.value, for_generation=True)
+  if config.model.ffn_type != "moe":
+    raise ConfigError(f"model.ffn_type={config.model.ffn_type!r}: super experts need an MoE "
+                      f"model (--workdir={_WORKDIR.value})")
+  context = _CONTEXT.value or config.data.seq_len
+  if context > config.model.max_seq_len:
+    raise cli.flag_error(_CONTEXT, f"expected at most model.max_seq_len="
+                         f"{config.model.max_seq_len}")
+  prefix = getattr(tokenizer, "eos_id", None)
+  if prefix is None:
+    raise ConfigError(f"the tokenizer names no separator (eos) token "
+                      f"(--workdir={_WORKDIR.value})")
+  documents = sample_documents(split_documents(config.data), _BYTES_PER_DOMAIN.value)
+  windows, counts = domain_windows(documents, tokenizer, prefix, context)
+  report = {"model": _WORKDIR.value, "context": context,
+            "bytes_per_domain": _BYTES_PER_DOMAIN.value, "windows_per_domain": counts,
+            **super_experts.profile((config, params, rest), windows, quantile=_QUANTILE.value,
+                                    fraction_of_max=_FRACTION.value,
+                                    min_ratio=_MIN_RATIO.value, growth=_GROWTH.value)}
+  print(table(report))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  cli.run(main)

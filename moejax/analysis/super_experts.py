@@ -1,0 +1,208 @@
+"""Super experts, massive activations and attention sinks of a trained MoE LM (issue 13).
+
+Super Experts (Su et al. 2025, arXiv 2507.23279, the SE criterion, Eq. 6):
+    a_{l,e} = max over the calibration tokens routed to expert e of MoE layer l
+              of |down_proj output| (every channel of the expert's output row),
+    (l, e) is an SE  iff  a_{l,e} > P99.5(A)  and  a_{l,e} > max(A) / 10  and  l in L,
+with A = every a_{l,e} and L = the early layers where massive activations form.
+Massive activations (Sun et al. 2024): per block, the largest |h| of the residual
+stream after the block, where it occurs (row, position, channel) and its ratio to
+the median |h|. Attention sinks (Xiao et al. 2024): per layer, the attention
+probability on key position 0, mean over heads and query positions > 0.
+
+Everything comes from one forward pass, captured with nnx.capture
+(router_inference.captured_forward: MoE inputs, block outputs and each
+attention's `probabilities`, the softmax the attention itself computes), and
+the model's own routing (aux["moe"]): a_{l,e} runs each expert only on the rows
+the router sent it, through the dropless row layout (dispatch/base.tile_layout).
+
+Guesses (the official code, ZunhaiSu/Super-Experts-Profilling, was not read; the
+criterion is from a third-party spec citing Eq. 6; /work/shared/specs/PAPERS.md, entry 3):
+  * a_{l,e} is the expert's output before the router's combine weight, in float32;
+    an expert no calibration token reaches has a = 0; shared experts are not counted;
+    "routed" is the router's valid slots (a capacity dispatcher's own drops are not
+    seen; the CLI loads capacity models as dropless, as generation does);
+  * P99.5 is numpy's linearly interpolated percentile over all layers' a;
+  * L (`massive_layers`): blocks whose residual max/median ratio is at least
+    `min_ratio` and whose max grew at least `growth`-fold over the stream entering
+    the block; the paper picks L by inspection. Without a layer filter the
+    largest a always passes both relative thresholds, so the criterion alone
+    always names an SE; L is what says "none" for a model without massive
+    activations.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.analysis.router_inference import captured_forward
+from moejax.config import moe_layer_indices
+from moejax.dispatch.base import tile_layout
+from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
+from moejax.errors import ConfigError
+from moejax.models.decoder import abstract_model, unstack_layers
+from moejax.routing.base import Routing
+
+PARTS = ("peaks", "massive", "sinks")
+
+
+def routed_output_peaks(layer, x_TxD, aux) -> jax.Array:
+  """a_e of one MoE layer: max |expert e output| over the rows routed to e -> float32 [E].
+
+  x_TxD: the layer's input; aux: its aux (expert_index, combine_weight, valid)."""
+  num_experts = layer.cfg.num_experts
+  routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
+  layout = tile_layout(routing, num_experts, 1)
+  bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
+  matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
+  rows = bound(x_TxD.astype(jnp.float32)[layout.row_token], matmul)
+  row_peak = jnp.max(jnp.abs(rows), axis=-1)
+  expert = jnp.where(routing.valid, routing.expert_index, num_experts).T.reshape(-1)
+  row_expert = layout.row_values(expert, fill=num_experts)  # padding rows: E
+  return jnp.zeros(num_experts + 1, jnp.float32).at[row_expert].max(row_peak)[:num_experts]
+
+
+def _residual_stats(h_BxLxD) -> dict:
+  """max |h|, its (row, position, channel), the median |h| and max / median."""
+  magnitude = jnp.abs(h_BxLxD.astype(jnp.float32))
+  row, position, channel = jnp.unravel_index(jnp.argmax(magnitude), magnitude.shape)
+  peak, median = jnp.max(magnitude), jnp.median(magnitude)
+  return {"max": peak, "row": row, "position": position, "channel": channel,
+          "median": median, "ratio": peak / jnp.maximum(median, 1e-30)}
+
+
+def _measure(model, tokens, parts) -> dict:
+  if model.cfg.scan_layers:
+    raise ConfigError("profiling reads the loop layout; convert a scanned model with "
+                      "moejax.models.decoder.unstack_layers")
+  _, aux, outputs = captured_forward(model, tokens)
+  out = {}
+  if "peaks" in parts:
+    moe_blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
+    rows = [routed_output_peaks(model.blocks[i].ffn,
+                                outputs[("blocks", i, "ffn_norm", "__call__")]
+                                .reshape(-1, model.cfg.d_model), layer_aux)
+            for i, layer_aux in zip(moe_blocks, aux["moe"])]
+    width = max((r.shape[0] for r in rows), default=0)
+    out["peaks"] = jnp.stack([jnp.pad(r, (0, width - r.shape[0]), constant_values=jnp.nan)
+                              for r in rows]) if rows else jnp.zeros((0, 0), jnp.float32)
+  if "massive" in parts:
+    layers = [_residual_stats(outputs[("blocks", i, "__call__")][0])
+              for i in range(len(model.blocks))]
+    out["massive"] = {key: jnp.stack([s[key] for s in layers]) for key in layers[0]}
+    embedded = model.embed[...].astype(model.dtype)[tokens]
+    out["massive"]["embedding_max"] = jnp.max(jnp.abs(embedded.astype(jnp.float32)))
+  if "sinks" in parts:
+    probs = [outputs[("blocks", i, "attn", "probabilities")] for i in range(len(model.blocks))]
+    out["sinks"] = jnp.stack([jnp.mean(p[..., 1:, 0]) for p in probs])  # [B, G, R, L, S]
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def measure(graphdef, params, rest, tokens, parts: tuple = PARTS) -> dict:
+  """The `parts` (of PARTS) of the model on tokens [B, L] (no padding), in one
+  compiled program: {"peaks": expert_output_peaks, "massive": massive_activations,
+  "sinks": attention_sink_mass}. Parts not asked for are not computed (the three
+  functions below share the program of all three: one compilation per model)."""
+  return _measure(nnx.merge(graphdef, params, rest), tokens, parts)
+
+
+def expert_output_peaks(graphdef, params, rest, tokens) -> jax.Array:
+  """a_{l,e} -> float32 [num MoE layers, E] (NaN past a layer's own expert count
+  when the layers differ)."""
+  return measure(graphdef, params, rest, tokens)["peaks"]
+
+
+def massive_activations(graphdef, params, rest, tokens) -> dict:
+  """Per block [num_layers], the residual stream after it: max |h|, where it is
+  (row, position, channel), median |h| and ratio = max / median; embedding_max:
+  max |h| of the stream entering block 0. Read before an L3 lookup (if any)."""
+  return measure(graphdef, params, rest, tokens)["massive"]
+
+
+def attention_sink_mass(graphdef, params, rest, tokens) -> jax.Array:
+  """Per layer, the attention probability on key position 0, mean over heads and
+  query positions 1..L-1 (causal; position 0 sees only itself) -> float32 [layers]."""
+  return measure(graphdef, params, rest, tokens)["sinks"]
+
+
+def uniform_sink_mass(length: int) -> float:
+  """What attention_sink_mass would be if every query attended uniformly over its
+  causal keys: mean over q = 1..L-1 of 1 / (q + 1) (the no-sink baseline)."""
+  return float(np.mean(1.0 / np.arange(2, length + 1))) if length > 1 else float("nan")
+
+
+def super_experts(peaks, quantile: float = 99.5, fraction_of_max: float = 0.1,
+                  layers=None) -> list[tuple[int, int]]:
+  """(layer, expert) with a > P_quantile(A) and a > fraction_of_max * max(A), A all
+  of `peaks` [layers, E] (NaN ignored); layers: the rows (MoE layers) that may hold
+  SEs, the paper's L (None: every row). The thresholds always use all of A."""
+  a = np.asarray(peaks, np.float64)
+  if a.size == 0 or np.all(np.isnan(a)):
+    return []
+  threshold = max(np.nanpercentile(a, quantile), fraction_of_max * np.nanmax(a))
+  allowed = range(a.shape[0]) if layers is None else {int(layer) for layer in layers}
+  found = np.argwhere(np.nan_to_num(a, nan=-np.inf) > threshold)
+  return [(int(layer), int(expert)) for layer, expert in found if layer in allowed]
+
+
+def massive_layers(massive: dict, min_ratio: float = 100.0, growth: float = 2.0) -> list[int]:
+  """Blocks where massive activations form (the paper's L, a guess): the residual
+  max / median after the block is at least min_ratio and its max is at least
+  `growth` times the max of the stream entering the block."""
+  peak = np.asarray(massive["max"], np.float64)
+  before = np.concatenate([[float(massive["embedding_max"])], peak[:-1]])
+  ratio = np.asarray(massive["ratio"], np.float64)
+  return [int(i) for i in np.flatnonzero((ratio >= min_ratio) & (peak >= growth * before))]
+
+
+def _model_of(source):
+  """(model config, graphdef, params, rest) in the loop layout, from a workdir or
+  (config or model config, params, rest)."""
+  if isinstance(source, str):
+    from moejax.interop.load import load_model
+    loaded, _, _ = load_model(source)
+    m, params, rest = loaded.config, loaded.params, loaded.rest
+  else:
+    config, params, rest = source
+    m = config.model if "model" in config else config
+    m, params, rest = unstack_layers(m, params, rest)
+  return (m, abstract_model(m)[0], params, rest)
+
+
+def profile(source, tokens, *, quantile: float = 99.5, fraction_of_max: float = 0.1,
+            min_ratio: float = 100.0, growth: float = 2.0) -> dict:
+  """All three for a model (a workdir, or (config, params, rest)) on tokens [B, L]
+  (no padding), JSON-ready. super_experts are (MoE layer, expert) pairs restricted
+  to the MoE layers of the blocks in massive_layers; super_experts_unfiltered
+  applies only the two thresholds."""
+  m, graphdef, params, rest = _model_of(source)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS))
+  moe_blocks = moe_layer_indices(m)
+  massive = {k: np.asarray(v) for k, v in found["massive"].items()}
+  formed = massive_layers(massive, min_ratio, growth)
+  peaks = np.asarray(found["peaks"], np.float64)
+  rows = [j for j, block in enumerate(moe_blocks) if block in formed]
+  pairs = lambda pairs: [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
+                          "a": float(peaks[j, e])} for j, e in pairs]
+  return {
+      "tokens": list(tokens.shape), "moe_blocks": moe_blocks,
+      "expert_output_peaks": [[None if np.isnan(v) else float(v) for v in row]
+                              for row in peaks],
+      "super_experts": pairs(super_experts(peaks, quantile, fraction_of_max, rows)),
+      "super_experts_unfiltered": pairs(super_experts(peaks, quantile, fraction_of_max)),
+      "criterion": {"quantile": quantile, "fraction_of_max": fraction_of_max,
+                    "min_ratio": min_ratio, "growth": growth},
+      "massive_activations": {
+          "layers": [{key: (float(massive[key][i]) if key in ("max", "median", "ratio")
+                            else int(massive[key][i]))
+                      for key in ("max", "row", "position", "channel", "median", "ratio")}
+                     for i in range(len(massive["max"]))],
+          "embedding_max": float(massive["embedding_max"]), "massive_layers": formed},
+      "attention_sinks": {"mass_on_position_0": [float(v) for v in found["sinks"]],
+                          "uniform_baseline": uniform_sink_mass(int(tokens.shape[1]))},
+  }
+
