@@ -1,6 +1,6 @@
 """Training on the data=2 x expert=4 mesh against one device, and checkpoints
 that move between layouts: saved on 2 x 4, restored bitwise on 1 device and on
-data=4 x expert=2, where training continues with the same losses."""
+data=4 x expert=2; on one device training continues with the same losses."""
 import shutil
 
 import jax
@@ -63,9 +63,12 @@ def test_training_on_2x4_equals_one_device_and_resumes_on_other_layouts(data_dir
     workdir = str(tmp_path / name)
     restored = restored_params(workdir, target_config, devices)
     jax.tree.map(np.testing.assert_array_equal, restored, saved_params)
-    resumed = train_and_evaluate(target_config, workdir, write_metrics=False, devices=devices)
-    assert resumed.start_step == SAVED, name
-    np.testing.assert_allclose(losses(resumed), losses(rest), rtol=1e-5, err_msg=name)
+  # Training continues on one device with the 2 x 4 run's losses (continuing on
+  # 4 x 2 as well would compile two more 8-device programs: suite budget).
+  resumed = train_and_evaluate(targets["on_one"][0], str(tmp_path / "on_one"),
+                               write_metrics=False, devices=one_device())
+  assert resumed.start_step == SAVED
+  np.testing.assert_allclose(losses(resumed), losses(rest), rtol=1e-5)
 
 
 def test_an_imported_family_trains_on_2x4_as_on_one_device(data_dir, tmp_path):
