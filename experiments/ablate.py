@@ -14,7 +14,8 @@ share a WORKDIR and train it once. Sweep format: moejax/train/sweep.py.
 A sweep with `seeds=(...)` runs every variant on every seed and its table gives
 the paired difference to the first variant, a 95% t-interval and a verdict
 ("reproduces" only when the interval excludes 0 in the variant's `expect`
-direction): moejax/train/seed_stats.py.
+direction): moejax/train/seed_stats.py. With `heldout_bytes_per_domain` the
+table compares heldout_bpb, followed by one such table per held-out domain.
 """
 import json
 import os
@@ -47,8 +48,12 @@ def main(argv):
   results = run_sweep(sweep, workdir, log=lambda msg: print(msg, flush=True))  # checks first
   os.makedirs(workdir, exist_ok=True)
   seeds = sweep_seeds(sweep)
-  table = (seed_table(results, metric_of(sweep)) if "seeds" in sweep
-           else markdown_table(results))
+  if "seeds" in sweep:  # then the same comparison on each held-out domain's bytes
+    table = seed_table(results, metric_of(sweep)) + "".join(
+        f"\n### {key}\n\n{seed_table(results, key)}"
+        for key in sorted({k for r in results for k in r if k.startswith("heldout_bpb/")}))
+  else:
+    table = markdown_table(results)
   with open(report(".md"), "w") as f:
     f.write(f"# {sweep.title}\n\n{sweep.steps} steps, seed{'s' * (len(seeds) > 1)} "
             f"{', '.join(map(str, seeds))}, common overrides {list(sweep.common)}."
