@@ -8,7 +8,7 @@ from tests.cli.harness import assert_refused, run_entry, tree_hash
 GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.convert"
 ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
-EVAL = "experiments.evaluate"
+EVAL, ZOO = "experiments.evaluate", "experiments.zoo"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -158,6 +158,13 @@ CASES = [
     (EVAL, [T, "--out={bad}"], ["directory", "--out={bad}"]),
     (EVAL, [T, "--stride=-1"], ["--stride=-1"]),
     (EVAL, [T, "--bootstrap_resamples=0"], ["--bootstrap_resamples=0"]),
+    (EVAL, [T, "--bytes_per_domain=-1"], ["--bytes_per_domain=-1"]),
+    # zoo
+    (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
+    (ZOO, ["--models="], ["--models", "at least one"]),
+    (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
+    (ZOO, ["--time_steps=-1"], ["--time_steps=-1"]),
+    (ZOO, ["--bytes_per_domain=0"], ["--bytes_per_domain=0"]),
 ]
 
 
