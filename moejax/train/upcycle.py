@@ -18,6 +18,7 @@ Upcycling copies the whole FFN into every expert (G = 1) and does not scale.
 """
 import os
 
+import jax
 import numpy as np
 
 from moejax.errors import ConfigError
@@ -70,9 +71,7 @@ def source_config(config):
 def upcycle_params(dense_params: dict, moe_params: dict, top_k: int) -> dict:
   """A copy of `moe_params` with everything but the routers taken from the dense
   model and each layer's experts cut from its dense FFN (module doc)."""
-  out = {key: value for key, value in moe_params.items() if key != "blocks"}
-  for key in out:
-    out[key] = dense_params[key]
+  out = {key: dense_params[key] for key in moe_params if key != "blocks"}
   out["blocks"] = {}
   for i, block in moe_params["blocks"].items():
     dense_block = dense_params["blocks"][i]
@@ -98,7 +97,6 @@ def upcycled(config, moe_params: dict, moe_rest: dict):
   from moejax.train.restore import load_from_workdir
   _, step = source_config(config)
   _, _, dense_params, _, _ = load_from_workdir(config.init.upcycle_from, step)
-  to_host = lambda tree: {k: to_host(v) if isinstance(v, dict) else np.asarray(v)
-                          for k, v in tree.items()}
+  to_host = lambda tree: jax.tree.map(np.asarray, tree)
   return upcycle_params(to_host(dense_params), to_host(moe_params),
                         config.model.moe.top_k), moe_rest
