@@ -114,7 +114,9 @@ def base_config() -> ml_collections.ConfigDict:
   l3.d_emb = 64
   l3.d_up = 128
   l3.allocation = "lzw"  # lzw | frequency | uniform
-  l3.corpus = "shakespeare"  # shakespeare | shakespeare_folio (byte tokens)
+  # shakespeare | shakespeare_folio (byte tokens) | train_split (this run's data.name
+  # train split through data.tokenizer: any vocabulary)
+  l3.corpus = "shakespeare"
 
   c.data = d = ml_collections.ConfigDict()
   d.name = "shakespeare"

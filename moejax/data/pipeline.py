@@ -126,20 +126,7 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
     eval_bytes, eval_tokens = (windows['eval_split'].num_text_bytes,
                                windows['eval_split'].num_tokens)
   else:
-    if settings['name'] in GENERATED_DATASETS:
-      dataset_id, texts = _generated_texts(cfg, settings)
-    else:
-      builder = _open_builder(settings['name'], data_dir)
-      dataset_id = builder.info.full_name.replace('/', '-')
-      sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
-      texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
-    train_domains = (_read_texts(sources['train_split'], 'domain') if mix_weights is not None
-                     else None)
-    tokenizer = get_tokenizer(
-        settings['tokenizer'], vocab_size=settings['vocab_size'],
-        model_path=_tokenizer_path(dataset_id, settings, data_dir),
-        train_texts=lambda: (texts['train_split'] if train_domains is None else
-                             mix.tokenizer_sample(texts['train_split'], train_domains)))
+    tokenizer, texts, train_domains = _texts_and_tokenizer(cfg, settings, data_dir)
     streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
                for key, split_texts in texts.items()}
     windows = {key: PackedWindows(stream, settings['seq_len']) for key, stream in streams.items()}
@@ -165,6 +152,44 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
                 tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
                 bytes_per_token=eval_bytes / eval_tokens,
                 num_eval_batches=num_eval_batches)
+
+
+def _texts_and_tokenizer(cfg, settings: dict, data_dir: str):
+  """(tokenizer, {split key: texts}, the train documents' domains or None) of an
+  in-memory dataset (built in, generated or prepared TFDS; not 'files')."""
+  if settings['name'] in GENERATED_DATASETS:
+    dataset_id, texts = _generated_texts(cfg, settings)
+  else:
+    builder = _open_builder(settings['name'], data_dir)
+    dataset_id = builder.info.full_name.replace('/', '-')
+    sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
+    texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
+  train_domains = (_read_texts(sources['train_split'], 'domain') if settings['name'] == 'mix'
+                   else None)
+  tokenizer = get_tokenizer(
+      settings['tokenizer'], vocab_size=settings['vocab_size'],
+      model_path=_tokenizer_path(dataset_id, settings, data_dir),
+      train_texts=lambda: (texts['train_split'] if train_domains is None else
+                           mix.tokenizer_sample(texts['train_split'], train_domains)))
+  return tokenizer, texts, train_domains
+
+
+def train_token_stream(cfg) -> np.ndarray:
+  """The training split of the ``data`` config ``cfg`` as one token stream through
+  its tokenizer (documents in split order, each followed by ``eos_id``): what L3
+  allocates its rows from (moejax/layers/lookup.py, ``model.l3.corpus='train_split'``)."""
+  settings = {key: cfg.get(key, default) for key, default in OPTIONAL_DEFAULTS.items()}
+  check_tokenizer_settings(settings['tokenizer'], settings['vocab_size'])
+  data_dir = resolve_data_dir(settings['data_dir'])
+  if settings['name'] == 'files':
+    tokenizer, windows = files.streamed_splits(
+        settings['files'], functools.partial(_files_tokenizer, settings, data_dir),
+        1, settings['text_key'])
+    texts = windows['train_split'].texts()
+  else:
+    tokenizer, split_texts, _ = _texts_and_tokenizer(cfg, settings, data_dir)
+    texts = split_texts['train_split']
+  return pack_documents(map(tokenizer.encode, texts), tokenizer.eos_id)
 
 
 def _batched(windows: grain.MapDataset, rows: int, shard_index: int,

@@ -10,10 +10,11 @@ state x of a token with id t (Sec. 3 of the paper, with x̂ = RMSNorm(x)):
 
 Table layout (CSR): rows of token t are keys[offsets[t] : offsets[t] + lengths[t]],
 R = offsets[V] = the budget. `l3_lookup` is padded + masked: every token
-gathers max_len = max_t d_t rows (index offsets[t] + j, j < max_len) and masks
-j >= d_t out of the softmax; masked slots re-read the token's own first rows,
-so rows of token ids absent from a batch are never touched and get exactly zero
-gradient. The layout (offsets, lengths) is non-trained state (`LookupTable`),
+gathers max_len rows (index offsets[t] + j, j < max_len) and masks j >= d_t out
+of the softmax; max_len = min(cap, R - V + 1), the most any allocation can give
+one id, so the compiled program depends on the config, not on the allocation.
+Masked slots re-read the token's own first rows, so rows of token ids absent
+from a batch are never touched and get exactly zero gradient. The layout (offsets, lengths) is non-trained state (`LookupTable`),
 so checkpoints carry it with the parameters.
 
 Allocation of d_t (`allocate_rows`): every id gets one row (the embedding-table
@@ -46,6 +47,7 @@ gathered block. Not implemented here: the tables live on device. Note that
 AdamW's weight decay still shrinks absent rows; a sparse optimizer would not.
 """
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +59,9 @@ from moejax.layers.dense import RMSNorm, dense_init
 
 ALLOCATIONS = ("lzw", "frequency", "uniform")
 CORPORA = {"shakespeare": False, "shakespeare_folio": True}  # name -> include Folio texts
+# model.l3.corpus: the training split of the run's own data, through its tokenizer
+# (any vocabulary; moejax.data.pipeline.train_token_stream).
+TRAIN_SPLIT = "train_split"
 PARAM_NAMES = ("keys", "values", "w_up", "ln_scale", "ln_bias", "w_mix")
 
 
@@ -130,15 +135,39 @@ def corpus_stream(corpus: str) -> np.ndarray:
   return np.frombuffer(b"\0".join(d.encode("utf-8") for d in docs) + b"\0", np.uint8)
 
 
-@functools.lru_cache(maxsize=8)
-def token_weights(rule: str, corpus: str, vocab_size: int) -> np.ndarray:
-  """Allocation weights [V] by `rule` from `corpus`'s train split (cached)."""
-  if rule == "uniform":
-    return np.ones(vocab_size)
-  stream = corpus_stream(corpus)
+def weights_of_stream(rule: str, stream, vocab_size: int) -> np.ndarray:
+  """Allocation weights [V] by `rule` (lzw | frequency) from a token stream."""
   if rule == "lzw":
     return lzw_phrase_counts(stream, vocab_size).astype(np.float64)
-  return np.bincount(stream, minlength=vocab_size).astype(np.float64)
+  return np.bincount(np.asarray(stream), minlength=vocab_size).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=8)
+def token_weights(rule: str, corpus: str, vocab_size: int) -> np.ndarray:
+  """Allocation weights [V] by `rule` from a built-in `corpus`'s train split (cached)."""
+  if rule == "uniform":
+    return np.ones(vocab_size)
+  return weights_of_stream(rule, corpus_stream(corpus), vocab_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _train_split_weights(rule: str, data_json: str, vocab_size: int) -> np.ndarray:
+  import ml_collections
+
+  from moejax.data.pipeline import train_token_stream
+  stream = train_token_stream(ml_collections.ConfigDict(json.loads(data_json)))
+  return weights_of_stream(rule, stream, vocab_size)
+
+
+def allocation_weights(config) -> np.ndarray | None:
+  """The weights a run's L3 layers allocate rows by, when they come from its own
+  training split (model.l3.corpus='train_split', read through data.tokenizer);
+  None otherwise (the layer reads its built-in corpus itself)."""
+  m = config.model
+  l3 = m.get("l3")
+  if l3 is None or not l3.enabled or l3.allocation == "uniform" or l3.corpus != TRAIN_SPLIT:
+    return None
+  return _train_split_weights(l3.allocation, config.data.to_json(sort_keys=True), m.vocab_size)
 
 
 def csr_layout(rows) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +219,8 @@ class LookupLayer(nnx.Module):
   def __init__(self, d_model: int, cfg, rows, *, rngs: nnx.Rngs, dtype, norm_eps=1e-6):
     offsets, lengths = csr_layout(rows)
     budget = int(offsets[-1])
-    self.max_len = int(lengths.max())
+    self.max_len = min(int(cfg.cap), budget - len(lengths) + 1)
+    assert lengths.max() <= self.max_len, (lengths.max(), self.max_len)
     self.dtype = dtype
     self.offsets, self.lengths = LookupTable(jnp.asarray(offsets)), LookupTable(jnp.asarray(lengths))
     self.norm = RMSNorm(d_model, norm_eps)
@@ -214,10 +244,15 @@ class LookupLayer(nnx.Module):
     return x + l3_mix(params, x_hat, pooled).astype(x.dtype)
 
 
-def build_lookup_layer(model_cfg, *, rngs: nnx.Rngs, dtype) -> LookupLayer:
-  """An L3 layer for `model_cfg` (its `l3` section), rows allocated from the corpus."""
+def build_lookup_layer(model_cfg, *, rngs: nnx.Rngs, dtype, weights=None) -> LookupLayer:
+  """An L3 layer for `model_cfg` (its `l3` section), rows allocated by `weights`
+  [V] (from `allocation_weights`), or from the built-in corpus when None."""
   l3 = model_cfg.l3
-  weights = token_weights(l3.allocation, l3.corpus, model_cfg.vocab_size)
+  if weights is None:
+    if l3.corpus == TRAIN_SPLIT and l3.allocation != "uniform":
+      raise ValueError("model.l3.corpus='train_split' allocates from the run's data: build "
+                       "the model with moejax.train.loop.build_model(config)")
+    weights = token_weights(l3.allocation, l3.corpus, model_cfg.vocab_size)
   rows = allocate_rows(weights, l3.budget, l3.cap)
   return LookupLayer(model_cfg.d_model, l3, rows, rngs=rngs, dtype=dtype,
                      norm_eps=model_cfg.norm_eps)
@@ -240,10 +275,10 @@ def validate_l3(c) -> None:
   if l3.allocation not in ALLOCATIONS:
     raise ConfigError(f"model.l3.allocation={l3.allocation!r} is not known; valid: "
                       f"{', '.join(ALLOCATIONS)}")
-  if l3.allocation != "uniform":
+  if l3.allocation != "uniform" and l3.corpus != TRAIN_SPLIT:
     if l3.corpus not in CORPORA:
       raise ConfigError(f"model.l3.corpus={l3.corpus!r} is not known; valid: "
-                        f"{', '.join(CORPORA)}")
+                        f"{', '.join((*CORPORA, TRAIN_SPLIT))}")
     if c.data.tokenizer != "byte" or m.vocab_size < 256:
       raise ConfigError(f"model.l3.allocation={l3.allocation!r} counts byte tokens of "
                         f"model.l3.corpus={l3.corpus!r}: needs data.tokenizer='byte' "

@@ -41,6 +41,7 @@ to their logical axes (batch split; see moejax/sharding.py).
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from moejax import sharding
@@ -189,7 +190,9 @@ def windowed(shape, start, window: int):
 
 class Decoder(nnx.Module):
 
-  def __init__(self, m, *, rngs: nnx.Rngs):
+  def __init__(self, m, *, rngs: nnx.Rngs, l3_weights=None):
+    """l3_weights: [V] allocation weights of the L3 layers when model.l3.corpus is
+    'train_split' (moejax.layers.lookup.allocation_weights); else None."""
     self.cfg = m
     self.dtype = DTYPES[m.dtype]
     self.embed = nnx.Param(jax.random.normal(rngs.params(), (m.vocab_size, m.d_model),
@@ -201,8 +204,9 @@ class Decoder(nnx.Module):
                               for i in range(m.num_layers)])
     # L3 layers (moejax/layers/lookup.py), keyed by the block they follow.
     l3 = m.get("l3")
-    self.lookups = nnx.Dict({str(i): build_lookup_layer(m, rngs=rngs, dtype=self.dtype)
-                             for i in (l3.layers if l3 is not None and l3.enabled else ())})
+    self.lookups = nnx.Dict({
+        str(i): build_lookup_layer(m, rngs=rngs, dtype=self.dtype, weights=l3_weights)
+        for i in (l3.layers if l3 is not None and l3.enabled else ())})
     self.final_norm = RMSNorm(m.d_model, m.norm_eps)
     self.head = nnx.data(None)
     if not m.tie_embeddings:
@@ -271,6 +275,11 @@ class Decoder(nnx.Module):
 
 def abstract_model(m):
   """(graphdef, params, rest) of Decoder(m) as ShapeDtypeStructs: nothing allocated."""
-  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
+  # Shapes only (an L3 layer's shapes do not depend on its allocation; the table
+  # itself comes from the checkpoint): uniform weights stand in for data counts.
+  l3 = m.get("l3")
+  inputs = {"l3_weights": np.ones(m.vocab_size)} if l3 is not None and l3.enabled else {}
+  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0),
+                                         **inputs))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)

@@ -25,6 +25,7 @@ from moejax.config import moe_layer_indices, validate_config, validate_micro_bat
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax import models
+from moejax.layers import lookup
 from moejax.sharding import make_layout
 from moejax.train import init_from
 from moejax.train import step as step_lib
@@ -51,7 +52,11 @@ def build_model(config):
   """The model `config.model_name` (moejax.models.MODELS) of `config.model`, its
   parameters stored in train.param_dtype (router ones float32)."""
   model_cfg = ml_collections.FrozenConfigDict(config.model)
-  model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed))
+  inputs = {}
+  l3_weights = lookup.allocation_weights(config)  # L3 rows from this run's own data
+  if l3_weights is not None:
+    inputs["l3_weights"] = l3_weights
+  model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed), **inputs)
   return step_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
 
 

@@ -19,7 +19,7 @@ from moejax.train.loop import init_state, train_and_evaluate
 
 
 class L3Cfg:
-  d_emb, d_up = 3, 5
+  d_emb, d_up, cap = 3, 5, 6
 
 
 def random_params(rng, budget, d_in, cfg=L3Cfg, dtype=np.float64):
@@ -180,3 +180,42 @@ def test_tiny_l3_lm_learns_and_checkpoints_its_table(tmp_path):
   restored, _ = ckpt.restore(ckpt.latest_step(), jax.tree.map(np.asarray, state))
   np.testing.assert_array_equal(restored.rest["lookups"]["1"]["offsets"], table["offsets"])
   assert restored.params["lookups"]["1"]["keys"].shape == (l3.budget, config.model.d_model)
+
+
+def test_train_split_allocation_counts_the_runs_own_sentencepiece_tokens(tmp_path):
+  """model.l3.corpus='train_split' with a learned vocabulary: the table is allocated
+  from the frequency of each sentencepiece id in the training files (counted here
+  with the sentencepiece library on each document), not from byte counts."""
+  import collections
+
+  import sentencepiece as spm
+
+  from moejax.data import files
+  from moejax.train.loop import build_model
+  rng = np.random.default_rng(0)
+  words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away"]
+  for i in range(11):  # a0 and a9 are held out (every 10th file)
+    (tmp_path / f"a{i}.txt").write_text(" ".join(rng.choice(words, 400)), encoding="utf-8")
+  config = tiny_l3(str(tmp_path / "tfds"))
+  config.data.update(name="files", tokenizer="sentencepiece", vocab_size=300)
+  config.data.files.train = str(tmp_path / "*.txt")
+  config.model.vocab_size = 300
+  config.model.l3.update(corpus="train_split", allocation="frequency", budget=1200, cap=64)
+  validate_config(config)
+
+  model = build_model(config)
+  model_file, = (tmp_path / "tfds" / "moejax_tokenizers").glob("*.model")
+  processor = spm.SentencePieceProcessor(model_file=str(model_file))
+  counts = collections.Counter()
+  for path in files.resolve_files(config.data.files)["train"]:
+    counts.update(processor.encode(open(path, encoding="utf-8").read()) + [processor.eos_id()])
+  assert len(counts) > 12  # merged pieces, not bytes
+  expected = lookup.allocate_rows([counts[t] for t in range(300)], 1200, 64)
+  np.testing.assert_array_equal(model.lookups["1"].lengths[...], expected)
+
+  config.model.l3.corpus = "shakespeare"  # byte counts cannot allocate a 300-piece vocabulary
+  with pytest.raises(ConfigError, match=r"model\.l3\.allocation='frequency' counts byte tokens"):
+    validate_config(config)
+  config.model.l3.corpus = "train_split"  # built without the run's data: refused
+  with pytest.raises(ValueError, match=r"model\.l3\.corpus='train_split' allocates from the "):
+    lookup.build_lookup_layer(config.model, rngs=nnx.Rngs(0), dtype=jnp.float32)
