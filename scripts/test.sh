@@ -12,4 +12,8 @@ cache=$(mktemp -d -t moejax-test-cache-XXXXXX)
 trap 'rm -rf "$cache"' EXIT
 export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
 # One worker per core (MOEJAX_TEST_WORKERS=0 runs serially); a test file stays on one worker.
-.venv/bin/python -m pytest -q --durations=40 -n "${MOEJAX_TEST_WORKERS:-auto}" --dist loadfile "$@" tests
+# Files go out in collection order (tests/conftest.py puts the longest first), not
+# xdist's default of the files with the most tests first, which left the long
+# 8-device sessions for the end.
+.venv/bin/python -m pytest -q --durations=40 -n "${MOEJAX_TEST_WORKERS:-auto}" --dist loadfile \
+  --no-loadscope-reorder "$@" tests

@@ -4,7 +4,6 @@ import math
 import os
 
 import numpy as np
-from tensorboardX import SummaryWriter
 
 
 def flatten_metrics(metrics: dict, moe_layers: list[int]) -> dict:
@@ -53,6 +52,9 @@ class MetricWriter:
           # suffix keeps a resume within the same second from overwriting the
           # earlier file, and sorts after it.
           purge, suffix = start_step + 1, f".from{start_step:09d}"
+      # Imported here: tensorboardX imports torch when it is installed (the test
+      # environment has it), seconds that a run writing no metrics need not pay.
+      from tensorboardX import SummaryWriter
       self.tb = SummaryWriter(tb_dir, purge_step=purge, filename_suffix=suffix)
 
   def write(self, step: int, scalars: dict) -> None:

@@ -20,12 +20,17 @@ _CACHE_DIR = []
 
 
 def compilation_cache_dir() -> str:
-  """One persistent XLA compilation cache for every child of this session: the
-  same program on the same devices (a resumed run, the multi-process test's
-  8-device reference and on8_training's run) compiles once."""
+  """The persistent XLA compilation cache of the children: the test run's own
+  (scripts/test.sh makes one for all its workers) when set, so the same program on
+  the same devices compiles once whichever worker starts it; else one for this
+  session, removed at exit."""
   if not _CACHE_DIR:
-    _CACHE_DIR.append(tempfile.mkdtemp(prefix="moejax-test-xla-cache-"))
-    atexit.register(shutil.rmtree, _CACHE_DIR[0], ignore_errors=True)
+    run_cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if run_cache:
+      _CACHE_DIR.append(run_cache)
+    else:
+      _CACHE_DIR.append(tempfile.mkdtemp(prefix="moejax-test-xla-cache-"))
+      atexit.register(shutil.rmtree, _CACHE_DIR[0], ignore_errors=True)
   return _CACHE_DIR[0]
 
 
