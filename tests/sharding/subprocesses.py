@@ -43,9 +43,11 @@ def device_env(num_devices: int) -> dict:
   return env
 
 
-def run(args, num_devices: int, timeout: float) -> subprocess.CompletedProcess:
-  """`python args...` in the repo on num_devices devices; output captured (a timeout kills it)."""
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=device_env(num_devices),
+def run(args, num_devices: int, timeout: float, env=None) -> subprocess.CompletedProcess:
+  """`python args...` in the repo on num_devices devices (and `env` set); output
+  captured (a timeout kills it)."""
+  return subprocess.run([sys.executable, *args], cwd=REPO,
+                        env={**device_env(num_devices), **(env or {})},
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         timeout=timeout)
 

@@ -1,6 +1,7 @@
 """Training on the data=2 x expert=4 mesh against one device, and checkpoints
 that move between layouts: saved on 2 x 4, restored bitwise on 1 device and on
 data=4 x expert=2; on one device training continues with the same losses."""
+import os
 import shutil
 
 import jax
@@ -76,8 +77,10 @@ def test_an_imported_family_trains_on_2x4_as_on_one_device(data_dir, tmp_path):
   state) fine-tuned from its HF checkpoint: every parameter carries logical axes,
   so the 2 x 4 mesh with expert parallelism trains it with one device's losses."""
   from configs import finetune_hf
-  from tests.interop.hf_tiny import make_model, save_model
-  hf_dir = save_model(make_model("deepseek_v3", vocab_size=256), str(tmp_path / "hf"))
+  hf_dir = os.environ.get("MOEJAX_TEST_DEEPSEEK_V3_HF_DIR")  # written by the parent session
+  if hf_dir is None:  # this module run on its own
+    from tests.interop.hf_tiny import make_model, save_model
+    hf_dir = save_model(make_model("deepseek_v3", vocab_size=256), str(tmp_path / "hf"))
 
   def finetune(mesh=None):
     c = finetune_hf.get_config("family=deepseek_v3,steps=3,seq_len=16,batch_size=8")
