@@ -14,8 +14,9 @@ gathers max_len rows (index offsets[t] + j, j < max_len) and masks j >= d_t out
 of the softmax; max_len = min(cap, R - V + 1), the most any allocation can give
 one id, so the compiled program depends on the config, not on the allocation.
 Masked slots re-read the token's own first rows, so rows of token ids absent
-from a batch are never touched and get exactly zero gradient. The layout (offsets, lengths) is non-trained state (`LookupTable`),
-so checkpoints carry it with the parameters.
+from a batch are never touched and get exactly zero gradient. The layout
+(offsets, lengths) is non-trained state (`LookupTable`), so checkpoints carry
+it with the parameters.
 
 Allocation of d_t (`allocate_rows`): every id gets one row (the embedding-table
 case), the other R - V rows are split in proportion to a per-id weight, water-
