@@ -48,11 +48,11 @@ def check_lookup(lengths, ids, cap):
   p = random_params(rng, int(offsets[-1]), 4)
   x = rng.standard_normal((len(ids), 4))
   want = loop_reference(p, offsets, lengths, ids, x)
+  # padded to cap, not max(lengths); one jit, not a compile per eager op of each new shape
+  layer = jax.jit(lambda p, offsets, lengths, ids, x: lookup.l3_mix(
+      p, x, lookup.l3_lookup(p, offsets, lengths, ids, x, max_len=cap)))
   with jax.enable_x64(True):
-    jp = jax.tree.map(jnp.asarray, p)
-    pooled = lookup.l3_lookup(jp, jnp.asarray(offsets), jnp.asarray(lengths32), jnp.asarray(ids),
-                              jnp.asarray(x), max_len=cap)  # padded to cap, not max(lengths)
-    got = np.asarray(lookup.l3_mix(jp, jnp.asarray(x), pooled))
+    got = np.asarray(layer(*jax.tree.map(jnp.asarray, (p, offsets, lengths32, ids, x))))
   np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
