@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "moejax")
 PARTS = ("routing", "dispatch", "losses", "experts")
-TOOLS = ("train", "inference", "interop", "analysis", "evaluation", "cli", "data")
+TOOLS = ("train", "inference", "interop", "analysis", "posttrain", "evaluation", "cli", "data")
 FORBIDDEN = {
     **{part: ("layers", "models") + TOOLS for part in PARTS},
     # L3 (layers/lookup.py) reads the corpus to allocate its table rows
