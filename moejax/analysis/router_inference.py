@@ -18,11 +18,14 @@ import numpy as np
 from flax import nnx
 
 from moejax.analysis.expert_similarity import expert_outputs_on_tokens, linear_cka_matrix
+from moejax.dispatch.base import tile_layout
+from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.inference.generate import decoder_step
 from moejax.inference.kv_cache import init_cache
 from moejax.models.decoder import abstract_model
+from moejax.routing.base import Routing
 from moejax.train.loop import build_model
 from moejax.train.step import cross_entropy, moe_metrics, split_model
 
@@ -70,6 +73,24 @@ def captured_forward(model, tokens):
                                           method_outputs=nnx.Intermediate)(tokens)
   return logits, aux, {path: value.get_value()[0]
                        for path, value in nnx.to_flat_state(outputs)}
+
+
+def routed_rows(layer, x_TxD, aux) -> dict:
+  """Every expert of one MoE layer run on the rows its router sent it (dropless
+  row layout, float32): rows [R, d] expert outputs before the combine weight,
+  and per row its token, expert (E on padding rows) and combine weight (0 there).
+
+  x_TxD: the layer's input; aux: its aux (expert_index, combine_weight, valid)."""
+  num_experts = layer.cfg.num_experts
+  routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
+  layout = tile_layout(routing, num_experts, 1)
+  bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
+  matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
+  expert = jnp.where(routing.valid, routing.expert_index, num_experts).T.reshape(-1)
+  return {"rows": bound(x_TxD.astype(jnp.float32)[layout.row_token], matmul),
+          "token": layout.row_token,
+          "expert": layout.row_values(expert, fill=num_experts),
+          "weight": layout.row_values(routing.masked_weight().T.reshape(-1)).astype(jnp.float32)}
 
 
 def moe_layer_inputs(model, tokens) -> list[jax.Array]:

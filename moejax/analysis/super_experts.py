@@ -37,13 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.router_inference import captured_forward
+from moejax.analysis.router_inference import captured_forward, routed_rows
 from moejax.config import moe_layer_indices
-from moejax.dispatch.base import tile_layout
-from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model, unstack_layers
-from moejax.routing.base import Routing
 
 PARTS = ("peaks", "massive", "sinks")
 
@@ -53,15 +50,10 @@ def routed_output_peaks(layer, x_TxD, aux) -> jax.Array:
 
   x_TxD: the layer's input; aux: its aux (expert_index, combine_weight, valid)."""
   num_experts = layer.cfg.num_experts
-  routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
-  layout = tile_layout(routing, num_experts, 1)
-  bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
-  matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
-  rows = bound(x_TxD.astype(jnp.float32)[layout.row_token], matmul)
-  row_peak = jnp.max(jnp.abs(rows), axis=-1)
-  expert = jnp.where(routing.valid, routing.expert_index, num_experts).T.reshape(-1)
-  row_expert = layout.row_values(expert, fill=num_experts)  # padding rows: E
-  return jnp.zeros(num_experts + 1, jnp.float32).at[row_expert].max(row_peak)[:num_experts]
+  routed = routed_rows(layer, x_TxD, aux)
+  row_peak = jnp.max(jnp.abs(routed["rows"]), axis=-1)
+  return (jnp.zeros(num_experts + 1, jnp.float32)
+          .at[routed["expert"]].max(row_peak)[:num_experts])  # padding rows: expert E
 
 
 def _residual_stats(h_BxLxD) -> dict:

@@ -1,0 +1,93 @@
+"""Per-expert contributions of every MoE layer on calibration tokens: the
+statistics expert pruning reads (issue 14).
+
+For MoE layer l and expert e, Z_e = [g_{t,e} E_e(x_t)]_t over the calibration
+tokens t (zero where the router did not send t to e); the routed output is
+Y = sum_e Z_e (shared experts are not included: pruning keeps them). Captured:
+
+  gram       G_ij = sum_t <g_ti E_i(x_t), g_tj E_j(x_t)>   [E, E], float64
+  frequency  tokens routed to e                             [E]
+  mass       sum of the router's combine weights g_{t,e}    [E]
+
+The model's own routing and its own expert type are used (dropless layout, as
+moejax/analysis/super_experts.py does), in float32 on device and summed over
+batches in float64 on the host. A batch is one compiled program per model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.analysis.router_inference import captured_forward, routed_rows
+from moejax.errors import ConfigError
+
+
+@dataclasses.dataclass
+class LayerStatistics:
+  """One MoE layer's calibration statistics (module doc); `block` is its index."""
+  block: int
+  gram: np.ndarray
+  frequency: np.ndarray
+  mass: np.ndarray
+  tokens: int
+
+  def __add__(self, other: "LayerStatistics") -> "LayerStatistics":
+    return LayerStatistics(self.block, self.gram + other.gram, self.frequency + other.frequency,
+                           self.mass + other.mass, self.tokens + other.tokens)
+
+
+def routed_contributions(layer, x_TxD, aux) -> jax.Array:
+  """[T, E, d] float32: g_{t,e} E_e(x_t) for the slots the router kept, else 0."""
+  num_experts = layer.cfg.num_experts
+  r = routed_rows(layer, x_TxD, aux)
+  out = jnp.zeros((x_TxD.shape[0], num_experts + 1, r["rows"].shape[-1]), jnp.float32)
+  # padding rows carry expert E (sliced off) and weight 0
+  return out.at[r["token"], r["expert"]].add(r["rows"] * r["weight"][:, None])[:, :num_experts]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _batch_statistics(graphdef, params, rest, tokens):
+  model = nnx.merge(graphdef, params, rest)
+  _, aux, outputs = captured_forward(model, tokens)
+  moe_blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
+  out = []
+  for i, layer_aux in zip(moe_blocks, aux["moe"]):
+    layer = model.blocks[i].ffn
+    x = outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model)
+    z = routed_contributions(layer, x, layer_aux)
+    e = layer.cfg.num_experts
+    valid = layer_aux["valid"].reshape(-1)
+    index = layer_aux["expert_index"].reshape(-1)
+    weight = jnp.where(valid, layer_aux["combine_weight"].reshape(-1), 0.0)
+    out.append({"gram": jnp.einsum("ted,tfd->ef", z, z),
+                "frequency": jnp.zeros(e, jnp.float32).at[index].add(valid.astype(jnp.float32)),
+                "mass": jnp.zeros(e, jnp.float32).at[index].add(weight.astype(jnp.float32))})
+  return out
+
+
+def layer_statistics(graphdef, params, rest, batches) -> list[LayerStatistics]:
+  """Summed LayerStatistics of every MoE layer over token batches [B, L]."""
+  model = nnx.merge(graphdef, params, rest)
+  if model.cfg.scan_layers:
+    raise ConfigError("pruning reads the loop layout; convert a scanned model with "
+                      "moejax.models.decoder.unstack_layers")
+  if not any(block.is_moe for block in model.blocks):
+    raise ConfigError("the checkpoint has no MoE layer: nothing to prune")
+  blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
+  total = None
+  for tokens in batches:
+    tokens = jnp.asarray(tokens)
+    stats = _batch_statistics(graphdef, params, rest, tokens)
+    layers = [LayerStatistics(block, np.asarray(s["gram"], np.float64),
+                              np.asarray(s["frequency"], np.float64),
+                              np.asarray(s["mass"], np.float64), int(tokens.size))
+              for block, s in zip(blocks, jax.device_get(stats))]
+    total = layers if total is None else [a + b for a, b in zip(total, layers)]
+  if total is None:
+    raise ConfigError("no calibration batch was given")
+  return total
