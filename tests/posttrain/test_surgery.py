@@ -1,0 +1,103 @@
+"""Removing experts (moejax/posttrain/surgery.py) from a tiny LM: the pruned
+layer against a numpy MoE over the kept experts, untouched leaves, state cut
+along every expert axis, and refusals."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import lm_shakespeare_moe
+from moejax.analysis.router_inference import captured_forward
+from moejax.errors import ConfigError
+from moejax.models.decoder import abstract_model
+from moejax.posttrain import surgery
+from moejax.train.loop import init_state
+
+KEEP = {0: [1, 3, 4, 6], 1: [0, 2, 5]}
+
+
+def tiny(router="topk"):
+  config = lm_shakespeare_moe.get_config(f"size=tiny,router={router}")
+  _, state, _ = init_state(config)
+  host = lambda tree: jax.tree.map(np.asarray, tree)
+  return config, host(state.params), host(state.rest)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def moe_io(graphdef, params, rest, tokens):
+  """Per MoE block: its input [T, d] and its output [T, d]."""
+  model = nnx.merge(graphdef, params, rest)
+  _, _, outputs = captured_forward(model, tokens)
+  d = model.cfg.d_model
+  return [(outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, d),
+           outputs[("blocks", i, "ffn", "__call__")][0].reshape(-1, d))
+          for i, b in enumerate(model.blocks) if b.is_moe]
+
+
+def numpy_moe(x, ffn, kept, top_k, scales=None):
+  """Top-k over the kept experts' logits, softmax over the chosen (renormalised
+  top-k), SwiGLU experts; optionally each output times its scale."""
+  x = x.astype(np.float64)
+  logits = x @ ffn["router_kernel"].astype(np.float64)[:, kept]
+  out = np.zeros_like(x)
+  for t in range(x.shape[0]):
+    chosen = np.argsort(-logits[t], kind="stable")[:top_k]
+    w = np.exp(logits[t, chosen] - logits[t, chosen].max())
+    w /= w.sum()
+    for weight, j in zip(w, chosen):
+      e = kept[j]
+      g = x[t] @ ffn["experts"]["w_gate"][e]
+      h = (g / (1 + np.exp(-g))) * (x[t] @ ffn["experts"]["w_up"][e])
+      scale = 1.0 if scales is None else scales[j]
+      out[t] += weight * scale * (h @ ffn["experts"]["w_down"][e])
+  return out
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
+  config, params, rest = tiny()
+  scales = {0: np.array([0.5, 1.5, -1.0, 2.0]), 1: np.array([1.0, 0.25, 3.0])} if rescale else None
+  new, new_params, new_rest = surgery.remove_experts(config, params, rest, KEEP, scales)
+  assert list(new.model.moe.expert_counts) == [4, 3]
+  assert new_params["blocks"][0]["ffn"]["router_kernel"].shape == (32, 4)
+  assert new_params["blocks"][1]["ffn"]["experts"]["w_up"].shape == (3, 32, 32)
+  # every leaf outside the MoE layers is the original array
+  for path in (("embed",), ("head", "kernel"), ("blocks", 0, "attn", "q", "kernel")):
+    np.testing.assert_array_equal(
+        functools.reduce(lambda t, k: t[k], path, new_params),
+        functools.reduce(lambda t, k: t[k], path, params))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(2, 12)), jnp.int32)
+  graphdef = abstract_model(new.model)[0]
+  for block, (x, y) in zip(KEEP, moe_io(graphdef, new_params, new_rest, tokens)):
+    expected = numpy_moe(np.asarray(x), params["blocks"][block]["ffn"], KEEP[block],
+                         config.model.moe.top_k, None if scales is None else scales[block])
+    np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
+
+
+def test_keeping_every_expert_changes_nothing():
+  config, params, rest = tiny()
+  new, new_params, _ = surgery.remove_experts(config, params, rest, {0: range(8), 1: range(8)})
+  assert new.model.moe.num_experts == 8 and not new.model.moe.expert_counts
+  jax.tree.map(np.testing.assert_array_equal, new_params, params)
+
+
+def test_router_state_is_cut_along_its_expert_axis():
+  config, params, rest = tiny("sigmoid_bias")
+  rest["blocks"][0]["ffn"]["router_state"]["bias"] = np.arange(8, dtype=np.float32)
+  _, _, new_rest = surgery.remove_experts(config, params, rest, KEEP)
+  np.testing.assert_array_equal(new_rest["blocks"][0]["ffn"]["router_state"]["bias"], KEEP[0])
+
+
+@pytest.mark.parametrize("keep,message", [
+    ({0: [0]}, r"keep\[0\] has 1 experts, below model.moe.top_k=2"),
+    ({0: [0, 0, 1]}, r"keep\[0\]=\[0, 0, 1\] must be distinct experts in \[0, 8\)"),
+    ({0: [3, 8]}, r"must be distinct experts in \[0, 8\)"),
+    ({5: [0, 1]}, r"keep names blocks \[5\], which are not MoE blocks \[0, 1\]"),
+])
+def test_bad_keep_sets_are_refused(keep, message):
+  config, params, rest = tiny()
+  with pytest.raises(ConfigError, match=message):
+    surgery.remove_experts(config, params, rest, keep)
