@@ -177,3 +177,24 @@ def knee(errors) -> int:
   y = (y - y[-1]) / span if span > 0 else np.zeros_like(y)
   below_chord = (1.0 - x) - y
   return int(np.argmax(below_chord)) + 1
+
+
+METHODS = ("schur_astar", "greedy", "frequency", "router_mass", "output_norm", "random")
+
+
+def choose(stats, m: int, method: str, objective: str = "rescaled", seed: int = 0):
+  """The m experts `method` keeps in one layer, from its calibration statistics
+  (posttrain/contributions.LayerStatistics: gram, frequency, mass):
+  schur_astar (optimal for `objective`), greedy forward selection, or the top m
+  by routing frequency, router mass, output energy diag(G), or a random score."""
+  if method not in METHODS:
+    from moejax.errors import choice_error
+    raise choice_error("method", method, METHODS)
+  if method == "schur_astar":
+    return astar(stats.gram, m, objective).keep
+  if method == "greedy":
+    return greedy_forward(stats.gram, m, objective)
+  scores = {"frequency": lambda: stats.frequency, "router_mass": lambda: stats.mass,
+            "output_norm": lambda: np.diag(stats.gram),
+            "random": lambda: np.random.default_rng(seed).random(len(stats.gram))}[method]()
+  return top_by_score(scores, m)

@@ -141,3 +141,21 @@ def test_bad_sizes_are_refused():
       xs.astar(gram, m)
   with pytest.raises(ValueError, match="objective='l1'"):
     xs.astar(gram, 2, "l1")
+
+
+def test_choose_runs_each_method_on_layer_statistics():
+  from moejax.errors import ConfigError
+  from moejax.posttrain.contributions import LayerStatistics
+  z, frequency, mass = simulated_layer(12, seed=6)
+  stats = LayerStatistics(0, xs.gram_of(z), frequency.astype(float), mass, 256)
+  order = lambda score: tuple(sorted(np.argsort(-score, kind="stable")[:5]))
+  assert xs.choose(stats, 5, "frequency") == order(frequency)
+  assert xs.choose(stats, 5, "router_mass") == order(mass)
+  assert xs.choose(stats, 5, "output_norm") == order(np.sum(z * z, axis=1))
+  assert xs.choose(stats, 5, "random", seed=1) != xs.choose(stats, 5, "random", seed=2)
+  for objective in xs.OBJECTIVES:
+    best = xs.subset_error(stats.gram, xs.brute_force(stats.gram, 5, objective)[0], objective)
+    chosen = xs.choose(stats, 5, "schur_astar", objective)
+    assert xs.subset_error(stats.gram, chosen, objective) == pytest.approx(best, rel=1e-10)
+  with pytest.raises(ConfigError, match="method='obs' is not known; valid: frequency, greedy"):
+    xs.choose(stats, 5, "obs")
