@@ -182,11 +182,12 @@ def knee(errors) -> int:
 METHODS = ("schur_astar", "greedy", "frequency", "router_mass", "output_norm", "random")
 
 
-def choose(stats, m: int, method: str, objective: str = "rescaled", seed: int = 0):
+def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
   """The m experts `method` keeps in one layer, from its calibration statistics
   (posttrain/contributions.LayerStatistics: gram, frequency, mass):
   schur_astar (optimal for `objective`), greedy forward selection, or the top m
-  by routing frequency, router mass, output energy diag(G), or a random score."""
+  by routing frequency, router mass, output energy diag(G), or a random score
+  (`seed`: anything numpy's default_rng takes)."""
   if method not in METHODS:
     from moejax.errors import choice_error
     raise choice_error("method", method, METHODS)

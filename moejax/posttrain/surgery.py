@@ -1,7 +1,7 @@
 """Model surgery: remove experts from MoE layers (issue 14).
 
 `remove_experts` keeps, per MoE block, a chosen set of experts and returns a
-config whose `model.moe.expert_counts` holds the new counts, with parameters
+model config whose `moe.expert_counts` holds the new counts, with parameters
 and router state cut to match. Which axes are expert axes is read, not
 assumed: the new config's abstract model (models.decoder.abstract_model) is
 compared leaf by leaf with the old one, and an axis whose size changed from
@@ -28,10 +28,9 @@ from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model
 
 
-def pruned_config(config, keep: dict):
-  """A copy of `config` whose MoE blocks hold len(keep[block]) experts (blocks
-  not in `keep` keep all theirs). Checks every kept set (module doc)."""
-  m = config.model
+def pruned_config(m, keep: dict):
+  """A copy of the model config `m` whose MoE blocks hold len(keep[block]) experts
+  (blocks not in `keep` keep all theirs). Checks every kept set (module doc)."""
   blocks = moe_layer_indices(m)
   if not blocks:
     raise ConfigError("the checkpoint has no MoE layer: nothing to prune")
@@ -47,11 +46,11 @@ def pruned_config(config, keep: dict):
       raise ConfigError(f"keep[{block}] has {len(kept)} experts, below "
                         f"model.moe.top_k={m.moe.top_k}")
     counts.append(len(kept))
-  new = ml_collections.ConfigDict(config.to_dict())
+  new = ml_collections.ConfigDict(m.to_dict())
   if len(set(counts)) == 1:
-    new.model.moe.num_experts, new.model.moe.expert_counts = counts[0], []
+    new.moe.num_experts, new.moe.expert_counts = counts[0], []
   else:
-    new.model.moe.expert_counts = counts
+    new.moe.expert_counts = counts
   return new
 
 
@@ -76,14 +75,14 @@ def _cut_tree(old: dict, new_abstract: dict, kept_of_block: dict, path=()):
   return _cut(old, new_abstract.shape, kept_of_block[int(path[1])])
 
 
-def remove_experts(config, params: dict, rest: dict, keep: dict, scales: dict | None = None):
-  """(new config, params, rest) keeping experts keep[block] (sorted) of each MoE
-  block; params and rest are pure dicts (nnx.to_pure_dict). scales[block]: the
-  output weight of each kept expert, in sorted order (module doc)."""
-  new = pruned_config(config, keep)
+def remove_experts(m, params: dict, rest: dict, keep: dict, scales: dict | None = None):
+  """(new model config, params, rest) keeping experts keep[block] (sorted) of each
+  MoE block of the model config `m` (loop layout); params and rest are pure dicts.
+  scales[block]: the output weight of each kept expert, in sorted order (module doc)."""
+  new = pruned_config(m, keep)
   kept_of_block = {b: sorted(int(e) for e in keep.get(b, range(n)))
-                   for b, n in zip(moe_layer_indices(config.model), expert_counts(config.model))}
-  _, new_params, new_rest = abstract_model(new.model)
+                   for b, n in zip(moe_layer_indices(m), expert_counts(m))}
+  _, new_params, new_rest = abstract_model(new)
   params = _cut_tree(params, new_params, kept_of_block)
   rest = _cut_tree(rest, new_rest, kept_of_block)
   for block, weights in (scales or {}).items():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from configs.lm_shakespeare_dense import get_config as dense_config
 from configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf, save_workdir
 from moejax.config import moe_layer_indices
@@ -78,6 +79,7 @@ def area(tmp_path_factory):
   _write(os.path.join(bad, "foreign", "notes.txt"), b"not a moejax workdir\n")
   os.makedirs(os.path.join(bad, "emptydir"))
   os.makedirs(os.path.join(bad, "train_no_steps", "checkpoints"))
+  training_workdir(os.path.join(bad, "train_dense"), dense_config("size=tiny"))
   _write(os.path.join(bad, "afile.txt"), b"a file, not a directory\n")
   _write(os.path.join(bad, "empty.npy"), b"")
   _write(os.path.join(bad, "garbage.npy"), b"\x93NUMPY garbage")

@@ -8,7 +8,7 @@ from tests.cli.harness import assert_refused, run_entry, tree_hash
 GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.convert"
 ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
-EVAL, ZOO = "experiments.evaluate", "experiments.zoo"
+EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -160,6 +160,23 @@ CASES = [
     (EVAL, [T, "--bootstrap_resamples=0"], ["--bootstrap_resamples=0"]),
     (EVAL, [T, "--bytes_per_domain=-1"], ["--bytes_per_domain=-1"]),
     # zoo
+    # prune (tiny default: 8 experts, top-2, 2 MoE layers)
+    (PRUNE, [T], ["--keep"]),
+    (PRUNE, [T, "--keep=9"], ["--keep=9", "larger than", "8 experts"]),
+    (PRUNE, [T, "--keep=1"], ["--keep=1", "below", "top_k=2"]),
+    (PRUNE, [T, "--keep=1.5"], ["--keep=1.5", "(0, 1]"]),
+    (PRUNE, [T, "--keep=half"], ["--keep=half", "fraction"]),
+    (PRUNE, [T, "--keep=4", "--method=obs"], ["--method='obs'", "schur_astar"]),
+    (PRUNE, [T, "--keep=4", "--objective=l1"], ["--objective='l1'", "no_rescale"]),
+    (PRUNE, [T, "--keep=4", "--objective=no_rescale", "--rescale"],
+     ["--rescale", "--objective=no_rescale"]),
+    (PRUNE, [T, "--keep=4", "--num_windows=1", "--context=4"],
+     ["--num_windows=1", "--context=4", "Gram"]),
+    (PRUNE, [T, "--keep=4", "--context=100000"], ["--context=100000", "max_seq_len"]),
+    (PRUNE, [C, "--keep=4"], ["training run", "--workdir={converted}"]),
+    (PRUNE, ["--workdir={bad}/train_dense", "--keep=4"], ["no MoE layer", "train_dense"]),
+    (PRUNE, [T, "--keep=4", "--out={train}"], ["new or empty", "--out={train}"]),
+    (PRUNE, [T, "--keep=4", "--report={bad}"], ["directory", "--report={bad}"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),

@@ -60,8 +60,8 @@ def numpy_moe(x, ffn, kept, top_k, scales=None):
 def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
   config, params, rest = tiny()
   scales = {0: np.array([0.5, 1.5, -1.0, 2.0]), 1: np.array([1.0, 0.25, 3.0])} if rescale else None
-  new, new_params, new_rest = surgery.remove_experts(config, params, rest, KEEP, scales)
-  assert list(new.model.moe.expert_counts) == [4, 3]
+  new, new_params, new_rest = surgery.remove_experts(config.model, params, rest, KEEP, scales)
+  assert list(new.moe.expert_counts) == [4, 3]
   assert new_params["blocks"][0]["ffn"]["router_kernel"].shape == (32, 4)
   assert new_params["blocks"][1]["ffn"]["experts"]["w_up"].shape == (3, 32, 32)
   # every leaf outside the MoE layers is the original array
@@ -70,7 +70,7 @@ def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
         functools.reduce(lambda t, k: t[k], path, new_params),
         functools.reduce(lambda t, k: t[k], path, params))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(2, 12)), jnp.int32)
-  graphdef = abstract_model(new.model)[0]
+  graphdef = abstract_model(new)[0]
   for block, (x, y) in zip(KEEP, moe_io(graphdef, new_params, new_rest, tokens)):
     expected = numpy_moe(np.asarray(x), params["blocks"][block]["ffn"], KEEP[block],
                          config.model.moe.top_k, None if scales is None else scales[block])
@@ -79,15 +79,16 @@ def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
 
 def test_keeping_every_expert_changes_nothing():
   config, params, rest = tiny()
-  new, new_params, _ = surgery.remove_experts(config, params, rest, {0: range(8), 1: range(8)})
-  assert new.model.moe.num_experts == 8 and not new.model.moe.expert_counts
+  new, new_params, _ = surgery.remove_experts(config.model, params, rest,
+                                              {0: range(8), 1: range(8)})
+  assert new.moe.num_experts == 8 and not new.moe.expert_counts
   jax.tree.map(np.testing.assert_array_equal, new_params, params)
 
 
 def test_router_state_is_cut_along_its_expert_axis():
   config, params, rest = tiny("sigmoid_bias")
   rest["blocks"][0]["ffn"]["router_state"]["bias"] = np.arange(8, dtype=np.float32)
-  _, _, new_rest = surgery.remove_experts(config, params, rest, KEEP)
+  _, _, new_rest = surgery.remove_experts(config.model, params, rest, KEEP)
   np.testing.assert_array_equal(new_rest["blocks"][0]["ffn"]["router_state"]["bias"], KEEP[0])
 
 
@@ -100,4 +101,4 @@ def test_router_state_is_cut_along_its_expert_axis():
 def test_bad_keep_sets_are_refused(keep, message):
   config, params, rest = tiny()
   with pytest.raises(ConfigError, match=message):
-    surgery.remove_experts(config, params, rest, keep)
+    surgery.remove_experts(config.model, params, rest, keep)

@@ -1,0 +1,72 @@
+r"""Prune the experts of a trained MoE: calibrate, choose per layer, cut, save.
+
+  python -m experiments.prune --workdir=runs/zoo/s --method=schur_astar --keep=0.5 \
+      --out=runs/pruned/s_schur_50
+  python -m experiments.evaluate --workdir=runs/pruned/s_schur_50 --reference_workdir=runs/zoo/s
+
+--workdir: a training workdir; its latest checkpoint is pruned. --method: one
+of schur_astar (SCHUR-A*, optimal for --objective), greedy, frequency,
+router_mass, output_norm, random (moejax/posttrain/expert_subset.py). --keep:
+experts kept per MoE layer, a fraction (0.5) or a count (8). Calibration:
+--num_windows windows of --context tokens drawn with --seed from the training
+split. --out: the pruned training workdir (one checkpoint at the source's step;
+experiments.train continues it, experiments.evaluate scores it). --report:
+per layer the kept experts and err(S) / err(none), as JSON. See
+moejax/posttrain/prune.py.
+"""
+import json
+
+from absl import flags
+
+from moejax import cli
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
+_METHOD = flags.DEFINE_string("method", "schur_astar", "How to choose the kept experts.")
+_KEEP = flags.DEFINE_string("keep", None, "Experts kept per MoE layer: a fraction (0.5) or a "
+                            "count (8).")
+_OBJECTIVE = flags.DEFINE_string("objective", "rescaled", "SCHUR-A* / greedy objective: "
+                                 "rescaled (least squares) or no_rescale.")
+_RESCALE = flags.DEFINE_bool("rescale", False, "Fold the least-squares weights of the kept "
+                             "experts into their output projections.")
+_NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 64, "Calibration windows."),
+                           cli.at_least(1))
+_CONTEXT = cli.checked(flags.DEFINE_integer("context", 0, "Tokens per calibration window; "
+                                            "0 = the training seq_len."), cli.at_least(0))
+_BATCH = cli.checked(flags.DEFINE_integer("batch_size", 8, "Windows per model call."),
+                     cli.at_least(1))
+_SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Calibration draw (and the random "
+                                         "method's scores)."), cli.in_range(0, 2**32 - 1))
+_OUT = flags.DEFINE_string("out", None, "Write the pruned training workdir here (new or "
+                           "empty).")
+_REPORT = flags.DEFINE_string("report", None, "Write the report here as JSON.")
+flags.mark_flags_as_required(["workdir", "keep"])
+
+
+def table(report: dict) -> str:
+  lines = [f"{report['method']} ({report['objective']}), keep {report['keep']}: "
+           f"{report['expert_counts']} experts per MoE layer",
+           "block | experts | kept | err(S) / err(none)"]
+  lines += [f"{layer['block']} | {layer['experts']} | {layer['kept']} | "
+            f"{layer['relative_error']:.4f}" for layer in report["layers"]]
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  if _OUT.value is not None and cli.workdir_kind(_OUT.value) not in ("missing", "empty"):
+    raise cli.flag_error(_OUT, "expected a new or empty directory")
+  cli.output_file("report", _REPORT.value)
+  from moejax.posttrain.prune import prune_workdir
+  report = prune_workdir(_WORKDIR.value, _OUT.value, keep=_KEEP.value, method=_METHOD.value,
+                         objective=_OBJECTIVE.value, num_windows=_NUM_WINDOWS.value,
+                         context=_CONTEXT.value, seed=_SEED.value, batch_size=_BATCH.value,
+                         rescale=_RESCALE.value)
+  print(table(report))
+  if _REPORT.value:
+    with open(_REPORT.value, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  cli.run(main)

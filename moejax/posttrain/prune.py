@@ -1,0 +1,183 @@
+"""Expert pruning of a training workdir, end to end (issue 14):
+
+  calibration windows -> contributions.layer_statistics -> expert_subset.choose
+  per MoE layer -> surgery.remove_experts -> a new training workdir
+
+The pruned workdir holds one checkpoint, at the source's step, with the pruned
+model config (`model.moe.expert_counts`), the pruned parameters and router
+state, a fresh optimizer state for them and the source's data-iterator state:
+`experiments.train` continues it (fine-tuning), and `experiments.evaluate`,
+`experiments.generate` and `experiments.profile_phenomena` read it like any
+other run.
+
+Calibration: `num_windows` windows of `context` tokens at offsets drawn with
+`seed` from the training split of the data the source trained on (the same
+tokenizer), so five seeds give five calibration draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from moejax.config import expert_counts, moe_layer_indices
+from moejax.errors import ConfigError
+from moejax.posttrain import contributions, expert_subset, surgery
+
+
+def kept_count(keep: str, num_experts: int, top_k: int) -> int:
+  """--keep as a count: a fraction of E in (0, 1] ('0.5') or a count ('8')."""
+  try:
+    value = float(keep) if "." in keep else int(keep)
+  except ValueError:
+    raise ConfigError(f"--keep={keep}: expected a fraction of the experts in (0, 1] "
+                      "(0.5) or a count (8)") from None
+  count = round(value * num_experts) if isinstance(value, float) else value
+  if isinstance(value, float) and not 0 < value <= 1:
+    raise ConfigError(f"--keep={keep}: a fraction must be in (0, 1]")
+  if count > num_experts:
+    raise ConfigError(f"--keep={keep} is larger than the layer's {num_experts} experts")
+  if count < top_k:
+    raise ConfigError(f"--keep={keep} keeps {count} experts, below the router's "
+                      f"top_k={top_k}")
+  return count
+
+
+def calibration_windows(stream: np.ndarray, num_windows: int, context: int,
+                        seed: int) -> np.ndarray:
+  """int32 [num_windows, context]: windows at offsets drawn uniformly with `seed`."""
+  if len(stream) < context + 1:
+    raise ConfigError(f"the training split has {len(stream)} tokens, fewer than one "
+                      f"calibration window of {context}")
+  starts = np.random.default_rng(seed).integers(0, len(stream) - context + 1, num_windows)
+  return np.stack([stream[s:s + context] for s in starts]).astype(np.int32)
+
+
+@dataclasses.dataclass
+class Source:
+  config: ml_collections.ConfigDict
+  graphdef: object
+  params: dict
+  rest: dict
+  data_state: dict
+  step: int
+
+
+def source_config(workdir: str):
+  """(config, step) of the training workdir's latest checkpoint: metadata only."""
+  from moejax.train.checkpoint import Checkpointer
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    steps = ckpt.all_steps()
+    if not steps:
+      raise ConfigError(f"no checkpoint in {ckpt.directory}")
+    return ml_collections.ConfigDict(ckpt.read_meta(steps[-1])["config"]), steps[-1]
+  finally:
+    ckpt.close()
+
+
+def load_source(workdir: str, config, step: int) -> Source:
+  """The checkpoint of `step`, data-iterator state included."""
+  from moejax.train.checkpoint import Checkpointer
+  from moejax.train.loop import init_state
+  graphdef, state, _ = init_state(config)
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    state, data_state = ckpt.restore(step, jax.tree.map(np.asarray, state))
+  finally:
+    ckpt.close()
+  return Source(config, graphdef, jax.tree.map(np.asarray, state.params),
+                jax.tree.map(np.asarray, state.rest), data_state, step)
+
+
+MIN_TOKENS_PER_EXPERT = 16  # routed calibration tokens per expert, on average
+
+
+def check_request(config, keep: str, method: str, objective: str, rescale: bool,
+                  num_windows: int, context: int, where: str) -> None:
+  """Every refusal that needs no compute: no MoE layer, a scanned model, --keep
+  against every layer, an unknown method or objective, --rescale without the
+  rescaled objective, a calibration set too small for the Gram statistics."""
+  m = config.model
+  if not moe_layer_indices(m):
+    raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune ({where})")
+  if m.scan_layers:
+    raise ConfigError(f"model.scan_layers=True: pruning reads the loop layout ({where})")
+  for count in expert_counts(m):
+    kept_count(keep, count, m.moe.top_k)
+  if method not in expert_subset.METHODS:
+    from moejax.errors import choice_error
+    raise choice_error("--method", method, expert_subset.METHODS)
+  if objective not in expert_subset.OBJECTIVES:
+    from moejax.errors import choice_error
+    raise choice_error("--objective", objective, expert_subset.OBJECTIVES)
+  if rescale and objective != "rescaled":
+    raise ConfigError("--rescale folds the least-squares weights of --objective=rescaled "
+                      f"(--objective={objective})")
+  if context > m.max_seq_len:
+    raise ConfigError(f"--context={context} exceeds model.max_seq_len={m.max_seq_len}")
+  routed, needed = num_windows * context * m.moe.top_k, MIN_TOKENS_PER_EXPERT * max(
+      expert_counts(m))
+  if routed < needed:
+    raise ConfigError(f"--num_windows={num_windows} x --context={context} routes {routed} "
+                      f"token-expert pairs per layer, fewer than {MIN_TOKENS_PER_EXPERT} per "
+                      f"expert ({needed}) for the Gram statistics")
+
+
+def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, seed: int):
+  """{block: kept experts} and {block: err(S) / err(empty)} for every MoE layer."""
+  kept, errors = {}, {}
+  for layer in stats:
+    m = kept_count(keep, len(layer.gram), top_k)
+    kept[layer.block] = expert_subset.choose(layer, m, method, objective, [seed, layer.block])
+    total = expert_subset.subset_error(layer.gram, (), objective)
+    errors[layer.block] = (expert_subset.subset_error(layer.gram, kept[layer.block], objective)
+                           / max(total, 1e-300))
+  return kept, errors
+
+
+def save_pruned(out: str, config, params: dict, rest: dict, step: int, data_state) -> None:
+  """A training workdir at `out` holding one checkpoint of the pruned model."""
+  from moejax.train import step as step_lib
+  from moejax.train.checkpoint import Checkpointer, jsonable
+  optimizer = step_lib.make_optimizer(config.train)
+  state = step_lib.TrainState(np.int32(step), params, rest, optimizer.init(params))
+  os.makedirs(out, exist_ok=True)
+  ckpt = Checkpointer(out, config.train.max_to_keep)
+  ckpt.save(step, state, data_state, {"config": jsonable(config.to_dict())})
+  ckpt.close()
+
+
+def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
+                  objective: str = "rescaled", num_windows: int = 64, context: int = 0,
+                  seed: int = 0, batch_size: int = 8, rescale: bool = False) -> dict:
+  """Prune every MoE layer of `workdir`'s latest checkpoint; write `out` (if given);
+  return the report (kept experts and relative err per layer, counts, settings)."""
+  from moejax.data.pipeline import train_token_stream
+  config, step = source_config(workdir)
+  context = context or config.data.seq_len
+  check_request(config, keep, method, objective, rescale, num_windows, context,
+                f"--workdir={workdir}")
+  source = load_source(workdir, config, step)
+  m = config.model
+  windows = calibration_windows(train_token_stream(source.config.data), num_windows, context,
+                                seed)
+  batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+  stats = contributions.layer_statistics(source.graphdef, source.params, source.rest, batches)
+  kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
+  scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
+             for layer in stats} if rescale else None)
+  new_m, params, rest = surgery.remove_experts(m, source.params, source.rest, kept, scales)
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model = new_m
+  if out:
+    save_pruned(out, config, params, rest, source.step, source.data_state)
+  return {"source": workdir, "step": source.step, "method": method, "objective": objective,
+          "keep": keep, "rescale": rescale, "calibration": {"windows": num_windows,
+                                                            "context": context, "seed": seed},
+          "layers": [{"block": b, "experts": len(stats[i].gram), "kept": list(kept[b]),
+                      "relative_error": errors[b]} for i, b in enumerate(kept)],
+          "expert_counts": expert_counts(new_m)}

@@ -1,0 +1,65 @@
+"""Pruning a training workdir end to end (moejax/posttrain/prune.py): the saved
+checkpoint holds exactly the surgery of the source's parameters on the chosen
+experts, and experiments.train continues it."""
+import jax
+import numpy as np
+import pytest
+
+from configs import lm_shakespeare_moe
+from moejax.errors import ConfigError
+from moejax.posttrain import prune, surgery
+from moejax.train.loop import train_and_evaluate
+from moejax.train.restore import load_from_workdir
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+  config = lm_shakespeare_moe.get_config("size=tiny")
+  config.data.data_dir = str(tmp_path_factory.mktemp("tfds"))
+  config.train.steps, config.train.checkpoint_every, config.train.eval_batches = STEPS, STEPS, 1
+  config.train.progress_bar = False
+  workdir = str(tmp_path_factory.mktemp("source"))
+  train_and_evaluate(config, workdir, write_metrics=False)
+  return config, workdir
+
+
+def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tmp_path):
+  config, workdir = source
+  out = str(tmp_path / "pruned")
+  report = prune.prune_workdir(workdir, out, keep="0.5", method="frequency", num_windows=8,
+                               seed=3)
+  kept = {layer["block"]: layer["kept"] for layer in report["layers"]}
+  assert report["expert_counts"] == [4, 4] and report["step"] == STEPS
+  assert all(len(k) == 4 and 0 <= layer["relative_error"] <= 1
+             for k, layer in zip(kept.values(), report["layers"]))
+  src_config, _, params, rest, _ = load_from_workdir(workdir)
+  host = lambda tree: jax.tree.map(np.asarray, tree)
+  want_m, want_params, _ = surgery.remove_experts(src_config.model, host(params), host(rest),
+                                                  kept)
+  got_config, _, got_params, _, _ = load_from_workdir(out)
+  assert got_config.model.moe.num_experts == 4 == want_m.moe.num_experts
+  jax.tree.map(np.testing.assert_array_equal, host(got_params), want_params)
+  # Fine-tuning continues from the pruned checkpoint, with the source's data position.
+  got_config.train.steps = STEPS + 2
+  run = train_and_evaluate(got_config, out, write_metrics=False)
+  assert run.start_step == STEPS and len(run.history) >= 1
+  assert np.all(np.isfinite([r["loss"] for r in run.history]))
+
+
+def test_calibration_windows_are_drawn_from_the_stream_by_seed():
+  stream = np.arange(1000, dtype=np.int32)
+  a = prune.calibration_windows(stream, 5, 16, seed=0)
+  assert a.shape == (5, 16)
+  np.testing.assert_array_equal(a - a[:, :1], np.tile(np.arange(16), (5, 1)))  # contiguous
+  assert a.max() < 1000
+  np.testing.assert_array_equal(a, prune.calibration_windows(stream, 5, 16, seed=0))
+  assert not np.array_equal(a, prune.calibration_windows(stream, 5, 16, seed=1))
+  with pytest.raises(ConfigError, match="fewer than one calibration window of 2000"):
+    prune.calibration_windows(stream, 5, 2000, seed=0)
+
+
+@pytest.mark.parametrize("keep,count", [("0.5", 8), ("0.25", 4), ("1.0", 16), ("6", 6)])
+def test_keep_as_fraction_or_count(keep, count):
+  assert prune.kept_count(keep, 16, 2) == count
