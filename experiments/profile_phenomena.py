@@ -15,7 +15,6 @@ position 0 per layer (with the uniform-attention baseline). Prints a table;
 import json
 
 from absl import flags
-import numpy as np
 
 from moejax import cli
 from moejax.errors import ConfigError
@@ -38,27 +37,6 @@ _GROWTH = cli.checked(flags.DEFINE_float("growth", 2.0, "Massive activations for
                       cli.at_least(0.0, float))
 _OUT = flags.DEFINE_string("out", None, "Write the profile here as JSON.")
 flags.mark_flag_as_required("workdir")
-
-
-def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[np.ndarray,
-                                                                                   dict]:
-  """(int32 [N, context] windows, {domain: windows}): each domain's documents as one
-  stream of [prefix_id] + tokens, cut into whole windows."""
-  from moejax.evaluation.bpb import encode_documents
-  streams = {}
-  for doc in encode_documents(documents, tokenizer):
-    streams.setdefault(doc.domain, []).extend([[prefix_id], doc.tokens])
-  windows, counts = [], {}
-  for domain, parts in streams.items():
-    stream = np.concatenate(parts).astype(np.int32)
-    n = len(stream) // context
-    counts[domain] = n
-    windows.append(stream[:n * context].reshape(n, context))
-  if not sum(counts.values()):
-    raise ConfigError(f"no domain has a whole window of {context} tokens; give a shorter "
-                      f"--context or more --bytes_per_domain (--context={context}, "
-                      f"--bytes_per_domain={_BYTES_PER_DOMAIN.value})")
-  return np.concatenate(windows), counts
 
 
 def table(report: dict) -> str:
@@ -88,6 +66,7 @@ def main(argv):
   cli.output_file("out", _OUT.value)
   from moejax.analysis import super_experts
   from moejax.data.pipeline import split_documents
+  from moejax.evaluation.bpb import domain_windows
   from moejax.evaluation.harness import sample_documents
   from moejax.train.restore import load_from_workdir
   config, _, params, rest, tokenizer = load_from_workdir(_WORKDIR.value, for_generation=True)
@@ -104,6 +83,10 @@ def main(argv):
                       f"(--workdir={_WORKDIR.value})")
   documents = sample_documents(split_documents(config.data), _BYTES_PER_DOMAIN.value)
   windows, counts = domain_windows(documents, tokenizer, prefix, context)
+  if not sum(counts.values()):
+    raise ConfigError(f"no domain has a whole window of {context} tokens; give a shorter "
+                      f"--context or more --bytes_per_domain (--context={context}, "
+                      f"--bytes_per_domain={_BYTES_PER_DOMAIN.value})")
   report = {"model": _WORKDIR.value, "context": context,
             "bytes_per_domain": _BYTES_PER_DOMAIN.value, "windows_per_domain": counts,
             **super_experts.profile((config, params, rest), windows, quantile=_QUANTILE.value,

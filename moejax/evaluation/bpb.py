@@ -40,6 +40,22 @@ def encode_documents(items: Iterable[tuple[str, str | bytes]], tokenizer) -> lis
   return docs
 
 
+def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[np.ndarray,
+                                                                                   dict]:
+  """(int32 [N, context] windows, {domain: windows}): each domain's documents as one
+  stream of [prefix_id] + tokens, cut into whole windows (the remainder left out)."""
+  streams = {}
+  for doc in encode_documents(documents, tokenizer):
+    streams.setdefault(doc.domain, []).extend([[prefix_id], doc.tokens])
+  windows, counts = [np.zeros((0, context), np.int32)], {}
+  for domain, parts in streams.items():
+    stream = np.concatenate(parts).astype(np.int32)
+    n = len(stream) // context
+    counts[domain] = n
+    windows.append(stream[:n * context].reshape(n, context))
+  return np.concatenate(windows), counts
+
+
 def windows(num_targets: int, context: int, stride: int) -> list[tuple[int, int, int]]:
   """(begin, end, first_scored) per window over targets [0, num_targets):
   inputs begin..end-1 predict targets begin..end-1, scored from first_scored."""

@@ -9,6 +9,7 @@ GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.
 ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
+CURSE = "experiments.repetition_curse"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -177,6 +178,12 @@ CASES = [
     (PRUNE, ["--workdir={bad}/train_dense", "--keep=4"], ["no MoE layer", "train_dense"]),
     (PRUNE, [T, "--keep=4", "--out={train}"], ["new or empty", "--out={train}"]),
     (PRUNE, [T, "--keep=4", "--report={bad}"], ["directory", "--report={bad}"]),
+    (CURSE, [T, "--expert_shards=3"], ["--expert_shards=3", "divisor", "8 experts"]),
+    (CURSE, [T, "--length=100000"], ["--length=100000", "max_seq_len"]),
+    (CURSE, [T, "--capacity_factor=-1"], ["--capacity_factor=-1"]),
+    (CURSE, [T, "--out={bad}"], ["directory", "--out={bad}"]),
+    (CURSE, [C], ["training run", "--workdir={converted}"]),
+    (CURSE, ["--workdir={bad}/train_dense"], ["MoE model", "train_dense"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),

@@ -1,0 +1,72 @@
+"""RepetitionCurse (moejax/analysis/repetition.py): a repeated token routes every
+position of every layer to one top-k set (exact), and the latency model's
+device counts against brute force and closed forms."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import lm_shakespeare_moe
+from moejax.analysis import repetition as rep
+from moejax.dispatch.capacity import expert_capacity
+from moejax.train.loop import init_state
+
+LENGTH = 24
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  config = lm_shakespeare_moe.get_config("size=tiny")  # RoPE, no BOS, 8 experts, top-2
+  graphdef, state, _ = init_state(config)
+  return config.model.moe, graphdef, state.params, state.rest
+
+
+def test_a_repeated_token_routes_every_position_of_every_layer_alike(tiny):
+  moe, graphdef, params, rest = tiny
+  repeated = jnp.asarray(np.array([[5] * LENGTH, [77] * LENGTH, [200] * LENGTH]), jnp.int32)
+  natural = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, LENGTH)), jnp.int32)
+  for (index, valid), (nat_index, nat_valid) in zip(
+      rep.routing_of(graphdef, params, rest, repeated),
+      rep.routing_of(graphdef, params, rest, natural)):
+    index = np.asarray(index).reshape(3, LENGTH, moe.top_k)
+    for row in index:  # one top-k set at every position (exact)
+      assert all(sorted(s) == sorted(row[0]) for s in row.tolist())
+    report = rep.layer_report(index[:1].reshape(LENGTH, -1), np.asarray(valid)[:LENGTH], 1,
+                              moe.num_experts, expert_shards=4)
+    assert report["same_set_fraction"] == 1.0
+    # all L * k rows on k experts: max / mean = E / k; one expert block holds them all
+    # (or two, when the set straddles blocks)
+    assert report["max_over_mean_load"] == moe.num_experts / moe.top_k
+    nat = np.asarray(nat_index).reshape(3, LENGTH, moe.top_k)
+    assert rep.same_set_fraction(nat) < 1.0
+
+
+def test_device_rows_equal_a_token_by_token_count():
+  rng = np.random.default_rng(1)
+  index = rng.integers(0, 16, (40, 4))
+  valid = rng.random((40, 4)) < 0.8
+  rows = rep.device_rows(index, valid, 16, expert_shards=4, token_groups=2)
+  expected = np.zeros((2, 4), int)
+  for t in range(40):
+    for s in range(4):
+      if valid[t, s]:
+        expected[t // 20, index[t, s] // 4] += 1
+  np.testing.assert_array_equal(rows, expected)
+  assert rep.busiest_device(rows) == rows.max() / (valid.sum() / 8)
+
+
+def test_one_set_puts_every_row_on_its_block_and_capacity_caps_it():
+  tokens, experts, top_k = 64, 8, 2
+  index = np.tile([0, 1], (tokens, 1))  # every token: experts {0, 1}, both in block 0
+  valid = np.ones_like(index, bool)
+  rows = rep.device_rows(index, valid, experts, expert_shards=4)
+  np.testing.assert_array_equal(rows, [[tokens * top_k, 0, 0, 0]])
+  assert rep.busiest_device(rows) == 4.0  # all rows on 1 of 4 devices
+  capacity = expert_capacity(tokens, experts, top_k, capacity_factor=1.25, min_capacity=4)
+  capped = rep.capped_load(rep.expert_load(index, valid, experts), capacity)
+  assert capped.max() == capacity == 20  # ceil(1.25 * 64 * 2 / 8)
+  assert capped.reshape(4, 2).sum(1).max() <= capacity * (experts // 4)
+
+
+def test_indivisible_groups_are_refused():
+  with pytest.raises(ValueError, match="do not divide"):
+    rep.device_rows(np.zeros((10, 2), int), np.ones((10, 2), bool), 8, expert_shards=3)
