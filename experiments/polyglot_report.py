@@ -2,12 +2,16 @@ r"""A polyglot-synth run against its known optimum (issue 13, part 5).
 
   python -m experiments.train --config=configs/polyglot_synth.py --workdir=runs/polyglot
   python -m experiments.polyglot_report --workdir=runs/polyglot [--json=out.json]
+  python -m experiments.polyglot_report --sweep_dir=runs/routers_polyglot [--json=...]
 
 Prints the Bayes floor over exactly the evaluated target tokens
 (moejax/data/polyglot.py), the last evaluation's val bpb and its excess over
 the floor, the first evaluated step within 5% (and 10%) of the floor, and per
 MoE layer NMI(document language, top-1 expert) over the input tokens of the
 evaluated windows (expert_index[:, 0] of the latest checkpoint's routing).
+--sweep_dir: every ARM/seed_N workdir of an experiments.ablate sweep, then per
+arm over its seeds: excess over the floor, steps to within 5%, and NMI
+(mean over layers), each as mean ± std, as a markdown table.
 """
 import json
 import os
@@ -26,8 +30,9 @@ from moejax.train.metrics import read_jsonl
 from moejax.train.restore import load_from_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir of a polyglot_synth run.")
+_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "An experiments.ablate workdir of "
+                                 "polyglot_synth runs (ARM/seed_N/).")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
-flags.mark_flags_as_required(["workdir"])
 
 
 def top1_experts(graphdef, params, rest, batches) -> list[np.ndarray]:
@@ -38,13 +43,12 @@ def top1_experts(graphdef, params, rest, batches) -> list[np.ndarray]:
   return [np.concatenate(layer) for layer in zip(*per_batch)]
 
 
-def main(argv):
-  del argv
-  workdir = _WORKDIR.value
+def run_report(workdir: str) -> dict:
+  """The figures of the module doc for one polyglot_synth training workdir."""
   config, graphdef, params, rest, _ = load_from_workdir(workdir)
   if config.data.name != polyglot.NAME:
-    raise cli.flag_error(_WORKDIR, f"trained on data.name={config.data.name!r}, "
-                         f"not {polyglot.NAME!r}")
+    raise ConfigError(f"trained on data.name={config.data.name!r}, not {polyglot.NAME!r} "
+                      f"({workdir})")
   data = build_lm_data(config.data, seed=config.seed)
   num_batches = min(config.train.eval_batches, data.num_eval_batches)
   windows = num_batches * config.data.batch_size
@@ -64,7 +68,52 @@ def main(argv):
          "steps_to_10pct": polyglot.steps_to_within(evals, floor, tolerance=0.10),
          "nmi_language_top1_expert": [nmi(languages, e) for e in experts],
          "eval_windows": windows}
-  print(json.dumps(out, indent=1))
+  return out
+
+
+def sweep_runs(sweep_dir: str) -> dict:
+  """{arm: {seed: workdir}} of the finished runs (checkpoints/) under sweep_dir."""
+  runs = {}
+  for arm in sorted(os.listdir(sweep_dir)):
+    arm_dir = os.path.join(sweep_dir, arm)
+    if not os.path.isdir(arm_dir):
+      continue
+    for name in sorted(os.listdir(arm_dir)):
+      if name.startswith("seed_") and os.path.isdir(os.path.join(arm_dir, name, "checkpoints")):
+        runs.setdefault(arm, {})[int(name[len("seed_"):])] = os.path.join(arm_dir, name)
+  if not runs:
+    raise cli.flag_error(_SWEEP_DIR, "expected ARM/seed_N/checkpoints run directories")
+  return runs
+
+
+def sweep_table(reports: dict) -> str:
+  """Markdown: per arm, mean ± std over seeds of excess, steps to 5% and mean NMI."""
+  stat = lambda v: f"{np.mean(v):.4f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.4f}"
+  lines = ["| arm | seeds | excess over the floor | steps to within 5% | NMI(language, top-1 "
+           "expert), mean over layers |", "|---|---|---|---|---|"]
+  for arm, by_seed in reports.items():
+    runs = [by_seed[s] for s in sorted(by_seed)]
+    steps = [r["steps_to_5pct"] for r in runs]
+    lines.append(f"| {arm} | {','.join(map(str, sorted(by_seed)))} | "
+                 f"{stat([r['excess'] for r in runs])} | "
+                 f"{'never' if None in steps else f'{np.mean(steps):.0f}'} | "
+                 f"{stat([np.mean(r['nmi_language_top1_expert']) for r in runs])} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  if (_WORKDIR.value is None) == (_SWEEP_DIR.value is None):
+    raise ConfigError(f"give exactly one of --workdir and --sweep_dir (--workdir="
+                      f"{_WORKDIR.value}, --sweep_dir={_SWEEP_DIR.value})")
+  if _WORKDIR.value is not None:
+    out = run_report(_WORKDIR.value)
+    print(json.dumps(out, indent=1))
+  else:
+    runs = sweep_runs(_SWEEP_DIR.value)
+    out = {arm: {seed: run_report(w) for seed, w in by_seed.items()}
+           for arm, by_seed in runs.items()}
+    print(sweep_table(out))
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump(out, f, indent=1)
