@@ -1,0 +1,147 @@
+"""Where a router's logits come from: an exact decomposition over the residual
+stream (routing interpretability, ICLR 2026 list; the paper's text was not read,
+the method follows /work/shared/specs/PAPERS.md).
+
+The stream entering MoE block l's FFN is a sum of what wrote to it,
+    x_l = embed + sum_{j<l} (attn_j + ffn_j) + attn_l,
+attn_j = sum_h ctx_{j,h} W_o[h] (+ the output bias) per head h, and an earlier
+MoE layer's output is sum_e g_{t,e} E_e(x_t) per expert e (+ its shared expert).
+The router sees RMSNorm(x_l) = x_l * r_t * scale with r_t = rsqrt(mean(x_l^2) + eps);
+freezing r_t at its forward-pass value makes the logits linear in x_l, so
+    logits_l = sum_c (c * r_t * scale) @ W_router
+exactly, c over every component above. Influence of a component on layer l:
+the variance over tokens of its logit contribution, summed over experts.
+
+Scope: the loop layout with the standard attention (GQA with RoPE; no q/k/v
+clipping) and routers that read x @ W (router_kernel); no L3 lookup layers.
+Guesses: the variance-over-tokens influence and the per-head split of W_o.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.analysis.router_inference import captured_forward
+from moejax.errors import ConfigError
+from moejax.layers.attention import GroupedQueryAttention, attend
+from moejax.posttrain.contributions import routed_contributions
+
+
+def check_supported(model) -> None:
+  if model.cfg.scan_layers:
+    raise ConfigError("routing attribution reads the loop layout: unstack_layers first")
+  if len(model.lookups):
+    raise ConfigError("routing attribution does not cover L3 lookup layers")
+  for i, block in enumerate(model.blocks):
+    if not isinstance(block.attn, GroupedQueryAttention) or block.attn.clip:
+      raise ConfigError(f"block {i}: routing attribution needs the standard attention "
+                        "without q/k/v clipping")
+    if block.is_moe and block.ffn.router_kernel is None:
+      raise ConfigError(f"block {i}: the router owns its projection; attribution needs x @ W")
+
+
+def _head_outputs(block, outputs, i, b, l) -> jax.Array:
+  """[H, T, d]: each head's share of block i's attention output (bias excluded)."""
+  attn = block.attn
+  probs = outputs[("blocks", i, "attn", "probabilities")]
+  v = outputs[("blocks", i, "attn", "v", "__call__")].reshape(b, l, attn.num_kv_heads, -1)
+  ctx = attend(probs, v).astype(jnp.float32)  # [B, L, H, V]
+  heads, v_dim = ctx.shape[2], ctx.shape[3]
+  w_o = attn.o.kernel[...].astype(jnp.float32).reshape(heads, v_dim, -1)
+  return jnp.einsum("blhv,hvd->hbld", ctx, w_o).reshape(heads, b * l, -1)
+
+
+def _components(model, tokens):
+  """([C, T, d] float32 components of the stream in stream order (the order of
+  component_names), {MoE block: (components it reads, its router input)})."""
+  _, aux, outputs = captured_forward(model, tokens)
+  b, l = tokens.shape
+  d = model.cfg.d_model
+  parts = [model.embed[...].astype(jnp.float32)[tokens].reshape(b * l, d)]
+  readers = {}
+  moe_aux = iter(aux["moe"])
+  for i, block in enumerate(model.blocks):
+    parts += list(_head_outputs(block, outputs, i, b, l))
+    if block.attn.o.bias is not None:
+      parts.append(jnp.broadcast_to(block.attn.o.bias[...].astype(jnp.float32), (b * l, d)))
+    x_ffn = outputs[("blocks", i, "ffn_norm", "__call__")].reshape(b * l, d)
+    if not block.is_moe:
+      parts.append(outputs[("blocks", i, "ffn", "__call__")].reshape(b * l, d)
+                   .astype(jnp.float32))
+      continue
+    readers[i] = (len(parts), x_ffn)  # the router reads everything so far
+    layer = block.ffn
+    parts += list(jnp.moveaxis(routed_contributions(layer, x_ffn, next(moe_aux)), 1, 0))
+    if layer.shared is not None:
+      shared = layer.shared(x_ffn).astype(jnp.float32)
+      if layer.shared_gate is not None:
+        shared = shared * jax.nn.sigmoid(x_ffn.astype(jnp.float32)
+                                         @ layer.shared_gate[...].astype(jnp.float32))
+      parts.append(shared)
+  return jnp.stack(parts), readers
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _attribute(graphdef, params, rest, tokens):
+  model = nnx.merge(graphdef, params, rest)
+  parts, readers = _components(model, tokens)
+  out = []
+  for i, (count, router_input) in readers.items():
+    block = model.blocks[i]
+    stream = parts[:count]  # [C, T, d]
+    x = jnp.sum(stream, axis=0)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + block.ffn_norm.eps)  # frozen
+    w = block.ffn.router_kernel[...].astype(jnp.float32)
+    out.append({"contributions": jnp.einsum("ctd,d,de->cte", stream * r,
+                                            block.ffn_norm.scale[...], w),
+                "logits": block.ffn.router_logits(router_input.astype(jnp.float32))})
+  return out
+
+
+def attribute(graphdef, params, rest, tokens) -> list[dict]:
+  """Per MoE block (in order): block index, component names, contributions
+  [C, T, E] (float32), the router's own logits [T, E] and the influence
+  Var_t summed over experts [C] (module doc)."""
+  model = nnx.merge(graphdef, params, rest)
+  check_supported(model)
+  names = component_names(model)
+  out = []
+  for block, layer in zip([i for i, b in enumerate(model.blocks) if b.is_moe],
+                          _attribute(graphdef, params, rest, jnp.asarray(tokens))):
+    contributions = np.asarray(layer["contributions"])
+    first_own = names[contributions.shape[0]]
+    assert first_own == f"moe{block}.expert0", (block, first_own)  # names follow the parts
+    out.append({"block": block, "names": names[:contributions.shape[0]],
+                "contributions": contributions, "logits": np.asarray(layer["logits"]),
+                "influence": contributions.var(axis=1).sum(axis=-1)})
+  return out
+
+
+def component_names(model) -> list[str]:
+  """The components of the stream in order (_components builds them in this order)."""
+  names = ["embed"]
+  for i, block in enumerate(model.blocks):
+    names += [f"attn{i}.head{h}" for h in range(block.attn.num_heads)]
+    if block.attn.o.bias is not None:
+      names.append(f"attn{i}.bias")
+    if block.is_moe:
+      names += [f"moe{i}.expert{e}" for e in range(block.ffn.cfg.num_experts)]
+      if block.ffn.shared is not None:
+        names.append(f"moe{i}.shared")
+    else:
+      names.append(f"ffn{i}")
+  return names
+
+
+def influence_by_source(layer: dict) -> dict:
+  """One MoE block's influence summed by source: embed, attention of block j
+  (its heads and bias), MoE of block j (experts and shared), dense FFN j."""
+  out = {}
+  for name, value in zip(layer["names"], layer["influence"]):
+    source = name.split(".")[0]
+    out[source] = out.get(source, 0.0) + float(value)
+  return out

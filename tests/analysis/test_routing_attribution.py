@@ -1,0 +1,66 @@
+"""Routing attribution (moejax/analysis/routing_attribution.py): every component of
+the residual stream, per attention head and per expert, sums to the router's own
+logits; a component that writes nothing has zero influence."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import lm_shakespeare_moe
+from moejax.analysis import routing_attribution as ra
+from moejax.errors import ConfigError
+from moejax.train.loop import init_state
+
+
+def model(**moe):
+  """Three blocks: a dense FFN, then two MoE blocks with a gated shared expert;
+  attention with q/k/v and output biases (set non-zero below)."""
+  c = lm_shakespeare_moe.get_config("size=tiny,shared=1")
+  c.model.num_layers, c.model.moe.first_dense = 3, 1
+  c.model.moe.shared_expert_gate = True
+  c.model.attention.qkv_bias = c.model.attention.out_bias = True
+  for key, value in moe.items():
+    c.model.moe[key] = value
+  graphdef, state, _ = init_state(c)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, v: (jnp.asarray(rng.normal(size=v.shape) * 0.1, v.dtype)
+                       if "bias" in str(path[-1]) else v), state.params)
+  return graphdef, params, state.rest
+
+
+TOKENS = np.random.default_rng(1).integers(0, 256, size=(2, 12)).astype(np.int32)
+
+
+def test_contributions_sum_to_the_router_logits():
+  graphdef, params, rest = model()
+  layers = ra.attribute(graphdef, params, rest, TOKENS)
+  assert [layer["block"] for layer in layers] == [1, 2]
+  for layer in layers:
+    total = layer["contributions"].sum(axis=0)
+    scale = np.abs(layer["logits"]).max()
+    np.testing.assert_allclose(total, layer["logits"], rtol=0, atol=1e-5 * scale)
+  names = layers[1]["names"]
+  assert names[0] == "embed" and "attn0.head1" in names and "attn2.bias" in names
+  assert "ffn0" in names and "moe1.expert7" in names and "moe1.shared" in names
+  sources = ra.influence_by_source(layers[1])
+  assert set(sources) == {"embed", "attn0", "ffn0", "attn1", "moe1", "attn2"}
+
+
+def test_a_head_that_writes_nothing_has_zero_influence():
+  graphdef, params, rest = model()
+  w_o = np.array(params["blocks"][0]["attn"]["o"]["kernel"])
+  head_dim = w_o.shape[0] // 2  # tiny: 2 heads
+  w_o[head_dim:] = 0.0  # head 1 of block 0 writes nothing
+  params["blocks"][0]["attn"]["o"]["kernel"] = jnp.asarray(w_o)
+  layer = ra.attribute(graphdef, params, rest, TOKENS)[0]
+  influence = dict(zip(layer["names"], layer["influence"]))
+  assert influence["attn0.head1"] == 0.0 and influence["attn0.head0"] > 0.0
+
+
+def test_a_scanned_model_is_refused():
+  c = lm_shakespeare_moe.get_config("size=tiny")
+  c.model.scan_layers = True
+  graphdef, state, _ = init_state(c)
+  with pytest.raises(ConfigError, match="loop layout"):
+    ra.attribute(graphdef, state.params, state.rest, TOKENS)
