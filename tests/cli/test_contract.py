@@ -9,7 +9,7 @@ GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.
 ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
-CURSE = "experiments.repetition_curse"
+CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -184,6 +184,10 @@ CASES = [
     (CURSE, [T, "--out={bad}"], ["directory", "--out={bad}"]),
     (CURSE, [C], ["training run", "--workdir={converted}"]),
     (CURSE, ["--workdir={bad}/train_dense"], ["MoE model", "train_dense"]),
+    (ATTRIBUTION, [T, "--num_windows=0"], ["--num_windows=0"]),
+    (ATTRIBUTION, [T, "--plot={bad}"], ["directory", "--plot={bad}"]),
+    (ATTRIBUTION, [C], ["training run", "--workdir={converted}"]),
+    (ATTRIBUTION, ["--workdir={bad}/train_dense"], ["MoE model", "train_dense"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
