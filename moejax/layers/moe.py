@@ -50,10 +50,17 @@ def router_variables(spec, num_experts: int):
   return params, state
 
 
+def variables(group) -> dict:
+  """{name: Variable} of a router's nnx.Dict. Other entries are skipped, e.g. the
+  `__captures__` that nnx.capture adds to every module it records."""
+  return {} if group is None else {name: var for name, var in group.items()
+                                   if isinstance(var, nnx.Variable)}
+
+
 def router_inputs(params, state) -> dict:
   """The `state` dict a route call receives: router state and trained params."""
-  return {name: var.get_value() for group in (state, params) if group is not None
-          for name, var in group.items()}
+  return {name: var.get_value() for group in (state, params)
+          for name, var in variables(group).items()}
 
 
 def load_metrics(counts: jax.Array, tile: int, num_tokens: int | None = None) -> dict:
@@ -129,7 +136,7 @@ class MoELayer(nnx.Module):
     out = self.router_spec.route(logits, cfg=cfg, rng=rng, train=train,
                                  state=router_inputs(self.router_params, self.router_state))
     if self.router_state is not None and train:
-      for name, var in self.router_state.items():
+      for name, var in variables(self.router_state).items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))
       routing.base.report_router_stats(self, out.stats)  # micro-batching: moejax/train/step.py
 

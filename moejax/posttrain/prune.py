@@ -59,7 +59,6 @@ def calibration_windows(stream: np.ndarray, num_windows: int, context: int,
 @dataclasses.dataclass
 class Source:
   config: ml_collections.ConfigDict
-  graphdef: object
   params: dict
   rest: dict
   data_state: dict
@@ -83,13 +82,13 @@ def load_source(workdir: str, config, step: int) -> Source:
   """The checkpoint of `step`, data-iterator state included."""
   from moejax.train.checkpoint import Checkpointer
   from moejax.train.loop import init_state
-  graphdef, state, _ = init_state(config)
+  _, state, _ = init_state(config)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     state, data_state = ckpt.restore(step, jax.tree.map(np.asarray, state))
   finally:
     ckpt.close()
-  return Source(config, graphdef, jax.tree.map(np.asarray, state.params),
+  return Source(config, jax.tree.map(np.asarray, state.params),
                 jax.tree.map(np.asarray, state.rest), data_state, step)
 
 
@@ -151,6 +150,24 @@ def save_pruned(out: str, config, params: dict, rest: dict, step: int, data_stat
   ckpt.close()
 
 
+def prune_model(m, params: dict, rest: dict, windows: np.ndarray, *, keep: str, method: str,
+                objective: str = "rescaled", seed: int = 0, batch_size: int = 8,
+                rescale: bool = False):
+  """(pruned model config, params, rest, per-layer report) of the model config `m`
+  (loop layout) calibrated on token windows [N, L]; pure-dict params and rest."""
+  from moejax.models.decoder import abstract_model
+  graphdef = abstract_model(m)[0]
+  batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+  stats = contributions.layer_statistics(graphdef, params, rest, batches)
+  kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
+  scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
+             for layer in stats} if rescale else None)
+  new_m, params, rest = surgery.remove_experts(m, params, rest, kept, scales)
+  layers = [{"block": layer.block, "experts": len(layer.gram), "kept": list(kept[layer.block]),
+             "relative_error": errors[layer.block]} for layer in stats]
+  return new_m, params, rest, layers
+
+
 def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
                   objective: str = "rescaled", num_windows: int = 64, context: int = 0,
                   seed: int = 0, batch_size: int = 8, rescale: bool = False) -> dict:
@@ -162,15 +179,10 @@ def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
   check_request(config, keep, method, objective, rescale, num_windows, context,
                 f"--workdir={workdir}")
   source = load_source(workdir, config, step)
-  m = config.model
-  windows = calibration_windows(train_token_stream(source.config.data), num_windows, context,
-                                seed)
-  batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
-  stats = contributions.layer_statistics(source.graphdef, source.params, source.rest, batches)
-  kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
-  scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
-             for layer in stats} if rescale else None)
-  new_m, params, rest = surgery.remove_experts(m, source.params, source.rest, kept, scales)
+  windows = calibration_windows(train_token_stream(config.data), num_windows, context, seed)
+  new_m, params, rest, layers = prune_model(config.model, source.params, source.rest, windows,
+                                            keep=keep, method=method, objective=objective,
+                                            seed=seed, batch_size=batch_size, rescale=rescale)
   config = ml_collections.ConfigDict(config.to_dict())
   config.model = new_m
   if out:
@@ -178,6 +190,4 @@ def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
   return {"source": workdir, "step": source.step, "method": method, "objective": objective,
           "keep": keep, "rescale": rescale, "calibration": {"windows": num_windows,
                                                             "context": context, "seed": seed},
-          "layers": [{"block": b, "experts": len(stats[i].gram), "kept": list(kept[b]),
-                      "relative_error": errors[b]} for i, b in enumerate(kept)],
-          "expert_counts": expert_counts(new_m)}
+          "layers": layers, "expert_counts": expert_counts(new_m)}

@@ -64,14 +64,17 @@ def randomize_(model, seed: int) -> None:
         tensor.copy_(noise * tensor.shape[-1] ** -0.5)
 
 
-def make_model(family: str, seed: int = 0, vocab_size: int | None = None):
-  """A tiny random `family` model (vocab_size: e.g. 256 to train on byte tokens)."""
+def make_model(family: str, seed: int = 0, vocab_size: int | None = None, **overrides):
+  """A tiny random `family` model (vocab_size: e.g. 256 to train on byte tokens;
+  overrides: other config.json keys)."""
   import torch
   import transformers
   torch.manual_seed(seed)
   config = family_configs()[family]
   if vocab_size is not None:
     config.vocab_size = vocab_size
+  for key, value in overrides.items():
+    setattr(config, key, value)
   model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
   randomize_(model, seed)
   return model.eval()

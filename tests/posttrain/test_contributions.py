@@ -75,3 +75,11 @@ def test_a_model_without_moe_layers_is_refused(tiny):
   graphdef, state, _ = init_state(lm_shakespeare_dense.get_config("size=tiny"))
   with pytest.raises(ConfigError, match="no MoE layer"):
     contributions.layer_statistics(graphdef, state.params, state.rest, tiny[3])
+
+
+def test_a_router_with_state_is_captured_too(tiny):
+  """nnx.capture adds `__captures__` to every module, the router-state Dict included
+  (sigmoid_bias keeps a bias there): routing reads only its Variables."""
+  graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny,router=sigmoid_bias"))
+  stats = contributions.layer_statistics(graphdef, state.params, state.rest, tiny[3])
+  assert all(s.frequency.sum() == 2 * s.tokens for s in stats)

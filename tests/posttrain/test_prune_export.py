@@ -1,0 +1,69 @@
+"""A pruned model exports as an HF checkpoint that transformers loads with
+moejax's logits (1e-4): the tiny default LM as Mixtral, and an imported tiny
+DeepSeek-V3; unequal counts per layer are refused by name."""
+import numpy as np
+import pytest
+import transformers
+
+from configs import lm_shakespeare_moe
+from moejax.errors import ConfigError
+from moejax.interop.convert import Loaded, export_hf, import_hf
+from moejax.posttrain import prune
+from moejax.train.loop import init_state
+from tests.interop.hf_tiny import hf_forward, make_model, padded_batch, save_model
+from tests.interop.test_parity import moejax_forward
+
+WINDOWS = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
+
+
+def host(tree):
+  import jax
+  return jax.tree.map(np.asarray, tree)
+
+
+def assert_transformers_matches(m, params, rest, out):
+  loaded = Loaded(m, params, rest)
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(
+      out, attn_implementation="eager").eval()
+  tokens, mask, positions = padded_batch()
+  hf_logits, _ = hf_forward(theirs, tokens, mask, positions)
+  ours, _ = moejax_forward(loaded, tokens, mask)
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(ours[valid], hf_logits[valid], atol=1e-4, rtol=0)
+
+
+def test_pruned_default_lm_exports_as_mixtral(tmp_path):
+  config = lm_shakespeare_moe.get_config("size=tiny")
+  _, state, _ = init_state(config)
+  m, params, rest, layers = prune.prune_model(config.model, host(state.params),
+                                              host(state.rest), WINDOWS, keep="4",
+                                              method="schur_astar")
+  assert m.moe.num_experts == 4 and [len(layer["kept"]) for layer in layers] == [4, 4]
+  out = str(tmp_path / "hf")
+  export_hf(m, params, rest, out, family="mixtral")
+  assert transformers.AutoConfig.from_pretrained(out).num_local_experts == 4
+  assert_transformers_matches(m, params, rest, out)
+
+
+def test_pruned_imported_deepseek_v3_exports_and_matches(tmp_path):
+  # Two groups of four experts, both groups eligible: keeping 4 leaves two groups of two.
+  hf_dir = save_model(make_model("deepseek_v3", vocab_size=256, n_group=2, topk_group=2),
+                      str(tmp_path / "source"))
+  source = import_hf(hf_dir)
+  m, params, rest, layers = prune.prune_model(source.config, source.params, source.rest,
+                                              WINDOWS, keep="0.5", method="greedy")
+  assert m.moe.num_experts == 4
+  out = str(tmp_path / "hf")
+  export_hf(m, params, rest, out, base_hf_config=source.hf_config)
+  assert transformers.AutoConfig.from_pretrained(out).n_routed_experts == 4
+  assert_transformers_matches(m, params, rest, out)
+
+
+def test_unequal_counts_are_refused_at_export(tmp_path):
+  config = lm_shakespeare_moe.get_config("size=tiny")
+  _, state, _ = init_state(config)
+  from moejax.posttrain import surgery
+  m, params, rest = surgery.remove_experts(config.model, host(state.params), host(state.rest),
+                                           {0: [0, 1, 2, 3], 1: [0, 1, 2]})
+  with pytest.raises(ConfigError, match=r"\[4, 3\] per MoE layer"):
+    export_hf(m, params, rest, str(tmp_path / "hf"), family="mixtral")
