@@ -19,6 +19,19 @@ def moejax_forward(loaded, tokens, mask):
   return np.asarray(logits), [np.asarray(layer["expert_index"]) for layer in aux["moe"]]
 
 
+def assert_export_matches(loaded, hf_dir: str, atol: float = 1e-4) -> None:
+  """transformers loads the export in hf_dir with `loaded`'s logits on the
+  padded batch (real tokens, float32)."""
+  import transformers
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(
+      hf_dir, attn_implementation="eager").eval()
+  tokens, mask, positions = padded_batch()
+  hf_logits, _ = hf_forward(theirs, tokens, mask, positions)
+  ours, _ = moejax_forward(loaded, tokens, mask)
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(ours[valid], hf_logits[valid], atol=atol, rtol=0)
+
+
 def parity(hf_model, hf_dir, grouped_matmul="tiled"):
   """(max abs logit diff over real tokens, per-layer routing match, logit scale)."""
   tokens, mask, positions = padded_batch()

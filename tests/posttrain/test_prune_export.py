@@ -10,8 +10,8 @@ from moejax.errors import ConfigError
 from moejax.interop.convert import Loaded, export_hf, import_hf
 from moejax.posttrain import prune
 from moejax.train.loop import init_state
-from tests.interop.hf_tiny import hf_forward, make_model, padded_batch, save_model
-from tests.interop.test_parity import moejax_forward
+from tests.interop.hf_tiny import make_model, save_model
+from tests.interop.test_parity import assert_export_matches
 
 WINDOWS = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
 
@@ -19,17 +19,6 @@ WINDOWS = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int3
 def host(tree):
   import jax
   return jax.tree.map(np.asarray, tree)
-
-
-def assert_transformers_matches(m, params, rest, out):
-  loaded = Loaded(m, params, rest)
-  theirs = transformers.AutoModelForCausalLM.from_pretrained(
-      out, attn_implementation="eager").eval()
-  tokens, mask, positions = padded_batch()
-  hf_logits, _ = hf_forward(theirs, tokens, mask, positions)
-  ours, _ = moejax_forward(loaded, tokens, mask)
-  valid = mask.astype(bool)
-  np.testing.assert_allclose(ours[valid], hf_logits[valid], atol=1e-4, rtol=0)
 
 
 def test_pruned_default_lm_exports_as_mixtral(tmp_path):
@@ -42,7 +31,7 @@ def test_pruned_default_lm_exports_as_mixtral(tmp_path):
   out = str(tmp_path / "hf")
   export_hf(m, params, rest, out, family="mixtral")
   assert transformers.AutoConfig.from_pretrained(out).num_local_experts == 4
-  assert_transformers_matches(m, params, rest, out)
+  assert_export_matches(Loaded(m, params, rest), out)
 
 
 def test_pruned_imported_deepseek_v3_exports_and_matches(tmp_path):
@@ -56,7 +45,7 @@ def test_pruned_imported_deepseek_v3_exports_and_matches(tmp_path):
   out = str(tmp_path / "hf")
   export_hf(m, params, rest, out, base_hf_config=source.hf_config)
   assert transformers.AutoConfig.from_pretrained(out).n_routed_experts == 4
-  assert_transformers_matches(m, params, rest, out)
+  assert_export_matches(Loaded(m, params, rest), out)
 
 
 def test_unequal_counts_are_refused_at_export(tmp_path):

@@ -8,7 +8,6 @@ import os
 import jax
 import numpy as np
 import pytest
-import transformers
 
 from configs import finetune_hf
 from moejax.errors import ConfigError
@@ -16,8 +15,8 @@ from moejax.interop.convert import export_hf, import_hf
 from moejax.interop.load import load_model
 from moejax.train import init_from
 from moejax.train.loop import init_state, train_and_evaluate
-from tests.interop.hf_tiny import hf_forward, make_model, padded_batch, save_model
-from tests.interop.test_parity import moejax_forward
+from tests.interop.hf_tiny import make_model, save_model
+from tests.interop.test_parity import assert_export_matches
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +64,7 @@ def test_finetune_30_steps_then_export_matches_transformers(family, byte_checkpo
   assert loaded.config.family == family
   out = str(tmp_path / "hf_out")
   export_hf(loaded.config, loaded.params, loaded.rest, out)
-  theirs = transformers.AutoModelForCausalLM.from_pretrained(
-      out, attn_implementation="eager").eval()
-  tokens, mask, positions = padded_batch()
-  hf_logits, _ = hf_forward(theirs, tokens, mask, positions)
-  ours, _ = moejax_forward(loaded, tokens, mask)
-  valid = mask.astype(bool)
-  np.testing.assert_allclose(ours[valid], hf_logits[valid], atol=1e-4, rtol=0)
+  assert_export_matches(loaded, out)
 
 
 def test_a_directory_of_another_family_is_refused_before_anything_is_written(
