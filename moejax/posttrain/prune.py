@@ -150,15 +150,22 @@ def save_pruned(out: str, config, params: dict, rest: dict, step: int, data_stat
   ckpt.close()
 
 
-def prune_model(m, params: dict, rest: dict, windows: np.ndarray, *, keep: str, method: str,
-                objective: str = "rescaled", seed: int = 0, batch_size: int = 8,
-                rescale: bool = False):
-  """(pruned model config, params, rest, per-layer report) of the model config `m`
-  (loop layout) calibrated on token windows [N, L]; pure-dict params and rest."""
+def calibration_statistics(m, params: dict, rest: dict, windows: np.ndarray,
+                           batch_size: int = 8) -> list:
+  """contributions.layer_statistics of the model config `m` on token windows [N, L]."""
   from moejax.models.decoder import abstract_model
-  graphdef = abstract_model(m)[0]
   batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
-  stats = contributions.layer_statistics(graphdef, params, rest, batches)
+  return contributions.layer_statistics(abstract_model(m)[0], params, rest, batches)
+
+
+def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, *, keep: str,
+                method: str, objective: str = "rescaled", seed: int = 0, batch_size: int = 8,
+                rescale: bool = False, stats: list | None = None):
+  """(pruned model config, params, rest, per-layer report) of the model config `m`
+  (loop layout) calibrated on token windows [N, L] (or on precomputed `stats`);
+  pure-dict params and rest."""
+  if stats is None:
+    stats = calibration_statistics(m, params, rest, windows, batch_size)
   kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
   scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
              for layer in stats} if rescale else None)

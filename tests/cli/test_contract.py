@@ -10,6 +10,7 @@ ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
 CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
+STUDY = "experiments.prune_study"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -188,6 +189,11 @@ CASES = [
     (ATTRIBUTION, [T, "--plot={bad}"], ["directory", "--plot={bad}"]),
     (ATTRIBUTION, [C], ["training run", "--workdir={converted}"]),
     (ATTRIBUTION, ["--workdir={bad}/train_dense"], ["MoE model", "train_dense"]),
+    (STUDY, [T, "--methods=frequency,obs"], ["--methods='obs'", "schur_astar"]),
+    (STUDY, [T, "--keeps=9"], ["--keep=9", "larger than"]),
+    (STUDY, [T, "--draws=0"], ["--draws=0"]),
+    (STUDY, [T, "--methods="], ["--methods", "at least one"]),
+    (STUDY, ["--workdir={bad}/train_dense"], ["no MoE layer", "train_dense"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),

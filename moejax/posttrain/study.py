@@ -1,0 +1,113 @@
+"""A pruning study on a trained workdir (issue 14): every method at every keep
+level on several calibration draws, scored by the evaluation harness on the
+same held-out bytes, with paired intervals over the draws.
+
+For draw d, calibration windows are drawn with seed d (prune.calibration_windows)
+and their statistics are shared by every method. Each pruned model is scored
+per domain (bits per byte), on the probes, and by its parameter bytes. For a
+method and keep level, delta_d = bpb(method, d) - bpb(reference, d), reported as
+mean, std and 95% t-interval over the draws (train/seed_stats.paired_difference)
+against the reference method (routing frequency by default) and against the
+unpruned model.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from moejax.posttrain import prune
+from moejax.train import seed_stats
+
+
+def parameter_bytes(params) -> int:
+  import jax
+  return int(sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)))
+
+
+def run_study(workdir: str, *, methods, keeps, draws: int, num_windows: int,
+              bytes_per_domain: int, probes=(), probe_count: int = 32,
+              objective: str = "rescaled", reference: str = "frequency", log=print) -> dict:
+  """{settings, unpruned: scores, runs: [{keep, method, draw, scores, kept}]} (module doc)."""
+  from moejax.config import expert_counts
+  from moejax.data.pipeline import split_documents, train_token_stream
+  from moejax.evaluation import harness
+  from moejax.evaluation.model import DecoderLM
+  from moejax.train.restore import load_from_workdir
+  config, step = prune.source_config(workdir)
+  context = config.data.seq_len
+  for keep in keeps:
+    for method in methods:
+      prune.check_request(config, keep, method, objective, False, num_windows, context,
+                          f"--workdir={workdir}")
+  source = prune.load_source(workdir, config, step)
+  tokenizer = load_from_workdir(workdir, for_generation=True)[4]
+  documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
+  settings = harness.Settings(context=context, probes=tuple(probes), probe_count=probe_count)
+  stream = train_token_stream(config.data)
+
+  def score(m, params, rest):
+    evaluation = harness.evaluate(DecoderLM(m, params, rest), tokenizer, tokenizer.eos_id,
+                                  documents, settings, expert_counts(m))
+    return {"bpb": evaluation.report["bpb"], "probes": evaluation.report["probes"],
+            "parameter_bytes": parameter_bytes(params)}
+
+  unpruned = score(config.model, source.params, source.rest)
+  log(f"unpruned: {unpruned['bpb']['all']:.4f} bpb")
+  runs = []
+  for draw in range(draws):
+    windows = prune.calibration_windows(stream, num_windows, context, seed=draw)
+    stats = prune.calibration_statistics(config.model, source.params, source.rest, windows)
+    for keep in keeps:
+      for method in methods:
+        m, params, rest, layers = prune.prune_model(
+            config.model, source.params, source.rest, keep=keep, method=method,
+            objective=objective, seed=draw, stats=stats)
+        runs.append({"keep": keep, "method": method, "draw": draw,
+                     "scores": score(m, params, rest),
+                     "kept": [layer["kept"] for layer in layers],
+                     "relative_error": [layer["relative_error"] for layer in layers]})
+        log(f"keep {keep} {method} draw {draw}: {runs[-1]['scores']['bpb']['all']:.4f} bpb")
+  return {"workdir": workdir, "step": step, "methods": list(methods), "keeps": list(keeps),
+          "draws": draws, "num_windows": num_windows, "context": context,
+          "bytes_per_domain": bytes_per_domain, "objective": objective,
+          "reference": reference, "unpruned": unpruned, "runs": runs}
+
+
+def _interval(diff) -> str:
+  if diff.lo is None:
+    return f"{diff.mean:+.4f}"
+  return f"{diff.mean:+.4f} ± {diff.std:.4f} [{diff.lo:+.4f}, {diff.hi:+.4f}]"
+
+
+def summary_table(study: dict, domain: str = "all") -> str:
+  """Markdown: per keep and method, mean bpb over draws, the paired difference to
+  the reference method and to the unpruned model, probes and kept bytes."""
+  runs, ref = study["runs"], study["reference"]
+  base = study["unpruned"]
+  probe_names = sorted(base["probes"])
+  lines = [f"| keep | method | bpb ({domain}) | vs {ref} | vs unpruned | "
+           + "".join(f"{p} | " for p in probe_names) + "parameter bytes |",
+           "|---|---|---|---|---|" + "---|" * len(probe_names) + "---|"]
+  lines.append(f"| all | unpruned | {base['bpb'][domain]:.4f} | — | — | "
+               + "".join(f"{_probe(base, p):.3f} | " for p in probe_names)
+               + f"{base['parameter_bytes']:,} |")
+  for keep in study["keeps"]:
+    by_method = {m: sorted((r for r in runs if r["keep"] == keep and r["method"] == m),
+                           key=lambda r: r["draw"]) for m in study["methods"]}
+    reference = [r["scores"]["bpb"][domain] for r in by_method.get(ref, [])]
+    for method, rows in by_method.items():
+      values = [r["scores"]["bpb"][domain] for r in rows]
+      vs_ref = ("—" if method == ref or len(reference) != len(values)
+                else _interval(seed_stats.paired_difference(values, reference)))
+      vs_base = _interval(seed_stats.paired_difference(
+          values, [base["bpb"][domain]] * len(values)))
+      lines.append(f"| {keep} | {method} | {np.mean(values):.4f} | {vs_ref} | {vs_base} | "
+                   + "".join(f"{np.mean([_probe(r['scores'], p) for r in rows]):.3f} | "
+                             for p in probe_names)
+                   + f"{rows[0]['scores']['parameter_bytes']:,} |")
+  return "\n".join(lines)
+
+
+def _probe(scores: dict, name: str) -> float:
+  """A probe's accuracy over all its examples (nan when it has none)."""
+  accuracy = scores["probes"][name]["all"]["accuracy"]
+  return float("nan") if accuracy is None else accuracy

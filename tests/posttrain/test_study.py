@@ -1,0 +1,21 @@
+"""The pruning study's table (moejax/posttrain/study.py): paired differences over
+calibration draws against the reference method and the unpruned model, by hand."""
+from moejax.posttrain import study
+
+
+def scores(bpb, nbytes=100):
+  return {"bpb": {"all": bpb}, "probes": {"facts": {"all": {"accuracy": 0.5, "n": 2}}},
+          "parameter_bytes": nbytes}
+
+
+def test_table_gives_paired_t_intervals_over_draws():
+  runs = [{"keep": "0.5", "method": m, "draw": d, "scores": scores(v, 60)}
+          for m, values in (("frequency", (3.0, 3.2)), ("schur_astar", (2.8, 3.1)))
+          for d, v in enumerate(values)]
+  result = {"runs": runs, "reference": "frequency", "keeps": ["0.5"],
+            "methods": ["schur_astar", "frequency"], "unpruned": scores(2.5)}
+  table = study.summary_table(result)
+  # differences -0.2, -0.1: mean -0.15, std 0.0707, t(0.975, 1) = 12.706
+  assert "| 0.5 | schur_astar | 2.9500 | -0.1500 ± 0.0707 [-0.7853, +0.4853] |" in table
+  assert "| 0.5 | frequency | 3.1000 | — | +0.6000 ± 0.1414 [-0.6706, +1.8706] |" in table
+  assert "| all | unpruned | 2.5000 | — | — | 0.500 | 100 |" in table
