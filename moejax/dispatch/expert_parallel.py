@@ -19,7 +19,9 @@ Receive buffers: `sharding.a2a_capacity_factor = 0` (default) sizes them for
 the worst case, so nothing overflows; f > 0 sizes them at f x the mean load.
 Rows that do not fit are dropped like capacity drops (their slot contributes
 nothing) and counted. Metrics: `dropped_fraction` (all drops over all valid
-assignments of the global batch) and `a2a_overflow_fraction`.
+assignments of the global batch), `a2a_overflow_fraction`, and
+`busiest_device_rows`, the most rows any device's experts ran (prefill under
+expert parallelism waits for that device: analysis/repetition.py).
 
 Capacity semantics: global, as on one device. An expert's capacity
 C = expert_capacity(T_global, ...) is filled in GShard's slot-major priority
@@ -134,20 +136,25 @@ def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: di
           global_capacity_keep(routing, cfg.num_experts, capacity, token_axes))
     if num_peers == 1:
       y, local_metrics = run_local_experts(x, routing, local_weights)
-      delivered = routing.valid
+      delivered = processed = routing.valid
     else:
       sorted_ = sort_by_expert(routing, cfg.num_experts)
       exchange = Exchange(sorted_, cfg.num_experts, expert_axes, num_peers,
                           rows_per_peer(cfg, num_tokens, num_slots, num_peers,
                                         layout.a2a_capacity_factor, capacity),
                           layout.all_to_all)
-      y_rows, local_metrics = run_local_experts(exchange.send(x[sorted_.token]),
-                                                exchange.received_routing(), local_weights)
+      received = exchange.received_routing()
+      y_rows, local_metrics = run_local_experts(exchange.send(x[sorted_.token]), received,
+                                                local_weights)
+      processed = received.valid
       y = combine(exchange.send_back(y_rows), sorted_, routing, x.dtype)
       delivered = exchange.sent
     num_valid = jnp.maximum(total(valid), 1.0)
+    rows_here = jnp.sum(processed, dtype=jnp.float32)  # rows this device's experts run
     metrics = {"dropped_fraction": 1.0 - total(delivered) / num_valid,
-               "a2a_overflow_fraction": (total(routing.valid) - total(delivered)) / num_valid}
+               "a2a_overflow_fraction": (total(routing.valid) - total(delivered)) / num_valid,
+               "busiest_device_rows": (jax.lax.pmax(rows_here, all_axes) if all_axes
+                                       else rows_here)}
     if capacity is not None:
       metrics["capacity"] = jnp.asarray(capacity, jnp.float32)
     for name, value in local_metrics.items():  # e.g. padding_waste, averaged over devices

@@ -125,3 +125,18 @@ def test_overflow_drops_are_counted_and_contribute_nothing(exchange):
   np.testing.assert_allclose(float(metrics["dropped_fraction"]), overflow, rtol=1e-6)
   np.testing.assert_allclose(y, reference_loop(x, routing, jax.tree.map(np.asarray, weights),
                                                keep), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("skew", [0.0, 50.0])  # 50: every token on expert 0 (RepetitionCurse)
+def test_busiest_device_rows_follow_the_latency_model(skew):
+  """The most rows any device's experts run = analysis/repetition.device_rows's
+  maximum: experts in 4 contiguous blocks, tokens in 2 contiguous data groups."""
+  from moejax.analysis import repetition
+  cfg, routing, x, weights = problem(2, skew=skew, dispatch="dropless")
+  layout = layout_for(MESHES["data2_expert4"])
+  _, metrics = jax.jit(lambda x_: on_mesh(cfg, x_, routing, weights, layout))(x)
+  rows = repetition.device_rows(routing.expert_index, routing.valid, E, expert_shards=4,
+                                token_groups=2)
+  assert float(metrics["busiest_device_rows"]) == rows.max()
+  if skew:  # each data group's 32 tokens all send a row to block 0: 32 vs 128 / 8 = 16
+    assert repetition.busiest_device(rows) >= 2.0
