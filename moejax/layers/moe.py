@@ -165,11 +165,19 @@ class MoELayer(nnx.Module):
                "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32)}
     if cfg.num_experts > MAX_LOGGED_EXPERTS:  # [E] per layer per log step: too many
       metrics.pop("load_fraction")
-    return y_TxD.reshape(b, l, d), {
+    return self.gradient_probe(y_TxD.reshape(b, l, d)), {
         "aux_loss": aux_loss, "metrics": metrics,
         "step_stats": losses.step_stats_of(names, out, cfg),
         "expert_index": assignment.expert_index,
         "combine_weight": assignment.combine_weight, "valid": assignment.valid}
+
+  def gradient_probe(self, y_BxLxD):
+    """y, plus the `output` perturbation when the call runs under
+    nnx.capture(..., nnx.Perturbation): the gradient of a loss w.r.t. this layer's
+    output (posttrain/taylor.py). Outside a capture it is y itself, untouched."""
+    if not hasattr(self, "__captures__"):
+      return y_BxLxD
+    return self.perturb("output", y_BxLxD)
 
   def router_logits(self, x_TxD):
     """What the router's `route` receives: x W, or its own projection of x."""

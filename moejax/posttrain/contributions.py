@@ -35,6 +35,7 @@ class LayerStatistics:
   frequency: np.ndarray
   mass: np.ndarray
   tokens: int
+  step_score: np.ndarray | None = None  # Step's token-selective scores (posttrain/taylor.py)
 
   def __add__(self, other: "LayerStatistics") -> "LayerStatistics":
     return LayerStatistics(self.block, self.gram + other.gram, self.frequency + other.frequency,

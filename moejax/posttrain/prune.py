@@ -150,6 +150,18 @@ def save_pruned(out: str, config, params: dict, rest: dict, step: int, data_stat
   ckpt.close()
 
 
+STEP_RHO = 0.25  # Step: the fraction of calibration tokens kept by loss (a guess)
+
+
+def most_similar_kept(gram: np.ndarray, kept) -> dict:
+  """{pruned expert: the kept expert of largest cosine G_ij / sqrt(G_ii G_jj)}."""
+  gram = np.asarray(gram, np.float64)
+  norm = np.sqrt(np.maximum(np.diag(gram), 1e-300))
+  cosine = gram / norm[:, None] / norm[None, :]
+  kept = list(kept)
+  return {p: kept[int(np.argmax(cosine[p, kept]))] for p in range(len(gram)) if p not in kept}
+
+
 def calibration_statistics(m, params: dict, rest: dict, windows: np.ndarray,
                            batch_size: int = 8) -> list:
   """contributions.layer_statistics of the model config `m` on token windows [N, L]."""
@@ -166,9 +178,21 @@ def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, 
   pure-dict params and rest."""
   if stats is None:
     stats = calibration_statistics(m, params, rest, windows, batch_size)
+  if method == "step" and stats[0].step_score is None:  # computed once per calibration set
+    from moejax.models.decoder import abstract_model
+    from moejax.posttrain import taylor
+    batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+    scores = taylor.layer_step_scores(abstract_model(m)[0], params, rest, batches, STEP_RHO)
+    for layer, score in zip(stats, scores):
+      layer.step_score = score
   kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
   scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
              for layer in stats} if rescale else None)
+  if method == "step":  # merge each pruned expert into its most similar kept one
+    for layer in stats:
+      params = surgery.merge_experts(params, layer.block,
+                                     most_similar_kept(layer.gram, kept[layer.block]),
+                                     layer.mass)
   new_m, params, rest = surgery.remove_experts(m, params, rest, kept, scales)
   layers = [{"block": layer.block, "experts": len(layer.gram), "kept": list(kept[layer.block]),
              "relative_error": errors[layer.block]} for layer in stats]

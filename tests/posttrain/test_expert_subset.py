@@ -157,5 +157,9 @@ def test_choose_runs_each_method_on_layer_statistics():
     best = xs.subset_error(stats.gram, xs.brute_force(stats.gram, 5, objective)[0], objective)
     chosen = xs.choose(stats, 5, "schur_astar", objective)
     assert xs.subset_error(stats.gram, chosen, objective) == pytest.approx(best, rel=1e-10)
+  with pytest.raises(ValueError, match="step_score"):
+    xs.choose(stats, 5, "step")
+  stats.step_score = -np.arange(12.0)
+  assert xs.choose(stats, 5, "step") == (0, 1, 2, 3, 4)
   with pytest.raises(ConfigError, match="method='obs' is not known; valid: frequency, greedy"):
     xs.choose(stats, 5, "obs")

@@ -63,3 +63,9 @@ def test_calibration_windows_are_drawn_from_the_stream_by_seed():
 @pytest.mark.parametrize("keep,count", [("0.5", 8), ("0.25", 4), ("1.0", 16), ("6", 6)])
 def test_keep_as_fraction_or_count(keep, count):
   assert prune.kept_count(keep, 16, 2) == count
+
+
+def test_most_similar_kept_expert_by_cosine_of_the_gram():
+  z = np.array([[1.0, 0.0], [0.0, 2.0], [0.9, 0.1], [0.1, -1.0], [-1.0, 0.2]])
+  merges = prune.most_similar_kept(z @ z.T, [0, 1])
+  assert merges == {2: 0, 3: 0, 4: 1}  # 3 is anti-aligned with 1; 4 with 0

@@ -102,3 +102,18 @@ def test_bad_keep_sets_are_refused(keep, message):
   config, params, rest = tiny()
   with pytest.raises(ConfigError, match=message):
     surgery.remove_experts(config.model, params, rest, keep)
+
+
+def test_merge_takes_the_mass_weighted_mean_of_the_merged_experts():
+  config, params, rest = tiny()
+  mass = np.arange(1.0, 9.0)  # expert e has mass e + 1
+  merged = surgery.merge_experts(params, 0, {2: 1, 5: 1, 7: 3}, mass)
+  for name, w in params["blocks"][0]["ffn"]["experts"].items():
+    got, w = merged["blocks"][0]["ffn"]["experts"][name], w.astype(np.float64)
+    np.testing.assert_allclose(got[1], (2 * w[1] + 3 * w[2] + 6 * w[5]) / 11, atol=1e-8)
+    np.testing.assert_allclose(got[3], (4 * w[3] + 8 * w[7]) / 12, atol=1e-8)
+    np.testing.assert_array_equal(got[0], w[0].astype(np.float32))
+    np.testing.assert_array_equal(merged["blocks"][1]["ffn"]["experts"][name],
+                                  params["blocks"][1]["ffn"]["experts"][name])
+  np.testing.assert_array_equal(params["blocks"][0]["ffn"]["experts"]["w_up"][1],
+                                tiny()[1]["blocks"][0]["ffn"]["experts"]["w_up"][1])  # no mutation

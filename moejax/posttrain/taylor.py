@@ -1,0 +1,88 @@
+"""Step (ICML 2026, "Less Token, More Signal"; abstract only, the mechanism below
+follows /work/shared/specs/PAPERS.md, ICML entry 18): token-selective expert
+scores, then prune and merge.
+
+On calibration windows, with the next-token loss L:
+  1. keep the top-rho tokens S by their own loss (the informative ones);
+  2. score expert e of MoE layer l by the first-order (Taylor) change of the loss
+     when its output is removed on those tokens,
+        I_e = sum_{t in S} | <dL/dy_t, g_{t,e} E_e(x_t)> |,
+     y_t the layer's output; dL/dy comes from the layer's gradient probe
+     (MoELayer.gradient_probe under nnx.capture with nnx.Perturbation);
+  3. prune the lowest-scored experts and merge each pruned expert into the kept
+     expert whose contributions are most similar (cosine of the Gram of
+     posttrain/contributions), weights averaged by routing mass
+     (surgery.merge_experts).
+Guesses: loss (not gradient norm) selects the tokens; the similarity measure;
+the averaging of weights for the merge.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.posttrain.contributions import routed_contributions
+
+
+def _loss_with_probes(model, perturbations, tokens):
+  """(mean next-token loss, (per-token loss [T], per MoE layer (x [T, d], aux))), the
+  MoE outputs perturbed by `perturbations` (zeros: their gradients are dL/dy)."""
+  (logits, aux, _), captured = nnx.capture(model, nnx.Intermediate,
+                                           method_outputs=nnx.Intermediate,
+                                           init=perturbations)(tokens)
+  outputs = {path: value.get_value()[0] for path, value in nnx.to_flat_state(captured)}
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  token_loss = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+  moe = [(outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model), a)
+         for i, a in zip([i for i, b in enumerate(model.blocks) if b.is_moe], aux["moe"])]
+  return jnp.mean(token_loss), (token_loss, moe)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def token_taylor_terms(graphdef, params, rest, tokens):
+  """Per token the loss [B*(L-1)], and per MoE layer the per-token, per-expert
+  terms <dL/dy_t, g_{t,e} E_e(x_t)> [B*L, E] (the last position predicts nothing:
+  its terms are 0). dL/dy is the gradient of the mean loss (the 1/N cancels in
+  any ranking)."""
+  fresh = lambda: nnx.merge(graphdef, params, rest)
+  _, perturbations = nnx.capture(fresh(), nnx.Perturbation)(tokens)
+  grad_fn = jax.grad(lambda p: _loss_with_probes(fresh(), p, tokens), has_aux=True)
+  grads, (token_loss, moe) = grad_fn(perturbations)
+  model = fresh()
+  flat = {path: v.get_value() for path, v in nnx.to_flat_state(grads)}
+  blocks = [i for i, b in enumerate(model.blocks) if b.is_moe]
+  terms = []
+  for block, (x, aux) in zip(blocks, moe):
+    dy = flat[("blocks", block, "ffn", "output")].reshape(x.shape[0], -1)
+    z = routed_contributions(model.blocks[block].ffn, x, aux)  # [T, E, d]
+    terms.append(jnp.einsum("td,ted->te", dy.astype(jnp.float32), z))
+  return token_loss.reshape(-1), terms
+
+
+def step_scores(token_loss_T: np.ndarray, terms_TxE: np.ndarray, rho: float) -> np.ndarray:
+  """I_e over the top-rho tokens by loss (module doc); terms_TxE rows are aligned
+  with the tokens whose loss is given (callers drop the last position)."""
+  loss = np.asarray(token_loss_T, np.float64)
+  keep = max(1, int(round(rho * loss.size)))
+  selected = np.argsort(-loss, kind="stable")[:keep]
+  return np.abs(np.asarray(terms_TxE, np.float64)[selected]).sum(axis=0)
+
+
+def layer_step_scores(graphdef, params, rest, batches, rho: float) -> list[np.ndarray]:
+  """Per MoE layer, I_e over every calibration batch's top-rho tokens together."""
+  losses, terms = [], None
+  for tokens in batches:
+    tokens = jnp.asarray(tokens)
+    token_loss, layer_terms = token_taylor_terms(graphdef, params, rest, tokens)
+    b, l = tokens.shape
+    predicting = np.ones((b, l), bool)
+    predicting[:, -1] = False  # positions that predict a next token
+    losses.append(np.asarray(token_loss))
+    rows = [np.asarray(t)[predicting.reshape(-1)] for t in layer_terms]
+    terms = rows if terms is None else [np.concatenate([a, r]) for a, r in zip(terms, rows)]
+  loss = np.concatenate(losses)
+  return [step_scores(loss, t, rho) for t in terms]
