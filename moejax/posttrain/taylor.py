@@ -42,25 +42,32 @@ def _loss_with_probes(model, perturbations, tokens):
   return jnp.mean(token_loss), (token_loss, moe)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def token_taylor_terms(graphdef, params, rest, tokens):
-  """Per token the loss [B*(L-1)], and per MoE layer the per-token, per-expert
-  terms <dL/dy_t, g_{t,e} E_e(x_t)> [B*L, E] (the last position predicts nothing:
-  its terms are 0). dL/dy is the gradient of the mean loss (the 1/N cancels in
-  any ranking)."""
+def token_gradients(graphdef, params, rest, tokens):
+  """(dL/dy per MoE block [B*L, d], {block: (its input x [B*L, d], its aux)}, per-token
+  loss [B*(L-1)]) with L the mean next-token loss over the B*(L-1) predicted tokens
+  (the last position predicts nothing: its gradient rows are 0). Traceable."""
   fresh = lambda: nnx.merge(graphdef, params, rest)
   _, perturbations = nnx.capture(fresh(), nnx.Perturbation)(tokens)
   grad_fn = jax.grad(lambda p: _loss_with_probes(fresh(), p, tokens), has_aux=True)
   grads, (token_loss, moe) = grad_fn(perturbations)
-  model = fresh()
   flat = {path: v.get_value() for path, v in nnx.to_flat_state(grads)}
-  blocks = [i for i, b in enumerate(model.blocks) if b.is_moe]
-  terms = []
-  for block, (x, aux) in zip(blocks, moe):
-    dy = flat[("blocks", block, "ffn", "output")].reshape(x.shape[0], -1)
-    z = routed_contributions(model.blocks[block].ffn, x, aux)  # [T, E, d]
-    terms.append(jnp.einsum("td,ted->te", dy.astype(jnp.float32), z))
-  return token_loss.reshape(-1), terms
+  blocks = [i for i, b in enumerate(fresh().blocks) if b.is_moe]
+  dy = {block: flat[("blocks", block, "ffn", "output")].reshape(x.shape[0], -1)
+        .astype(jnp.float32) for block, (x, _) in zip(blocks, moe)}
+  return dy, dict(zip(blocks, moe)), token_loss.reshape(-1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def token_taylor_terms(graphdef, params, rest, tokens):
+  """Per token the loss [B*(L-1)], and per MoE layer the per-token, per-expert
+  terms <dL/dy_t, g_{t,e} E_e(x_t)> [B*L, E] (the last position's are 0). dL/dy is
+  the gradient of the mean loss (the 1/N cancels in any ranking)."""
+  dy, moe, token_loss = token_gradients(graphdef, params, rest, tokens)
+  model = nnx.merge(graphdef, params, rest)
+  terms = [jnp.einsum("td,ted->te", dy[block],
+                      routed_contributions(model.blocks[block].ffn, x, aux))
+           for block, (x, aux) in moe.items()]
+  return token_loss, terms
 
 
 def step_scores(token_loss_T: np.ndarray, terms_TxE: np.ndarray, rho: float) -> np.ndarray:
