@@ -4,7 +4,10 @@ r"""Prune the experts of a trained MoE: calibrate, choose per layer, cut, save.
       --out=runs/pruned/s_schur_50
   python -m experiments.evaluate --workdir=runs/pruned/s_schur_50 --reference_workdir=runs/zoo/s
 
---workdir: a training workdir; its latest checkpoint is pruned. --method: one
+--workdir: a training workdir (its latest checkpoint is pruned) or a converted
+one; or --hf_dir, an HF checkpoint. An imported model is calibrated on
+--calibration (.npy token ids, or .jsonl {"text": ...} lines read with its
+tokenizer.json) and written as a converted workdir. --method: one
 of schur_astar (SCHUR-A*, optimal for --objective), greedy, frequency,
 router_mass, output_norm, random (moejax/posttrain/expert_subset.py). --keep:
 experts kept per MoE layer, a fraction (0.5) or a count (8). Calibration:
@@ -19,8 +22,12 @@ import json
 from absl import flags
 
 from moejax import cli
+from moejax.errors import ConfigError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training or converted workdir.")
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "An HF checkpoint directory.")
+_CALIBRATION = flags.DEFINE_string("calibration", None, "For --hf_dir or a converted "
+                                   "workdir: calibration tokens, .npy ids or .jsonl texts.")
 _METHOD = flags.DEFINE_string("method", "schur_astar", "How to choose the kept experts.")
 _KEEP = flags.DEFINE_string("keep", None, "Experts kept per MoE layer: a fraction (0.5) or a "
                             "count (8).")
@@ -39,7 +46,7 @@ _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Calibration draw (and the r
 _OUT = flags.DEFINE_string("out", None, "Write the pruned training workdir here (new or "
                            "empty).")
 _REPORT = flags.DEFINE_string("report", None, "Write the report here as JSON.")
-flags.mark_flags_as_required(["workdir", "keep"])
+flags.mark_flags_as_required(["keep"])
 
 
 def table(report: dict) -> str:
@@ -53,15 +60,27 @@ def table(report: dict) -> str:
 
 def main(argv):
   del argv
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  if (_WORKDIR.value is None) == (_HF_DIR.value is None):
+    raise ConfigError(f"give exactly one of --workdir and --hf_dir (--workdir="
+                      f"{_WORKDIR.value}, --hf_dir={_HF_DIR.value})")
+  kind = (cli.existing_workdir("workdir", _WORKDIR.value) if _WORKDIR.value else "hf")
+  if kind != "training" and _CALIBRATION.value is None:
+    source = f"--hf_dir={_HF_DIR.value}" if _HF_DIR.value else f"--workdir={_WORKDIR.value}"
+    raise ConfigError("an imported model has no training split: give --calibration "
+                      f"(.npy token ids or .jsonl texts) ({source})")
   if _OUT.value is not None and cli.workdir_kind(_OUT.value) not in ("missing", "empty"):
     raise cli.flag_error(_OUT, "expected a new or empty directory")
   cli.output_file("report", _REPORT.value)
-  from moejax.posttrain.prune import prune_workdir
-  report = prune_workdir(_WORKDIR.value, _OUT.value, keep=_KEEP.value, method=_METHOD.value,
-                         objective=_OBJECTIVE.value, num_windows=_NUM_WINDOWS.value,
-                         context=_CONTEXT.value, seed=_SEED.value, batch_size=_BATCH.value,
-                         rescale=_RESCALE.value)
+  from moejax.posttrain.prune import prune_imported, prune_workdir
+  options = dict(keep=_KEEP.value, method=_METHOD.value, objective=_OBJECTIVE.value,
+                 num_windows=_NUM_WINDOWS.value, context=_CONTEXT.value, seed=_SEED.value,
+                 batch_size=_BATCH.value, rescale=_RESCALE.value)
+  if kind in ("training", "mixed") and _CALIBRATION.value is None:
+    report = prune_workdir(_WORKDIR.value, _OUT.value, **options)
+  else:
+    report = prune_imported(hf_dir=_HF_DIR.value,
+                            workdir=None if _HF_DIR.value else _WORKDIR.value,
+                            out=_OUT.value, calibration=_CALIBRATION.value, **options)
   print(table(report))
   if _REPORT.value:
     with open(_REPORT.value, "w") as f:

@@ -199,7 +199,8 @@ def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
     return greedy_forward(stats.gram, m, objective)
   if method == "step" and stats.step_score is None:
     raise ValueError("method 'step' needs the layer's step_score (posttrain/taylor.py)")
-  scores = {"step": lambda: stats.step_score, "frequency": lambda: stats.frequency, "router_mass": lambda: stats.mass,
+  scores = {"step": lambda: stats.step_score, "frequency": lambda: stats.frequency,
+            "router_mass": lambda: stats.mass,
             "output_norm": lambda: np.diag(stats.gram),
             "random": lambda: np.random.default_rng(seed).random(len(stats.gram))}[method]()
   return top_by_score(scores, m)

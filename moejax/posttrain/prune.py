@@ -95,12 +95,12 @@ def load_source(workdir: str, config, step: int) -> Source:
 MIN_TOKENS_PER_EXPERT = 16  # routed calibration tokens per expert, on average
 
 
-def check_request(config, keep: str, method: str, objective: str, rescale: bool,
+def check_request(m, keep: str, method: str, objective: str, rescale: bool,
                   num_windows: int, context: int, where: str) -> None:
-  """Every refusal that needs no compute: no MoE layer, a scanned model, --keep
-  against every layer, an unknown method or objective, --rescale without the
-  rescaled objective, a calibration set too small for the Gram statistics."""
-  m = config.model
+  """Every refusal that needs no compute, for the model config `m`: no MoE layer, a
+  scanned model, --keep against every layer, an unknown method or objective,
+  --rescale without the rescaled objective, a calibration set too small for the
+  Gram statistics."""
   if not moe_layer_indices(m):
     raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune ({where})")
   if m.scan_layers:
@@ -207,7 +207,7 @@ def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
   from moejax.data.pipeline import train_token_stream
   config, step = source_config(workdir)
   context = context or config.data.seq_len
-  check_request(config, keep, method, objective, rescale, num_windows, context,
+  check_request(config.model, keep, method, objective, rescale, num_windows, context,
                 f"--workdir={workdir}")
   source = load_source(workdir, config, step)
   windows = calibration_windows(train_token_stream(config.data), num_windows, context, seed)
@@ -221,4 +221,71 @@ def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
   return {"source": workdir, "step": source.step, "method": method, "objective": objective,
           "keep": keep, "rescale": rescale, "calibration": {"windows": num_windows,
                                                             "context": context, "seed": seed},
+          "layers": layers, "expert_counts": expert_counts(new_m)}
+
+
+def calibration_stream(path: str, tokenizer, eos_id: int | None) -> np.ndarray:
+  """Calibration tokens from a file: a .npy array of token ids (any shape, read
+  flat), or a .jsonl file of {"text": ...} lines tokenized with the model's own
+  tokenizer, each document followed by its eos id."""
+  from moejax import cli
+  cli.input_file("calibration", path)
+  if path.endswith(".npy"):
+    try:
+      ids = np.load(path)
+    except ValueError as e:
+      raise ConfigError(f"cannot read token ids: {e} (--calibration={path})") from None
+    if not np.issubdtype(ids.dtype, np.integer):
+      raise ConfigError(f"token ids must be integers, got {ids.dtype} (--calibration={path})")
+    return ids.reshape(-1).astype(np.int32)
+  if not path.endswith(".jsonl"):
+    raise ConfigError(f"expected a .npy file of token ids or a .jsonl file of texts "
+                      f"(--calibration={path})")
+  if tokenizer is None:
+    raise ConfigError(f"the model has no tokenizer (tokenizer.json) to read texts with; "
+                      f"give token ids as .npy (--calibration={path})")
+  import json
+  parts = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        text = json.loads(line)["text"]
+      except (json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(f'line {number} is not {{"text": ...}} (--calibration={path})') from None
+      parts.append(np.asarray(tokenizer.encode(text), np.int32))
+      if eos_id is not None:
+        parts.append(np.array([eos_id], np.int32))
+  return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def prune_imported(*, hf_dir: str | None, workdir: str | None, out: str | None,
+                   calibration: str, keep: str, method: str, objective: str = "rescaled",
+                   num_windows: int = 64, context: int = 0, seed: int = 0,
+                   batch_size: int = 8, rescale: bool = False) -> dict:
+  """Prune an HF checkpoint or a converted workdir, calibrated on `calibration`
+  (calibration_stream); `out` becomes a converted workdir (tokenizer files copied)."""
+  from moejax.interop.convert import Loaded, save_workdir
+  from moejax.interop.load import load_model
+  loaded, tokenizer, eos_id = load_model(workdir, hf_dir)
+  m = loaded.config
+  where = f"--hf_dir={hf_dir}" if hf_dir else f"--workdir={workdir}"
+  context = context or min(m.max_seq_len, 512)
+  check_request(m, keep, method, objective, rescale, num_windows, context, where)
+  stream = calibration_stream(calibration, tokenizer, eos_id)
+  if stream.size and stream.max() >= m.vocab_size:
+    raise ConfigError(f"token id {int(stream.max())} is outside the model's vocabulary of "
+                      f"{m.vocab_size} (--calibration={calibration})")
+  windows = calibration_windows(stream, num_windows, context, seed)
+  new_m, params, rest, layers = prune_model(m, loaded.params, loaded.rest, windows, keep=keep,
+                                            method=method, objective=objective, seed=seed,
+                                            batch_size=batch_size, rescale=rescale)
+  if out:
+    source_files = hf_dir or (os.path.join(workdir, "model") if workdir else None)
+    save_workdir(out, Loaded(new_m, params, rest, loaded.hf_config), source_files)
+  return {"source": hf_dir or workdir, "method": method, "objective": objective,
+          "keep": keep, "rescale": rescale,
+          "calibration": {"file": calibration, "windows": num_windows, "context": context,
+                          "seed": seed},
           "layers": layers, "expert_counts": expert_counts(new_m)}

@@ -36,7 +36,7 @@ def run_study(workdir: str, *, methods, keeps, draws: int, num_windows: int,
   context = config.data.seq_len
   for keep in keeps:
     for method in methods:
-      prune.check_request(config, keep, method, objective, False, num_windows, context,
+      prune.check_request(config.model, keep, method, objective, False, num_windows, context,
                           f"--workdir={workdir}")
   source = prune.load_source(workdir, config, step)
   tokenizer = load_from_workdir(workdir, for_generation=True)[4]

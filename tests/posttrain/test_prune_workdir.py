@@ -69,3 +69,27 @@ def test_most_similar_kept_expert_by_cosine_of_the_gram():
   z = np.array([[1.0, 0.0], [0.0, 2.0], [0.9, 0.1], [0.1, -1.0], [-1.0, 0.2]])
   merges = prune.most_similar_kept(z @ z.T, [0, 1])
   assert merges == {2: 0, 3: 0, 4: 1}  # 3 is anti-aligned with 1; 4 with 0
+
+
+def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
+  """--hf_dir with .npy calibration ids: the converted workdir = the surgery of the
+  imported weights on the chosen experts."""
+  from moejax.interop.convert import import_hf
+  from moejax.interop.load import load_model
+  from tests.interop.hf_tiny import make_model, save_model
+  hf_dir = save_model(make_model("qwen3_moe", vocab_size=256), str(tmp_path / "hf"))
+  ids = tmp_path / "ids.npy"
+  np.save(ids, np.random.default_rng(0).integers(0, 256, 4096))
+  out = str(tmp_path / "pruned")
+  report = prune.prune_imported(hf_dir=hf_dir, workdir=None, out=out, calibration=str(ids),
+                                keep="4", method="schur_astar", num_windows=16, context=32)
+  assert report["expert_counts"] == [4] * len(report["layers"])
+  source = import_hf(hf_dir)
+  kept = {layer["block"]: layer["kept"] for layer in report["layers"]}
+  _, want, _ = surgery.remove_experts(source.config, source.params, source.rest, kept)
+  got, _, _ = load_model(workdir=out)
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got.params), want)
+  with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+    np.save(ids, np.array([0, 999] * 100))
+    prune.prune_imported(hf_dir=hf_dir, workdir=None, out=None, calibration=str(ids),
+                         keep="4", method="frequency", num_windows=1, context=64)
