@@ -59,7 +59,7 @@ def run_study(workdir: str, *, methods, keeps, draws: int, num_windows: int,
     for keep in keeps:
       for method in methods:
         m, params, rest, layers = prune.prune_model(
-            config.model, source.params, source.rest, keep=keep, method=method,
+            config.model, source.params, source.rest, windows, keep=keep, method=method,
             objective=objective, seed=draw, stats=stats)
         runs.append({"keep": keep, "method": method, "draw": draw,
                      "scores": score(m, params, rest),
