@@ -61,18 +61,6 @@ _BYTES_PER_DOMAIN = cli.checked(flags.DEFINE_integer(
 _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
 
 
-def check_source(workdir_flag, hf_flag) -> None:
-  """Exactly one of the two flags, naming an existing source."""
-  if (workdir_flag.value is None) == (hf_flag.value is None):
-    raise ConfigError(f"give exactly one of --{workdir_flag.name} and --{hf_flag.name} "
-                      f"(--{workdir_flag.name}={workdir_flag.value}, "
-                      f"--{hf_flag.name}={hf_flag.value})")
-  if workdir_flag.value is not None:
-    cli.existing_workdir(workdir_flag.name, workdir_flag.value)
-  elif not os.path.isdir(hf_flag.value):
-    raise cli.flag_error(hf_flag, "expected an existing HF checkpoint directory")
-
-
 def read_docs(path: str) -> list[tuple[str, str]]:
   """(domain, text) of every line of a .jsonl file."""
   cli.input_file("docs", path)
@@ -153,10 +141,10 @@ def table(report: dict, reference: dict | None) -> str:
 
 def main(argv):
   del argv
-  check_source(_WORKDIR, _HF_DIR)
+  cli.one_source(_WORKDIR, _HF_DIR)
   has_reference = _REF_WORKDIR.value is not None or _REF_HF_DIR.value is not None
   if has_reference:
-    check_source(_REF_WORKDIR, _REF_HF_DIR)
+    cli.one_source(_REF_WORKDIR, _REF_HF_DIR)
   cli.output_file("out", _OUT.value)
   chosen = None if _PROBES.value is None else tuple(p for p in _PROBES.value if p)
   harness.Settings(1, probes=chosen or ()).check()

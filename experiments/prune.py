@@ -60,10 +60,7 @@ def table(report: dict) -> str:
 
 def main(argv):
   del argv
-  if (_WORKDIR.value is None) == (_HF_DIR.value is None):
-    raise ConfigError(f"give exactly one of --workdir and --hf_dir (--workdir="
-                      f"{_WORKDIR.value}, --hf_dir={_HF_DIR.value})")
-  kind = (cli.existing_workdir("workdir", _WORKDIR.value) if _WORKDIR.value else "hf")
+  kind = cli.one_source(_WORKDIR, _HF_DIR)
   if kind != "training" and _CALIBRATION.value is None:
     source = f"--hf_dir={_HF_DIR.value}" if _HF_DIR.value else f"--workdir={_WORKDIR.value}"
     raise ConfigError("an imported model has no training split: give --calibration "

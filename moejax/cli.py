@@ -209,6 +209,20 @@ def existing_workdir(flag: str, path: str, kinds=("training", "converted", "mixe
   return kind
 
 
+def one_source(workdir_flag, hf_flag) -> str:
+  """Exactly one of a --workdir-like and an --hf_dir-like flag, naming an existing
+  source; returns the workdir's kind (workdir_kind) or 'hf'."""
+  if (workdir_flag.value is None) == (hf_flag.value is None):
+    raise ConfigError(f"give exactly one of --{workdir_flag.name} and --{hf_flag.name} "
+                      f"(--{workdir_flag.name}={workdir_flag.value}, "
+                      f"--{hf_flag.name}={hf_flag.value})")
+  if workdir_flag.value is not None:
+    return existing_workdir(workdir_flag.name, workdir_flag.value)
+  if not os.path.isdir(hf_flag.value):
+    raise flag_error(hf_flag, "expected an existing HF checkpoint directory")
+  return "hf"
+
+
 def writable_workdir(flag: str, path: str, kind: str, *, allow_mixed: bool = False) -> None:
   """Refuse to write `kind` ('training' or 'converted') into a workdir holding anything else.
 
