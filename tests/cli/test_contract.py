@@ -10,7 +10,7 @@ ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
     "experiments.router_inference"
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
 CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
-STUDY = "experiments.prune_study"
+STUDY, POLYGLOT = "experiments.prune_study", "experiments.polyglot_report"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -199,6 +199,9 @@ CASES = [
     (STUDY, [T, "--draws=0"], ["--draws=0"]),
     (STUDY, [T, "--methods="], ["--methods", "at least one"]),
     (STUDY, ["--workdir={bad}/train_dense"], ["no MoE layer", "train_dense"]),
+    (POLYGLOT, [], ["--workdir", "--sweep_dir"]),
+    (POLYGLOT, [T, "--sweep_dir={bad}"], ["--workdir", "--sweep_dir"]),
+    (POLYGLOT, ["--sweep_dir={bad}/emptydir"], ["ARM/seed_N", "--sweep_dir={bad}/emptydir"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
