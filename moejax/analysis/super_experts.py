@@ -29,6 +29,19 @@ criterion is from a third-party spec citing Eq. 6; /work/shared/specs/PAPERS.md,
     largest a always passes both relative thresholds, so the criterion alone
     always names an SE; L is what says "none" for a model without massive
     activations.
+
+Ablation (the paper's "pruning" of super experts, which it reports collapses the
+sinks; arXiv 2507.23279, section not checked): ablate_experts zeroes an
+expert's down projection, so it adds exactly 0 to every token the router still
+sends it (the router is untouched, as in the paper); ablation_study compares
+ablating the SEs with ablating as many random and as many most-frequently routed
+experts, by the attention mass on position 0, the residual stream's max |h| and
+the loss. Guesses: "most frequent" counts the router's valid slots on the same
+tokens over all MoE layers together (one ranking, ties to the lower (layer,
+expert)); random draws are uniform over every (layer, expert) without
+replacement; when no SE passes the criterion the study ablates the experts of
+largest a instead (`top_a`), so the question "what do the most extreme experts
+do" still gets an answer.
 """
 import functools
 
@@ -42,7 +55,7 @@ from moejax.config import moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model, unstack_layers
 
-PARTS = ("peaks", "massive", "sinks")
+PARTS = ("peaks", "massive", "sinks")  # measure also takes "counts" (the ablation study's)
 
 
 def routed_output_peaks(layer, x_TxD, aux) -> jax.Array:
@@ -54,6 +67,13 @@ def routed_output_peaks(layer, x_TxD, aux) -> jax.Array:
   row_peak = jnp.max(jnp.abs(routed["rows"]), axis=-1)
   return (jnp.zeros(num_experts + 1, jnp.float32)
           .at[routed["expert"]].max(row_peak)[:num_experts])  # padding rows: expert E
+
+
+def _stack_layers(rows) -> jax.Array:
+  """Per-MoE-layer vectors [E_l] -> [layers, max E_l], NaN past a layer's own count."""
+  width = max((r.shape[0] for r in rows), default=0)
+  return jnp.stack([jnp.pad(r, (0, width - r.shape[0]), constant_values=jnp.nan)
+                    for r in rows]) if rows else jnp.zeros((0, 0), jnp.float32)
 
 
 def _residual_stats(h_BxLxD) -> dict:
@@ -77,9 +97,12 @@ def _measure(model, tokens, parts) -> dict:
                                 outputs[("blocks", i, "ffn_norm", "__call__")]
                                 .reshape(-1, model.cfg.d_model), layer_aux)
             for i, layer_aux in zip(moe_blocks, aux["moe"])]
-    width = max((r.shape[0] for r in rows), default=0)
-    out["peaks"] = jnp.stack([jnp.pad(r, (0, width - r.shape[0]), constant_values=jnp.nan)
-                              for r in rows]) if rows else jnp.zeros((0, 0), jnp.float32)
+    out["peaks"] = _stack_layers(rows)
+  if "counts" in parts:  # the model's own routing frequency: valid slots per expert
+    sizes = [block.ffn.cfg.num_experts for block in model.blocks if block.is_moe]
+    out["counts"] = _stack_layers([
+        jnp.zeros(n + 1, jnp.float32).at[jnp.where(a["valid"], a["expert_index"], n)]
+        .add(1.0)[:n] for n, a in zip(sizes, aux["moe"])])
   if "massive" in parts:
     layers = [_residual_stats(outputs[("blocks", i, "__call__")][0])
               for i in range(len(model.blocks))]
@@ -96,7 +119,8 @@ def _measure(model, tokens, parts) -> dict:
 def measure(graphdef, params, rest, tokens, parts: tuple = PARTS) -> dict:
   """The `parts` (of PARTS) of the model on tokens [B, L] (no padding), in one
   compiled program: {"peaks": expert_output_peaks, "massive": massive_activations,
-  "sinks": attention_sink_mass}. Parts not asked for are not computed (the three
+  "sinks": attention_sink_mass, "counts": routed slots per (MoE layer, expert), float32,
+  NaN past a layer's own count}. Parts not asked for are not computed (the three
   functions below share the program of all three: one compilation per model)."""
   return _measure(nnx.merge(graphdef, params, rest), tokens, parts)
 
@@ -173,6 +197,13 @@ def profile(source, tokens, *, quantile: float = 99.5, fraction_of_max: float = 
   m, graphdef, params, rest = _model_of(source)
   tokens = jnp.asarray(tokens, jnp.int32)
   found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS))
+  return _report(m, tokens.shape, found, quantile=quantile, fraction_of_max=fraction_of_max,
+                 min_ratio=min_ratio, growth=growth)
+
+
+def _report(m, shape, found, *, quantile: float = 99.5, fraction_of_max: float = 0.1,
+            min_ratio: float = 100.0, growth: float = 2.0) -> dict:
+  """profile's JSON from measure's PARTS (found, on the host) for tokens of `shape`."""
   moe_blocks = moe_layer_indices(m)
   massive = {k: np.asarray(v) for k, v in found["massive"].items()}
   formed = massive_layers(massive, min_ratio, growth)
@@ -181,7 +212,7 @@ def profile(source, tokens, *, quantile: float = 99.5, fraction_of_max: float = 
   pairs = lambda pairs: [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
                           "a": float(peaks[j, e])} for j, e in pairs]
   return {
-      "tokens": list(tokens.shape), "moe_blocks": moe_blocks,
+      "tokens": list(shape), "moe_blocks": moe_blocks,
       "expert_output_peaks": [[None if np.isnan(v) else float(v) for v in row]
                               for row in peaks],
       "super_experts": pairs(super_experts(peaks, quantile, fraction_of_max, rows)),
@@ -195,6 +226,131 @@ def profile(source, tokens, *, quantile: float = 99.5, fraction_of_max: float = 
                      for i in range(len(massive["max"]))],
           "embedding_max": float(massive["embedding_max"]), "massive_layers": formed},
       "attention_sinks": {"mass_on_position_0": [float(v) for v in found["sinks"]],
-                          "uniform_baseline": uniform_sink_mass(int(tokens.shape[1]))},
+                          "uniform_baseline": uniform_sink_mass(int(shape[1]))},
   }
 
+
+# ---- ablation (arXiv 2507.23279) -------------------------------------------------------------
+
+def ablate_experts(m, params, pairs) -> dict:
+  """A copy of params (loop layout) in which each (MoE layer, expert) of `pairs`
+  outputs exactly 0: its SwiGLU down projection is zeroed. The router is untouched,
+  so tokens still go to the expert and receive 0 from it (the paper's ablation).
+  ConfigError, naming the pair, for a pair outside the model or an expert type
+  without a w_down."""
+  if m.scan_layers:
+    raise ConfigError("ablation edits the loop layout; convert a scanned model with "
+                      "moejax.models.decoder.unstack_layers")
+  moe_blocks = moe_layer_indices(m)
+  out = jax.tree.map(lambda v: v, params)
+  for layer, expert in pairs:
+    where = f"(pair=({layer}, {expert}))"
+    if not 0 <= layer < len(moe_blocks):
+      raise ConfigError(f"MoE layer {layer} is not in the model, which has {len(moe_blocks)} "
+                        f"MoE layers {where}")
+    weights = out["blocks"][moe_blocks[layer]]["ffn"]["experts"]
+    kind = m.moe.get("experts", "swiglu")
+    if kind != "swiglu" or "w_down" not in weights:
+      raise ConfigError(f"cannot ablate model.moe.experts={kind!r}: ablation zeroes "
+                        f"a SwiGLU expert's w_down {where}")
+    count = weights["w_down"].shape[0]
+    if not 0 <= expert < count:
+      raise ConfigError(f"expert {expert} is not in MoE layer {layer}, which has {count} "
+                        f"experts {where}")
+    weights["w_down"] = weights["w_down"].at[expert].set(0.0)
+  return out
+
+
+def top_pairs(values, n: int) -> list[tuple[int, int]]:
+  """The n (MoE layer, expert) of largest value in values [layers, E] over all layers
+  together (NaN padding never chosen; ties to the lower (layer, expert)), sorted."""
+  v = np.asarray(values, np.float64)
+  _check_count(v, n)
+  order = np.argsort(-np.nan_to_num(v, nan=-np.inf).ravel(), kind="stable")[:n]
+  return sorted((int(i) // v.shape[1], int(i) % v.shape[1]) for i in order)
+
+
+def random_pairs(values, n: int, seed: int) -> list[tuple[int, int]]:
+  """n distinct (MoE layer, expert), uniform over the non-NaN entries of values
+  [layers, E] (numpy default_rng(seed), without replacement), sorted."""
+  v = np.asarray(values, np.float64)
+  _check_count(v, n)
+  entries = np.argwhere(~np.isnan(v))
+  pick = np.random.default_rng(seed).choice(len(entries), n, replace=False)
+  return sorted((int(entries[i, 0]), int(entries[i, 1])) for i in pick)
+
+
+def _check_count(values, n: int) -> None:
+  available = int(np.sum(~np.isnan(values)))
+  if not 1 <= n <= available:
+    raise ConfigError(f"n={n}: ablate between 1 and the model's {available} experts")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _row_nats(graphdef, params, rest, tokens):
+  """Per row of tokens [B, L]: the sum of -log p(token t+1 | tokens <= t), float32."""
+  logits, _, _ = nnx.merge(graphdef, params, rest)(tokens[:, :-1])
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.sum(jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0], axis=-1)
+
+
+def next_token_loss(graphdef, params, rest, tokens, batch_rows: int = 32) -> float:
+  """Mean -log p (nats) of every token after the first of each row of tokens [B, L],
+  in batches of batch_rows rows (the last one padded with row 0: one compilation)."""
+  tokens = np.asarray(tokens, np.int32)
+  total = 0.0
+  for start in range(0, len(tokens), batch_rows):
+    chunk = tokens[start:start + batch_rows]
+    padded = np.concatenate([chunk, np.repeat(tokens[:1], batch_rows - len(chunk), 0)])
+    nats = np.asarray(_row_nats(graphdef, params, rest, jnp.asarray(padded)), np.float64)
+    total += float(np.sum(nats[:len(chunk)]))
+  return total / (tokens.shape[0] * (tokens.shape[1] - 1))
+
+
+def ablation_study(source, tokens, *, n: int | None = None, seeds=(0, 1, 2), score=None,
+                   batch_rows: int = 32, criterion: dict | None = None) -> dict:
+  """Ablate the super experts (criterion: profile's thresholds) against as many
+  random (one arm per seed) and as many most-frequently routed experts, on tokens
+  [B, L] (no padding), JSON-ready.
+
+  Arms: `none` (the model as it is); `super_experts`, or `top_a` (the n largest
+  a_{l,e}, no layer filter) when no expert passes the criterion; `most_frequent`
+  (top_pairs of the routing counts on the same tokens); `random_seed{s}`. n: the
+  size of every arm but the SE one (default: the number of SEs, 1 when none).
+  Per arm: the experts, the attention mass on position 0 per layer and its mean,
+  the residual max |h| and max / median per block, the mean next-token loss in
+  nats, and whatever score(m, params, rest) returns (e.g. bpb)."""
+  m, graphdef, params, rest = _model_of(source)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  if len(set(seeds)) != len(seeds):
+    raise ConfigError(f"seeds={list(seeds)}: a seed is given twice")
+  found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS + ("counts",)))
+  report = _report(m, tokens.shape, found, **(criterion or {}))
+  peaks, counts = np.asarray(found["peaks"]), np.asarray(found["counts"])
+  chosen = [(p["moe_layer"], p["expert"]) for p in report["super_experts"]]
+  n = n if n is not None else max(len(chosen), 1)
+  _check_count(peaks, n)
+  arms = [("none", []), ("super_experts", chosen) if chosen else ("top_a", top_pairs(peaks, n)),
+          ("most_frequent", top_pairs(counts, n)),
+          *[(f"random_seed{s}", random_pairs(peaks, n, s)) for s in seeds]]
+  moe_blocks = moe_layer_indices(m)
+  out = []
+  for name, pairs in arms:
+    ablated = ablate_experts(m, params, pairs)
+    effect = found if not pairs else jax.device_get(
+        measure(graphdef, ablated, rest, tokens, ("massive", "sinks")))
+    sinks = [float(v) for v in effect["sinks"]]
+    out.append({
+        "arm": name,
+        "experts": [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
+                     "a": float(peaks[j, e]), "routed_slots": int(counts[j, e])}
+                    for j, e in pairs],
+        "mass_on_position_0": sinks, "mean_mass_on_position_0": float(np.mean(sinks)),
+        "residual_max": [float(v) for v in effect["massive"]["max"]],
+        "residual_ratio": [float(v) for v in effect["massive"]["ratio"]],
+        "max_residual": float(np.max(effect["massive"]["max"])),
+        "loss_nats": next_token_loss(graphdef, ablated, rest, tokens, batch_rows),
+        **(score(m, ablated, rest) if score else {})})
+  return {"n": n, "seeds": list(seeds), "profile": report,
+          "routed_slots": [[None if np.isnan(v) else int(v) for v in row] for row in counts],
+          "arms": out}

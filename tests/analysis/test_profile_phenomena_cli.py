@@ -56,6 +56,13 @@ def test_profile_of_the_held_out_windows(area):
     (["--workdir={a}/w", "--out={a}"], ["directory", "--out={a}"]),
     (["--workdir={a}/w", "--context=5000"], ["--context=5000", "max_seq_len=1024"]),
     (["--workdir={a}/w", "--context=40"], ["whole window of 40", "--context=40"]),
+    (["--workdir={a}/w", "--ablate", "--ablate_n=17"], ["--ablate_n=17", "16 experts"]),
+    (["--workdir={a}/w", "--ablate", "--seeds=1,1"], ["--seeds=1,1", "distinct"]),
+    (["--workdir={a}/w", "--ablate", "--seeds="], ["--seeds=", "at least one"]),
+    (["--workdir={a}/w", "--ablate", "--seeds=-1"], ["--seeds=-1"]),
+    (["--workdir={a}/w", "--ablate", "--markdown={a}"], ["directory", "--markdown={a}"]),
+    (["--workdir={a}/w", "--markdown={a}/refused.md"], ["--ablate", "--markdown="]),
+    (["--workdir={a}/w", "--ablate_n=2"], ["--ablate", "--ablate_n=2"]),
 ])
 def test_refused_and_nothing_written(area, args, names):
   out = area / "refused.json"
@@ -64,4 +71,31 @@ def test_refused_and_nothing_written(area, args, names):
     args.append(f"--out={out}")
   result = run_entry(PROFILE, *args)
   assert_refused(result, *(n.format(a=area) for n in names))
-  assert not out.exists()
+  assert not out.exists() and not (area / "refused.md").exists()
+
+
+def test_ablation_study_of_the_held_out_windows(area):
+  """Each arm's bpb is the harness's on the same documents with that arm's experts
+  ablated; the markdown has one row per arm."""
+  out, table = area / "ablation.json", area / "ablation.md"
+  result = run_entry(PROFILE, f"--workdir={area}/w", "--context=16", "--ablate",
+                     "--ablate_n=2", "--seeds=0,5", f"--out={out}", f"--markdown={table}")
+  assert result.code == 0, result.stderr[-2000:]
+  report = json.loads(out.read_text())
+  assert [a["arm"] for a in report["arms"]] == ["none", "top_a", "most_frequent",
+                                                "random_seed0", "random_seed5"]
+  assert report["profile"]["tokens"] == [3, 16] and report["n"] == 2
+  from moejax.analysis.super_experts import ablate_experts
+  from moejax.evaluation import bpb
+  from moejax.evaluation.model import DecoderLM
+  config, _, params, rest, tokenizer = load_from_workdir(f"{area}/w")
+  docs = bpb.encode_documents(SPLITS["validation"], tokenizer)
+  for arm in report["arms"]:
+    ablated = ablate_experts(config.model, params,
+                             [(e["moe_layer"], e["expert"]) for e in arm["experts"]])
+    nats = bpb.score_documents(DecoderLM(config.model, ablated, rest), docs, 0, context=16).nats
+    assert arm["bpb"]["all"] == pytest.approx(bpb.bpb_by_domain(docs, nats)["all"], rel=1e-5)
+  assert len({a["bpb"]["all"] for a in report["arms"]}) > 1
+  rows = [line for line in table.read_text().splitlines() if line.startswith("| ")]
+  assert [r.split(" | ")[0][2:] for r in rows[1:]] == [a["arm"] for a in report["arms"]]
+  assert "Super experts by the paper's rule: none" in result.stdout
