@@ -9,8 +9,10 @@ one; or --hf_dir, an HF checkpoint. An imported model is calibrated on
 --calibration (.npy token ids, or .jsonl {"text": ...} lines read with its
 tokenizer.json) and written as a converted workdir. --method: one
 of schur_astar (SCHUR-A*, optimal for --objective), greedy, frequency,
-router_mass, output_norm, random (moejax/posttrain/expert_subset.py). --keep:
-experts kept per MoE layer, a fraction (0.5) or a count (8). Calibration:
+router_mass, output_norm, random (moejax/posttrain/expert_subset.py), or an
+atom method: heapr, heapr_first_order, atom_magnitude, atom_random
+(moejax/posttrain/atoms.py). --keep: experts kept per MoE layer, a fraction
+(0.5) or a count (8); for an atom method, the fraction of all atoms kept. Calibration:
 --num_windows windows of --context tokens drawn with --seed from the training
 split. --out: the pruned training workdir (one checkpoint at the source's step;
 experiments.train continues it, experiments.evaluate scores it). --report:
@@ -46,6 +48,9 @@ _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Calibration draw (and the r
 _OUT = flags.DEFINE_string("out", None, "Write the pruned training workdir here (new or "
                            "empty).")
 _REPORT = flags.DEFINE_string("report", None, "Write the report here as JSON.")
+_STATISTICS = flags.DEFINE_string("save_statistics", None, "Also write the calibration "
+                                  "statistics (per MoE layer: Gram, frequency, mass) here as "
+                                  ".npz (posttrain/contributions.save_statistics).")
 flags.mark_flags_as_required(["keep"])
 
 
@@ -53,8 +58,12 @@ def table(report: dict) -> str:
   lines = [f"{report['method']} ({report['objective']}), keep {report['keep']}: "
            f"{report['expert_counts']} experts per MoE layer",
            "block | experts | kept | err(S) / err(none)"]
-  lines += [f"{layer['block']} | {layer['experts']} | {layer['kept']} | "
-            f"{layer['relative_error']:.4f}" for layer in report["layers"]]
+  for layer in report["layers"]:
+    if "kept_atoms" in layer:  # an atom method: atoms kept per expert
+      lines.append(f"{layer['block']} | {layer['experts']} | atoms {layer['kept_atoms']} | —")
+    else:
+      lines.append(f"{layer['block']} | {layer['experts']} | {layer['kept']} | "
+                   f"{layer['relative_error']:.4f}")
   return "\n".join(lines)
 
 
@@ -68,10 +77,12 @@ def main(argv):
   if _OUT.value is not None and cli.workdir_kind(_OUT.value) not in ("missing", "empty"):
     raise cli.flag_error(_OUT, "expected a new or empty directory")
   cli.output_file("report", _REPORT.value)
+  cli.output_file("save_statistics", _STATISTICS.value)
   from moejax.posttrain.prune import prune_imported, prune_workdir
   options = dict(keep=_KEEP.value, method=_METHOD.value, objective=_OBJECTIVE.value,
                  num_windows=_NUM_WINDOWS.value, context=_CONTEXT.value, seed=_SEED.value,
-                 batch_size=_BATCH.value, rescale=_RESCALE.value)
+                 batch_size=_BATCH.value, rescale=_RESCALE.value,
+                 save_statistics=_STATISTICS.value)
   if kind in ("training", "mixed") and _CALIBRATION.value is None:
     report = prune_workdir(_WORKDIR.value, _OUT.value, **options)
   else:

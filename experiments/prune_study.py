@@ -10,7 +10,7 @@ from absl import flags
 
 from moejax import cli
 from moejax.evaluation.probe_data import PROBES
-from moejax.posttrain.expert_subset import METHODS
+from moejax.posttrain.methods import METHODS
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
 _METHODS = flags.DEFINE_list("methods", list(METHODS), "Methods to compare.")
@@ -25,7 +25,8 @@ _PROBES = flags.DEFINE_list("probes", None, "Probes (default: all for a mix mode
                             + ", ".join(PROBES))
 _PROBE_COUNT = cli.checked(flags.DEFINE_integer("probe_count", 32, "Examples per probe group."),
                            cli.at_least(1))
-_OUT = flags.DEFINE_string("out", None, "Write every run's scores here as JSON.")
+_OUT = flags.DEFINE_string("out", None, "Write every run's scores here as JSON (rewritten "
+                           "after each run).")
 _TABLE = flags.DEFINE_string("table", None, "Write the markdown tables here.")
 flags.mark_flag_as_required("workdir")
 
@@ -46,16 +47,19 @@ def main(argv):
   probes = _PROBES.value
   if probes is None:
     probes = list(PROBES) if config.data.name == "mix" else []
+  def save(result):
+    if _OUT.value:
+      with open(_OUT.value, "w") as f:
+        json.dump(result, f, indent=1)
+
   result = study.run_study(_WORKDIR.value, methods=_METHODS.value, keeps=_KEEPS.value,
                            draws=_DRAWS.value, num_windows=_NUM_WINDOWS.value,
                            bytes_per_domain=_BYTES.value, probes=probes,
-                           probe_count=_PROBE_COUNT.value)
+                           probe_count=_PROBE_COUNT.value, on_run=save)
   domains = list(result["unpruned"]["bpb"])
   text = "\n\n".join(f"### bpb on {d}\n\n" + study.summary_table(result, d) for d in domains)
   print(text)
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(result, f, indent=1)
+  save(result)
   if _TABLE.value:
     with open(_TABLE.value, "w") as f:
       f.write(text + "\n")

@@ -92,3 +92,23 @@ def layer_statistics(graphdef, params, rest, batches) -> list[LayerStatistics]:
   if total is None:
     raise ConfigError("no calibration batch was given")
   return total
+
+
+def save_statistics(path: str, stats: list[LayerStatistics]) -> None:
+  """Write every layer's statistics to one .npz (block_<b>_gram, _frequency, _mass,
+  _tokens): a calibration captured once, read again by load_statistics."""
+  arrays = {}
+  for layer in stats:
+    for name in ("gram", "frequency", "mass", "tokens"):
+      arrays[f"block_{layer.block}_{name}"] = np.asarray(getattr(layer, name))
+  with open(path, "wb") as f:
+    np.savez(f, **arrays)
+
+
+def load_statistics(path: str) -> list[LayerStatistics]:
+  """The LayerStatistics that save_statistics wrote, in block order."""
+  with np.load(path) as data:
+    blocks = sorted({int(key.split("_")[1]) for key in data.files})
+    return [LayerStatistics(b, data[f"block_{b}_gram"], data[f"block_{b}_frequency"],
+                            data[f"block_{b}_mass"], int(data[f"block_{b}_tokens"]))
+            for b in blocks]

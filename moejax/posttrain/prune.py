@@ -17,6 +17,7 @@ tokenizer), so five seeds give five calibration draws.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -25,7 +26,8 @@ import numpy as np
 
 from moejax.config import expert_counts, moe_layer_indices
 from moejax.errors import ConfigError
-from moejax.posttrain import contributions, expert_subset, surgery
+from moejax.posttrain import atoms, contributions, expert_subset, surgery
+from moejax.posttrain.methods import ATOM_METHODS, METHODS
 
 
 def kept_count(keep: str, num_experts: int, top_k: int) -> int:
@@ -92,6 +94,18 @@ def load_source(workdir: str, config, step: int) -> Source:
                 jax.tree.map(np.asarray, state.rest), data_state, step)
 
 
+def atom_fraction(keep: str) -> float:
+  """--keep for an atom method: the fraction of all expert atoms kept, in (0, 1]."""
+  try:
+    value = float(keep)
+  except ValueError:
+    value = None
+  if value is None or "." not in keep or not 0 < value <= 1:
+    raise ConfigError(f"--keep={keep}: an atom method keeps a fraction of all atoms, "
+                      "in (0, 1] (0.75)")
+  return value
+
+
 MIN_TOKENS_PER_EXPERT = 16  # routed calibration tokens per expert, on average
 
 
@@ -105,11 +119,17 @@ def check_request(m, keep: str, method: str, objective: str, rescale: bool,
     raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune ({where})")
   if m.scan_layers:
     raise ConfigError(f"model.scan_layers=True: pruning reads the loop layout ({where})")
-  for count in expert_counts(m):
-    kept_count(keep, count, m.moe.top_k)
-  if method not in expert_subset.METHODS:
+  if method not in METHODS:
     from moejax.errors import choice_error
-    raise choice_error("--method", method, expert_subset.METHODS)
+    raise choice_error("--method", method, METHODS)
+  if method in ATOM_METHODS:
+    atom_fraction(keep)
+    if m.moe.experts != "swiglu":
+      raise ConfigError(f"--method={method} prunes the hidden units of SwiGLU experts, not "
+                        f"of model.moe.experts={m.moe.experts!r} ({where})")
+  else:
+    for count in expert_counts(m):
+      kept_count(keep, count, m.moe.top_k)
   if objective not in expert_subset.OBJECTIVES:
     from moejax.errors import choice_error
     raise choice_error("--objective", objective, expert_subset.OBJECTIVES)
@@ -162,29 +182,64 @@ def most_similar_kept(gram: np.ndarray, kept) -> dict:
   return {p: kept[int(np.argmax(cosine[p, kept]))] for p in range(len(gram)) if p not in kept}
 
 
-def calibration_statistics(m, params: dict, rest: dict, windows: np.ndarray,
-                           batch_size: int = 8) -> list:
-  """contributions.layer_statistics of the model config `m` on token windows [N, L]."""
-  from moejax.models.decoder import abstract_model
-  batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
-  return contributions.layer_statistics(abstract_model(m)[0], params, rest, batches)
+class Calibration:
+  """The statistics every method reads, computed once per calibration set and only
+  when a method asks: `stats` (contributions.layer_statistics; with Step's scores
+  once `step_scores` ran) and `atom_sums` (atoms.atom_sums, HEAPr)."""
+
+  def __init__(self, m, params: dict, rest: dict, windows: np.ndarray, batch_size: int = 8):
+    from moejax.models.decoder import abstract_model
+    self.graphdef = abstract_model(m)[0]
+    self.params, self.rest = params, rest
+    self.batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+
+  @functools.cached_property
+  def stats(self) -> list:
+    return contributions.layer_statistics(self.graphdef, self.params, self.rest, self.batches)
+
+  def with_step_scores(self) -> list:
+    if self.stats[0].step_score is None:
+      from moejax.posttrain import taylor
+      scores = taylor.layer_step_scores(self.graphdef, self.params, self.rest, self.batches,
+                                        STEP_RHO)
+      for layer, score in zip(self.stats, scores):
+        layer.step_score = score
+    return self.stats
+
+  @functools.cached_property
+  def atom_sums(self) -> dict:
+    return atoms.atom_sums(self.graphdef, self.params, self.rest, self.batches)
+
+
+def prune_atoms(m, params: dict, rest: dict, calibration: Calibration, *, keep: str,
+                method: str, seed: int = 0):
+  """HEAPr-style global atom pruning (posttrain/atoms.py): keep the `keep` fraction
+  of all atoms by ATOM_METHODS[method]'s score."""
+  fraction = atom_fraction(keep)
+  scores = atoms.atom_scores(calibration.atom_sums, ATOM_METHODS[method], params, seed)
+  kept = atoms.global_keep(scores, fraction)
+  new_m, params = atoms.remove_atoms(m, params, kept)
+  layers = [{"block": block, "experts": int(mask.shape[0]),
+             "kept_atoms": [int(n) for n in mask.sum(axis=1)]} for block, mask in kept.items()]
+  return new_m, params, rest, layers
 
 
 def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, *, keep: str,
                 method: str, objective: str = "rescaled", seed: int = 0, batch_size: int = 8,
-                rescale: bool = False, stats: list | None = None):
+                rescale: bool = False, calibration: Calibration | None = None,
+                save_statistics: str | None = None):
   """(pruned model config, params, rest, per-layer report) of the model config `m`
-  (loop layout) calibrated on token windows [N, L] (or on precomputed `stats`);
-  pure-dict params and rest."""
-  if stats is None:
-    stats = calibration_statistics(m, params, rest, windows, batch_size)
-  if method == "step" and stats[0].step_score is None:  # computed once per calibration set
-    from moejax.models.decoder import abstract_model
-    from moejax.posttrain import taylor
-    batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
-    scores = taylor.layer_step_scores(abstract_model(m)[0], params, rest, batches, STEP_RHO)
-    for layer, score in zip(stats, scores):
-      layer.step_score = score
+  (loop layout) calibrated on token windows [N, L] (or a shared `calibration`);
+  pure-dict params and rest. Atom methods (ATOM_METHODS) keep a fraction of
+  every layer's atoms together; the others keep experts per layer.
+  save_statistics: write the expert statistics there (.npz) as well."""
+  if calibration is None:
+    calibration = Calibration(m, params, rest, windows, batch_size)
+  if save_statistics:
+    contributions.save_statistics(save_statistics, calibration.stats)
+  if method in ATOM_METHODS:
+    return prune_atoms(m, params, rest, calibration, keep=keep, method=method, seed=seed)
+  stats = calibration.with_step_scores() if method == "step" else calibration.stats
   kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
   scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
              for layer in stats} if rescale else None)
@@ -201,7 +256,8 @@ def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, 
 
 def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
                   objective: str = "rescaled", num_windows: int = 64, context: int = 0,
-                  seed: int = 0, batch_size: int = 8, rescale: bool = False) -> dict:
+                  seed: int = 0, batch_size: int = 8, rescale: bool = False,
+                  save_statistics: str | None = None) -> dict:
   """Prune every MoE layer of `workdir`'s latest checkpoint; write `out` (if given);
   return the report (kept experts and relative err per layer, counts, settings)."""
   from moejax.data.pipeline import train_token_stream
@@ -213,7 +269,8 @@ def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
   windows = calibration_windows(train_token_stream(config.data), num_windows, context, seed)
   new_m, params, rest, layers = prune_model(config.model, source.params, source.rest, windows,
                                             keep=keep, method=method, objective=objective,
-                                            seed=seed, batch_size=batch_size, rescale=rescale)
+                                            seed=seed, batch_size=batch_size, rescale=rescale,
+                                            save_statistics=save_statistics)
   config = ml_collections.ConfigDict(config.to_dict())
   config.model = new_m
   if out:
@@ -263,7 +320,8 @@ def calibration_stream(path: str, tokenizer, eos_id: int | None) -> np.ndarray:
 def prune_imported(*, hf_dir: str | None, workdir: str | None, out: str | None,
                    calibration: str, keep: str, method: str, objective: str = "rescaled",
                    num_windows: int = 64, context: int = 0, seed: int = 0,
-                   batch_size: int = 8, rescale: bool = False) -> dict:
+                   batch_size: int = 8, rescale: bool = False,
+                   save_statistics: str | None = None) -> dict:
   """Prune an HF checkpoint or a converted workdir, calibrated on `calibration`
   (calibration_stream); `out` becomes a converted workdir (tokenizer files copied)."""
   from moejax.interop.convert import Loaded, save_workdir
@@ -280,7 +338,8 @@ def prune_imported(*, hf_dir: str | None, workdir: str | None, out: str | None,
   windows = calibration_windows(stream, num_windows, context, seed)
   new_m, params, rest, layers = prune_model(m, loaded.params, loaded.rest, windows, keep=keep,
                                             method=method, objective=objective, seed=seed,
-                                            batch_size=batch_size, rescale=rescale)
+                                            batch_size=batch_size, rescale=rescale,
+                                            save_statistics=save_statistics)
   if out:
     source_files = hf_dir or (os.path.join(workdir, "model") if workdir else None)
     save_workdir(out, Loaded(new_m, params, rest, loaded.hf_config), source_files)

@@ -23,10 +23,27 @@ def parameter_bytes(params) -> int:
   return int(sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)))
 
 
+def expert_parameters(params) -> int:
+  """Routed-expert parameters that can contribute: w_gate, w_up and w_down entries
+  of every atom (hidden unit) whose w_down row is not all zero (an atom method's
+  removed atoms are zero padding, posttrain/atoms.py)."""
+  total = 0
+  for block in params["blocks"].values():
+    experts = block.get("ffn", {}).get("experts") if isinstance(block, dict) else None
+    if not experts or "w_down" not in experts:
+      continue
+    w_down = np.asarray(experts["w_down"])  # [E, F, d]
+    live = np.any(w_down != 0, axis=-1)
+    total += int(live.sum()) * (2 * np.asarray(experts["w_gate"]).shape[1] + w_down.shape[2])
+  return total
+
+
 def run_study(workdir: str, *, methods, keeps, draws: int, num_windows: int,
               bytes_per_domain: int, probes=(), probe_count: int = 32,
-              objective: str = "rescaled", reference: str = "frequency", log=print) -> dict:
-  """{settings, unpruned: scores, runs: [{keep, method, draw, scores, kept}]} (module doc)."""
+              objective: str = "rescaled", reference: str = "frequency", log=print,
+              on_run=None) -> dict:
+  """{settings, unpruned: scores, runs: [{keep, method, draw, scores, layers}]} (module
+  doc); on_run(partial result) after every run (to save progress)."""
   from moejax.config import expert_counts
   from moejax.data.pipeline import split_documents, train_token_stream
   from moejax.evaluation import harness
@@ -44,32 +61,36 @@ def run_study(workdir: str, *, methods, keeps, draws: int, num_windows: int,
   settings = harness.Settings(context=context, probes=tuple(probes), probe_count=probe_count)
   stream = train_token_stream(config.data)
 
+  def result(runs):
+    return {"workdir": workdir, "step": step, "methods": list(methods), "keeps": list(keeps),
+            "draws": draws, "num_windows": num_windows, "context": context,
+            "bytes_per_domain": bytes_per_domain, "objective": objective,
+            "reference": reference, "unpruned": unpruned, "runs": runs}
+
   def score(m, params, rest):
     evaluation = harness.evaluate(DecoderLM(m, params, rest), tokenizer, tokenizer.eos_id,
                                   documents, settings, expert_counts(m))
     return {"bpb": evaluation.report["bpb"], "probes": evaluation.report["probes"],
-            "parameter_bytes": parameter_bytes(params)}
+            "parameter_bytes": parameter_bytes(params),
+            "expert_parameters": expert_parameters(params)}
 
   unpruned = score(config.model, source.params, source.rest)
   log(f"unpruned: {unpruned['bpb']['all']:.4f} bpb")
   runs = []
   for draw in range(draws):
     windows = prune.calibration_windows(stream, num_windows, context, seed=draw)
-    stats = prune.calibration_statistics(config.model, source.params, source.rest, windows)
+    calibration = prune.Calibration(config.model, source.params, source.rest, windows)
     for keep in keeps:
       for method in methods:
         m, params, rest, layers = prune.prune_model(
-            config.model, source.params, source.rest, windows, keep=keep, method=method,
-            objective=objective, seed=draw, stats=stats)
+            config.model, source.params, source.rest, keep=keep, method=method,
+            objective=objective, seed=draw, calibration=calibration)
         runs.append({"keep": keep, "method": method, "draw": draw,
-                     "scores": score(m, params, rest),
-                     "kept": [layer["kept"] for layer in layers],
-                     "relative_error": [layer["relative_error"] for layer in layers]})
+                     "scores": score(m, params, rest), "layers": layers})
         log(f"keep {keep} {method} draw {draw}: {runs[-1]['scores']['bpb']['all']:.4f} bpb")
-  return {"workdir": workdir, "step": step, "methods": list(methods), "keeps": list(keeps),
-          "draws": draws, "num_windows": num_windows, "context": context,
-          "bytes_per_domain": bytes_per_domain, "objective": objective,
-          "reference": reference, "unpruned": unpruned, "runs": runs}
+        if on_run:
+          on_run(result(runs))
+  return result(runs)
 
 
 def _interval(diff) -> str:
@@ -80,16 +101,17 @@ def _interval(diff) -> str:
 
 def summary_table(study: dict, domain: str = "all") -> str:
   """Markdown: per keep and method, mean bpb over draws, the paired difference to
-  the reference method and to the unpruned model, probes and kept bytes."""
+  the reference method and to the unpruned model, probes, stored parameter bytes
+  and the expert parameters that can contribute (expert_parameters)."""
   runs, ref = study["runs"], study["reference"]
   base = study["unpruned"]
   probe_names = sorted(base["probes"])
   lines = [f"| keep | method | bpb ({domain}) | vs {ref} | vs unpruned | "
-           + "".join(f"{p} | " for p in probe_names) + "parameter bytes |",
-           "|---|---|---|---|---|" + "---|" * len(probe_names) + "---|"]
+           + "".join(f"{p} | " for p in probe_names) + "parameter bytes | expert parameters |",
+           "|---|---|---|---|---|" + "---|" * len(probe_names) + "---|---|"]
   lines.append(f"| all | unpruned | {base['bpb'][domain]:.4f} | — | — | "
                + "".join(f"{_probe(base, p):.3f} | " for p in probe_names)
-               + f"{base['parameter_bytes']:,} |")
+               + f"{base['parameter_bytes']:,} | {base.get('expert_parameters', 0):,} |")
   for keep in study["keeps"]:
     by_method = {m: sorted((r for r in runs if r["keep"] == keep and r["method"] == m),
                            key=lambda r: r["draw"]) for m in study["methods"]}
@@ -103,7 +125,8 @@ def summary_table(study: dict, domain: str = "all") -> str:
       lines.append(f"| {keep} | {method} | {np.mean(values):.4f} | {vs_ref} | {vs_base} | "
                    + "".join(f"{np.mean([_probe(r['scores'], p) for r in rows]):.3f} | "
                              for p in probe_names)
-                   + f"{rows[0]['scores']['parameter_bytes']:,} |")
+                   + f"{rows[0]['scores']['parameter_bytes']:,} | "
+                   + f"{rows[0]['scores'].get('expert_parameters', 0):,} |")
   return "\n".join(lines)
 
 

@@ -2,12 +2,14 @@
 force over every subset, least squares on the raw contributions, and closed forms."""
 import itertools
 import math
+import os
 import time
 
 import numpy as np
 import pytest
 
 from moejax.posttrain import expert_subset as xs
+from moejax.posttrain.contributions import load_statistics
 
 
 def simulated_layer(num_experts, seed, tokens=256, d=8, top_k=2, skew=True):
@@ -114,6 +116,29 @@ def test_e16_m8_equals_brute_force_over_12870_subsets():
   result = xs.astar(gram, 8)
   print(f"E=16, m=8: expanded {result.expanded} of {math.comb(16, 8)} subsets")
   np.testing.assert_allclose(result.error, error, rtol=1e-10)
+
+
+ZOO_S = os.path.join(os.path.dirname(__file__), "data", "zoo_s_calibration_seed0.npz")
+
+
+@pytest.mark.parametrize("objective", xs.OBJECTIVES)
+def test_equals_brute_force_on_the_six_zoo_s_layers(objective):
+  """The Gram matrices of zoo-s's six MoE layers (E=16) on 64 calibration windows,
+  captured by `python -m experiments.prune --workdir=runs/zoo/s --keep=0.5
+  --save_statistics=tests/posttrain/data/zoo_s_calibration_seed0.npz`: A* keeping 8
+  = brute force over all 12,870 subsets, in fewer expansions."""
+  stats = load_statistics(ZOO_S)
+  assert [len(s.gram) for s in stats] == [16] * 6
+  for layer in stats:
+    _, error = xs.brute_force(layer.gram, 8, objective)
+    result = xs.astar(layer.gram, 8, objective)
+    greedy = xs.subset_error(layer.gram, xs.greedy_forward(layer.gram, 8, objective), objective)
+    frequency = xs.subset_error(layer.gram, xs.top_by_score(layer.frequency, 8), objective)
+    print(f"zoo-s block {layer.block} {objective}: expanded {result.expanded} of 12870; "
+          f"err A* {result.error:.5g}, greedy {greedy:.5g}, frequency {frequency:.5g}")
+    np.testing.assert_allclose(result.error, error, rtol=1e-10)
+    assert result.expanded < math.comb(16, 8)
+    assert result.error <= greedy * (1 + 1e-12) <= frequency * (1 + 1e-12)
 
 
 def test_e64_m32_is_solved():

@@ -48,6 +48,32 @@ def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tm
   assert np.all(np.isfinite([r["loss"] for r in run.history]))
 
 
+def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_on(source,
+                                                                                tmp_path):
+  """HEAPr at 75% of all atoms: the checkpoint = atoms.remove_atoms of the source on
+  the report's per-expert counts, with 3/4 of the atoms live, and it trains on."""
+  from moejax.posttrain.study import expert_parameters
+  config, workdir = source
+  out = str(tmp_path / "atoms")
+  report = prune.prune_workdir(workdir, out, keep="0.75", method="heapr", num_windows=8)
+  counts = np.array([layer["kept_atoms"] for layer in report["layers"]])  # [blocks, E]
+  assert counts.sum() == round(0.75 * 2 * 8 * 32)
+  got_config, _, got_params, _, _ = load_from_workdir(out)
+  assert got_config.model.moe.expert_d_ff == counts.max()
+  host = jax.tree.map(np.asarray, got_params)
+  _, _, src_params, _, _ = load_from_workdir(workdir)
+  assert expert_parameters(host) == 0.75 * expert_parameters(jax.tree.map(np.asarray,
+                                                                          src_params))
+  for block, row in zip((0, 1), counts):  # kept atoms first, then zero padding
+    w_down = host["blocks"][block]["ffn"]["experts"]["w_down"]
+    live = np.any(w_down != 0, axis=-1)
+    np.testing.assert_array_equal(live.sum(1), row)
+    assert all(live[e, :n].all() for e, n in enumerate(row))
+  got_config.train.steps = STEPS + 2
+  run = train_and_evaluate(got_config, out, write_metrics=False)
+  assert run.start_step == STEPS and np.all(np.isfinite([r["loss"] for r in run.history]))
+
+
 def test_calibration_windows_are_drawn_from_the_stream_by_seed():
   stream = np.arange(1000, dtype=np.int32)
   a = prune.calibration_windows(stream, 5, 16, seed=0)
