@@ -9,6 +9,9 @@ A training workdir (experiments.train) exports as Mixtral when its flags fit:
   python -m experiments.convert --workdir=runs/moe --out_hf_dir=/out/moe --family=mixtral
 Supported: MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
 OlmoeForCausalLM, DeepseekV3ForCausalLM (see docs/interop.md).
+--check_logits loads the export in transformers (a test requirement) and
+compares its float32 logits with moejax's on a fixed padded batch, failing
+above --check_atol (moejax/interop/parity.py).
 
 Import refuses a workdir that holds a training run (--allow_mixed overrides);
 export refuses an --out_hf_dir that exists and is not empty.
@@ -19,6 +22,7 @@ from absl import flags
 
 from moejax import cli
 from moejax.errors import ConfigError
+from moejax.interop import parity
 from moejax.interop.convert import export_hf, import_hf, save_workdir
 from moejax.interop.hf_config import FAMILIES
 from moejax.interop.load import load_model
@@ -35,10 +39,15 @@ _PARAM_DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16
                                  "Dtype of the imported parameters.")
 _MAX_SHARD_MB = cli.checked(flags.DEFINE_integer("max_shard_mb", 2048, "Largest safetensors "
                                                  "shard written (export)."), cli.at_least(1))
+_CHECK_LOGITS = flags.DEFINE_bool("check_logits", False, "After export, load it in "
+                                   "transformers and compare logits with moejax's.")
+_CHECK_ATOL = cli.checked(flags.DEFINE_float("check_atol", 1e-4, "Largest logit difference "
+                                             "--check_logits accepts."),
+                          cli.in_range(0, 1e3, low_open=True))
 _ALLOW_MIXED = flags.DEFINE_bool("allow_mixed", False, "Import into a workdir that already "
                                  "holds a training run (experiments.train).")
 
-EXPORT_ONLY = (_FAMILY, _DTYPE, _MAX_SHARD_MB)
+EXPORT_ONLY = (_FAMILY, _DTYPE, _MAX_SHARD_MB, _CHECK_LOGITS, _CHECK_ATOL)
 IMPORT_ONLY = (_PARAM_DTYPE, _ALLOW_MIXED)
 
 
@@ -67,6 +76,10 @@ def export_main() -> None:
   out = _OUT_HF_DIR.value
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
     raise cli.flag_error(_OUT_HF_DIR, "expected a new or empty directory")
+  if _CHECK_LOGITS.value:
+    if _DTYPE.value not in (None, "float32"):
+      raise cli.flag_error(_CHECK_LOGITS, f"compares float32 exports, not --dtype={_DTYPE.value}")
+    parity.require_transformers()
   loaded, _, _ = load_model(workdir=_WORKDIR.value)
   family = _FAMILY.value or ("mixtral" if loaded.config.family == "moejax" else None)
   extra = os.path.join(_WORKDIR.value, "model")
@@ -75,6 +88,13 @@ def export_main() -> None:
                  max_shard_bytes=_MAX_SHARD_MB.value << 20,
                  extra_files_from=extra if os.path.isdir(extra) else None)
   print(f"exported {hf['architectures'][0]} to {out}")
+  if _CHECK_LOGITS.value:
+    diff, scale = parity.export_logit_difference(loaded, out)
+    verdict = "matches" if diff <= _CHECK_ATOL.value else "DIFFERS"
+    print(f"transformers {verdict}: max |logit difference| {diff:.2e} "
+          f"(--check_atol={_CHECK_ATOL.value:g}; largest |logit| {scale:.2f})")
+    if diff > _CHECK_ATOL.value:
+      raise SystemExit(1)
 
 
 def main(argv):

@@ -175,12 +175,19 @@ def zero_atoms(params: dict, keep: dict) -> dict:
   return params
 
 
-def remove_atoms(m, params: dict, keep: dict):
-  """(model config with expert_d_ff = the most atoms any expert keeps, params):
-  each expert's kept atoms first, in their order, then zero atoms (module doc)."""
-  width = max(int(np.asarray(mask).sum(axis=1).max()) for mask in keep.values())
-  if width == 0:
+WIDTH_MULTIPLE = 8
+
+
+def remove_atoms(m, params: dict, keep: dict, width_multiple: int = WIDTH_MULTIPLE):
+  """(model config with expert_d_ff = the most atoms any expert keeps, rounded up
+  to `width_multiple` and at most the old width, params): each expert's kept atoms
+  first, in their order, then zero atoms (module doc). The rounding is for
+  exports: transformers' grouped expert matmul (torch._grouped_mm) needs 16-byte
+  row strides, 8 bfloat16 atoms, and refuses e.g. a width of 23."""
+  most = max(int(np.asarray(mask).sum(axis=1).max()) for mask in keep.values())
+  if most == 0:
     raise ConfigError("every atom would be removed")
+  width = min(-(-most // width_multiple) * width_multiple, m.moe.expert_d_ff)
   new = ml_collections.ConfigDict(m.to_dict())
   new.moe.expert_d_ff = width
   for block, mask in keep.items():

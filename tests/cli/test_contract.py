@@ -118,6 +118,11 @@ CASES = [
     (CONVERT, [T, "--out_hf_dir={missing}", "--param_dtype=bfloat16"],
      ["--param_dtype=bfloat16", "import"]),
     (CONVERT, [T, "--out_hf_dir={bad}/foreign"], ["--out_hf_dir={bad}/foreign", "empty"]),
+    (CONVERT, [H, NEW, "--check_logits"], ["--check_logits", "export"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--check_logits", "--check_atol=0"],
+     ["--check_atol=0"]),
+    (CONVERT, [T, "--out_hf_dir={missing}", "--check_logits", "--dtype=bfloat16"],
+     ["--check_logits", "float32", "bfloat16"]),
     (CONVERT, [NEW, "--out_hf_dir={missing}2"], ["does not exist", "--workdir={missing}"]),
     (CONVERT, ["--workdir={bad}/conv_truncated", "--out_hf_dir={missing}"], ["conv_truncated"]),
     # ablate

@@ -85,28 +85,3 @@ def save_model(model, directory: str) -> str:
   model.save_pretrained(directory, max_shard_size="40KB")
   assert os.path.exists(os.path.join(directory, "model.safetensors.index.json"))
   return directory
-
-
-def padded_batch():
-  """Two rows, the second left padded: tokens, mask and HF position ids."""
-  tokens = np.array([[5, 17, 33, 8, 61, 12, 90, 44, 3, 27],
-                     [0, 0, 0, 71, 9, 55, 14, 38, 80, 6]], np.int64)
-  mask = (np.arange(10)[None] >= np.array([[0], [3]])).astype(np.int64)
-  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-  return tokens, mask, positions
-
-
-def hf_forward(model, tokens, mask, positions):
-  """(logits [B, L, V] float32, per MoE layer top-k indices [B*L, k]) from transformers."""
-  import torch
-  routed = []
-  hooks = [module.register_forward_hook(lambda mod, args, out: routed.append(out[2].numpy()))
-           for module in model.modules() if type(module).__name__.endswith("Router")]
-  try:
-    with torch.no_grad():
-      out = model(input_ids=torch.as_tensor(tokens), attention_mask=torch.as_tensor(mask),
-                  position_ids=torch.as_tensor(positions))
-  finally:
-    for hook in hooks:
-      hook.remove()
-  return out.logits.float().numpy(), routed

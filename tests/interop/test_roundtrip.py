@@ -15,8 +15,7 @@ from moejax.config import flatten_config, moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.interop.convert import export_hf, import_hf, load_workdir, save_workdir
 from moejax.interop.safetensors_io import SafetensorsReader
-from tests.interop.hf_tiny import hf_forward, padded_batch
-from tests.interop.test_parity import moejax_forward
+from moejax.interop.parity import hf_forward, moejax_forward, padded_batch
 
 
 def read_all(directory):

@@ -19,8 +19,8 @@ import transformers
 from moejax.errors import ConfigError
 from moejax.interop.convert import export_hf, import_hf
 from moejax.interop.hf_config import from_hf_config
-from tests.interop.hf_tiny import family_configs, hf_forward, padded_batch, randomize_
-from tests.interop.test_parity import moejax_forward
+from moejax.interop.parity import hf_forward, moejax_forward, padded_batch
+from tests.interop.hf_tiny import family_configs, randomize_
 
 NUM_LAYERS = 4
 WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")

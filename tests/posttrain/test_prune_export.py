@@ -1,6 +1,7 @@
 """A pruned model exports as an HF checkpoint that transformers loads with
-moejax's logits (1e-4): the tiny default LM as Mixtral, and an imported tiny
-DeepSeek-V3; unequal counts per layer are refused by name."""
+moejax's logits (1e-4): the tiny default LM as Mixtral (experts removed, or
+atoms removed), and an imported tiny DeepSeek-V3; unequal counts per layer are
+refused by name."""
 import numpy as np
 import pytest
 import transformers
@@ -31,6 +32,23 @@ def test_pruned_default_lm_exports_as_mixtral(tmp_path):
   out = str(tmp_path / "hf")
   export_hf(m, params, rest, out, family="mixtral")
   assert transformers.AutoConfig.from_pretrained(out).num_local_experts == 4
+  assert_export_matches(Loaded(m, params, rest), out)
+
+
+def test_atom_pruned_default_lm_exports_as_mixtral_at_the_widest_kept_expert(tmp_path):
+  """HEAPr keeps a different number of atoms per expert: the export is as wide as
+  the widest kept expert, the others zero padded (atoms.remove_atoms)."""
+  config = lm_shakespeare_moe.get_config("size=tiny")
+  _, state, _ = init_state(config)
+  m, params, rest, _ = prune.prune_model(config.model, host(state.params), host(state.rest),
+                                         WINDOWS, keep="0.5", method="heapr")
+  assert m.moe.num_experts == config.model.moe.num_experts
+  live = [np.any(block["ffn"]["experts"]["w_down"] != 0, axis=-1).sum(1)
+          for block in params["blocks"].values()]
+  assert np.concatenate(live).min() < m.moe.expert_d_ff  # some experts are zero padded
+  out = str(tmp_path / "hf")
+  export_hf(m, params, rest, out, family="mixtral")
+  assert transformers.AutoConfig.from_pretrained(out).intermediate_size == m.moe.expert_d_ff
   assert_export_matches(Loaded(m, params, rest), out)
 
 
