@@ -8,11 +8,13 @@ r"""Prune the experts of a trained MoE: calibrate, choose per layer, cut, save.
 one; or --hf_dir, an HF checkpoint. An imported model is calibrated on
 --calibration (.npy token ids, or .jsonl {"text": ...} lines read with its
 tokenizer.json) and written as a converted workdir. --method: one
-of schur_astar (SCHUR-A*, optimal for --objective), greedy, frequency,
+of schur_astar (SCHUR-A*, optimal for --objective), greedy, step (Step: token-
+selective scores, then the pruned experts merged into the kept), frequency,
 router_mass, output_norm, random (moejax/posttrain/expert_subset.py), or an
 atom method: heapr, heapr_first_order, atom_magnitude, atom_random
 (moejax/posttrain/atoms.py). --keep: experts kept per MoE layer, a fraction
-(0.5) or a count (8); for an atom method, the fraction of all atoms kept. Calibration:
+(0.5), a count (8), or knee (each layer's own count, at the knee of the
+method's err(m) curve); for an atom method, the fraction of all atoms kept. Calibration:
 --num_windows windows of --context tokens drawn with --seed from the training
 split. --out: the pruned training workdir (one checkpoint at the source's step;
 experiments.train continues it, experiments.evaluate scores it). --report:
@@ -31,8 +33,8 @@ _HF_DIR = flags.DEFINE_string("hf_dir", None, "An HF checkpoint directory.")
 _CALIBRATION = flags.DEFINE_string("calibration", None, "For --hf_dir or a converted "
                                    "workdir: calibration tokens, .npy ids or .jsonl texts.")
 _METHOD = flags.DEFINE_string("method", "schur_astar", "How to choose the kept experts.")
-_KEEP = flags.DEFINE_string("keep", None, "Experts kept per MoE layer: a fraction (0.5) or a "
-                            "count (8).")
+_KEEP = flags.DEFINE_string("keep", None, "Experts kept per MoE layer: a fraction (0.5), a "
+                            "count (8) or knee; atom methods: the fraction of all atoms.")
 _OBJECTIVE = flags.DEFINE_string("objective", "rescaled", "SCHUR-A* / greedy objective: "
                                  "rescaled (least squares) or no_rescale.")
 _RESCALE = flags.DEFINE_bool("rescale", False, "Fold the least-squares weights of the kept "

@@ -30,13 +30,16 @@ from moejax.posttrain import atoms, contributions, expert_subset, surgery
 from moejax.posttrain.methods import ATOM_METHODS, METHODS
 
 
+KNEE = "knee"  # --keep=knee: each layer's budget at the knee of err(m) (expert_subset.knee)
+
+
 def kept_count(keep: str, num_experts: int, top_k: int) -> int:
   """--keep as a count: a fraction of E in (0, 1] ('0.5') or a count ('8')."""
   try:
     value = float(keep) if "." in keep else int(keep)
   except ValueError:
     raise ConfigError(f"--keep={keep}: expected a fraction of the experts in (0, 1] "
-                      "(0.5) or a count (8)") from None
+                      f"(0.5), a count (8) or {KNEE!r}") from None
   count = round(value * num_experts) if isinstance(value, float) else value
   if isinstance(value, float) and not 0 < value <= 1:
     raise ConfigError(f"--keep={keep}: a fraction must be in (0, 1]")
@@ -127,6 +130,10 @@ def check_request(m, keep: str, method: str, objective: str, rescale: bool,
     if m.moe.experts != "swiglu":
       raise ConfigError(f"--method={method} prunes the hidden units of SwiGLU experts, not "
                         f"of model.moe.experts={m.moe.experts!r} ({where})")
+  elif keep == KNEE:
+    if method == "step":
+      raise ConfigError("--keep=knee reads err(m) of the Gram objective; --method=step "
+                        "merges experts, which that error does not describe")
   else:
     for count in expert_counts(m):
       kept_count(keep, count, m.moe.top_k)
@@ -147,14 +154,22 @@ def check_request(m, keep: str, method: str, objective: str, rescale: bool,
 
 
 def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, seed: int):
-  """{block: kept experts} and {block: err(S) / err(empty)} for every MoE layer."""
+  """{block: kept experts} and {block: err(S) / err(empty)} for every MoE layer.
+  keep=knee: per layer, the method's subsets for m = top_k..E, and the m at the
+  knee of their err(m) (SCHUR-A*'s layer budgets; with schur_astar, err(m) is the
+  optimal curve)."""
   kept, errors = {}, {}
   for layer in stats:
-    m = kept_count(keep, len(layer.gram), top_k)
-    kept[layer.block] = expert_subset.choose(layer, m, method, objective, [seed, layer.block])
-    total = expert_subset.subset_error(layer.gram, (), objective)
-    errors[layer.block] = (expert_subset.subset_error(layer.gram, kept[layer.block], objective)
-                           / max(total, 1e-300))
+    total = max(expert_subset.subset_error(layer.gram, (), objective), 1e-300)
+    relative = lambda subset: expert_subset.subset_error(layer.gram, subset, objective) / total
+    pick = lambda m: expert_subset.choose(layer, m, method, objective, [seed, layer.block])
+    if keep == KNEE:
+      subsets = [pick(m) for m in range(top_k, len(layer.gram) + 1)]
+      curve = [relative(subset) for subset in subsets]
+      kept[layer.block] = subsets[expert_subset.knee(curve) - 1]
+    else:
+      kept[layer.block] = pick(kept_count(keep, len(layer.gram), top_k))
+    errors[layer.block] = relative(kept[layer.block])
   return kept, errors
 
 

@@ -188,3 +188,24 @@ def test_choose_runs_each_method_on_layer_statistics():
   assert xs.choose(stats, 5, "step") == (0, 1, 2, 3, 4)
   with pytest.raises(ConfigError, match="method='obs' is not known; valid: frequency, greedy"):
     xs.choose(stats, 5, "obs")
+
+
+def test_knee_budgets_follow_each_layers_own_curve():
+  """--keep=knee on two planted layers with orthogonal experts (err(S) = the
+  energy of the dropped): 3 strong experts in one layer, 8 in the other; each
+  layer keeps exactly its strong experts."""
+  from moejax.posttrain import prune
+  from moejax.posttrain.contributions import LayerStatistics
+  energies = {0: [100.0, 90.0, 80.0] + [1.0] * 9, 1: [50.0] * 8 + [1.0] * 4}
+  rng = np.random.default_rng(0)
+  stats = []
+  for block, energy in energies.items():
+    order = rng.permutation(12)  # the strong experts are not the first indices
+    gram = np.diag(np.asarray(energy)[order])
+    stats.append(LayerStatistics(block, gram, np.ones(12), np.ones(12), 256))
+  for method in ("schur_astar", "greedy", "output_norm"):
+    kept, errors = prune.choose_experts(stats, "knee", 2, method, "rescaled", 0)
+    for layer in stats:
+      strong = np.flatnonzero(np.diag(layer.gram) > 10)
+      assert kept[layer.block] == tuple(strong), (method, layer.block)
+    assert errors[0] == pytest.approx(9 / 279) and errors[1] == pytest.approx(4 / 404)
