@@ -9,7 +9,8 @@ one; or --hf_dir, an HF checkpoint. An imported model is calibrated on
 --calibration (.npy token ids, or .jsonl {"text": ...} lines read with its
 tokenizer.json) and written as a converted workdir. --method: one
 of schur_astar (SCHUR-A*, optimal for --objective), greedy, step (Step: token-
-selective scores, then the pruned experts merged into the kept), frequency,
+selective scores, then the pruned experts merged into the kept), step_no_merge
+(the same choice, no merge), frequency,
 router_mass, output_norm, random (moejax/posttrain/expert_subset.py), or an
 atom method: heapr, heapr_first_order, atom_magnitude, atom_random
 (moejax/posttrain/atoms.py). --keep: experts kept per MoE layer, a fraction

@@ -2,7 +2,8 @@ r"""Every pruning method at every keep level on several calibration draws, score
 the same held-out bytes (moejax/posttrain/study.py).
 
   python -m experiments.prune_study --workdir=runs/zoo/s --keeps=0.5,0.75 --draws=5 \
-      --out=docs/results/pruning_zoo_s.json --table=docs/results/pruning_zoo_s.md
+      --out=docs/results/posttrain/pruning_zoo_s.json \
+      --table=docs/results/posttrain/pruning_zoo_s.md
 """
 import json
 
@@ -57,7 +58,9 @@ def main(argv):
                            bytes_per_domain=_BYTES.value, probes=probes,
                            probe_count=_PROBE_COUNT.value, on_run=save)
   domains = list(result["unpruned"]["bpb"])
-  text = "\n\n".join(f"### bpb on {d}\n\n" + study.summary_table(result, d) for d in domains)
+  text = "\n\n".join([f"### The papers' claims (bpb on all)\n\n" + study.claims_table(result)]
+                     + [f"### bpb on {d}\n\n" + study.summary_table(result, d)
+                        for d in domains])
   print(text)
   save(result)
   if _TABLE.value:

@@ -28,7 +28,7 @@ calibration set).
 
 Removal (`remove_atoms`): each expert's kept atoms move to the front of its
 hidden axis and the rest are zero; the model's expert_d_ff becomes the most
-atoms any expert keeps. A zero atom adds exactly nothing (silu(0) * 0 = 0, and
+atoms any expert keeps, rounded up to 8 (exports need it, `remove_atoms`). A zero atom adds exactly nothing (silu(0) * 0 = 0, and
 its w_down row is 0), so the pruned model equals the source with the removed
 atoms zeroed (`zero_atoms`), and the parameter count that matters, the kept
 atoms, is reported by `kept_parameters`.

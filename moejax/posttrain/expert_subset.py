@@ -179,15 +179,17 @@ def knee(errors) -> int:
   return int(np.argmax(below_chord)) + 1
 
 
-METHODS = ("schur_astar", "greedy", "step", "frequency", "router_mass", "output_norm",
-           "random")
+METHODS = ("schur_astar", "greedy", "step", "step_no_merge", "frequency", "router_mass",
+           "output_norm", "random")
+STEP_METHODS = ("step", "step_no_merge")  # read Step's token-selective scores
 
 
 def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
   """The m experts `method` keeps in one layer, from its calibration statistics
   (posttrain/contributions.LayerStatistics: gram, frequency, mass):
   schur_astar (optimal for `objective`), greedy forward selection, or the top m
-  by Step's token-selective score (stats.step_score, posttrain/taylor.py), routing
+  by Step's token-selective score (stats.step_score, posttrain/taylor.py; `step`
+  then merges the pruned experts in prune.prune_model, `step_no_merge` does not), routing
   frequency, router mass, output energy diag(G), or a random score (`seed`:
   anything numpy's default_rng takes)."""
   if method not in METHODS:
@@ -197,9 +199,10 @@ def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
     return astar(stats.gram, m, objective).keep
   if method == "greedy":
     return greedy_forward(stats.gram, m, objective)
-  if method == "step" and stats.step_score is None:
+  if method in STEP_METHODS and stats.step_score is None:
     raise ValueError("method 'step' needs the layer's step_score (posttrain/taylor.py)")
-  scores = {"step": lambda: stats.step_score, "frequency": lambda: stats.frequency,
+  scores = {"step": lambda: stats.step_score, "step_no_merge": lambda: stats.step_score,
+            "frequency": lambda: stats.frequency,
             "router_mass": lambda: stats.mass,
             "output_norm": lambda: np.diag(stats.gram),
             "random": lambda: np.random.default_rng(seed).random(len(stats.gram))}[method]()

@@ -254,7 +254,8 @@ def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, 
     contributions.save_statistics(save_statistics, calibration.stats)
   if method in ATOM_METHODS:
     return prune_atoms(m, params, rest, calibration, keep=keep, method=method, seed=seed)
-  stats = calibration.with_step_scores() if method == "step" else calibration.stats
+  stats = (calibration.with_step_scores() if method in expert_subset.STEP_METHODS
+           else calibration.stats)
   kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
   scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
              for layer in stats} if rescale else None)

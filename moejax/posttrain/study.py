@@ -130,6 +130,43 @@ def summary_table(study: dict, domain: str = "all") -> str:
   return "\n".join(lines)
 
 
+# The papers' claims the study can test on held-out bpb: (method, against, the
+# direction the paper expects of bpb(method) - bpb(against), the claim).
+CLAIMS = (
+    ("schur_astar", "frequency", "lower", "SCHUR-A*: the optimal subset beats routing frequency"),
+    ("schur_astar", "greedy", "lower", "SCHUR-A*: the optimal subset beats greedy selection"),
+    ("schur_astar", "output_norm", "lower", "SCHUR-A*: beats ranking by output energy"),
+    ("step", "frequency", "lower", "Step (scores + merge) beats routing frequency"),
+    ("step_no_merge", "frequency", "lower", "Step's scores alone beat routing frequency"),
+    ("heapr", "schur_astar", "lower",
+     "HEAPr: atoms beat whole experts at equal expert parameters"),
+    ("heapr", "heapr_first_order", None, "HEAPr's score against our first-order variant"),
+)
+
+
+def claims_table(study: dict, claims=CLAIMS, domain: str = "all") -> str:
+  """Markdown: per keep level and claim with both methods in the study, the paired
+  difference over draws, mean ± std [95% interval], and seed_stats.verdict
+  ('reproduces' only when the interval excludes 0 in the paper's direction)."""
+  lines = ["| keep | claim | method - against | bpb difference | verdict |",
+           "|---|---|---|---|---|"]
+  for keep in study["keeps"]:
+    for method, against, direction, claim in claims:
+      values = [_draw_values(study, keep, name, domain) for name in (method, against)]
+      if not all(values) or len(values[0]) != len(values[1]):
+        continue
+      diff = seed_stats.paired_difference(*values)
+      lines.append(f"| {keep} | {claim} | {method} - {against} | {_interval(diff)} | "
+                   f"{seed_stats.verdict(diff, direction, '{:.4f}')} |")
+  return "\n".join(lines)
+
+
+def _draw_values(study: dict, keep: str, method: str, domain: str) -> list:
+  rows = sorted((r for r in study["runs"] if r["keep"] == keep and r["method"] == method),
+                key=lambda r: r["draw"])
+  return [r["scores"]["bpb"][domain] for r in rows]
+
+
 def _probe(scores: dict, name: str) -> float:
   """A probe's accuracy over all its examples (nan when it has none)."""
   accuracy = scores["probes"][name]["all"]["accuracy"]

@@ -19,3 +19,18 @@ def test_table_gives_paired_t_intervals_over_draws():
   assert "| 0.5 | schur_astar | 2.9500 | -0.1500 ± 0.0707 [-0.7853, +0.4853] |" in table
   assert "| 0.5 | frequency | 3.1000 | — | +0.6000 ± 0.1414 [-0.6706, +1.8706] |" in table
   assert "| all | unpruned | 2.5000 | — | — | 0.500 | 100 |" in table
+
+
+def test_claims_table_gives_the_verdict_in_the_papers_direction():
+  # per draw: schur_astar - frequency = -0.2, -0.21, -0.19 (mean -0.2, std 0.01,
+  # t(0.975, 2) = 4.3027: half width 0.0248); step - frequency the mirror image
+  values = {"frequency": (3.0, 3.0, 3.0), "schur_astar": (2.8, 2.79, 2.81),
+            "step": (3.2, 3.21, 3.19)}
+  runs = [{"keep": "0.5", "method": m, "draw": d, "scores": scores(v)}
+          for m, vs in values.items() for d, v in enumerate(vs)]
+  result = {"runs": runs, "keeps": ["0.5"]}
+  table = study.claims_table(result)
+  assert ("| schur_astar - frequency | -0.2000 ± 0.0100 [-0.2248, -0.1752] | reproduces |"
+          in table)
+  assert "| step - frequency | +0.2000 ± 0.0100 [+0.1752, +0.2248] | opposite direction |" in table
+  assert "greedy" not in table and "heapr" not in table  # claims without both arms are left out

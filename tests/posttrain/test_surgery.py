@@ -117,3 +117,21 @@ def test_merge_takes_the_mass_weighted_mean_of_the_merged_experts():
                                   params["blocks"][1]["ffn"]["experts"][name])
   np.testing.assert_array_equal(params["blocks"][0]["ffn"]["experts"]["w_up"][1],
                                 tiny()[1]["blocks"][0]["ffn"]["experts"]["w_up"][1])  # no mutation
+
+
+def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest():
+  """`step` and `step_no_merge` keep the same experts; without the merge the pruned
+  params are exactly the removal, with it the kept experts absorbed the pruned."""
+  from moejax.posttrain import prune
+  config, params, rest = tiny()
+  windows = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
+  calibration = prune.Calibration(config.model, params, rest, windows)
+  run = {method: prune.prune_model(config.model, params, rest, keep="4", method=method,
+                                   calibration=calibration)
+         for method in ("step", "step_no_merge")}
+  kept = {layer["block"]: layer["kept"] for layer in run["step_no_merge"][3]}
+  assert kept == {layer["block"]: layer["kept"] for layer in run["step"][3]}
+  _, want, _ = surgery.remove_experts(config.model, params, rest, kept)
+  jax.tree.map(np.testing.assert_array_equal, run["step_no_merge"][1], want)
+  merged = run["step"][1]["blocks"][0]["ffn"]["experts"]["w_up"]
+  assert not np.allclose(merged, want["blocks"][0]["ffn"]["experts"]["w_up"])
