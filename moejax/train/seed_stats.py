@@ -13,6 +13,7 @@ Verdicts (`verdict`), for an arm that declares the paper's expected direction
   opposite direction                 it excludes 0 on the other side
   no detectable difference (|delta| < X)   it holds 0; X = max(|lo|, |hi|), the
                                      largest difference the interval allows
+  identical on all N seeds           the arms are equal on every seed
 An arm with no expected direction gets "differs (lower|higher)" or the
 no-detectable-difference verdict. scipy is not a dependency: the t quantile
 comes from the closed-form Student-t CDF for integer degrees of freedom
@@ -92,6 +93,8 @@ def verdict(diff: PairedDifference, expect: str | None, fmt: str = "{:.3g}") -> 
     raise ConfigError(f"expect={expect!r} must be 'lower', 'higher' or None")
   if diff.lo is None:
     return f"interval undefined (n={diff.n} seed)"
+  if diff.lo == diff.hi == 0:
+    return f"identical on all {diff.n} seeds"
   side = "lower" if diff.hi < 0 else "higher" if diff.lo > 0 else None
   if side is None:
     return f"no detectable difference (|delta| < {fmt.format(max(-diff.lo, diff.hi))})"

@@ -45,6 +45,8 @@ def test_verdicts():
   assert seed_stats.verdict(mixed, "higher") == "no detectable difference (|delta| < 4.48)"
   assert seed_stats.verdict(seed_stats.paired_difference([1.0], [0.0]), "lower") == \
       "interval undefined (n=1 seed)"
+  same = seed_stats.paired_difference([2.5, 2.7], [2.5, 2.7])
+  assert seed_stats.verdict(same, "lower") == "identical on all 2 seeds"
   with pytest.raises(ConfigError, match="expect='down'"):
     seed_stats.verdict(lower, "down")
 
