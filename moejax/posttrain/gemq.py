@@ -1,0 +1,79 @@
+"""GEMQ's per-expert quantization costs (ICML 2026, arXiv 2605.23078, code
+jndeng/GEMQ), the input of the global bit allocation (bit_allocation.py).
+
+For MoE block l, expert e and bit-width b, quantize only expert e (every other
+weight stays float) and measure the change of the block's output h_t on the
+calibration tokens, weighted by the empirical Fisher:
+
+    c[l, e, b] = sum_t sum_d (N dL/dh_{t,d})^2 (h_t^{e@b} - h_t)_d^2,
+
+L the mean next-token loss over the N predicted tokens (so N dL/dh_t is token
+t's own gradient). Quantizing expert e of block l leaves that block's input and
+routing unchanged, so h^{e@b} - h is exactly g_{t,e} (E_e^b(x_t) - E_e(x_t)) on
+the tokens routed to e: one routed-contribution pass per bit-width, with every
+expert quantized at b at once, gives the whole c[:, :, b]
+(contributions.routed_contributions).
+
+Quantizer: RTN per group of the input dimension (quantize.rtn); GEMQ
+quantizes the chosen allocation with GPTQ, which the allocation's costs do not
+use (a guess: the released code's cost pass was not read).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.posttrain import quantize
+from moejax.posttrain.contributions import routed_contributions
+from moejax.posttrain.taylor import token_gradients
+
+EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
+
+
+def quantized_experts(params: dict, blocks, bits: int, group_size: int,
+                      symmetric: bool = False) -> dict:
+  """params with every expert weight of `blocks` replaced by its RTN
+  dequantization at `bits` (each [d_in, d_out] slice quantized on its own)."""
+  new = jax.tree.map(lambda leaf: leaf, params)  # fresh containers, shared leaves
+  for block in blocks:
+    experts = dict(new["blocks"][block]["ffn"]["experts"])
+    for name in EXPERT_WEIGHTS:
+      w = np.asarray(experts[name])
+      experts[name] = np.stack([quantize.dequantize(quantize.rtn(w_e, bits, group_size,
+                                                                 symmetric)) for w_e in w])
+    new["blocks"][block]["ffn"]["experts"] = experts
+  return new
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _batch_costs(graphdef, params, quantized_params, rest, tokens):
+  """[blocks, E]: sum over this batch's tokens of (N dL/dh)^2 (Z^q - Z)^2."""
+  dy, moe, token_loss = token_gradients(graphdef, params, rest, tokens)
+  n = token_loss.shape[0]
+  model = nnx.merge(graphdef, params, rest)
+  quantized = nnx.merge(graphdef, quantized_params, rest)
+  costs = []
+  for block, (x, aux) in moe.items():
+    delta = (routed_contributions(quantized.blocks[block].ffn, x, aux)
+             - routed_contributions(model.blocks[block].ffn, x, aux))  # [T, E, d]
+    costs.append(jnp.einsum("td,ted->e", jnp.square(n * dy[block]), jnp.square(delta)))
+  return jnp.stack(costs)
+
+
+def expert_costs(graphdef, params: dict, rest: dict, batches, bits, group_size: int,
+                 symmetric: bool = False) -> tuple[list[int], np.ndarray]:
+  """(MoE blocks, c [blocks, E, len(bits)] float64) over the calibration token
+  batches [B, L] (module doc); float params as pure dicts."""
+  model = nnx.merge(graphdef, params, rest)
+  blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
+  costs = np.zeros((len(blocks), model.cfg.moe.num_experts, len(bits)))
+  for j, b in enumerate(bits):
+    quantized_params = quantized_experts(params, blocks, b, group_size, symmetric)
+    for tokens in batches:
+      costs[:, :, j] += np.asarray(_batch_costs(graphdef, params, quantized_params, rest,
+                                                jnp.asarray(tokens)), np.float64)
+  return blocks, costs
