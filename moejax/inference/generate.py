@@ -1,8 +1,12 @@
 """Batched generation with a KV cache for the decoder (moejax/models/decoder.py).
 
 Prompts of different lengths are left padded into one [B, L] block, prefilled
-in one call, then decoded one token per row per step (two compiled shapes in
-all). Sampling per step: greedy (temperature 0), else softmax(logits / T)
+in one call, then decoded one token per row per step; each decode step samples
+and feeds the next token in one compiled call. Shapes are bucketed so that
+neither the step nor the length recompiles: L is padded to a power of two (at
+least 8) and the cache to a multiple of 64 slots, so a model compiles one
+prefill per (batch, bucket) and one decode step per (batch, cache bucket).
+Sampling per step: greedy (temperature 0), else softmax(logits / T)
 restricted to the top_k logits and to the smallest set whose probability
 reaches top_p (nucleus sampling, Holtzman et al. 2020).
 
@@ -25,11 +29,21 @@ from moejax.inference.kv_cache import init_cache
 from moejax.models.decoder import abstract_model
 
 
-def left_pad(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """tokens int32 [B, L] and mask bool [B, L], each prompt right-aligned."""
+PROMPT_BUCKET_MIN, CACHE_MULTIPLE = 8, 64
+
+
+def prompt_bucket(length: int) -> int:
+  """The padded prompt length: the next power of two, at least PROMPT_BUCKET_MIN."""
+  return max(PROMPT_BUCKET_MIN, 1 << (length - 1).bit_length())
+
+
+def left_pad(prompts: list[list[int]], pad_id: int = 0,
+             length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """tokens int32 [B, L] and mask bool [B, L], each prompt right-aligned; L is the
+  longest prompt, or `length` when given (at least that)."""
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ConfigError("every prompt needs at least one token")
-  length = max(len(p) for p in prompts)
+  length = max(max(len(p) for p in prompts), length or 0)
   tokens = np.full((len(prompts), length), pad_id, np.int32)
   mask = np.zeros((len(prompts), length), bool)
   for row, prompt in enumerate(prompts):
@@ -101,17 +115,29 @@ class Generated:
     return out[:out.index(eos_id) + 1] if eos_id is not None and eos_id in out else out
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def decoder_step(graphdef, params, rest, tokens, mask, cache):
-  """(last logits [B, V], distinct experts per MoE layer, cache) after feeding `tokens`.
-
-  Jitted once per graphdef and shape: prefill and decode are two compilations,
-  shared by every generate call on the same model."""
+def _forward(graphdef, params, rest, tokens, mask, cache):
   logits, aux, cache = nnx.merge(graphdef, params, rest)(tokens, token_mask_BxL=mask,
                                                          cache=cache)
   distinct = jnp.stack([a["metrics"]["distinct_experts"] for a in aux["moe"]]
                        or [jnp.zeros((), jnp.int32)])
   return logits[:, -1], distinct, cache
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def decoder_step(graphdef, params, rest, tokens, mask, cache):
+  """(last logits [B, V], distinct experts per MoE layer, cache) after feeding `tokens`
+  (the prefill; one compilation per graphdef and shape)."""
+  return _forward(graphdef, params, rest, tokens, mask, cache)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8))
+def sample_and_step(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
+  """(sampled token [B], next logits [B, V], distinct experts, cache): one decode
+  step as one compiled call, the same program at every position."""
+  token = sample_tokens(logits, rng, temperature, top_k, top_p)
+  ones = jnp.ones((token.shape[0], 1), bool)
+  logits, distinct, cache = _forward(graphdef, params, rest, token[:, None], ones, cache)
+  return token, logits, distinct, cache
 
 
 def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
@@ -120,22 +146,26 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
   """Continue each prompt by max_new_tokens tokens (rows that emit eos_id keep
   going but their tail is cut by Generated.row)."""
   validate_sampling(temperature, top_k, top_p, max_new_tokens)
-  tokens, mask = left_pad(prompts, pad_id)
-  if tokens.shape[1] + max_new_tokens > m.max_seq_len:
-    raise ConfigError(f"prompt ({tokens.shape[1]}) + max_new_tokens ({max_new_tokens}) "
+  longest = max((len(p) for p in prompts), default=0)
+  if longest + max_new_tokens > m.max_seq_len:
+    raise ConfigError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) "
                       f"exceeds the model's max_seq_len={m.max_seq_len}")
+  tokens, mask = left_pad(prompts, pad_id, prompt_bucket(longest))
   m = generation_config(m)
   graphdef, _, _ = abstract_model(m)
-  step = functools.partial(decoder_step, graphdef)
-  cache = init_cache(m, len(prompts), tokens.shape[1] + max_new_tokens)
-  logits, prefill_distinct, cache = step(params, rest, tokens, mask, cache)
+  slots = -(-(tokens.shape[1] + max_new_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE
+  cache = init_cache(m, len(prompts), slots)
+  logits, prefill_distinct, cache = decoder_step(graphdef, params, rest, tokens, mask, cache)
   rng, out, distinct = jax.random.key(seed), [], []
-  ones = np.ones((len(prompts), 1), bool)
   for i in range(max_new_tokens):
-    next_token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
-    out.append(np.asarray(next_token))
     if i + 1 < max_new_tokens:
-      logits, step_distinct, cache = step(params, rest, next_token[:, None], ones, cache)
-      distinct.append(np.asarray(step_distinct))
-  return Generated(np.stack(out, axis=1), np.array(distinct, np.int32).reshape(
-      len(distinct), -1), np.asarray(prefill_distinct))
+      token, logits, step_distinct, cache = sample_and_step(
+          graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache,
+          temperature, top_k, top_p)
+      distinct.append(step_distinct)
+    else:  # the last token feeds nothing
+      token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
+    out.append(token)
+  return Generated(np.stack(jax.device_get(out), axis=1),
+                   np.array(jax.device_get(distinct), np.int32).reshape(len(distinct), -1),
+                   np.asarray(prefill_distinct))

@@ -144,3 +144,39 @@ def test_top_k_and_top_p_filtering():
   draws = {int(sample_tokens(logits, jax.random.key(i), 1.0, 0, 0.7)) for i in range(100)}
   assert draws == {0, 2}
   assert int(sample_tokens(logits, jax.random.key(0), 0.0)) == 0
+
+
+def test_generation_compiles_nothing_per_step_or_per_length_within_a_bucket():
+  """After one warm-up call, a 200-token generation with another prompt length in
+  the same bucket (and another number of new tokens in the same cache bucket)
+  compiles nothing: the step is one program for every position."""
+  import jax.monitoring
+  m = family_config("moejax")
+  m.max_seq_len = 512
+  params, rest = random_params(m, seed=4)
+  compiles = []
+  listener = lambda name, secs, **kw: compiles.append(name) if name.endswith(
+      "backend_compile_duration") else None
+  generate(m, params, rest, [[5, 9, 14]], max_new_tokens=190)  # bucket 8, 256 slots
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    out = generate(m, params, rest, [[7, 3, 11, 2, 60, 33]], max_new_tokens=200)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert out.tokens.shape == (1, 200)
+  assert compiles == []
+
+
+def test_bucketed_greedy_generation_follows_the_unpadded_full_forward():
+  """Prompt padding to its bucket changes nothing: each greedy token is the argmax
+  of the full forward pass over the unpadded prompt and the tokens so far."""
+  m = family_config("qwen3_moe")
+  params, rest = random_params(m, seed=5)
+  prompt = [5, 9, 14, 3, 60]  # padded to 8 inside generate
+  out = generate(m, params, rest, [prompt], max_new_tokens=4).tokens[0]
+  graphdef = abstract_model(m)[0]
+  sequence = list(prompt)
+  for token in out:
+    logits = nnx.merge(graphdef, params, rest)(jnp.asarray([sequence], jnp.int32))[0]
+    assert int(jnp.argmax(logits[0, -1])) == int(token)
+    sequence.append(int(token))
