@@ -140,6 +140,19 @@ def sample_and_step(graphdef, params, rest, logits, rng, cache, temperature, top
   return token, logits, distinct, cache
 
 
+_GRAPHDEFS: dict = {}  # config JSON -> graphdef: building one costs ~0.25 s per call
+
+
+def cached_graphdef(m):
+  """abstract_model(m)'s graphdef, built once per config (the 8 most recent kept)."""
+  key = m.to_json_best_effort(sort_keys=True)
+  if key not in _GRAPHDEFS:
+    if len(_GRAPHDEFS) >= 8:
+      _GRAPHDEFS.pop(next(iter(_GRAPHDEFS)))
+    _GRAPHDEFS[key] = abstract_model(m)[0]
+  return _GRAPHDEFS[key]
+
+
 def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              eos_id: int | None = None, pad_id: int = 0) -> Generated:
@@ -152,7 +165,7 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
                       f"exceeds the model's max_seq_len={m.max_seq_len}")
   tokens, mask = left_pad(prompts, pad_id, prompt_bucket(longest))
   m = generation_config(m)
-  graphdef, _, _ = abstract_model(m)
+  graphdef = cached_graphdef(m)
   slots = -(-(tokens.shape[1] + max_new_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE
   cache = init_cache(m, len(prompts), slots)
   logits, prefill_distinct, cache = decoder_step(graphdef, params, rest, tokens, mask, cache)
@@ -166,6 +179,7 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
     else:  # the last token feeds nothing
       token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
     out.append(token)
+  prefill_distinct = np.asarray(prefill_distinct)
   return Generated(np.stack(jax.device_get(out), axis=1),
-                   np.array(jax.device_get(distinct), np.int32).reshape(len(distinct), -1),
-                   np.asarray(prefill_distinct))
+                   np.array(jax.device_get(distinct), np.int32).reshape(
+                       len(distinct), prefill_distinct.size), prefill_distinct)
