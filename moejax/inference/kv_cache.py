@@ -10,7 +10,8 @@ Per layer, what attention keeps:
   gqa  k, v   [B, S, num_kv_heads, head_dim]   (k after RoPE)
   mla  latent [B, S, kv_lora_rank], k_rope [B, S, qk_rope_head_dim]
        (DeepSeek-V2 sec. 2.1.2: only the compressed latent and the shared
-       RoPE key are cached; keys and values are re-expanded each step)
+       RoPE key are cached; decoding attends over the latent in the absorbed
+       form, moejax/layers/attention.py, without re-expanding it)
 """
 import jax
 import jax.numpy as jnp

@@ -6,8 +6,14 @@ q/k RMSNorm per head (Qwen3) or across heads (OLMoE), q/k/v clipping (OLMoE),
 sliding windows (Mistral).
 LatentAttention: multi-head latent attention (DeepSeek-V2, sec. 2.1; V3).
 Keys and values come from a low-rank latent c = norm(x W_dkv) [kv_lora_rank]
-plus one shared RoPE key [qk_rope_head_dim]; the cache holds only these two,
-and every step expands them with kv_b_proj (the plain, unabsorbed form).
+plus one shared RoPE key [qk_rope_head_dim]; the cache holds only these two.
+Without a cache (training) they are expanded with kv_b_proj into per-head keys
+and values. With one (generation) the default is the absorbed form
+(DeepSeek-V2, sec. 2.1.2): kv_b's key half is folded into the queries,
+q_nope W_UK^T, which then score the cached latent directly, and its value half
+is applied after the weighted sum of latents, so the cache is never
+re-expanded. The two forms are equal up to float rounding
+(tests/layers/test_mla_absorbed.py); `absorb=` chooses one.
 
 Both return (out, new layer cache). Without a cache the keys are the call's
 own tokens; with one, the new keys are written at slot `start` and the
@@ -132,7 +138,9 @@ class LatentAttention(nnx.Module):
     self.has_q_lora = bool(mla.q_lora_rank)
     self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, qk_dim)
 
-  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0):
+  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0,
+               absorb: bool | None = None):
+    """absorb: the absorbed form (module doc); default: exactly when there is a cache."""
     b, l, _ = x_BxLxD.shape
     q = self.q_b(self.q_a_norm(self.q_a(x_BxLxD))) if self.has_q_lora else self.q(x_BxLxD)
     q = q.reshape(b, l, self.num_heads, self.nope_dim + self.rope_dim)
@@ -141,6 +149,10 @@ class LatentAttention(nnx.Module):
     rope = rotary(self.rope_cfg, positions_BxL)
     new = {"latent": self.kv_a_norm(latent), "k_rope": rope(k_rope[:, :, None])[:, :, 0]}
     cache = write_cache(layer_cache, new, start)
+    if absorb is None:
+      absorb = layer_cache is not None
+    if absorb:
+      return self._absorbed(q_nope, rope(q_rope), cache, allowed_BxLxS), cache
     s = cache["latent"].shape[1]
     kv = self.kv_b(cache["latent"]).reshape(b, s, self.num_heads, self.nope_dim + self.v_dim)
     k_nope, v = jnp.split(kv, [self.nope_dim], axis=-1)
@@ -150,3 +162,19 @@ class LatentAttention(nnx.Module):
     q = jnp.concatenate([q_nope, rope(q_rope)], axis=-1)
     out = attend(self.probabilities(q, k, allowed_BxLxS), v)
     return self.o(out.reshape(b, l, -1)), cache
+
+  def _absorbed(self, q_nope, q_rope, cache, allowed_BxLxS):
+    """Attention over the cached latent without expanding it: one key/value "head"
+    [latent, k_rope] shared by all query heads, queries [q_nope W_UK^T, q_rope]."""
+    b, l, h, _ = q_nope.shape
+    kernel = self.kv_b.kernel[...].astype(self.kv_b.dtype).reshape(
+        self.latent_dim, h, self.nope_dim + self.v_dim)
+    w_uk, w_uv = kernel[..., :self.nope_dim], kernel[..., self.nope_dim:]
+    q = jnp.concatenate([jnp.einsum("blhn,chn->blhc", q_nope.astype(w_uk.dtype), w_uk),
+                         q_rope.astype(w_uk.dtype)], axis=-1)
+    k = jnp.concatenate([cache["latent"], cache["k_rope"].astype(cache["latent"].dtype)],
+                        axis=-1)[:, :, None]
+    out = attend(self.probabilities(q, k.astype(q.dtype), allowed_BxLxS),
+                 cache["latent"][:, :, None].astype(q.dtype))  # [B, L, H, latent]
+    out = jnp.einsum("blhc,chv->blhv", out, w_uv)
+    return self.o(out.reshape(b, l, -1))
