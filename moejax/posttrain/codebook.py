@@ -34,6 +34,9 @@ the released kmeans_recluster does when inputs and targets are the same
 inputs; it can raise the output error, so its error is reported apart.
 Guesses: optimizer, step count and lr (the paper: SGD); the router is not
 handled here.
+
+`decode`, `lut_matmul` and `hadamard` are the runtime code of the 'codebook'
+expert type (moejax/experts/codebook.py), imported from there (one copy).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from moejax.errors import ConfigError
+from moejax.experts.codebook import decode, hadamard, lut_matmul  # noqa: F401 (the one copy)
 from moejax.posttrain.quantize import check_grouping
 
 INITS = ("kmeans++", "quantile")
@@ -143,54 +146,6 @@ def kmeans_group_quant(W, bits: int, group_size: int, *, iterations: int = 100,
   indices = _from_groups(assign, W.shape, group_size, per_output_column)
   return Codebook(indices.astype(np.uint8), centroids.reshape(shape).astype(np.float32),
                   group_size, history)
-
-
-def decode(indices, centroids, group_size: int):
-  """W_hat [d_in, d_out] = the centroid each index names in its group (jnp,
-  differentiable in the centroids)."""
-  d_in, d_out = indices.shape
-  centroids = jnp.asarray(centroids)
-  blocks = jnp.asarray(indices, jnp.int32).reshape(d_in // group_size, group_size, d_out)
-  group = jnp.arange(d_in // group_size)[:, None, None]
-  if centroids.ndim == 3:
-    values = centroids[group, jnp.arange(d_out)[None, None, :], blocks]
-  else:
-    values = centroids[group, blocks]
-  return values.reshape(d_in, d_out)
-
-
-def lut_matmul(x, indices, centroids, group_size: int):
-  """x @ decode(indices, centroids) via bucket sums: for group g, output j and
-  centroid c, S[g, j, c] = sum of x over the rows of g whose index is c, and
-  y_j = sum_g sum_c centroids[g, (j,) c] S[g, j, c] (jnp, float32)."""
-  x = jnp.asarray(x, jnp.float32)
-  d_in, d_out = indices.shape
-  G, K = d_in // group_size, centroids.shape[-1]
-  lead = x.shape[:-1]
-  x_GxNxR = x.reshape(-1, G, group_size).transpose(1, 0, 2)
-  idx_GxRxO = jnp.asarray(indices, jnp.int32).reshape(G, group_size, d_out)
-  cent = jnp.asarray(centroids, jnp.float32)
-  cent_GxOxK = cent if cent.ndim == 3 else cent[:, None, :]
-
-  def one_group(y, group):
-    x_g, idx_g, c_g = group
-    members = (idx_g[..., None] == jnp.arange(K)).astype(jnp.float32)  # [R, O, K]
-    buckets = jnp.einsum("nr,rok->nok", x_g, members, precision=HIGHEST)
-    return y + jnp.sum(buckets * c_g[None], axis=-1), None
-
-  y0 = jnp.zeros((x_GxNxR.shape[1], d_out), jnp.float32)
-  y, _ = jax.lax.scan(one_group, y0, (x_GxNxR, idx_GxRxO, cent_GxOxK))
-  return y.reshape(*lead, d_out)
-
-
-def hadamard(n: int) -> np.ndarray:
-  """Sylvester's Hadamard matrix / sqrt(n) [n, n] float32 (orthogonal)."""
-  if not isinstance(n, (int, np.integer)) or n < 1 or n & (n - 1):
-    raise ConfigError(f"hadamard n={n!r}: must be a power of two")
-  H = np.ones((1, 1))
-  while len(H) < n:
-    H = np.block([[H, H], [H, -H]])
-  return (H / np.sqrt(n)).astype(np.float32)
 
 
 def rotate(W, R) -> np.ndarray:

@@ -35,8 +35,8 @@ import dataclasses
 import numpy as np
 
 from moejax.errors import ConfigError
-
-SUPPORTED_BITS = (2, 3, 4, 8)
+from moejax.experts.compressed import SUPPORTED_BITS
+from moejax.experts.quantized import dequantize as dequantize_codes
 
 
 def check_grouping(bits: int, group_size: int, d_in: int) -> None:
@@ -101,12 +101,9 @@ def _pack(codes, scales, zeros, bits, group_size, symmetric) -> QuantizedWeight:
 
 
 def dequantize(q: QuantizedWeight) -> np.ndarray:
-  """W_hat [d_in, d_out] float32: (code - zero) * scale of each row's group."""
-  scales = np.repeat(q.scales, q.group_size, axis=0)
-  codes = q.codes.astype(np.float32)
-  if q.zero is not None:
-    codes = codes - np.repeat(q.zero, q.group_size, axis=0).astype(np.float32)
-  return codes * scales
+  """W_hat [d_in, d_out] float32: (code - zero) * scale of each row's group, by
+  the formula the 'quantized' expert type runs (experts/quantized.dequantize)."""
+  return np.asarray(dequantize_codes(q.codes, q.scales, q.zero), np.float32)
 
 
 def rtn(W, bits: int, group_size: int, symmetric: bool = False) -> QuantizedWeight:

@@ -1,0 +1,280 @@
+"""SwiGLU experts held as per-group k-means codebooks: expert type 'codebook'
+(CodeQuant, ICLR 2026, arXiv 2604.10496; moejax/posttrain/codebook.py).
+
+Each of w_gate, w_up [E, d, f] and w_down [E, f, d] is stored as uint8 indices
+of the same shape and centroids [E, d_in / g, K], K = 2^bits: the group of g
+input rows (x @ W: the row axis) across every output column shares one
+sorted codebook of K values, and w_hat[r, j] = centroids[r // g, index[r, j]]
+(`decode`).
+
+Rotation (model.moe.codebook.rotation): 'none', or 'hadamard': the stored
+codebooks approximate R^T W with R = hadamard(d_in) (regenerated from the
+size, never stored), so that x @ W = (x @ R) @ (R^T W). The expert function,
+which defines the type, rotates its input, x @ R, and computes the LUT matmul
+(`lut_matmul`: per group, the bucket sums of x over the rows holding each
+index, times the centroids). The grouped-matmul form and the fused path
+(SwiGLU's SonicMoE block loop) decode the codebooks to dense [E, d_in, d_out]
+with R folded in, R @ w_hat: the same function (the contract tests compare
+them with the per-token loop of the LUT form). Sharding: compressed.CODE_AXES
+(experts split, the FFN width never: w_down's rotation mixes all its rows).
+
+decode, lut_matmul and hadamard live here, once; the offline maths
+(posttrain/codebook.py: k-means, fine-tuning) imports them. `build` gives
+the SwiGLU type's random initialisation (rotated) quantile codebooks with
+each weight at its nearest centroid (the 'quantile' start of k-means, no
+Lloyd iterations); trained experts are converted by Lloyd's k-means in
+moejax/posttrain/compress.py and loaded with CodebookExperts.assign.
+
+Settings (model.moe.codebook): bits (2, 3, 4, 8), group_size (0: one group
+per whole matrix; else it must divide d_model and expert_d_ff), rotation
+('hadamard' needs power-of-two d_model and expert_d_ff); dims are checked when
+the layer is built.
+
+Bytes: indices are held one per uint8 byte in memory and in checkpoints;
+`packed_bytes` counts `pack`: each matrix's indices at `bits` bits each, 4 per
+centroid, nothing for the rotation.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.errors import ConfigError, choice_error
+from moejax.experts import compressed as cz
+from moejax.experts.base import ExpertType, register_expert_type
+from moejax.experts.swiglu import swiglu_experts, swiglu_fused
+from moejax.registry import settings_of
+
+NAME = "codebook"
+SETTINGS = {"bits": 4, "group_size": 0, "rotation": "none"}
+ROTATIONS = ("none", "hadamard")
+HIGHEST = jax.lax.Precision.HIGHEST
+LOGICAL_AXES = {
+    **{f"{m}_indices": cz.CODE_AXES[m] for m in cz.MATRICES},
+    **{f"{m}_centroids": ("expert", None, None) for m in cz.MATRICES}}
+
+
+def hadamard(n: int) -> np.ndarray:
+  """Sylvester's Hadamard matrix / sqrt(n) [n, n] float32 (orthogonal)."""
+  if not isinstance(n, (int, np.integer)) or n < 1 or n & (n - 1):
+    raise ConfigError(f"hadamard n={n!r}: must be a power of two")
+  H = np.ones((1, 1))
+  while len(H) < n:
+    H = np.block([[H, H], [H, -H]])
+  return (H / np.sqrt(n)).astype(np.float32)
+
+
+def decode(indices, centroids, group_size: int):
+  """W_hat [d_in, d_out] = the centroid each index names in its group (jnp,
+  differentiable in the centroids); centroids [G, K], or [G, d_out, K] with a
+  codebook per output column of a group."""
+  d_in, d_out = indices.shape
+  centroids = jnp.asarray(centroids)
+  blocks = jnp.asarray(indices, jnp.int32).reshape(d_in // group_size, group_size, d_out)
+  group = jnp.arange(d_in // group_size)[:, None, None]
+  if centroids.ndim == 3:
+    values = centroids[group, jnp.arange(d_out)[None, None, :], blocks]
+  else:
+    values = centroids[group, blocks]
+  return values.reshape(d_in, d_out)
+
+
+def lut_matmul(x, indices, centroids, group_size: int):
+  """x @ decode(indices, centroids) via bucket sums: for group g, output j and
+  centroid c, S[g, j, c] = sum of x over the rows of g whose index is c, and
+  y_j = sum_g sum_c centroids[g, (j,) c] S[g, j, c] (jnp, float32 or wider)."""
+  dtype = cz.compute_dtype(x, centroids)
+  x = jnp.asarray(x, dtype)
+  d_in, d_out = indices.shape
+  G, K = d_in // group_size, centroids.shape[-1]
+  lead = x.shape[:-1]
+  x_GxNxR = x.reshape(-1, G, group_size).transpose(1, 0, 2)
+  idx_GxRxO = jnp.asarray(indices, jnp.int32).reshape(G, group_size, d_out)
+  cent = jnp.asarray(centroids, dtype)
+  cent_GxOxK = cent if cent.ndim == 3 else cent[:, None, :]
+
+  def one_group(y, group):
+    x_g, idx_g, c_g = group
+    members = (idx_g[..., None] == jnp.arange(K)).astype(dtype)  # [R, O, K]
+    buckets = jnp.einsum("nr,rok->nok", x_g, members, precision=HIGHEST)
+    return y + jnp.sum(buckets * c_g[None], axis=-1), None
+
+  y0 = jnp.zeros((x_GxNxR.shape[1], d_out), dtype)
+  y, _ = jax.lax.scan(one_group, y0, (x_GxNxR, idx_GxRxO, cent_GxOxK))
+  return y.reshape(*lead, d_out)
+
+
+def rotation_matrix(rotation: str, n: int, dtype):
+  """R [n, n] of the setting (None for 'none')."""
+  return None if rotation == "none" else jnp.asarray(hadamard(n), dtype)
+
+
+def codebook_expert(weights_e: dict, x, *, rotation: str = "none", **settings):
+  """One expert on rows x [n, d]: SwiGLU whose every matmul is (v @ R) then the
+  LUT matmul of its codebook (the group size and K are read from the shapes)."""
+  del settings
+
+  def project(v, m):
+    centroids = weights_e[f"{m}_centroids"]
+    indices = cz.as_index(weights_e[f"{m}_indices"], centroids.shape[-1])
+    R = rotation_matrix(rotation, v.shape[-1], v.dtype)
+    v = v if R is None else jnp.matmul(v, R, precision=HIGHEST)
+    group_size = indices.shape[0] // centroids.shape[0]
+    return lut_matmul(v, indices, centroids, group_size).astype(x.dtype)
+
+  return project(jax.nn.silu(project(x, "w_gate")) * project(x, "w_up"), "w_down")
+
+
+def dense_weights(weights: dict, dtype, rotation: str) -> dict:
+  """{w_gate, w_up, w_down} [E, d_in, d_out] decoded with R folded in (R @ w_hat)."""
+  out = {}
+  for m in cz.MATRICES:
+    centroids = weights[f"{m}_centroids"]
+    indices = cz.as_index(weights[f"{m}_indices"], centroids.shape[-1])
+    group_size = indices.shape[1] // centroids.shape[1]
+    w = jax.vmap(lambda i, c: decode(i, c, group_size))(indices, centroids)
+    R = rotation_matrix(rotation, w.shape[-2], w.dtype)
+    out[m] = (w if R is None else jnp.einsum("ab,ebo->eao", R, w, precision=HIGHEST)
+              ).astype(dtype)
+  return out
+
+
+def codebook_experts(weights: dict, rows, matmul, *, rotation: str = "none", **settings):
+  """Rows grouped by expert: the grouped matmuls on the decoded, rotated weights."""
+  del settings
+  return swiglu_experts(dense_weights(weights, rows.dtype, rotation), rows, matmul)
+
+
+def codebook_fused(weights: dict, x, routing, cfg, *, rotation: str = "none", **settings):
+  """SwiGLU's fused path (SonicMoE block loop) on the decoded, rotated weights."""
+  del settings
+  return swiglu_fused(dense_weights(weights, x.dtype, rotation), x, routing, cfg)
+
+
+def quantile_codebook(w, bits: int, group_size: int):
+  """jnp, for `build`: centroids [..., G, K] at the (k + 1/2) / K quantiles of
+  each group of w [..., d_in, d_out] and uint8 indices of the nearest one."""
+  *lead, d_in, d_out = w.shape
+  values = w.reshape(*lead, d_in // group_size, group_size * d_out)
+  levels = 2 ** bits
+  centroids = jnp.moveaxis(jnp.quantile(values, (jnp.arange(levels) + 0.5) / levels,
+                                        axis=-1), 0, -1)
+  middle = (centroids[..., 1:] + centroids[..., :-1]) / 2
+  indices = jnp.sum(values[..., None] > middle[..., None, :], axis=-1)
+  return indices.reshape(w.shape).astype(jnp.uint8), centroids.astype(jnp.float32)
+
+
+def check_arrays(arrays: dict) -> None:
+  """ValueError unless the arrays are this type's (dtypes, shapes, K = 2^bits
+  with supported bits, every index < K)."""
+  for m in cz.MATRICES:
+    indices, centroids = np.asarray(arrays[f"{m}_indices"]), np.asarray(arrays[f"{m}_centroids"])
+    if indices.dtype != np.uint8 or centroids.dtype != np.float32:
+      raise ValueError(f"{m}: indices must be uint8, centroids float32; got {indices.dtype}, "
+                       f"{centroids.dtype}")
+    levels = centroids.shape[-1]
+    cz.check_bits(f"{m} centroids per group: log2", int(np.log2(levels)))
+    if (2 ** int(np.log2(levels)) != levels or centroids.ndim != 3 or indices.ndim != 3
+        or centroids.shape[0] != indices.shape[0] or indices.shape[1] % centroids.shape[1]):
+      raise ValueError(f"{m}: indices {indices.shape}, centroids {centroids.shape} do not fit")
+    if np.any(indices >= levels):
+      raise ValueError(f"{m}: indices outside [0, {levels})")
+
+
+def pack(arrays: dict) -> dict:
+  """The bit-packed form: each matrix's indices at log2(K) bits, centroids as they are."""
+  out = {}
+  for m in cz.MATRICES:
+    centroids = np.asarray(arrays[f"{m}_centroids"], np.float32)
+    out[f"{m}_centroids"] = centroids
+    out[f"{m}_indices"] = cz.pack_bits(arrays[f"{m}_indices"], int(np.log2(centroids.shape[-1])))
+  return out
+
+
+def unpack(packed: dict, shapes: dict) -> dict:
+  """The arrays `pack` packed; shapes: {name: shape} of the indices."""
+  out = {}
+  for m in cz.MATRICES:
+    centroids = packed[f"{m}_centroids"]
+    out[f"{m}_centroids"] = centroids
+    out[f"{m}_indices"] = cz.unpack_bits(packed[f"{m}_indices"],
+                                         int(np.log2(centroids.shape[-1])), shapes[f"{m}_indices"])
+  return out
+
+
+def packed_bytes(arrays: dict) -> int:
+  """Bytes of `pack(arrays)`, from the shapes."""
+  total = 0
+  for m in cz.MATRICES:
+    levels = np.shape(arrays[f"{m}_centroids"])[-1]
+    total += 4 * int(np.prod(np.shape(arrays[f"{m}_centroids"])))
+    total += cz.packed_nbytes(int(np.prod(np.shape(arrays[f"{m}_indices"]))),
+                              int(np.log2(levels)))
+  return total
+
+
+class CodebookExperts(nnx.Module):
+  """E SwiGLU experts of width d_ff as codebook indices and centroids."""
+
+  LOGICAL_AXES = LOGICAL_AXES
+
+  def __init__(self, num_experts: int, d_model: int, d_ff: int, *, bits: int, group_size: int,
+               rotation: str, rngs: nnx.Rngs):
+    dims = {"d_model": d_model, "expert_d_ff": d_ff}
+    groups = cz.group_size_for(f"model.moe.{NAME}.group_size", group_size, dims)
+    if rotation == "hadamard" and any(n & (n - 1) for n in dims.values()):
+      raise ConfigError(f"model.moe.{NAME}.rotation='hadamard' needs power-of-two input "
+                        f"dims; d_model={d_model}, expert_d_ff={d_ff}")
+    weights = cz.float_init(num_experts, d_model, d_ff, rngs)
+    for m in cz.MATRICES:
+      w = weights[m]
+      R = rotation_matrix(rotation, w.shape[-2], w.dtype)
+      w = w if R is None else jnp.einsum("ba,ebo->eao", R, w, precision=HIGHEST)  # R^T W
+      indices, centroids = quantile_codebook(
+          w, bits, groups["expert_d_ff" if m == "w_down" else "d_model"])
+      setattr(self, f"{m}_indices", cz.variable(indices, LOGICAL_AXES[f"{m}_indices"]))
+      setattr(self, f"{m}_centroids", cz.variable(centroids, LOGICAL_AXES[f"{m}_centroids"]))
+
+  def arrays(self) -> dict:
+    """{name: stored array}: indices and centroids of each matrix."""
+    return {name: getattr(self, name)[...] for name in LOGICAL_AXES}
+
+  def weights(self, dtype) -> dict:
+    """The compressed arrays as float32 (indices exact); decoded in float32 and
+    cast to the compute dtype where used, so `dtype` changes nothing here."""
+    del dtype
+    return {name: value.astype(jnp.float32) for name, value in self.arrays().items()}
+
+  def assign(self, arrays: dict) -> None:
+    """Hold `arrays` (compress.codebook_from_float), checked, same shapes."""
+    check_arrays(arrays)
+    for name, value in arrays.items():
+      variable = getattr(self, name)
+      if np.shape(value) != variable.shape:
+        raise ValueError(f"{name}: shape {np.shape(value)}, the layer holds {variable.shape}")
+      variable.set_value(jnp.asarray(value, variable.dtype))
+
+  def packed_bytes(self) -> int:
+    return packed_bytes(cz.host(self.arrays()))
+
+
+def validate_codebook(section) -> None:
+  cz.check_bits(f"model.moe.{NAME}.bits", section["bits"])
+  cz.check_group_size(f"model.moe.{NAME}.group_size", section["group_size"])
+  if section["rotation"] not in ROTATIONS:
+    raise choice_error(f"model.moe.{NAME}.rotation", section["rotation"], ROTATIONS)
+
+
+def build_codebook(num_experts: int, d_model: int, cfg, *, rngs) -> CodebookExperts:
+  """Quantile codebooks of the SwiGLU init at model.moe.codebook settings."""
+  s = settings_of(cfg, NAME, SETTINGS)
+  validate_codebook(s)
+  return CodebookExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
+
+
+CODEBOOK = register_expert_type(ExpertType(
+    NAME, build=build_codebook, logical_axes=LOGICAL_AXES, expert=codebook_expert,
+    apply=codebook_experts, fused=codebook_fused, settings=SETTINGS,
+    validate=validate_codebook))

@@ -1,0 +1,130 @@
+"""Trained float SwiGLU experts -> the variables of a compressed expert type
+(issue 15): 'quantized' (moejax/experts/quantized.py: RTN or GPTQ codes,
+moejax/posttrain/quantize.py) and 'codebook' (moejax/experts/codebook.py:
+Lloyd's k-means per group, moejax/posttrain/codebook.py).
+
+Input: {w_gate, w_up [E, d, f], w_down [E, f, d]} of one layer, float (the
+'swiglu' type's weights). Output: {name: numpy array} with the names, shapes
+and dtypes the type's module holds; QuantizedExperts.assign /
+CodebookExperts.assign load it into a built layer. Each expert matrix
+[d_in, d_out] is compressed on its own, offline, in float64 on the host.
+`compress_model` fills a compressed model from a float one of the same config;
+`storage_report` gives the bytes of every compressed layer of a model.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+from flax import nnx
+
+from moejax.errors import ConfigError, choice_error
+from moejax.experts import codebook as codebook_type
+from moejax.experts import quantized as quantized_type
+from moejax.experts.compressed import MATRICES, check_bits
+from moejax.posttrain import codebook, quantize
+
+QUANTIZERS = ("rtn", "gptq")
+COMPRESSED = (quantized_type.QuantizedExperts, codebook_type.CodebookExperts)
+
+
+def _per_expert_bits(bits, num_experts: int) -> np.ndarray:
+  """int [E] from one bit-width or one per expert; each supported."""
+  per = np.broadcast_to(np.asarray(bits), (num_experts,)) if np.ndim(bits) == 0 else (
+      np.asarray(bits))
+  if per.shape != (num_experts,):
+    raise ConfigError(f"bits: {per.shape[0]} bit-widths for {num_experts} experts")
+  for b in per:
+    check_bits("bits", int(b))
+  return per.astype(int)
+
+
+def _stored(q: quantize.QuantizedWeight):
+  """(codes, zeros) uint8 of one QuantizedWeight, symmetric ones offset by 2^(b-1)."""
+  if not q.symmetric:
+    return q.codes, q.zero
+  offset = 2 ** (q.bits - 1)
+  return ((q.codes.astype(np.int16) + offset).astype(np.uint8),
+          np.full(q.scales.shape, offset, np.uint8))
+
+
+def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size: int = 0, *,
+                         symmetric: bool = False, quantizer: str = "rtn",
+                         hessians: Mapping | None = None, damp: float = 0.01) -> dict:
+  """The 'quantized' type's arrays for float SwiGLU experts `weights`.
+
+  bits: one bit-width or one per expert [E]. group_size: input rows per group
+  (0: the whole input dim). quantizer 'rtn', or 'gptq' with hessians
+  {matrix: H [E, d_in, d_in]} of each expert's inputs (X^T X of the tokens
+  routed to it, quantize.input_hessian; w_gate and w_up see the same X).
+  """
+  if quantizer not in QUANTIZERS:
+    raise choice_error("quantizer", quantizer, QUANTIZERS)
+  if quantizer == "gptq" and (hessians is None or set(MATRICES) - set(hessians)):
+    raise ConfigError(f"quantizer='gptq' needs hessians for {MATRICES}")
+  per = _per_expert_bits(bits, np.shape(weights["w_gate"])[0])
+  out = {"bits": per.astype(np.uint8)}
+  for m in MATRICES:
+    w = np.asarray(weights[m], np.float32)
+    group = group_size or w.shape[1]
+    parts = []
+    for e, b in enumerate(per):
+      if quantizer == "gptq":
+        q = quantize.gptq(w[e], hessians[m][e], int(b), group, damp=damp, symmetric=symmetric)
+      else:
+        q = quantize.rtn(w[e], int(b), group, symmetric=symmetric)
+      parts.append((*_stored(q), q.scales))
+    codes, zeros, scales = (np.stack(a) for a in zip(*parts))
+    out.update({f"{m}_codes": codes, f"{m}_scales": scales.astype(np.float32),
+                f"{m}_zeros": zeros})
+  quantized_type.check_arrays(out)
+  return out
+
+
+def codebook_from_float(weights: Mapping, bits: int, group_size: int = 0, *,
+                        rotation: str = "none", iterations: int = 100,
+                        init: str = "kmeans++", seed: int = 0) -> dict:
+  """The 'codebook' type's arrays: Lloyd's k-means (codebook.kmeans_group_quant)
+  of each expert matrix, of R^T W with rotation 'hadamard' (R = hadamard(d_in))."""
+  if rotation not in codebook_type.ROTATIONS:
+    raise choice_error("rotation", rotation, codebook_type.ROTATIONS)
+  out = {}
+  for m in MATRICES:
+    w = np.asarray(weights[m], np.float32)
+    R = codebook_type.hadamard(w.shape[1]) if rotation == "hadamard" else None
+    books = [codebook.kmeans_group_quant(w_e if R is None else codebook.rotate(w_e, R), bits,
+                                         group_size or w.shape[1], iterations=iterations,
+                                         init=init, seed=seed + e)
+             for e, w_e in enumerate(w)]
+    out[f"{m}_indices"] = np.stack([b.indices for b in books])
+    out[f"{m}_centroids"] = np.stack([b.centroids for b in books]).astype(np.float32)
+  codebook_type.check_arrays(out)
+  return out
+
+
+def compress_model(float_model, model, convert) -> None:
+  """Make `model` (compressed experts) the compression of `float_model` (the same
+  config with experts='swiglu'): every nnx.Param copied from the same path, each
+  compressed expert layer given convert(that layer's float weights), e.g.
+  lambda w: quantized_from_float(w, 4, 32)."""
+  float_vars = dict(nnx.iter_graph(float_model))
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, nnx.Param):
+      node.set_value(float_vars[path][...])
+    elif isinstance(node, COMPRESSED):
+      weights = float_vars[path].weights(np.float32)
+      node.assign(convert({k: np.asarray(v) for k, v in weights.items()}))
+
+
+def storage_report(model) -> list[dict]:
+  """Per compressed expert layer of `model` (path order): its packed bytes, the
+  bytes it holds now (uint8 codes, one per byte) and float32 SwiGLU bytes."""
+  rows = []
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, COMPRESSED):
+      arrays = {k: np.asarray(v) for k, v in node.arrays().items()}
+      codes = [a for k, a in arrays.items() if k.endswith(("_codes", "_indices"))]
+      rows.append({"path": "/".join(map(str, path)), "packed_bytes": node.packed_bytes(),
+                   "held_bytes": sum(a.nbytes for a in arrays.values()),
+                   "float32_bytes": 4 * sum(a.size for a in codes)})
+  return rows
