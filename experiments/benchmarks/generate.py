@@ -52,7 +52,8 @@ def hf_config(family: str):
                              moe_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
                              norm_topk_prob=True)
   if family == "deepseek_v3":
-    return tf.DeepseekV3Config(**SIZE, intermediate_size=1024, moe_intermediate_size=256,
+    return tf.DeepseekV3Config(**{**SIZE, "num_key_value_heads": SIZE["num_attention_heads"]},
+                               intermediate_size=1024, moe_intermediate_size=256,
                                n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4,
                                n_group=4, topk_group=2, first_k_dense_replace=1,
                                kv_lora_rank=64, q_lora_rank=96, qk_rope_head_dim=16,
