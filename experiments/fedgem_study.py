@@ -59,20 +59,6 @@ NAMES = {"fedgem": "FedGEM", "fedgem_pooled": "FedGEM, pooled step (diagnostic)"
          "central_em": "centralised EM (true K)", "kfed": "k-FED (true K)"}
 
 
-def adjusted_rand_index(truth, pred) -> float:
-  """ARI (Hubert and Arabie 1985): pair-counting agreement corrected for chance."""
-  _, truth = np.unique(np.asarray(truth), return_inverse=True)
-  _, pred = np.unique(np.asarray(pred), return_inverse=True)
-  table = np.zeros((truth.max() + 1, pred.max() + 1))
-  np.add.at(table, (truth, pred), 1)
-  pairs = lambda n: n * (n - 1) / 2  # noqa: E731
-  index = pairs(table).sum()
-  rows, cols = pairs(table.sum(axis=1)).sum(), pairs(table.sum(axis=0)).sum()
-  expected = rows * cols / pairs(len(truth)) if len(truth) > 1 else 0.0
-  best = (rows + cols) / 2
-  return 1.0 if best == expected else float((index - expected) / (best - expected))
-
-
 def make_instance(rng, separation, *, clusters, clients, held, dim, points):
   """(client data [n_g, d] float32, true labels, local K_g) for one instance."""
   means = rng.normal(size=(clusters, dim))
@@ -90,6 +76,7 @@ def make_instance(rng, separation, *, clusters, clients, held, dim, points):
 
 
 def run_instance(data, labels, local_ks, *, clusters, seed, max_rounds):
+  from moejax.evaluation.partitions import adjusted_rand_index
   from moejax.mixtures import fedgem
   truth = np.concatenate(labels)
   ari = lambda pred: adjusted_rand_index(truth, np.concatenate(pred))  # noqa: E731

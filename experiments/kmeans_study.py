@@ -75,6 +75,7 @@ def spread(values, resamples: int = 2000) -> dict:
 
 def run_row(separation: float, d: int, seed: int) -> dict:
   import numpy as np
+  from moejax.evaluation.partitions import nmi
   from moejax.mixtures import kmeans
   start = time.time()
   trials, n = _TRIALS.value, _N.value
@@ -84,12 +85,12 @@ def run_row(separation: float, d: int, seed: int) -> dict:
   results = {"lloyd": kmeans.lloyd_trials(X, init, max_iter=_MAX_ITER.value),
              "hartigan": kmeans.hartigan_trials(X, init, orders, max_iter=_MAX_ITER.value)}
   row = {"separation": separation, "d": d,
-         "nmi_initial": spread([kmeans.nmi(t, i) for t, i in zip(truth, init)])}
+         "nmi_initial": spread([nmi(t, i) for t, i in zip(truth, init)])}
   for name, result in results.items():
     labels = np.asarray(result.labels)
     stuck = int(np.all(labels == init, axis=1).sum())
     row[name] = {"returns_initial": stuck / trials, "returns_initial_ci95": wilson(stuck, trials),
-                 "nmi": spread([kmeans.nmi(t, l) for t, l in zip(truth, labels)]),
+                 "nmi": spread([nmi(t, l) for t, l in zip(truth, labels)]),
                  "iterations": float(np.mean(result.iterations)),
                  "converged": float(np.mean(result.converged))}
   j_h, j_l = (np.asarray(results[name].objective, np.float64) for name in ("hartigan", "lloyd"))

@@ -140,6 +140,7 @@ def spread(values, resamples: int = 2000) -> dict:
 
 
 def clustering_row(d: int, major: float) -> dict:
+  from moejax.evaluation.partitions import adjusted_rand_index
   from moejax.mixtures import gmm, sphere
   k, n = _CLUSTERS.value, _POINTS.value
   runs = {m: {"ari": [], "test_loglik": [], "steps": []} for m in METHODS}
@@ -151,7 +152,7 @@ def clustering_row(d: int, major: float) -> dict:
     for method in METHODS:
       steps, model = fit_best(method, x, k, [[_SEED.value, s, r] for r in range(_RESTARTS.value)])
       predict = gmm.predict if method == "gmm_diag" else sphere.predict
-      runs[method]["ari"].append(sphere.adjusted_rand_index(labels, predict(x, model)))
+      runs[method]["ari"].append(adjusted_rand_index(labels, predict(x, model)))
       runs[method]["test_loglik"].append(held_out_loglik(method, model, x_test, rng))
       runs[method]["steps"].append(steps)
   diff = lambda key: spread(np.subtract(runs["mgfa"][key], runs["vmf"][key]))  # noqa: E731

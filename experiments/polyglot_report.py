@@ -25,7 +25,7 @@ from moejax import cli
 from moejax.data import polyglot
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
-from moejax.evaluation.routing import nmi
+from moejax.evaluation.partitions import nmi
 from moejax.train.metrics import read_jsonl
 from moejax.train.restore import load_from_workdir
 

@@ -25,7 +25,7 @@ window is one document and its separator, so it is attainable), windows of
 seq_len + 1 whose first token is never a target (moejax/data/packing.py).
 With the byte tokenizer bits/byte = nats / ln 2.
 
-Report helpers: `moejax.evaluation.routing.nmi` (language vs a model's top-1
+Report helpers: `moejax.evaluation.partitions.nmi` (language vs a model's top-1
 expert), `steps_to_within`
 (first logged step within 5% of the floor) and `token_languages`.
 """

@@ -53,19 +53,6 @@ def mutual_information(counts: np.ndarray) -> float:
   return max(mi, 0.0)  # rounding can leave -1e-16 for independent counts
 
 
-def nmi(a, b) -> float:
-  """Normalised mutual information 2 I(A;B) / (H(A) + H(B)) of two label arrays
-  (1 for a relabelling, 0 for independence; 0 when both are constant), e.g.
-  polyglot-synth's language against a model's top-1 expert."""
-  a = np.unique(np.ravel(a), return_inverse=True)[1]
-  b = np.unique(np.ravel(b), return_inverse=True)[1]
-  counts = np.zeros((a.max() + 1, b.max() + 1))
-  np.add.at(counts, (a, b), 1.0)
-  joint = counts / counts.sum()
-  denominator = entropy_bits(joint.sum(1)) + entropy_bits(joint.sum(0))
-  return 2 * mutual_information(counts) / denominator if denominator > 0 else 0.0
-
-
 def max_over_mean_load(counts: np.ndarray) -> float:
   """Busiest expert's assignments / the mean over experts (1 = balanced)."""
   load = counts.sum(0) if counts.ndim == 2 else counts

@@ -133,28 +133,6 @@ def hartigan_trials(X, init_labels, seeds, *, k: int | None = None,
   return jax.vmap(_hartigan, (0, 0, 0, None, None))(X, labels, orders, k, max_iter)
 
 
-def nmi(labels_a, labels_b) -> float:
-  """Normalized mutual information I(A; B) / ((H(A) + H(B)) / 2) (sklearn's
-  default normalisation); 1 for the same partition under any renaming, 1 when
-  both put every point in one cluster."""
-  a, b = np.asarray(labels_a), np.asarray(labels_b)
-  if a.ndim != 1 or a.shape != b.shape or a.size == 0:
-    raise ConfigError(f"nmi needs two non-empty [n] labelings of one length "
-                      f"(shapes={a.shape}, {b.shape})")
-  _, ia = np.unique(a, return_inverse=True)
-  _, ib = np.unique(b, return_inverse=True)
-  joint = np.zeros((ia.max() + 1, ib.max() + 1))
-  np.add.at(joint, (ia, ib), 1.0)
-  joint /= a.size
-  pa, pb = joint.sum(1), joint.sum(0)
-  if pa.size == pb.size == 1:
-    return 1.0
-  nz = joint > 0
-  mi = max(float((joint[nz] * np.log(joint[nz] / np.outer(pa, pb)[nz])).sum()), 0.0)
-  entropy = lambda p: float(-(p * np.log(p)).sum())
-  return min(mi / ((entropy(pa) + entropy(pb)) / 2), 1.0) if mi > 0 else 0.0
-
-
 # ---- input checks (host side, before anything is compiled) ------------------------------
 
 def _points(X) -> jax.Array:

@@ -310,20 +310,6 @@ def _em(x, model, step, max_steps, tol):
   return model, np.asarray(history)
 
 
-def adjusted_rand_index(truth, pred) -> float:
-  """ARI (Hubert and Arabie 1985): the Rand index corrected for chance, from the
-  contingency table; 1 for equal partitions up to renaming."""
-  _, a = np.unique(np.asarray(truth), return_inverse=True)
-  _, b = np.unique(np.asarray(pred), return_inverse=True)
-  table = np.zeros((a.max() + 1, b.max() + 1))
-  np.add.at(table, (a, b), 1)
-  pairs = lambda m: m * (m - 1) / 2  # noqa: E731
-  index, rows, cols = pairs(table).sum(), pairs(table.sum(1)).sum(), pairs(table.sum(0)).sum()
-  expected = rows * cols / pairs(a.size) if a.size > 1 else 0.0
-  best = (rows + cols) / 2
-  return 1.0 if best == expected else float((index - expected) / (best - expected))
-
-
 def checked_points(x) -> jax.Array:
   """x as a [n, d] float array (d >= 2) of unit vectors; ConfigError names the first bad row."""
   arr = np.asarray(x)

@@ -9,7 +9,6 @@ import pytest
 
 from moejax.data import polyglot
 from moejax.errors import ConfigError
-from moejax.evaluation.routing import nmi
 
 
 def tiny_languages():
@@ -106,18 +105,6 @@ def test_config_defaults_are_the_modules():
   from moejax.config import base_config
   assert base_config().data.polyglot.to_dict() == polyglot.DEFAULTS
 
-
-def test_nmi_on_planted_labels():
-  a = np.array([0, 0, 1, 1, 2, 2])
-  assert nmi(a, np.array([5, 5, 3, 3, 9, 9])) == pytest.approx(1.0, abs=1e-12)
-  assert nmi([0, 0, 1, 1], [0, 1, 0, 1]) == pytest.approx(0.0, abs=1e-12)
-  # joint (0,0)=1/2, (1,0)=1/4, (1,1)=1/4; marginals (1/2, 1/2) and (3/4, 1/4).
-  mutual = 0.5 * math.log(4 / 3) + 0.25 * math.log(2 / 3) + 0.25 * math.log(2)
-  h_b = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
-  assert nmi([0, 0, 1, 1], [0, 0, 0, 1]) == pytest.approx(
-      2 * mutual / (math.log(2) + h_b), abs=1e-12)
-  rng = np.random.default_rng(0)
-  assert nmi(rng.integers(0, 4, 100_000), rng.integers(0, 8, 100_000)) < 1e-3
 
 
 def test_steps_to_within_five_percent():
