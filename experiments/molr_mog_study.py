@@ -1,4 +1,4 @@
-r"""MoLR-MoG study (issue 16, method 5; moejax/mixtures/score_mixture.py): how close
+r"""MoLR-MoG study (issue 16, method 5; moejax/mixtures/score_mixture.py and score_networks.py): how close
 to the true score do the MoE-latent-MoG, the MoE-latent-Gaussian and a plain MLP at
 equal parameters get, per noise level and against the number of training points n?
 
@@ -29,6 +29,7 @@ import numpy as np
 from moejax import cli
 from moejax.errors import ConfigError
 from moejax.mixtures import score_mixture as sm
+from moejax.mixtures import score_networks as sn
 
 _POSITIVE = cli.in_range(0, float("inf"), low_open=True)
 _DIM = cli.checked(flags.DEFINE_integer("dim", 64, "Ambient dimension D."), cli.at_least(1))
@@ -80,14 +81,14 @@ def build(name, settings, seed, data):
                                                    "components"))
   rngs = nnx.Rngs(2000 + seed)
   if name.startswith(("mog", "gaussian")):
-    model = (sm.MoELatentMoG(d, k, latent, comps, rngs=rngs) if name.startswith("mog")
-             else sm.MoELatentGaussian(d, k, latent, rngs=rngs))
+    model = (sn.MoELatentMoG(d, k, latent, comps, rngs=rngs) if name.startswith("mog")
+             else sn.MoELatentGaussian(d, k, latent, rngs=rngs))
     if not name.endswith("_random"):
-      sm.init_from_data(model, data, seed=seed)
+      sn.init_from_data(model, data, seed=seed)
     return model
-  target = sm.count_params(sm.MoELatentMoG(d, k, latent, comps, rngs=nnx.Rngs(0)))
-  width = sm.mlp_width(target * (10 if name == "mlp10" else 1), d)
-  return sm.ScoreMLP(d, width, rngs=rngs, data_std=float(jnp.sqrt(jnp.mean(data ** 2))))
+  target = sn.count_params(sn.MoELatentMoG(d, k, latent, comps, rngs=nnx.Rngs(0)))
+  width = sn.mlp_width(target * (10 if name == "mlp10" else 1), d)
+  return sn.ScoreMLP(d, width, rngs=rngs, data_std=float(jnp.sqrt(jnp.mean(data ** 2))))
 
 
 def subspace_angle(true_bases, learned_bases) -> float:
@@ -111,7 +112,7 @@ def run_one(name, settings, mix, data, seed):
                              seed=4000 + seed) for s in settings["sigmas"]}
   rows = max(len(data), 4096)  # tile n | rows points: uniform batches, one compile for all n
   tiled = jnp.tile(data, (rows // len(data), 1)) if rows % len(data) == 0 else data
-  losses = sm.train_dsm(model, tiled, steps=settings["steps"], seed=3000 + seed,
+  losses = sn.train_dsm(model, tiled, steps=settings["steps"], seed=3000 + seed,
                         batch_size=settings["batch_size"],
                         learning_rate=settings["learning_rate"],
                         sigma_range=(settings["sigma_min"], settings["sigma_max"]))
@@ -123,14 +124,14 @@ def run_one(name, settings, mix, data, seed):
   sigma = jnp.exp(jax.random.uniform(keys[0], (len(held),), minval=log_lo, maxval=log_hi))
   noise = jax.random.normal(keys[1], held.shape)
   true_fn = lambda x, s: sm.molr_mog_score(x, s, mix)  # noqa: E731
-  excess = float(sm.dsm_loss(model, held, sigma, noise) - sm.dsm_loss(true_fn, held, sigma,
+  excess = float(sn.dsm_loss(model, held, sigma, noise) - sn.dsm_loss(true_fn, held, sigma,
                                                                       noise))
   out = {"score_error": errors, "start_score_error": start, "dsm_excess": excess,
-         "params": sm.count_params(model),
+         "params": sn.count_params(model),
          "final_train_loss": float(jnp.mean(losses[-200:]))}
   if name.startswith(("mog", "gaussian")):
     out["max_angle_deg"] = subspace_angle(np.asarray(mix.bases),
-                                          np.asarray(sm.orthonormal(model.bases_raw[...])))
+                                          np.asarray(sn.orthonormal(model.bases_raw[...])))
   return out
 
 

@@ -1,4 +1,4 @@
-"""MoLR-MoG score networks (moejax/mixtures/score_mixture.py) against oracles: autodiff
+"""MoLR-MoG score networks (moejax/mixtures/score_mixture.py, score_networks.py) against oracles: autodiff
 of log p_t, the dense Gaussian-mixture density, the two derivations of the n_k = 1
 score, the DSM identity at the true score, training, and the refusals."""
 from flax import nnx
@@ -10,6 +10,7 @@ from jax.scipy.stats import multivariate_normal
 
 from moejax.errors import ConfigError
 from moejax.mixtures import score_mixture as sm
+from moejax.mixtures import score_networks as sn
 from tests.cli.harness import assert_refused, run_entry
 
 SIGMAS = (0.05, 0.3, 1.0, 4.0)
@@ -71,7 +72,7 @@ def test_sampler_is_seeded_and_lies_on_the_subspaces():
 
 def gaussian_model(seed, dim=9, k=3, d=3):
   """A MoE-latent-Gaussian with random (not initial) means, variances and gate logits."""
-  model = sm.MoELatentGaussian(dim, k, d, rngs=nnx.Rngs(seed))
+  model = sn.MoELatentGaussian(dim, k, d, rngs=nnx.Rngs(seed))
   rng = np.random.default_rng(seed)
   model.means[...] = jnp.asarray(2.0 * rng.normal(size=(k, d)))
   model.log_variances[...] = jnp.asarray(rng.normal(size=(k, d)))
@@ -84,7 +85,7 @@ def test_latent_mog_with_one_component_is_the_latent_gaussian(copies):
   """n_k = 1 (or n_k = 2 identical components): the same score, by a second derivation."""
   with jax.enable_x64(True):
     gauss = gaussian_model(0)
-    mog = sm.MoELatentMoG(9, 3, 3, copies, rngs=nnx.Rngs(1))
+    mog = sn.MoELatentMoG(9, 3, 3, copies, rngs=nnx.Rngs(1))
     mog.bases_raw[...] = gauss.bases_raw[...]
     mog.means[...] = jnp.repeat(gauss.means[...][:, None], copies, 1)
     mog.log_variances[...] = jnp.repeat(gauss.log_variances[...][:, None], copies, 1)
@@ -115,11 +116,11 @@ def test_dsm_at_the_true_score_is_its_minimum():
                - (6 - sigma ** 2 * jnp.sum(score ** 2, 1)))
         within = abs(float(gap.mean())) < 4 * float(gap.std()) / np.sqrt(n)
         assert within == holds, (sigma, scale, float(gap.mean()), float(gap.std()))
-      base = float(sm.dsm_loss(true, x, s, noise))
+      base = float(sn.dsm_loss(true, x, s, noise))
       for shift in (lambda y: jnp.ones_like(y) / sigma,
                     lambda y: 0.3 * jnp.roll(y, 1, axis=1) / (1 + sigma ** 2)):
         perturbed = lambda y, t, f=shift: true(y, t) + f(y)  # noqa: E731
-        rise = float(sm.dsm_loss(perturbed, x, s, noise)) - base
+        rise = float(sn.dsm_loss(perturbed, x, s, noise)) - base
         expected = sigma ** 2 * float(jnp.mean(jnp.sum(shift(x + sigma * noise) ** 2, 1)))
         assert rise == pytest.approx(expected, rel=0.15)
 
@@ -127,9 +128,9 @@ def test_dsm_at_the_true_score_is_its_minimum():
 def test_training_lowers_the_score_error():
   mix = sm.make_mixture(3, 8, 2, 2, 2)
   data = sm.sample(mix, 1024, 1)
-  model = sm.MoELatentMoG(8, 2, 2, 2, rngs=nnx.Rngs(11))
+  model = sn.MoELatentMoG(8, 2, 2, 2, rngs=nnx.Rngs(11))
   before = [sm.score_error(model, mix, s, num_samples=512) for s in (0.3, 1.0)]
-  losses = sm.train_dsm(model, data, steps=300, batch_size=128, learning_rate=2e-2)
+  losses = sn.train_dsm(model, data, steps=300, batch_size=128, learning_rate=2e-2)
   after = [sm.score_error(model, mix, s, num_samples=512) for s in (0.3, 1.0)]
   assert losses.shape == (300,) and float(losses[-50:].mean()) < float(losses[:50].mean())
   assert all(a < 0.3 * b for a, b in zip(after, before)), (before, after)
@@ -140,12 +141,12 @@ def test_orthonormal_is_continuous_gram_schmidt():
   Householder QR pivots on crosses zero (a flip would scramble the latent coordinates)."""
   with jax.enable_x64(True):
     bases = np.asarray(sm.make_mixture(0, 8, 2, 3, 1).bases, np.float64)
-    np.testing.assert_allclose(sm.orthonormal(jnp.asarray(bases)), bases, atol=1e-12)
+    np.testing.assert_allclose(sn.orthonormal(jnp.asarray(bases)), bases, atol=1e-12)
     flipped = []
     for tiny in (1e-9, -1e-9):  # the pivot entry of the first column crosses zero
       raw = bases.copy()
       raw[:, 0, 0] = tiny
-      flipped.append(sm.orthonormal(jnp.asarray(raw)))
+      flipped.append(sn.orthonormal(jnp.asarray(raw)))
       assert np.all(np.diagonal(jnp.linalg.qr(raw)[1], axis1=1, axis2=2)[:, 0] * tiny < 0)
     np.testing.assert_allclose(flipped[0], flipped[1], atol=1e-8)
 
@@ -154,11 +155,11 @@ def test_init_from_data_finds_the_subspaces_and_components():
   """Clean data lie on the subspaces: the start is near the true score already."""
   mix = sm.make_mixture(2, 16, 3, 2, 2)
   data = sm.sample(mix, 600, 3)
-  for model in (sm.MoELatentMoG(16, 3, 2, 2, rngs=nnx.Rngs(0)),
-                sm.MoELatentGaussian(16, 3, 2, rngs=nnx.Rngs(0))):
+  for model in (sn.MoELatentMoG(16, 3, 2, 2, rngs=nnx.Rngs(0)),
+                sn.MoELatentGaussian(16, 3, 2, rngs=nnx.Rngs(0))):
     before = sm.score_error(model, mix, 0.5, num_samples=512)
-    sm.init_from_data(model, data, seed=1)
-    bases = sm.orthonormal(model.bases_raw[...])
+    sn.init_from_data(model, data, seed=1)
+    bases = sn.orthonormal(model.bases_raw[...])
     overlap = np.linalg.norm(np.einsum("kDi,jDl->kjil", mix.bases, bases), axis=(2, 3)) ** 2
     np.testing.assert_allclose(np.sort(overlap.max(1)), 2.0, atol=1e-4)  # each U_k found
     after = sm.score_error(model, mix, 0.5, num_samples=512)
@@ -166,22 +167,22 @@ def test_init_from_data_finds_the_subspaces_and_components():
 
 
 def test_mlp_width_matches_the_parameter_count():
-  model = sm.ScoreMLP(64, sm.mlp_width(852, 64), rngs=nnx.Rngs(0))
-  assert abs(sm.count_params(model) - 852) <= 65
-  assert sm.count_params(sm.MoELatentMoG(64, 3, 4, 3, rngs=nnx.Rngs(0))) == 852
+  model = sn.ScoreMLP(64, sn.mlp_width(852, 64), rngs=nnx.Rngs(0))
+  assert abs(sn.count_params(model) - 852) <= 65
+  assert sn.count_params(sn.MoELatentMoG(64, 3, 4, 3, rngs=nnx.Rngs(0))) == 852
 
 
 def test_refusals():
   mix = sm.make_mixture(0, 6, 2, 2, 2)
   x = sm.sample(mix, 4, 0)
-  model = sm.MoELatentMoG(6, 2, 2, 2, rngs=nnx.Rngs(0))
+  model = sn.MoELatentMoG(6, 2, 2, 2, rngs=nnx.Rngs(0))
   for call in (lambda: sm.molr_mog_score(x, -0.5, mix),
                lambda: sm.molr_mog_log_density(x, -0.5, mix),
                lambda: sm.score_error(model, mix, -0.5),
                lambda: model(x, -0.5),
-               lambda: sm.MoELatentGaussian(6, 2, 2, rngs=nnx.Rngs(0))(x, -0.5),
-               lambda: sm.ScoreMLP(6, 3, rngs=nnx.Rngs(0))(x, -0.5),
-               lambda: sm.dsm_loss(model, x, jnp.array([1.0, 1.0, -0.5, 1.0]), x)):
+               lambda: sn.MoELatentGaussian(6, 2, 2, rngs=nnx.Rngs(0))(x, -0.5),
+               lambda: sn.ScoreMLP(6, 3, rngs=nnx.Rngs(0))(x, -0.5),
+               lambda: sn.dsm_loss(model, x, jnp.array([1.0, 1.0, -0.5, 1.0]), x)):
     with pytest.raises(ConfigError, match="sigma=-0.5"):
       call()
   with pytest.raises(ConfigError, match="sigma=0 must be > 0"):
@@ -199,9 +200,9 @@ def test_refusals():
   with pytest.raises(ConfigError, match="latent_dim=7"):
     sm.make_mixture(0, 6, 2, 7, 2)
   with pytest.raises(ConfigError, match="sigma_range"):
-    sm.train_dsm(model, x, steps=1, sigma_range=(-1.0, 2.0))
+    sn.train_dsm(model, x, steps=1, sigma_range=(-1.0, 2.0))
   with pytest.raises(ConfigError, match="steps=0"):
-    sm.train_dsm(model, x, steps=0)
+    sn.train_dsm(model, x, steps=0)
 
 
 @pytest.mark.parametrize("args, names", [
