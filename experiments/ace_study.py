@@ -15,7 +15,6 @@ interval is on the other, and is undecided otherwise. --dense_horizon reruns
 that T with the dense lax.scan simulator (its own draws): same law, so the mean
 regrets should agree within a few standard errors.
 """
-import json
 import time
 
 from absl import flags
@@ -50,9 +49,7 @@ _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Seeds the means, rewards an
                     cli.at_least(0))
 _DENSE = cli.checked(flags.DEFINE_integer("dense_horizon", 1000, "Rerun this T with the "
                                           "dense simulator (0: skip)."), cli.at_least(0))
-_JSON = flags.DEFINE_string("json", None, "Write the records here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
-_PLOT = flags.DEFINE_string("plot", None, "Write the log-log regret curves here (png).")
+_OUTPUTS = cli.study_outputs()
 
 
 def fit_slopes(horizons, regrets, resamples, rng):
@@ -183,9 +180,7 @@ def plot(report, path) -> None:
 
 def main(argv):
   del argv
-  for name, path in (("json", _JSON.value), ("markdown", _MARKDOWN.value),
-                     ("plot", _PLOT.value)):
-    cli.output_file(name, path)
+  _OUTPUTS.check()
   horizons = sorted({int(t) for t in _HORIZONS.value})
   if len(horizons) < 2:
     raise ConfigError(f"expected at least two distinct horizons "
@@ -217,14 +212,7 @@ def main(argv):
             "runtime_s": runtime}
   text = markdown(report)
   print(text)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(text)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(report, f, indent=1)
-  if _PLOT.value:
-    plot(report, _PLOT.value)
+  _OUTPUTS.write(report, text, lambda path: plot(report, path))
 
 
 if __name__ == "__main__":

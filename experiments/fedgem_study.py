@@ -40,9 +40,7 @@ _POINTS = cli.checked(flags.DEFINE_integer("points", 100, "Points per client per
 _ROUNDS = cli.checked(flags.DEFINE_integer("max_rounds", 200, "FedGEM rounds (and EM "
                                            "steps) at most."), cli.at_least(1))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Base seed."), cli.at_least(0))
-_JSON = flags.DEFINE_string("json", None, "Write the settings, instances and summary here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the table here.")
-_PLOT = flags.DEFINE_string("plot", None, "Write the figure (PNG) here.")
+_OUTPUTS = cli.study_outputs()
 
 METHODS = ("fedgem", "fedgem_pooled", "central_em", "kfed")
 NOTES = """Notes. Every method starts from greedy k-means++ seeds, once (no restarts):
@@ -157,9 +155,7 @@ def plot(summary, path):
 
 def main(argv):
   del argv
-  for flag, path in (("json", _JSON.value), ("markdown", _MARKDOWN.value),
-                     ("plot", _PLOT.value)):
-    cli.output_file(flag, path)
+  _OUTPUTS.check()
   if _MIN_HELD.value > _MAX_HELD.value or _MAX_HELD.value > _CLUSTERS.value:
     raise ConfigError(f"expected min_held <= max_held <= clusters (--min_held="
                       f"{_MIN_HELD.value}, --max_held={_MAX_HELD.value}, --clusters="
@@ -188,15 +184,9 @@ def main(argv):
   print(text)
   result = {"settings": settings, "runtime_s": round(time.time() - start, 1),
             "summary": summary, "instances": records}
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(f"# FedGEM study\n\n{text}\n\n{NOTES}\n\nRuntime {result['runtime_s']} s "
-              f"(python -m experiments.fedgem_study, defaults).\n")
-  if _PLOT.value:
-    plot(summary, _PLOT.value)
+  _OUTPUTS.write(result, f"# FedGEM study\n\n{text}\n\n{NOTES}\n\nRuntime "
+                 f"{result['runtime_s']} s (python -m experiments.fedgem_study, defaults).",
+                 lambda path: plot(summary, path))
 
 
 if __name__ == "__main__":

@@ -36,9 +36,7 @@ _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Seed of data, partitions an
                     cli.at_least(0))
 _MAX_ITER = cli.checked(flags.DEFINE_integer("max_iter", 100, "Lloyd steps / Hartigan sweeps."),
                         cli.at_least(1))
-_JSON = flags.DEFINE_string("json", None, "Write the settings and every row here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the table here.")
-_PLOT = flags.DEFINE_string("plot", None, "Write the figure here (PNG).")
+_OUTPUTS = cli.study_outputs()
 
 
 def trials_data(rng, trials: int, n: int, d: int, separation: float):
@@ -167,8 +165,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv):
   del argv
-  for flag in ("json", "markdown", "plot"):
-    cli.output_file(flag, flags.FLAGS[flag].value)
+  _OUTPUTS.check()
   if not _DIMS.value or not _SEPARATIONS.value:
     raise cli.flag_error(_DIMS if not _DIMS.value else _SEPARATIONS, "expected at least one")
   start = time.time()
@@ -197,17 +194,11 @@ def main(argv):
       f"### The paper's claims (separation {separations[0]:g})", "",
       *claims(rows, separations[0]), "", "### Every row", "", table(rows)])
   print(text)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"settings": {"n": _N.value, "trials": _TRIALS.value, "seed": _SEED.value,
-                              "max_iter": _MAX_ITER.value, "noise_std": 1.0,
-                              "separations": separations, "command": command,
-                              "seconds": seconds}, "rows": rows}, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(text + "\n")
-  if _PLOT.value:
-    plot(rows, _PLOT.value)
+  record = {"settings": {"n": _N.value, "trials": _TRIALS.value, "seed": _SEED.value,
+                         "max_iter": _MAX_ITER.value, "noise_std": 1.0,
+                         "separations": separations, "command": command, "seconds": seconds},
+            "rows": rows}
+  _OUTPUTS.write(record, text, lambda path: plot(rows, path))
 
 
 if __name__ == "__main__":

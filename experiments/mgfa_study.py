@@ -19,7 +19,6 @@ Frechet mean: `frechet_trials` samples of n points of one headline band; geodesi
 error of the sample Frechet mean; OLS slope of log mean error on log n, with a
 bootstrap (over trials) 95% interval.
 """
-import json
 import sys
 import time
 
@@ -53,9 +52,7 @@ _NS = cli.checked(flags.DEFINE_list("frechet_ns", ["25", "50", "100", "200", "40
 _TRIALS = cli.checked(flags.DEFINE_integer("frechet_trials", 200, "Samples per n."),
                       cli.at_least(2))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Base seed."), cli.at_least(0))
-_JSON = flags.DEFINE_string("json", None, "Write the settings and results here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
-_PLOT = flags.DEFINE_string("plot", None, "Write the figure here (PNG).")
+_OUTPUTS = cli.study_outputs()
 
 METHODS = ("mgfa", "mgfa_q0", "vmf", "gmm_diag")
 NAMES = {"mgfa": "MGFA (q={q})", "mgfa_q0": "MGFA q=0 (isotropic tangent)",
@@ -259,8 +256,7 @@ def plot(rows, frechet, path: str) -> None:
 
 def main(argv):
   del argv
-  for flag in ("json", "markdown", "plot"):
-    cli.output_file(flag, flags.FLAGS[flag].value)
+  _OUTPUTS.check()
   dims = sorted(set(map(int, _DIMS.value)))
   if not dims or not _MAJORS.value:
     raise cli.flag_error(_DIMS if not dims else _MAJORS, "expected at least one value")
@@ -290,18 +286,11 @@ def main(argv):
       "### The paper's claims", "", *claims(rows, frechet), "",
       "### Clustering and held-out likelihood", "", tables(rows, frechet)])
   print(text)
-  if _JSON.value:
-    names = ("dims", "majors", "minor", "spacing", "clusters", "points", "factors", "seeds",
-             "restarts", "max_steps", "frechet_ns", "frechet_trials", "seed")
-    with open(_JSON.value, "w") as f:
-      json.dump({"settings": {**{n: flags.FLAGS[n].value for n in names}, "command": command,
-                              "seconds": seconds}, "clustering": rows, "frechet": frechet},
-                f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(text + "\n")
-  if _PLOT.value:
-    plot(rows, frechet, _PLOT.value)
+  names = ("dims", "majors", "minor", "spacing", "clusters", "points", "factors", "seeds",
+           "restarts", "max_steps", "frechet_ns", "frechet_trials", "seed")
+  record = {"settings": {**{n: flags.FLAGS[n].value for n in names}, "command": command,
+                         "seconds": seconds}, "clustering": rows, "frechet": frechet}
+  _OUTPUTS.write(record, text, lambda path: plot(rows, frechet, path))
 
 
 if __name__ == "__main__":

@@ -69,9 +69,7 @@ _MODELS = cli.checked(flags.DEFINE_list("models", list(NAMES), "Models of the no
                       cli.one_of(*NAMES))
 _N_MODELS = cli.checked(flags.DEFINE_list("n_models", ["mog", "gaussian", "mlp"],
                                           "Models of the n study."), cli.one_of(*NAMES))
-_JSON = flags.DEFINE_string("json", None, "Write the settings, runs and summary here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
-_PLOT = flags.DEFINE_string("plot", None, "Write the figure (PNG) here.")
+_OUTPUTS = cli.study_outputs()
 
 
 def build(name, settings, seed, data):
@@ -253,9 +251,7 @@ def plot(summary, settings, path):
 
 def main(argv):
   del argv
-  for flag, path in (("json", _JSON.value), ("markdown", _MARKDOWN.value),
-                     ("plot", _PLOT.value)):
-    cli.output_file(flag, path)
+  _OUTPUTS.check()
   if _LATENT.value > _DIM.value:
     raise ConfigError(f"expected latent_dim <= dim (--latent_dim={_LATENT.value}, "
                       f"--dim={_DIM.value})")
@@ -291,16 +287,9 @@ def main(argv):
   result = {"settings": settings, "runtime_s": round(time.time() - start, 1),
             "summary": summary, "runs": [{"model": m, "seed": s, "n": n, **r}
                                          for (m, s, n), r in runs.items()]}
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      command = " ".join(["python -m experiments.molr_mog_study", *sys.argv[1:]])
-      f.write(f"# MoLR-MoG study\n\nCommand: `{command}` ({result['runtime_s']} s on "
-              f"CPU).\n\n{text}\n")
-  if _PLOT.value:
-    plot(summary, settings, _PLOT.value)
+  command = " ".join(["python -m experiments.molr_mog_study", *sys.argv[1:]])
+  _OUTPUTS.write(result, f"# MoLR-MoG study\n\nCommand: `{command}` ({result['runtime_s']} s "
+                 f"on CPU).\n\n{text}", lambda path: plot(summary, settings, path))
 
 
 if __name__ == "__main__":

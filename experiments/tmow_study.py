@@ -14,7 +14,6 @@ Error: next-state MSE over the noise floor, E|A_hat x - x'|^2 / (n sigma^2) - 1
 (exact, tmow.excess_mse), averaged over a seed's unseen domains; reported over
 seeds as mean, std and a bootstrap 95% interval of the mean.
 """
-import json
 import sys
 import time
 
@@ -50,9 +49,7 @@ _TAUS = cli.checked(flags.DEFINE_list("taus", ["0.03", "0.1", "0.2", "0.3", "0.5
                     cli.in_range(0, float("inf"), low_open=True))
 _STRENGTH = cli.checked(flags.DEFINE_float("strength", 4.0, "Distillation strength (ridge "
                                            "toward the teacher)."), cli.at_least(0, float))
-_JSON = flags.DEFINE_string("json", None, "Write the settings and every row here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the tables here.")
-_PLOT = flags.DEFINE_string("plot", None, "Write the figure here (PNG).")
+_OUTPUTS = cli.study_outputs()
 
 METHODS = {  # name: (setting, description)
     "global": ("zero-shot", "one global linear model (pooled least squares)"),
@@ -244,8 +241,7 @@ def plot(summary: dict, shots: list[int], taus: list[float], k: int, path: str) 
 
 def main(argv):
   del argv
-  for flag in ("json", "markdown", "plot"):
-    cli.output_file(flag, flags.FLAGS[flag].value)
+  _OUTPUTS.check()
   shots = sorted({int(s) for s in _SHOTS.value})
   taus = sorted({float(t) for t in _TAUS.value})
   if not shots or not taus:
@@ -271,22 +267,15 @@ def main(argv):
       "### Notes", "", *notes(summary, shots, taus, k), "",
       "### Excess MSE / noise floor (means over seeds)", "", tables(summary, shots, taus, k)])
   print(text)
-  if _JSON.value:
-    settings = {name: flags.FLAGS[name].value for name in (
-        "seeds", "seed", "dim", "domains", "train", "unseen", "headline_shots", "noise_std",
-        "radius", "concentration", "tau", "strength")}
-    with open(_JSON.value, "w") as f:
-      json.dump({"settings": {**settings, "shots": shots, "taus": taus, "command": command,
-                              "seconds": seconds}, "methods": METHODS,
-                 "summary": {key: {str(s): v for s, v in by_k.items()}
-                             for key, by_k in summary.items()},
-                 "per_seed": [{f"{key}@K={s}": v for (key, s), v in r.items()}
-                              for r in per_seed]}, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(text + "\n")
-  if _PLOT.value:
-    plot(summary, shots, taus, k, _PLOT.value)
+  settings = {name: flags.FLAGS[name].value for name in (
+      "seeds", "seed", "dim", "domains", "train", "unseen", "headline_shots", "noise_std",
+      "radius", "concentration", "tau", "strength")}
+  record = {"settings": {**settings, "shots": shots, "taus": taus, "command": command,
+                         "seconds": seconds}, "methods": METHODS,
+            "summary": {key: {str(s): v for s, v in by_k.items()}
+                        for key, by_k in summary.items()},
+            "per_seed": [{f"{key}@K={s}": v for (key, s), v in r.items()} for r in per_seed]}
+  _OUTPUTS.write(record, text, lambda path: plot(summary, shots, taus, k, path))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,13 @@ parsing, which runs the validators attached here). Anything else is a bug and
 keeps its traceback. Entry points check their flags and workdirs (the
 `*_workdir` helpers below) before they create, write or compile anything.
 """
+import dataclasses
+import json
 import os
 import re
 import sys
 import traceback
+from typing import Any, Callable
 
 from absl import app, flags, logging
 
@@ -260,3 +263,35 @@ def input_file(flag: str, path: str) -> None:
     raise ConfigError(f"not a file (--{flag}={path})")
   if os.path.getsize(path) == 0:
     raise ConfigError(f"file is empty (--{flag}={path})")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOutputs:
+  """A study CLI's --json, --markdown and --plot: checked before any work
+  (`check`), written at the end (`write`)."""
+  json: Any
+  markdown: Any
+  plot: Any
+
+  def check(self) -> None:
+    for holder in (self.json, self.markdown, self.plot):
+      output_file(holder.name, holder.value)
+
+  def write(self, record: dict, text: str, plot: Callable[[str], None] | None = None) -> None:
+    """record -> --json (indented), text -> --markdown, plot(path) -> --plot."""
+    if self.json.value:
+      with open(self.json.value, "w") as f:
+        json.dump(record, f, indent=1)
+    if self.markdown.value:
+      with open(self.markdown.value, "w") as f:
+        f.write(text.rstrip("\n") + "\n")
+    if self.plot.value and plot is not None:
+      plot(self.plot.value)
+
+
+def study_outputs() -> StudyOutputs:
+  """Define --json, --markdown and --plot (a study module calls this once)."""
+  return StudyOutputs(
+      flags.DEFINE_string("json", None, "Write the settings and results here (JSON)."),
+      flags.DEFINE_string("markdown", None, "Write the tables here."),
+      flags.DEFINE_string("plot", None, "Write the figure here (PNG)."))
