@@ -38,6 +38,7 @@ import numpy as np
 
 from moejax.errors import ConfigError, choice_error
 from moejax.mixtures import gmm as gmm_lib
+from moejax.mixtures import kmeans
 from moejax.mixtures.gmm import GMM
 
 SERVER_STEPS = ("intersection", "pooled")
@@ -263,20 +264,11 @@ def centralised_em(clients: Sequence, k: int, *, seed: int = 0, max_steps: int =
 
 
 def lloyd(x, k: int, *, seed, max_steps: int = 100) -> tuple[np.ndarray, np.ndarray]:
-  """k-means (Lloyd 1982) from k-means++ seeds: (centres [k, d], labels [n]). An empty
-  cluster keeps its centre."""
+  """k-means (kmeans.lloyd) from k-means++ seeds: (centres [k, d], labels [n])."""
   x = np.asarray(x, np.float64)
-  centres = gmm_lib.kmeans_plus_plus(x, k, seed)
-  labels = None
-  for _ in range(max_steps):
-    new = np.argmin(((x[:, None] - centres[None]) ** 2).sum(-1), axis=1)
-    if labels is not None and np.array_equal(new, labels):
-      break
-    labels = new
-    sizes = np.bincount(labels, minlength=k)
-    sums = np.stack([np.bincount(labels, x[:, j], k) for j in range(x.shape[1])], 1)
-    centres = np.where(sizes[:, None] > 0, sums / np.maximum(sizes, 1)[:, None], centres)
-  return centres, labels
+  result = kmeans.lloyd(x, init_centroids=gmm_lib.kmeans_plus_plus(x, k, seed),
+                        max_iter=max_steps)
+  return np.asarray(result.centroids, np.float64), np.asarray(result.labels)
 
 
 def kfed(clients: Sequence, local_ks: Sequence[int], k: int, *, seed: int = 0):
