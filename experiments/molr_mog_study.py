@@ -17,6 +17,7 @@ learned and true subspaces (best matching of experts).
 """
 import itertools
 import json
+import math
 import sys
 import time
 
@@ -197,6 +198,31 @@ def tables(summary, settings) -> str:
   return "\n".join(lines + claims(summary, settings))
 
 
+def paired_claims(runs, settings) -> list[str]:
+  """latent-MoG against latent-Gaussian on the same seeds: the paired difference of
+  log10 score error per noise level and of held-out DSM excess, mean ± std [95%
+  interval] and seed_stats' verdict (paper: lower)."""
+  from moejax.train import seed_stats
+  if not {"mog", "gaussian"} <= set(settings["models"]):
+    return []
+  n, seeds = settings["n_train"], range(settings["seeds"])
+  value = lambda m, pick: [pick(runs[(m, i, n)]) for i in seeds]  # noqa: E731
+  rows = [(f"log10 score error, sigma={s}",
+           [math.log10(v) for v in value(m, lambda r: r["score_error"][s])])
+          for s in settings["sigmas"] for m in ("mog", "gaussian")]
+  pairs = [(rows[i][0], rows[i][1], rows[i + 1][1]) for i in range(0, len(rows), 2)]
+  pairs.append(("held-out DSM excess", value("mog", lambda r: r["dsm_excess"]),
+                value("gaussian", lambda r: r["dsm_excess"])))
+  out = ["", "### latent-MoG - latent-Gaussian, paired over seeds", "",
+         "| quantity | difference | verdict (paper: lower) |", "|---|---|---|"]
+  for name, mog, gaussian in pairs:
+    d = seed_stats.paired_difference(mog, gaussian)
+    interval = (f"{d.mean:+.3f} ± {d.std:.3f} [{d.lo:+.3f}, {d.hi:+.3f}]" if d.lo is not None
+                else f"{d.mean:+.3f}")
+    out.append(f"| {name} | {interval} | {seed_stats.verdict(d, 'lower', '{:.3f}')} |")
+  return out
+
+
 def claims(summary, settings) -> list[str]:
   """The spec's small-scale claims, each with the measured numbers."""
   noise, by_n, sigmas = summary["noise"], summary["n"], settings["sigmas"]
@@ -282,7 +308,7 @@ def main(argv):
       print(f"seed {seed} {m} n={n}: {json.dumps(runs[(m, seed, n)])} "
             f"({time.time() - start:.0f}s)", flush=True)
   summary = summarise(runs, settings)
-  text = tables(summary, settings)
+  text = "\n".join([tables(summary, settings), *paired_claims(runs, settings)])
   print(text)
   result = {"settings": settings, "runtime_s": round(time.time() - start, 1),
             "summary": summary, "runs": [{"model": m, "seed": s, "n": n, **r}
