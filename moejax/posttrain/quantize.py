@@ -66,13 +66,13 @@ class QuantizedWeight:
 def _group_params(rows_GxO: np.ndarray, bits: int, symmetric: bool):
   """(scale, zero) [d_out] of one group of rows (module doc), float64 holding
   float32 values for the scale; zero is None when symmetric."""
-  rows = np.asarray(rows_GxO, np.float64)
+  rows = np.asarray(rows_GxO, np.float64)  # [..., G, d_out]: leading axes batch
   if symmetric:
-    scale = np.abs(rows).max(axis=0) / (2 ** (bits - 1) - 1)
+    scale = np.abs(rows).max(axis=-2) / (2 ** (bits - 1) - 1)
     zero = None
   else:
-    low = np.minimum(rows.min(axis=0), 0.0)
-    high = np.maximum(rows.max(axis=0), 0.0)
+    low = np.minimum(rows.min(axis=-2), 0.0)
+    high = np.maximum(rows.max(axis=-2), 0.0)
     scale = (high - low) / (2 ** bits - 1)
   scale = np.where(scale > 0, scale, 1.0).astype(np.float32).astype(np.float64)
   if not symmetric:
@@ -142,38 +142,55 @@ def gptq(W, H, bits: int, group_size: int, damp: float = 0.01, block_size: int =
   """GPTQ of W [d_in, d_out] against the input Hessian H = X^T X [d_in, d_in]:
   rows quantized in order, each one's error fed back through the inverse
   Hessian's Cholesky factor (module doc, Alg. 1)."""
+  d_in = np.shape(W)[0]
+  if np.shape(H) != (d_in, d_in):
+    raise ConfigError(f"H has shape {np.shape(H)}; expected ({d_in}, {d_in}) for d_in={d_in}")
+  return gptq_stack(np.asarray(W)[None], np.asarray(H)[None], bits, group_size, damp,
+                    block_size, symmetric)[0]
+
+
+def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size: int = 128,
+               symmetric: bool = False) -> list[QuantizedWeight]:
+  """`gptq` of every W[e] [d_in, d_out] against its own H[e], for W [E, d_in, d_out]
+  and H [E, d_in, d_in]: the same arithmetic, the experts carried along a leading
+  axis (one Python loop over the rows for all of them)."""
   W = np.array(W, np.float64)
-  d_in = W.shape[0]
+  e, d_in, _ = W.shape
   check_grouping(bits, group_size, d_in)
   H = np.array(H, np.float64)
-  if H.shape != (d_in, d_in):
-    raise ConfigError(f"H has shape {H.shape}; expected ({d_in}, {d_in}) for d_in={d_in}")
-  dead = np.diag(H) == 0
-  H[dead, dead] = 1.0
+  if H.shape != (e, d_in, d_in):
+    raise ConfigError(f"H has shape {H.shape}; expected ({e}, {d_in}, {d_in}) for "
+                      f"{e} matrices of d_in={d_in}")
+  diagonal = np.arange(d_in)
+  dead = H[:, diagonal, diagonal] == 0  # [E, d_in]
+  H[:, diagonal, diagonal] = np.where(dead, 1.0, H[:, diagonal, diagonal])
   W[dead] = 0.0
-  H[np.diag_indices(d_in)] += damp * np.mean(np.diag(H))
-  U = _inverse_cholesky(H)
+  H[:, diagonal, diagonal] += damp * np.mean(H[:, diagonal, diagonal], axis=1, keepdims=True)
+  U = np.stack([_inverse_cholesky(h) for h in H])
   block = max(block_size // group_size, 1) * group_size
   codes = np.empty_like(W)
   scales, zeros = [], []
   for start in range(0, d_in, block):
     stop = min(start + block, d_in)
-    rows = W[start:stop].copy()  # updated in place as errors arrive
+    rows = W[:, start:stop].copy()  # updated in place as errors arrive
     errors = np.zeros_like(rows)
-    U_block = U[start:stop, start:stop]
+    U_block = U[:, start:stop, start:stop]
     for i in range(stop - start):
       if (start + i) % group_size == 0:
-        scale, zero = _group_params(rows[i:i + group_size], bits, symmetric)
+        scale, zero = _group_params(rows[:, i:i + group_size], bits, symmetric)
         scales.append(scale)
         zeros.append(zero)
-      w = rows[i]
+      w = rows[:, i]  # [E, d_out]
       code = _codes(w, scale, zero, bits)
-      codes[start + i] = code
-      error = (w - _values(code, scale, zero)) / U_block[i, i]
-      rows[i:] -= np.outer(U_block[i, i:], error)
-      errors[i] = error
-    W[stop:] -= U[start:stop, stop:].T @ errors  # the lazy batch update
-  return _pack(codes, scales, None if symmetric else zeros, bits, group_size, symmetric)
+      codes[:, start + i] = code
+      error = (w - _values(code, scale, zero)) / U_block[:, i, i, None]
+      rows[:, i:] -= U_block[:, i, i:, None] * error[:, None, :]
+      errors[:, i] = error
+    W[:, stop:] -= np.einsum("eij,eio->ejo", U[:, start:stop, stop:], errors)  # lazy batch
+  scales = np.stack(scales, axis=1)  # [E, groups, d_out]
+  zeros = None if symmetric else np.stack(zeros, axis=1)
+  return [_pack(codes[k], scales[k], None if symmetric else zeros[k], bits, group_size,
+                symmetric) for k in range(e)]
 
 
 def layer_error(W, Wq, X) -> float:

@@ -70,6 +70,17 @@ def test_gptq_equals_the_naive_obs_loop(symmetric):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_gptq_stack_equals_the_naive_obs_loop_of_each_matrix_with_its_own_hessian(symmetric):
+  Ws = np.stack([random_weight(s, d_in=32, d_out=8) for s in range(3)])
+  Hs = np.stack([qz.input_hessian(correlated_inputs(s, n=128, d_in=32)) for s in range(3)])
+  for block_size in (8, 128):
+    stacked = qz.gptq_stack(Ws, Hs, 3, 8, block_size=block_size, symmetric=symmetric)
+    for W, H, q in zip(Ws, Hs, stacked):
+      np.testing.assert_allclose(qz.dequantize(q), naive_obs(W, H, 3, 8, symmetric=symmetric),
+                                 rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("bits", [3, 4])
 def test_gptq_layer_error_is_at_most_rtns_on_correlated_inputs(bits):
   ratios = []
