@@ -2,10 +2,19 @@
 (CodeQuant, ICLR 2026, arXiv 2604.10496; moejax/posttrain/codebook.py).
 
 Each of w_gate, w_up [E, d, f] and w_down [E, f, d] is stored as uint8 indices
-of the same shape and centroids [E, d_in / g, K], K = 2^bits: the group of g
-input rows (x @ W: the row axis) across every output column shares one
-sorted codebook of K values, and w_hat[r, j] = centroids[r // g, index[r, j]]
-(`decode`).
+of the same shape and centroids [E, d_in / g, Kmax], Kmax = 2^bits with bits
+the setting (the widest allowed): the group of g input rows (x @ W: the row
+axis) across every output column shares one sorted codebook, and
+w_hat[r, j] = centroids[r // g, index[r, j]] (`decode`).
+
+Bits per expert (uint8 [E], `bits`; as the 'quantized' type): expert e uses
+only the first 2^bits[e] centroids of each of its groups, its indices lie in
+[0, 2^bits[e]), and the unused tail of each codebook repeats its last used
+centroid (`pad_centroids`: the codebook stays sorted, the tail is never
+indexed). decode and lut_matmul read only indexed centroids, so bits change
+nothing in the function; `check_arrays` and the byte report read them. Mixed
+widths give fractional averages, e.g. 2.5 bits = half the experts at 2 bits,
+half at 3.
 
 Rotation (model.moe.codebook.rotation): 'none', or 'hadamard': the stored
 codebooks approximate R^T W with R = hadamard(d_in) (regenerated from the
@@ -22,17 +31,20 @@ decode, lut_matmul and hadamard live here, once; the offline maths
 (posttrain/codebook.py: k-means, fine-tuning) imports them. `build` gives
 the SwiGLU type's random initialisation (rotated) quantile codebooks with
 each weight at its nearest centroid (the 'quantile' start of k-means, no
-Lloyd iterations); trained experts are converted by Lloyd's k-means in
-moejax/posttrain/compress.py and loaded with CodebookExperts.assign.
+Lloyd iterations), every expert at the setting's bits; trained experts are
+converted by Lloyd's k-means (bits per expert, optional centroid fine-tuning)
+in moejax/posttrain/compress.py and loaded with CodebookExperts.assign.
 
 Settings (model.moe.codebook): bits (2, 3, 4, 8), group_size (0: one group
 per whole matrix; else it must divide d_model and expert_d_ff), rotation
 ('hadamard' needs power-of-two d_model and expert_d_ff); dims are checked when
 the layer is built.
 
-Bytes: indices are held one per uint8 byte in memory and in checkpoints;
-`packed_bytes` counts `pack`: each matrix's indices at `bits` bits each, 4 per
-centroid, nothing for the rotation.
+Bytes: indices are held one per uint8 byte in memory and in checkpoints, and
+every codebook at Kmax entries. `packed_bytes` counts `pack`: per expert and
+matrix ceil(bits_e n / 8) bytes of indices and 4 bytes for each of the
+2^bits_e used centroids per group (the tail is implied), one byte of bits per
+expert, nothing for the rotation.
 """
 from __future__ import annotations
 
@@ -166,9 +178,23 @@ def quantile_codebook(w, bits: int, group_size: int):
   return indices.reshape(w.shape).astype(jnp.uint8), centroids.astype(jnp.float32)
 
 
+def pad_centroids(centroids, levels: int) -> np.ndarray:
+  """centroids [..., k] -> [..., levels]: the last one repeated (the unused tail)."""
+  centroids = np.asarray(centroids)
+  tail = np.repeat(centroids[..., -1:], levels - centroids.shape[-1], axis=-1)
+  return np.concatenate([centroids, tail], axis=-1)
+
+
 def check_arrays(arrays: dict) -> None:
-  """ValueError unless the arrays are this type's (dtypes, shapes, K = 2^bits
-  with supported bits, every index < K)."""
+  """ValueError unless the arrays are this type's: dtypes and shapes; Kmax (the
+  centroids per group) and every bits[e] supported, bits[e] <= log2(Kmax);
+  every index of expert e < 2^bits[e]; the tail beyond 2^bits[e] its last
+  used centroid repeated (`pad_centroids`, what `unpack` restores)."""
+  bits = np.asarray(arrays["bits"])
+  if bits.dtype != np.uint8 or bits.ndim != 1:
+    raise ValueError(f"bits must be uint8 [E]; got {bits.dtype} {bits.shape}")
+  for b in np.unique(bits):
+    cz.check_bits("bits", int(b))
   for m in cz.MATRICES:
     indices, centroids = np.asarray(arrays[f"{m}_indices"]), np.asarray(arrays[f"{m}_centroids"])
     if indices.dtype != np.uint8 or centroids.dtype != np.float32:
@@ -177,46 +203,60 @@ def check_arrays(arrays: dict) -> None:
     levels = centroids.shape[-1]
     cz.check_bits(f"{m} centroids per group: log2", int(np.log2(levels)))
     if (2 ** int(np.log2(levels)) != levels or centroids.ndim != 3 or indices.ndim != 3
-        or centroids.shape[0] != indices.shape[0] or indices.shape[1] % centroids.shape[1]):
-      raise ValueError(f"{m}: indices {indices.shape}, centroids {centroids.shape} do not fit")
-    if np.any(indices >= levels):
-      raise ValueError(f"{m}: indices outside [0, {levels})")
+        or not centroids.shape[0] == indices.shape[0] == bits.shape[0]
+        or indices.shape[1] % centroids.shape[1]):
+      raise ValueError(f"{m}: indices {indices.shape}, centroids {centroids.shape}, bits "
+                       f"{bits.shape} do not fit together")
+    for e, b in enumerate(bits.astype(int)):
+      if 2 ** b > levels:
+        raise ValueError(f"{m}: expert {e} has bits={b} but its codebooks hold {levels} "
+                         f"centroids (at most {int(np.log2(levels))} bits)")
+      if np.any(indices[e] >= 2 ** b):
+        raise ValueError(f"{m}: expert {e} has indices outside [0, 2^bits) = [0, {2 ** b}) "
+                         f"(max {int(indices[e].max())})")
+      if not np.array_equal(centroids[e], pad_centroids(centroids[e, :, :2 ** b], levels)):
+        raise ValueError(f"{m}: expert {e} at {b} bits: its centroids beyond the first "
+                         f"{2 ** b} must repeat the last used one")
+
+
+def packed_bytes(arrays: dict) -> int:
+  """Bytes of `pack(arrays)` (module doc), from the shapes and bits."""
+  bits = np.asarray(arrays["bits"]).astype(int)
+  total = bits.size  # one byte of bits per expert
+  for m in cz.MATRICES:
+    indices, centroids = np.shape(arrays[f"{m}_indices"]), np.shape(arrays[f"{m}_centroids"])
+    for b in bits:
+      total += cz.packed_nbytes(int(np.prod(indices[1:])), b) + 4 * centroids[1] * 2 ** b
+  return total
 
 
 def pack(arrays: dict) -> dict:
-  """The bit-packed form: each matrix's indices at log2(K) bits, centroids as they are."""
-  out = {}
+  """The bit-packed form: bits uint8 [E], and per expert and matrix its indices
+  at its own bits (uint8 vector) and its used centroids [G, 2^bits[e]] float32."""
+  bits = np.asarray(arrays["bits"]).astype(np.uint8)
+  out = {"bits": bits}
   for m in cz.MATRICES:
     centroids = np.asarray(arrays[f"{m}_centroids"], np.float32)
-    out[f"{m}_centroids"] = centroids
-    out[f"{m}_indices"] = cz.pack_bits(arrays[f"{m}_indices"], int(np.log2(centroids.shape[-1])))
+    out[f"{m}_centroids"] = [centroids[e, :, :2 ** int(b)] for e, b in enumerate(bits)]
+    out[f"{m}_indices"] = [cz.pack_bits(a, int(b)) for a, b in zip(arrays[f"{m}_indices"], bits)]
   return out
 
 
 def unpack(packed: dict, shapes: dict) -> dict:
-  """The arrays `pack` packed; shapes: {name: shape} of the indices."""
-  out = {}
+  """The arrays `pack` packed; shapes: {name: shape} of the indices and centroids."""
+  bits = np.asarray(packed["bits"])
+  out = {"bits": bits}
   for m in cz.MATRICES:
-    centroids = packed[f"{m}_centroids"]
-    out[f"{m}_centroids"] = centroids
-    out[f"{m}_indices"] = cz.unpack_bits(packed[f"{m}_indices"],
-                                         int(np.log2(centroids.shape[-1])), shapes[f"{m}_indices"])
+    levels = shapes[f"{m}_centroids"][-1]
+    out[f"{m}_centroids"] = np.stack([pad_centroids(c, levels)
+                                      for c in packed[f"{m}_centroids"]]).astype(np.float32)
+    out[f"{m}_indices"] = np.stack([cz.unpack_bits(p, int(b), shapes[f"{m}_indices"][1:])
+                                    for p, b in zip(packed[f"{m}_indices"], bits)])
   return out
 
 
-def packed_bytes(arrays: dict) -> int:
-  """Bytes of `pack(arrays)`, from the shapes."""
-  total = 0
-  for m in cz.MATRICES:
-    levels = np.shape(arrays[f"{m}_centroids"])[-1]
-    total += 4 * int(np.prod(np.shape(arrays[f"{m}_centroids"])))
-    total += cz.packed_nbytes(int(np.prod(np.shape(arrays[f"{m}_indices"]))),
-                              int(np.log2(levels)))
-  return total
-
-
 class CodebookExperts(nnx.Module):
-  """E SwiGLU experts of width d_ff as codebook indices and centroids."""
+  """E SwiGLU experts of width d_ff as codebook indices, centroids and bits [E]."""
 
   LOGICAL_AXES = LOGICAL_AXES
 
@@ -236,20 +276,28 @@ class CodebookExperts(nnx.Module):
           w, bits, groups["expert_d_ff" if m == "w_down" else "d_model"])
       setattr(self, f"{m}_indices", cz.variable(indices, LOGICAL_AXES[f"{m}_indices"]))
       setattr(self, f"{m}_centroids", cz.variable(centroids, LOGICAL_AXES[f"{m}_centroids"]))
+    self.bits = cz.variable(jnp.full((num_experts,), bits, jnp.uint8), ("expert",))
 
   def arrays(self) -> dict:
-    """{name: stored array}: indices and centroids of each matrix."""
-    return {name: getattr(self, name)[...] for name in LOGICAL_AXES}
+    """{name: stored array}: indices and centroids of each matrix, and bits [E]."""
+    return {name: getattr(self, name)[...] for name in (*LOGICAL_AXES, "bits")}
 
   def weights(self, dtype) -> dict:
     """The compressed arrays as float32 (indices exact); decoded in float32 and
     cast to the compute dtype where used, so `dtype` changes nothing here."""
     del dtype
-    return {name: value.astype(jnp.float32) for name, value in self.arrays().items()}
+    return {name: getattr(self, name)[...].astype(jnp.float32) for name in LOGICAL_AXES}
 
   def assign(self, arrays: dict) -> None:
-    """Hold `arrays` (compress.codebook_from_float), checked, same shapes."""
+    """Hold `arrays` (compress.codebook_from_float), checked, same shapes; codebooks
+    narrower than this layer's Kmax (2^model.moe.codebook.bits) are padded to it
+    (`pad_centroids`: w_hat and the packed form unchanged)."""
     check_arrays(arrays)
+    arrays = dict(arrays)
+    for m in cz.MATRICES:
+      levels = getattr(self, f"{m}_centroids").shape[-1]
+      if np.shape(arrays[f"{m}_centroids"])[-1] < levels:
+        arrays[f"{m}_centroids"] = pad_centroids(arrays[f"{m}_centroids"], levels)
     for name, value in arrays.items():
       variable = getattr(self, name)
       if np.shape(value) != variable.shape:

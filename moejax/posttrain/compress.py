@@ -67,13 +67,18 @@ def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size
   for m in MATRICES:
     w = np.asarray(weights[m], np.float32)
     group = group_size or w.shape[1]
-    parts = []
-    for e, b in enumerate(per):
+    parts = [None] * len(per)
+    for b in np.unique(per):  # GPTQ: every expert of one bit-width in one pass
+      members = np.flatnonzero(per == b)
       if quantizer == "gptq":
-        q = quantize.gptq(w[e], hessians[m][e], int(b), group, damp=damp, symmetric=symmetric)
+        # block_size changes no result (quantize.py); one group per lazy block is the
+        # fastest here (fewer in-block row updates, more of them in one matmul)
+        qs = quantize.gptq_stack(w[members], np.asarray(hessians[m])[members], int(b), group,
+                                 damp=damp, block_size=group, symmetric=symmetric)
       else:
-        q = quantize.rtn(w[e], int(b), group, symmetric=symmetric)
-      parts.append((*_stored(q), q.scales))
+        qs = [quantize.rtn(w[e], int(b), group, symmetric=symmetric) for e in members]
+      for e, q in zip(members, qs):
+        parts[e] = (*_stored(q), q.scales)
     codes, zeros, scales = (np.stack(a) for a in zip(*parts))
     out.update({f"{m}_codes": codes, f"{m}_scales": scales.astype(np.float32),
                 f"{m}_zeros": zeros})
@@ -81,23 +86,61 @@ def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size
   return out
 
 
-def codebook_from_float(weights: Mapping, bits: int, group_size: int = 0, *,
-                        rotation: str = "none", iterations: int = 100,
-                        init: str = "kmeans++", seed: int = 0) -> dict:
+def codebook_from_float(weights: Mapping, bits: int | Sequence[int], group_size: int = 0, *,
+                        rotation: str = "none", iterations: int = 100, init: str = "kmeans++",
+                        seed: int = 0, max_bits: int | None = None,
+                        calibration_inputs: Mapping | None = None, finetune_steps: int = 0,
+                        finetune_lr: float = 1e-2, finetune_optimizer: str = "sgd") -> dict:
   """The 'codebook' type's arrays: Lloyd's k-means (codebook.kmeans_group_quant)
-  of each expert matrix, of R^T W with rotation 'hadamard' (R = hadamard(d_in))."""
+  of each expert matrix at its expert's bits, of R^T W with rotation 'hadamard'
+  (R = hadamard(d_in)); centroids padded to 2^max_bits per group (the layer's
+  model.moe.codebook.bits; default the largest of bits).
+
+  bits: one bit-width or one per expert [E]. With finetune_steps > 0, each
+  expert matrix's centroids are then fine-tuned on its calibration inputs
+  (codebook.finetune_centroids, the CodeQuant step: min ||X W - X W_hat||^2,
+  indices fixed; on X R and R^T W when rotated, the same error): calibration_inputs
+  {matrix: E arrays X_e [n_e, d_in]}, each expert's routed tokens (w_down's: the
+  SwiGLU hidden activations); an expert with no tokens keeps its k-means book.
+  Fine-tuned codebooks are re-sorted, their indices renumbered (w_hat unchanged).
+  """
   if rotation not in codebook_type.ROTATIONS:
     raise choice_error("rotation", rotation, codebook_type.ROTATIONS)
-  out = {}
+  num_experts = np.shape(weights["w_gate"])[0]
+  per = _per_expert_bits(bits, num_experts)
+  top = int(per.max()) if max_bits is None else max_bits
+  check_bits("max_bits", top)
+  if per.max() > top:
+    raise ConfigError(f"max_bits={top} is below the widest expert's bits={per.max()}")
+  if finetune_steps and (calibration_inputs is None or set(MATRICES) - set(calibration_inputs)
+                         or any(len(calibration_inputs[m]) != num_experts for m in MATRICES)):
+    raise ConfigError(f"finetune_steps={finetune_steps} needs calibration_inputs "
+                      f"{{matrix: {num_experts} arrays}} for {MATRICES}")
+  out = {"bits": per.astype(np.uint8)}
   for m in MATRICES:
     w = np.asarray(weights[m], np.float32)
+    group = group_size or w.shape[1]
     R = codebook_type.hadamard(w.shape[1]) if rotation == "hadamard" else None
-    books = [codebook.kmeans_group_quant(w_e if R is None else codebook.rotate(w_e, R), bits,
-                                         group_size or w.shape[1], iterations=iterations,
+    indices, centroids = [], []
+    for e, (w_e, b) in enumerate(zip(w, per)):
+      target = w_e if R is None else codebook.rotate(w_e, R)  # R^T W
+      book = codebook.kmeans_group_quant(target, int(b), group, iterations=iterations,
                                          init=init, seed=seed + e)
-             for e, w_e in enumerate(w)]
-    out[f"{m}_indices"] = np.stack([b.indices for b in books])
-    out[f"{m}_centroids"] = np.stack([b.centroids for b in books]).astype(np.float32)
+      idx, cent = book.indices, book.centroids
+      x = None if not finetune_steps else np.asarray(calibration_inputs[m][e], np.float32)
+      if x is not None and len(x):
+        x = x if R is None else (x.astype(np.float64) @ R).astype(np.float32)  # x @ R
+        cent = codebook.finetune_centroids(x, target, idx, cent, group, finetune_steps,
+                                           finetune_lr, optimizer=finetune_optimizer).centroids
+        order = np.argsort(cent, axis=-1, kind="stable")  # sorted again, indices renumbered
+        rank = np.argsort(order, axis=-1)
+        cent = np.take_along_axis(cent, order, -1)
+        idx = np.take_along_axis(rank, idx.reshape(len(cent), -1).astype(np.int64), -1
+                                 ).reshape(idx.shape).astype(np.uint8)
+      indices.append(idx)
+      centroids.append(codebook_type.pad_centroids(cent, 2 ** top))
+    out[f"{m}_indices"] = np.stack(indices)
+    out[f"{m}_centroids"] = np.stack(centroids).astype(np.float32)
   codebook_type.check_arrays(out)
   return out
 
