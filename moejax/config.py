@@ -19,6 +19,7 @@ ATTENTION_KINDS = ("gqa", "mla")
 QK_NORMS = ("none", "per_head", "across_heads")
 ROPE_SCALINGS = ("default", "yarn")
 BALANCE_STATISTICS = ("step", "micro_batch")  # train.balance_statistics
+TRAINABLE = ("all", "router")  # train.trainable
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -184,6 +185,10 @@ def base_config() -> ml_collections.ConfigDict:
   # dtype), router parameters and router math stay float32 whatever the policy.
   t.param_dtype = "float32"
   t.opt_state_dtype = "float32"
+  # Which parameters the optimizer updates (moejax/train/step.py): 'all', or
+  # 'router' (router parameters only, every other update zero: GEMQ's router
+  # fine-tuning of a quantized model, moejax/posttrain/compress_pipeline.py).
+  t.trainable = "all"
 
   # Device mesh (moejax/sharding.py): axis sizes, -1 = the devices left over.
   # One device in all: the plain single-device program.
@@ -264,6 +269,8 @@ def validate_config(c) -> None:
   for key in ("param_dtype", "opt_state_dtype"):
     if t[key] not in DTYPES:
       raise choice_error(f"train.{key}", t[key], DTYPES)
+  if t.trainable not in TRAINABLE:
+    raise choice_error("train.trainable", t.trainable, TRAINABLE)
   sharding.validate_sharding_config(c)
   validate_micro_batches(c, fixed_batch_shards(c))
 

@@ -146,6 +146,16 @@ def with_state_dtype(inner: optax.GradientTransformation,
   return optax.GradientTransformation(init, update)
 
 
+def router_only(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` on the router parameters (is_router_path), zero updates and no
+  optimizer state for every other parameter (train.trainable='router')."""
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "router" if is_router_path(
+            [getattr(k, "key", getattr(k, "name", k)) for k in path]) else "frozen", params)
+  return optax.multi_transform({"router": inner, "frozen": optax.set_to_zero()}, labels)
+
+
 def make_optimizer(t) -> optax.GradientTransformation:
   """AdamW with linear warmup and cosine decay, after global-norm clipping.
 
@@ -162,6 +172,8 @@ def make_optimizer(t) -> optax.GradientTransformation:
   if t.grad_clip > 0:
     chain.insert(0, optax.clip_by_global_norm(t.grad_clip))
   optimizer = optax.chain(*chain)
+  if t.get("trainable", "all") == "router":
+    optimizer = router_only(optimizer)
   param_dtype = t.get("param_dtype", "float32")
   opt_state_dtype = t.get("opt_state_dtype", "float32")
   if param_dtype != "float32" or opt_state_dtype != "float32":
