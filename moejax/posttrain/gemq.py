@@ -35,14 +35,16 @@ EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 
 
 def quantized_experts(params: dict, blocks, bits: int, group_size: int,
-                      symmetric: bool = False) -> dict:
-  """params with every expert weight of `blocks` replaced by its RTN
-  dequantization at `bits` (each [d_in, d_out] slice quantized on its own)."""
+                      symmetric: bool = False, source_params: dict | None = None) -> dict:
+  """params with every expert weight of `blocks` replaced by the RTN
+  dequantization at `bits` of the same weight in `source_params` (default
+  params itself; each [d_in, d_out] slice quantized on its own)."""
   new = jax.tree.map(lambda leaf: leaf, params)  # fresh containers, shared leaves
+  source = params if source_params is None else source_params
   for block in blocks:
     experts = dict(new["blocks"][block]["ffn"]["experts"])
     for name in EXPERT_WEIGHTS:
-      w = np.asarray(experts[name])
+      w = np.asarray(source["blocks"][block]["ffn"]["experts"][name])
       experts[name] = np.stack([quantize.dequantize(quantize.rtn(w_e, bits, group_size,
                                                                  symmetric)) for w_e in w])
     new["blocks"][block]["ffn"]["experts"] = experts
@@ -65,14 +67,18 @@ def _batch_costs(graphdef, params, quantized_params, rest, tokens):
 
 
 def expert_costs(graphdef, params: dict, rest: dict, batches, bits, group_size: int,
-                 symmetric: bool = False) -> tuple[list[int], np.ndarray]:
+                 symmetric: bool = False, source_params: dict | None = None
+                 ) -> tuple[list[int], np.ndarray]:
   """(MoE blocks, c [blocks, E, len(bits)] float64) over the calibration token
-  batches [B, L] (module doc); float params as pure dicts."""
+  batches [B, L] (module doc); float params as pure dicts. With source_params
+  (GEMQ's progressive re-estimation), `params` is the current (quantized) model
+  and each candidate is source_params' expert quantized at b, placed into it."""
   model = nnx.merge(graphdef, params, rest)
   blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
   costs = np.zeros((len(blocks), model.cfg.moe.num_experts, len(bits)))
   for j, b in enumerate(bits):
-    quantized_params = quantized_experts(params, blocks, b, group_size, symmetric)
+    quantized_params = quantized_experts(params, blocks, b, group_size, symmetric,
+                                         source_params)
     for tokens in batches:
       costs[:, :, j] += np.asarray(_batch_costs(graphdef, params, quantized_params, rest,
                                                 jnp.asarray(tokens)), np.float64)

@@ -72,15 +72,8 @@ class Source:
 
 def source_config(workdir: str):
   """(config, step) of the training workdir's latest checkpoint: metadata only."""
-  from moejax.train.checkpoint import Checkpointer
-  ckpt = Checkpointer(workdir, read_only=True)
-  try:
-    steps = ckpt.all_steps()
-    if not steps:
-      raise ConfigError(f"no checkpoint in {ckpt.directory}")
-    return ml_collections.ConfigDict(ckpt.read_meta(steps[-1])["config"]), steps[-1]
-  finally:
-    ckpt.close()
+  from moejax.train.checkpoint import latest_config
+  return latest_config(workdir)
 
 
 def load_source(workdir: str, config, step: int) -> Source:

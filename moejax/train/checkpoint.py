@@ -11,6 +11,7 @@ import logging as std_logging
 import os
 
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 
 from moejax.config import flatten_config, with_defaults
@@ -135,3 +136,15 @@ def _quiet_orbax():
 def jsonable(tree):
   """A config dict made JSON-safe (tuples to lists), for meta and comparisons."""
   return json.loads(json.dumps(tree, default=str))
+
+
+def latest_config(workdir: str) -> tuple[ml_collections.ConfigDict, int]:
+  """(config, step) of a training workdir's latest checkpoint: metadata only."""
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    steps = ckpt.all_steps()
+    if not steps:
+      raise ConfigError(f"no checkpoint in {ckpt.directory}")
+    return ml_collections.ConfigDict(ckpt.read_meta(steps[-1])["config"]), steps[-1]
+  finally:
+    ckpt.close()

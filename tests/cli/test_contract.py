@@ -11,6 +11,7 @@ ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
 CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
 STUDY, POLYGLOT = "experiments.prune_study", "experiments.polyglot_report"
+COMPRESS, COMPRESS_STUDY = "experiments.compress", "experiments.compress_study"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -76,6 +77,9 @@ CASES = [
      ["unknown config key model.moe.nonexistent_key", "--config.model.moe.nonexistent_key=3"]),
     (TRAIN, [CFG, NEW, "--config.nonexistent.key=3"], ["unknown config key nonexistent.key"]),
     (TRAIN, [CFG, NEW, "--config.model.d_model=-1"], ["model.d_model=-1"]),
+    (TRAIN, [CFG, NEW, "--config.train.trainable=experts"], ["train.trainable", "router"]),
+    (TRAIN, ["--config=configs/workdir.py", NEW], ["configs/workdir.py:path=DIR"]),
+    (TRAIN, ["--config=configs/workdir.py:path={missing}", NEW], ["{missing}"]),
     (TRAIN, [CFG, NEW, "--config.model.d_model=wide"], ["--config.model.d_model=wide"]),
     (TRAIN, [CFG, NEW, "--config.train.steps=0"], ["train.steps=0"]),
     (TRAIN, [CFG, NEW, "--config.data.batch_size=0"], ["data.batch_size=0"]),
@@ -193,6 +197,30 @@ CASES = [
     (PRUNE, [T, "--keep=knee", "--method=step"], ["--keep=knee", "--method=step"]),
     (PRUNE, [T, "--keep=knee", "--method=heapr"], ["--keep=knee", "atom method"]),
     (PRUNE, [T, "--keep=4", "--report={bad}"], ["directory", "--report={bad}"]),
+    # compress (tiny default: d_model = expert_d_ff = 32, 2 MoE layers)
+    (COMPRESS, [T], ["--level"]),
+    (COMPRESS, [T, "--level=3", "--method=awq"], ["--method='awq'", "gemq"]),
+    (COMPRESS, [T, "--level=3", "--quantizer=awq"], ["--quantizer='awq'", "gptq"]),
+    (COMPRESS, [T, "--level=1.5"], ["--level=1.5", "below the minimum", "2 bits"]),
+    (COMPRESS, [T, "--level=3", "--bit_choices=2,5"], ["--bit_choices", "5 bits",
+                                                       "not supported"]),
+    (COMPRESS, [T, "--level=3", "--bit_choices=2,x"], ["--bit_choices", "integers"]),
+    (COMPRESS, [T, "--level=2.5", "--method=uniform"], ["--level=2.5", "uniform"]),
+    (COMPRESS, [T, "--level=9"], ["--level=9", "above the widest", "8"]),
+    (COMPRESS, [T, "--level=3", "--group_size=12"], ["--group_size=12", "divide"]),
+    (COMPRESS, [T, "--level=1.2", "--method=td_moe"], ["--level=1.2", "(0, 1)"]),
+    (COMPRESS, [T, "--level=3", "--method=uniform", "--rounds=2"], ["--rounds=2", "gemq"]),
+    (COMPRESS, [T, "--level=0.4", "--method=svd", "--out={missing}"], ["svd",
+                                                                       "no expert type"]),
+    (COMPRESS, [T, "--level=3", "--out={train}"], ["new or empty", "--out={train}"]),
+    (COMPRESS, [T, "--level=3", "--report={bad}"], ["directory", "--report={bad}"]),
+    (COMPRESS, [C, "--level=3"], ["training run", "--workdir={converted}"]),
+    (COMPRESS, ["--workdir={bad}/train_dense", "--level=3"], ["no MoE layer", "train_dense"]),
+    (COMPRESS_STUDY, [T, "--levels=3", "--table=awq"], ["--table", "awq"]),
+    (COMPRESS_STUDY, [T, "--levels=3", "--arms=svd"], ["--arms=['svd']", "gemq table"]),
+    (COMPRESS_STUDY, [T, "--levels=-1"], ["--levels"]),
+    (COMPRESS_STUDY, [T, "--levels=1.5"], ["--level=1.5", "below the minimum"]),
+    (COMPRESS_STUDY, [T, "--levels=3", "--json={bad}"], ["directory", "--json={bad}"]),
     (CURSE, [T, "--expert_shards=3"], ["--expert_shards=3", "divisor", "8 experts"]),
     (CURSE, [T, "--length=100000"], ["--length=100000", "max_seq_len"]),
     (CURSE, [T, "--capacity_factor=-1"], ["--capacity_factor=-1"]),

@@ -5,24 +5,18 @@ import jax
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.posttrain import prune, surgery
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir
+from tests.posttrain.conftest import SOURCE_STEPS
 
-STEPS = 4
+STEPS = SOURCE_STEPS
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory):
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  config.data.data_dir = str(tmp_path_factory.mktemp("tfds"))
-  config.train.steps, config.train.checkpoint_every, config.train.eval_batches = STEPS, STEPS, 1
-  config.train.progress_bar = False
-  workdir = str(tmp_path_factory.mktemp("source"))
-  train_and_evaluate(config, workdir, write_metrics=False)
-  return config, workdir
+def source(tiny_source):
+  return tiny_source
 
 
 def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tmp_path):

@@ -1,0 +1,382 @@
+"""Compression of a trained MoE's experts, end to end (issue 15): calibrate,
+choose bits or ranks, compress every MoE layer, and build the model that holds
+the compressed form (a registered expert type), or the float model that equals
+it, for scoring.
+
+Methods (`METHODS`), by family and what `level` means:
+
+  quantized   level = average code bits per expert weight (GEMQ's budget)
+    uniform     every expert at `level` bits (an integer in SUPPORTED_BITS)
+    per_layer   GEMQ's costs, each layer allocated alone at the same average
+    gemq        GEMQ: one global multiple-choice knapsack over every expert
+                (bit_allocation.allocate on gemq.expert_costs)
+    with quantizer 'rtn' or 'gptq' (GPTQ's H = X_e^T X_e of the tokens routed
+    to expert e, expert_inputs.py).
+  codebook    level = average index bits; a fractional level takes GEMQ's global
+              allocation (RTN costs, the fewest bit choices around it)
+    kmeans      Lloyd's k-means per group, no rotation
+    codequant   CodeQuant: Hadamard rotation, k-means, centroid fine-tuning on
+                each expert's routed calibration inputs
+  factorised  level = fraction of the routed expert parameters removed
+    td_moe      TD-MoE: whitened joint Tucker per projection, ranks allocated
+                over the three modes and every layer under one budget
+    tucker      the same without whitening
+    svd         per-expert truncated SVD at equal parameters (a baseline)
+    whitened_svd  per-expert SVD of the whitened weights (SVD-LLM style)
+
+`compress` returns a `Compressed`: per MoE block the float weights the method
+produces (dequantized / reconstructed: the float model that equals the
+compressed one, for scoring and GEMQ's re-estimation), the arrays of the expert
+type that stores it, and the counts. The per-expert SVD baselines have no expert
+type: they are scored from their float weights, their parameters counted.
+`compressed_model` builds the model with the compressed expert type and
+`save_workdir` writes it as a training workdir; `experiments.train` continues
+it, which is how GEMQ's router fine-tuning runs (train.trainable='router':
+router parameters only, LM loss, AdamW; `router_finetune_config`).
+
+GEMQ's progressive loop (`gemq_rounds`): allocate on costs of the current model,
+quantize from the float experts, fine-tune the routers, then measure the costs
+again on the quantized, fine-tuned model (each expert's candidate bit-widths
+placed into it) and repeat. The released code's round structure was read only
+through its file names (a "quantized" and a "quantized + fine-tuned" cost
+pass); the rest is a guess.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from moejax.errors import ConfigError, choice_error
+from moejax.experts import codebook as codebook_type
+from moejax.experts import quantized as quantized_type
+from moejax.experts.compressed import MATRICES, SUPPORTED_BITS
+from moejax.posttrain import bit_allocation, compress, expert_inputs, factorise, gemq, tucker
+
+QUANTIZED = ("uniform", "per_layer", "gemq")
+CODEBOOK = ("kmeans", "codequant")
+FACTORISED = ("td_moe", "tucker", "svd", "whitened_svd")
+METHODS = QUANTIZED + CODEBOOK + FACTORISED
+QUANTIZERS = compress.QUANTIZERS
+DEFAULT_BIT_CHOICES = (2, 3, 4, 8)
+CENTROID_STEPS = 50  # CodeQuant centroid fine-tuning steps per expert matrix (a guess)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  method: str
+  level: float
+  quantizer: str = "gptq"
+  group_size: int = 32
+  bit_choices: tuple = DEFAULT_BIT_CHOICES
+  seed: int = 0
+
+
+def family(method: str) -> str:
+  if method in QUANTIZED:
+    return "quantized"
+  if method in CODEBOOK:
+    return "codebook"
+  if method in FACTORISED:
+    return "factorised"
+  raise choice_error("--method", method, METHODS)
+
+
+def check_request(m, r: Request) -> None:
+  """ConfigError, naming the flag, for a request this model cannot take; before
+  any work."""
+  kind = family(r.method)
+  if r.quantizer not in QUANTIZERS:
+    raise choice_error("--quantizer", r.quantizer, QUANTIZERS)
+  if kind == "factorised":
+    if not 0 < r.level < 1:
+      raise ConfigError(f"--level={r.level}: a factorisation removes a fraction of the "
+                        "expert parameters, in (0, 1)")
+    return
+  for b in r.bit_choices:
+    if b not in SUPPORTED_BITS:
+      raise ConfigError(f"--bit_choices: {b} bits is not supported; valid: {SUPPORTED_BITS}")
+  if r.method == "uniform" and r.level not in SUPPORTED_BITS:
+    raise ConfigError(f"--level={r.level}: uniform bits must be one of {SUPPORTED_BITS}")
+  choices = bit_choices_for(r)
+  if r.level < min(choices):
+    raise ConfigError(f"--level={r.level} bits is below the minimum achievable, "
+                      f"{min(choices)} bits for every expert (--bit_choices={list(choices)})")
+  if r.level > max(choices):
+    raise ConfigError(f"--level={r.level} bits is above the widest choice, {max(choices)} "
+                      f"(--bit_choices={list(choices)})")
+  dims = {"d_model": m.d_model, "expert_d_ff": m.moe.expert_d_ff}
+  bad = {k: v for k, v in dims.items() if r.group_size and v % r.group_size}
+  if r.group_size < 0 or bad:
+    raise ConfigError(f"--group_size={r.group_size} must divide every expert matrix's input "
+                      f"dimension; it does not divide {bad}")
+
+
+def bit_choices_for(r: Request) -> tuple:
+  """The bit-widths an allocation may pick: the request's for quantized methods;
+  for a codebook at a fractional level, the two supported widths around it."""
+  if family(r.method) == "codebook" and r.level != int(r.level):
+    below = max(b for b in SUPPORTED_BITS if b < r.level)
+    above = min(b for b in SUPPORTED_BITS if b > r.level)
+    return (below, above)
+  return tuple(sorted(r.bit_choices))
+
+
+class Calibration:
+  """What every method reads from one calibration draw, computed on first use:
+  the expert inputs (expert_inputs.capture) and GEMQ's costs per bit choices."""
+
+  def __init__(self, graphdef, params: dict, rest: dict, windows, batch_size: int = 8):
+    self.graphdef, self.params, self.rest = graphdef, params, rest
+    self.batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+    self._costs = {}
+
+  @functools.cached_property
+  def inputs(self) -> list:
+    return expert_inputs.capture(self.graphdef, self.params, self.rest, self.batches)
+
+  def costs(self, bits: tuple, group_size: int, current: dict | None = None):
+    """(blocks, c [blocks, E, len(bits)]) of gemq.expert_costs: the float model,
+    or with `current` (params of the quantized model) each candidate placed in it."""
+    key = (tuple(bits), group_size)
+    if current is not None:
+      return gemq.expert_costs(self.graphdef, current, self.rest, self.batches, bits,
+                               group_size, source_params=self.params)
+    if key not in self._costs:
+      self._costs[key] = gemq.expert_costs(self.graphdef, self.params, self.rest,
+                                           self.batches, bits, group_size)
+    return self._costs[key]
+
+
+def expert_weights(params: dict, block: int) -> dict:
+  experts = params["blocks"][block]["ffn"]["experts"]
+  return {m: np.asarray(experts[m], np.float32) for m in MATRICES}
+
+
+def with_expert_weights(params: dict, weights: dict) -> dict:
+  """A copy of params (shared leaves) with {block: {w_gate, w_up, w_down}} replaced."""
+  import jax
+  new = jax.tree.map(lambda leaf: leaf, params)
+  for block, w in weights.items():
+    new["blocks"][block]["ffn"]["experts"] = {**new["blocks"][block]["ffn"]["experts"], **w}
+  return new
+
+
+def allocation(r: Request, calibration: Calibration, current: dict | None = None) -> dict:
+  """{block: bits [E]} for a quantized or codebook request."""
+  blocks = [layer.block for layer in calibration.inputs]
+  num_experts = expert_weights(calibration.params, blocks[0])["w_gate"].shape[0]
+  if r.level == int(r.level) and (r.method == "uniform" or family(r.method) == "codebook"):
+    return {b: np.full(num_experts, int(r.level)) for b in blocks}
+  bits = bit_choices_for(r)
+  blocks, costs = calibration.costs(bits, r.group_size, current)
+  flat = costs.reshape(-1, len(bits))
+  if r.method == "per_layer":
+    picked = bit_allocation.per_layer(flat, bits, r.level, np.repeat(blocks, num_experts))
+  else:
+    picked = bit_allocation.allocate(flat, bits, r.level)
+  chosen = np.asarray(bits)[picked].reshape(len(blocks), num_experts)
+  return dict(zip(blocks, chosen))
+
+
+@dataclasses.dataclass
+class Compressed:
+  """One compressed model: per MoE block its float weights and the stored arrays."""
+  kind: str                    # quantized | codebook | factorised | baseline
+  float_weights: dict          # {block: {w_gate, w_up, w_down}} float32
+  arrays: dict                 # {block: the expert type's arrays} (none for baselines)
+  settings: dict               # the expert type's config section
+  report: dict                 # bits / ranks per block, parameter counts
+
+
+def _quantized(r, params, calibration, current=None) -> Compressed:
+  bits = allocation(r, calibration, current)
+  float_weights, arrays = {}, {}
+  for layer in calibration.inputs:
+    w = expert_weights(params, layer.block)
+    hessians = layer.hessians(len(bits[layer.block])) if r.quantizer == "gptq" else None
+    a = compress.quantized_from_float(w, bits[layer.block], r.group_size,
+                                      quantizer=r.quantizer, hessians=hessians)
+    arrays[layer.block] = a
+    float_weights[layer.block] = _float32(quantized_type.dense_weights(a, jnp.float32))
+  settings = {"bits": int(max(max(b) for b in bits.values())), "group_size": r.group_size,
+              "symmetric": False}
+  return Compressed("quantized", float_weights, arrays, settings, _bits_report(bits))
+
+
+def _float32(weights: dict) -> dict:
+  return {m: np.asarray(weights[m], np.float32) for m in MATRICES}
+
+
+def _bits_report(bits: dict) -> dict:
+  all_bits = np.concatenate(list(bits.values()))
+  return {"bits": {int(b): [int(x) for x in v] for b, v in bits.items()},
+          "average_bits": float(all_bits.mean())}
+
+
+def _codebook(r, params, calibration) -> Compressed:
+  bits = allocation(r, calibration)
+  rotation = "hadamard" if r.method == "codequant" else "none"
+  float_weights, arrays = {}, {}
+  for layer in calibration.inputs:
+    w = expert_weights(params, layer.block)
+    num_experts = w["w_gate"].shape[0]
+    inputs = ({m: [layer.expert_rows(e, m) for e in range(num_experts)] for m in MATRICES}
+              if r.method == "codequant" else None)
+    a = compress.codebook_from_float(w, [int(b) for b in bits[layer.block]], r.group_size,
+                                     rotation=rotation, seed=r.seed,
+                                     calibration_inputs=inputs,
+                                     finetune_steps=CENTROID_STEPS if inputs else 0)
+    arrays[layer.block] = a
+    float_weights[layer.block] = _float32(codebook_type.dense_weights(
+        {k: np.asarray(v, np.float32) for k, v in a.items()}, jnp.float32, rotation))
+  settings = {"bits": int(max(max(b) for b in bits.values())), "group_size": r.group_size,
+              "rotation": rotation}
+  return Compressed("codebook", float_weights, arrays, settings, _bits_report(bits))
+
+
+def _factorised(r, params, calibration) -> Compressed:
+  layers = calibration.inputs
+  weights = {layer.block: expert_weights(params, layer.block) for layer in layers}
+  total = sum(w[m].size for w in weights.values() for m in MATRICES)
+  budget = int((1 - r.level) * total)
+  if r.method in ("svd", "whitened_svd"):
+    return _per_expert_svd(r, weights, layers, budget)
+  whiten = r.method == "td_moe"
+  tensors = {layer.block: (factorise.whitened_tensors(weights[layer.block], layer.inputs,
+                                                      layer.hidden) if whiten else
+                           {m: np.asarray(weights[layer.block][m], np.float64)
+                            for m in MATRICES}) for layer in layers}
+  flat = [tensors[layer.block][m] for layer in layers for m in MATRICES]
+  ranks = iter(tucker.allocate_layers(flat, budget))
+  float_weights, arrays, report = {}, {}, {}
+  for layer in layers:
+    layer_ranks = {m: next(ranks) for m in MATRICES}
+    factors, fitted = factorise.factorise_experts(
+        weights[layer.block], layer.inputs if whiten else None, layer_ranks,
+        hidden_inputs=layer.hidden if whiten else None)
+    arrays[layer.block] = factors
+    float_weights[layer.block] = {m: tucker.reconstruct(
+        f["core"], f["expert_factor"], f["input_factor"], f["output_factor"]).astype(np.float32)
+        for m, f in factors.items()}
+    report[int(layer.block)] = {m: list(fitted[m]) for m in MATRICES}
+  padded = {m: tuple(max(report[b][m][k] for b in report) for k in range(3)) for m in MATRICES}
+  parameters = sum(tucker.tucker_parameters(weights[b][m].shape, report[b][m])
+                   for b in report for m in MATRICES)
+  return Compressed("factorised", float_weights, arrays, {"ranks": padded},
+                    {"ranks": report, "parameters": int(parameters), "budget": budget,
+                     "dense_parameters": int(total)})
+
+
+def _per_expert_svd(r, weights, layers, budget) -> Compressed:
+  float_weights, report, parameters = {}, {}, 0
+  per_tensor = budget // (len(layers) * len(MATRICES))
+  for layer in layers:
+    w = weights[layer.block]
+    float_weights[layer.block], report[int(layer.block)] = {}, {}
+    for m in MATRICES:
+      rank = tucker.svd_rank_for_budget(w[m].shape, per_tensor)
+      samples = layer.hidden if m == "w_down" else layer.inputs
+      low = (tucker.whitened_per_expert_svd(w[m], samples, rank) if r.method == "whitened_svd"
+             else tucker.per_expert_svd(w[m], rank))
+      float_weights[layer.block][m] = low.reconstruct().astype(np.float32)
+      report[int(layer.block)][m] = rank
+      parameters += low.parameters
+  return Compressed("baseline", float_weights, {}, {},
+                    {"ranks": report, "parameters": int(parameters), "budget": budget,
+                     "dense_parameters": int(sum(w[m].size for w in weights.values()
+                                                 for m in MATRICES))})
+
+
+def compress_experts(r: Request, params: dict, calibration: Calibration,
+                     current: dict | None = None) -> Compressed:
+  """The Compressed model of `r` from the float params (module doc); `current`:
+  the params GEMQ's costs are measured on (default the float model)."""
+  kind = family(r.method)
+  if kind == "quantized":
+    return _quantized(r, params, calibration, current)
+  if kind == "codebook":
+    return _codebook(r, params, calibration)
+  return _factorised(r, params, calibration)
+
+
+def compressed_config(m, c: Compressed) -> ml_collections.ConfigDict:
+  """The model config whose experts hold `c` (a copy of the float config `m`)."""
+  if c.kind == "baseline":
+    raise ConfigError("the per-expert SVD baselines have no expert type: they are scored "
+                      "from their float weights (no --out)")
+  out = ml_collections.ConfigDict(m.to_dict())
+  if c.kind == "factorised":
+    cfg = ml_collections.ConfigDict({"model": out})
+    return factorise.factorised_config(cfg, c.settings["ranks"]).model
+  out.moe.experts = c.kind
+  out.moe[c.kind].update(c.settings)
+  if out.moe.get("grouped_matmul") == "fused":
+    out.moe.grouped_matmul = "auto"
+  return out
+
+
+def compressed_model(m, params: dict, rest: dict, c: Compressed):
+  """(model config, params, rest) of the model holding `c`: every parameter but the
+  experts copied from the float `params`; factorised ranks zero-padded to one
+  triple per projection (the config holds one), which changes no output."""
+  from flax import nnx
+  from moejax.models.decoder import Decoder
+  new_m = compressed_config(m, c)
+  model = Decoder(ml_collections.FrozenConfigDict(new_m), rngs=nnx.Rngs(0))
+  graphdef, new_params, new_rest = nnx.split(model, nnx.Param, ...)
+  new_params = nnx.to_pure_dict(new_params)
+  new_rest = nnx.to_pure_dict(new_rest)
+  _copy_shared(params, new_params)
+  _copy_shared(rest, new_rest)
+  for block, arrays in c.arrays.items():
+    if c.kind == "factorised":
+      target = new_params["blocks"][block]["ffn"]["experts"]
+      for p, factors in arrays.items():
+        target[p] = _padded_factors(factors, target[p])
+    else:
+      experts = model.blocks[block].ffn.experts
+      experts.assign(arrays)
+      new_rest["blocks"][block]["ffn"]["experts"] = {
+          k: np.asarray(v) for k, v in nnx.to_pure_dict(nnx.state(experts)).items()}
+  return new_m, new_params, new_rest
+
+
+def _copy_shared(source: dict, target: dict) -> None:
+  """target[k] = source[k] for every leaf path both hold (in place)."""
+  for key, value in target.items():
+    if key not in source:
+      continue
+    if isinstance(value, dict):
+      if isinstance(source[key], dict):
+        _copy_shared(source[key], value)
+    elif np.shape(source[key]) == np.shape(value):
+      target[key] = np.asarray(source[key])
+
+
+def _padded_factors(factors: dict, like: dict) -> dict:
+  """Tucker factors zero-padded to the shapes of `like` (exact: the padded core
+  entries are 0)."""
+  out = {}
+  for name, value in factors.items():
+    full = np.zeros(np.shape(like[name]), np.float32)
+    full[tuple(slice(0, n) for n in value.shape)] = value
+    out[name] = full
+  return out
+
+
+def router_finetune_config(config, steps: int, learning_rate: float = 1e-4,
+                           weight_decay: float = 1e-4, start_step: int = 0):
+  """The training config of GEMQ's router fine-tuning (router only, LM loss, AdamW
+  at a constant `learning_rate`, `steps` steps after `start_step`)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  t = c.train
+  t.trainable, t.learning_rate, t.weight_decay = "router", learning_rate, weight_decay
+  t.warmup_steps, t.min_lr_ratio = 0, 1.0
+  t.steps = start_step + steps
+  t.log_every = t.eval_every = t.checkpoint_every = max(1, steps)
+  t.eval_batches, t.progress_bar, t.max_to_keep = 4, False, 2
+  return c

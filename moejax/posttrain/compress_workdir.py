@@ -1,0 +1,157 @@
+"""Compress a training workdir's experts (issue 15): calibrate on windows of its
+training split, run a compress_pipeline method, optionally fine-tune the routers
+through the trainer (GEMQ), and write a training workdir whose experts are the
+compressed expert type.
+
+The output workdir holds one checkpoint at the source's step (or, after router
+fine-tuning, at step + finetune_steps) with the source's data-iterator state:
+`experiments.train` continues it, `experiments.evaluate` scores it,
+`experiments.convert` exports it (dequantized). GEMQ's router fine-tuning is
+`train.trainable='router'` run by moejax.train.loop.train_and_evaluate in that
+workdir (compress_pipeline.router_finetune_config).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import jax
+import ml_collections
+import numpy as np
+
+from moejax.errors import ConfigError
+from moejax.posttrain import compress_pipeline as cp
+from moejax.posttrain import prune
+
+
+@dataclasses.dataclass
+class Result:
+  """The compressed model (config, params, rest; None for the SVD baselines), the
+  float model that equals it (params of the source config), and the report."""
+  model: ml_collections.ConfigDict | None
+  params: dict | None
+  rest: dict | None
+  float_params: dict
+  report: dict
+
+
+def _with_routers(float_params: dict, params: dict) -> dict:
+  """float_params with every router parameter taken from `params` (a model of the
+  same blocks): fine-tuned routers carried to the float model."""
+  from moejax.train.step import is_router_path
+  new = jax.tree.map(lambda leaf: leaf, float_params)
+  for block, layer in params["blocks"].items():
+    ffn = layer.get("ffn", {}) if isinstance(layer, dict) else {}
+    for key, value in ffn.items():
+      if is_router_path([key]):
+        new["blocks"][block]["ffn"][key] = value
+  return new
+
+
+def finetune_routers(workdir: str, config, m, params, rest, step: int, data_state,
+                     steps: int, learning_rate: float):
+  """(params, rest) after GEMQ's router fine-tuning of the compressed model, run
+  by the trainer in `workdir` (written: one checkpoint, then the fine-tuned one)."""
+  from moejax.train.loop import train_and_evaluate
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.model = m
+  c = cp.router_finetune_config(c, steps, learning_rate, start_step=step)
+  prune.save_pruned(workdir, c, params, rest, step, data_state)
+  train_and_evaluate(c, workdir)
+  tuned = prune.load_source(workdir, c, step + steps)
+  return tuned.params, tuned.rest
+
+
+def run(r: cp.Request, source: prune.Source, calibration: cp.Calibration, *,
+        rounds: int = 1, finetune_steps: int = 0, finetune_lr: float = 1e-4,
+        workdir: str | None = None, log=print) -> Result:
+  """Compress `source` by `r` (GEMQ: `rounds` of allocate, quantize, fine-tune,
+  re-estimate; module doc). Router fine-tuning writes into `workdir` (a
+  temporary directory when None)."""
+  config = source.config
+  float_params, current = source.params, None
+  rounds_report = []
+  for round_index in range(rounds):
+    c = cp.compress_experts(r, source.params, calibration, current)
+    model = params = rest = None
+    if c.kind != "baseline":
+      model, params, rest = cp.compressed_model(config.model, float_params, source.rest, c)
+    step = source.step
+    if finetune_steps:
+      with tempfile.TemporaryDirectory() as scratch:
+        target = workdir if workdir and round_index == rounds - 1 else scratch
+        params, rest = finetune_routers(target, config, model, params, rest,
+                                        source.step, source.data_state, finetune_steps,
+                                        finetune_lr)
+      float_params = _with_routers(float_params, params)
+      step = source.step + finetune_steps
+    rounds_report.append({"round": round_index, **c.report})
+    current = cp.with_expert_weights(float_params, c.float_weights)
+    if round_index + 1 < rounds:
+      log(f"round {round_index}: average bits {c.report.get('average_bits')}; re-estimating")
+  report = {"method": r.method, "level": r.level, "quantizer": r.quantizer,
+            "group_size": r.group_size, "rounds": rounds_report, "step": step,
+            "finetune_steps": finetune_steps, **c.report}
+  return Result(model, params, rest, current, report)
+
+
+def check_rounds(r: cp.Request, rounds: int, finetune_steps: int) -> None:
+  if rounds > 1 and r.method != "gemq":
+    raise ConfigError(f"--rounds={rounds}: only gemq re-estimates its costs "
+                      f"(--method={r.method})")
+  if finetune_steps and cp.family(r.method) == "factorised" and r.method in ("svd",
+                                                                            "whitened_svd"):
+    raise ConfigError(f"--finetune_steps: {r.method} has no expert type to fine-tune")
+
+
+def compress_workdir(workdir: str, out: str | None, r: cp.Request, *, num_windows: int = 64,
+                     context: int = 0, batch_size: int = 8, rounds: int = 1,
+                     finetune_steps: int = 0, finetune_lr: float = 1e-4, log=print) -> dict:
+  """Compress `workdir`'s latest checkpoint by `r`; write `out` (new or empty) as a
+  training workdir of the compressed model; return the report."""
+  from moejax.data.pipeline import train_token_stream
+  from moejax.models.decoder import abstract_model
+  config, step = prune.source_config(workdir)
+  context = context or config.data.seq_len
+  cp.check_request(config.model, r)
+  check_rounds(r, rounds, finetune_steps)
+  if out and r.method in ("svd", "whitened_svd"):
+    raise ConfigError(f"--out: {r.method} has no expert type to save (score it with "
+                      "experiments.compress_study)")
+  prune.check_request(config.model, "1.0", "frequency", "rescaled", False, num_windows,
+                      context, f"--workdir={workdir}")
+  source = prune.load_source(workdir, config, step)
+  windows = prune.calibration_windows(train_token_stream(config.data), num_windows, context,
+                                      r.seed)
+  calibration = cp.Calibration(abstract_model(config.model)[0], source.params, source.rest,
+                               windows, batch_size)
+  if out:
+    os.makedirs(out, exist_ok=True)
+  result = run(r, source, calibration, rounds=rounds, finetune_steps=finetune_steps,
+               finetune_lr=finetune_lr, workdir=out if finetune_steps else None, log=log)
+  if out and not finetune_steps:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.model = result.model
+    prune.save_pruned(out, c, result.params, result.rest, source.step, source.data_state)
+  report = {"source": workdir, "calibration": {"windows": num_windows, "context": context,
+                                               "seed": r.seed}, **result.report}
+  if result.model is not None:
+    report["packed_bytes"] = packed_bytes(result.model, result.params, result.rest)
+  return report
+
+
+def packed_bytes(m, params: dict, rest: dict) -> int:
+  """Bytes of the model's compressed expert layers in their packed form
+  (compress.storage_report), or the float32 bytes of factorised ones."""
+  from flax import nnx
+  from moejax.models.decoder import abstract_model
+  from moejax.posttrain import compress
+  graphdef = abstract_model(m)[0]
+  model = nnx.merge(graphdef, params, rest)
+  rows = compress.storage_report(model)
+  if rows:
+    return int(sum(row["packed_bytes"] for row in rows))
+  return int(sum(np.asarray(v).nbytes for b in params["blocks"].values()
+                 if isinstance(b, dict) and "ffn" in b and "experts" in b["ffn"]
+                 for v in jax.tree.leaves(b["ffn"]["experts"])))
