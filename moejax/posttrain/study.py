@@ -99,35 +99,57 @@ def _interval(diff) -> str:
   return f"{diff.mean:+.4f} ± {diff.std:.4f} [{diff.lo:+.4f}, {diff.hi:+.4f}]"
 
 
-def summary_table(study: dict, domain: str = "all") -> str:
-  """Markdown: per keep and method, mean bpb over draws, the paired difference to
-  the reference method and to the unpruned model, probes, stored parameter bytes
-  and the expert parameters that can contribute (expert_parameters)."""
+PRUNING_COLUMNS = (
+    ("parameter bytes", lambda scores: f"{scores['parameter_bytes']:,}"),
+    ("expert parameters", lambda scores: f"{scores.get('expert_parameters', 0):,}"))
+
+
+def summary_table(study: dict, domain: str = "all", *, levels: str = "keeps",
+                  base: str = "unpruned", level_label: str = "keep",
+                  columns=PRUNING_COLUMNS) -> str:
+  """Markdown: per level and method, mean bpb over draws, the paired difference to
+  the reference method and to the `base` model (study[base]: its scores), probes,
+  then `columns` ((header, scores -> text) of each level's first draw; pruning:
+  stored parameter bytes and the expert parameters that can contribute)."""
   runs, ref = study["runs"], study["reference"]
-  base = study["unpruned"]
-  probe_names = sorted(base["probes"])
-  lines = [f"| keep | method | bpb ({domain}) | vs {ref} | vs unpruned | "
-           + "".join(f"{p} | " for p in probe_names) + "parameter bytes | expert parameters |",
-           "|---|---|---|---|---|" + "---|" * len(probe_names) + "---|---|"]
-  lines.append(f"| all | unpruned | {base['bpb'][domain]:.4f} | — | — | "
-               + "".join(f"{_probe(base, p):.3f} | " for p in probe_names)
-               + f"{base['parameter_bytes']:,} | {base.get('expert_parameters', 0):,} |")
-  for keep in study["keeps"]:
-    by_method = {m: sorted((r for r in runs if r["keep"] == keep and r["method"] == m),
-                           key=lambda r: r["draw"]) for m in study["methods"]}
+  base_scores = study[base]
+  probe_names = sorted(base_scores["probes"])
+  lines = [f"| {level_label} | method | bpb ({domain}) | vs {ref} | vs {base} | "
+           + "".join(f"{p} | " for p in probe_names)
+           + "".join(f"{header} | " for header, _ in columns),
+           "|---|---|---|---|---|" + "---|" * (len(probe_names) + len(columns))]
+  lines.append(f"| all | {base} | {base_scores['bpb'][domain]:.4f} | — | — | "
+               + "".join(f"{_probe(base_scores, p):.3f} | " for p in probe_names)
+               + "".join(f"{_column(cell, base_scores)} | " for _, cell in columns))
+  for level in study[levels]:
+    by_method = {m: _level_runs(runs, level, m) for m in study["methods"]}
     reference = [r["scores"]["bpb"][domain] for r in by_method.get(ref, [])]
     for method, rows in by_method.items():
+      if not rows:
+        continue
       values = [r["scores"]["bpb"][domain] for r in rows]
       vs_ref = ("—" if method == ref or len(reference) != len(values)
                 else _interval(seed_stats.paired_difference(values, reference)))
       vs_base = _interval(seed_stats.paired_difference(
-          values, [base["bpb"][domain]] * len(values)))
-      lines.append(f"| {keep} | {method} | {np.mean(values):.4f} | {vs_ref} | {vs_base} | "
+          values, [base_scores["bpb"][domain]] * len(values)))
+      lines.append(f"| {level} | {method} | {np.mean(values):.4f} | {vs_ref} | {vs_base} | "
                    + "".join(f"{np.mean([_probe(r['scores'], p) for r in rows]):.3f} | "
                              for p in probe_names)
-                   + f"{rows[0]['scores']['parameter_bytes']:,} | "
-                   + f"{rows[0]['scores'].get('expert_parameters', 0):,} |")
+                   + "".join(f"{_column(cell, rows[0]['scores'])} | " for _, cell in columns))
   return "\n".join(lines)
+
+
+def _column(cell, scores) -> str:
+  try:
+    return cell(scores)
+  except (KeyError, TypeError):
+    return "—"
+
+
+def _level_runs(runs, level, method) -> list:
+  """The runs of one level and method, by draw (pruning runs name the level 'keep')."""
+  return sorted((r for r in runs if r.get("level", r.get("keep")) == level
+                 and r["method"] == method), key=lambda r: r["draw"])
 
 
 # The papers' claims the study can test on held-out bpb: (method, against, the
@@ -144,27 +166,26 @@ CLAIMS = (
 )
 
 
-def claims_table(study: dict, claims=CLAIMS, domain: str = "all") -> str:
-  """Markdown: per keep level and claim with both methods in the study, the paired
+def claims_table(study: dict, claims=CLAIMS, domain: str = "all", *, levels: str = "keeps",
+                 level_label: str = "keep", metric=None) -> str:
+  """Markdown: per level and claim with both methods in the study, the paired
   difference over draws, mean ± std [95% interval], and seed_stats.verdict
-  ('reproduces' only when the interval excludes 0 in the paper's direction)."""
-  lines = ["| keep | claim | method - against | bpb difference | verdict |",
+  ('reproduces' only when the interval excludes 0 in the paper's direction).
+  metric(scores) -> the value compared (default the bpb on `domain`)."""
+  header = "bpb difference" if metric is None else "difference"
+  metric = metric or (lambda scores: scores["bpb"][domain])
+  lines = [f"| {level_label} | claim | method - against | {header} | verdict |",
            "|---|---|---|---|---|"]
-  for keep in study["keeps"]:
+  for keep in study[levels]:
     for method, against, direction, claim in claims:
-      values = [_draw_values(study, keep, name, domain) for name in (method, against)]
+      values = [[metric(r["scores"]) for r in _level_runs(study["runs"], keep, name)]
+                for name in (method, against)]
       if not all(values) or len(values[0]) != len(values[1]):
         continue
       diff = seed_stats.paired_difference(*values)
       lines.append(f"| {keep} | {claim} | {method} - {against} | {_interval(diff)} | "
                    f"{seed_stats.verdict(diff, direction, '{:.4f}')} |")
   return "\n".join(lines)
-
-
-def _draw_values(study: dict, keep: str, method: str, domain: str) -> list:
-  rows = sorted((r for r in study["runs"] if r["keep"] == keep and r["method"] == method),
-                key=lambda r: r["draw"])
-  return [r["scores"]["bpb"][domain] for r in rows]
 
 
 def _probe(scores: dict, name: str) -> float:

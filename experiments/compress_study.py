@@ -1,0 +1,67 @@
+r"""Every arm of a compression table at each level on several calibration draws,
+scored on the same held-out bytes (moejax/posttrain/compress_study.py).
+
+  python -m experiments.compress_study --workdir=runs/zoo/s --table=gemq \
+      --levels=2.5,3,4 --draws=5 --json=docs/results/posttrain/gemq_zoo_s.json \
+      --markdown=docs/results/posttrain/gemq_zoo_s.md
+
+--table: gemq (uniform, per-layer, GEMQ, + router fine-tuning, + the progressive
+loop; GPTQ), codequant (per-group RTN, k-means, CodeQuant at the same bit
+allocation), td_moe (per-expert SVD, whitened SVD, joint Tucker, TD-MoE).
+--levels: average bits, or (td_moe) fractions of expert parameters removed.
+"""
+from absl import flags
+
+from moejax import cli
+from moejax.evaluation.probe_data import PROBES
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (float experts).")
+_TABLE = flags.DEFINE_enum("table", "gemq", ["gemq", "codequant", "td_moe"], "Which table.")
+_LEVELS = cli.checked(flags.DEFINE_list("levels", None, "Average bits, or fractions removed."),
+                      cli.at_least(0.0, float))
+_ARMS = flags.DEFINE_list("arms", None, "Only these arms of the table (default all).")
+_DRAWS = cli.checked(flags.DEFINE_integer("draws", 5, "Calibration draws (seeds 0..N-1)."),
+                     cli.at_least(1))
+_NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 32, "Calibration windows "
+                                                "per draw."), cli.at_least(1))
+_GROUP = cli.checked(flags.DEFINE_integer("group_size", 32, "Quantization / codebook group."),
+                     cli.at_least(0))
+_FT_STEPS = cli.checked(flags.DEFINE_integer("finetune_steps", 32, "Router fine-tuning steps "
+                                             "of the fine-tuned GEMQ arms."), cli.at_least(1))
+_BYTES = cli.checked(flags.DEFINE_integer("bytes_per_domain", 8192, "Held-out bytes per "
+                                          "domain (0 = all)."), cli.at_least(0))
+_PROBE_COUNT = cli.checked(flags.DEFINE_integer("probe_count", 16, "Examples per probe group."),
+                           cli.at_least(1))
+_OUTPUTS = cli.study_outputs()
+flags.mark_flags_as_required(["workdir", "levels"])
+
+
+def main(argv):
+  del argv
+  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training",))
+  _OUTPUTS.check()
+  from moejax.posttrain import compress_study, prune
+  names = {a.name for a in compress_study.TABLES[_TABLE.value]}
+  for arm in _ARMS.value or ():
+    if arm not in names:
+      raise cli.flag_error(_ARMS, f"expected arms of the {_TABLE.value} table among "
+                           f"{', '.join(sorted(names))}")
+  config, _ = prune.source_config(_WORKDIR.value)
+  probes = list(PROBES) if config.data.name == "mix" else []
+  levels = [float(v) for v in _LEVELS.value]
+
+  def save(result):
+    _OUTPUTS.write(result, compress_study.tables(result) if result["runs"] else "")
+
+  result = compress_study.run_study(
+      _WORKDIR.value, _TABLE.value, levels=levels, draws=_DRAWS.value,
+      num_windows=_NUM_WINDOWS.value, bytes_per_domain=_BYTES.value, probes=probes,
+      probe_count=_PROBE_COUNT.value, group_size=_GROUP.value, finetune_steps=_FT_STEPS.value,
+      arms=_ARMS.value, on_run=save)
+  text = compress_study.tables(result)
+  print(text)
+  save(result)
+
+
+if __name__ == "__main__":
+  cli.run(main)

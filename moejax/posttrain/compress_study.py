@@ -1,0 +1,238 @@
+"""A compression study on a trained workdir (issue 15): each arm of a table at each
+level on several calibration draws, scored by the evaluation harness on the
+same held-out bytes, with paired intervals over the draws.
+
+Tables (`TABLES`): 'gemq' (quantized experts, GPTQ, average bits), 'codequant'
+(codebooks against per-group RTN at the same bit allocation), 'td_moe' (fraction
+of expert parameters removed). Draw d draws calibration windows with seed d
+(prune.calibration_windows) shared by every arm. Each arm is scored from the
+float model that equals its compressed one (compress_pipeline: dequantized /
+reconstructed experts, fine-tuned routers): bpb per domain, probes, and the
+fraction of (token, MoE layer) pairs whose top-k expert set differs from the
+uncompressed model's on held-out windows ('re-routed'). On the first draw each
+arm with an expert type is also built, saved as a training workdir in a scratch
+directory and measured: its experts' packed bytes and the checkpoint's bytes on
+disk (codes are held one per uint8 byte there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.posttrain import compress_pipeline as cp
+from moejax.posttrain import compress_workdir as cw
+from moejax.posttrain import prune
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One compressed model of a table: method, quantizer, rounds, fine-tuning."""
+  name: str
+  method: str
+  quantizer: str = "gptq"
+  rounds: int = 1
+  finetune: bool = False
+  integer_only: bool = False     # only at integer levels (uniform bits)
+  fractional_only: bool = False  # only at fractional levels
+
+  def applies(self, level: float) -> bool:
+    integer = level == int(level)
+    return not ((self.integer_only and not integer) or (self.fractional_only and integer))
+
+
+TABLES = {
+    "gemq": (Arm("uniform", "uniform", integer_only=True), Arm("per_layer", "per_layer"),
+             Arm("gemq", "gemq"), Arm("gemq_ft", "gemq", finetune=True),
+             Arm("gemq_progressive", "gemq", rounds=2, finetune=True, fractional_only=True)),
+    "codequant": (Arm("rtn", "uniform", "rtn", integer_only=True),
+                  Arm("rtn", "gemq", "rtn", fractional_only=True),
+                  Arm("kmeans", "kmeans"), Arm("codequant", "codequant")),
+    "td_moe": (Arm("svd", "svd"), Arm("whitened_svd", "whitened_svd"),
+               Arm("tucker", "tucker"), Arm("td_moe", "td_moe")),
+}
+REFERENCE = {"gemq": "per_layer", "codequant": "rtn", "td_moe": "svd"}
+CLAIMS = {
+    "gemq": (("gemq", "per_layer", "lower", "GEMQ: the global allocation beats per-layer"),
+             ("gemq", "uniform", "lower", "GEMQ: mixed precision beats uniform bits"),
+             ("gemq_ft", "gemq", "lower", "GEMQ: router fine-tuning lowers bpb"),
+             ("gemq_progressive", "gemq_ft", "lower",
+              "GEMQ: the progressive loop beats one round")),
+    "codequant": (("codequant", "rtn", "lower", "CodeQuant beats per-group RTN"),
+                  ("codequant", "kmeans", "lower", "CodeQuant: rotation + fine-tuning beat "
+                   "plain k-means"),
+                  ("kmeans", "rtn", None, "k-means codebooks against RTN")),
+    "td_moe": (("td_moe", "svd", "lower", "TD-MoE beats per-expert SVD"),
+               ("td_moe", "whitened_svd", "lower", "TD-MoE beats whitened per-expert SVD"),
+               ("td_moe", "tucker", "lower", "TD-MoE: whitening beats plain joint Tucker")),
+}
+REROUTE_CLAIMS = {"gemq": (("gemq_ft", "gemq", "lower",
+                            "GEMQ: router fine-tuning re-routes fewer tokens"),)}
+
+
+def request(table: str, arm: Arm, level: float, seed: int, group_size: int) -> cp.Request:
+  choices = cp.DEFAULT_BIT_CHOICES
+  if table == "codequant" and level != int(level):  # the codebooks' allocation (2, 3)
+    choices = cp.bit_choices_for(cp.Request("kmeans", level))
+  return cp.Request(arm.method, level, quantizer=arm.quantizer, group_size=group_size,
+                    bit_choices=choices, seed=seed)
+
+
+def routing_sets(graphdef, params, rest, batches) -> np.ndarray:
+  """bool [tokens, MoE layers, E]: each token's top-k expert set in every MoE layer."""
+  from moejax.analysis.router_inference import captured_forward
+
+  @jax.jit
+  def sets(params, tokens):
+    model = nnx.merge(graphdef, params, rest)
+    _, aux, _ = captured_forward(model, tokens)
+    e = model.cfg.moe.num_experts
+    out = []
+    for layer in aux["moe"]:
+      index = layer["expert_index"].reshape(-1, layer["expert_index"].shape[-1])
+      valid = layer["valid"].reshape(index.shape)
+      out.append(jnp.zeros((index.shape[0], e + 1), bool).at[
+          jnp.arange(index.shape[0])[:, None], jnp.where(valid, index, e)].set(True)[:, :e])
+    return jnp.stack(out, axis=1)
+
+  return np.concatenate([np.asarray(sets(params, jnp.asarray(b))) for b in batches])
+
+
+def rerouted(reference_sets: np.ndarray, sets: np.ndarray) -> float:
+  """Fraction of (token, MoE layer) pairs whose top-k expert set changed."""
+  return float(np.mean(np.any(reference_sets != sets, axis=-1)))
+
+
+def checkpoint_bytes(config, result: cw.Result, source: prune.Source) -> dict:
+  """Packed expert bytes and the on-disk bytes of the saved compressed workdir."""
+  import ml_collections
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.model = result.model
+  with tempfile.TemporaryDirectory() as scratch:
+    prune.save_pruned(scratch, c, result.params, result.rest, source.step, source.data_state)
+    disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(scratch)
+               for f in files)
+  return {"packed_expert_bytes": cw.packed_bytes(result.model, result.params, result.rest),
+          "checkpoint_bytes": int(disk)}
+
+
+def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
+              bytes_per_domain: int, probes=(), probe_count: int = 32, group_size: int = 32,
+              finetune_steps: int = 32, finetune_lr: float = 1e-4, reroute_windows: int = 16,
+              arms=None, log=print, on_run=None) -> dict:
+  """{settings, uncompressed: scores, runs: [{level, method, draw, scores, layers}]}."""
+  from moejax.config import expert_counts
+  from moejax.data.pipeline import split_documents, train_token_stream
+  from moejax.evaluation import harness
+  from moejax.evaluation.model import DecoderLM
+  from moejax.models.decoder import abstract_model
+  from moejax.train.restore import load_from_workdir
+  config, step = prune.source_config(workdir)
+  arms = [a for a in TABLES[table] if arms is None or a.name in arms]
+  for level in levels:
+    for arm in arms:
+      if arm.applies(level):
+        cp.check_request(config.model, request(table, arm, level, 0, group_size))
+  source = prune.load_source(workdir, config, step)
+  tokenizer = load_from_workdir(workdir, for_generation=True)[4]
+  documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
+  settings = harness.Settings(context=config.data.seq_len, probes=tuple(probes),
+                              probe_count=probe_count)
+  stream = train_token_stream(config.data)
+  graphdef = abstract_model(config.model)[0]
+  held_out = prune.calibration_windows(_held_out_stream(config, tokenizer), reroute_windows,
+                                       config.data.seq_len, seed=12345)
+  held_out = [held_out[i:i + 8] for i in range(0, len(held_out), 8)]
+  reference_sets = routing_sets(graphdef, source.params, source.rest, held_out)
+  m = config.model
+
+  def score(params):
+    evaluation = harness.evaluate(DecoderLM(m, params, source.rest), tokenizer,
+                                  tokenizer.eos_id, documents, settings, expert_counts(m))
+    return {"bpb": evaluation.report["bpb"], "probes": evaluation.report["probes"],
+            "rerouted": rerouted(reference_sets,
+                                 routing_sets(graphdef, params, source.rest, held_out))}
+
+  uncompressed = score(source.params)
+  log(f"uncompressed: {uncompressed['bpb']['all']:.4f} bpb")
+  names = list(dict.fromkeys(a.name for a in arms))
+  runs = []
+
+  def result():
+    return {"workdir": workdir, "step": step, "table": table, "methods": names,
+            "levels": [str(v) for v in levels], "draws": draws, "num_windows": num_windows,
+            "group_size": group_size, "finetune_steps": finetune_steps,
+            "finetune_lr": finetune_lr, "bytes_per_domain": bytes_per_domain,
+            "reference": REFERENCE[table], "uncompressed": uncompressed, "runs": runs}
+
+  sizes = {}
+  for draw in range(draws):
+    windows = prune.calibration_windows(stream, num_windows, config.data.seq_len, seed=draw)
+    calibration = cp.Calibration(graphdef, source.params, source.rest, windows)
+    for level in levels:
+      for arm in arms:
+        if not arm.applies(level):
+          continue
+        r = request(table, arm, level, draw, group_size)
+        out = cw.run(r, source, calibration, rounds=arm.rounds,
+                     finetune_steps=finetune_steps if arm.finetune else 0,
+                     finetune_lr=finetune_lr, log=log)
+        scores = score(out.float_params)
+        key = (str(level), arm.name)
+        if key not in sizes:
+          sizes[key] = (checkpoint_bytes(config, out, source) if out.model is not None
+                        else {})
+        scores.update(sizes[key])
+        scores["expert_parameters"] = out.report.get("parameters")
+        scores["average_bits"] = out.report.get("average_bits")
+        runs.append({"level": str(level), "method": arm.name, "draw": draw, "scores": scores,
+                     "layers": out.report})
+        log(f"{table} {level} {arm.name} draw {draw}: {scores['bpb']['all']:.4f} bpb, "
+            f"re-routed {scores['rerouted']:.3f}")
+        if on_run:
+          on_run(result())
+  return result()
+
+
+def _held_out_stream(config, tokenizer) -> np.ndarray:
+  """Token ids of the held-out documents, concatenated (for the re-routing windows)."""
+  from moejax.data.pipeline import split_documents
+  ids = []
+  for _, text in split_documents(config.data):
+    ids.extend(tokenizer.encode(text))
+  return np.asarray(ids, np.int32)
+
+
+COLUMNS = {
+    "quantized": (("average bits", lambda s: f"{s['average_bits']:.2f}"),
+                  ("re-routed", lambda s: f"{s['rerouted']:.3f}"),
+                  ("packed expert bytes", lambda s: f"{s['packed_expert_bytes']:,}"),
+                  ("checkpoint bytes", lambda s: f"{s['checkpoint_bytes']:,}")),
+    "factorised": (("expert parameters", lambda s: f"{s['expert_parameters']:,}"),
+                   ("re-routed", lambda s: f"{s['rerouted']:.3f}"),
+                   ("checkpoint bytes", lambda s: f"{s['checkpoint_bytes']:,}")),
+}
+
+
+def tables(result: dict) -> str:
+  """Markdown: the claims (bpb, then re-routing), then per domain the summary."""
+  from moejax.posttrain import study
+  table = result["table"]
+  columns = COLUMNS["factorised" if table == "td_moe" else "quantized"]
+  label = "removed" if table == "td_moe" else "bits"
+  kw = {"levels": "levels", "level_label": label}
+  parts = ["### The papers' claims (bpb on all)\n\n"
+           + study.claims_table(result, CLAIMS[table], **kw)]
+  if table in REROUTE_CLAIMS:
+    parts.append("### Re-routed (token, layer) pairs against the uncompressed model\n\n"
+                 + study.claims_table(result, REROUTE_CLAIMS[table],
+                                      metric=lambda s: s["rerouted"], **kw))
+  for domain in result["uncompressed"]["bpb"]:
+    parts.append(f"### bpb on {domain}\n\n" + study.summary_table(
+        result, domain, base="uncompressed", columns=columns, **kw))
+  return "\n\n".join(parts)
