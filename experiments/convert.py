@@ -12,6 +12,12 @@ OlmoeForCausalLM, DeepseekV3ForCausalLM (see docs/interop.md).
 --check_logits loads the export in transformers (a test requirement) and
 compares its float32 logits with moejax's on a fixed padded batch, failing
 above --check_atol (moejax/interop/parity.py).
+Compressed experts ('quantized', 'codebook', 'factorised': transformers has no
+such type) are written as the dense float weights they compute with; the export
+prints a line saying so and records it in OUT/moejax_export.json
+(moejax/interop/dense_experts.py). --check_logits then compares the compressed
+model's logits with transformers' on the dense export. Importing the export
+gives a float ('swiglu') model.
 
 Import refuses a workdir that holds a training run (--allow_mixed overrides);
 export refuses an --out_hf_dir that exists and is not empty.
@@ -22,7 +28,7 @@ from absl import flags
 
 from moejax import cli
 from moejax.errors import ConfigError
-from moejax.interop import parity
+from moejax.interop import dense_experts, parity
 from moejax.interop.convert import export_hf, import_hf, save_workdir
 from moejax.interop.hf_config import FAMILIES
 from moejax.interop.load import load_model
@@ -88,6 +94,9 @@ def export_main() -> None:
                  max_shard_bytes=_MAX_SHARD_MB.value << 20,
                  extra_files_from=extra if os.path.isdir(extra) else None)
   print(f"exported {hf['architectures'][0]} to {out}")
+  record = dense_experts.read_record(out)
+  if record is not None:
+    print(record["note"])
   if _CHECK_LOGITS.value:
     diff, scale = parity.export_logit_difference(loaded, out)
     verdict = "matches" if diff <= _CHECK_ATOL.value else "DIFFERS"

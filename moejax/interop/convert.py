@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.errors import ConfigError
+from moejax.interop import dense_experts
 from moejax.interop.hf_config import from_hf_config, to_hf_config
 from moejax.interop.names import tensor_maps
 from moejax.interop.safetensors_io import SafetensorsReader, ShardedWriter, read_json
@@ -139,13 +140,17 @@ def export_hf(m, params, rest, out_dir: str, *, family: str | None = None,
   """Write params as an HF checkpoint of `family` (default m.family); returns config.json.
 
   dtype: 'float32' | 'bfloat16' | 'float16' (default: each array's own dtype).
+  Compressed experts ('quantized', 'codebook', 'factorised') are written as the
+  dense float weights they compute with, and the export's moejax_export.json
+  says so (dense_experts.py; experiments.convert prints its note).
   """
+  if dtype and dtype not in PARAM_DTYPES:
+    raise ConfigError(f"dtype={dtype!r}; valid: {', '.join(PARAM_DTYPES)}")
+  m, params, rest, experts_record = dense_experts.for_export(m, params, rest, dtype)
   m = config_for_params(m, params)
   check_shapes(m, params, rest)
   hf = to_hf_config(m, family, base_hf_config)
   m.family = hf["model_type"]
-  if dtype and dtype not in PARAM_DTYPES:
-    raise ConfigError(f"dtype={dtype!r}; valid: {', '.join(PARAM_DTYPES)}")
   cast = PARAM_DTYPES[dtype] if dtype else None
   trees = {"params": params, "rest": rest}
   writer = ShardedWriter(out_dir, max_shard_bytes)
@@ -162,14 +167,17 @@ def export_hf(m, params, rest, out_dir: str, *, family: str | None = None,
     json.dump(hf, f, indent=2)
   if extra_files_from:
     copy_extra_files(extra_files_from, out_dir)
+  if experts_record is not None:
+    dense_experts.write_record(out_dir, experts_record)
   return hf
 
 
 def copy_extra_files(src: str, dst: str) -> None:
-  """Tokenizer and generation files: everything but the weights, index and config."""
+  """Tokenizer and generation files: everything but the weights, index, config and
+  an export's record (which describes that export only)."""
   for name in os.listdir(src):
     path = os.path.join(src, name)
-    if (os.path.isfile(path) and name not in CHECKPOINT_FILES
+    if (os.path.isfile(path) and name not in CHECKPOINT_FILES + (dense_experts.EXPORT_RECORD,)
         and not name.endswith((".safetensors", ".tmp"))):
       shutil.copy2(path, os.path.join(dst, name))
 

@@ -4,6 +4,13 @@ the config that made them, with a compatibility check before any restore.
 Layout: WORKDIR/checkpoints/<step>/{state, data, meta}. Orbax writes each
 step to a temporary directory and renames it when complete, so a crash during
 a save leaves the previous checkpoint intact; a refused restore never writes.
+
+Before a restore, the expert variables the checkpoint holds (read from its
+tree metadata: every array below an 'experts' key, e.g. w_gate_codes of
+'quantized', w_gate/core of 'factorised') are compared with those of the
+target state; a checkpoint of another expert type is refused with a one-line
+ConfigError naming both types and some of their variables, before orbax reads
+any array (`_check_expert_variables`).
 """
 import contextlib
 import json
@@ -13,6 +20,7 @@ import os
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from etils import epath
 
 from moejax.config import flatten_config, with_defaults
 from moejax.errors import ConfigError
@@ -91,6 +99,7 @@ class Checkpointer:
     in its own layout and mapped to today's."""
     layout = stored_layout(self._stored_meta(step).get("config", {}))
     target = abstract_state if layout is None else layout.to_old(abstract_state)
+    self._check_expert_variables(step, target)
     with self._naming_errors(step):
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
@@ -98,6 +107,37 @@ class Checkpointer:
     if layout is not None:
       state = placed_like(layout.to_new(state), abstract_state)
     return state, restored["data"]
+
+  def stored_tree(self, step: int):
+    """The tree of the state saved at `step`, array metadata as leaves (None
+    when it cannot be read: the restore itself then names the problem)."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+      with self._quiet():
+        return handler.metadata(epath.Path(self.directory) / str(step) / "state").tree
+    except Exception:  # noqa: BLE001 - orbax raises many types; restore reports it
+      return None
+    finally:
+      handler.close()
+
+  def _check_expert_variables(self, step: int, target) -> None:
+    """ConfigError (one line, naming both expert types) when the checkpoint's
+    expert variables are not those of `target`."""
+    stored = self.stored_tree(step)
+    if stored is None:
+      return
+    have, want = expert_variable_names(stored), expert_variable_names(target)
+    if have == want or not have or not want:  # MoE vs dense: orbax names the mismatch
+      return
+    model = self.read_meta(step).get("config", {}).get("model")
+    saved_type = expert_type_with(have, model) or (model or {}).get("moe", {}).get("experts")
+    advice = (f"restore it with the expert type it was saved with (model.moe.experts="
+              f"{saved_type!r})" if saved_type else "restore it with the config it was saved with")
+    raise ConfigError(
+        f"cannot read checkpoint {self.directory}/{step}: it holds "
+        f"{_described(saved_type, have - want or have)}; the config asks for "
+        f"{_described(expert_type_with(want, model), want - have or want)}. {advice[0].upper()}"
+        f"{advice[1:]}; nothing was changed.")
 
   @contextlib.contextmanager
   def _naming_errors(self, step: int):
@@ -119,6 +159,50 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _key_name(key) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def expert_variable_names(tree) -> frozenset:
+  """The expert variables of a state tree: each array's path below its 'experts'
+  key ('w_gate', 'w_gate_codes', 'w_gate/core'), over all layers and collections."""
+  names = set()
+  for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    keys = [_key_name(k) for k in path]
+    if "experts" in keys:
+      names.add("/".join(keys[keys.index("experts") + 1:]))
+  return frozenset(names)
+
+
+def expert_type_with(names: frozenset, model: dict | None) -> str | None:
+  """The registered expert type whose layers hold exactly `names` in `model` (a
+  stored model config; each type tried in its place), None if none does."""
+  if not names or not isinstance(model, dict):
+    return None
+  from moejax.experts.base import EXPERT_TYPES  # the error path only: models are heavy
+  from moejax.models.decoder import abstract_model
+  for name, _ in EXPERT_TYPES.items():
+    m = ml_collections.ConfigDict(model)
+    try:
+      m.moe.experts = name
+      _, params, rest = abstract_model(m)
+    except Exception:  # noqa: BLE001 - a type these dims cannot build is not the one
+      continue
+    if expert_variable_names({"params": params, "rest": rest}) == names:
+      return name
+  return None
+
+
+def _described(expert_type: str | None, names) -> str:
+  """"'quantized' experts (bits, w_down_codes, w_down_scales and 7 more)"."""
+  names = sorted(names)
+  shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+  return f"{expert_type!r} experts ({shown})" if expert_type else f"experts ({shown})"
 
 
 @contextlib.contextmanager
