@@ -1,0 +1,504 @@
+r"""Converting a checkpoint larger than the memory it may use (issue 17, part 3).
+
+  python -m experiments.benchmarks.large_checkpoint --out_dir=runs/large_ckpt --gb=4 \
+      --json=docs/results/large_checkpoint_cpu.json --markdown=docs/results/large_checkpoint_cpu.md
+
+1. Writes a synthetic Qwen3-MoE checkpoint (Qwen3MoeForCausalLM's config.json
+   and tensor names, per-expert tensors, bf16) of about --gb GB (1e9 bytes):
+   Qwen3-30B-A3B's shape scaled down (hidden 1024, 16 query / 4 KV heads of
+   128, 64 experts of width 512, top-8, vocab 32768) with as many layers as the
+   size gives. Every tensor is drawn from its own seeded generator and written
+   at its offset in shards of --shard_mb (header first: safetensors_io.PlannedWriter),
+   so the whole model is never in memory; no tokenizer.
+2. Times a plain copy of the same files (shutil.copyfile: in-kernel copy_file_range).
+3. Runs each conversion in a child process under /usr/bin/time -v and takes
+   its "Maximum resident set size" (the kernel's ru_maxrss), plus the peaks of
+   its anonymous and file-backed parts polled from /proc/<pid>/status every 20 ms:
+     import    HF -> converted workdir, streaming (moejax/interop/streaming.py)
+     export    workdir -> HF bf16, streaming
+     orbax     HF -> orbax checkpoint, each array sharded on --orbax_mesh of 8 simulated
+               CPU devices, a partial save per 128 MB of arrays (streaming.import_to_orbax)
+     baseline  the in-memory path experiments.convert runs (import_hf + save_workdir)
+     floor     the child's interpreter with the same modules imported, converting nothing
+   GB/s = checkpoint bytes / seconds, of the child's whole life (wall) and of the
+   conversion call alone (conv, timed in the child).
+   Before each timed step the page cache is flushed (sync) and the input
+   files' cached pages dropped (posix_fadvise DONTNEED): the reads come from disk
+   ("cold"); --warm repeats copy/import/export with the inputs read into the
+   cache first.
+4. Checks bf16 bits: every tensor of the export against the source, and
+   --sample tensors (seeded, half of them experts) of the source against their
+   place in the converted workdir (transposed, in their expert's row).
+--keep leaves the files (several times --gb) under --out_dir; by default they
+are deleted at the end.
+"""
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import psutil
+from absl import app, flags
+
+from moejax import cli
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+VOCAB, D, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, EXPERT_FF = 32768, 1024, 16, 4, 128, 64, 8, 512
+
+_OUT_DIR = flags.DEFINE_string("out_dir", "runs/large_ckpt", "Where the checkpoints are written.")
+_GB = flags.DEFINE_float("gb", 4.0, "Checkpoint size in GB (1e9 bytes), by its layer count.")
+_SHARD_MB = flags.DEFINE_integer("shard_mb", 1000, "Largest shard (MB, 1e6 bytes).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and of the sample.")
+_SAMPLE = flags.DEFINE_integer("sample", 20, "Tensors checked against the converted workdir.")
+_BASELINE = flags.DEFINE_bool("baseline", True, "Also measure the in-memory conversion.")
+_WARM = flags.DEFINE_bool("warm", True, "Repeat copy/import/export with warm caches.")
+_KEEP = flags.DEFINE_bool("keep", False, "Keep the checkpoints (default: delete them).")
+_ORBAX_MESH = flags.DEFINE_string("orbax_mesh", "fsdp=2,expert=4", "Mesh of the sharded orbax "
+                                   "import, over 8 simulated CPU devices ('' to skip it).")
+_CHILD = flags.DEFINE_enum("child", None, ["import", "export", "baseline", "floor", "orbax"],
+                           "Internal: run one conversion (this process is the measured child).")
+_SRC = flags.DEFINE_string("src", None, "Internal: the child's input.")
+_DST = flags.DEFINE_string("dst", None, "Internal: the child's output.")
+OUTPUTS = cli.study_outputs()
+
+
+# ---------------------------------------------------------------- the checkpoint
+
+def qwen3_config(num_layers: int) -> dict:
+  return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+          "vocab_size": VOCAB, "hidden_size": D, "num_hidden_layers": num_layers,
+          "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
+          "intermediate_size": 4 * D, "moe_intermediate_size": EXPERT_FF,
+          "num_experts": EXPERTS, "num_experts_per_tok": TOP_K, "norm_topk_prob": True,
+          "decoder_sparse_step": 1, "mlp_only_layers": [], "hidden_act": "silu",
+          "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+          "rope_theta": 1e6, "attention_bias": False, "use_sliding_window": False,
+          "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
+
+
+def layer_tensors(i: int) -> list[tuple[str, tuple]]:
+  """One decoder layer's (name, shape), as Qwen3MoeForCausalLM names them."""
+  p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+  out = [(f"{p}.input_layernorm.weight", (D,)),
+         (f"{a}.q_proj.weight", (HEADS * HEAD_DIM, D)),
+         (f"{a}.k_proj.weight", (KV_HEADS * HEAD_DIM, D)),
+         (f"{a}.v_proj.weight", (KV_HEADS * HEAD_DIM, D)),
+         (f"{a}.o_proj.weight", (D, HEADS * HEAD_DIM)),
+         (f"{a}.q_norm.weight", (HEAD_DIM,)), (f"{a}.k_norm.weight", (HEAD_DIM,)),
+         (f"{p}.post_attention_layernorm.weight", (D,)),
+         (f"{p}.mlp.gate.weight", (EXPERTS, D))]
+  for e in range(EXPERTS):
+    x = f"{p}.mlp.experts.{e}"
+    out += [(f"{x}.gate_proj.weight", (EXPERT_FF, D)), (f"{x}.up_proj.weight", (EXPERT_FF, D)),
+            (f"{x}.down_proj.weight", (D, EXPERT_FF))]
+  return out
+
+
+def checkpoint_tensors(num_layers: int) -> list[tuple[str, tuple]]:
+  out = [("model.embed_tokens.weight", (VOCAB, D))]
+  for i in range(num_layers):
+    out += layer_tensors(i)
+  return out + [("model.norm.weight", (D,)), ("lm_head.weight", (VOCAB, D))]
+
+
+def nbytes(tensors) -> int:
+  return sum(math.prod(shape) for _, shape in tensors) * BF16.itemsize
+
+
+def layers_for(gb: float) -> int:
+  fixed, per_layer = nbytes(checkpoint_tensors(0)), nbytes(layer_tensors(0))
+  return max(1, round((gb * 1e9 - fixed) / per_layer))
+
+
+def draw(name: str, shape: tuple, seed: int, index: int) -> np.ndarray:
+  """Tensor `index`: norms ~1 + 0.2 N(0, 1), routers N(0, 1), the rest N(0, 1/fan_in), bf16."""
+  rng = np.random.default_rng([seed, index])
+  x = rng.standard_normal(shape, np.float32)
+  if name.endswith("norm.weight"):
+    x = 1.0 + 0.2 * x
+  elif not name.endswith("mlp.gate.weight"):
+    x *= shape[-1] ** -0.5
+  return x.astype(BF16)
+
+
+def make_checkpoint(directory: str, gb: float, seed: int, shard_bytes: int) -> dict:
+  from moejax.interop.safetensors_io import PlannedWriter
+  num_layers = layers_for(gb)
+  tensors = checkpoint_tensors(num_layers)
+  start = time.perf_counter()
+  writer = PlannedWriter(directory, [(n, s, BF16) for n, s in tensors], shard_bytes)
+  for index, (name, shape) in enumerate(tensors):
+    writer.write(name, draw(name, shape, seed, index))
+  writer.close()
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(qwen3_config(num_layers), f, indent=2)
+  return {"num_layers": num_layers, "num_tensors": len(tensors), "bytes": nbytes(tensors),
+          "files": len(checkpoint_files(directory)), "seconds": time.perf_counter() - start}
+
+
+def checkpoint_files(directory: str) -> list[str]:
+  return sorted(os.path.join(directory, f) for f in os.listdir(directory))
+
+
+# ---------------------------------------------------------------- measuring
+
+def tree_bytes(directory: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(directory) for f in fs)
+
+
+def drop_cache(directory: str) -> None:
+  """sync, then drop the page cache of the directory's files (only those)."""
+  os.sync()
+  for d, _, files in os.walk(directory):
+    for f in files:
+      fd = os.open(os.path.join(d, f), os.O_RDONLY)
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+      os.close(fd)
+
+
+def warm_cache(directory: str) -> None:
+  for d, _, files in os.walk(directory):
+    for f in files:
+      with open(os.path.join(d, f), "rb") as fh:
+        while fh.read(64 << 20):
+          pass
+
+
+def plain_copy(src: str, dst: str) -> float:
+  os.makedirs(dst)
+  start = time.perf_counter()
+  for path in checkpoint_files(src):
+    shutil.copyfile(path, os.path.join(dst, os.path.basename(path)))
+  return time.perf_counter() - start
+
+
+def _status_kb(pid: int) -> dict:
+  out = {}
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith(("VmRSS", "RssAnon", "RssFile")):
+          key, value = line.split(":")
+          out[key] = int(value.split()[0])
+  except (FileNotFoundError, ProcessLookupError):
+    pass
+  return out
+
+
+TIME = "/usr/bin/time"
+
+
+def measured_child(kind: str, src: str, dst: str) -> dict:
+  """Run `--child=kind` under /usr/bin/time -v; its wall time, its own conversion time
+  and its peak memory (MB, 1e6 bytes). The peak RSS is time's "Maximum resident set
+  size" (the kernel's ru_maxrss of the child; taken through `time`, a small process,
+  since a child forked from this one starts with this one's resident set in it)."""
+  cmd = [sys.executable, "-m", "experiments.benchmarks.large_checkpoint", f"--child={kind}",
+         f"--src={src}", f"--dst={dst}", f"--orbax_mesh={_ORBAX_MESH.value}"]
+  use_time = os.access(TIME, os.X_OK)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  if kind == "orbax":
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+  start = time.perf_counter()
+  proc = subprocess.Popen(([TIME, "-v"] if use_time else []) + cmd, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  peaks, done = {}, threading.Event()
+
+  def poll():
+    target = None
+    while not done.is_set():
+      if target is None:
+        kids = psutil.Process(proc.pid).children() if use_time else [proc]
+        target = kids[0].pid if kids else None
+      for key, value in (_status_kb(target) if target else {}).items():
+        peaks[key] = max(peaks.get(key, 0), value)
+      time.sleep(0.02)
+
+  poller = threading.Thread(target=poll, daemon=True)
+  poller.start()
+  output = proc.stdout.read().decode()
+  _, status, usage = os.wait4(proc.pid, 0)
+  seconds = time.perf_counter() - start
+  done.set()
+  poller.join()
+  if os.waitstatus_to_exitcode(status):
+    raise RuntimeError(f"child {kind} failed:\n{output[-3000:]}")
+  maxrss_kb = usage.ru_maxrss
+  if use_time:
+    maxrss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", output).group(1))
+  inner = re.search(r"^converted in ([0-9.]+) s", output, re.M)
+  return {"seconds": seconds, "convert_seconds": float(inner.group(1)) if inner else None,
+          "peak_rss_mb": maxrss_kb * 1024 / 1e6, "peak_rss_source": (
+              "/usr/bin/time -v" if use_time else "os.wait4 ru_maxrss"),
+          "peak_rss_mb_polled": peaks.get("VmRSS", 0) * 1024 / 1e6,
+          "peak_anon_mb_polled": peaks.get("RssAnon", 0) * 1024 / 1e6,
+          "peak_file_mb_polled": peaks.get("RssFile", 0) * 1024 / 1e6}
+
+
+def run_child(kind: str, src: str, dst: str) -> None:
+  from moejax.interop import convert, streaming  # noqa: F401 - the floor imports them too
+  start = time.perf_counter()
+  if kind == "import":
+    streaming.import_to_workdir(src, dst, "bfloat16")
+  elif kind == "export":
+    streaming.export_workdir(src, dst, dtype="bfloat16", max_shard_bytes=_SHARD_MB.value * 10**6)
+  elif kind == "orbax":
+    streaming.import_to_orbax(src, dst, streaming.mesh_layout(orbax_mesh()), "bfloat16")
+  elif kind == "baseline":  # what experiments.convert's import runs
+    convert.save_workdir(dst, convert.import_hf(src, "bfloat16"))
+  print(f"converted in {time.perf_counter() - start:.3f} s")
+
+
+def orbax_mesh() -> dict:
+  return {k: int(v) for k, v in (item.split("=") for item in _ORBAX_MESH.value.split(","))}
+
+
+# ---------------------------------------------------------------- bits
+
+def bits(array: np.ndarray) -> np.ndarray:
+  return np.ascontiguousarray(array).view(np.uint16)
+
+
+def compare_exports(src: str, out: str) -> dict:
+  """Every tensor of `out` against `src`: same names, shapes and bf16 bits."""
+  from moejax.interop.safetensors_io import SafetensorsReader
+  a, b = SafetensorsReader(src), SafetensorsReader(out)
+  differ = [n for n in a.names() if n not in b or a.shape(n) != b.shape(n) or b.dtype(n) != BF16
+            or not np.array_equal(bits(a.read(n, a.shape(n), BF16)),
+                                  bits(b.read(n, b.shape(n), BF16)))]
+  extra = sorted(set(b.names()) - set(a.names()))
+  return {"tensors": len(a.names()), "identical": not differ and not extra,
+          "differing": differ[:10], "extra": extra[:10]}
+
+
+def compare_sample(src: str, workdir: str, count: int, seed: int) -> dict:
+  """`count` source tensors (half experts) against their place in the converted workdir."""
+  from moejax.interop.convert import read_config_json
+  from moejax.interop.hf_config import from_hf_config
+  from moejax.interop.names import tensor_maps
+  from moejax.interop.safetensors_io import SafetensorsReader
+  m = from_hf_config(read_config_json(src))
+  place = {}
+  for tm in tensor_maps(m):
+    key = f"{tm.collection}/{'.'.join(map(str, tm.path))}"
+    for e, name in enumerate(tm.hf_names):
+      place[name] = (key, e if tm.stacked else None, tm.transpose)
+  hf, ours = SafetensorsReader(src), SafetensorsReader(
+      os.path.join(workdir, "model"), index_file="params.index.json")
+  rng = np.random.default_rng(seed)
+  experts = sorted(n for n in hf.names() if ".experts." in n)
+  others = sorted(n for n in hf.names() if ".experts." not in n)
+  picked = (list(rng.choice(experts, count // 2, replace=False)) +
+            list(rng.choice(others, count - count // 2, replace=False)))
+  rows = []
+  for name in picked:
+    key, e, transpose = place[name]
+    source = hf.read(name, hf.shape(name), BF16)
+    stored = (ours.read(key, ours.shape(key), BF16) if e is None else
+              ours.read_part(key, e, ours.shape(key), BF16))
+    stored = stored.T if transpose else stored
+    rows.append({"name": name, "workdir": key + ("" if e is None else f"[{e}]"),
+                 "shape": list(source.shape),
+                 "identical": bool(stored.shape == source.shape and
+                                   np.array_equal(bits(stored), bits(source)))})
+  return {"sampled": len(rows), "identical": all(r["identical"] for r in rows), "tensors": rows}
+
+
+def compare_orbax_sample(src: str, directory: str, count: int, seed: int) -> dict:
+  """`count` source tensors (half experts) against the orbax checkpoint, each leaf
+  holding one restored alone (the others orbax's PLACEHOLDER), on one device."""
+  import jax
+  import orbax.checkpoint.experimental.v1 as ocp
+  from moejax.interop.convert import read_config_json
+  from moejax.interop.hf_config import from_hf_config
+  from moejax.interop.names import tensor_maps
+  from moejax.interop.safetensors_io import SafetensorsReader
+  from moejax.interop.streaming import ORBAX_STATE, _orbax_keys, orbax_target
+  m = from_hf_config(read_config_json(src))
+  target = {k: v for k, v in _orbax_keys(orbax_target(m, None, "bfloat16")).items()
+            if jax.tree.leaves(v)}  # orbax stores no empty subtree
+  hf = SafetensorsReader(src)
+  rng = np.random.default_rng(seed + 1)
+  experts = sorted(n for n in hf.names() if ".experts." in n)
+  others = sorted(n for n in hf.names() if ".experts." not in n)
+  picked = set(rng.choice(experts, count // 2, replace=False)) | set(
+      rng.choice(others, count - count // 2, replace=False))
+  rows = []
+  for tm in tensor_maps(m):
+    names = [(e, n) for e, n in enumerate(tm.hf_names) if n in picked]
+    if not names:
+      continue
+    path = (tm.collection, *map(str, tm.path))
+
+    def only(tree, at=()):
+      if isinstance(tree, dict):
+        return {k: only(v, at + (k,)) for k, v in tree.items()}
+      return tree if at == path else ocp.PLACEHOLDER
+
+    leaf = ocp.load(os.path.join(os.path.abspath(directory), ORBAX_STATE), only(target))
+    for key in path:
+      leaf = leaf[key]
+    leaf = np.asarray(leaf)
+    for e, name in names:
+      stored = leaf[e] if tm.stacked else leaf
+      stored = stored.T if tm.transpose else stored
+      source = hf.read(name, hf.shape(name), BF16)
+      rows.append({"name": name, "orbax": "/".join(path) + (f"[{e}]" if tm.stacked else ""),
+                   "identical": bool(stored.shape == source.shape and
+                                     np.array_equal(bits(stored), bits(source)))})
+  return {"sampled": len(rows), "identical": all(r["identical"] for r in rows), "tensors": rows}
+
+
+# ---------------------------------------------------------------- the run
+
+def gbps(num_bytes: int, seconds: float) -> float:
+  return num_bytes / seconds / 1e9
+
+
+def bench(out_dir: str, gb: float, seed: int, shard_bytes: int) -> dict:
+  if os.path.exists(out_dir) and os.listdir(out_dir):
+    raise app.UsageError(f"--out_dir={out_dir} exists and is not empty")
+  hf_dir, copy_dir = os.path.join(out_dir, "hf"), os.path.join(out_dir, "copy")
+  work, export = os.path.join(out_dir, "workdir"), os.path.join(out_dir, "export")
+  record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
+            "command": " ".join(["python -m experiments.benchmarks.large_checkpoint"] +
+                                sys.argv[1:]),
+            "model": {k: v for k, v in qwen3_config(layers_for(gb)).items()
+                      if k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
+                               "num_attention_heads", "num_key_value_heads", "head_dim",
+                               "num_experts", "num_experts_per_tok", "moe_intermediate_size")}}
+  made = make_checkpoint(hf_dir, gb, seed, shard_bytes)
+  size = made["bytes"]
+  record["checkpoint"] = {**made, "bytes_on_disk": tree_bytes(hf_dir),
+                          "write_gbps": gbps(tree_bytes(hf_dir), made["seconds"])}
+  print(f"checkpoint: {made['num_layers']} layers, {made['num_tensors']} tensors, "
+        f"{size / 1e9:.2f} GB in {made['files']} files, {made['seconds']:.0f} s")
+  runs = []
+
+  def step(kind, cache, fn, src, dst_dir):
+    (drop_cache if cache == "cold" else warm_cache)(src)
+    drop_cache(out_dir) if cache == "cold" else os.sync()
+    if kind == "copy":
+      result = {"seconds": fn(src, dst_dir)}
+    else:
+      result = measured_child(kind, src, dst_dir)
+    result.update(kind=kind, cache=cache, bytes_read=size if kind != "floor" else 0)
+    if kind != "floor":
+      result["gbps"] = gbps(size, result["seconds"])
+      if result.get("convert_seconds"):
+        result["convert_gbps"] = gbps(size, result["convert_seconds"])
+    result["load_average"] = os.getloadavg()[0]
+    runs.append(result)
+    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                      for k, v in result.items() if k != "output"}))
+    return result
+
+  step("floor", "cold", None, hf_dir, None)
+  for cache in ("cold", "warm") if _WARM.value else ("cold",):
+    for d in (copy_dir, work, export):
+      shutil.rmtree(d, ignore_errors=True)
+    step("copy", cache, plain_copy, hf_dir, copy_dir)
+    step("import", cache, None, hf_dir, work)
+    step("export", cache, None, work, export)
+  record["workdir_bytes"], record["export_bytes"] = tree_bytes(work), tree_bytes(export)
+  record["round_trip"] = compare_exports(hf_dir, export)
+  record["workdir_sample"] = compare_sample(hf_dir, work, _SAMPLE.value, seed)
+  if _ORBAX_MESH.value:
+    orbax_dir = os.path.join(out_dir, "orbax")
+    for d in (copy_dir, export):
+      shutil.rmtree(d)
+    step("orbax", "cold", None, hf_dir, orbax_dir)
+    record["orbax_mesh"] = orbax_mesh()
+    record["orbax_bytes"] = tree_bytes(orbax_dir)
+    record["orbax_sample"] = compare_orbax_sample(hf_dir, orbax_dir, _SAMPLE.value, seed)
+    shutil.rmtree(orbax_dir)
+  if _BASELINE.value:
+    baseline_dir = os.path.join(out_dir, "baseline")
+    shutil.rmtree(work)
+    step("baseline", "cold", None, hf_dir, baseline_dir)
+    shutil.rmtree(baseline_dir)
+  record["runs"] = runs
+  if not _KEEP.value:
+    shutil.rmtree(out_dir)
+  return record
+
+
+def machine() -> dict:
+  mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem / 1e9, 1),
+          "python": platform.python_version(), "platform": platform.platform()}
+
+
+def markdown(r: dict) -> str:
+  c, m = r["checkpoint"], r["model"]
+  runs = {(x["kind"], x["cache"]): x for x in r["runs"]}
+  lines = [
+      "# Converting a checkpoint larger than its memory budget (CPU)", "",
+      f"Date: {r['date']}. Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores "
+      f"(shared), {r['machine']['memory_gb']} GB RAM.", "",
+      f"Command: `{r['command']}`", "",
+      f"Checkpoint: synthetic Qwen3-MoE (`Qwen3MoeForCausalLM`), bf16, {m['num_hidden_layers']} "
+      f"layers, hidden {m['hidden_size']}, {m['num_attention_heads']}/{m['num_key_value_heads']} "
+      f"heads of {m['head_dim']}, {m['num_experts']} experts of width "
+      f"{m['moe_intermediate_size']} (top-{m['num_experts_per_tok']}), vocab {m['vocab_size']}: "
+      f"{c['num_tensors']} tensors, {c['bytes'] / 1e9:.2f} GB of tensors in {c['files'] - 2} "
+      f"shards ({c['bytes_on_disk'] / 1e9:.2f} GB on disk), written in {c['seconds']:.0f} s.", "",
+      "GB/s: checkpoint bytes / seconds; `wall` is the child process's whole life "
+      "(interpreter and imports included, see `floor`), `conv` the conversion call alone; "
+      "x copy = conv GB/s / copy GB/s in the same cache state. Peak RSS: the child's "
+      f"maximum resident set ({r['runs'][0]['peak_rss_source']}); anon/file: peaks of "
+      "RssAnon/RssFile polled every 20 ms. Load: 1-min load average at the end of the step.", "",
+      "| step | cache | wall s | wall GB/s | conv s | conv GB/s | x copy | peak RSS MB "
+      "| peak anon MB | peak file MB | load |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for (kind, cache), x in runs.items():
+    copy = runs.get(("copy", cache))
+    f = lambda k, fmt: format(x[k], fmt) if x.get(k) is not None else "-"
+    rate = x.get("convert_gbps", x.get("gbps")) if kind != "floor" else None
+    ratio = f"{rate / copy['gbps']:.2f}" if copy and rate else "-"
+    lines.append(f"| {kind} | {cache if kind != 'floor' else '-'} | {f('seconds', '.1f')} "
+                 f"| {f('gbps', '.3f')} | {f('convert_seconds', '.1f')} "
+                 f"| {f('convert_gbps', '.3f')} | {ratio} | {f('peak_rss_mb', '.0f')} "
+                 f"| {f('peak_anon_mb_polled', '.0f')} | {f('peak_file_mb_polled', '.0f')} "
+                 f"| {f('load_average', '.1f')} |")
+  rt, ws = r["round_trip"], r["workdir_sample"]
+  lines += ["", f"Round trip (import -> export --dtype=bfloat16): {rt['tensors']} tensors, "
+            f"bf16 bits {'identical' if rt['identical'] else 'DIFFER: ' + str(rt['differing'])}. "
+            f"Sample of {ws['sampled']} source tensors against the converted workdir: "
+            f"{'all identical' if ws['identical'] else 'DIFFER'}."]
+  if "orbax_sample" in r:
+    o = r["orbax_sample"]
+    lines += ["", f"Sharded orbax import (`orbax`: mesh {r['orbax_mesh']} of 8 simulated CPU "
+              f"devices, partial saves of <= 128 MB of arrays, {r['orbax_bytes'] / 1e9:.2f} GB written): "
+              f"sample of {o['sampled']} source tensors against the restored leaves: "
+              f"{'all identical' if o['identical'] else 'DIFFER'}."]
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  if _CHILD.value:
+    run_child(_CHILD.value, _SRC.value, _DST.value)
+    return
+  record = bench(_OUT_DIR.value, _GB.value, _SEED.value, _SHARD_MB.value * 10**6)
+  text = markdown(record)
+  print(text)
+  OUTPUTS.write(record, text)
+
+
+if __name__ == "__main__":
+  cli.run(main)
