@@ -1,6 +1,7 @@
 r"""Convert between HF checkpoint directories and moejax workdirs.
 
-HF -> moejax (config.json + sharded safetensors, read tensor by tensor):
+HF -> moejax (config.json + sharded safetensors, read and written tensor by tensor,
+moejax/interop/streaming.py: resident memory bounded by the largest tensor):
   python -m experiments.convert --hf_dir=/ckpt/Qwen3-30B-A3B --workdir=runs/qwen3
 moejax -> HF (per-expert tensors, loadable by transformers):
   python -m experiments.convert --workdir=runs/qwen3 --out_hf_dir=/out/qwen3-pruned \
@@ -28,8 +29,8 @@ from absl import flags
 
 from moejax import cli
 from moejax.errors import ConfigError
-from moejax.interop import dense_experts, parity
-from moejax.interop.convert import export_hf, import_hf, save_workdir
+from moejax.interop import dense_experts, parity, streaming
+from moejax.interop.convert import WORKDIR_MODEL, export_hf
 from moejax.interop.hf_config import FAMILIES
 from moejax.interop.load import load_model
 
@@ -68,12 +69,14 @@ def import_main() -> None:
   cli.writable_workdir("workdir", _WORKDIR.value, "converted", allow_mixed=_ALLOW_MIXED.value)
   if not os.path.isdir(_HF_DIR.value):
     raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
-  loaded = import_hf(_HF_DIR.value, _PARAM_DTYPE.value)  # reads and checks everything first
-  directory = save_workdir(_WORKDIR.value, loaded, extra_files_from=_HF_DIR.value)
-  print(f"imported {loaded.config.family} ({loaded.config.num_layers} layers, "
-        f"{loaded.config.moe.num_experts} experts) into {directory}"
-        + (f"; {len(loaded.unused)} checkpoint tensors unused, e.g. {loaded.unused[0]}"
-           if loaded.unused else ""))
+  # tensor by tensor (moejax/interop/streaming.py): every tensor's presence, shape and
+  # dtype checked before the first write, memory bounded by the largest tensor
+  m, unused = streaming.import_to_workdir(_HF_DIR.value, _WORKDIR.value, _PARAM_DTYPE.value,
+                                          extra_files_from=_HF_DIR.value)
+  directory = os.path.join(_WORKDIR.value, WORKDIR_MODEL)
+  print(f"imported {m.family} ({m.num_layers} layers, {m.moe.num_experts} experts) into "
+        f"{directory}" + (f"; {len(unused)} checkpoint tensors unused, e.g. {unused[0]}"
+                          if unused else ""))
 
 
 def export_main() -> None:
