@@ -32,8 +32,33 @@ _BYTES = cli.checked(flags.DEFINE_integer("bytes_per_domain", 8192, "Held-out by
                                           "domain (0 = all)."), cli.at_least(0))
 _PROBE_COUNT = cli.checked(flags.DEFINE_integer("probe_count", 16, "Examples per probe group."),
                            cli.at_least(1))
+_RESUME = flags.DEFINE_bool("resume", False, "Keep the runs already in --json (same table "
+                            "and settings) and run only the missing ones.")
 _OUTPUTS = cli.study_outputs()
 flags.mark_flags_as_required(["workdir", "levels"])
+
+
+SETTINGS = ("num_windows", "group_size", "finetune_steps", "bytes_per_domain", "probe_count")
+
+
+def resumable(path, table: str, levels) -> dict | None:
+  """The earlier result in --json to resume, checked to be of this table and settings."""
+  import json
+  import os
+  if not path:
+    raise cli.flag_error(_RESUME, "resumes the study in --json; give --json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    previous = json.load(f)
+  now = {"num_windows": _NUM_WINDOWS.value, "group_size": _GROUP.value,
+         "finetune_steps": _FT_STEPS.value, "bytes_per_domain": _BYTES.value,
+         "probe_count": _PROBE_COUNT.value}
+  different = [k for k in SETTINGS if previous.get(k) != now[k]]
+  if previous.get("table") != table or different:
+    raise cli.flag_error(_RESUME, f"{path} holds another study (table "
+                         f"{previous.get('table')!r}, differing {different})")
+  return previous
 
 
 def main(argv):
@@ -49,6 +74,9 @@ def main(argv):
   config, _ = prune.source_config(_WORKDIR.value)
   probes = list(PROBES) if config.data.name == "mix" else []
   levels = [float(v) for v in _LEVELS.value]
+  previous = None
+  if _RESUME.value:
+    previous = resumable(_OUTPUTS.json.value, _TABLE.value, levels)
 
   def save(result):
     _OUTPUTS.write(result, compress_study.tables(result) if result["runs"] else "")
@@ -57,7 +85,7 @@ def main(argv):
       _WORKDIR.value, _TABLE.value, levels=levels, draws=_DRAWS.value,
       num_windows=_NUM_WINDOWS.value, bytes_per_domain=_BYTES.value, probes=probes,
       probe_count=_PROBE_COUNT.value, group_size=_GROUP.value, finetune_steps=_FT_STEPS.value,
-      arms=_ARMS.value, on_run=save)
+      arms=_ARMS.value, on_run=save, previous=previous)
   text = compress_study.tables(result)
   print(text)
   save(result)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -124,8 +125,12 @@ def checkpoint_bytes(config, result: cw.Result, source: prune.Source) -> dict:
 def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
               bytes_per_domain: int, probes=(), probe_count: int = 32, group_size: int = 32,
               finetune_steps: int = 32, finetune_lr: float = 1e-4, reroute_windows: int = 16,
-              arms=None, log=print, on_run=None) -> dict:
-  """{settings, uncompressed: scores, runs: [{level, method, draw, scores, layers}]}."""
+              arms=None, log=print, on_run=None, previous: dict | None = None) -> dict:
+  """{settings, uncompressed: scores, runs: [{level, method, draw, scores, layers}]}.
+
+  previous: an earlier result of the same table and settings (its JSON): its runs
+  are kept and not run again, so a study can be stopped and resumed, or given
+  more draws."""
   from moejax.config import expert_counts
   from moejax.data.pipeline import split_documents, train_token_stream
   from moejax.evaluation import harness
@@ -161,13 +166,15 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
   uncompressed = score(source.params)
   log(f"uncompressed: {uncompressed['bpb']['all']:.4f} bpb")
   names = list(dict.fromkeys(a.name for a in arms))
-  runs = []
+  runs = list(previous["runs"]) if previous else []
+  done = {(r["level"], r["method"], r["draw"]) for r in runs}
 
   def result():
     return {"workdir": workdir, "step": step, "table": table, "methods": names,
             "levels": [str(v) for v in levels], "draws": draws, "num_windows": num_windows,
             "group_size": group_size, "finetune_steps": finetune_steps,
             "finetune_lr": finetune_lr, "bytes_per_domain": bytes_per_domain,
+            "probe_count": probe_count,
             "reference": REFERENCE[table], "uncompressed": uncompressed, "runs": runs}
 
   sizes = {}
@@ -176,8 +183,9 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
     calibration = cp.Calibration(graphdef, source.params, source.rest, windows)
     for level in levels:
       for arm in arms:
-        if not arm.applies(level):
+        if not arm.applies(level) or (str(level), arm.name, draw) in done:
           continue
+        started = time.time()
         r = request(table, arm, level, draw, group_size)
         out = cw.run(r, source, calibration, rounds=arm.rounds,
                      finetune_steps=finetune_steps if arm.finetune else 0,
@@ -193,7 +201,7 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
         runs.append({"level": str(level), "method": arm.name, "draw": draw, "scores": scores,
                      "layers": out.report})
         log(f"{table} {level} {arm.name} draw {draw}: {scores['bpb']['all']:.4f} bpb, "
-            f"re-routed {scores['rerouted']:.3f}")
+            f"re-routed {scores['rerouted']:.3f} ({time.time() - started:.0f} s)")
         if on_run:
           on_run(result())
   return result()
