@@ -227,14 +227,32 @@ COLUMNS = {
 }
 
 
+def complete_draws(result: dict) -> dict:
+  """`result` with only the draws every (level, arm) of the study has run: a
+  study stopped mid-draw still pairs every arm on the same draws."""
+  arms = [a for a in TABLES[result["table"]] if a.name in result["methods"]]
+  wanted = {(lv, a.name) for lv in result["levels"] for a in arms if a.applies(float(lv))}
+  draws = sorted({r["draw"] for r in result["runs"]})
+  have = {d: {(r["level"], r["method"]) for r in result["runs"] if r["draw"] == d}
+          for d in draws}
+  complete = [d for d in draws if wanted <= have[d]]
+  return {**result, "complete_draws": complete,
+          "runs": [r for r in result["runs"] if r["draw"] in complete]}
+
+
 def tables(result: dict) -> str:
-  """Markdown: the claims (bpb, then re-routing), then per domain the summary."""
+  """Markdown: the claims (bpb, then re-routing), then per domain the summary, over
+  the complete draws (complete_draws)."""
   from moejax.posttrain import study
+  result = complete_draws(result)
   table = result["table"]
   columns = COLUMNS["factorised" if table == "td_moe" else "quantized"]
   label = "removed" if table == "td_moe" else "bits"
   kw = {"levels": "levels", "level_label": label}
-  parts = ["### The papers' claims (bpb on all)\n\n"
+  parts = [f"Paired over {len(result['complete_draws'])} calibration draws "
+           f"(seeds {result['complete_draws']}); held-out bytes per domain: "
+           f"{result['bytes_per_domain']}.",
+           "### The papers' claims (bpb on all)\n\n"
            + study.claims_table(result, CLAIMS[table], **kw)]
   if table in REROUTE_CLAIMS:
     parts.append("### Re-routed (token, layer) pairs against the uncompressed model\n\n"

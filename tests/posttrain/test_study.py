@@ -34,3 +34,19 @@ def test_claims_table_gives_the_verdict_in_the_papers_direction():
           in table)
   assert "| step - frequency | +0.2000 ± 0.0100 [+0.1752, +0.2248] | opposite direction |" in table
   assert "greedy" not in table and "heapr" not in table  # claims without both arms are left out
+
+
+def test_compression_tables_pair_only_the_draws_every_arm_has_run():
+  from moejax.posttrain import compress_study
+  arms = ("svd", "whitened_svd", "tucker", "td_moe")
+  runs = [{"level": "0.4", "method": m, "draw": d, "scores": scores(3.0 - 0.1 * i - 0.01 * d)}
+          for d in (0, 1, 2) for i, m in enumerate(arms) if d < 2 or m == "svd"]
+  for r in runs:
+    r["scores"].update(rerouted=0.1, expert_parameters=10, checkpoint_bytes=20)
+  result = {"table": "td_moe", "methods": list(arms), "levels": ["0.4"], "runs": runs,
+            "reference": "svd", "uncompressed": scores(2.5), "bytes_per_domain": 8}
+  assert compress_study.complete_draws(result)["complete_draws"] == [0, 1]
+  text = compress_study.tables(result)
+  assert "Paired over 2 calibration draws (seeds [0, 1])" in text
+  # td_moe - svd = -0.3 on both draws: std 0, so the interval is the point
+  assert "| 0.4 | TD-MoE beats per-expert SVD | td_moe - svd | -0.3000 ± 0.0000" in text
