@@ -5,7 +5,9 @@ same held-out bytes, with paired intervals over the draws.
 Tables (`TABLES`): 'gemq' (quantized experts, GPTQ, average bits), 'codequant'
 (codebooks against per-group RTN at the same bit allocation), 'td_moe' (fraction
 of expert parameters removed). Draw d draws calibration windows with seed d
-(prune.calibration_windows) shared by every arm. Each arm is scored from the
+(prune.calibration_windows) shared by every arm; an arm whose model does not
+depend on the draw (per-expert SVD, plain Tucker, uniform RTN) is built and
+scored once and counted on every draw. Each arm is scored from the
 float model that equals its compressed one (compress_pipeline: dequantized /
 reconstructed experts, fine-tuned routers): bpb per domain, probes, and the
 fraction of (token, MoE layer) pairs whose top-k expert set differs from the
@@ -41,6 +43,12 @@ class Arm:
   finetune: bool = False
   integer_only: bool = False     # only at integer levels (uniform bits)
   fractional_only: bool = False  # only at fractional levels
+
+  @property
+  def calibration_free(self) -> bool:
+    """Its model does not depend on the calibration draw (nor on the seed)."""
+    return self.method in ("svd", "tucker") or (self.method == "uniform"
+                                                and self.quantizer == "rtn")
 
   def applies(self, level: float) -> bool:
     integer = level == int(level)
@@ -184,6 +192,11 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
     for level in levels:
       for arm in arms:
         if not arm.applies(level) or (str(level), arm.name, draw) in done:
+          continue
+        first = next((x for x in runs if x["level"] == str(level) and x["method"] == arm.name),
+                     None)
+        if arm.calibration_free and first is not None:  # the same model on every draw
+          runs.append({**first, "draw": draw, "same_model_as_draw": first["draw"]})
           continue
         started = time.time()
         r = request(table, arm, level, draw, group_size)
