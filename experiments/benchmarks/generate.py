@@ -3,6 +3,8 @@ r"""Generation speed against transformers on the same model (issue 17, part 1).
   python -m experiments.benchmarks.generate [--families=qwen3_moe,deepseek_v3]
       [--batches=1,8,32] [--prompt_len=32] [--new_tokens=32] [--reps=3]
       [--json=FILE] [--markdown=FILE]
+  python -m experiments.benchmarks.generate --profile --families=qwen3_moe --batches=1,8
+      [--reps=7] [--profile_calls=30] [--profile_torch_threads=1] [--json=FILE]
 
 For each family, transformers builds a small random model (hidden 256, 4
 layers, 16 routed experts of width 256, top-4, vocab 4096: tens of millions of
@@ -18,6 +20,29 @@ and the ratios moejax / transformers. Each measurement is the median of
 --reps runs, interleaved (moejax, transformers, moejax, ...) on this shared
 machine; moejax is compiled by an untimed call first (generation compiles once
 per prompt bucket and cache bucket: moejax/inference/generate.py).
+
+--profile (issue 17, part 1: where the time goes) replaces the speed table by a
+decode step's time split into parts, per family and batch, in ms per step:
+
+  moejax        (a) the compiled decode step (sample_and_step): in a jax.profiler
+                trace, from its first XLA:CPU thunk's start to its last one's
+                end (median of --profile_calls calls); (b) host: generate's
+                per-token time - (a) (the jit call, fold_in, the Python loop:
+                what async dispatch does not hide); (c) inside (a): its thunks,
+                each attributed by its HLO op_name (module calls are wrapped in
+                jax.named_scope while the step is compiled again: the same ops,
+                named) and source frame to attention, MoE router / dispatch /
+                experts, norms, embedding, LM head, sampling; the MoE expert
+                loops also by their bodies' thunks (matmuls, expert weight
+                slices, row gather/scatter, loop runtime); the remainder of (a)
+                is XLA's runtime between thunks.
+  transformers  (a) its model's forward inside its own generate (hooks on the
+                top module, prefill left out); (b) generate's work between two
+                forwards; (c) forward hooks on each part's module (shares scaled
+                to the unhooked forward).
+
+plus the parameter bytes one step reads and the time one core takes to read
+them. --profile_torch_threads=1 on a busy shared machine (see the flag).
 """
 import datetime
 import json
@@ -26,7 +51,7 @@ import platform
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 import numpy as np
 
 from moejax import cli
@@ -39,6 +64,17 @@ _NEW = cli.checked(flags.DEFINE_integer("new_tokens", 32, "Generated tokens."), 
 _REPS = cli.checked(flags.DEFINE_integer("reps", 3, "Timed repetitions."), cli.at_least(1))
 _JSON = flags.DEFINE_string("json", None, "Write the figures here.")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the table here.")
+_PROFILE = flags.DEFINE_bool(
+    "profile", False, "Instead of the speed table: where a decode step's time goes, per "
+    "family and batch (moejax: the compiled step's device time split by part from the XLA "
+    "profiler, its dispatch, the host loop; transformers: the forward split by module hooks, "
+    "generate's loop). --json/--markdown get these figures.")
+_CALLS = cli.checked(flags.DEFINE_integer("profile_calls", 30, "--profile: timed calls of the "
+                                          "moejax step per round (median)."), cli.at_least(1))
+_TORCH_THREADS = cli.checked(flags.DEFINE_integer(
+    "profile_torch_threads", 0, "--profile: torch.set_num_threads (0: torch's default). On a "
+    "shared, busy machine torch's two threads wait on each other (5x slower decode here "
+    "under a load of 6); one thread measures its work instead."), cli.at_least(0))
 
 SIZE = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
             num_key_value_heads=4, max_position_embeddings=1024, bos_token_id=1,
@@ -62,10 +98,10 @@ def hf_config(family: str):
   raise cli.flag_error(_FAMILIES, f"expected qwen3_moe or deepseek_v3, not {family!r}")
 
 
-def bench_family(family: str, batches, prompt_len: int, new_tokens: int, reps: int) -> list:
+def model_pair(family: str):
+  """(transformers model, moejax import of the same weights)."""
   import torch
   import transformers
-  from moejax.inference.generate import generate
   from moejax.interop.convert import import_hf
   torch.manual_seed(0)
   hf_model = transformers.AutoModelForCausalLM.from_config(
@@ -73,6 +109,13 @@ def bench_family(family: str, batches, prompt_len: int, new_tokens: int, reps: i
   with tempfile.TemporaryDirectory() as directory:
     hf_model.save_pretrained(directory)
     loaded = import_hf(directory)
+  return hf_model, loaded
+
+
+def bench_family(family: str, batches, prompt_len: int, new_tokens: int, reps: int) -> list:
+  import torch
+  from moejax.inference.generate import generate
+  hf_model, loaded = model_pair(family)
   rows = []
   for b in batches:
     prompts = np.random.default_rng(b).integers(3, SIZE["vocab_size"], (b, prompt_len))
@@ -131,14 +174,29 @@ def main(argv):
   for family in _FAMILIES.value:
     hf_config(family)  # refuse an unknown family before any work
   rows = []
+  batches = [int(b) for b in _BATCHES.value]
   for family in _FAMILIES.value:
-    rows += bench_family(family, [int(b) for b in _BATCHES.value], _PROMPT.value,
-                         _NEW.value, _REPS.value)
-  text = table(rows)
+    if _PROFILE.value:
+      from experiments.benchmarks import generate_profile
+      rows += generate_profile.profile_family(
+          model_pair(family), family, batches, _PROMPT.value, _NEW.value, _REPS.value,
+          _CALLS.value, _TORCH_THREADS.value)
+    else:
+      rows += bench_family(family, batches, _PROMPT.value, _NEW.value, _REPS.value)
+  if _PROFILE.value:
+    from experiments.benchmarks.generate_profile import profile_table
+    text = profile_table(rows)
+  else:
+    text = table(rows)
   print(text)
   meta = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "prompt_len": _PROMPT.value, "new_tokens": _NEW.value,
-          "reps": _REPS.value}
+          "reps": _REPS.value, "loadavg": os.getloadavg()}
+  if _PROFILE.value:
+    import jax
+    import torch
+    meta.update(profile_calls=_CALLS.value, jax=jax.__version__, backend=jax.default_backend(),
+                torch=torch.__version__, torch_threads=torch.get_num_threads())
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"meta": meta, "rows": rows}, f, indent=1)

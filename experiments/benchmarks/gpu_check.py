@@ -19,6 +19,11 @@ suite never needs a GPU). Parts:
    equal FLOPs ([m, d] @ [d, f]), at coarse, fine and finer MoE shapes. Each
    row prints medians and the ratios dense/path (1.0 = the dense limit),
    measured in the same run.
+
+Every record is also printed as one JSON line as it is made, so a run cut
+short by a timeout still leaves its figures in the log
+(scripts/accelerator_check.sh reads them from there). --cases, --max_cases
+and --shapes trim the run to a lease's budget.
 """
 import json
 import platform
@@ -35,6 +40,13 @@ import numpy as np
 from kernels import gmm, gmm_reference, tgmm
 from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 
+# name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
+SPEED_SHAPES = {
+    "coarse": (16384, 2048, 1024, 8, 2),
+    "fine": (16384, 2048, 256, 64, 8),
+    "finer": (16384, 2048, 128, 128, 8),
+}
+
 _JSON = flags.DEFINE_string("json", None, "Write all records here.")
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per path (median).")
@@ -43,13 +55,13 @@ _TILINGS = flags.DEFINE_list("tilings", ["128:128:128", "128:64:128", "64:64:64"
                              "Triton tilings tm:tk:tn timed in the speed part.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "CPU rehearsal: interpret the kernels, tiny "
                              "speed shapes, edge layouts only (checks the script, not the GPU).")
-
-# name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
-SPEED_SHAPES = {
-    "coarse": (16384, 2048, 1024, 8, 2),
-    "fine": (16384, 2048, 256, 64, 8),
-    "finer": (16384, 2048, 128, 128, 8),
-}
+_CASES = flags.DEFINE_list("cases", ["edge", "random"], "Correctness case sets, run in this "
+                           "order: edge (8 layouts x 3 (k, n) x tilings 128 and 16), random "
+                           "(4 larger random layouts; not in --dry_run).")
+_MAX_CASES = flags.DEFINE_integer("max_cases", 0, "Stop the correctness part after this many "
+                                  "cases (0: all).")
+_SHAPES = flags.DEFINE_list("shapes", list(SPEED_SHAPES), "Speed shapes (SPEED_SHAPES) by name.")
+CASE_SETS = ("edge", "random")
 
 
 def rel_err(got, want):
@@ -64,18 +76,32 @@ def random_layout(rng, num_groups, m, fill=0.9):
   return [int(s) for s in sizes], m
 
 
-def correctness_cases():
-  rng = np.random.default_rng(0)
+def edge_cases():
   for name, (sizes, m) in EDGE_LAYOUTS.items():
     for k, n in ((16, 16), (32, 64), (40, 24)):
       yield f"{name}/k{k}n{n}", sizes, m, k, n, (128, 128, 128)
       yield f"{name}/k{k}n{n}/t16", sizes, m, k, n, (16, 16, 16)
+
+
+def random_cases():
+  rng = np.random.default_rng(0)
   for i, (groups, m, k, n) in enumerate(((8, 1000, 256, 512), (64, 4096, 128, 256),
                                           (128, 3000, 256, 128), (3, 129, 300, 70))):
     sizes, m = random_layout(rng, groups, m)
     if _DRY_RUN.value:
       return
     yield f"random{i}/E{groups}m{m}k{k}n{n}", sizes, m, k, n, (128, 128, 128)
+
+
+def correctness_cases():
+  sets = {"edge": edge_cases, "random": random_cases}
+  count = 0
+  for name in _CASES.value:
+    for case in sets[name]():
+      if _MAX_CASES.value and count >= _MAX_CASES.value:
+        return
+      count += 1
+      yield case
 
 
 def check_correctness(records):
@@ -136,7 +162,8 @@ def balanced_sizes(rng, num_groups, m):
 
 def check_speed(records):
   rng = np.random.default_rng(2)
-  shapes = {"dry_run": (64, 32, 32, 4, 2)} if _DRY_RUN.value else SPEED_SHAPES
+  shapes = ({"dry_run": (64, 32, 32, 4, 2)} if _DRY_RUN.value else
+            {name: SPEED_SHAPES[name] for name in _SHAPES.value})
   for shape, (tokens, d, f, experts, top_k) in shapes.items():
     m = tokens * top_k
     flops = 2.0 * m * d * f
@@ -215,6 +242,10 @@ def markdown(records):
 
 def main(argv):
   del argv
+  for flag, valid in ((_CASES, CASE_SETS), (_SHAPES, SPEED_SHAPES)):
+    unknown = sorted(set(flag.value) - set(valid))
+    if unknown:
+      raise app.UsageError(f"--{flag.name} {unknown}: expected names in {sorted(valid)}")
   print(f"jax {jax.__version__} on {jax.devices()} ({platform.node()})", flush=True)
   records = []
   for part, fn in (("correctness", check_correctness), ("speed", check_speed)):
