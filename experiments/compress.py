@@ -41,6 +41,9 @@ _FT_STEPS = cli.checked(flags.DEFINE_integer("finetune_steps", 0, "Router fine-t
                                              "after quantizing (GEMQ)."), cli.at_least(0))
 _FT_LR = cli.checked(flags.DEFINE_float("finetune_lr", 1e-4, "Router fine-tuning learning "
                                         "rate."), cli.at_least(0.0))
+_DAMPING = cli.checked(flags.DEFINE_float("damping", 1e-6, "Whitening damping of td_moe and "
+                                          "whitened_svd, relative to the mean variance."),
+                       cli.at_least(0.0))
 _NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 64, "Calibration windows."),
                            cli.at_least(1))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Calibration draw."),
@@ -65,7 +68,8 @@ def main(argv):
   from moejax.posttrain import compress_workdir
   cp.family(_METHOD.value)
   r = cp.Request(_METHOD.value, _LEVEL.value, quantizer=_QUANTIZER.value,
-                 group_size=_GROUP.value, bit_choices=choices, seed=_SEED.value)
+                 group_size=_GROUP.value, bit_choices=choices, seed=_SEED.value,
+                 damping=_DAMPING.value)
   report = compress_workdir.compress_workdir(
       _WORKDIR.value, _OUT.value, r, num_windows=_NUM_WINDOWS.value, rounds=_ROUNDS.value,
       finetune_steps=_FT_STEPS.value, finetune_lr=_FT_LR.value)

@@ -73,6 +73,7 @@ class Request:
   group_size: int = 32
   bit_choices: tuple = DEFAULT_BIT_CHOICES
   seed: int = 0
+  damping: float = 1e-6  # whitening: C = X^T X / n + damping * mean(diag) I (tucker.py)
 
 
 def family(method: str) -> str:
@@ -247,7 +248,7 @@ def _factorised(r, params, calibration) -> Compressed:
     return _per_expert_svd(r, weights, layers, budget)
   whiten = r.method == "td_moe"
   tensors = {layer.block: (factorise.whitened_tensors(weights[layer.block], layer.inputs,
-                                                      layer.hidden) if whiten else
+                                                      layer.hidden, r.damping) if whiten else
                            {m: np.asarray(weights[layer.block][m], np.float64)
                             for m in MATRICES}) for layer in layers}
   flat = [tensors[layer.block][m] for layer in layers for m in MATRICES]
@@ -257,7 +258,7 @@ def _factorised(r, params, calibration) -> Compressed:
     layer_ranks = {m: next(ranks) for m in MATRICES}
     factors, fitted = factorise.factorise_experts(
         weights[layer.block], layer.inputs if whiten else None, layer_ranks,
-        hidden_inputs=layer.hidden if whiten else None)
+        hidden_inputs=layer.hidden if whiten else None, damping=r.damping)
     arrays[layer.block] = factors
     float_weights[layer.block] = {m: tucker.reconstruct(
         f["core"], f["expert_factor"], f["input_factor"], f["output_factor"]).astype(np.float32)
@@ -280,7 +281,8 @@ def _per_expert_svd(r, weights, layers, budget) -> Compressed:
     for m in MATRICES:
       rank = tucker.svd_rank_for_budget(w[m].shape, per_tensor)
       samples = layer.hidden if m == "w_down" else layer.inputs
-      low = (tucker.whitened_per_expert_svd(w[m], samples, rank) if r.method == "whitened_svd"
+      low = (tucker.whitened_per_expert_svd(w[m], samples, rank, r.damping)
+             if r.method == "whitened_svd"
              else tucker.per_expert_svd(w[m], rank))
       float_weights[layer.block][m] = low.reconstruct().astype(np.float32)
       report[int(layer.block)][m] = rank
