@@ -29,7 +29,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (float 'swig
 _METHOD = flags.DEFINE_string("method", "gemq", "Compression method.")
 _LEVEL = cli.checked(flags.DEFINE_float("level", None, "Average bits per expert weight, or "
                                         "the fraction of expert parameters removed."),
-                     cli.at_least(0.0))
+                     cli.at_least(0.0, float))
 _QUANTIZER = flags.DEFINE_string("quantizer", "gptq", "rtn or gptq (quantized methods).")
 _GROUP = cli.checked(flags.DEFINE_integer("group_size", 32, "Input rows per quantization "
                                           "group / codebook; 0 = the whole input dim."),
@@ -40,10 +40,10 @@ _ROUNDS = cli.checked(flags.DEFINE_integer("rounds", 1, "GEMQ rounds (costs re-e
 _FT_STEPS = cli.checked(flags.DEFINE_integer("finetune_steps", 0, "Router fine-tuning steps "
                                              "after quantizing (GEMQ)."), cli.at_least(0))
 _FT_LR = cli.checked(flags.DEFINE_float("finetune_lr", 1e-4, "Router fine-tuning learning "
-                                        "rate."), cli.at_least(0.0))
+                                        "rate."), cli.at_least(0.0, float))
 _DAMPING = cli.checked(flags.DEFINE_float("damping", 1e-6, "Whitening damping of td_moe and "
                                           "whitened_svd, relative to the mean variance."),
-                       cli.at_least(0.0))
+                       cli.at_least(0.0, float))
 _NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 64, "Calibration windows."),
                            cli.at_least(1))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Calibration draw."),
