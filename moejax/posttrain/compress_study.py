@@ -85,6 +85,13 @@ CLAIMS = {
                ("td_moe", "tucker", "lower", "TD-MoE: whitening beats plain joint Tucker"),
                ("td_moe_damped", "td_moe", None, "ablation: whitening damped 1% vs 1e-6")),
 }
+# Codebooks store far less beside their codes than per-group RTN (a float32 scale and
+# a zero point per group and output column, 1.25 extra bits per weight at group 32):
+# the pairs of (arm, level) whose packed expert bytes are about equal.
+EQUAL_BYTES = {"codequant": ((("codequant", "4.0"), ("rtn", "3.0")),
+                             (("kmeans", "4.0"), ("rtn", "3.0")),
+                             (("codequant", "3.0"), ("rtn", "2.5")),
+                             (("kmeans", "3.0"), ("rtn", "2.5")))}
 REROUTE_CLAIMS = {"gemq": (("gemq_ft", "gemq", "lower",
                             "GEMQ: router fine-tuning re-routes fewer tokens"),)}
 
@@ -258,6 +265,26 @@ def complete_draws(result: dict) -> dict:
           "runs": [r for r in result["runs"] if r["draw"] in complete]}
 
 
+def equal_bytes_table(result: dict, pairs) -> str:
+  """Markdown: per (arm, level) pair, both packed byte counts and the paired bpb
+  difference over the draws, with the verdict for 'the first is lower'."""
+  from moejax.posttrain import study
+  from moejax.train import seed_stats
+  lines = ["| arm | packed bytes | against | packed bytes | bpb difference | verdict |",
+           "|---|---|---|---|---|---|"]
+  for (arm, level), (other, other_level) in pairs:
+    a, b = (study.level_runs(result["runs"], lv, m)
+            for m, lv in ((arm, level), (other, other_level)))
+    if not a or len(a) != len(b):
+      continue
+    diff = seed_stats.paired_difference([r["scores"]["bpb"]["all"] for r in a],
+                                        [r["scores"]["bpb"]["all"] for r in b])
+    lines.append(f"| {arm} at {level} | {a[0]['scores']['packed_expert_bytes']:,} | {other} at "
+                 f"{other_level} | {b[0]['scores']['packed_expert_bytes']:,} | "
+                 f"{study.format_interval(diff)} | {seed_stats.verdict(diff, 'lower', '{:.4f}')} |")
+  return "\n".join(lines)
+
+
 def tables(result: dict) -> str:
   """Markdown: the claims (bpb, then re-routing), then per domain the summary, over
   the complete draws (complete_draws)."""
@@ -276,6 +303,9 @@ def tables(result: dict) -> str:
     parts.append("### Re-routed (token, layer) pairs against the uncompressed model\n\n"
                  + study.claims_table(result, REROUTE_CLAIMS[table],
                                       metric=lambda s: s["rerouted"], **kw))
+  if table in EQUAL_BYTES:
+    parts.append("### At about equal packed expert bytes (bpb on all)\n\n"
+                 + equal_bytes_table(result, EQUAL_BYTES[table]))
   for domain in result["uncompressed"]["bpb"]:
     parts.append(f"### bpb on {domain}\n\n" + study.summary_table(
         result, domain, base="uncompressed", columns=columns, **kw))

@@ -93,7 +93,7 @@ def run_study(workdir: str, *, methods, keeps, draws: int, num_windows: int,
   return result(runs)
 
 
-def _interval(diff) -> str:
+def format_interval(diff) -> str:
   if diff.lo is None:
     return f"{diff.mean:+.4f}"
   return f"{diff.mean:+.4f} ± {diff.std:.4f} [{diff.lo:+.4f}, {diff.hi:+.4f}]"
@@ -122,15 +122,15 @@ def summary_table(study: dict, domain: str = "all", *, levels: str = "keeps",
                + "".join(f"{_probe(base_scores, p):.3f} | " for p in probe_names)
                + "".join(f"{_column(cell, base_scores)} | " for _, cell in columns))
   for level in study[levels]:
-    by_method = {m: _level_runs(runs, level, m) for m in study["methods"]}
+    by_method = {m: level_runs(runs, level, m) for m in study["methods"]}
     reference = [r["scores"]["bpb"][domain] for r in by_method.get(ref, [])]
     for method, rows in by_method.items():
       if not rows:
         continue
       values = [r["scores"]["bpb"][domain] for r in rows]
       vs_ref = ("—" if method == ref or len(reference) != len(values)
-                else _interval(seed_stats.paired_difference(values, reference)))
-      vs_base = _interval(seed_stats.paired_difference(
+                else format_interval(seed_stats.paired_difference(values, reference)))
+      vs_base = format_interval(seed_stats.paired_difference(
           values, [base_scores["bpb"][domain]] * len(values)))
       lines.append(f"| {level} | {method} | {np.mean(values):.4f} | {vs_ref} | {vs_base} | "
                    + "".join(f"{np.mean([_probe(r['scores'], p) for r in rows]):.3f} | "
@@ -146,7 +146,7 @@ def _column(cell, scores) -> str:
     return "—"
 
 
-def _level_runs(runs, level, method) -> list:
+def level_runs(runs, level, method) -> list:
   """The runs of one level and method, by draw (pruning runs name the level 'keep')."""
   return sorted((r for r in runs if r.get("level", r.get("keep")) == level
                  and r["method"] == method), key=lambda r: r["draw"])
@@ -178,12 +178,12 @@ def claims_table(study: dict, claims=CLAIMS, domain: str = "all", *, levels: str
            "|---|---|---|---|---|"]
   for keep in study[levels]:
     for method, against, direction, claim in claims:
-      values = [[metric(r["scores"]) for r in _level_runs(study["runs"], keep, name)]
+      values = [[metric(r["scores"]) for r in level_runs(study["runs"], keep, name)]
                 for name in (method, against)]
       if not all(values) or len(values[0]) != len(values[1]):
         continue
       diff = seed_stats.paired_difference(*values)
-      lines.append(f"| {keep} | {claim} | {method} - {against} | {_interval(diff)} | "
+      lines.append(f"| {keep} | {claim} | {method} - {against} | {format_interval(diff)} | "
                    f"{seed_stats.verdict(diff, direction, '{:.4f}')} |")
   return "\n".join(lines)
 
