@@ -17,8 +17,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Pinned in requirements.txt for the tested stack, imported by no moejax code.
-TRANSITIVE_PINS = {"chex", "protobuf"}
+# Pinned in requirements.txt for the tested stack, imported by no moejax code
+# (psutil: by experiments/benchmarks/large_checkpoint.py only).
+TRANSITIVE_PINS = {"chex", "protobuf", "psutil"}
 TOP_LEVEL_IMPORT = re.compile(r"^\s*(from|import)\s+(kernels|configs|experiments|tests)\b", re.M)
 
 
