@@ -19,6 +19,7 @@ disk (codes are held one per uint8 byte there).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -104,24 +105,26 @@ def request(table: str, arm: Arm, level: float, seed: int, group_size: int) -> c
                     bit_choices=choices, seed=seed, damping=arm.damping)
 
 
-def routing_sets(graphdef, params, rest, batches) -> np.ndarray:
-  """bool [tokens, MoE layers, E]: each token's top-k expert set in every MoE layer."""
+@functools.partial(jax.jit, static_argnums=0)
+def _top_k_sets(graphdef, params, rest, tokens):
   from moejax.analysis.router_inference import captured_forward
+  model = nnx.merge(graphdef, params, rest)
+  _, aux, _ = captured_forward(model, tokens)
+  e = model.cfg.moe.num_experts
+  out = []
+  for layer in aux["moe"]:
+    index = layer["expert_index"].reshape(-1, layer["expert_index"].shape[-1])
+    valid = layer["valid"].reshape(index.shape)
+    out.append(jnp.zeros((index.shape[0], e + 1), bool).at[
+        jnp.arange(index.shape[0])[:, None], jnp.where(valid, index, e)].set(True)[:, :e])
+  return jnp.stack(out, axis=1)
 
-  @jax.jit
-  def sets(params, tokens):
-    model = nnx.merge(graphdef, params, rest)
-    _, aux, _ = captured_forward(model, tokens)
-    e = model.cfg.moe.num_experts
-    out = []
-    for layer in aux["moe"]:
-      index = layer["expert_index"].reshape(-1, layer["expert_index"].shape[-1])
-      valid = layer["valid"].reshape(index.shape)
-      out.append(jnp.zeros((index.shape[0], e + 1), bool).at[
-          jnp.arange(index.shape[0])[:, None], jnp.where(valid, index, e)].set(True)[:, :e])
-    return jnp.stack(out, axis=1)
 
-  return np.concatenate([np.asarray(sets(params, jnp.asarray(b))) for b in batches])
+def routing_sets(graphdef, params, rest, batches) -> np.ndarray:
+  """bool [tokens, MoE layers, E]: each token's top-k expert set in every MoE layer
+  (one compiled program per model config, whatever the parameters)."""
+  return np.concatenate([np.asarray(_top_k_sets(graphdef, params, rest, jnp.asarray(b)))
+                         for b in batches])
 
 
 def rerouted(reference_sets: np.ndarray, sets: np.ndarray) -> float:

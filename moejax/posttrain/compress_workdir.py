@@ -119,8 +119,10 @@ def compress_workdir(workdir: str, out: str | None, r: cp.Request, *, num_window
   if out and r.method in ("svd", "whitened_svd"):
     raise ConfigError(f"--out: {r.method} has no expert type to save (score it with "
                       "experiments.compress_study)")
-  prune.check_request(config.model, "1.0", "frequency", "rescaled", False, num_windows,
-                      context, f"--workdir={workdir}")
+  prune.check_calibration(config.model, num_windows, context, f"--workdir={workdir}")
+  if config.model.moe.experts != "swiglu":
+    raise ConfigError(f"compression starts from float 'swiglu' experts; this checkpoint "
+                      f"holds {config.model.moe.experts!r} experts (--workdir={workdir})")
   source = prune.load_source(workdir, config, step)
   windows = prune.calibration_windows(train_token_stream(config.data), num_windows, context,
                                       r.seed)

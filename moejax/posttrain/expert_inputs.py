@@ -35,6 +35,7 @@ class LayerInputs:
   rows: np.ndarray     # [R, d]
   hidden: np.ndarray   # [R, f]
   expert: np.ndarray   # [R] int
+  _hessians: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
   def expert_rows(self, e: int, matrix: str) -> np.ndarray:
     """The inputs of expert e's `matrix` (w_gate, w_up: rows; w_down: hidden)."""
@@ -42,10 +43,13 @@ class LayerInputs:
     return source[self.expert == e]
 
   def hessians(self, num_experts: int) -> dict:
-    """{matrix: H [E, d_in, d_in]} float64, H_e = X_e^T X_e of each matrix's inputs."""
-    h_in = np.stack([_gram(self.expert_rows(e, "w_gate")) for e in range(num_experts)])
-    h_hidden = np.stack([_gram(self.expert_rows(e, "w_down")) for e in range(num_experts)])
-    return {"w_gate": h_in, "w_up": h_in, "w_down": h_hidden}
+    """{matrix: H [E, d_in, d_in]} float64, H_e = X_e^T X_e of each matrix's inputs;
+    computed once per layer (every quantized arm of a calibration draw reads them)."""
+    if self._hessians is None or len(self._hessians["w_gate"]) != num_experts:
+      h_in = np.stack([_gram(self.expert_rows(e, "w_gate")) for e in range(num_experts)])
+      h_hidden = np.stack([_gram(self.expert_rows(e, "w_down")) for e in range(num_experts)])
+      self._hessians = {"w_gate": h_in, "w_up": h_in, "w_down": h_hidden}
+    return self._hessians
 
 
 def _gram(X) -> np.ndarray:

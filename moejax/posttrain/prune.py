@@ -111,10 +111,7 @@ def check_request(m, keep: str, method: str, objective: str, rescale: bool,
   scanned model, --keep against every layer, an unknown method or objective,
   --rescale without the rescaled objective, a calibration set too small for the
   Gram statistics."""
-  if not moe_layer_indices(m):
-    raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune ({where})")
-  if m.scan_layers:
-    raise ConfigError(f"model.scan_layers=True: pruning reads the loop layout ({where})")
+  check_calibration(m, num_windows, context, where)
   if method not in METHODS:
     from moejax.errors import choice_error
     raise choice_error("--method", method, METHODS)
@@ -136,6 +133,17 @@ def check_request(m, keep: str, method: str, objective: str, rescale: bool,
   if rescale and objective != "rescaled":
     raise ConfigError("--rescale folds the least-squares weights of --objective=rescaled "
                       f"(--objective={objective})")
+
+
+def check_calibration(m, num_windows: int, context: int, where: str) -> None:
+  """The refusals of any calibrated post-training tool (pruning, compression): no MoE
+  layer, a scanned model, a context past max_seq_len, fewer than
+  MIN_TOKENS_PER_EXPERT routed tokens per expert."""
+  if not moe_layer_indices(m):
+    raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune or compress "
+                      f"({where})")
+  if m.scan_layers:
+    raise ConfigError(f"model.scan_layers=True: calibration reads the loop layout ({where})")
   if context > m.max_seq_len:
     raise ConfigError(f"--context={context} exceeds model.max_seq_len={m.max_seq_len}")
   routed, needed = num_windows * context * m.moe.top_k, MIN_TOKENS_PER_EXPERT * max(
@@ -143,7 +151,7 @@ def check_request(m, keep: str, method: str, objective: str, rescale: bool,
   if routed < needed:
     raise ConfigError(f"--num_windows={num_windows} x --context={context} routes {routed} "
                       f"token-expert pairs per layer, fewer than {MIN_TOKENS_PER_EXPERT} per "
-                      f"expert ({needed}) for the Gram statistics")
+                      f"expert ({needed}) for the calibration statistics")
 
 
 def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, seed: int):

@@ -147,10 +147,12 @@ def peak_growth(tmp_path, kind):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
+                    reason="resets the peak RSS (VmHWM) through Linux's /proc/self/clear_refs; "
+                    "CI and the development machines are Linux, where it runs")
 def test_streaming_conversion_holds_one_tensor_not_the_checkpoint(tmp_path):
   """Peak RSS growth over the conversion (import then export) stays under a fifth of
-  the checkpoint (largest tensor: the 2 MB embedding); the in-memory path's passes it."""
+  the checkpoint (largest tensor: the 2 MB embedding); the in-memory path fails it."""
   stream = peak_growth(tmp_path, "stream")
   assert stream["bytes"] > 70e6
   assert stream["growth"] < 0.2 * stream["bytes"], stream

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from moejax.analysis.router_inference import captured_forward
+from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model
 from moejax.posttrain import compress_pipeline as cp
 from moejax.posttrain import compress_workdir as cw
@@ -156,10 +157,49 @@ def _at(tree, path):
   return np.asarray(tree)
 
 
-def test_a_compressed_workdir_evaluates_and_restores_its_compressed_form(source, tmp_path):
+def test_a_compressed_workdir_restores_exactly_what_was_compressed(source, tmp_path):
+  """The saved codebook workdir holds the arrays compress_experts made from the same
+  calibration windows (bit for bit), its model computes what those arrays decode to,
+  and compressing it again is refused (its experts are no longer float)."""
   out = str(tmp_path / "codebook")
-  cw.compress_workdir(source, out, cp.Request("kmeans", 3.0, group_size=GROUP), num_windows=8)
+  r = cp.Request("kmeans", 3.0, group_size=GROUP)
+  cw.compress_workdir(source, out, r, num_windows=8)
   config, _, params, rest, _ = load_from_workdir(out)
   assert config.model.moe.experts == "codebook"
-  indices = rest["blocks"][0]["ffn"]["experts"]["w_gate_indices"]
-  assert np.asarray(indices).dtype == np.uint8 and np.asarray(indices).max() < 8
+  src, calibration = _calibrated_for(source, r.seed)
+  want = cw.run(r, src, calibration)
+  for block, arrays in want.rest["blocks"].items():
+    if "experts" not in arrays.get("ffn", {}):
+      continue
+    for name, value in arrays["ffn"]["experts"].items():
+      got = np.asarray(rest["blocks"][block]["ffn"]["experts"][name])
+      assert got.dtype == np.asarray(value).dtype
+      np.testing.assert_array_equal(got, value, err_msg=f"block {block} {name}")
+  host = lambda tree: jax.tree.map(np.asarray, tree)
+  tokens = np.asarray(calibration.batches[0][:2])
+  want_logits = logits(src.config.model, want.float_params, src.rest, tokens)
+  np.testing.assert_allclose(logits(config.model, host(params), host(rest), tokens),
+                             want_logits, rtol=0, atol=2e-5 * np.abs(want_logits).max())
+  with pytest.raises(ConfigError, match="'swiglu' experts.*'codebook'"):
+    cw.compress_workdir(out, None, r, num_windows=8)
+
+
+def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(calibrated):
+  """numpy oracle of the codebook decode: w = R @ c[e, r // g, index[e, r, :]] with R
+  the Hadamard matrix (the codebook approximates R^T W)."""
+  from moejax.experts.codebook import hadamard
+  src, calibration, _ = calibrated
+  out = cw.run(cp.Request("codequant", 2.5, group_size=GROUP), src, calibration)
+  experts = out.rest["blocks"][0]["ffn"]["experts"]
+  for m in ("w_gate", "w_down"):
+    index = np.asarray(experts[f"{m}_indices"]).astype(int)
+    centroids = np.asarray(experts[f"{m}_centroids"], np.float64)
+    e, d_in, _ = index.shape
+    rows = np.arange(d_in) // GROUP
+    decoded = centroids[np.arange(e)[:, None, None], rows[None, :, None], index]
+    want = np.einsum("ab,ebo->eao", hadamard(d_in).astype(np.float64), decoded)
+    np.testing.assert_allclose(out.float_params["blocks"][0]["ffn"]["experts"][m], want,
+                               rtol=0, atol=1e-6 * np.abs(want).max())
+  bits = np.asarray(experts["bits"])
+  assert sorted(set(bits.tolist())) == [2, 3] and np.all(
+      np.asarray(experts["w_up_indices"]).max(axis=(1, 2)) < 2 ** bits)
