@@ -95,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   e.gmm_backend = "auto"
   e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
   e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
+  # their smallest block: each expert's rows are computed up to a multiple of
+  # gcd(dropless_tile, dropless_min_block), not of the tile (moejax/dispatch/blocks.py)
+  e.dropless_min_block = 32
   e.capacity_factor = 1.25
   e.min_capacity = 4
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
@@ -410,6 +413,7 @@ def validate_moe(e, num_layers: int) -> None:
   validate_placement(e, num_layers)
   _positive("model.moe.dropless_tile", e.dropless_tile)
   _positive("model.moe.dropless_block", e.dropless_block)
+  _positive("model.moe.dropless_min_block", e.get("dropless_min_block", 1))
   _positive("model.moe.min_capacity", e.min_capacity, strict=False)
   _positive("model.moe.num_shared_experts", e.num_shared_experts, strict=False)
   if e.num_shared_experts:

@@ -10,10 +10,16 @@ is timed forward and forward+backward (gradients for x, router and expert
 weights), next to a dense SwiGLU of width k*f (the same expert FLOPs per token). Reported per
 path and pass: median time, ratio = dense time / path time (1.0 = the dense
 limit), compiled temp memory (`memory_analysis().temp_size_in_bytes`) and
-padding waste (padded rows / real rows, dropless tile = --tile).
+computed padding waste (rows computed beyond the real ones / real rows: at the
+dropless tile --tile, or for the loop paths at their granule gcd(--tile, --min_block)).
 
 Paths:
   dense                     SwiGLU d_ff = k*f, no router
+  routing_layout            only what every dropless path adds before its experts: router
+                            logits, top-k, the sort into the tile layout, the per-row gates
+                            and the block schedule (its fwd+bwd: the router's gradient
+                            through the combine weights); the report gives its time as a
+                            share of dense ("overhead"), the rest of a path is its expert pass
   capacity                  GShard capacity (cf --capacity_factor), index scatter, no one-hot
   dropless/<matmul>         dropless dispatch with grouped_matmul loop|tiled|ragged_dot|gmm
   dropless_memeff           SonicMoE custom-VJP path (moejax/dispatch/memeff.py); the same
@@ -49,6 +55,9 @@ import numpy as np
 
 from moejax.config import base_config
 from moejax.dispatch import get_dispatcher
+from moejax.dispatch.base import padding_waste
+from moejax.dispatch.blocks import granule
+from moejax.dispatch.dropless import get_grouped_matmul
 from moejax.dispatch.capacity import expert_capacity
 from moejax.experts import swiglu_experts
 from moejax.routing import get_router
@@ -56,11 +65,12 @@ from moejax.routing import get_router
 PRESETS = {  # T, d, f, E, k
     "coarse": (4096, 512, 1024, 8, 2),
     "fine": (4096, 512, 256, 64, 8),
+    "finer": (4096, 512, 128, 128, 8),
     "lm": (4096, 128, 256, 8, 2),  # the default LM's MoE layer (32 x 128 tokens)
     "omni": (4096, 128, 14, 4096, 32),  # configs/lm_shakespeare_omnimoe.py (omnimoe paths)
 }
 OMNI_PATHS = ("omnimoe/naive", "omnimoe/expert_centric", "omnimoe/expert_centric_loop")
-PATHS = ("dense", "capacity", "dropless/loop", "dropless/tiled", "dropless/ragged_dot",
+PATHS = ("dense", "routing_layout", "capacity", "dropless/loop", "dropless/tiled", "dropless/ragged_dot",
          "dropless/gmm", "dropless_memeff", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
 SLOW = ("dropless/ragged_dot", "dropless/gmm", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
 PLAIN_SORT_GATHER = "dropless/loop"  # the autodiff twin of dropless_memeff
@@ -71,6 +81,8 @@ _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
 _TILE = flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile.")
+_MIN_BLOCK = flags.DEFINE_integer("min_block", 32, "model.moe.dropless_min_block (loop paths).")
+_BLOCK = flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths).")
 _ROUTER = flags.DEFINE_string("router", "topk", "model.moe.router of the MoE paths, e.g. "
                               "topk_rounded (token rounding, train mode) with --rounding_*.")
 _ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.topk_rounded.tile.")
@@ -96,6 +108,7 @@ def moe_cfg(num_experts, top_k, **overrides):
   c = base_config().model.moe
   c.num_experts, c.top_k, c.dropless_tile, c.capacity_factor = (
       num_experts, top_k, _TILE.value, _CF.value)
+  c.dropless_min_block, c.dropless_block = _MIN_BLOCK.value, _BLOCK.value
   c.router = _ROUTER.value
   c.topk_rounded.tile, c.topk_rounded.mode = _ROUNDING_TILE.value, _ROUNDING_MODE.value
   c.update(overrides)
@@ -153,6 +166,8 @@ def make_path(name, dims):
     return make_omni_path(name, dims, normal)
   params = {"router": normal(d, e), "experts": {
       "w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)}}
+  if name == "routing_layout":
+    return routing_layout_path(moe_cfg(e, k)), {"router": params["router"]}
   kind, _, matmul = name.partition("/")
   if kind == "anchor":
     dispatch = gshard_einsum if matmul == "gshard_einsum" else get_dispatcher("dropless")
@@ -160,15 +175,39 @@ def make_path(name, dims):
   else:
     dispatch = get_dispatcher(kind)
     cfg = moe_cfg(e, k, grouped_matmul=matmul or "auto")
+  # the loop paths compute each group up to the granule, not the tile (blocks.py)
+  loops = kind == "dropless_memeff" or (kind == "dropless" and get_grouped_matmul(
+      cfg.grouped_matmul, functools.partial(swiglu_experts, params["experts"])) in ("fused", "loop"))
+  unit = granule(cfg.dropless_tile, cfg.dropless_min_block) if loops else cfg.dropless_tile
 
   def moe(params, x):
     routing = route(params, x, cfg)
     y, metrics = dispatch(x, routing, functools.partial(swiglu_experts, params["experts"]), cfg)
     if "padding_waste" in metrics:
-      return y, metrics["padding_waste"]
+      counts = jnp.sum(jax.nn.one_hot(routing.expert_index, e, dtype=jnp.int32)
+                       * routing.valid[..., None], axis=(0, 1))
+      return y, padding_waste(counts, unit)
     return y, capacity_waste(metrics, t, k, e)
 
   return moe, params
+
+
+def routing_layout_path(cfg):
+  """Router + layout + per-row gates + block schedule, no experts. y = x * (sum of the
+  token's combine weights), so the backward runs the router's; every layout array
+  feeds the second output, so none is compiled away."""
+  from moejax.dispatch.base import tile_layout
+  from moejax.dispatch.blocks import schedule_of
+
+  def overhead(params, x):
+    routing = route(params, x, cfg)
+    layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
+    row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))
+    used = sum(jnp.sum(p.start) + jnp.sum(p.expert) + p.count
+               for p in schedule_of(layout, cfg)) + jnp.sum(layout.row_token)
+    y = x * jnp.sum(routing.masked_weight(), axis=1, keepdims=True)
+    return y, (jax.lax.stop_gradient(jnp.sum(row_gate)) + used.astype(jnp.float32)) * 0.0
+  return overhead
 
 
 def make_omni_path(name, dims, normal):

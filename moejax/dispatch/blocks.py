@@ -6,20 +6,23 @@ per-tile weight gather, no E x masked FLOPs). Loop trip counts are dynamic,
 so only blocks holding rows are visited: padding tiles past the last group
 cost nothing.
 
-Block schedule: each expert's padded group (a multiple of `tile` rows) is cut
-greedily into blocks of `block_rows` = tile * 2^j rows, then at most one block
-of each size block_rows/2, block_rows/4, ..., tile (the binary digits of the
-remainder). block_rows is model.moe.dropless_block, rounded down to a
-tile * 2^j and capped at the buffer. Large blocks keep the matmuls
-efficient; the small ones keep the padding waste relative to the dispatch
-tile, not to the block size. Every pass is one `fori_loop` over that size's
-blocks.
+Block schedule: each expert's rows, rounded up to the granule g =
+gcd(dropless_tile, model.moe.dropless_min_block), are cut greedily into
+blocks of `block_rows` = g * 2^j rows, then at most one block of each size
+block_rows/2, block_rows/4, ..., g (the binary digits of the remainder).
+block_rows is model.moe.dropless_block, rounded down to a g * 2^j and capped
+at the buffer. The layout's padding rows past the granule (up to the tile)
+are not computed: the loop paths' compute waste is relative to g, while the
+layout, and the reported padding waste, stay at the tile that kernels need.
+Large blocks keep the matmuls efficient; the small ones keep the waste
+small. Every pass is one `fori_loop` over that size's blocks.
 
 `loop_gmm` is the grouped matmul over such a schedule with a custom VJP
 (d rows = loop of grad @ w^T, d w = loop of rows^T @ grad), the same
 gmm/tgmm pairing as kernels/ (megablox), written as XLA loops.
 """
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +35,10 @@ from moejax.dispatch.base import TileLayout
 # (experiments/benchmarks/moe_layer.py): 512-row blocks beat 128 and 256 at
 # the lm, coarse and fine shapes; 1024 is no better.
 DEFAULT_BLOCK_ROWS = 512
+# model.moe.dropless_min_block's default. Measured there too: at the fine shape
+# (E=64, about 512 rows per expert) granule 32 computes 3% padding rows instead
+# of 12% at tile 128, and beats both 128 and 8 (more, smaller blocks) fwd+bwd.
+DEFAULT_MIN_BLOCK = 32
 
 
 @struct.dataclass
@@ -43,27 +50,42 @@ class BlockPass:
   rows: int = struct.field(pytree_node=False)
 
 
-def block_rows_of(cfg) -> int:
-  """model.moe.dropless_block (the default for configs saved before it existed)."""
-  return cfg.get("dropless_block", DEFAULT_BLOCK_ROWS)
+def schedule_of(layout: TileLayout, cfg) -> tuple["BlockPass", ...]:
+  """The block schedule model.moe.dropless_block / dropless_min_block ask for
+  (their defaults for configs saved before they existed)."""
+  return block_schedule(layout, cfg.get("dropless_block", DEFAULT_BLOCK_ROWS),
+                        cfg.get("dropless_min_block", DEFAULT_MIN_BLOCK))
 
 
-def block_sizes(tile: int, block_rows: int) -> tuple[int, ...]:
-  """The largest tile * 2^j <= max(block_rows, tile), halving down to tile."""
-  sizes = [tile << ((max(block_rows, tile) // tile).bit_length() - 1)]
-  while sizes[-1] > tile:
+def granule(tile: int, min_block: int | None) -> int:
+  """The smallest block: gcd(tile, min_block), so that it divides the tile."""
+  return math.gcd(tile, min_block or DEFAULT_MIN_BLOCK)
+
+
+def block_sizes(unit: int, block_rows: int) -> tuple[int, ...]:
+  """The largest unit * 2^j <= max(block_rows, unit), halving down to unit."""
+  sizes = [unit << ((max(block_rows, unit) // unit).bit_length() - 1)]
+  while sizes[-1] > unit:
     sizes.append(sizes[-1] // 2)
   return tuple(sizes)
 
 
-def block_schedule(layout: TileLayout, block_rows: int | None = None
-                   ) -> tuple[BlockPass, ...]:
-  """Cut every expert's padded group into blocks (see module doc)."""
-  sizes = block_sizes(layout.tile, min(block_rows or DEFAULT_BLOCK_ROWS, layout.num_rows))
+def covered_sizes(layout: TileLayout, min_block: int | None = None) -> jax.Array:
+  """Rows of each expert's group that the blocks cover: its size rounded up to the granule."""
+  g = granule(layout.tile, min_block)
+  return -(-layout.group_sizes // g) * g
+
+
+def block_schedule(layout: TileLayout, block_rows: int | None = None,
+                   min_block: int | None = None) -> tuple[BlockPass, ...]:
+  """Cut every expert's rows, rounded up to the granule, into blocks (see module doc)."""
+  sizes = block_sizes(granule(layout.tile, min_block),
+                      min(block_rows or DEFAULT_BLOCK_ROWS, layout.num_rows))
+  covered = covered_sizes(layout, min_block)
   num_experts = layout.padded_sizes.shape[0]
   experts = jnp.arange(num_experts, dtype=jnp.int32)
   big = sizes[0]
-  per_expert = layout.padded_sizes // big
+  per_expert = covered // big
   ends = jnp.cumsum(per_expert)
   max_blocks = layout.num_rows // big
   block = jnp.arange(max_blocks, dtype=jnp.int32)
@@ -72,9 +94,9 @@ def block_schedule(layout: TileLayout, block_rows: int | None = None
   passes = [BlockPass(start.astype(jnp.int32), owner.astype(jnp.int32),
                       ends[-1].astype(jnp.int32), big)]
   for size in sizes[1:]:
-    present = (layout.padded_sizes // size) % 2 == 1
+    present = (covered // size) % 2 == 1
     (index,) = jnp.nonzero(present, size=num_experts, fill_value=0)
-    start = layout.padded_starts + layout.padded_sizes // (2 * size) * (2 * size)
+    start = layout.padded_starts + covered // (2 * size) * (2 * size)
     passes.append(BlockPass(start[index].astype(jnp.int32), experts[index],
                             jnp.sum(present, dtype=jnp.int32), size))
   return tuple(passes)

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.dispatch.base import TileLayout
-from moejax.dispatch.blocks import block_rows_of, block_schedule, loop_matmul_fn
+from moejax.dispatch.blocks import loop_matmul_fn, schedule_of
 from moejax.registry import Registry
 
 Matmul = Callable[[jax.Array, jax.Array], jax.Array]
@@ -105,7 +105,7 @@ def tiled_matmul(tile_expert, tile, rows, w):
 
 @register_grouped_matmul("loop")
 def make_loop(layout, cfg):
-  return loop_matmul_fn(block_schedule(layout, block_rows_of(cfg)))
+  return loop_matmul_fn(schedule_of(layout, cfg))
 
 
 @register_grouped_matmul("tiled")

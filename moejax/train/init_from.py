@@ -28,8 +28,8 @@ from moejax.train import step as step_lib
 
 # model.moe keys that say how to train, not what the pretrained model computes.
 TRAINING_MOE_KEYS = ("loss_weights", "router_jitter", "bias_update_rate", "dispatch",
-                     "grouped_matmul", "dropless_tile", "dropless_block", "capacity_factor",
-                     "min_capacity")
+                     "grouped_matmul", "dropless_tile", "dropless_block", "dropless_min_block",
+                     "capacity_factor", "min_capacity")
 
 
 def source_model_config(directory: str) -> ml_collections.ConfigDict:

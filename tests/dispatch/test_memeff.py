@@ -25,34 +25,38 @@ from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def layout_and_schedule(routing, num_experts, tile, block):
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def layout_and_schedule(routing, num_experts, tile, block, min_block):
   layout = tile_layout(routing, num_experts, tile)
-  return layout, block_schedule(layout, block)
+  return layout, block_schedule(layout, block, min_block)
 
 
 @settings(max_examples=20)  # each new shape compiles (suite budget)
-@given(st.integers(0, 2**16), st.sampled_from([(1, 4), (3, 16), (4, 64)]),
+@given(st.integers(0, 2**16), st.sampled_from([(1, 4, 32), (3, 16, 32), (4, 64, 32), (4, 64, 2),
+                                               (12, 16, 8), (8, 8, 1)]),
        st.sampled_from([(40, 2, 4), (7, 3, 5)]))
-def test_block_schedule_covers_each_padded_group_once(seed, tiles, shape):
-  tile, block = tiles
+def test_block_schedule_covers_each_group_once_up_to_the_granule(seed, tiles, shape):
+  """Blocks cover each expert's rows rounded up to g = gcd(tile, min_block), each row
+  once, by that expert's blocks; nothing else (the rest of the tile padding is skipped)."""
+  tile, block, min_block = tiles
   t, s, e = shape
   rng = np.random.default_rng(seed)
   routing = Routing(jnp.asarray(rng.integers(0, e, (t, s)), jnp.int32), jnp.ones((t, s)),
                     jnp.asarray(rng.random((t, s)) < 0.8))
-  layout, schedule = layout_and_schedule(routing, e, tile, block)
+  layout, schedule = layout_and_schedule(routing, e, tile, block, min_block)
+  g = int(np.gcd(tile, min_block))
   owner = np.full(layout.num_rows, -1)
-  starts, sizes = np.asarray(layout.padded_starts), np.asarray(layout.padded_sizes)
+  starts, counts = np.asarray(layout.padded_starts), np.asarray(layout.group_sizes)
   for j in range(e):
-    owner[starts[j]:starts[j] + sizes[j]] = j
+    owner[starts[j]:starts[j] + -(-counts[j] // g) * g] = j
   covered = np.full(layout.num_rows, -1)
-  allowed = block_sizes(tile, min(block, layout.num_rows))
+  allowed = block_sizes(g, min(block, layout.num_rows))
   for p in schedule:
     assert p.rows in allowed
     for start, expert in zip(np.asarray(p.start)[:int(p.count)], np.asarray(p.expert)):
       assert (covered[start:start + p.rows] == -1).all()  # no row twice
       covered[start:start + p.rows] = expert
-  np.testing.assert_array_equal(covered, owner)  # every padded row of e once, by e's blocks
+  np.testing.assert_array_equal(covered, owner)  # every row of e up to g once, by e's blocks
   # each row of an assignment lies in its expert's group
   idx = np.asarray(routing.expert_index).T.reshape(-1)
   valid = np.asarray(routing.valid).T.reshape(-1)
@@ -62,11 +66,11 @@ def test_block_schedule_covers_each_padded_group_once(seed, tiles, shape):
 
 
 @pytest.mark.parametrize("matmul", ["auto", "fused", "loop", "tiled", "ragged_dot", "gmm"])
-@pytest.mark.parametrize("tile,block", [(1, 4), (3, 16)])
-def test_every_grouped_matmul_equals_per_token_loop(matmul, tile, block):
+@pytest.mark.parametrize("tile,block,min_block", [(1, 4, 32), (3, 16, 32), (8, 16, 2)])
+def test_every_grouped_matmul_equals_per_token_loop(matmul, tile, block, min_block):
   t, e, k = 30, 5, 2
   cfg = moe_cfg(num_experts=e, top_k=k, grouped_matmul=matmul, dropless_tile=tile,
-                dropless_block=block)
+                dropless_block=block, dropless_min_block=min_block)
   routing = get_router("topk").route(jnp.asarray(random_logits(1, t, e)), cfg=cfg, state={},
                                      rng=None, train=False).routing
   x = np.random.default_rng(2).standard_normal((t, D)).astype(np.float32)
@@ -98,7 +102,7 @@ def layer_loss(dispatch, router="topk", t=48, e=6, k=2, tile=4, block=8, **cfg_k
 
 
 @pytest.mark.parametrize("router,cfg_kw", [
-    ("topk", {}), ("topk", {"renormalize": False, "k": 3}),
+    ("topk", {}), ("topk", {"renormalize": False, "k": 3}), ("topk", {"dropless_min_block": 1}),
     ("topk_rounded", {"topk_rounded": {"tile": 4, "mode": "up"}}),
     ("expert_choice", {"capacity_factor": 1.0})])
 def test_memeff_forward_and_gradients_equal_plain_dropless(router, cfg_kw):
@@ -114,10 +118,13 @@ def test_memeff_forward_and_gradients_equal_plain_dropless(router, cfg_kw):
       np.testing.assert_allclose(g / scale, w / scale, rtol=0, atol=1e-5, err_msg=name)
 
 
-def test_memeff_gradients_match_finite_differences():
-  """Independent of the plain path: float64 central differences, router included."""
+@pytest.mark.parametrize("min_block", [32, 1])
+def test_memeff_gradients_match_finite_differences(min_block):
+  """Independent of the plain path: float64 central differences, router included;
+  min_block 1: blocks stop at each group's last row, the tile padding is skipped."""
   with jax.enable_x64(True):
-    loss, args = layer_loss("dropless_memeff", t=8, e=3, tile=2, block=4)
+    loss, args = layer_loss("dropless_memeff", t=8, e=3, tile=4, block=4,
+                            dropless_min_block=min_block)
     args = jax.tree.map(lambda a: a.astype(jnp.float64), args)
     check_grads(jax.jit(loss), args, order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
 

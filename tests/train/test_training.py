@@ -133,6 +133,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monke
     ("model.moe.num_experts", 0, r"model\.moe\.num_experts=0 must be >= 1"),
     ("model.moe.capacity_factor", 0.0, r"model\.moe\.capacity_factor=0\.0 must be > 0"),
     ("model.moe.capacity_factor", -1.0, r"model\.moe\.capacity_factor=-1\.0 must be > 0"),
+    ("model.moe.dropless_min_block", 0, r"model\.moe\.dropless_min_block=0 must be > 0"),
     ("model.moe.router", "nope", r"model\.moe\.router='nope' is not known; valid: .*expert_choice, .*sigmoid_bias, .*topk"),
     ("model.moe.dispatch", "nope", r"model\.moe\.dispatch='nope' is not known; valid: capacity, dropless"),
     ("data.name", "nope", r"data\.name='nope'"),
