@@ -10,7 +10,8 @@ Invalid slots sort to the end and cost nothing.
 
 The grouped matmul over that layout is `model.moe.grouped_matmul`, an entry
 of the registry in grouped_matmul.py (loop, tiled, ragged_dot, gmm; 'fused':
-the expert type's own fused path; 'auto'). Nothing here knows an expert type:
+the expert type's own fused path; 'gather': no layout at all, each (token,
+slot) its own row, token_gather.py; 'auto'). Nothing here knows an expert type:
 what an expert computes and whether it has a fused path is what its
 registered ExpertType declares (moejax/experts/base.py).
 """
@@ -21,6 +22,7 @@ from moejax.dispatch.base import (combine_rows, dropless_metrics, register_dispa
 from moejax.dispatch.grouped_matmul import (GROUPED_MATMULS,  # noqa: F401  (re-exported)
                                             resolve_grouped_matmul)
 from moejax.dispatch.memeff import dispatch_dropless_memeff
+from moejax.dispatch.token_gather import token_gather_dispatch
 from moejax.experts.base import experts_of
 
 
@@ -34,9 +36,12 @@ def get_grouped_matmul(name: str, expert_fn=None) -> str:
 @register_dispatcher("dropless")
 def dispatch_dropless(x, routing, expert_fn, cfg):
   spec = resolve_grouped_matmul(cfg.grouped_matmul, experts_of(expert_fn),
-                                config_key="model.moe.grouped_matmul")
+                                config_key="model.moe.grouped_matmul",
+                                few_rows=routing.expert_index.size <= cfg.num_experts)
   if spec.fused:
     return dispatch_dropless_memeff(x, routing, expert_fn, cfg)
+  if spec.per_token:
+    return token_gather_dispatch(jnp.asarray(x), routing, expert_fn)
   x = jnp.asarray(x)
   layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
   out = expert_fn(x[layout.row_token], spec.make(layout, cfg))

@@ -10,6 +10,8 @@ An entry (`GroupedMatmulSpec`) is one of
              weight 0). The expert type's `apply` runs against it.
   fused      no matmul: dispatch runs the expert type's own fused path
              (ConfigError if the type declares none).
+  per_token  no layout: dispatch gives every (token, slot) its own row and the
+             matmul gathers each row's expert slice (token_gather.py).
   an alias   resolve(experts) -> the name of another entry, for this platform
              and expert type (`experts`: BoundExperts, or None for a plain
              expert function).
@@ -32,8 +34,13 @@ Registered:
   'gmm'         the Pallas grouped-matmul kernel (moejax.kernels), backend
                 model.moe.gmm_backend (kernels.BACKENDS; 'auto': the TPU or GPU
                 kernel, on CPU the kernel's jnp reference, E x the FLOPs).
-  'auto'        'gmm' on TPU/GPU; on CPU 'fused' for expert types with a fused
-                path, else 'loop' (measured: docs/results/moe_layer_*_cpu.md).
+  'gather'      no sort, no layout: each (token, slot) row times its own expert's
+                weight slice, gathered (token_gather.py). One weight copy per
+                row: for a handful of rows (decode steps), not for training.
+  'auto'        'gather' on any platform when a call has no more (token, slot)
+                assignments than experts (a decode step); else 'gmm' on TPU/GPU,
+                and on CPU 'fused' for expert types with a fused path, else 'loop'
+                (measured: docs/results/moe_layer_*_cpu.md, generate_cpu.md).
 'fused', 'loop' and 'gmm' are custom VJPs: reverse-mode only (no jax.jvp /
 jacfwd); force 'tiled' for forward-mode differentiation.
 """
@@ -55,33 +62,40 @@ Matmul = Callable[[jax.Array, jax.Array], jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class GroupedMatmulSpec:
-  """A registered grouped matmul: exactly one of make, fused, resolve (module doc)."""
+  """A registered grouped matmul: exactly one of make, fused, per_token, resolve (module doc)."""
   name: str
   make: Callable[[TileLayout, Any], Matmul] | None = None
   fused: bool = False
   resolve: Callable[[Any], str] | None = None
   validate: Callable[[Any], None] | None = None
+  per_token: bool = False
 
   def __post_init__(self):
-    if (self.make is not None) + self.fused + (self.resolve is not None) != 1:
-      raise ValueError(f"grouped matmul {self.name!r}: give exactly one of make, fused, resolve")
+    if (self.make is not None) + self.fused + self.per_token + (self.resolve is not None) != 1:
+      raise ValueError(f"grouped matmul {self.name!r}: give exactly one of make, fused, "
+                       "per_token, resolve")
 
 
 GROUPED_MATMULS = Registry("model.moe.grouped_matmul")
 
 
-def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None, validate=None):
-  """Register a grouped matmul; as a decorator of `make` when no make/fused/resolve is given."""
-  if make is None and not fused and resolve is None:
+def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None, validate=None,
+                            per_token=False):
+  """Register a grouped matmul; as a decorator of `make` when no make/fused/per_token/resolve
+  is given."""
+  if make is None and not fused and resolve is None and not per_token:
     def wrap(fn):
       register_grouped_matmul(name, make=fn, validate=validate)
       return fn
     return wrap
-  return GROUPED_MATMULS.add(name, GroupedMatmulSpec(name, make, fused, resolve, validate))
+  return GROUPED_MATMULS.add(name, GroupedMatmulSpec(name, make, fused, resolve, validate,
+                                                     per_token))
 
 
-def resolve_grouped_matmul(name: str, experts=None, *, config_key=None) -> GroupedMatmulSpec:
-  """The entry `name` stands for (aliases such as 'auto' followed) for these experts."""
+def resolve_grouped_matmul(name: str, experts=None, *, config_key=None,
+                           few_rows: bool = False) -> GroupedMatmulSpec:
+  """The entry `name` stands for (aliases such as 'auto' followed) for these experts;
+  few_rows: the call has no more (token, slot) assignments than experts."""
   seen = []
   while True:
     if name not in GROUPED_MATMULS and config_key is not None:
@@ -91,7 +105,7 @@ def resolve_grouped_matmul(name: str, experts=None, *, config_key=None) -> Group
     if spec.resolve is None:
       return spec
     seen.append(name)
-    name = spec.resolve(experts)
+    name = spec.resolve(experts, few_rows)
     if name in seen:
       raise ValueError(f"grouped matmul aliases loop: {seen + [name]}")
 
@@ -139,9 +153,12 @@ def make_gmm(layout, cfg):
 
 
 register_grouped_matmul("fused", fused=True)
+register_grouped_matmul("gather", per_token=True)
 
 
-def resolve_auto(experts) -> str:
+def resolve_auto(experts, few_rows: bool = False) -> str:
+  if few_rows:
+    return "gather"
   if jax.default_backend() != "cpu":
     return "gmm"
   return "fused" if experts is not None and experts.has_fused else "loop"
