@@ -130,14 +130,44 @@ def decoder_step(graphdef, params, rest, tokens, mask, cache):
   return _forward(graphdef, params, rest, tokens, mask, cache)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8))
-def sample_and_step(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
-  """(sampled token [B], next logits [B, V], distinct experts, cache): one decode
-  step as one compiled call, the same program at every position."""
+def _sample_and_forward(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
   token = sample_tokens(logits, rng, temperature, top_k, top_p)
   ones = jnp.ones((token.shape[0], 1), bool)
   logits, distinct, cache = _forward(graphdef, params, rest, token[:, None], ones, cache)
   return token, logits, distinct, cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8))
+def sample_and_step(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
+  """(sampled token [B], next logits [B, V], distinct experts, cache): one decode
+  step as one compiled call, the same program at every position."""
+  return _sample_and_forward(graphdef, params, rest, logits, rng, cache, temperature, top_k,
+                             top_p)
+
+
+# Decode steps per compiled call (sample_and_steps): the host's per-call cost
+# (~0.5-1 ms for a call with the model's ~70 arguments, docs/results/generate_cpu.md)
+# is paid once per chunk; the last max_new_tokens % chunk steps run one by one.
+DECODE_CHUNK = 8
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9, 10))
+def sample_and_steps(graphdef, params, rest, logits, rng, first, cache, steps, temperature,
+                     top_k, top_p):
+  """`steps` decode steps in one compiled call (lax.scan), step j drawing with
+  fold_in(rng, first + j) as sample_and_step does at that position: (tokens
+  [steps, B], next logits, distinct experts [steps, ...], cache). `first` is
+  traced, so one program serves every position."""
+  def one(carry, i):
+    logits, cache = carry
+    token, logits, distinct, cache = _sample_and_forward(
+        graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache, temperature,
+        top_k, top_p)
+    return (logits, cache), (token, distinct)
+
+  (logits, cache), (tokens, distinct) = jax.lax.scan(
+      one, (logits, cache), first + jnp.arange(steps, dtype=jnp.int32))
+  return tokens, logits, distinct, cache
 
 
 _GRAPHDEFS: dict = {}  # config JSON -> graphdef: building one costs ~0.25 s per call
@@ -169,8 +199,14 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
   slots = -(-(tokens.shape[1] + max_new_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE
   cache = init_cache(m, len(prompts), slots)
   logits, prefill_distinct, cache = decoder_step(graphdef, params, rest, tokens, mask, cache)
-  rng, out, distinct = jax.random.key(seed), [], []
-  for i in range(max_new_tokens):
+  rng, out, distinct, i = jax.random.key(seed), [], [], 0
+  while max_new_tokens - 1 - i >= DECODE_CHUNK:  # whole chunks, then one step at a time
+    tokens, logits, chunk_distinct, cache = sample_and_steps(
+        graphdef, params, rest, logits, rng, i, cache, DECODE_CHUNK, temperature, top_k, top_p)
+    out += list(tokens)
+    distinct += list(chunk_distinct)
+    i += DECODE_CHUNK
+  for i in range(i, max_new_tokens):
     if i + 1 < max_new_tokens:
       token, logits, step_distinct, cache = sample_and_step(
           graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache,
