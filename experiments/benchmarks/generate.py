@@ -24,8 +24,8 @@ per prompt bucket and cache bucket: moejax/inference/generate.py).
 --profile (issue 17, part 1: where the time goes) replaces the speed table by a
 decode step's time split into parts, per family and batch, in ms per step:
 
-  moejax        (a) the compiled decode step (sample_and_step): in a jax.profiler
-                trace, from its first XLA:CPU thunk's start to its last one's
+  moejax        (a) the compiled one-token decode step (DecodePrograms.step): in a
+                jax.profiler trace, from its first XLA:CPU thunk's start to its last one's
                 end (median of --profile_calls calls); (b) host: generate's
                 per-token time - (a) (the jit call, fold_in, the Python loop:
                 what async dispatch does not hide); (c) inside (a): its thunks,

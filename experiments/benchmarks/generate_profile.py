@@ -227,8 +227,9 @@ def trace_thunks(fn, calls: int, parts: dict, loop_body: dict):
 def moejax_step(loaded, prompts, new_tokens: int, calls: int):
   """The generator's decode step after the prompt's prefill, as timers and a profile.
 
-  timers {name: (fn, steps per call)}: 'step' the jitted step as the loop calls it;
-  'dispatch' a jitted function of the same signature (static graphdef, the same
+  timers {name: (fn, steps per call)}: 'step' the jitted one-token step
+  (DecodePrograms.step; generate runs DECODE_CHUNK of them per call and the tail
+  one by one); 'dispatch' a jitted function of the same signature (the same
   argument pytree) that does no work: the call's host cost; 'fold_in' the loop's
   other per-token call; 'fused' new_tokens - 1 steps in one call (fori_loop):
   device time without host. profile() -> one profiled run of `calls` calls: the
@@ -236,27 +237,25 @@ def moejax_step(loaded, prompts, new_tokens: int, calls: int):
   ops, named), their span, and cost_analysis."""
   import jax
   import moejax.inference.generate as gen
-  from moejax.inference.kv_cache import init_cache
-  m = gen.generation_config(loaded.config)
-  graphdef = gen.cached_graphdef(m)
+  programs = gen.decode_programs(loaded.config)
+  graphdef = programs.graphdef
   tokens, mask = gen.left_pad(prompts, 0, gen.prompt_bucket(len(prompts[0])))
   slots = -(-(tokens.shape[1] + new_tokens) // gen.CACHE_MULTIPLE) * gen.CACHE_MULTIPLE
   params, rest = loaded.params, loaded.rest
-  logits, _, cache = gen.decoder_step(graphdef, params, rest, tokens, mask,
-                                      init_cache(m, len(prompts), slots))
+  logits, _, cache = programs.prefill(params, rest, tokens, mask, slots)
   key = jax.random.key(0)
   rng = jax.random.fold_in(key, 0)
-  args = (graphdef, params, rest, logits, rng, cache, 0.0, 0, 1.0)
-  probe = jax.jit(lambda g, p, r, lg, k, c, *_: c.length + 1, static_argnums=(0, 6, 7, 8))
+  args = (params, rest, logits, rng, cache, 0.0, 0, 1.0)
+  probe = jax.jit(lambda p, r, lg, k, c, *_: c.length + 1, static_argnums=(5, 6, 7))
 
   def fused_steps(params, rest, logits, cache):
     def body(i, carry):
-      _, lg, _, c = gen.sample_and_step(graphdef, params, rest, carry[0],
-                                        jax.random.fold_in(key, i), carry[1], 0.0, 0, 1.0)
+      _, lg, _, c = gen.sample_and_forward(graphdef, params, rest, carry[0],
+                                           jax.random.fold_in(key, i), carry[1], 0.0, 0, 1.0)
       return lg, c
     return jax.lax.fori_loop(0, new_tokens - 1, body, (logits, cache))
   fused = jax.jit(fused_steps)
-  timers = {"step": (lambda: gen.sample_and_step(*args), 1),
+  timers = {"step": (lambda: programs.step(*args), 1),
             "dispatch": (lambda: probe(*args), 1),
             "fold_in": (lambda: jax.random.fold_in(key, 3), 1),
             "fused": (lambda: fused(params, rest, logits, cache), new_tokens - 1)}
@@ -264,9 +263,9 @@ def moejax_step(loaded, prompts, new_tokens: int, calls: int):
     jax.block_until_ready(fn())  # compile
 
   def scoped_step(*a):  # a new function: jax's trace cache holds the unscoped one
-    return gen.sample_and_step.__wrapped__(*a)
+    return gen.sample_and_forward(graphdef, *a)
   with named_scopes():
-    compiled = jax.jit(scoped_step, static_argnums=(0, 6, 7, 8)).lower(*args).compile()
+    compiled = jax.jit(scoped_step, static_argnums=(5, 6, 7)).lower(*args).compile()
   parts, loop_body = hlo_parts(compiled.as_text())
   cost = compiled.cost_analysis() or {}
 
@@ -477,8 +476,9 @@ def profile_family(pair, family: str, batches, prompt_len: int, new_tokens: int,
            "weight_bytes_per_step": weight_bytes_per_step(loaded.params, distinct, b),
            "read_bytes_per_s": read_bandwidth(), "ours_profile": ours_step}
     inside = sum(row["ours_expert_loop_s"].values())
-    row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"] = (
-        row["ours_parts_s"]["moe_experts"] - inside)
+    rest = row["ours_parts_s"]["moe_experts"] - inside
+    row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"
+                              if inside > 0 else "no loop ('gather' path): all of it"] = rest
     print(json.dumps({k: row[k] for k in ("family", "batch", "ours_loop_s", "ours_device_s",
                                           "theirs_loop_s", "theirs_forward_s")}), flush=True)
     rows.append(row)
@@ -488,8 +488,8 @@ def profile_family(pair, family: str, batches, prompt_len: int, new_tokens: int,
 LABELS = {"attention": "attention (qkv, RoPE, cache write, scores, out)",
           "moe_router": "MoE router (logits, top-k)",
           "moe_dispatch": "MoE dispatch (sort, layout / transformers: block glue)",
-          "moe_experts": "MoE experts (moejax: block loop: gather, matmuls, scatter; "
-                         "transformers: per-expert loop; + shared)",
+          "moe_experts": "MoE experts (moejax: 'gather' when B*k <= E, else the block loop: "
+                         "gather, matmuls, scatter; transformers: per-expert loop; + shared)",
           "moe_bookkeeping": "MoE bookkeeping (router losses, load metrics)",
           "dense_ffn": "dense FFN", "norms": "RMSNorms", "embedding": "embedding",
           "lm_head": "LM head", "sampling": "sampling (moejax: in the step)",
@@ -522,7 +522,8 @@ def profile_table(rows) -> str:
     line("**(a) the step** (moejax: the compiled step's thunks, first start to last end; "
          "transformers: the model's forward in generate)", r["ours_device_s"],
          r["theirs_forward_s"])
-    line("**(b) host, outside the step** (moejax: per-token time of generate - (a); "
+    line("**(b) host, outside the step** (moejax: per-token time of generate - (a), "
+         "negative where DECODE_CHUNK steps per call save more than the host costs; "
          "transformers: generate's work between two forwards)", r["ours_host_s"],
          r["theirs_host_s"])
     line("**per decode step in generate** (moejax: generate(N) - generate(1), per token; "

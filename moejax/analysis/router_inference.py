@@ -22,7 +22,7 @@ from moejax.dispatch.base import tile_layout
 from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
-from moejax.inference.generate import decoder_step
+from moejax.inference.generate import decode_programs
 from moejax.inference.kv_cache import init_cache
 from moejax.models.decoder import abstract_model
 from moejax.routing.base import Routing
@@ -165,8 +165,7 @@ def decode_score(m, params, rest, windows: np.ndarray, batch: int) -> dict:
   per row, so each MoE call routes exactly `batch` tokens (a decode batch).
   Returns bpb over all predicted tokens and the distinct experts a step
   activates (mean over steps and MoE layers)."""
-  graphdef, _, _ = abstract_model(m)
-  step = functools.partial(decoder_step, graphdef)
+  step = decode_programs(m, generation=False).forward
   ones = np.ones((batch, 1), bool)
   nll, count, distinct = 0.0, 0, []
   for start in range(0, len(windows) - batch + 1, batch):

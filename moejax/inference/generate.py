@@ -1,11 +1,13 @@
 """Batched generation with a KV cache for the decoder (moejax/models/decoder.py).
 
 Prompts of different lengths are left padded into one [B, L] block, prefilled
-in one call, then decoded one token per row per step; each decode step samples
-and feeds the next token in one compiled call. Shapes are bucketed so that
-neither the step nor the length recompiles: L is padded to a power of two (at
-least 8) and the cache to a multiple of 64 slots, so a model compiles one
-prefill per (batch, bucket) and one decode step per (batch, cache bucket).
+in one call (the empty cache is made inside it), then decoded one token per row
+per step; each step samples and feeds the next token, DECODE_CHUNK steps per
+compiled call (the tail one per call). Shapes are bucketed so that neither the
+step nor the length recompiles: L is padded to a power of two (at least 8) and
+the cache to a multiple of 64 slots, so a model compiles one prefill per (batch,
+bucket) and one chunk and one step per (batch, cache bucket). The compiled calls
+close over the model's graphdef (DecodePrograms), built once per config.
 Sampling per step: greedy (temperature 0), else softmax(logits / T)
 restricted to the top_k logits and to the smallest set whose probability
 reaches top_p (nucleus sampling, Holtzman et al. 2020).
@@ -117,50 +119,25 @@ class Generated:
 
 def _forward(graphdef, params, rest, tokens, mask, cache):
   logits, aux, cache = nnx.merge(graphdef, params, rest)(tokens, token_mask_BxL=mask,
-                                                         cache=cache)
+                                                         cache=cache, last_logits_only=True)
   distinct = jnp.stack([a["metrics"]["distinct_experts"] for a in aux["moe"]]
                        or [jnp.zeros((), jnp.int32)])
   return logits[:, -1], distinct, cache
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def decoder_step(graphdef, params, rest, tokens, mask, cache):
-  """(last logits [B, V], distinct experts per MoE layer, cache) after feeding `tokens`
-  (the prefill; one compilation per graphdef and shape)."""
-  return _forward(graphdef, params, rest, tokens, mask, cache)
-
-
-def _sample_and_forward(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
+def sample_and_forward(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
+  """(sampled token [B], next logits [B, V], distinct experts, cache): one decode step."""
   token = sample_tokens(logits, rng, temperature, top_k, top_p)
   ones = jnp.ones((token.shape[0], 1), bool)
   logits, distinct, cache = _forward(graphdef, params, rest, token[:, None], ones, cache)
   return token, logits, distinct, cache
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8))
-def sample_and_step(graphdef, params, rest, logits, rng, cache, temperature, top_k, top_p):
-  """(sampled token [B], next logits [B, V], distinct experts, cache): one decode
-  step as one compiled call, the same program at every position."""
-  return _sample_and_forward(graphdef, params, rest, logits, rng, cache, temperature, top_k,
-                             top_p)
-
-
-# Decode steps per compiled call (sample_and_steps): the host's per-call cost
-# (~0.5-1 ms for a call with the model's ~70 arguments, docs/results/generate_cpu.md)
-# is paid once per chunk; the last max_new_tokens % chunk steps run one by one.
-DECODE_CHUNK = 8
-
-
-@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9, 10))
-def sample_and_steps(graphdef, params, rest, logits, rng, first, cache, steps, temperature,
-                     top_k, top_p):
-  """`steps` decode steps in one compiled call (lax.scan), step j drawing with
-  fold_in(rng, first + j) as sample_and_step does at that position: (tokens
-  [steps, B], next logits, distinct experts [steps, ...], cache). `first` is
-  traced, so one program serves every position."""
+def _sample_and_forward_steps(graphdef, params, rest, logits, rng, first, cache, steps,
+                              temperature, top_k, top_p):
   def one(carry, i):
     logits, cache = carry
-    token, logits, distinct, cache = _sample_and_forward(
+    token, logits, distinct, cache = sample_and_forward(
         graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache, temperature,
         top_k, top_p)
     return (logits, cache), (token, distinct)
@@ -170,17 +147,62 @@ def sample_and_steps(graphdef, params, rest, logits, rng, first, cache, steps, t
   return tokens, logits, distinct, cache
 
 
-_GRAPHDEFS: dict = {}  # config JSON -> graphdef: building one costs ~0.25 s per call
+def _prefill(m, graphdef, params, rest, tokens, mask, slots):
+  return _forward(graphdef, params, rest, tokens, mask, init_cache(m, tokens.shape[0], slots))
 
 
-def cached_graphdef(m):
-  """abstract_model(m)'s graphdef, built once per config (the 8 most recent kept)."""
-  key = m.to_json_best_effort(sort_keys=True)
-  if key not in _GRAPHDEFS:
-    if len(_GRAPHDEFS) >= 8:
-      _GRAPHDEFS.pop(next(iter(_GRAPHDEFS)))
-    _GRAPHDEFS[key] = abstract_model(m)[0]
-  return _GRAPHDEFS[key]
+# Decode steps per compiled call (DecodePrograms.steps): the host's per-call cost
+# (~0.5-1 ms for a call with the model's ~70 arguments, docs/results/generate_cpu.md)
+# is paid once per chunk; the last max_new_tokens % chunk steps run one by one.
+DECODE_CHUNK = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePrograms:
+  """The compiled calls that decode one model config, each closing over its graphdef
+  (as a static argument jax would hash it on every call: ~2.5 ms for a 4-layer model).
+
+    forward(params, rest, tokens [B, L], mask, cache) -> (last logits [B, V],
+        distinct experts per MoE layer, cache): feed tokens (teacher forcing).
+    prefill(params, rest, tokens, mask, slots) -> the same, from an empty cache of
+        `slots` slots made inside the call (slots static).
+    step(params, rest, logits, rng, cache, temperature, top_k, top_p) -> (token [B],
+        next logits, distinct experts, cache): sample and feed one token.
+    steps(params, rest, logits, rng, first, cache, n, temperature, top_k, top_p) ->
+        (tokens [n, B], next logits, distinct [n, ...], cache): n steps in one call
+        (lax.scan), step j drawing with fold_in(rng, first + j) as `step` does at
+        that position; `first` is traced, so one program serves every position.
+  Sampling settings and n are static: one program per value."""
+  config: ml_collections.ConfigDict
+  graphdef: object
+  forward: callable
+  prefill: callable
+  step: callable
+  steps: callable
+
+  @classmethod
+  def build(cls, m) -> "DecodePrograms":
+    graphdef = abstract_model(m)[0]
+    close = lambda fn: functools.partial(fn, graphdef)
+    return cls(m, graphdef, jax.jit(close(_forward)),
+               jax.jit(functools.partial(_prefill, m, graphdef), static_argnums=4),
+               jax.jit(close(sample_and_forward), static_argnums=(5, 6, 7)),
+               jax.jit(close(_sample_and_forward_steps), static_argnums=(6, 7, 8, 9)))
+
+
+_PROGRAMS: dict = {}  # (generation?, config JSON) -> DecodePrograms; 8 most recent kept
+
+
+def decode_programs(m, *, generation: bool = True) -> DecodePrograms:
+  """The programs for m as decoding runs it (generation_config(m); as it is when
+  generation=False), built once per config: building a graphdef costs ~0.25 s."""
+  key = (generation, m.to_json_best_effort(sort_keys=True))
+  if key not in _PROGRAMS:
+    programs = DecodePrograms.build(generation_config(m) if generation else m)
+    if len(_PROGRAMS) >= 8:
+      _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    _PROGRAMS[key] = programs
+  return _PROGRAMS[key]
 
 
 def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
@@ -194,23 +216,20 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
     raise ConfigError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) "
                       f"exceeds the model's max_seq_len={m.max_seq_len}")
   tokens, mask = left_pad(prompts, pad_id, prompt_bucket(longest))
-  m = generation_config(m)
-  graphdef = cached_graphdef(m)
+  programs = decode_programs(m)
   slots = -(-(tokens.shape[1] + max_new_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE
-  cache = init_cache(m, len(prompts), slots)
-  logits, prefill_distinct, cache = decoder_step(graphdef, params, rest, tokens, mask, cache)
+  logits, prefill_distinct, cache = programs.prefill(params, rest, tokens, mask, slots)
   rng, out, distinct, i = jax.random.key(seed), [], [], 0
   while max_new_tokens - 1 - i >= DECODE_CHUNK:  # whole chunks, then one step at a time
-    tokens, logits, chunk_distinct, cache = sample_and_steps(
-        graphdef, params, rest, logits, rng, i, cache, DECODE_CHUNK, temperature, top_k, top_p)
+    tokens, logits, chunk_distinct, cache = programs.steps(
+        params, rest, logits, rng, i, cache, DECODE_CHUNK, temperature, top_k, top_p)
     out += list(tokens)
     distinct += list(chunk_distinct)
     i += DECODE_CHUNK
   for i in range(i, max_new_tokens):
     if i + 1 < max_new_tokens:
-      token, logits, step_distinct, cache = sample_and_step(
-          graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache,
-          temperature, top_k, top_p)
+      token, logits, step_distinct, cache = programs.step(
+          params, rest, logits, jax.random.fold_in(rng, i), cache, temperature, top_k, top_p)
       distinct.append(step_distinct)
     else:  # the last token feeds nothing
       token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)

@@ -214,7 +214,7 @@ class Decoder(nnx.Module):
                          logical_axes=("embed", "vocab"))
 
   def __call__(self, tokens_BxL, *, token_mask_BxL=None, cache=None, train: bool = False,
-               rng=None, step_stats=None):
+               rng=None, step_stats=None, last_logits_only: bool = False):
     b, l = tokens_BxL.shape
     padded = token_mask_BxL is not None
     if not padded:
@@ -261,6 +261,8 @@ class Decoder(nnx.Module):
         layers_aux.append(aux)
     moe_aux = [aux for aux in layers_aux if aux is not None]
     aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
+    if last_logits_only:  # decoding reads only the last position's logits
+      x = x[:, -1:]
     x = self.final_norm(x)
     if self.head is None:  # tied: the embedding table is the output projection
       logits = x.astype(self.dtype) @ self.embed[...].T.astype(self.dtype)
