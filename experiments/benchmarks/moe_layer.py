@@ -310,11 +310,18 @@ def markdown(records) -> str:
            f"fp32; router {_ROUTER.value}"
            + (f" ({_ROUNDING_MODE.value}, tile {_ROUNDING_TILE.value})"
               if _ROUTER.value == "topk_rounded" else "")
-           + f"; dropless_tile={_TILE.value}, capacity_factor={_CF.value}; "
+           + f"; dropless_tile={_TILE.value}, dropless_min_block={_MIN_BLOCK.value}, "
+           f"dropless_block={_BLOCK.value}, capacity_factor={_CF.value}; "
            f"medians of {_REPS.value} interleaved reps ({_SLOW_REPS.value} for "
            "the E x FLOPs paths). ratio = dense time / path time.", ""]
-  fmt = lambda r, key, spec: (format(r[key], spec) if r and r[key] is not None else
-                              "skipped" if r else "-")
+  def fmt(r, key, spec):
+    if not r:
+      return "-"
+    if r[key] is None:
+      return "skipped"
+    if key == "ratio_to_dense" and r["path"] == "routing_layout":  # an overhead, not a path
+      return f"{1 / r[key]:.0%} of dense"
+    return format(r[key], spec)
   for shape in dict.fromkeys(r["shape"] for r in records):
     by = {(r["path"], r["pass"]): r for r in records if r["shape"] == shape}
     r0 = next(iter(by.values()))

@@ -35,9 +35,11 @@ from moejax.dispatch.base import TileLayout
 # (experiments/benchmarks/moe_layer.py): 512-row blocks beat 128 and 256 at
 # the lm, coarse and fine shapes; 1024 is no better.
 DEFAULT_BLOCK_ROWS = 512
-# model.moe.dropless_min_block's default. Measured there too: at the fine shape
-# (E=64, about 512 rows per expert) granule 32 computes 3% padding rows instead
-# of 12% at tile 128, and beats both 128 and 8 (more, smaller blocks) fwd+bwd.
+# model.moe.dropless_min_block's default. Measured there too (fwd+bwd, same
+# process, docs/results/moe_layer_2026-12-02_cpu.md): at the fine shape (E=64,
+# about 512 rows per expert) granule 32 computes 3% padding rows instead of 12% at
+# tile 128; granules 32 and 64 tie (0.80 / 0.81 of dense), 8, 16 and 128 are
+# slower (0.74, 0.78, 0.78); finer (E=128): 0.57 / 0.58 against 0.53-0.56.
 DEFAULT_MIN_BLOCK = 32
 
 
