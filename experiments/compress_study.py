@@ -34,11 +34,15 @@ _PROBE_COUNT = cli.checked(flags.DEFINE_integer("probe_count", 16, "Examples per
                            cli.at_least(1))
 _RESUME = flags.DEFINE_bool("resume", False, "Keep the runs already in --json (same table "
                             "and settings) and run only the missing ones.")
+_CONTROL = flags.DEFINE_bool("finetuned_control", False, "Also fine-tune the fp32 model's "
+                              "routers by the same recipe and report each arm's re-routing "
+                              "against the fp32 model with the same router training.")
 _OUTPUTS = cli.study_outputs()
 flags.mark_flags_as_required(["workdir", "levels"])
 
 
-SETTINGS = ("num_windows", "group_size", "finetune_steps", "bytes_per_domain", "probe_count")
+SETTINGS = ("num_windows", "group_size", "finetune_steps", "bytes_per_domain", "probe_count",
+            "finetuned_control")
 
 
 def resumable(path, table: str, levels) -> dict | None:
@@ -53,8 +57,9 @@ def resumable(path, table: str, levels) -> dict | None:
     previous = json.load(f)
   now = {"num_windows": _NUM_WINDOWS.value, "group_size": _GROUP.value,
          "finetune_steps": _FT_STEPS.value, "bytes_per_domain": _BYTES.value,
-         "probe_count": _PROBE_COUNT.value}
-  different = [k for k in SETTINGS if previous.get(k) != now[k]]
+         "probe_count": _PROBE_COUNT.value, "finetuned_control": _CONTROL.value}
+  different = [k for k in SETTINGS  # studies saved before the control existed had none
+               if previous.get(k, False if k == "finetuned_control" else None) != now[k]]
   if previous.get("table") != table or different:
     raise cli.flag_error(_RESUME, f"{path} holds another study (table "
                          f"{previous.get('table')!r}, differing {different})")
@@ -85,7 +90,7 @@ def main(argv):
       _WORKDIR.value, _TABLE.value, levels=levels, draws=_DRAWS.value,
       num_windows=_NUM_WINDOWS.value, bytes_per_domain=_BYTES.value, probes=probes,
       probe_count=_PROBE_COUNT.value, group_size=_GROUP.value, finetune_steps=_FT_STEPS.value,
-      arms=_ARMS.value, on_run=save, previous=previous)
+      arms=_ARMS.value, on_run=save, previous=previous, finetuned_control=_CONTROL.value)
   text = compress_study.tables(result)
   print(text)
   save(result)

@@ -95,6 +95,9 @@ EQUAL_BYTES = {"codequant": ((("codequant", "4.0"), ("rtn", "3.0")),
                              (("kmeans", "3.0"), ("rtn", "2.5")))}
 REROUTE_CLAIMS = {"gemq": (("gemq_ft", "gemq", "lower",
                             "GEMQ: router fine-tuning re-routes fewer tokens"),)}
+MATCHED_REROUTE_CLAIMS = {"gemq": (("gemq_ft", "gemq", "lower",
+                                    "GEMQ: router fine-tuning re-routes fewer tokens, each "
+                                    "against the fp32 model with the same router training"),)}
 
 
 def request(table: str, arm: Arm, level: float, seed: int, group_size: int) -> cp.Request:
@@ -148,12 +151,18 @@ def checkpoint_bytes(config, result: cw.Result, source: prune.Source) -> dict:
 def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
               bytes_per_domain: int, probes=(), probe_count: int = 32, group_size: int = 32,
               finetune_steps: int = 32, finetune_lr: float = 1e-4, reroute_windows: int = 16,
-              arms=None, log=print, on_run=None, previous: dict | None = None) -> dict:
+              arms=None, log=print, on_run=None, previous: dict | None = None,
+              finetuned_control: bool = False) -> dict:
   """{settings, uncompressed: scores, runs: [{level, method, draw, scores, layers}]}.
 
   previous: an earlier result of the same table and settings (its JSON): its runs
   are kept and not run again, so a study can be stopped and resumed, or given
-  more draws."""
+  more draws. finetuned_control: also fine-tune the uncompressed model's routers
+  by the same recipe (steps, learning rate, training batches) and score every
+  arm's re-routing against the uncompressed model with its own training history
+  ('rerouted_matched': against that control for fine-tuned arms, against the
+  uncompressed model otherwise), separating what quantization moves from what
+  32 more router steps move on their own (not in the paper)."""
   from moejax.config import expert_counts
   from moejax.data.pipeline import split_documents, train_token_stream
   from moejax.evaluation import harness
@@ -178,14 +187,29 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
   held_out = [held_out[i:i + 8] for i in range(0, len(held_out), 8)]
   reference_sets = routing_sets(graphdef, source.params, source.rest, held_out)
   m = config.model
+  control_sets, control = None, None
 
-  def score(params):
+  def score(params, finetuned=False):
     evaluation = harness.evaluate(DecoderLM(m, params, source.rest), tokenizer,
                                   tokenizer.eos_id, documents, settings, expert_counts(m))
-    return {"bpb": evaluation.report["bpb"], "probes": evaluation.report["probes"],
-            "rerouted": rerouted(reference_sets,
-                                 routing_sets(graphdef, params, source.rest, held_out))}
+    sets = routing_sets(graphdef, params, source.rest, held_out)
+    out = {"bpb": evaluation.report["bpb"], "probes": evaluation.report["probes"],
+           "rerouted": rerouted(reference_sets, sets)}
+    if control_sets is not None:
+      out["rerouted_matched"] = rerouted(control_sets if finetuned else reference_sets, sets)
+    return out
 
+  if finetuned_control:
+    if not finetune_steps:
+      raise ValueError("finetuned_control needs finetune_steps > 0")
+    with tempfile.TemporaryDirectory() as scratch:
+      tuned, _ = cw.finetune_routers(scratch, config, m, source.params, source.rest,
+                                     source.step, source.data_state, finetune_steps,
+                                     finetune_lr)
+    control = score(tuned)
+    control_sets = routing_sets(graphdef, tuned, source.rest, held_out)
+    log(f"fp32 with fine-tuned routers: {control['bpb']['all']:.4f} bpb, re-routed "
+        f"{control['rerouted']:.3f} against the fp32 model")
   uncompressed = score(source.params)
   log(f"uncompressed: {uncompressed['bpb']['all']:.4f} bpb")
   names = list(dict.fromkeys(a.name for a in arms))
@@ -197,8 +221,9 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
             "levels": [str(v) for v in levels], "draws": draws, "num_windows": num_windows,
             "group_size": group_size, "finetune_steps": finetune_steps,
             "finetune_lr": finetune_lr, "bytes_per_domain": bytes_per_domain,
-            "probe_count": probe_count,
-            "reference": REFERENCE[table], "uncompressed": uncompressed, "runs": runs}
+            "probe_count": probe_count, "finetuned_control": finetuned_control,
+            "reference": REFERENCE[table], "uncompressed": uncompressed,
+            **({"control": control} if control else {}), "runs": runs}
 
   sizes = {}
   for draw in range(draws):
@@ -218,7 +243,7 @@ def run_study(workdir: str, table: str, *, levels, draws: int, num_windows: int,
         out = cw.run(r, source, calibration, rounds=arm.rounds,
                      finetune_steps=finetune_steps if arm.finetune else 0,
                      finetune_lr=finetune_lr, log=log)
-        scores = score(out.float_params)
+        scores = score(out.float_params, finetuned=arm.finetune)
         key = (str(level), arm.name)
         if key not in sizes:
           sizes[key] = (checkpoint_bytes(config, out, source) if out.model is not None
@@ -288,6 +313,29 @@ def equal_bytes_table(result: dict, pairs) -> str:
   return "\n".join(lines)
 
 
+def finetuning_gain_table(result: dict, tuned: str = "gemq_ft", plain: str = "gemq") -> str:
+  """Markdown: per level, router fine-tuning's bpb gain on the quantized model minus
+  the same fine-tuning's gain on the fp32 model (the control), paired over the
+  draws; below 0: fine-tuning repairs more than it improves an unquantized model."""
+  from moejax.posttrain import study
+  from moejax.train import seed_stats
+  control_gain = (result["control"]["bpb"]["all"]
+                  - result["uncompressed"]["bpb"]["all"])
+  lines = [f"Router fine-tuning on the fp32 model: {control_gain:+.4f} bpb.", "",
+           f"| level | {tuned} - {plain} | minus the fp32 gain | verdict |", "|---|---|---|---|"]
+  for level in result["levels"]:
+    a, b = study.level_runs(result["runs"], level, tuned), study.level_runs(
+        result["runs"], level, plain)
+    if not a or len(a) != len(b):
+      continue
+    gains = [x["scores"]["bpb"]["all"] - y["scores"]["bpb"]["all"] for x, y in zip(a, b)]
+    gain = seed_stats.paired_difference(gains, [0.0] * len(gains))
+    extra = seed_stats.paired_difference(gains, [control_gain] * len(gains))
+    lines.append(f"| {level} | {study.format_interval(gain)} | {study.format_interval(extra)} "
+                 f"| {seed_stats.verdict(extra, 'lower', '{:.4f}')} |")
+  return "\n".join(lines)
+
+
 def tables(result: dict) -> str:
   """Markdown: the claims (bpb, then re-routing), then per domain the summary, over
   the complete draws (complete_draws)."""
@@ -306,6 +354,15 @@ def tables(result: dict) -> str:
     parts.append("### Re-routed (token, layer) pairs against the uncompressed model\n\n"
                  + study.claims_table(result, REROUTE_CLAIMS[table],
                                       metric=lambda s: s["rerouted"], **kw))
+  if table in MATCHED_REROUTE_CLAIMS and result.get("control"):
+    c = result["control"]
+    parts.append("### Re-routed against the fp32 model with the same router training\n\n"
+                 f"The control (fp32, routers fine-tuned by the same recipe): "
+                 f"{c['bpb']['all']:.4f} bpb, re-routed {c['rerouted']:.3f} against the fp32 "
+                 "model. Fine-tuned arms are compared with it, the others with the fp32 model.\n\n"
+                 + study.claims_table(result, MATCHED_REROUTE_CLAIMS[table],
+                                      metric=lambda s: s["rerouted_matched"], **kw)
+                 + "\n\n" + finetuning_gain_table(result))
   if table in EQUAL_BYTES:
     parts.append("### At about equal packed expert bytes (bpb on all)\n\n"
                  + equal_bytes_table(result, EQUAL_BYTES[table]))

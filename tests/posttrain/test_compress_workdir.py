@@ -203,3 +203,22 @@ def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(
   bits = np.asarray(experts["bits"])
   assert sorted(set(bits.tolist())) == [2, 3] and np.all(
       np.asarray(experts["w_up_indices"]).max(axis=(1, 2)) < 2 ** bits)
+
+
+def test_finetuned_control_is_each_finetuned_arms_matched_reference(source):
+  """compress_study's fp32 control (its routers fine-tuned by the arms' recipe): at 8
+  bits, where quantization changes almost nothing, the fine-tuned arm routes like the
+  control and unlike the fp32 model; an arm that was not fine-tuned keeps the fp32
+  model as its reference."""
+  from moejax.posttrain import compress_study
+  result = compress_study.run_study(
+      source, "gemq", levels=[8.0], draws=1, num_windows=8, bytes_per_domain=512,
+      group_size=GROUP, finetune_steps=3, finetune_lr=3e-3, reroute_windows=8,
+      arms=["gemq", "gemq_ft"], log=lambda *_: None, finetuned_control=True)
+  runs = {r["method"]: r["scores"] for r in result["runs"]}
+  moved = result["control"]["rerouted"]  # the control against the fp32 model
+  assert moved > 0.02, moved  # three router steps at 3e-2 re-route some tokens
+  assert runs["gemq"]["rerouted_matched"] == runs["gemq"]["rerouted"]
+  assert runs["gemq_ft"]["rerouted"] > 0.5 * moved
+  assert runs["gemq_ft"]["rerouted_matched"] < 0.25 * moved
+  assert result["uncompressed"]["rerouted"] == 0.0
