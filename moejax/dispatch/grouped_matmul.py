@@ -12,9 +12,10 @@ An entry (`GroupedMatmulSpec`) is one of
              (ConfigError if the type declares none).
   per_token  no layout: dispatch gives every (token, slot) its own row and the
              matmul gathers each row's expert slice (token_gather.py).
-  an alias   resolve(experts) -> the name of another entry, for this platform
-             and expert type (`experts`: BoundExperts, or None for a plain
-             expert function).
+  an alias   resolve(experts, few_rows) -> the name of another entry, for this
+             platform, expert type (`experts`: BoundExperts, or None for a plain
+             expert function) and call (few_rows: no more (token, slot)
+             assignments than experts).
 An entry may also declare validate(moe_cfg) for its own settings (ConfigError);
 config validation calls it for the entry the configured name resolves to.
 
@@ -42,7 +43,7 @@ Registered:
                 and on CPU 'fused' for expert types with a fused path, else 'loop'
                 (measured: docs/results/moe_layer_*_cpu.md, generate_cpu.md).
 'fused', 'loop' and 'gmm' are custom VJPs: reverse-mode only (no jax.jvp /
-jacfwd); force 'tiled' for forward-mode differentiation.
+jacfwd); force 'tiled' or 'gather' for forward-mode differentiation.
 """
 from __future__ import annotations
 
