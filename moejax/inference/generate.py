@@ -219,12 +219,13 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
   programs = decode_programs(m)
   slots = -(-(tokens.shape[1] + max_new_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE
   logits, prefill_distinct, cache = programs.prefill(params, rest, tokens, mask, slots)
+  # out / distinct: device arrays of [steps,] B / MoE layers, read back once at the end
   rng, out, distinct, i = jax.random.key(seed), [], [], 0
   while max_new_tokens - 1 - i >= DECODE_CHUNK:  # whole chunks, then one step at a time
     tokens, logits, chunk_distinct, cache = programs.steps(
         params, rest, logits, rng, i, cache, DECODE_CHUNK, temperature, top_k, top_p)
-    out += list(tokens)
-    distinct += list(chunk_distinct)
+    out.append(tokens)
+    distinct.append(chunk_distinct)
     i += DECODE_CHUNK
   for i in range(i, max_new_tokens):
     if i + 1 < max_new_tokens:
@@ -234,7 +235,9 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
     else:  # the last token feeds nothing
       token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
     out.append(token)
+  out, distinct, prefill_distinct = jax.device_get((out, distinct, prefill_distinct))
   prefill_distinct = np.asarray(prefill_distinct)
-  return Generated(np.stack(jax.device_get(out), axis=1),
-                   np.array(jax.device_get(distinct), np.int32).reshape(
-                       len(distinct), prefill_distinct.size), prefill_distinct)
+  rows = lambda arrays, width: np.concatenate(
+      [np.reshape(a, (-1, width)) for a in arrays] or [np.zeros((0, width))])
+  return Generated(rows(out, len(prompts)).T.astype(np.int32),
+                   rows(distinct, prefill_distinct.size).astype(np.int32), prefill_distinct)
