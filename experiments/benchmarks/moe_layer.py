@@ -81,7 +81,8 @@ _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
 _TILE = flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile.")
-_MIN_BLOCK = flags.DEFINE_integer("min_block", 32, "model.moe.dropless_min_block (loop paths).")
+_MIN_BLOCK = flags.DEFINE_integer("min_block", 128, "model.moe.dropless_min_block (loop "
+                                  "paths; 64 for fine-grained shapes).")
 _BLOCK = flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths).")
 _ROUTER = flags.DEFINE_string("router", "topk", "model.moe.router of the MoE paths, e.g. "
                               "topk_rounded (token rounding, train mode) with --rounding_*.")

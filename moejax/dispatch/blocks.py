@@ -35,12 +35,15 @@ from moejax.dispatch.base import TileLayout
 # (experiments/benchmarks/moe_layer.py): 512-row blocks beat 128 and 256 at
 # the lm, coarse and fine shapes; 1024 is no better.
 DEFAULT_BLOCK_ROWS = 512
-# model.moe.dropless_min_block's default. Measured there too (fwd+bwd, same
-# process, docs/results/moe_layer_2026-12-02_cpu.md): at the fine shape (E=64,
-# about 512 rows per expert) granule 32 computes 3% padding rows instead of 12% at
-# tile 128; granules 32 and 64 tie (0.80 / 0.81 of dense), 8, 16 and 128 are
-# slower (0.74, 0.78, 0.78); finer (E=128): 0.57 / 0.58 against 0.53-0.56.
-DEFAULT_MIN_BLOCK = 32
+# model.moe.dropless_min_block's default: 128, the default tile (granule = the tile).
+# Measured (fwd+bwd against dense, same process, docs/results/moe_layer_2026-12-02_cpu.md),
+# granule 8 / 16 / 32 / 64 / 128: fine (E=64) 0.74 / 0.78 / 0.80 / 0.81 / 0.78, finer
+# (E=128) 0.53 / 0.56 / 0.57 / 0.58 / 0.55; coarse (E=8, f=1024) 32 / 64 / 128: 0.88 /
+# 0.94 / 0.94; but the default LM (E=8, ~1024 rows per expert) trains at 12,366 (64)
+# and 12,785 (32) against 13,896 tokens/s (128), steady state: smaller blocks each
+# read (and in the backward update) their expert's whole weights. So 64 is for
+# fine-grained configs (a few hundred rows per expert), set explicitly.
+DEFAULT_MIN_BLOCK = 128
 
 
 @struct.dataclass
