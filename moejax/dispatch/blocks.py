@@ -39,10 +39,12 @@ DEFAULT_BLOCK_ROWS = 512
 # Measured (fwd+bwd against dense, same process, docs/results/moe_layer_2026-12-02_cpu.md),
 # granule 8 / 16 / 32 / 64 / 128: fine (E=64) 0.74 / 0.78 / 0.80 / 0.81 / 0.78, finer
 # (E=128) 0.53 / 0.56 / 0.57 / 0.58 / 0.55; coarse (E=8, f=1024) 32 / 64 / 128: 0.88 /
-# 0.94 / 0.94; but the default LM (E=8, ~1024 rows per expert) trains at 12,366 (64)
-# and 12,785 (32) against 13,896 tokens/s (128), steady state: smaller blocks each
-# read (and in the backward update) their expert's whole weights. So 64 is for
-# fine-grained configs (a few hundred rows per expert), set explicitly.
+# 0.94 / 0.94 (smaller blocks each read, and in the backward update, their
+# expert's whole weights). Training the default LM (E=8, ~1024 rows per expert),
+# 600-step runs, steady-state tokens/s: 12,366 (64), 12,785 (32), 13,896 and 11,296
+# (128, two runs): not resolved. The default keeps the tile, so that configs
+# without fine-grained experts train exactly as before; 64 is set for fine-grained
+# ones (a few hundred rows per expert).
 DEFAULT_MIN_BLOCK = 128
 
 
