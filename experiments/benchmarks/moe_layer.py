@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax import cli
 from moejax.config import base_config
 from moejax.dispatch import get_dispatcher
 from moejax.dispatch.base import padding_waste
@@ -80,10 +81,13 @@ _PATHS = flags.DEFINE_list("paths", list(PATHS), "Paths to run (dense is always 
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
-_TILE = flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile.")
-_MIN_BLOCK = flags.DEFINE_integer("min_block", 128, "model.moe.dropless_min_block (loop "
-                                  "paths; 64 for fine-grained shapes).")
-_BLOCK = flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths).")
+_TILE = cli.checked(flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile."),
+                    cli.at_least(1))
+_MIN_BLOCK = cli.checked(flags.DEFINE_integer(
+    "min_block", 128, "model.moe.dropless_min_block (loop paths; 64 for fine-grained "
+    "shapes)."), cli.at_least(1))
+_BLOCK = cli.checked(flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths)."),
+                     cli.at_least(1))
 _ROUTER = flags.DEFINE_string("router", "topk", "model.moe.router of the MoE paths, e.g. "
                               "topk_rounded (token rounding, train mode) with --rounding_*.")
 _ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.topk_rounded.tile.")
