@@ -4,7 +4,8 @@ r"""Generation speed against transformers on the same model (issue 17, part 1).
       [--batches=1,8,32] [--prompt_len=32] [--new_tokens=32] [--reps=3]
       [--json=FILE] [--markdown=FILE]
   python -m experiments.benchmarks.generate --profile --families=qwen3_moe --batches=1,8
-      [--reps=7] [--profile_calls=30] [--profile_torch_threads=1] [--json=FILE]
+      [--profile_phase=decode|prefill] [--reps=7] [--profile_calls=30]
+      [--profile_torch_threads=1] [--json=FILE]
 
 For each family, transformers builds a small random model (hidden 256, 4
 layers, 16 routed experts of width 256, top-4, vocab 4096: tens of millions of
@@ -42,7 +43,12 @@ decode step's time split into parts, per family and batch, in ms per step:
                 to the unhooked forward).
 
 plus the parameter bytes one step reads and the time one core takes to read
-them. --profile_torch_threads=1 on a busy shared machine (see the flag).
+them. --profile_phase=prefill splits time to first token the same way: moejax's
+prefill program (DecodePrograms.prefill) by part, the host around it (time to
+first token - the program); transformers' first forward by part, generate's
+work around it; with the useful matmul FLOP/s each reaches against one plain
+matmul of the prompt's rows. --profile_torch_threads=1 on a busy shared machine
+(see the flag).
 """
 import datetime
 import json
@@ -69,6 +75,10 @@ _PROFILE = flags.DEFINE_bool(
     "family and batch (moejax: the compiled step's device time split by part from the XLA "
     "profiler, its dispatch, the host loop; transformers: the forward split by module hooks, "
     "generate's loop). --json/--markdown get these figures.")
+_PHASE = flags.DEFINE_enum(
+    "profile_phase", "decode", ["decode", "prefill"], "--profile: a decode step, or the "
+    "prefill (time to first token: moejax's prefill program by part and the host around it; "
+    "transformers' first forward by part and generate's set-up).")
 _CALLS = cli.checked(flags.DEFINE_integer("profile_calls", 30, "--profile: timed calls of the "
                                           "moejax step per round (median)."), cli.at_least(1))
 _TORCH_THREADS = cli.checked(flags.DEFINE_integer(
@@ -173,21 +183,23 @@ def main(argv):
   del argv
   for family in _FAMILIES.value:
     hf_config(family)  # refuse an unknown family before any work
+  if _PHASE.value != "decode" and not _PROFILE.value:
+    raise cli.flag_error(_PHASE, "chooses what --profile measures; give --profile too")
   rows = []
   batches = [int(b) for b in _BATCHES.value]
+  if _PROFILE.value and _PHASE.value == "prefill":
+    from experiments.benchmarks.generate_prefill_profile import prefill_table, profile_prefill
+    profile, profile_table = profile_prefill, prefill_table
+  elif _PROFILE.value:
+    from experiments.benchmarks.generate_profile import profile_family, profile_table
+    profile = profile_family
   for family in _FAMILIES.value:
     if _PROFILE.value:
-      from experiments.benchmarks import generate_profile
-      rows += generate_profile.profile_family(
-          model_pair(family), family, batches, _PROMPT.value, _NEW.value, _REPS.value,
-          _CALLS.value, _TORCH_THREADS.value)
+      rows += profile(model_pair(family), family, batches, _PROMPT.value, _NEW.value,
+                      _REPS.value, _CALLS.value, _TORCH_THREADS.value)
     else:
       rows += bench_family(family, batches, _PROMPT.value, _NEW.value, _REPS.value)
-  if _PROFILE.value:
-    from experiments.benchmarks.generate_profile import profile_table
-    text = profile_table(rows)
-  else:
-    text = table(rows)
+  text = profile_table(rows) if _PROFILE.value else table(rows)
   print(text)
   meta = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "prompt_len": _PROMPT.value, "new_tokens": _NEW.value,

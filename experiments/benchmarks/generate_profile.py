@@ -1,6 +1,7 @@
 r"""Where a decode step's time goes, moejax against transformers (issue 17, part 1):
 `python -m experiments.benchmarks.generate --profile` (see that module's doc for
-the parts and how each is measured; this module holds the measuring code).
+the parts and how each is measured; this module holds the measuring code, which
+generate_prefill_profile.py shares for --profile_phase=prefill).
 """
 import contextlib
 import functools
@@ -264,20 +265,29 @@ def moejax_step(loaded, prompts, new_tokens: int, calls: int):
 
   def scoped_step(*a):  # a new function: jax's trace cache holds the unscoped one
     return gen.sample_and_forward(graphdef, *a)
+  return timers, scoped_profile(scoped_step, args, (5, 6, 7), calls)
+
+
+def scoped_profile(fn, args: tuple, static_argnums: tuple, calls: int):
+  """profile() -> one profiled run of `calls` calls of fn(*args), compiled again under
+  named_scopes (the same ops, named): its XLA thunks by part, their span, and
+  cost_analysis. fn must be a new function (jax's trace cache holds unscoped ones)."""
+  import jax
   with named_scopes():
-    compiled = jax.jit(scoped_step, static_argnums=(5, 6, 7)).lower(*args).compile()
+    compiled = jax.jit(fn, static_argnums=static_argnums).lower(*args).compile()
   parts, loop_body = hlo_parts(compiled.as_text())
   cost = compiled.cost_analysis() or {}
+  dynamic = [a for i, a in enumerate(args) if i not in static_argnums]
 
   def profile():
     thunks, loop_kinds, count, span = trace_thunks(
-        lambda: compiled(params, rest, logits, rng, cache), calls, parts, loop_body)
+        lambda: compiled(*dynamic), calls, parts, loop_body)
     return {"thunk_us": thunks, "expert_loop_us": loop_kinds, "thunks_per_step": count,
             "span_us": span,
             "hlo_instructions_by_part": {p: sum(v == p for v in parts.values()) for p in PARTS},
             "flops": float(cost.get("flops", 0.0)),
             "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
-  return timers, profile
+  return profile
 
 
 HF_PART = {"embed_tokens": "embedding", "rotary_emb": "attention", "self_attn": "attention",
@@ -316,15 +326,17 @@ def hf_hooks(hf_model, totals: dict) -> list:
 
 
 def transformers_run(hf_model, prompts, new_tokens: int):
-  """run(hooked) -> (decode forwards' seconds, gaps between them, {part: seconds per
-  decode forward}) inside transformers' own generate: a hook on the top module
-  times each forward (the first, the prefill, left out) and the host work between
-  two (generate's loop: logits processors, argmax, stopping criteria, cache and
-  input bookkeeping); hooked=True adds hooks on every part's module."""
+  """run(hooked) -> a dict, from inside transformers' own generate: a hook on the top
+  module times each forward. 'forwards' the decode forwards' seconds (the first, the
+  prefill, left out), 'gaps' the host work between two (generate's loop: logits
+  processors, argmax, stopping criteria, cache and input bookkeeping), 'parts'
+  {part: seconds per decode forward}; 'prefill' the first forward's seconds,
+  'prefill_parts' its {part: seconds}.
+  hooked=True adds hooks on every part's module."""
   import torch
 
   def run(hooked: bool):
-    totals, spans = {}, []
+    totals, spans, prefill_parts = {}, [], {}
     handles = hf_hooks(hf_model, totals) if hooked else []
 
     def pre(module, args, kwargs):
@@ -332,8 +344,9 @@ def transformers_run(hf_model, prompts, new_tokens: int):
 
     def post(module, args, kwargs, output):
       spans[-1][1] = time.perf_counter()
-      if len(spans) == 1:
-        totals.clear()  # the prefill
+      if len(spans) == 1:  # the prefill
+        prefill_parts.update(totals)
+        totals.clear()
     handles += [hf_model.register_forward_pre_hook(pre, with_kwargs=True),
                 hf_model.register_forward_hook(post, with_kwargs=True)]
     try:
@@ -345,9 +358,10 @@ def transformers_run(hf_model, prompts, new_tokens: int):
     finally:
       for handle in handles:
         handle.remove()
-    forwards = [end - start for start, end in spans[1:]]
-    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
-    return forwards, gaps, {k: v / len(forwards) for k, v in totals.items()}
+    forwards = [end - begin for begin, end in spans[1:]]
+    return {"forwards": forwards, "gaps": [b[0] - a[1] for a, b in zip(spans, spans[1:])],
+            "parts": {k: v / max(len(forwards), 1) for k, v in totals.items()},
+            "prefill": spans[0][1] - spans[0][0], "prefill_parts": prefill_parts}
   return run
 
 
@@ -397,18 +411,54 @@ def weight_bytes_per_step(params, distinct_per_layer, batch: int) -> float:
   return total + batch * embed
 
 
+def prompts_by_batch(hf_model, batches, prompt_len: int, torch_threads: int):
+  """(batch, prompts int [batch, prompt_len] seeded by the batch) for each batch, with
+  torch's threads set first (0: its default)."""
+  import torch
+  if torch_threads:
+    torch.set_num_threads(torch_threads)
+  for b in batches:
+    yield b, np.random.default_rng(b).integers(3, hf_model.config.vocab_size, (b, prompt_len))
+
+
+def median_profile(profiles: list) -> dict:
+  """The median of the rounds' scoped profiles, key by key (the first's other keys)."""
+  return {**profiles[0], **{
+      key: {k: float(np.median([p[key].get(k, 0.0) for p in profiles]))
+            for k in profiles[0][key]} for key in ("thunk_us", "expert_loop_us")},
+      "span_us": float(np.median([p["span_us"] for p in profiles]))}
+
+
+def add_loop_rest(row: dict) -> None:
+  """The MoE expert part's time outside its loops' inner thunks, as its own kind.
+
+  Where the inner thunks add up to more than the expert part's top-level thunks,
+  XLA:CPU ran the loop bodies on its thread pool after their while thunks' own
+  events had ended (seen at prefill with a few hundred rows: top-level thunks on
+  three threads); their time then sat in the runtime between thunks. The expert
+  part becomes the inner thunks' sum (what its bodies ran, at least), and the
+  runtime between thunks loses as much."""
+  inside = sum(row["ours_expert_loop_s"].values())
+  top = row["ours_parts_s"]["moe_experts"]
+  if inside > top:
+    row["ours_parts_s"]["moe_experts"] = inside
+    row["ours_between_thunks_s"] -= inside - top
+    row["ours_expert_loop_s"]["(the while thunks' own events, which ended before their "
+                              "bodies ran: not in the expert part)"] = top
+    return
+  row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"
+                            if inside > 0 else "no loop ('gather' path): all of it"] = top - inside
+
+
 def profile_family(pair, family: str, batches, prompt_len: int, new_tokens: int, reps: int,
                    calls: int, torch_threads: int = 0) -> list:
   """Per batch: every timing, and a profiled run of the moejax step, in each of
   `reps` interleaved rounds; medians over the rounds."""
   import torch
   from moejax.inference.generate import generate
-  if torch_threads:
-    torch.set_num_threads(torch_threads)
   hf_model, loaded = pair
   rows = []
-  for b in batches:
-    prompts = np.random.default_rng(b).integers(3, hf_model.config.vocab_size, (b, prompt_len))
+  for b, prompts in prompts_by_batch(hf_model, batches, prompt_len, torch_threads):
 
     def ours(n):
       return generate(loaded.config, loaded.params, loaded.rest, prompts.tolist(),
@@ -439,20 +489,16 @@ def profile_family(pair, family: str, batches, prompt_len: int, new_tokens: int,
       for name, (fn, steps) in timers.items():
         samples.setdefault(name, []).extend(t / steps for t in blocked_times(
             fn, max(1, calls // steps)))
-      forwards, gaps, _ = hf_run(False)
-      samples.setdefault("hf_forward", []).extend(forwards)
-      samples.setdefault("hf_gap", []).extend(gaps)
+      plain = hf_run(False)
+      samples.setdefault("hf_forward", []).extend(plain["forwards"])
+      samples.setdefault("hf_gap", []).extend(plain["gaps"])
       hooked.append(hf_run(True))
       profiles.append(profile())
     med = {k: float(np.median(v)) for k, v in samples.items()}
     # the hooked run whose forwards' median is the median run's
-    hooked_forwards, _, hooked_parts = sorted(hooked, key=lambda h: np.median(h[0]))[
-        len(hooked) // 2]
-    hooked_forward = float(np.mean(hooked_forwards))
-    ours_step = {**profiles[0], **{  # the median of the rounds' profiles, key by key
-        key: {k: float(np.median([p[key].get(k, 0.0) for p in profiles]))
-              for k in profiles[0][key]} for key in ("thunk_us", "expert_loop_us")},
-        "span_us": float(np.median([p["span_us"] for p in profiles]))}
+    median_run = sorted(hooked, key=lambda h: np.median(h["forwards"]))[len(hooked) // 2]
+    hooked_forward, hooked_parts = float(np.mean(median_run["forwards"])), median_run["parts"]
+    ours_step = median_profile(profiles)
     loop = {"ours": med["ours_loop"], "theirs": med["hf_forward"] + med["hf_gap"]}
     # (a) the step's executable: its thunks' span in the profile (first start to last
     # end); (c) its thunks by part (each thunk's median) and the runtime between them
@@ -475,10 +521,7 @@ def profile_family(pair, family: str, batches, prompt_len: int, new_tokens: int,
            "loadavg": os.getloadavg(), "distinct_experts_per_layer": distinct.tolist(),
            "weight_bytes_per_step": weight_bytes_per_step(loaded.params, distinct, b),
            "read_bytes_per_s": read_bandwidth(), "ours_profile": ours_step}
-    inside = sum(row["ours_expert_loop_s"].values())
-    rest = row["ours_parts_s"]["moe_experts"] - inside
-    row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"
-                              if inside > 0 else "no loop ('gather' path): all of it"] = rest
+    add_loop_rest(row)
     print(json.dumps({k: row[k] for k in ("family", "batch", "ours_loop_s", "ours_device_s",
                                           "theirs_loop_s", "theirs_forward_s")}), flush=True)
     rows.append(row)
@@ -493,8 +536,38 @@ LABELS = {"attention": "attention (qkv, RoPE, cache write, scores, out)",
           "moe_bookkeeping": "MoE bookkeeping (router losses, load metrics)",
           "dense_ffn": "dense FFN", "norms": "RMSNorms", "embedding": "embedding",
           "lm_head": "LM head", "sampling": "sampling (moejax: in the step)",
-          "other_in_step": "other in the step (residuals, masks, positions; moejax: cache "
-                           "bookkeeping copies)"}
+          "other_in_step": "other in the step or prefill (residuals, masks, positions; "
+                           "moejax: cache bookkeeping copies)"}
+
+
+def part_lines(r, what: str):
+  """The table's head and one line per part; line(label, ours, theirs) adds more."""
+  ours_total, theirs_total = r["ours_loop_s"], r["theirs_loop_s"]
+  lines = [f"#### {r['family']}, batch {r['batch']}: ms per {what}", "",
+           "| part | moejax ms | share | transformers ms | share | transformers / moejax |",
+           "|---|---|---|---|---|---|"]
+
+  def line(label, a, b):
+    ratio = f"{b / a:.1f}" if a > 1e-7 and b > 1e-7 else "-"
+    lines.append(f"| {label} | {a * 1e3:.3f} | {a / ours_total:.0%} | {b * 1e3:.3f} | "
+                 f"{b / theirs_total:.0%} | {ratio} |")
+  for part in PARTS:
+    a, b = r["ours_parts_s"][part], r["theirs_parts_s"][part]
+    if a > 0 or b > 0:
+      line(LABELS[part], a, b)
+  moe = ("moe_router", "moe_dispatch", "moe_experts", "moe_bookkeeping")
+  line("XLA:CPU runtime between the program's thunks (moejax)", r["ours_between_thunks_s"], 0.0)
+  line("**MoE layers, all of it**", sum(r["ours_parts_s"][p] for p in moe),
+       sum(r["theirs_parts_s"][p] for p in moe))
+  return lines, line
+
+
+def expert_loop_lines(r) -> list:
+  lines = ["", "| moejax's MoE expert part, by its loops' inner thunks | ms | share |",
+           "|---|---|---|"]
+  for kind, seconds in sorted(r["ours_expert_loop_s"].items(), key=lambda kv: -kv[1]):
+    lines.append(f"| {kind} | {seconds * 1e3:.3f} | {seconds / r['ours_loop_s']:.0%} |")
+  return lines
 
 
 def profile_table(rows) -> str:
@@ -502,23 +575,8 @@ def profile_table(rows) -> str:
   for r in rows:
     o, med = r["ours_profile"], r["timings_s"]
     ours_total, theirs_total = r["ours_loop_s"], r["theirs_loop_s"]
-    lines += [f"#### {r['family']}, batch {r['batch']}: ms per decode step "
-              f"(one token per row)", "",
-              "| part | moejax ms | share | transformers ms | share | transformers / moejax |",
-              "|---|---|---|---|---|---|"]
-
-    def line(label, a, b):
-      ratio = f"{b / a:.1f}" if a > 1e-7 and b > 1e-7 else "-"
-      lines.append(f"| {label} | {a * 1e3:.3f} | {a / ours_total:.0%} | {b * 1e3:.3f} | "
-                   f"{b / theirs_total:.0%} | {ratio} |")
-    for part in PARTS:
-      a, b = r["ours_parts_s"][part], r["theirs_parts_s"][part]
-      if a > 0 or b > 0:
-        line(LABELS[part], a, b)
-    moe = ("moe_router", "moe_dispatch", "moe_experts", "moe_bookkeeping")
-    line("XLA:CPU runtime between the step's thunks (moejax)", r["ours_between_thunks_s"], 0.0)
-    line("**MoE layers, all of it**", sum(r["ours_parts_s"][p] for p in moe),
-         sum(r["theirs_parts_s"][p] for p in moe))
+    more, line = part_lines(r, "decode step (one token per row)")
+    lines += more
     line("**(a) the step** (moejax: the compiled step's thunks, first start to last end; "
          "transformers: the model's forward in generate)", r["ours_device_s"],
          r["theirs_forward_s"])
@@ -528,10 +586,7 @@ def profile_table(rows) -> str:
          r["theirs_host_s"])
     line("**per decode step in generate** (moejax: generate(N) - generate(1), per token; "
          "transformers: forward + host)", ours_total, theirs_total)
-    lines += ["", "| moejax's MoE expert part, by its loops' inner thunks | ms | share |",
-              "|---|---|---|"]
-    for kind, seconds in sorted(r["ours_expert_loop_s"].items(), key=lambda kv: -kv[1]):
-      lines.append(f"| {kind} | {seconds * 1e3:.3f} | {seconds / ours_total:.0%} |")
+    lines += expert_loop_lines(r)
     lines += ["", f"Load average {', '.join(f'{v:.1f}' for v in r['loadavg'])}. moejax: the "
               f"jitted step called alone and waited for {med['step'] * 1e3:.3f} ms, a call of "
               f"the same signature doing no work {med['dispatch'] * 1e3:.3f} ms, fold_in "

@@ -1,0 +1,152 @@
+r"""Where time to first token goes, moejax against transformers (issue 17, part 1):
+`python -m experiments.benchmarks.generate --profile --profile_phase=prefill`. The
+parts and their attribution are the decode profile's (generate_profile.py, whose
+tracing, HLO attribution and transformers hooks this module uses); what is added:
+moejax's prefill program profiled, transformers' first forward split, and the
+useful matmul FLOP/s each reaches against one plain matmul of the prompt's rows.
+"""
+import json
+import os
+import time
+
+import numpy as np
+
+from experiments.benchmarks.generate_profile import (
+    add_loop_rest, blocked_times, expert_loop_lines, hf_parts, median_profile, part_lines,
+    prompts_by_batch, scoped_profile, transformers_run)
+
+
+def moejax_prefill(loaded, prompts, new_tokens: int, calls: int):
+  """The generator's prompt prefill (DecodePrograms.prefill: the empty cache made
+  and the prompt fed, last position's logits) as a timer ('prefill': the jitted call
+  waited for) and profile() as for the step (scoped_profile)."""
+  import jax
+  import moejax.inference.generate as gen
+  programs = gen.decode_programs(loaded.config)
+  tokens, mask = gen.left_pad(prompts, 0, gen.prompt_bucket(len(prompts[0])))
+  slots = -(-(tokens.shape[1] + new_tokens) // gen.CACHE_MULTIPLE) * gen.CACHE_MULTIPLE
+  params, rest = loaded.params, loaded.rest
+  timers = {"prefill": (lambda: programs.prefill(params, rest, tokens, mask, slots), 1)}
+  for fn, _ in timers.values():
+    jax.block_until_ready(fn())  # compile
+
+  def scoped_prefill(params, rest, tokens, mask):
+    return gen._prefill(programs.config, programs.graphdef, params, rest, tokens, mask, slots)
+  return timers, scoped_profile(scoped_prefill, (params, rest, tokens, mask), (), calls)
+
+
+def matmul_flops_per_token(params, top_k: int) -> float:
+  """2 x the weights one token multiplies in a forward: every parameter but the
+  embedding table, the routed expert stacks at top_k of their E experts."""
+  import jax
+  total = 0.0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    key = jax.tree_util.keystr(path)
+    if key != "['embed']":
+      total += leaf.size * (top_k / leaf.shape[0] if "['experts']" in key else 1.0)
+  return 2.0 * total
+
+
+def plain_matmul_flops_per_s(rows: int, d: int, f: int, reps: int = 7) -> float:
+  """FLOP/s of one jitted float32 [rows, d] @ [d, f] here (best of reps): what a
+  plain matmul of the prefill's rows reaches on this CPU."""
+  import jax
+  import jax.numpy as jnp
+  x, w = jnp.ones((rows, d), jnp.float32), jnp.ones((d, f), jnp.float32)
+  mm = jax.jit(jnp.matmul)
+  jax.block_until_ready(mm(x, w))
+  return 2.0 * rows * d * f / min(blocked_times(lambda: mm(x, w), reps))
+
+
+def profile_prefill(pair, family: str, batches, prompt_len: int, new_tokens: int, reps: int,
+                    calls: int, torch_threads: int = 0) -> list:
+  """Per batch, where time to first token goes (--profile_phase=prefill): moejax's
+  prefill program (its thunks by part, as the decode step's) and transformers'
+  first forward inside its generate (hooked parts); the rest of each one's time to
+  first token (generate(1), interleaved medians) is host work. Also the useful
+  matmul FLOP/s each reaches against a plain matmul of the same rows."""
+  from moejax.inference.generate import generate
+  hf_model, loaded = pair
+  rows = []
+  for b, prompts in prompts_by_batch(hf_model, batches, prompt_len, torch_threads):
+
+    def ours():
+      return generate(loaded.config, loaded.params, loaded.rest, prompts.tolist(),
+                      max_new_tokens=1).tokens
+
+    hf_run = transformers_run(hf_model, prompts.tolist(), 1)
+    hf_run(False)  # warm up
+    ours()  # compile
+    timers, profile = moejax_prefill(loaded, prompts.tolist(), new_tokens, calls)
+    samples, hooked, profiles = {}, [], []
+    for _ in range(reps):
+      for name, fn in (("ours_ttft", ours), ("theirs_ttft", lambda: hf_run(False))):
+        start = time.perf_counter()
+        out = fn()
+        samples.setdefault(name, []).append(time.perf_counter() - start)
+        if name == "theirs_ttft":
+          samples.setdefault("hf_forward", []).append(out["prefill"])
+      for name, (fn, _) in timers.items():
+        samples.setdefault(name, []).extend(blocked_times(fn, calls))
+      hooked.append(hf_run(True))
+      profiles.append(profile())
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    median_run = sorted(hooked, key=lambda h: h["prefill"])[len(hooked) // 2]
+    theirs_parts = hf_parts(median_run["prefill_parts"], median_run["prefill"])
+    ours_profile = median_profile(profiles)
+    device = ours_profile["span_us"] * 1e-6 or med["prefill"]
+    thunks = {p: v * 1e-6 for p, v in ours_profile["thunk_us"].items()}
+    m = loaded.config
+    useful = matmul_flops_per_token(loaded.params, m.moe.top_k) * b * prompt_len
+    row = {"family": family, "batch": b, "phase": "prefill", "prompt_len": prompt_len,
+           "timings_s": med,
+           "ours_loop_s": med["ours_ttft"], "theirs_loop_s": med["theirs_ttft"],
+           "ours_device_s": device, "ours_host_s": med["ours_ttft"] - device,
+           "ours_parts_s": thunks, "ours_between_thunks_s": device - sum(thunks.values()),
+           "ours_expert_loop_s": {k: v * 1e-6
+                                  for k, v in ours_profile["expert_loop_us"].items()},
+           "theirs_forward_s": med["hf_forward"],
+           "theirs_host_s": med["theirs_ttft"] - med["hf_forward"],
+           "theirs_forward_hooked_s": median_run["prefill"],
+           "theirs_parts_s": {p: med["hf_forward"] * v / median_run["prefill"]
+                              for p, v in theirs_parts.items()},
+           "useful_matmul_flops": useful,
+           "plain_matmul_flops_per_s": plain_matmul_flops_per_s(b * prompt_len, m.d_model,
+                                                                m.d_ff),
+           "loadavg": os.getloadavg(), "ours_profile": ours_profile}
+    add_loop_rest(row)
+    print(json.dumps({k: row[k] for k in ("family", "batch", "ours_loop_s", "ours_device_s",
+                                          "theirs_loop_s", "theirs_forward_s")}), flush=True)
+    rows.append(row)
+  return rows
+
+
+def prefill_lines(r) -> list:
+  lines, line = part_lines(r, f"prefill of {r['batch']} x {r['prompt_len']} prompt tokens "
+                              f"(time to first token)")
+  line("**(a) the prefill** (moejax: the compiled prefill's thunks, first start to last end; "
+       "transformers: the model's first forward in generate)", r["ours_device_s"],
+       r["theirs_forward_s"])
+  line("**(b) host** (time to first token - (a): moejax's padding, bucketing, calls and "
+       "read-back; transformers' generate set-up, logits processing)", r["ours_host_s"],
+       r["theirs_host_s"])
+  line("**time to first token** (generate with one new token, median)", r["ours_loop_s"],
+       r["theirs_loop_s"])
+  lines += expert_loop_lines(r)
+  useful, peak = r["useful_matmul_flops"], r["plain_matmul_flops_per_s"]
+  lines += ["", f"Load average {', '.join(f'{v:.1f}' for v in r['loadavg'])}. Useful matmul "
+            f"work (2 x the weights each prompt token multiplies, routed experts at top-k): "
+            f"{useful / 1e6:.0f} MFLOP; moejax's prefill runs it at "
+            f"{useful / r['ours_device_s'] / 1e9:.1f} GFLOP/s, transformers' forward at "
+            f"{useful / r['theirs_forward_s'] / 1e9:.1f}, one plain float32 matmul of the same "
+            f"rows ([rows, d_model] @ [d_model, d_ff], jitted) at {peak / 1e9:.1f}. "
+            f"moejax's prefill program alone, called and waited for: "
+            f"{r['timings_s']['prefill'] * 1e3:.3f} ms; {r['ours_profile']['thunks_per_step']:.0f}"
+            f" XLA thunks (top level). transformers' forward with hooks "
+            f"{r['theirs_forward_hooked_s'] * 1e3:.3f} ms vs {r['theirs_forward_s'] * 1e3:.3f} ms "
+            f"without (shares scaled to the latter).", ""]
+  return lines
+
+
+def prefill_table(rows) -> str:
+  return "\n".join(line for r in rows for line in prefill_lines(r))
