@@ -66,6 +66,7 @@ def profile_prefill(pair, family: str, batches, prompt_len: int, new_tokens: int
   first token (generate(1), interleaved medians) is host work. Also the useful
   matmul FLOP/s each reaches against a plain matmul of the same rows."""
   from moejax.inference.generate import generate
+  del new_tokens  # time to first token: generate with one new token, and its cache
   hf_model, loaded = pair
   rows = []
   for b, prompts in prompts_by_batch(hf_model, batches, prompt_len, torch_threads):
@@ -77,7 +78,7 @@ def profile_prefill(pair, family: str, batches, prompt_len: int, new_tokens: int
     hf_run = transformers_run(hf_model, prompts.tolist(), 1)
     hf_run(False)  # warm up
     ours()  # compile
-    timers, profile = moejax_prefill(loaded, prompts.tolist(), new_tokens, calls)
+    timers, profile = moejax_prefill(loaded, prompts.tolist(), 1, calls)
     samples, hooked, profiles = {}, [], []
     for _ in range(reps):
       for name, fn in (("ours_ttft", ours), ("theirs_ttft", lambda: hf_run(False))):
