@@ -1,0 +1,247 @@
+"""A study's statistics, markdown and default plot, from its runs (moejax/evaluation/stats).
+
+Claims are tested at each level they match. For interval 't', the arm's values
+are paired with the reference's by draw (only draws both have; a pairing digest
+that differs within a draw is a StudyError); 'wilson' counts a 0/1 metric over
+draws; 'bootstrap' resamples the arm's values over draws; 'slope' fits the
+metric (minus the reference's, if any) against the transformed `over` axis for
+each draw and takes the t-interval of the per-draw slopes (one draw: the
+least-squares slope's own interval over the levels). p-values are Holm-adjusted
+over every tested row of the study.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from moejax.errors import ConfigError
+from moejax.evaluation import stats
+from moejax.studies.scoring import PAIRING
+from moejax.studies.spec import SOURCES, Claim, StudySpec
+
+
+class StudyError(ConfigError):
+  """The runs cannot be analysed as declared (e.g. arms paired on different draw data)."""
+
+
+def level_key(level: dict) -> str:
+  return json.dumps(level, sort_keys=True)
+
+
+def level_label(level: dict) -> str:
+  return ", ".join(f"{k}={v}" for k, v in level.items()) or "—"
+
+
+def index_runs(runs: list[dict]) -> dict:
+  """{(arm, level key, draw): run}."""
+  return {(r["arm"], level_key(r["level"]), r["draw"]): r for r in runs}
+
+
+def values(spec: StudySpec, by_key: dict, arm: str, level: dict, metric: str) -> dict[int, float]:
+  """{draw: value} of `metric` for `arm` at `level` (finished draws only)."""
+  out = {}
+  for draw in range(spec.draws):
+    run = by_key.get((arm, level_key(level), draw))
+    if run is not None and metric in run["metrics"]:
+      out[draw] = run["metrics"][metric]
+  return out
+
+
+def paired(spec: StudySpec, by_key: dict, arm: str, reference: str, level: dict, metric: str):
+  """(draws, arm values, reference values) on the draws both have, checked for pairing."""
+  a, r = (values(spec, by_key, name, level, metric) for name in (arm, reference))
+  draws = sorted(set(a) & set(r))
+  for draw in draws:
+    keys = {name: by_key[(name, level_key(level), draw)].get(PAIRING) for name in (arm, reference)}
+    if None not in keys.values() and len(set(keys.values())) > 1:
+      raise StudyError(f"arms {arm!r} and {reference!r} were scored on different data at "
+                       f"{level_label(level)}, draw {draw} (pairing {keys[arm]} vs "
+                       f"{keys[reference]}); they cannot be paired")
+  return draws, [a[d] for d in draws], [r[d] for d in draws]
+
+
+TRANSFORM = {"identity": lambda x: x, "log": math.log, "log2": math.log2}
+
+
+def claim_rows(spec: StudySpec, runs: list[dict]) -> list[dict]:
+  """One row per (claim, level or slope group): interval, verdict, Holm-adjusted p."""
+  by_key = index_runs(runs)
+  rows = []
+  for index, claim in enumerate(spec.claims):
+    for level, interval in _tested(spec, by_key, claim):
+      rows.append({"claim": index, "text": claim.text, "arm": claim.arm,
+                   "reference": claim.reference, "metric": claim.metric, "level": level,
+                   "null": claim.null, "expect": claim.expect, "source": claim.source,
+                   "interval": interval.as_dict() if interval else None,
+                   "verdict": (stats.verdict(interval, claim.expect, null=claim.null)
+                               if interval else "not run yet")})
+  adjusted = stats.holm([r["interval"]["p"] if r["interval"] else None for r in rows])
+  for row, p in zip(rows, adjusted):
+    row["p_holm"] = p
+  return rows
+
+
+def _tested(spec: StudySpec, by_key: dict, claim: Claim):
+  levels = [level for level in spec.levels if claim.matches(level)]
+  if claim.interval == "slope":
+    groups: dict[str, list[dict]] = {}
+    for level in levels:
+      rest = {k: v for k, v in level.items() if k != claim.over}
+      groups.setdefault(level_key(rest), []).append(level)
+    for group in groups.values():
+      rest = {k: v for k, v in group[0].items() if k != claim.over}
+      yield rest, _slope(spec, by_key, claim, group)
+    return
+  for level in levels:
+    if claim.reference is not None:
+      _, a, r = paired(spec, by_key, claim.arm, claim.reference, level, claim.metric)
+      data = np.asarray(a, np.float64) - np.asarray(r, np.float64)
+    else:
+      data = np.asarray(list(values(spec, by_key, claim.arm, level, claim.metric).values()),
+                        np.float64)
+    if data.size == 0:
+      yield level, None
+    elif claim.interval == "t":
+      yield level, stats.t_interval(data, null=claim.null)
+    elif claim.interval == "wilson":
+      if not np.all((data == 0) | (data == 1)):
+        raise StudyError(f"claim {claim.text!r}: interval 'wilson' needs a 0/1 metric, "
+                         f"{claim.metric} has other values")
+      yield level, stats.wilson(int(data.sum()), int(data.size), null=claim.null)
+    else:
+      yield level, stats.bootstrap_mean(data, null=claim.null)
+
+
+def _slope(spec: StudySpec, by_key: dict, claim: Claim, group: list[dict]):
+  x = np.asarray([TRANSFORM[claim.transform](level[claim.over]) for level in group])
+  per_level = []
+  for level in group:
+    if claim.reference is not None:
+      draws, a, r = paired(spec, by_key, claim.arm, claim.reference, level, claim.metric)
+      per_level.append(dict(zip(draws, np.subtract(a, r))))
+    else:
+      per_level.append(values(spec, by_key, claim.arm, level, claim.metric))
+  draws = sorted(set.intersection(*(set(v) for v in per_level)))
+  if not draws or len(set(x)) < 2:
+    return None
+  y = np.asarray([[v[d] for v in per_level] for d in draws], np.float64)  # [draws, levels]
+  if len(draws) == 1:
+    return stats.slope(x, y[0], null=claim.null)
+  centred = x - x.mean()
+  slopes = (y - y.mean(1, keepdims=True)) @ centred / (centred @ centred)
+  return stats.t_interval(slopes, null=claim.null)
+
+
+# ---- markdown --------------------------------------------------------------------------------
+
+def _number(value: float) -> str:
+  return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def interval_text(interval: dict | None, fmt: str = "{:+.4g}") -> str:
+  if interval is None:
+    return "—"
+  return stats.format_interval(stats.Interval(**interval), fmt)
+
+
+def claims_table(rows: list[dict]) -> str:
+  body = []
+  for row in rows:
+    against = f"− {row['reference']}" if row["reference"] else ""
+    statistic = f"{row['arm']} {against} ({row['metric']})".replace("  ", " ")
+    p = "—" if row["p_holm"] is None else f"{row['p_holm']:.2g}"
+    source = "" if row["source"] == "paper" else f" ({SOURCES[row['source']]})"
+    body.append([row["text"] + source, level_label(row["level"]), statistic,
+                 f"{row['null']:g}", interval_text(row["interval"]), p, row["verdict"]])
+  return stats.markdown_table(["claim", "level", "statistic", "null", "mean ± std [95% CI]",
+                               "p (Holm)", "verdict"], body)
+
+
+def summary_table(spec: StudySpec, runs: list[dict], metric: str) -> str:
+  """Per level and arm: mean ± std over draws, and the paired difference to the reference."""
+  by_key = index_runs(runs)
+  body = []
+  for level in spec.levels:
+    for arm in spec.arm_names:
+      found = list(values(spec, by_key, arm, level, metric).values())
+      if not found:
+        continue
+      spread = f" ± {_number(np.std(found, ddof=1))}" if len(found) > 1 else ""
+      if arm == spec.reference:
+        vs = "—"
+      else:
+        draws, a, r = paired(spec, by_key, arm, spec.reference, level, metric)
+        vs = (stats.format_interval(stats.paired_difference(a, r), "{:+.4g}") if draws
+              else "—")
+      body.append([*level.values(), arm, len(found), f"{_number(np.mean(found))}{spread}", vs])
+  return stats.markdown_table([*spec.axes, "arm", "draws", f"{metric}: mean ± std",
+                               f"vs {spec.reference}: mean ± std [95% CI]"], body)
+
+
+def claimed_metrics(spec: StudySpec) -> list[str]:
+  return list(dict.fromkeys(c.metric for c in spec.claims))
+
+
+def markdown(spec: StudySpec, results: dict, provenance: list[dict], notes: str = "") -> str:
+  done, total = len(results["runs"]), results["total_runs"]
+  lines = [f"# Study: {spec.name}", "", spec.description.strip(), ""]
+  for entry in provenance[-3:]:
+    lines.append(f"- `{entry['command']}` at commit {entry['commit']}, {entry['machine']}, "
+                 f"{entry['date']} ({entry['runs']} runs in {entry['seconds']:.0f} s)")
+  lines += ["", f"{done} of {total} runs; {spec.draws} draws; reference arm "
+            f"{spec.reference}. Intervals are 95%; p-values Holm-adjusted over the table.", "",
+            "## Claims", "", claims_table(results["claims"]), ""]
+  for metric in claimed_metrics(spec):
+    lines += [f"## {metric}", "", summary_table(spec, results["runs"], metric), ""]
+  if notes:
+    lines += [notes.strip(), ""]
+  return "\n".join(lines)
+
+
+def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
+  """Per claimed metric: each arm's mean over draws (± 95% t-interval) against the first
+  numeric level axis (one line per arm and value of the other axes), else per level."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  by_key = index_runs(runs)
+  metrics = claimed_metrics(spec)[:4]
+  numeric = [a for a in spec.axes if all(isinstance(l[a], (int, float)) for l in spec.levels)]
+  fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+  for ax, metric in zip(axes[0], metrics):
+    x_axis = numeric[0] if numeric else None
+    groups: dict[str, list[dict]] = {}
+    for level in spec.levels:
+      rest = {k: v for k, v in level.items() if k != x_axis}
+      groups.setdefault(level_key(rest), []).append(level)
+    for g, group in enumerate(groups.values()):
+      for a, arm in enumerate(spec.arm_names):
+        xs, means, lows, highs = [], [], [], []
+        for i, level in enumerate(group):
+          found = list(values(spec, by_key, arm, level, metric).values())
+          if not found:
+            continue
+          interval = stats.t_interval(found)
+          xs.append(level[x_axis] if x_axis else i)
+          means.append(interval.mean)
+          lows.append(interval.lo if interval.lo is not None else interval.mean)
+          highs.append(interval.hi if interval.hi is not None else interval.mean)
+        if not xs:
+          continue
+        rest = {k: v for k, v in group[0].items() if k != x_axis}
+        label = arm + (f" ({level_label(rest)})" if len(groups) > 1 else "")
+        ax.plot(xs, means, "-o", color=f"C{a % 10}", alpha=1 - 0.5 * g / len(groups),
+                label=label)
+        ax.fill_between(xs, lows, highs, color=f"C{a % 10}", alpha=0.15)
+    ax.set(xlabel=x_axis or "level", ylabel=metric, title=metric)
+    if x_axis and all(l[x_axis] > 0 for l in spec.levels):
+      values_x = sorted({l[x_axis] for l in spec.levels})
+      if values_x[-1] / values_x[0] >= 50:
+        ax.set_xscale("log")
+    ax.legend(fontsize=7)
+  fig.suptitle(f"{spec.name}: mean over {spec.draws} draws, 95% t-interval")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

@@ -1,0 +1,76 @@
+"""The scorer contract: what a study calls to score its arms at one (level, draw).
+
+A scorer is a registered class (moejax/studies/scorers/<name>.py, `@SCORERS.register`):
+
+    @SCORERS.register("kmeans_lloyd_hartigan")
+    class LloydHartigan(Scorer):
+      settings = {"n": 40, "trials": ...}        # declared settings and their defaults
+      arm_settings = {"algorithm": "lloyd"}       # declared per-arm settings
+      def metrics(self): return ("returns_initial", "nmi")
+      def score(self, level, draw, arms): ...     # {arm: {metric: float}}
+
+The runner builds it once with the parsed settings (`self.settings`, the study
+`self.spec`), asks `metrics()` and `check()` before any run, then calls `score`
+for each (level, draw) with the arms still to run there, draws outermost. A
+score may carry PAIRING (a digest of the draw's shared input, e.g. the
+calibration windows): the runner refuses to pair arms whose digests differ.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from moejax.registry import Registry, import_package_modules
+
+SCORERS: Registry[type["Scorer"]] = Registry("study.scorer")
+PAIRING = "pairing"
+
+
+class Scorer:
+  settings: dict[str, Any] = {}  # class attribute: declared settings (defaults)
+  arm_settings: dict[str, Any] = {}  # class attribute: declared arm settings (defaults)
+
+  def __init__(self, spec):
+    self.spec = spec
+    self.settings = dict(spec.settings)
+
+  def metrics(self) -> tuple[str, ...]:
+    raise NotImplementedError
+
+  def check(self) -> None:
+    """ConfigError (naming study.settings.<key>, an arm or a level) before any run."""
+
+  def applies(self, arm: str, level: dict) -> bool:
+    """Whether `arm` runs at `level` (e.g. an arm defined only at integer bits)."""
+    return True
+
+  def score(self, level: dict, draw: int, arms: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """{arm: {metric: value}} for every arm in `arms` (name -> settings)."""
+    raise NotImplementedError
+
+  def notes(self, results: dict) -> str:
+    """Markdown the scorer adds after the claims and the summary (optional)."""
+    return ""
+
+  def plot(self, results: dict, path: str) -> bool:
+    """Draw a figure of its own to `path`; False: the runner's default plot."""
+    return False
+
+
+def get(name: str) -> type[Scorer]:
+  """The scorer class registered as `name` (ConfigError listing the valid names)."""
+  from moejax.studies import scorers
+  import_package_modules(scorers.__name__, scorers.__path__)
+  return SCORERS.get(name)
+
+
+def digest(*arrays) -> str:
+  """A short digest of arrays (shape, dtype and bytes): a draw's pairing key."""
+  h = hashlib.sha256()
+  for a in arrays:
+    a = np.ascontiguousarray(np.asarray(a))
+    h.update(f"{a.shape}{a.dtype}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()[:16]
