@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.evaluation import bootstrap, bpb, probe_data, probes, routing
+from moejax.evaluation import bpb, probe_data, probes, routing, stats
 from moejax.evaluation.model import LM
 
 
@@ -106,7 +106,7 @@ def compare(model: Evaluation, reference: Evaluation, settings: Settings,
   out = {"difference": {}}
   for domain in model.report["bpb"]:
     pick = [i for i, d in enumerate(model.docs) if domain in ("all", d.domain)]
-    out["difference"][domain] = bootstrap.paired_bootstrap(
+    out["difference"][domain] = stats.paired_bootstrap(
         model.scores.nats[pick], reference.scores.nats[pick],
         [model.docs[i].num_bytes for i in pick], num_resamples=settings.num_resamples,
         seed=settings.seed).as_dict()

@@ -136,7 +136,7 @@ def _clean(arm: str, scores: dict, metrics: tuple[str, ...]) -> dict:
   return out
 
 
-def provenance_entry(runs: int, seconds: float) -> dict:
+def provenance_entry(runs: int, seconds: float, *, stopped: bool) -> dict:
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   try:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
@@ -147,12 +147,14 @@ def provenance_entry(runs: int, seconds: float) -> dict:
   machine = f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores"
   date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
   return {"command": command, "commit": commit, "machine": machine, "date": date,
-          "runs": runs, "seconds": round(seconds, 1)}
+          "runs": runs, "seconds": round(seconds, 1), "stopped": stopped}
 
 
 def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
-        stored: dict | None = None, plot: bool = True, log=print) -> dict:
-  """Run what `stored` (check_output's) lacks, writing outputs as it goes; the results."""
+        stored: dict | None = None, plot: bool = True, log=print,
+        save_every_s: float = 10.0) -> dict:
+  """Run what `stored` (check_output's) lacks; the results. Progress is saved to
+  results.json at most every `save_every_s` seconds (0: after every (level, draw))."""
   start = time.time()
   plan = planned(spec, scorer)
   total = sum(len(arms) for _, _, arms in plan)
@@ -164,39 +166,50 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
   os.makedirs(out, exist_ok=True)
   history_path = os.path.join(out, PROVENANCE)
   history = json.load(open(history_path)) if os.path.exists(history_path) else []
-  ran = 0
+  ran, saved = 0, time.time()
 
   def ordered():
-    runs = sorted(done.values(), key=lambda r: (order[(r["arm"], report.level_key(r["level"]),
-                                                       r["draw"])],
-                                                spec.arm_names.index(r["arm"])))
-    return runs
+    return sorted(done.values(), key=lambda r: (
+        order[(r["arm"], report.level_key(r["level"]), r["draw"])],
+        spec.arm_names.index(r["arm"])))
 
-  for draw, level, arms in plan:
-    pending = {a: spec.arm(a) for a in arms
-               if (a, report.level_key(level), draw) not in done}
-    if not pending:
-      continue
-    scores = scorer.score(level, draw, pending)
-    missing = sorted(set(pending) - set(scores))
-    if missing:
-      raise ValueError(f"scorer {spec.scorer!r} returned no scores for arm {missing[0]!r}")
-    for arm in pending:
-      run_record = {"arm": arm, "level": level, "draw": draw,
-                    "metrics": _clean(arm, scores[arm], metrics)}
-      if scoring.PAIRING in scores[arm]:
-        run_record[scoring.PAIRING] = str(scores[arm][scoring.PAIRING])
-      done[(arm, report.level_key(level), draw)] = run_record
-      ran += 1
-    log(f"draw {draw} {report.level_label(level)}: " + "; ".join(
-        f"{a} " + ", ".join(f"{k}={v:.4g}" for k, v in done[(a, report.level_key(level), draw)]
-                            ["metrics"].items() if v is not None) for a in pending))
+  def save():
     _write_atomic(os.path.join(out, RESULTS),
                   json.dumps(results_json(spec, ordered(), total), indent=1, allow_nan=False)
                   + "\n")
+
+  try:
+    for draw, level, arms in plan:
+      key = report.level_key(level)
+      pending = {a: spec.arm(a) for a in arms if (a, key, draw) not in done}
+      if not pending:
+        continue
+      scores = scorer.score(level, draw, pending)
+      missing = sorted(set(pending) - set(scores))
+      if missing:
+        raise ValueError(f"scorer {spec.scorer!r} returned no scores for arm {missing[0]!r}")
+      for arm in pending:
+        record = {"arm": arm, "level": level, "draw": draw,
+                  "metrics": _clean(arm, scores[arm], metrics)}
+        if scoring.PAIRING in scores[arm]:
+          record[scoring.PAIRING] = str(scores[arm][scoring.PAIRING])
+        done[(arm, key, draw)] = record
+        ran += 1
+      log(f"draw {draw} {report.level_label(level)}: " + "; ".join(
+          f"{a} " + ", ".join(f"{k}={v:.4g}" for k, v in done[(a, key, draw)]["metrics"].items()
+                              if v is not None) for a in pending))
+      if time.time() - saved >= save_every_s:
+        save()
+        saved = time.time()
+  except BaseException:  # a stopped study keeps every finished run for the resume
+    if ran:
+      save()
+      history.append(provenance_entry(ran, time.time() - start, stopped=True))
+      _write_atomic(history_path, json.dumps(history, indent=1) + "\n")
+    raise
   results = results_json(spec, ordered(), total)
   _write_atomic(os.path.join(out, RESULTS), json.dumps(results, indent=1, allow_nan=False) + "\n")
-  history.append(provenance_entry(ran, time.time() - start))
+  history.append(provenance_entry(ran, time.time() - start, stopped=False))
   _write_atomic(history_path, json.dumps(history, indent=1) + "\n")
   _write_atomic(os.path.join(out, MARKDOWN),
                 report.markdown(spec, results, history, scorer.notes(results)) + "\n")

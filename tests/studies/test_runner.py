@@ -1,0 +1,146 @@
+"""The study runner: resume gives the same bytes, pairing by draw, checks before any run."""
+import json
+import os
+import random
+
+import pytest
+
+from moejax.errors import ConfigError
+from moejax.evaluation import stats
+from moejax.studies import report, runner, scoring
+from tests.studies import toy
+
+
+@pytest.fixture(autouse=True)
+def toy_scorer():
+  with scoring.SCORERS.temporarily("toy", toy.Toy):
+    yield
+
+
+def run(config, out, **kwargs):
+  spec, scorer = runner.prepare(config)
+  stored = runner.check_output(spec, out)
+  return runner.run(spec, scorer, out, stored=stored, plot=False, log=lambda _: None,
+                    **kwargs), scorer
+
+
+def read(out):
+  with open(os.path.join(out, runner.RESULTS), "rb") as f:
+    return f.read()
+
+
+@pytest.mark.parametrize("stop_after", [1, 4, 14])
+def test_stopped_and_resumed_study_writes_the_same_bytes(tmp_path, monkeypatch, stop_after):
+  straight, _ = run(toy.config(), str(tmp_path / "straight"))
+  stopped = str(tmp_path / "stopped")
+  monkeypatch.setattr(toy.Toy, "stop_after", stop_after)
+  with pytest.raises(KeyboardInterrupt):
+    run(toy.config(), stopped)
+  partial = json.loads(read(stopped))
+  assert len(partial["runs"]) == 2 * stop_after  # two arms per (level, draw) call
+  monkeypatch.setattr(toy.Toy, "stop_after", None)
+  resumed, scorer = run(toy.config(), stopped)
+  assert len(scorer.calls) == 15 - stop_after  # only the unfinished (level, draw) pairs
+  assert read(stopped) == read(str(tmp_path / "straight"))
+  assert resumed == straight
+  history = json.load(open(os.path.join(stopped, runner.PROVENANCE)))
+  assert [entry["runs"] for entry in history] == [2 * stop_after, 30 - 2 * stop_after]
+  assert history[0]["stopped"] and not history[1]["stopped"]
+
+
+def test_interrupted_runs_resume_without_rerunning(tmp_path):
+  out = str(tmp_path / "out")
+  first, scorer = run(toy.config(), out)
+  again, scorer = run(toy.config(), out)
+  assert scorer.calls == [] and again == first
+
+
+def test_claims_pair_by_draw_not_by_position(tmp_path):
+  results, _ = run(toy.config(), str(tmp_path / "out"))
+  spec, _ = runner.prepare(toy.config())
+  gap = next(r for r in results["claims"] if r["text"] == "up is higher" and r["level"]["x"] == 4)
+  assert gap["verdict"] == "reproduces"
+  assert gap["interval"]["mean"] == pytest.approx(0.4, abs=0.03)  # shift * x, noise 0.01
+  assert gap["interval"]["hi"] - gap["interval"]["lo"] < 0.1  # the offsets cancel
+  shuffled = list(results["runs"])
+  random.Random(0).shuffle(shuffled)
+  assert report.claim_rows(spec, shuffled) == results["claims"]
+  # pairing by list position instead of by draw would not cancel the offsets
+  by_position = [[r["metrics"]["loss"] for r in shuffled if r["arm"] == arm
+                  and r["level"]["x"] == 4] for arm in ("up", "base")]
+  wrong = stats.paired_difference(*by_position)
+  assert wrong.hi - wrong.lo > 1.0
+
+
+def test_a_misaligned_pairing_is_detected(tmp_path):
+  with pytest.raises(report.StudyError, match=r"different data at x=1, draw 0"):
+    run(toy.config(settings={"misalign": "up"}), str(tmp_path / "out"))
+
+
+def test_slope_and_wilson_claims(tmp_path):
+  results, _ = run(toy.config(), str(tmp_path / "out"))
+  slope = next(r for r in results["claims"] if r["text"] == "the gap grows with x")
+  assert slope["level"] == {} and slope["verdict"] == "reproduces"
+  assert slope["interval"]["mean"] == pytest.approx(0.1, abs=1e-12)  # noise is per draw
+  hits = next(r for r in results["claims"] if r["text"] == "up hits")
+  assert hits["interval"]["n"] == 5 and hits["interval"]["mean"] == 1.0
+  assert hits["interval"]["lo"] == pytest.approx(stats.wilson(5, 5).lo)
+  p = [r["interval"]["p"] for r in results["claims"]]
+  assert [r["p_holm"] for r in results["claims"]] == stats.holm(p)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(claims=[dict(arm="nope", metric="loss", text="t")]),
+     r"study.claims\[0\].arm='nope' is not an arm of the study; arms: base, up"),
+    (dict(claims=[dict(arm="up", metric="accuracy", text="t")]),
+     r"study.claims\[0\].metric='accuracy' is not a metric of the scorer; metrics: loss, hit"),
+    (dict(claims=[dict(arm="up", reference="ref", metric="loss", text="t")]),
+     r"study.claims\[0\].reference='ref' is not an arm"),
+    (dict(draws=0), r"study.draws=0 must be an integer >= 1"),
+    (dict(scorer="nope"), r"study.scorer='nope' is not known; valid: .*spy"),
+    (dict(settings={"nois": 1}), r"study.settings.nois is not a setting of scorer 'spy'; valid: misalign, noise, offset"),
+    (dict(arms=[{"name": "base", "shfit": 1}, {"name": "up"}]),
+     r"study.arms\[0\].shfit \(arm 'base'\) is not an arm setting; valid: shift"),
+    (dict(reference="other"), r"study.reference='other' is not an arm"),
+    (dict(claims=[dict(arm="up", metric="loss", text="t", at={"x": 3})]),
+     r"study.claims\[0\].at=\{'x': 3\} matches no level"),
+    (dict(claims=[dict(arm="up", metric="loss", text="t", interval="slope")]),
+     r"study.claims\[0\].over=None must name a level axis: x"),
+])
+def test_bad_studies_are_refused_before_any_run(tmp_path, overrides, message):
+  calls = []
+  with scoring.SCORERS.temporarily("spy", type("Spy", (toy.Toy,), {
+      "score": lambda self, *a: calls.append(a)})):
+    with pytest.raises(ConfigError, match=message):
+      runner.prepare(toy.config(**{"scorer": "spy", **overrides}))
+  assert calls == []
+
+
+def test_outputs_that_hold_something_else_are_refused(tmp_path):
+  out = str(tmp_path / "out")
+  run(toy.config(), out)
+  spec, _ = runner.prepare(toy.config(name="other"))
+  with pytest.raises(ConfigError, match="holds the results of study 'toy', not 'other'"):
+    runner.check_output(spec, out)
+  spec, _ = runner.prepare(toy.config(draws=6))
+  with pytest.raises(ConfigError, match=r"study.draws is 6 here but 5 in .*results.json"):
+    runner.check_output(spec, out)
+  with open(os.path.join(out, runner.RESULTS), "r+") as f:
+    f.truncate(100)  # cut off by a kill outside the runner
+  spec, _ = runner.prepare(toy.config())
+  with pytest.raises(ConfigError, match="is not a complete results file"):
+    runner.check_output(spec, out)
+  (tmp_path / "foreign").mkdir()
+  (tmp_path / "foreign" / "notes.txt").write_text("mine")
+  with pytest.raises(ConfigError, match="not empty and holds no study results"):
+    runner.check_output(spec, str(tmp_path / "foreign"))
+  with pytest.raises(ConfigError, match="is a file"):
+    runner.check_output(spec, str(tmp_path / "foreign" / "notes.txt"))
+
+
+def test_markdown_labels_claims_not_from_the_paper(tmp_path):
+  out = str(tmp_path / "out")
+  run(toy.config(), out)
+  text = open(os.path.join(out, runner.MARKDOWN)).read()
+  assert "up hits (threshold from our spec, not the paper's)" in text
+  assert "up is higher |" in text and "30 of 30 runs" in text
