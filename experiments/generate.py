@@ -47,21 +47,6 @@ _SERE_RHO = cli.checked(flags.DEFINE_float("sere_rho", 0.3, "SERE similarity thr
                         cli.in_range(0, 1))
 
 
-def parse_ids(text: str, vocab_size: int) -> list[int]:
-  """One --prompt_ids value: comma-separated token ids, each in [0, vocab_size)."""
-  where = f"(--prompt_ids={text})"
-  try:
-    ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-  except ValueError as e:
-    raise ConfigError(f"expected comma-separated integers {where}") from e
-  if not ids:
-    raise ConfigError(f"expected at least one token id {where}")
-  bad = [i for i in ids if not 0 <= i < vocab_size]
-  if bad:
-    raise ConfigError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size}) {where}")
-  return ids
-
-
 def load_similarity(path: str, m) -> np.ndarray:
   """The --sere_similarity array, checked against the model: float [MoE layers, E, E]."""
   cli.input_file("sere_similarity", path)
@@ -94,7 +79,7 @@ def main(argv):
   if _SERE.value:
     from moejax.analysis.router_inference import with_sere
     m, rest = with_sere(m, rest, load_similarity(_SERE.value, m), _SERE_RHO.value)
-  prompts = [parse_ids(ids, m.vocab_size) for ids in _PROMPT_IDS.value]
+  prompts = [cli.token_ids(ids, m.vocab_size, _PROMPT_IDS.name) for ids in _PROMPT_IDS.value]
   if _PROMPT.value:
     if tokenizer is None:
       raise ConfigError("this model has no tokenizer (tokenizer.json); use --prompt_ids "

@@ -168,6 +168,21 @@ def host_port():
   return _predicate(lambda v: re.fullmatch(r"[^:\s]+:\d{1,5}", v) is not None, "HOST:PORT")
 
 
+def token_ids(text: str, vocab_size: int, flag: str) -> list[int]:
+  """One comma-separated list of token ids (a --prompt_ids value), each in [0, vocab_size)."""
+  where = f"(--{flag}={text})"
+  try:
+    ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+  except ValueError as e:
+    raise ConfigError(f"expected comma-separated integers {where}") from e
+  if not ids:
+    raise ConfigError(f"expected at least one token id {where}")
+  bad = [i for i in ids if not 0 <= i < vocab_size]
+  if bad:
+    raise ConfigError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size}) {where}")
+  return ids
+
+
 def flag_error(holder, expected: str) -> ConfigError:
   """ConfigError `expected ... (--name=value)` for a flag whose value main refuses."""
   return ConfigError(f"{expected} (--{holder.name}={holder.value})")

@@ -31,6 +31,6 @@ def get_config():
       {"arm": "normal", "metric": "covers", "interval": "wilson", "null": 0.95,
        "expect": "lower", "at": {"n": 3}, "text": "the normal approximation under-covers"},
       {"arm": "normal", "reference": "t", "metric": "width", "expect": "lower",
-       "text": "the normal interval is narrower than the t interval"},
+       "source": "ours", "text": "the normal interval is narrower than the t interval"},
   ]
   return c

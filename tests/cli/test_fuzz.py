@@ -57,14 +57,14 @@ def test_generate_numeric_flags(area, flag):
 @given(st.lists(st.integers(-3, 300), min_size=1, max_size=6))
 def test_generate_prompt_ids(area, ids):
   """Ids outside [0, vocab) are refused naming the id; in-vocabulary lists parse."""
-  from experiments.generate import parse_ids
+  from moejax.cli import token_ids
   text = ",".join(map(str, ids))
   bad = [i for i in ids if not 0 <= i < area.vocab_size]
   if not bad:
-    assert parse_ids(text, area.vocab_size) == ids
+    assert token_ids(text, area.vocab_size, "prompt_ids") == ids
     return
   with pytest.raises(ConfigError, match=f"token id {bad[0]} is outside"):
-    parse_ids(text, area.vocab_size)
+    token_ids(text, area.vocab_size, "prompt_ids")
 
 
 @settings(max_examples=3, deadline=None,
