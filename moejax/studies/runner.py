@@ -69,13 +69,15 @@ def _lookup(value, key: str):
   return value
 
 
-def check_output(spec: spec_lib.StudySpec, out: str) -> dict | None:
+def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = False
+                 ) -> dict | None:
   """The stored results to resume from (None: a new study); ConfigError if `out` is a
-  file, holds something else, another study's results, or this study's with other settings."""
+  file, holds something else, another study's results, or this study's with other
+  settings, or (unless `make_parents`: the default location) its parent is missing."""
   where = f"(--out={out})"
   if not os.path.exists(out):
     parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
+    if not make_parents and not os.path.isdir(parent):
       raise ConfigError(f"output directory's parent {parent} does not exist {where}")
     return None
   if not os.path.isdir(out):
@@ -141,6 +143,8 @@ def provenance_entry(runs: int, seconds: float, *, stopped: bool) -> dict:
   try:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
                             capture_output=True, text=True).stdout.strip()
+    if subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode:
+      commit += " with uncommitted changes"
   except (OSError, subprocess.CalledProcessError):
     commit = "unknown"
   command = "python -m experiments.study " + " ".join(sys.argv[1:])
