@@ -140,13 +140,9 @@ def load(config, *, scorer_defaults: dict | None = None, arm_defaults: dict | No
   reference = c.get("reference", names[0])
   if reference not in names:
     raise ConfigError(f"study.reference={reference!r} is not an arm; arms: {', '.join(names)}")
-  settings = dict(c.get("settings") or {})
-  if scorer_defaults is not None:
-    bad = sorted(set(settings) - set(scorer_defaults))
-    if bad:
-      raise ConfigError(f"study.settings.{bad[0]} is not a setting of scorer "
-                        f"{c['scorer']!r}; valid: {', '.join(sorted(scorer_defaults))}")
-    settings = {**scorer_defaults, **settings}
+  settings = _with_defaults(dict(c.get("settings") or {}), scorer_defaults,
+                            lambda k: f"study.settings.{k} is not a setting of scorer "
+                                      f"{c['scorer']!r}")
   claims = tuple(_claim(i, raw, names, levels, metrics) for i, raw in enumerate(c["claims"]))
   return StudySpec(str(c["name"]), str(c.get("description", "")), str(c["scorer"]),
                    settings, arms, levels, draws, reference, claims)
@@ -163,14 +159,21 @@ def _arms(raw, defaults) -> tuple[tuple[str, dict], ...]:
     if name in seen:
       raise ConfigError(f"study.arms[{i}].name={name!r} is given twice")
     seen.add(name)
-    if defaults is not None:
-      bad = sorted(set(settings) - set(defaults))
-      if bad:
-        raise ConfigError(f"study.arms[{i}].{bad[0]} (arm {name!r}) is not an arm setting; "
-                          f"valid: {', '.join(sorted(defaults)) or 'none'}")
-      settings = {**defaults, **settings}
+    settings = _with_defaults(settings, defaults, lambda k: f"study.arms[{i}].{k} (arm "
+                                                           f"{name!r}) is not an arm setting")
     arms.append((name, settings))
   return tuple(arms)
+
+
+def _with_defaults(given: dict, defaults: dict | None, unknown) -> dict:
+  """`given` over `defaults`; ConfigError `unknown(key)` for a key not declared there
+  (with no declared defaults, `given` as it is)."""
+  if defaults is None:
+    return given
+  bad = sorted(set(given) - set(defaults))
+  if bad:
+    raise ConfigError(f"{unknown(bad[0])}; valid: {', '.join(sorted(defaults)) or 'none'}")
+  return {**defaults, **given}
 
 
 def _levels(raw) -> tuple[dict, ...]:
