@@ -1,4 +1,4 @@
-r"""A polyglot-synth run against its known optimum (issue 13, part 5).
+r"""A polyglot-synth run against its known optimum.
 
   python -m experiments.train --config=configs/polyglot_synth.py --workdir=runs/polyglot
   python -m experiments.polyglot_report --workdir=runs/polyglot [--json=out.json]
@@ -26,6 +26,7 @@ from moejax.data import polyglot
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax.evaluation.partitions import nmi
+from moejax.evaluation.stats import markdown_table, t_interval
 from moejax.train.metrics import read_jsonl
 from moejax.train.restore import load_from_workdir
 
@@ -88,17 +89,18 @@ def sweep_runs(sweep_dir: str) -> dict:
 
 def sweep_table(reports: dict) -> str:
   """Markdown: per arm, mean ± std over seeds of excess, steps to 5% and mean NMI."""
-  stat = lambda v: f"{np.mean(v):.4f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.4f}"
-  lines = ["| arm | seeds | excess over the floor | steps to within 5% | NMI(language, top-1 "
-           "expert), mean over layers |", "|---|---|---|---|---|"]
+  def stat(values):
+    spread = t_interval(values)
+    return f"{spread.mean:.4f} ± {spread.std or 0.0:.4f}"
+  rows = []
   for arm, by_seed in reports.items():
     runs = [by_seed[s] for s in sorted(by_seed)]
     steps = [r["steps_to_5pct"] for r in runs]
-    lines.append(f"| {arm} | {','.join(map(str, sorted(by_seed)))} | "
-                 f"{stat([r['excess'] for r in runs])} | "
-                 f"{'never' if None in steps else f'{np.mean(steps):.0f}'} | "
-                 f"{stat([np.mean(r['nmi_language_top1_expert']) for r in runs])} |")
-  return "\n".join(lines)
+    rows.append([arm, ",".join(map(str, sorted(by_seed))), stat([r["excess"] for r in runs]),
+                 "never" if None in steps else f"{t_interval(steps).mean:.0f}",
+                 stat([np.mean(r["nmi_language_top1_expert"]) for r in runs])])
+  return markdown_table(["arm", "seeds", "excess over the floor", "steps to within 5%",
+                         "NMI(language, top-1 expert), mean over layers"], rows)
 
 
 def main(argv):

@@ -1,4 +1,4 @@
-r"""CPU speed and memory of the compressed expert types against fp32 SwiGLU experts (issue 15).
+r"""CPU speed and memory of the compressed expert types against fp32 SwiGLU experts.
 
   python -m experiments.benchmarks.compressed_experts                 # zoo_s, large; T 1,256,2048
   python -m experiments.benchmarks.compressed_experts --sizes=zoo_s --tokens=1,256 --reps=3
@@ -70,6 +70,7 @@ from moejax import cli
 from moejax.config import layer_moe_config, validate_config
 from moejax.configs import zoo
 from moejax.errors import ConfigError
+from moejax.evaluation.stats import markdown_table
 from moejax.experts.factorised import tucker_count
 from moejax.inference.generate import generation_config
 from moejax.layers.moe import MoELayer
@@ -279,20 +280,17 @@ def markdown(records, command: str) -> str:
     r0 = rows[0]
     lines += [f"### {size}: d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32 expert "
               f"weights {mib(r0['expert_bytes_fp32'])} MiB", "",
-              "| T | variant | settings | ms | ratio | calls | arg MiB | temp MiB "
-              "| temp - swiglu MiB | arg + temp MiB | GFLOP | GFLOP - swiglu "
-              "| expert MiB held / packed | packed / fp32 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-      lines.append(
-          f"| {r['T']} | {r['variant']} | {describe(r['settings'])} | {r['time_ms']:.3f} "
-          f"| {r['ratio_to_swiglu']:.2f} | {r['calls_per_rep']} | {mib(r['argument_bytes'])} "
-          f"| {mib(r['temp_bytes'])} | {mib(r['temp_over_swiglu_bytes'])} "
-          f"| {mib(r['argument_bytes'] + r['temp_bytes'])} "
-          f"| {r['flops'] / 1e9:.3f} | {r['flops_over_swiglu'] / 1e9:.3f} "
-          f"| {mib(r['expert_bytes_in_memory'])} / "
-          f"{mib(r['expert_bytes_packed'])} "
-          f"| {r['expert_bytes_packed'] / r['expert_bytes_fp32']:.3f} |")
+              markdown_table(
+                  ["T", "variant", "settings", "ms", "ratio", "calls", "arg MiB", "temp MiB",
+                   "temp - swiglu MiB", "arg + temp MiB", "GFLOP", "GFLOP - swiglu",
+                   "expert MiB held / packed", "packed / fp32"],
+                  [[r["T"], r["variant"], describe(r["settings"]), f"{r['time_ms']:.3f}",
+                    f"{r['ratio_to_swiglu']:.2f}", r["calls_per_rep"], mib(r["argument_bytes"]),
+                    mib(r["temp_bytes"]), mib(r["temp_over_swiglu_bytes"]),
+                    mib(r["argument_bytes"] + r["temp_bytes"]), f"{r['flops'] / 1e9:.3f}",
+                    f"{r['flops_over_swiglu'] / 1e9:.3f}",
+                    f"{mib(r['expert_bytes_in_memory'])} / {mib(r['expert_bytes_packed'])}",
+                    f"{r['expert_bytes_packed'] / r['expert_bytes_fp32']:.3f}"] for r in rows])]
     lines.append("")
   return "\n".join(lines)
 

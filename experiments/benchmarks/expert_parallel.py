@@ -39,6 +39,7 @@ from moejax.dispatch.capacity import expert_capacity  # noqa: E402
 from moejax.dispatch.exchange import rows_per_peer  # noqa: E402
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch  # noqa: E402
 from moejax.experts import swiglu_experts  # noqa: E402
+from moejax.evaluation.stats import markdown_table  # noqa: E402
 from moejax.experts.swiglu import SwiGLUExperts  # noqa: E402
 from moejax.routing import get_router  # noqa: E402
 
@@ -174,17 +175,17 @@ def markdown(records) -> str:
            f"T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32, fwd+bwd; "
            f"8 simulated devices on {os.cpu_count()} cores (jax {jax.__version__}); load "
            f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}.", "",
-           "| dispatch | layout | a2a factor | ms | ratio to 1 device | all_to_all MiB/step/device "
-           "| rows per exchange (buffer / routed) | a2a overflow | dropped |",
-           "|---|---|---|---|---|---|---|---|---|"]
-  for r in records:
-    rows_ = (f"{r['a2a_rows_per_exchange']} / {r['routed_rows_per_device']}"
-             if r["mesh"] and r["n_ep"] > 1 else "-")
-    lines.append(
-        f"| {r['dispatch']} | {r['mesh'] or '1 device'} | {r['a2a_capacity_factor'] or '-'} "
-        f"| {r['time_ms']:.1f} | {r['ratio_to_1_device']:.2f} "
-        f"| {r['a2a_bytes_per_step'] / 2**20:.2f} | {rows_} | {r['a2a_overflow_fraction']:.3f} "
-        f"| {r['dropped_fraction']:.3f} |")
+           markdown_table(
+               ["dispatch", "layout", "a2a factor", "ms", "ratio to 1 device",
+                "all_to_all MiB/step/device", "rows per exchange (buffer / routed)",
+                "a2a overflow", "dropped"],
+               [[r["dispatch"], r["mesh"] or "1 device", r["a2a_capacity_factor"] or "-",
+                 f"{r['time_ms']:.1f}", f"{r['ratio_to_1_device']:.2f}",
+                 f"{r['a2a_bytes_per_step'] / 2**20:.2f}",
+                 (f"{r['a2a_rows_per_exchange']} / {r['routed_rows_per_device']}"
+                  if r["mesh"] and r["n_ep"] > 1 else "-"),
+                 f"{r['a2a_overflow_fraction']:.3f}", f"{r['dropped_fraction']:.3f}"]
+                for r in records])]
   return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-r"""Generation speed against transformers on the same model (issue 17, part 1).
+r"""Generation speed against transformers on the same model.
 
   python -m experiments.benchmarks.generate [--families=qwen3_moe,deepseek_v3]
       [--batches=1,8,32] [--prompt_len=32] [--new_tokens=32] [--reps=3]
@@ -22,7 +22,7 @@ and the ratios moejax / transformers. Each measurement is the median of
 machine; moejax is compiled by an untimed call first (generation compiles once
 per prompt bucket and cache bucket: moejax/inference/generate.py).
 
---profile (issue 17, part 1: where the time goes) replaces the speed table by a
+--profile (where the time goes) replaces the speed table by a
 decode step's time split into parts, per family and batch, in ms per step:
 
   moejax        (a) the compiled one-token decode step (DecodePrograms.step): in a
@@ -61,6 +61,7 @@ from absl import flags
 import numpy as np
 
 from moejax import cli
+from moejax.evaluation.stats import markdown_table
 
 _FAMILIES = flags.DEFINE_list("families", ["qwen3_moe", "deepseek_v3"], "HF families.")
 _BATCHES = cli.checked(flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes."),
@@ -167,16 +168,17 @@ def bench_family(family: str, batches, prompt_len: int, new_tokens: int, reps: i
 
 
 def table(rows) -> str:
-  lines = ["| family | batch | prefill tok/s moejax / transformers (ratio) | decode tok/s "
-           "moejax / transformers (ratio) | time to first token, s | identical tokens |",
-           "|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['family']} | {r['batch']} | {r['ours_prefill_tok_s']:.0f} / "
-                 f"{r['theirs_prefill_tok_s']:.0f} ({r['prefill_ratio']:.2f}x) | "
-                 f"{r['ours_decode_tok_s']:.0f} / {r['theirs_decode_tok_s']:.0f} "
-                 f"({r['decode_ratio']:.2f}x) | {r['ours_ttft_s']:.3f} / {r['theirs_ttft_s']:.3f}"
-                 f" | {r['identical']:.3f} |")
-  return "\n".join(lines)
+  return markdown_table(
+      ["family", "batch", "prefill tok/s moejax / transformers (ratio)",
+       "decode tok/s moejax / transformers (ratio)", "time to first token, s",
+       "identical tokens"],
+      [[r["family"], r["batch"],
+        f"{r['ours_prefill_tok_s']:.0f} / {r['theirs_prefill_tok_s']:.0f} "
+        f"({r['prefill_ratio']:.2f}x)",
+        f"{r['ours_decode_tok_s']:.0f} / {r['theirs_decode_tok_s']:.0f} "
+        f"({r['decode_ratio']:.2f}x)",
+        f"{r['ours_ttft_s']:.3f} / {r['theirs_ttft_s']:.3f}", f"{r['identical']:.3f}"]
+       for r in rows])
 
 
 def main(argv):
@@ -191,8 +193,8 @@ def main(argv):
     from experiments.benchmarks.generate_prefill_profile import prefill_table, profile_prefill
     profile, profile_table = profile_prefill, prefill_table
   elif _PROFILE.value:
-    from experiments.benchmarks.generate_profile import profile_family, profile_table
-    profile = profile_family
+    from experiments.benchmarks.generate_profile import profile_family as profile
+    from experiments.benchmarks.generate_profile_report import profile_table
   for family in _FAMILIES.value:
     if _PROFILE.value:
       rows += profile(model_pair(family), family, batches, _PROMPT.value, _NEW.value,

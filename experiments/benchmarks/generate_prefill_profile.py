@@ -1,7 +1,8 @@
-r"""Where time to first token goes, moejax against transformers (issue 17, part 1):
+r"""Where time to first token goes, moejax against transformers:
 `python -m experiments.benchmarks.generate --profile --profile_phase=prefill`. The
-parts and their attribution are the decode profile's (generate_profile.py, whose
-tracing, HLO attribution and transformers hooks this module uses); what is added:
+parts and their attribution are the decode profile's (generate_profile.py and
+its _xla, _hf and _report modules, whose tracing, HLO attribution, transformers
+hooks and tables this module uses); what is added:
 moejax's prefill program profiled, transformers' first forward split, and the
 useful matmul FLOP/s each reaches against one plain matmul of the prompt's rows.
 """
@@ -12,8 +13,11 @@ import time
 import numpy as np
 
 from experiments.benchmarks.generate_profile import (
-    add_loop_rest, blocked_times, expert_loop_lines, hf_parts, median_profile, part_lines,
-    prompts_by_batch, scoped_profile, transformers_run)
+    add_loop_rest, blocked_times, median_profile, prompts_by_batch)
+from experiments.benchmarks.generate_profile_hf import hf_parts, transformers_run
+from experiments.benchmarks.generate_profile_report import (
+    expert_loop_lines, part_rows, parts_table)
+from experiments.benchmarks.generate_profile_xla import scoped_profile
 
 
 def moejax_prefill(loaded, prompts, new_tokens: int, calls: int):
@@ -123,8 +127,7 @@ def profile_prefill(pair, family: str, batches, prompt_len: int, new_tokens: int
 
 
 def prefill_lines(r) -> list:
-  lines, line = part_lines(r, f"prefill of {r['batch']} x {r['prompt_len']} prompt tokens "
-                              f"(time to first token)")
+  rows, line = part_rows(r)
   line("**(a) the prefill** (moejax: the compiled prefill's thunks, first start to last end; "
        "transformers: the model's first forward in generate)", r["ours_device_s"],
        r["theirs_forward_s"])
@@ -133,6 +136,8 @@ def prefill_lines(r) -> list:
        r["theirs_host_s"])
   line("**time to first token** (generate with one new token, median)", r["ours_loop_s"],
        r["theirs_loop_s"])
+  lines = parts_table(r, f"prefill of {r['batch']} x {r['prompt_len']} prompt tokens "
+                         f"(time to first token)", rows)
   lines += expert_loop_lines(r)
   useful, peak = r["useful_matmul_flops"], r["plain_matmul_flops_per_s"]
   lines += ["", f"Load average {', '.join(f'{v:.1f}' for v in r['loadavg'])}. Useful matmul "

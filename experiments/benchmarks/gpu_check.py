@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import gmm, gmm_reference, tgmm
+from moejax.evaluation.stats import markdown_table
 from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 
 # name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
@@ -231,12 +232,12 @@ def markdown(records):
     lines.append("")
   speed = [r for r in records if r["part"] == "speed"]
   if speed:
-    lines += ["| shape (T, d, f, E, k) | pass | path | median ms | TFLOP/s | dense / path |",
-              "|---|---|---|---|---|---|"]
-    for r in speed:
-      ratio = "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}"
-      lines.append(f"| {r['shape']} {tuple(r['dims'])} | {r['pass']} | {r['path']} | "
-                   f"{r['median_ms']:.3f} | {r['tflops']:.0f} | {ratio} |")
+    lines.append(markdown_table(
+        ["shape (T, d, f, E, k)", "pass", "path", "median ms", "TFLOP/s", "dense / path"],
+        [[f"{r['shape']} {tuple(r['dims'])}", r["pass"], r["path"], f"{r['median_ms']:.3f}",
+          f"{r['tflops']:.0f}",
+          "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}"]
+         for r in speed]))
   return "\n".join(lines) + "\n"
 
 

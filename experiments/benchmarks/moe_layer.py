@@ -60,6 +60,7 @@ from moejax.dispatch.base import padding_waste
 from moejax.dispatch.blocks import granule
 from moejax.dispatch.dropless import get_grouped_matmul
 from moejax.dispatch.capacity import expert_capacity
+from moejax.evaluation.stats import markdown_table
 from moejax.experts import swiglu_experts
 from moejax.routing import get_router
 
@@ -331,17 +332,18 @@ def markdown(records) -> str:
     by = {(r["path"], r["pass"]): r for r in records if r["shape"] == shape}
     r0 = next(iter(by.values()))
     plain = by.get((PLAIN_SORT_GATHER, "fwd+bwd"))
-    lines += [f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}", "",
-              "| path | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd+bwd temp MiB "
-              f"| temp / {PLAIN_SORT_GATHER} | padding waste |",
-              "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for path in dict.fromkeys(p for p, _ in by):
       fwd, bwd = by.get((path, "fwd")), by.get((path, "fwd+bwd"))
-      temp = f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-"
-      rel = f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-"
-      lines.append(f"| {path} | {fmt(fwd, 'time_ms', '.1f')} | {fmt(fwd, 'ratio_to_dense', '.2f')} "
-                   f"| {fmt(bwd, 'time_ms', '.1f')} | {fmt(bwd, 'ratio_to_dense', '.2f')} "
-                   f"| {temp} | {rel} | {fmt(fwd or bwd, 'padding_waste', '.3f')} |")
+      rows.append([path, fmt(fwd, "time_ms", ".1f"), fmt(fwd, "ratio_to_dense", ".2f"),
+                   fmt(bwd, "time_ms", ".1f"), fmt(bwd, "ratio_to_dense", ".2f"),
+                   f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-",
+                   f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-",
+                   fmt(fwd or bwd, "padding_waste", ".3f")])
+    lines += [f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}", "",
+              markdown_table(["path", "fwd ms", "fwd ratio", "fwd+bwd ms", "fwd+bwd ratio",
+                              "fwd+bwd temp MiB", f"temp / {PLAIN_SORT_GATHER}",
+                              "padding waste"], rows)]
     naive = {w: by.get(("omnimoe/naive", w)) for w in ("fwd", "fwd+bwd")}
     for path in (p for p in OMNI_PATHS[1:] if any((p, w) in by for w in naive)):
       ratios = [f"{w} {naive[w]['time_ms'] / by[path, w]['time_ms']:.2f}" for w in naive

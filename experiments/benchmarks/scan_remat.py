@@ -17,6 +17,7 @@ from absl import app, flags
 from flax import nnx
 
 from configs.lm_shakespeare_moe import get_config
+from moejax.evaluation.stats import markdown_table
 from moejax.models import Decoder
 from moejax.models.decoder import REMAT_POLICIES
 from moejax.train.step import cross_entropy, split_model
@@ -56,15 +57,19 @@ def main(argv):
       times.append(seconds)
     rows.append((scan, remat, statistics.median(times),
                  compiled.memory_analysis().temp_size_in_bytes))
-  loop_seconds = rows[0][2]
-  base_temp = rows[1][3]
   print(f"{_LAYERS.value} layers, batch {_BATCH.value} x {_SEQ.value}, jax {jax.__version__}, "
         f"{jax.devices()[0].platform}")
-  print("| layers | remat | compile s | vs loop | temp MiB | vs scan, no remat |")
-  print("|---|---|---|---|---|---|")
-  for scan, remat, seconds, temp in rows:
-    print(f"| {'scan' if scan else 'loop'} | {remat} | {seconds:.1f} | "
-          f"{seconds / loop_seconds:.2f} | {temp / 2**20:.1f} | {temp / base_temp:.2f} |")
+  print(table(rows))
+
+
+def table(rows) -> str:
+  """Markdown: rows of (scan, remat, compile seconds, temp bytes), the first the loop's
+  and the second scan without remat (the ratios' denominators)."""
+  loop_seconds, base_temp = rows[0][2], rows[1][3]
+  return markdown_table(
+      ["layers", "remat", "compile s", "vs loop", "temp MiB", "vs scan, no remat"],
+      [["scan" if scan else "loop", remat, f"{seconds:.1f}", f"{seconds / loop_seconds:.2f}",
+        f"{temp / 2**20:.1f}", f"{temp / base_temp:.2f}"] for scan, remat, seconds, temp in rows])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-r"""Seed-batched training (issue 13): S seeds in one jax.vmap'ed step against S
+r"""Seed-batched training: S seeds in one jax.vmap'ed step against S
 separate runs of one config.
 
   python -m experiments.benchmarks.seed_batched [--config=configs/zoo.py:model=xs]
@@ -23,20 +23,7 @@ timed windows of --window steps, the two arms' windows interleaved. Totals for
   vmapped                      compile_vmapped + steps x t_vmapped
 (a process's start-up, init and data pipeline are left out of both arms).
 
-Result (2026-12-01, 2-core CPU shared with two sweeps, defaults: zoo xs,
-S=3, 600 steps; docs/results/seed_batched_cpu.md):
-  arm                       compile s   step s      total s   vs sequential
-  3 processes               3 x 30.7    3 x 0.513   1016      1.06
-  one process, sequential   30.7        3 x 0.513    955      1.00
-  vmapped                   45.6        2.236       1387      1.45
-Each seed's vmapped state equals its separate step's to 2.4e-7 (float32
-rounding; dropless dispatch and the stateful sigmoid_bias router both vmap).
-The vmapped step is slower: one seed's step already fills the 2 cores, so
-batching seeds gains nothing (1.02 / 1.09 where the step vmaps without control
-flow: grouped_matmul=tiled / dispatch=capacity), and the CPU dropless path's
-loops over the blocks that hold rows (dispatch/blocks.py, memeff.py) have a
-routing-dependent trip count, which vmap turns into a predicated while loop
-with gathers and scatters. Conclusion: sweeps keep separate runs.
+The figures, and why the vmapped step is slower on CPU: docs/results/seed_batched_cpu.md.
 """
 import statistics
 import time
@@ -46,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from moejax.evaluation.stats import markdown_table
 from moejax.train import step as step_lib
 from moejax.train.loop import init_state
 from moejax.train.sweep import apply_overrides, load_config_file
@@ -90,6 +78,27 @@ def timed(fn):
   start = time.perf_counter()
   out = fn()
   return time.perf_counter() - start, out
+
+
+def totals(S, n, compile_separate, t_sep, compile_vmapped, t_vmap):
+  """Seconds for n steps per seed: (S processes, one process sequential, vmapped)."""
+  return (S * (compile_separate + n * t_sep), compile_separate + S * n * t_sep,
+          compile_vmapped + n * t_vmap)
+
+
+def table(S, n, compile_separate, t_sep, compile_vmapped, t_vmap) -> str:
+  """Markdown: each arm's compile and step seconds and its total for n steps per seed."""
+  processes, sequential, vmapped = totals(S, n, compile_separate, t_sep, compile_vmapped,
+                                          t_vmap)
+  return markdown_table(
+      ["arm", "compile s", "step s (S seeds)", f"total s, {n} steps",
+       "vs one process, sequential"],
+      [[f"{S} processes", f"{S} x {compile_separate:.1f}", f"{S} x {t_sep:.4f}",
+        f"{processes:.1f}", f"{processes / sequential:.2f}"],
+       ["one process, sequential", f"{compile_separate:.1f}", f"{S} x {t_sep:.4f}",
+        f"{sequential:.1f}", "1.00"],
+       ["vmapped", f"{compile_vmapped:.1f}", f"{t_vmap:.4f}", f"{vmapped:.1f}",
+        f"{vmapped / sequential:.2f}"]])
 
 
 def main(argv):
@@ -149,9 +158,8 @@ def main(argv):
   t_sep, t_vmap = statistics.median(per_separate), statistics.median(per_vmapped)
 
   n, S = _STEPS.value, len(seeds)
-  total_processes = S * (compile_separate + n * t_sep)
-  total_sequential = compile_separate + S * n * t_sep
-  total_vmapped = compile_vmapped + n * t_vmap
+  total_processes, _, total_vmapped = totals(S, n, compile_separate, t_sep, compile_vmapped,
+                                             t_vmap)
   m, d = config.model, config.data
   print(f"{_CONFIG.value} {' '.join(_OVERRIDE.value)}: d {m.d_model}, {m.num_layers} layers, {m.moe.num_experts} experts "
         f"top-{m.moe.top_k}, router {m.moe.router}, dispatch {m.moe.dispatch} "
@@ -162,15 +170,7 @@ def main(argv):
         + ", ".join(f"{x:.2e}" for x in diffs) + f" (largest |param| {scale:.2f})")
   print(f"per-step windows (s): separate {', '.join(f'{x:.4f}' for x in per_separate)}; "
         f"vmapped {', '.join(f'{x:.4f}' for x in per_vmapped)}")
-  print(f"| arm | compile s | step s (S seeds) | total s, {n} steps | vs one process, "
-        f"sequential |")
-  print("|---|---|---|---|---|")
-  print(f"| {S} processes | {S} x {compile_separate:.1f} | {S} x {t_sep:.4f} | "
-        f"{total_processes:.1f} | {total_processes / total_sequential:.2f} |")
-  print(f"| one process, sequential | {compile_separate:.1f} | {S} x {t_sep:.4f} | "
-        f"{total_sequential:.1f} | 1.00 |")
-  print(f"| vmapped | {compile_vmapped:.1f} | {t_vmap:.4f} | {total_vmapped:.1f} | "
-        f"{total_vmapped / total_sequential:.2f} |")
+  print(table(S, n, compile_separate, t_sep, compile_vmapped, t_vmap))
   print(f"steady-state step ratio vmapped / (S x separate): {t_vmap / (S * t_sep):.2f}; "
         f"compile ratio vmapped / separate: {compile_vmapped / compile_separate:.2f}; "
         f"total ratio vmapped / S processes: {total_vmapped / total_processes:.2f}")

@@ -1,4 +1,4 @@
-"""The checkpoint zoo (issue 13, part 3): train, cache, fingerprint and evaluate
+"""The checkpoint zoo: train, cache, fingerprint and evaluate
 the models of configs/zoo.py.
 
 Each model trains deterministically into ZOO_DIR/<name> with a snapshot at
@@ -22,6 +22,7 @@ import numpy as np
 
 from moejax.configs import zoo as zoo_configs
 from moejax.errors import ConfigError
+from moejax.evaluation.stats import markdown_table
 
 ZOO_JSON = "zoo.json"
 
@@ -134,23 +135,19 @@ def compare_snapshots(expected: dict, again: dict) -> dict:
 def table(entries: list[dict]) -> str:
   """Markdown: per model, time, held-out bpb per domain, probes, routing."""
   domains = sorted({d for e in entries for d in e["eval"]["bpb"] if d != "all"})
-  head = ["model", "steps", "train min", "tokens/s", *domains, "all"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for e in entries:
-    bpb = e["eval"]["bpb"]
-    lines.append("| " + " | ".join([e["name"], str(e["steps"]), f"{e['train_seconds'] / 60:.1f}",
-                                    f"{e['tokens_per_second']:.0f}"]
-                                   + [f"{bpb[d]:.3f}" for d in domains + ["all"]]) + " |")
-  lines += ["", "| model | probe | group | accuracy (n) |", "|---|---|---|---|"]
-  for e in entries:
-    for probe, groups in e["eval"]["probes"].items():
-      for group, v in groups.items():
-        acc = "—" if v["accuracy"] is None else f"{v['accuracy']:.3f}"
-        lines.append(f"| {e['name']} | {probe} | {group} | {acc} ({v['n']}) |")
-  lines += ["", "| model | MoE layer | I(domain; expert) bits | of H(domain) | max/mean load |",
-            "|---|---|---|---|---|"]
-  for e in entries:
-    for j, layer in enumerate(e["eval"].get("routing", [])):
-      lines.append(f"| {e['name']} | {j} | {layer['mutual_information_bits']:.4f} | "
-                   f"{layer['domain_entropy_bits']:.4f} | {layer['max_over_mean_load']:.3f} |")
-  return "\n".join(lines) + "\n"
+  runs = markdown_table(
+      ["model", "steps", "train min", "tokens/s", *domains, "all"],
+      [[e["name"], e["steps"], f"{e['train_seconds'] / 60:.1f}", f"{e['tokens_per_second']:.0f}",
+        *(f"{e['eval']['bpb'][d]:.3f}" for d in domains + ["all"])] for e in entries])
+  probes = markdown_table(
+      ["model", "probe", "group", "accuracy (n)"],
+      [[e["name"], probe, group,
+        f"{'—' if v['accuracy'] is None else format(v['accuracy'], '.3f')} ({v['n']})"]
+       for e in entries for probe, groups in e["eval"]["probes"].items()
+       for group, v in groups.items()])
+  routing = markdown_table(
+      ["model", "MoE layer", "I(domain; expert) bits", "of H(domain)", "max/mean load"],
+      [[e["name"], j, f"{layer['mutual_information_bits']:.4f}",
+        f"{layer['domain_entropy_bits']:.4f}", f"{layer['max_over_mean_load']:.3f}"]
+       for e in entries for j, layer in enumerate(e["eval"].get("routing", []))])
+  return "\n\n".join([runs, probes, routing]) + "\n"

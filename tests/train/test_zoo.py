@@ -88,3 +88,24 @@ def test_zoo_configs():
   assert up.init.upcycle_step + up.train.steps == s.train.steps
   with pytest.raises(ConfigError, match="config arg model"):
     zoo_configs.get_config("model=m")
+
+
+def test_table_of_two_entries():
+  """The three tables, cell by cell (a probe without an accuracy shows a dash)."""
+  def entry(name, seconds, bpb, accuracy, routing):
+    return {"name": name, "steps": 600, "train_seconds": seconds, "tokens_per_second": 2051.6,
+            "eval": {"bpb": bpb, "probes": {"copy": {"short": {"accuracy": accuracy, "n": 32}}},
+                     "routing": routing}}
+  layer = {"mutual_information_bits": 0.12345, "domain_entropy_bits": 2.5,
+           "max_over_mean_load": 1.5}
+  text = zoo.table([entry("xs", 678.0, {"code": 3.0512, "prose": 2.8419, "all": 2.6759}, 0.25, [layer]),
+                    entry("s", 60.0, {"code": 2.0, "prose": 1.5, "all": 1.75}, None, [])])
+  assert text == "\n".join([
+      "| model | steps | train min | tokens/s | code | prose | all |",
+      "|---|---|---|---|---|---|---|",
+      "| xs | 600 | 11.3 | 2052 | 3.051 | 2.842 | 2.676 |",
+      "| s | 600 | 1.0 | 2052 | 2.000 | 1.500 | 1.750 |", "",
+      "| model | probe | group | accuracy (n) |", "|---|---|---|---|",
+      "| xs | copy | short | 0.250 (32) |", "| s | copy | short | — (32) |", "",
+      "| model | MoE layer | I(domain; expert) bits | of H(domain) | max/mean load |",
+      "|---|---|---|---|---|", "| xs | 0 | 0.1235 | 2.5000 | 1.500 |"]) + "\n"
