@@ -22,7 +22,7 @@ member's next ball, so once it is inside the convex hull of the members'
 maximisers the intersection is that single point and the mean stops moving (a
 fixed point within the spread of the local estimates, not the pooled optimum).
 server_step="pooled" (not the paper) takes the pooled M step instead, to measure
-what that costs (docs/results/mixtures/fedgem.md).
+what that costs (docs/results/studies/fedgem/results.md).
 
 Baselines: centralised EM on the pooled data with the true K, and one-shot k-FED
 (Dennis, Li and Smith, ICML 2021): local k-means, then k-means of the local

@@ -1,4 +1,4 @@
-"""EM for Gaussian mixtures with isotropic or diagonal covariances (issue 16).
+"""EM for Gaussian mixtures with isotropic or diagonal covariances.
 
 Dempster, Laird and Rubin (1977); notation of Bishop, PRML (2006) sec. 9.2:
 responsibilities gamma_nk (eq. 9.23), M step (eqs. 9.24-9.26, the covariance

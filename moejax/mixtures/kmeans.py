@@ -1,4 +1,4 @@
-"""k-means by Lloyd's and by Hartigan's algorithm (issue 16, method 1).
+"""k-means by Lloyd's and by Hartigan's algorithm.
 
 Lederman et al., "The Catastrophic Failure of the k-Means Algorithm in High
 Dimensions, and How Hartigan's Algorithm Avoids It" (arXiv 2602.09936, ICML

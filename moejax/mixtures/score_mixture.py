@@ -1,4 +1,4 @@
-r"""MoLR-MoG (issue 16, method 5; arXiv 2601.01475, ICLR 2026): mixture-of-experts
+r"""MoLR-MoG (arXiv 2601.01475, ICLR 2026): mixture-of-experts
 score networks for data on a union of low-rank subspaces, each subspace carrying a
 latent Gaussian mixture. No code was published; guesses are marked GUESS.
 

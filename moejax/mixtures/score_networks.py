@@ -1,4 +1,4 @@
-r"""MoLR-MoG score networks and their training (issue 16, method 5; the data model
+r"""MoLR-MoG score networks and their training (the data model
 and the closed-form score are in moejax/mixtures/score_mixture.py).
 
 Score networks. GUESS: the paper's MoE networks are this closed form with learnable

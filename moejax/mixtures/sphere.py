@@ -1,4 +1,4 @@
-"""Mixtures on the unit sphere S^{d-1} (issue 16, method 3): MGFA and a vMF mixture.
+"""Mixtures on the unit sphere S^{d-1}: MGFA and a vMF mixture.
 
 MGFA, mixtures of geodesic factor analysers (ICML 2026; abstract only, so GUESSED from
 its priors PPGA, Zhang and Fletcher NeurIPS 2013, and MPPGA): component k is a mean

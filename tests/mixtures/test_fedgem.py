@@ -1,8 +1,6 @@
 """FedGEM and its EM (moejax/mixtures/{gmm,fedgem}.py) against oracles: Q evaluated
 directly around the closed-form radius, hand-built ball graphs, the true clusters,
 centralised EM with one client, EM's monotone likelihood, and the refusals."""
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +8,7 @@ import pytest
 
 from moejax.errors import ConfigError
 from moejax.evaluation.partitions import adjusted_rand_index
-from moejax.mixtures import fedgem, gmm
-from tests.cli.harness import assert_refused, load_entry, run_entry
+from moejax.mixtures import fedgem, gmm, synthetic
 
 
 def blobs(seed, means, points, std=1.0):
@@ -164,21 +161,27 @@ def test_refusals():
     fedgem.kfed([x], [2], 5)
 
 
-@pytest.mark.parametrize("args, names", [
-    (["--min_held=5"], ["--min_held=5", "--max_held=4"]),
-    (["--clients=1"], ["--clients=1", "every cluster"]),
-    (["--separations=2,-1"], ["--separations"]),
-    (["--instances=0"], ["--instances=0"]),
-    (["--json=/no/such/dir/f.json"], ["--json=/no/such/dir/f.json"]),
-])
-def test_study_refuses_bad_flags_in_one_line(args, names):
-  assert_refused(run_entry("experiments.fedgem_study", *args), *names)
+@pytest.mark.parametrize("seed", range(4))
+def test_federated_clusters_hold_every_cluster_at_the_given_separation(seed):
+  rng = np.random.default_rng(seed)
+  data, labels, local_ks = synthetic.federated_clusters(
+      rng, 2.5, clusters=8, clients=5, held=(3, 4), dim=2, points=4000)
+  assert sorted(set(np.concatenate(labels).tolist())) == list(range(8))
+  assert local_ks == [len(set(y.tolist())) for y in labels] and all(3 <= k <= 4 for k in local_ks)
+  for x, y in zip(data, labels):
+    assert x.dtype == np.float32 and len(x) == 4000 * len(set(y.tolist()))
+  x, y = np.concatenate(data).astype(np.float64), np.concatenate(labels)
+  means = np.stack([x[y == k].mean(0) for k in range(8)])  # noise std 1: error ~ 0.01
+  gaps = np.linalg.norm(means[:, None] - means[None], axis=-1)[~np.eye(8, dtype=bool)]
+  assert abs(gaps.min() - 2.5) < 0.1
+  residual = np.concatenate([x[y == k] - means[k] for k in range(8)])
+  np.testing.assert_allclose(residual.std(0), 1.0, atol=0.02)
 
 
-def test_study_runs_small(tmp_path):
-  out, table = tmp_path / "s.json", tmp_path / "s.md"
-  result = run_entry("experiments.fedgem_study", "--separations=6", "--instances=1",
-                     "--points=20", "--max_rounds=20", f"--json={out}", f"--markdown={table}")
-  assert result.code == 0, result.stderr
-  assert "| 6 |" in table.read_text()
-  assert json.loads(out.read_text())["summary"]["6"]["k_hat_mean"] >= 1
+@pytest.mark.parametrize("held, clients, match", [
+    ((5, 4), 5, "min_held=5, max_held=4"), ((0, 2), 5, "min_held=0"),
+    ((3, 9), 5, "max_held=9, clusters=8"), ((1, 2), 3, "clients=3, max_held=2")])
+def test_federation_refusals_name_the_values(held, clients, match):
+  with pytest.raises(ConfigError, match=match):
+    synthetic.federated_clusters(np.random.default_rng(0), 2.0, clusters=8, clients=clients,
+                                 held=held, dim=2, points=5)

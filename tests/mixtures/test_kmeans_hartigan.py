@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from moejax.errors import ConfigError
 from moejax.evaluation.partitions import nmi
 from moejax.mixtures import kmeans as km
+from moejax.mixtures import synthetic
 
 
 def objective64(X, labels, k):
@@ -218,6 +219,21 @@ def test_trials_equal_single_runs():
   for t in range(4):
     np.testing.assert_array_equal(batch.labels[t], km.hartigan(X[t], init[t], seed=3 + t).labels)
     np.testing.assert_array_equal(lloyd.labels[t], km.lloyd(X[t], init[t]).labels)
+
+
+@pytest.mark.parametrize("d, separation", [(1, 3.0), (3, 10.0), (50, 0.0)])
+def test_two_clusters_puts_the_means_separation_apart(d, separation):
+  X, truth, init = synthetic.two_clusters(np.random.default_rng(d), 20000, d, separation)
+  assert X.dtype == np.float32 and X.shape == (20000, d)
+  assert truth.sum() == 10000 and np.all(truth[:10000] == 0)
+  assert set(init.tolist()) == {0, 1} and abs(init.mean() - 0.5) < 0.02
+  X = X.astype(np.float64)
+  gap = X[truth == 1].mean(0) - X[truth == 0].mean(0)  # noise: std sqrt(2 d / 10000) in norm
+  assert abs(np.linalg.norm(gap) - separation) < 5 * np.sqrt(2 * d / 10000)
+  residual = np.concatenate([X[truth == c] - X[truth == c].mean(0) for c in (0, 1)])
+  np.testing.assert_allclose(residual.std(0), 1.0, atol=0.05)
+  with pytest.raises(ConfigError, match="n=1"):
+    synthetic.two_clusters(np.random.default_rng(0), 1, d, separation)
 
 
 X6 = np.zeros((6, 2))

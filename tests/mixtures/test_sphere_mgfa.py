@@ -3,7 +3,8 @@ Exp and Log inverse to each other, Frechet means of symmetric sets and the
 first-order condition, the tangent density against a dense Gaussian and its
 integral over the sphere, q = 0 against an isotropic tangent Gaussian by hand,
 monotone EM, parameter recovery, the vMF normaliser by quadrature, ARI by pair
-counting, the study's sphere normaliser in closed form, and the refusals."""
+counting, a Gaussian's mass on the sphere in closed form, the synthetic bands' tangent
+spread, best-of-restarts fits, and the refusals."""
 import math
 
 import jax
@@ -15,8 +16,8 @@ from scipy import integrate, special, stats
 
 from moejax.errors import ConfigError
 from moejax.evaluation.partitions import adjusted_rand_index
+from moejax.mixtures import gmm, sphere_compare, synthetic
 from moejax.mixtures import sphere as sp
-from tests.cli.harness import assert_refused, load_entry, run_entry
 
 
 def unit(rng, *shape):
@@ -145,10 +146,8 @@ def test_the_density_integrates_to_one_over_the_sphere_with_the_jacobian(d):
 
 
 def bands(seed, d, k=3, n=150):
-  study = load_entry("experiments.mgfa_study")
-  x, labels, means = study.bands(np.random.default_rng(seed), d, k, n, spacing=0.4,
-                                    major=0.5, minor=0.05)
-  return x, labels, means
+  return synthetic.sphere_bands(np.random.default_rng(seed), d, k, n, spacing=0.4, major=0.5,
+                                minor=0.05)
 
 
 @pytest.mark.parametrize("d,q", [(3, 1), (6, 2), (6, 0)])
@@ -210,19 +209,18 @@ def test_banerjee_kappa_and_its_newton_refinement():
       np.testing.assert_allclose(sp.banerjee_kappa(rbar, d, newton_steps=8), kappa, rtol=1e-6)
 
 
-def test_study_sphere_normaliser_matches_closed_forms():
-  study = load_entry("experiments.mgfa_study")
+def test_sphere_normaliser_of_a_gaussian_matches_closed_forms():
   rng = np.random.default_rng(0)
   for d, s2 in ((3, 0.5), (11, 2.0)):  # centred isotropic: N is constant on the sphere
     area = 2 * np.pi ** (d / 2) / math.gamma(d / 2)
     expect = np.log(area) - d / 2 * np.log(2 * np.pi * s2) - 1 / (2 * s2)
-    np.testing.assert_allclose(study.sphere_log_normalisers(np.zeros((1, d)), [s2], rng),
+    np.testing.assert_allclose(sphere_compare.gaussian_log_normalisers(np.zeros((1, d)), [s2], rng),
                                [expect], rtol=1e-9)
   m, s2 = np.array([[0.0, 0.9, 0.0]]), 0.05  # S^2, off-centre: 4 pi sinh(c) / c
   c = np.linalg.norm(m) / s2
   expect = (-1.5 * np.log(2 * np.pi * s2) - (1 + 0.81) / (2 * s2) + c + np.log(2 * np.pi / c)
             + np.log1p(-np.exp(-2 * c)))
-  got = study.sphere_log_normalisers(m, [[s2] * 3], rng, samples=20000)
+  got = sphere_compare.gaussian_log_normalisers(m, [[s2] * 3], rng, samples=20000)
   np.testing.assert_allclose(got, [expect], atol=0.01)
 
 
@@ -254,23 +252,39 @@ def test_refusals_name_the_value_in_one_line(call, value):
   assert value in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("args,names", [
-    (["--dims=3,2"], ["--dims=3,2"]),
-    (["--dims=3", "--factors=2"], ["--factors=2", "q <= d-2 = 1"]),
-    (["--frechet_ns=50,50"], ["--frechet_ns"]),
-    (["--seeds=1"], ["--seeds=1"]),
-    (["--majors=0.5,0"], ["--majors=0.5,0"]),
-    (["--json=/no/such/dir/m.json"], ["--json=/no/such/dir/m.json"]),
-])
-def test_study_refuses_bad_flags_in_one_line(args, names):
-  assert_refused(run_entry("experiments.mgfa_study", *args), *names)
+def test_sphere_bands_spread_major_along_the_bands_and_minor_across():
+  x, labels, means = synthetic.sphere_bands(np.random.default_rng(3), 6, 3, 20000, spacing=0.4,
+                                            major=0.3, minor=0.05)
+  assert x.dtype == np.float32 and x.shape == (60000, 6)
+  np.testing.assert_allclose(np.linalg.norm(x.astype(np.float64), axis=1), 1, atol=1e-6)
+  np.testing.assert_allclose(np.linalg.norm(means, axis=1), 1, atol=1e-12)
+  np.testing.assert_allclose(sp.geodesic_distance(means[1:], means[:-1]), 0.4, atol=1e-5)
+  for j in range(3):
+    v = np.asarray(sp.log_map(means[j], x[labels == j].astype(np.float64)))
+    # the band's direction: tangent at every mean and orthogonal to their great circle
+    u, s, vt = np.linalg.svd(v - v.mean(0), full_matrices=False)
+    spread = s / np.sqrt(len(v))
+    np.testing.assert_allclose(spread[0], 0.3, rtol=0.02)
+    np.testing.assert_allclose(spread[1:5], 0.05, rtol=0.03)
+    assert abs(vt[0] @ means[0]) < 0.02 and abs(vt[0] @ means[2]) < 0.02
 
 
-def test_study_runs_small(tmp_path):
-  result = run_entry("experiments.mgfa_study", "--dims=3", "--seeds=2", "--restarts=1",
-                     "--points=150", "--majors=0.5", "--frechet_ns=20,80", "--frechet_trials=4",
-                     "--max_steps=20", f"--json={tmp_path / 'm.json'}",
-                     f"--markdown={tmp_path / 'm.md'}")
-  assert result.code == 0, result.stderr
-  assert "| S^2 | 0.5 | vMF mixture |" in (tmp_path / "m.md").read_text()
-  assert (tmp_path / "m.json").exists()
+def test_fit_best_keeps_the_restart_of_largest_training_likelihood():
+  x, _, _ = bands(1, 3, n=60)
+  seeds = [[0, r] for r in range(3)]
+  finals = [sp.fit_vmf(x, 3, seed=s, max_steps=30)[1] for s in seeds]
+  steps, model = sphere_compare.fit_best("vmf", x, 3, seeds, max_steps=30)
+  best = int(np.argmax([h[-1] for h in finals]))
+  assert steps == len(finals[best]) - 1
+  np.testing.assert_allclose(sp.log_likelihood(x, model), finals[best][-1], rtol=1e-6)
+  with pytest.raises(ConfigError, match="method"):
+    sphere_compare.fit_best("kmeans", x, 3, seeds)
+
+
+def test_a_centred_isotropic_gmm_restricted_to_the_sphere_is_uniform():
+  d = 5
+  x = unit(np.random.default_rng(0), 50, d).astype(np.float32)
+  model = gmm.GMM(weights=jnp.ones(1), means=jnp.zeros((1, d)), variances=jnp.asarray([0.7]))
+  area = 2 * np.pi ** (d / 2) / math.gamma(d / 2)
+  got = sphere_compare.restricted_gmm_log_likelihood(x, model, np.random.default_rng(1))
+  np.testing.assert_allclose(got, -np.log(area), rtol=1e-5)

@@ -44,7 +44,7 @@ class LloydHartigan(Scorer):
     return ("returns_initial", "nmi", "objective", "iterations", "converged")
 
   def check(self):
-    for key, minimum in (("n", 4), ("max_iter", 1), ("seed", 0)):
+    for key, minimum in (("n", 2), ("max_iter", 1), ("seed", 0)):
       if not _positive_int(self.settings[key], minimum):
         raise ConfigError(f"study.settings.{key}={self.settings[key]!r} must be an integer "
                           f">= {minimum}")
