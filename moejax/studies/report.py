@@ -7,7 +7,8 @@ draws; 'bootstrap' resamples the arm's values over draws; 'slope' fits the
 metric (minus the reference's, if any) against the transformed `over` axis for
 each draw and takes the t-interval of the per-draw slopes (one draw: the
 least-squares slope's own interval over the levels). p-values are Holm-adjusted
-over every tested row of the study.
+over every tested row of the study; a verdict whose interval excludes the null but
+whose Holm-adjusted p is 0.05 or more is marked "(not after Holm)" in the table.
 """
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ def claim_rows(spec: StudySpec, runs: list[dict]) -> list[dict]:
   adjusted = stats.holm([r["interval"]["p"] if r["interval"] else None for r in rows])
   for row, p in zip(rows, adjusted):
     row["p_holm"] = p
+    # a directional verdict whose test does not survive Holm's correction at 5%
+    row["not_after_holm"] = (p is None or p >= 0.05) and row["verdict"].startswith(
+        ("reproduces", "opposite", "differs"))
   return rows
 
 
@@ -153,8 +157,9 @@ def claims_table(rows: list[dict]) -> str:
     statistic = f"{row['arm']} {against} ({row['metric']})".replace("  ", " ")
     p = "—" if row["p_holm"] is None else f"{row['p_holm']:.2g}"
     source = "" if row["source"] == "paper" else f" ({SOURCES[row['source']]})"
+    verdict = row["verdict"] + (" (not after Holm)" if row.get("not_after_holm") else "")
     body.append([row["text"] + source, level_label(row["level"]), statistic,
-                 f"{row['null']:g}", interval_text(row["interval"]), p, row["verdict"]])
+                 f"{row['null']:g}", interval_text(row["interval"]), p, verdict])
   return stats.markdown_table(["claim", "level", "statistic", "null", "mean ± std [95% CI]",
                                "p (Holm)", "verdict"], body)
 

@@ -144,3 +144,15 @@ def test_markdown_labels_claims_not_from_the_paper(tmp_path):
   text = open(os.path.join(out, runner.MARKDOWN)).read()
   assert "up hits (threshold from our spec, not the paper's)" in text
   assert "up is higher |" in text and "30 of 30 runs" in text
+
+
+def test_a_verdict_that_does_not_survive_holm_is_marked(tmp_path):
+  out = str(tmp_path / "out")
+  results, _ = run(toy.config(), out)
+  hits = next(r for r in results["claims"] if r["text"] == "up hits")
+  # 5 of 5: Wilson's interval [0.566, 1] excludes 0.5, the exact binomial p = 2 / 32 does not
+  assert hits["verdict"] == "reproduces" and hits["interval"]["p"] == pytest.approx(0.0625)
+  assert hits["not_after_holm"]
+  assert not any(r["not_after_holm"] for r in results["claims"] if r["text"] != "up hits")
+  text = open(os.path.join(out, runner.MARKDOWN)).read()
+  assert "| reproduces (not after Holm) |" in text
