@@ -1,1 +1,2 @@
-"""Online learning (issue 16): bandits over experts that arrive over time (ACE)."""
+"""Online learning over experts: bandits over experts that arrive over time (ACE, ace.py)
+and test-time mixtures of world models (TMoW, tmow.py)."""

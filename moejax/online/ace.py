@@ -32,7 +32,13 @@ competitive ratio) is not modelled.
 `simulate_dense` is the plain O(T^2)-per-seed model (lax.scan over rounds,
 vmap over seeds). `simulate` (numpy, Bernoulli) makes the same choices on the
 same rewards, and has the same law when it samples them, while it skips the
-experts that provably cannot be picked for a while (`bounds`).
+experts that provably cannot be picked for a while (`bounds`). In both, row r
+of a batch draws its rewards from its own stream (`rows`: numpy
+default_rng([seed, T, r]), jax fold_in(key, r)), so a row's regret does not
+depend on the other rows of the batch.
+
+`instance` builds a study's means: draw d of `stochastic_means` (row d) or the
+adversary's staircase (the same for every draw).
 """
 import functools
 import math
@@ -80,7 +86,8 @@ def _checked_means(means, rewards="bernoulli"):
 
 
 def stochastic_means(horizon, seeds=1, *, seed=0, low=0.0, high=1.0):
-  """(seeds, T) means drawn iid uniform on [low, high], seeded."""
+  """(seeds, T) means drawn iid uniform on [low, high], seeded; row r is the same
+  whatever `seeds` (> r) is."""
   check(horizon=horizon, seeds=seeds)
   if not 0 <= low <= high <= 1:
     raise ConfigError(f"need 0 <= low <= high <= 1 (low={low}, high={high})")
@@ -105,6 +112,39 @@ def adversarial_means(horizon, seeds=1, *, low=0.25, high=0.75, decoy=0.0):
   means = np.full(horizon, float(decoy))
   means[::spacing] = low + np.arange(len(means[::spacing])) * (high - low) / steps
   return np.tile(means, (seeds, 1))
+
+
+VARIANTS = ("stochastic", "adversarial")
+
+
+def instance(variant, horizon, draws, *, seed=0, decoy=0.0):
+  """(len(draws), T) means of the given draws: row d of stochastic_means(seed=seed),
+  or the adversary's staircase with decoys of mean `decoy` (the same for every draw)."""
+  if variant not in VARIANTS:
+    raise choice_error("variant", variant, VARIANTS)
+  draws = np.asarray(draws, np.int64)
+  if draws.ndim != 1 or draws.size == 0 or draws.min() < 0:
+    raise ConfigError(f"draws must be a non-empty list of integers >= 0 "
+                      f"(draws={draws.tolist()!r})")
+  if variant == "adversarial":
+    return adversarial_means(horizon, len(draws), decoy=decoy)
+  return stochastic_means(horizon, int(draws.max()) + 1, seed=seed)[draws]
+
+
+def _rows(rows, seeds):
+  """The batch rows' stream ids: 0..seeds-1 by default; ConfigError if not [seeds] ints >= 0."""
+  if rows is None:
+    return np.arange(seeds)
+  rows = np.asarray(rows)
+  if rows.shape != (seeds,) or not np.issubdtype(rows.dtype, np.integer) or (
+      rows.size and rows.min() < 0):
+    raise ConfigError(f"rows must be {seeds} integers >= 0, one per row of the means "
+                      f"(rows={rows.tolist()!r})")
+  return rows
+
+
+def _row_keys(key, rows):
+  return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.asarray(rows, jnp.uint32))
 
 
 def index(policy, total, count, mean, horizon, c=1.0, xp=np):
@@ -137,28 +177,31 @@ def _draw(key, mean, rewards, sigma):
   return mean + sigma * jax.random.normal(key, mean.shape, mean.dtype)
 
 
-def reward_matrix(key, means, *, rewards="bernoulli", sigma=1.0):
+def reward_matrix(key, means, *, rewards="bernoulli", sigma=1.0, rows=None):
   """(seeds, T, T) rewards X[r, t, i] of expert i at round t (0 before it arrives):
-  the ones `simulate_dense(key, ...)` draws."""
+  the ones `simulate_dense(key, ..., rows=rows)` draws."""
   check(rewards=rewards, sigma=sigma)
   means = jnp.asarray(_checked_means(means, rewards), jnp.result_type(float))
+  keys = _row_keys(key, _rows(rows, means.shape[0]))
   rounds = jnp.arange(means.shape[1])
 
   def one(key, mean):
     rows = jax.vmap(lambda t: _draw(jax.random.fold_in(key, t), mean, rewards, sigma))(rounds)
     return jnp.where(rounds[None, :] <= rounds[:, None], rows, 0)
-  return jax.vmap(one)(jax.random.split(key, means.shape[0]), means)
+  return jax.vmap(one)(keys, means)
 
 
-def simulate_dense(key, means, policy, *, c=1.0, rewards="bernoulli", sigma=1.0):
+def simulate_dense(key, means, policy, *, c=1.0, rewards="bernoulli", sigma=1.0, rows=None):
   """Every expert's sum updated every round: lax.scan over T rounds, vmap over seeds.
 
-  means: (seeds, T). Returns (choices (seeds, T) int, regret (seeds,) float64)."""
+  means: (seeds, T); row r draws with fold_in(key, rows[r]). Returns (choices
+  (seeds, T) int, regret (seeds,) float64)."""
   check(policy=policy, c=c, rewards=rewards, sigma=sigma)
   means_np = _checked_means(means, rewards)
+  keys = _row_keys(key, _rows(rows, means_np.shape[0]))
   run = _dense(policy, means_np.shape[1], float(c), rewards, float(sigma))
   means = jnp.asarray(means_np, jnp.result_type(float))
-  choices = np.asarray(run(jax.random.split(key, means.shape[0]), means))
+  choices = np.asarray(run(keys, means))
   return choices, regret(means_np, choices)
 
 
@@ -201,7 +244,18 @@ def bounds(policy, total, seen, experts, start, stop, mean, horizon, c=1.0):
   return lower, upper
 
 
-def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None):
+def _binomials(rngs, r, i, n, p):
+  """Binomial(n, p) for each (row r, expert i), each row's draws from its own stream
+  in expert order, so they do not depend on the other rows."""
+  out = np.empty(len(r), np.int64)
+  order = np.lexsort((i, r))
+  rows, starts = np.unique(r[order], return_index=True)
+  for row, part in zip(rows, np.split(order, starts[1:])):
+    out[part] = rngs[row].binomial(n[part], p[part])
+  return out
+
+
+def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None, rows=None):
   """Bernoulli ACE, exact, touching only experts that may be picked.
 
   In blocks of B rounds. The floor is the best lower bound (`bounds`) of last
@@ -209,7 +263,8 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None):
   for ucb). Each tracked expert (last block's candidates, experts due back, the
   block's arrivals) sleeps through the longest window where its upper bound stays
   below the floor: it cannot be picked there, and catches up with one Binomial
-  draw when due. The rest are the block's candidates, sampled every round. A
+  draw when due. The rest are the block's candidates, sampled every round. Row r
+  samples from default_rng([seed, T, rows[r]]) (rows: 0..seeds-1 by default). A
   (seeds, T, T) 0/1 `table` (reward_matrix) replaces the sampling. Returns
   (choices (seeds, T), regret (seeds,))."""
   means = _checked_means(means)
@@ -218,7 +273,7 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None):
   if policy == "ucb":  # every newcomer has index +inf and is picked (simulate_dense agrees)
     choices = np.tile(np.arange(horizon), (seeds, 1))
     return choices, regret(means, choices)
-  rng = np.random.default_rng([seed, horizon])
+  rngs = [np.random.default_rng([seed, horizon, int(r)]) for r in _rows(rows, seeds)]
   if table is not None:
     fixed = np.asarray(table).astype(np.int64)
     if fixed.shape != (seeds, horizon, horizon) or not np.isin(fixed, (0, 1)).all():
@@ -248,7 +303,7 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None):
     if late.any():  # catch up to `start`
       lr, li = r[late], i[late]
       total[lr, li] += (cum[lr, start, li] - cum[lr, seen[lr, li], li] if table is not None
-                        else rng.binomial(start - seen[lr, li], means[lr, li]))
+                        else _binomials(rngs, lr, li, start - seen[lr, li], means[lr, li]))
       seen[lr, li] = start
     upper = bounds(policy, total[r, i][:, None], seen[r, i][:, None], i[:, None], start, ends,
                    means[r, i][:, None], horizon, c)[1]
@@ -270,7 +325,9 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None):
     if table is not None:
       draws = np.take_along_axis(fixed[:, start:stop], safe[:, None, :], axis=2)
     else:
-      draws = rng.random((seeds, stop - start, cand.shape[1])) < cand_mean[:, None, :]
+      draws = np.zeros((seeds, stop - start, cand.shape[1]), bool)
+      for row, count in enumerate(counts):  # row's own stream, its own candidates only
+        draws[row, :, :count] = rngs[row].random((stop - start, count)) < cand_mean[row, :count]
     for t in range(start, stop):
       count = t - cand
       value = np.where(count >= 0, index(policy, cand_total, count, cand_mean, horizon, c),

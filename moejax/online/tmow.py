@@ -22,6 +22,9 @@ Our setting (ours, not the paper's):
     E|A_hat x - x'|^2 / (n sigma^2) - 1 = |A_hat - A|_F^2 / (n sigma^2)
     for x ~ N(0, I) (`excess_mse`).
 
+`unseen_domain_errors` is one replicate of the study (configs/studies/tmow.py):
+training domains, then unseen mixture domains scored by every method of METHODS.
+
 GUESSES, marked where used: refinement weights are the router's softmax at the
 unseen domain's *mean* feature (`refine_prototype`); the mixture's world model
 is sum_d w_d A_d (linear experts, so mixing outputs = mixing matrices); the
@@ -195,3 +198,92 @@ def excess_mse(a_hat, a_true, noise_std: float) -> float:
     raise ConfigError(f"A_hat and A must be the same [n, n] (shapes {a_hat.shape}, "
                       f"{a_true.shape})")
   return float(np.sum(np.square(a_hat - a_true)) / (a_true.shape[0] * noise_std ** 2))
+
+
+METHODS = {  # name: (setting, description), the methods `unseen_domain_errors` scores
+    "global": ("zero-shot", "one global linear model (pooled least squares)"),
+    "fixed_top1": ("zero-shot", "fixed prototypes, router top-1 (closest seen expert)"),
+    "fixed_top2": ("zero-shot", "fixed prototypes, router top-2 (renormalised)"),
+    "refined": ("zero-shot", "TMoW refined prototype: softmax(cos/tau) mixture"),
+    "oracle_alpha": ("reference", "true alpha on the trained experts (not a method)"),
+    "scratch": ("few-shot", "new expert fit from scratch (ridge toward 0)"),
+    "global_prior": ("few-shot", "global model fine-tuned (ridge toward it)"),
+    "distilled_fixed": ("few-shot", "new expert distilled from the top-1 expert"),
+    "distilled": ("few-shot", "TMoW new expert, distilled from the refined mixture "
+                              "(domain known)"),
+    "tmow_routed": ("few-shot", "TMoW mixture over D+1 prototypes, routed by K fresh "
+                                "transitions (domain unknown)"),
+}
+DIAGNOSTICS = ("weight_on_new", "top1_is_new", "old_routing_kept")  # of tmow_routed
+
+
+def check_settings(*, dim, domains, train, unseen, noise_std, radius, concentration, tau,
+                   strength) -> None:
+  """ConfigError, its message starting 'key=value', for the first unusable setting of
+  `unseen_domain_errors`."""
+  for name, value, low in (("dim", dim, 1), ("domains", domains, 2), ("train", train, 1),
+                           ("unseen", unseen, 1)):
+    _count(name, value, low)
+  for name, value in (("noise_std", noise_std), ("concentration", concentration), ("tau", tau)):
+    _positive(name, value)
+  _positive("strength", strength, allow_zero=True)
+  if isinstance(radius, bool) or not (isinstance(radius, (int, float)) and 0 < radius < 1):
+    raise ConfigError(f"radius={radius!r} must be in (0, 1) (a stable spectral norm)")
+
+
+def unseen_domain_errors(rng: np.random.Generator, shots, taus=(), *, dim: int = 6,
+                         domains: int = 4, train: int = 500, unseen: int = 10,
+                         noise_std: float = 0.2, radius: float = 0.9,
+                         concentration: float = 1.0, tau: float = 0.3,
+                         strength: float = 4.0) -> dict:
+  """One replicate of the unseen-domain study: {(key, K): mean over `unseen` domains}.
+
+  `domains` training domains (stable_matrices, `train` transitions each) give one
+  least-squares expert and one prototype each; each unseen domain A* = sum alpha_d A_d,
+  alpha ~ Dirichlet(concentration), is seen through K transitions (K in `shots`, in
+  that order, from the one stream `rng`). Keys: every METHODS name (excess_mse), the
+  refined mixture at each temperature in `taus` ('tau=<t:g>') and DIAGNOSTICS: the
+  routed mixture's weight on the new expert, whether it is top-1, and the fraction of
+  fresh old-domain feature means whose top-1 expert is unchanged by the addition."""
+  check_settings(dim=dim, domains=domains, train=train, unseen=unseen, noise_std=noise_std,
+                 radius=radius, concentration=concentration, tau=tau, strength=strength)
+  for k in shots:
+    _count("shots", k)
+  a = stable_matrices(rng, domains, dim, radius)
+  data = [transitions(rng, a_d, train, noise_std) for a_d in a]
+  models = train_world_models(data)
+  pooled = fit_expert(np.concatenate([x for x, _ in data]), np.concatenate([y for _, y in data]))
+  out: dict = {}
+  add = lambda key, k, v: out.setdefault((key, k), []).append(float(v))  # noqa: E731
+  for _ in range(unseen):
+    alpha = rng.dirichlet(np.full(domains, concentration))
+    truth = mixture_matrix(a, alpha)
+    err = lambda m: excess_mse(m, truth, noise_std)  # noqa: E731
+    mix = lambda w, experts=models.experts: mixture_matrix(experts, w)  # noqa: E731
+    for k in shots:
+      x, y = transitions(rng, truth, k, noise_std)
+      z = features(x, y)
+      top1 = route_weights(models.prototypes, z, tau, top_k=1)
+      _, refined = refine_prototype(models.prototypes, z, tau)
+      add("global", k, err(pooled))
+      add("fixed_top1", k, err(mix(top1)))
+      add("fixed_top2", k, err(mix(route_weights(models.prototypes, z, tau, top_k=2))))
+      add("refined", k, err(mix(refined)))
+      add("oracle_alpha", k, err(mix(alpha)))
+      for t in taus:
+        add(f"tau={t:g}", k, err(mix(refine_prototype(models.prototypes, z, t)[1])))
+      add("scratch", k, err(fit_expert(x, y, ridge=strength)))
+      add("global_prior", k, err(fit_expert(x, y, ridge=strength, prior=pooled)))
+      add("distilled_fixed", k, err(add_expert(models, x, y, tau, strength, top1)[0].experts[-1]))
+      grown, _ = add_expert(models, x, y, tau, strength, refined)
+      add("distilled", k, err(grown.experts[-1]))
+      routed = route_weights(grown.prototypes, features(*transitions(rng, truth, k, noise_std)),
+                             tau)
+      add("tmow_routed", k, err(mix(routed, grown.experts)))
+      add("weight_on_new", k, routed[-1])
+      add("top1_is_new", k, np.argmax(routed) == len(routed) - 1)
+      kept = [np.argmax(route_weights(grown.prototypes, zo, tau)) ==
+              np.argmax(route_weights(models.prototypes, zo, tau))
+              for zo in (features(*transitions(rng, a_d, k, noise_std)) for a_d in a)]
+      add("old_routing_kept", k, np.mean(kept))
+  return {key: float(np.mean(v)) for key, v in out.items()}

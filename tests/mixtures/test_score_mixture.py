@@ -1,6 +1,7 @@
-"""MoLR-MoG score networks (moejax/mixtures/score_mixture.py, score_networks.py) against oracles: autodiff
-of log p_t, the dense Gaussian-mixture density, the two derivations of the n_k = 1
-score, the DSM identity at the true score, training, and the refusals."""
+"""MoLR-MoG score networks (moejax/mixtures/score_mixture.py, score_networks.py)
+against oracles: autodiff of log p_t, the dense Gaussian-mixture density, the two derivations of the n_k = 1
+score, the DSM identity at the true score, training, the study's subspace angle
+against a rotation by a known angle, and the refusals."""
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -9,9 +10,9 @@ import pytest
 from jax.scipy.stats import multivariate_normal
 
 from moejax.errors import ConfigError
+from moejax.mixtures import molr_mog
 from moejax.mixtures import score_mixture as sm
 from moejax.mixtures import score_networks as sn
-from tests.cli.harness import assert_refused, run_entry
 
 SIGMAS = (0.05, 0.3, 1.0, 4.0)
 
@@ -205,25 +206,20 @@ def test_refusals():
     sn.train_dsm(model, x, steps=0)
 
 
-@pytest.mark.parametrize("args, names", [
-    (["--n_sigma=2"], ["--n_sigma=2"]),
-    (["--sigmas=1,-1"], ["--sigmas"]),
-    (["--latent_dim=80"], ["--latent_dim=80", "--dim=64"]),
-    (["--sigma_min=5", "--sigma_max=1"], ["--sigma_min=5", "--sigma_max=1"]),
-    (["--models=mog,unet"], ["--models"]),
-    (["--json=/no/such/dir/f.json"], ["--json=/no/such/dir/f.json"]),
-])
-def test_study_refuses_bad_flags_in_one_line(args, names):
-  assert_refused(run_entry("experiments.molr_mog_study", *args), *names)
-
-
-def test_study_runs_small(tmp_path):
-  result = run_entry("experiments.molr_mog_study", "--dim=6", "--subspaces=2",
-                     "--latent_dim=2", "--components=2", "--sigmas=0.3,1", "--n_train=64",
-                     "--n_values=32,64", "--seeds=1", "--steps=20", "--eval_samples=64",
-                     "--models=mog,mlp", "--n_models=mog",
-                     f"--markdown={tmp_path / 's.md'}", f"--json={tmp_path / 's.json'}")
-  assert result.code == 0, result.stderr
-  text = (tmp_path / "s.md").read_text()
-  assert "| MoE-latent-MoG |" in text and "n=32" in text
-  assert (tmp_path / "s.json").exists()
+@pytest.mark.parametrize("degrees", [1e-4, 0.5, 17.0, 89.0])
+def test_subspace_angle_is_the_rotation_under_the_best_matching(degrees):
+  """Subspace 1 of 3 turned by a known angle in a plane leaving the others: the largest
+  principal angle is that angle, whatever order the learned experts come in."""
+  rng = np.random.default_rng(0)
+  q = np.linalg.qr(rng.standard_normal((12, 12)))[0]
+  true = np.stack([q[:, 0:2], q[:, 2:4], q[:, 4:6]])
+  theta = np.radians(degrees)
+  learned = true.copy()
+  learned[1, :, 0] = np.cos(theta) * q[:, 2] + np.sin(theta) * q[:, 9]  # out of every U_k
+  for order in ([0, 1, 2], [2, 0, 1]):
+    assert molr_mog.subspace_angle(true, learned[order]) == pytest.approx(degrees, rel=1e-6,
+                                                                          abs=1e-9)
+  assert molr_mog.subspace_angle(true, true[[1, 2, 0]]) == pytest.approx(0.0, abs=1e-6)
+  with pytest.raises(ConfigError, match="model='unet' is not known"):
+    molr_mog.build("unet", 0, jnp.zeros((4, 6)), dim=6, subspaces=2, latent_dim=2,
+                   components=2)

@@ -1,8 +1,9 @@
-"""ACE (issue 16, method 4): the oracle's regret is exactly 0; the indices equal
+"""ACE (moejax/online/ace.py): the oracle's regret is exactly 0; the indices equal
 their formulas by hand and pick what a hand count says; a plain-python brute
 force replays the dense (lax.scan, vmap) and the pruned (numpy) simulators on
 the same rewards; the pruned simulator's own sampling has the dense one's law;
-refusals name the value."""
+a row's regret does not depend on the other rows of its batch; refusals name the
+value."""
 import math
 
 import jax
@@ -113,6 +114,24 @@ def test_pruned_sampling_has_the_dense_law(policy):
     assert abs(pruned.mean() - dense.mean()) < 4 * se + 1e-9, (pruned.mean(), dense.mean(), se)
 
 
+def test_a_rows_regret_does_not_depend_on_its_batch():
+  # Row r draws from its own stream (rows[r]): rows 4 and 1 alone replay the full batch.
+  means = ace.instance("stochastic", 300, range(6), seed=2)
+  np.testing.assert_array_equal(means[[4, 1]], ace.instance("stochastic", 300, [4, 1], seed=2))
+  np.testing.assert_array_equal(ace.instance("adversarial", 300, [3, 0]),
+                                ace.adversarial_means(300, 2))
+  key = jax.random.key(3)
+  for policy in ("lcb", "greedy"):
+    whole = ace.simulate(means, policy, seed=1, block=16)
+    part = ace.simulate(means[[4, 1]], policy, seed=1, block=16, rows=[4, 1])
+    np.testing.assert_array_equal(part[0], whole[0][[4, 1]])
+    dense = ace.simulate_dense(key, means, policy)[0]
+    np.testing.assert_array_equal(ace.simulate_dense(key, means[[4, 1]], policy, rows=[4, 1])[0],
+                                  dense[[4, 1]])
+  np.testing.assert_array_equal(ace.reward_matrix(key, means[[4]], rows=[4])[0],
+                                ace.reward_matrix(key, means)[4])
+
+
 @pytest.mark.parametrize("call, named", [
     (lambda: ace.stochastic_means(0), "T=0"),
     (lambda: ace.adversarial_means(-3), "T=-3"),
@@ -130,6 +149,9 @@ def test_pruned_sampling_has_the_dense_law(policy):
     (lambda: ace.stochastic_means(10, 0), "seeds=0"),
     (lambda: ace.adversarial_means(10, decoy=2.0), "decoy=2.0"),
     (lambda: ace.regret([[0.1, 0.2]], [[1, 1]]), "choices=[1]"),
+    (lambda: ace.simulate(np.full((2, 5), 0.5), "lcb", rows=[0]), "rows=[0]"),
+    (lambda: ace.instance("bursty", 10, [0]), "'bursty'"),
+    (lambda: ace.instance("stochastic", 10, [-1]), "draws=[-1]"),
 ])
 def test_refusals_name_the_value(call, named):
   with pytest.raises(ConfigError) as error:

@@ -1,4 +1,4 @@
-"""TMoW (issue 16, method 6; moejax/online/tmow.py): refined prototypes are convex
+"""TMoW (moejax/online/tmow.py): refined prototypes are convex
 combinations of the old ones (by the returned weights and by support functions);
 the weights are softmax(cos / tau) by hand; an unseen domain equal to a training
 domain gets that domain's expert; adding an expert keeps the old experts,
@@ -122,6 +122,12 @@ def test_exact_excess_mse_matches_sampling_and_prototypes_estimate_dynamics():
     (lambda m: tmow.fit_expert(np.ones((2, N)), np.ones((2, N))), r"K=2, ridge=0\.0"),
     (lambda m: tmow.route_weights(m.prototypes, m.prototypes, 0.1, top_k=0), r"top_k=0"),
     (lambda m: tmow.mixture_matrix(m.experts, [1.0]), r"weights shape \(1,\)"),
+    (lambda m: tmow.unseen_domain_errors(np.random.default_rng(0), [2], domains=1),
+     r"^domains=1 must be an integer >= 2"),
+    (lambda m: tmow.unseen_domain_errors(np.random.default_rng(0), [0]), r"^shots=0"),
+    (lambda m: tmow.check_settings(dim=2, domains=2, train=5, unseen=1, noise_std=0.1,
+                                   radius=0.5, concentration=1.0, tau=0.0, strength=1.0),
+     r"^tau=0\.0 must be a finite number > 0"),
 ])
 def test_refusals_name_the_value(call, match):
   _, models, _ = world(7, count=20)

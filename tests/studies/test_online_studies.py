@@ -1,0 +1,144 @@
+"""The ACE, TMoW and MoLR-MoG studies through moejax.studies.runner at tiny settings:
+figures against closed forms (ACE's optimism pays every newcomer, TMoW's true-alpha
+mixture error), claim statistics against numpy/scipy by hand, a draw's values
+independent of how many draws run, and bad settings refused before any run."""
+import importlib
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from moejax.errors import ConfigError
+from moejax.online import ace
+from moejax.studies import runner
+from moejax.studies.spec import grid
+
+
+def config(name, **overrides):
+  c = importlib.import_module(f"configs.studies.{name}").get_config()
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+def run(c, out):
+  spec, scorer = runner.prepare(c)
+  results = runner.run(spec, scorer, str(out), log=lambda _: None)
+  assert (out / runner.PLOT).stat().st_size > 0  # the scorer's own figure
+  return results
+
+
+def metric(results, arm, name, **level):
+  return {r["draw"]: r["metrics"].get(name) for r in results["runs"]
+          if r["arm"] == arm and all(r["level"][k] == v for k, v in level.items())}
+
+
+def by_hand_slope_interval(x, y):
+  """t-interval of the per-draw least-squares slopes; y [draws, levels]."""
+  slopes = np.array([np.polyfit(x, row, 1)[0] for row in y])
+  half = scipy.stats.t.ppf(0.975, len(slopes) - 1) * slopes.std(ddof=1) / math.sqrt(len(slopes))
+  return slopes.mean(), slopes.mean() - half, slopes.mean() + half
+
+
+def test_ace_study_ucb_closed_form_slopes_by_hand_and_draws_independent(tmp_path):
+  horizons = [40, 120, 360]
+  c = config("ace", draws=4, levels=grid(("variant", ["stochastic", "adversarial"]),
+                                          ("horizon", horizons)),
+             settings={"c": 1.0, "block": 8, "decoy": 0.0, "seed": 3, "dense_max_horizon": 40})
+  for claim in c.claims:
+    if claim.get("at"):
+      claim["at"] = {"horizon": 40}
+  results = run(c, tmp_path / "a")
+  for variant in ("stochastic", "adversarial"):
+    for horizon in horizons:  # ucb plays every newcomer: sum_t (max_{i<=t} mu_i - mu_t)
+      means = ace.instance(variant, horizon, range(4), seed=3)
+      expected = (np.maximum.accumulate(means, axis=1) - means).sum(1)
+      got = metric(results, "ucb", "regret", variant=variant, horizon=horizon)
+      np.testing.assert_allclose([got[d] for d in range(4)], expected, rtol=1e-12)
+      assert metric(results, "ucb_dense", "regret", variant=variant, horizon=horizon) == (
+          got if horizon == 40 else {})
+    y = np.log([[metric(results, "lcb", "regret", variant=variant, horizon=h)[d]
+                 for h in horizons] for d in range(4)])
+    row = next(r for r in results["claims"] if r["arm"] == "lcb" and r["interval"]
+               and r["level"] == {"variant": variant})
+    want = by_hand_slope_interval(np.log(horizons), y)
+    np.testing.assert_allclose([row["interval"][k] for k in ("mean", "lo", "hi")], want,
+                               rtol=1e-9)
+  # draw d's values are the same whether 2 or 4 draws run
+  fewer = run(config("ace", draws=2, levels=c.levels, settings=c.settings, claims=c.claims),
+              tmp_path / "b")
+  for arm in ("greedy", "lcb", "lcb_dense"):
+    full = metric(results, arm, "regret", variant="stochastic", horizon=40)
+    assert metric(fewer, arm, "regret", variant="stochastic", horizon=40) == {
+        d: full[d] for d in (0, 1)}
+
+
+def test_tmow_study_true_alpha_mixture_error_matches_its_closed_form(tmp_path):
+  # The true-alpha mixture of least-squares experts: E excess = E[sum alpha_d^2] n /
+  # (m - n - 1) = 2 / (D + 1) * n / (m - n - 1) (Dirichlet(1); inverse-Wishart mean).
+  n, domains, m = 3, 2, 20
+  settings = {"dim": n, "domains": domains, "train": m, "unseen": 8, "seed": 1,
+              "headline_shots": 8}
+  c = config("tmow", draws=40, levels=grid(("shots", [4, 8])), settings=settings)
+  results = run(c, tmp_path / "t")
+  values = np.array(list(metric(results, "oracle_alpha", "excess_mse", shots=4).values()))
+  expected = 2 / (domains + 1) * n / (m - n - 1)
+  assert abs(values.mean() - expected) < 4 * values.std(ddof=1) / math.sqrt(len(values)), (
+      values.mean(), expected)
+  assert metric(results, "refined@tau=0.3", "excess_mse", shots=8) == metric(
+      results, "refined", "excess_mse", shots=8)  # the sweep's tau = 0.3 is the default arm
+  assert metric(results, "refined@tau=0.3", "excess_mse", shots=4) == {}  # headline K only
+  assert metric(results, "global", "excess_mse", shots=4) == metric(
+      results, "global", "excess_mse", shots=8)  # the pooled model does not see the K shots
+  kept = metric(results, "tmow_routed", "old_routing_kept", shots=8)
+  assert len(kept) == 40 and all(0 <= v <= 1 for v in kept.values())
+
+
+def test_molr_mog_study_metrics_and_slope_by_hand(tmp_path):
+  settings = {"dim": 6, "subspaces": 2, "latent_dim": 2, "components": 2, "steps": 20,
+              "eval_samples": 64}
+  arms = [{"name": "mog"}, {"name": "gaussian"}, {"name": "mlp10", "only_n": 64}]
+  ns = [16, 32, 64]
+  c = config("molr_mog", draws=2, arms=arms, levels=grid(("n", ns), ("sigma", [0.3, 1.0])),
+             settings=settings)
+  c.claims = [claim for claim in c.claims if claim.get("reference") != "mlp10"]
+  c.claims[0]["at"] = c.claims[1]["at"] = {"n": 64, "sigma": 1.0}
+  results = run(c, tmp_path / "m")
+  for r in results["runs"]:
+    assert r["metrics"]["log_l2_error"] == pytest.approx(0.5 * math.log(
+        r["metrics"]["score_error"]), rel=1e-12)
+    assert ("dsm_excess" in r["metrics"]) == (r["level"]["sigma"] == 1.0)
+  assert set(metric(results, "mlp10", "score_error")) == {0, 1}
+  assert {tuple(r["level"].values()) for r in results["runs"] if r["arm"] == "mlp10"} == {
+      (64, 0.3), (64, 1.0)}
+  y = [[metric(results, "mog", "log_l2_error", n=k, sigma=1.0)[d] for k in ns] for d in (0, 1)]
+  row = next(r for r in results["claims"] if r["interval"] and r["reference"] is None)
+  np.testing.assert_allclose([row["interval"][k] for k in ("mean", "lo", "hi")],
+                             by_hand_slope_interval(np.log(ns), np.asarray(y)), rtol=1e-9)
+
+
+@pytest.mark.parametrize("name, overrides, message", [
+    ("ace", {"settings": {"c": -1.0}}, r"study.settings.c: .*c=-1.0"),
+    ("ace", {"arms": [{"name": "thompson"}]}, r"study.arms\[0\].policy='thompson'"),
+    ("ace", {"levels": [{"variant": "adversarial", "horizon": 0}]},
+     r"study.levels\[0\].horizon=0"),
+    ("tmow", {"settings": {"radius": 1.5}}, r"study.settings.radius=1.5 must be in \(0, 1\)"),
+    ("tmow", {"settings": {"headline_shots": 5}}, r"study.settings.headline_shots=5"),
+    ("tmow", {"arms": [{"name": "x", "method": "global", "tau": 0.1}]},
+     r"study.arms\[0\].tau \(arm 'x'\) is for method 'refined' only"),
+    ("molr_mog", {"settings": {"latent_dim": 80}}, r"study.settings: .*latent_dim=80"),
+    ("molr_mog", {"settings": {"sigma_min": 5.0, "sigma_max": 1.0}},
+     r"study.settings.sigma_min=5.0 must be <="),
+    ("molr_mog", {"settings": {"report_sigma": 2.0}}, r"study.settings.report_sigma=2.0"),
+    ("molr_mog", {"arms": [{"name": "unet"}]}, r"study.arms\[0\].model='unet'"),
+])
+def test_bad_settings_are_refused_before_any_run(tmp_path, name, overrides, message):
+  c = config(name, **overrides)
+  if "arms" in overrides or "levels" in overrides:  # the claims name other arms and levels
+    c.claims = []
+  if "arms" in overrides:
+    c.reference = overrides["arms"][0]["name"]
+  with pytest.raises(ConfigError, match=message) as error:
+    runner.prepare(c)
+  assert "\n" not in str(error.value)
