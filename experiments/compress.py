@@ -10,7 +10,7 @@ compress every MoE layer, save a training workdir of the compressed expert type.
 (experts='quantized'; --quantizer rtn or gptq, --bit_choices, --rounds of
 GEMQ's allocate-quantize-re-estimate loop), kmeans, codequant (experts=
 'codebook'), td_moe, tucker (experts='factorised'); svd and whitened_svd are
-baselines without an expert type (experiments.compress_study scores them).
+baselines without an expert type (configs/studies/td_moe.py scores them).
 --level: average bits per expert weight, or for a factorisation the fraction
 of expert parameters removed. --finetune_steps: GEMQ's router fine-tuning,
 run by the trainer in --out (train.trainable='router', AdamW at

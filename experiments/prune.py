@@ -20,7 +20,8 @@ method's err(m) curve); for an atom method, the fraction of all atoms kept. Cali
 split. --out: the pruned training workdir (one checkpoint at the source's step;
 experiments.train continues it, experiments.evaluate scores it). --report:
 per layer the kept experts and err(S) / err(none), as JSON. See
-moejax/posttrain/prune.py.
+moejax/posttrain/prune.py and prune_workdir.py. Every method at every keep level on
+calibration draws: configs/studies/pruning.py.
 """
 import json
 
@@ -81,7 +82,7 @@ def main(argv):
     raise cli.flag_error(_OUT, "expected a new or empty directory")
   cli.output_file("report", _REPORT.value)
   cli.output_file("save_statistics", _STATISTICS.value)
-  from moejax.posttrain.prune import prune_imported, prune_workdir
+  from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
   options = dict(keep=_KEEP.value, method=_METHOD.value, objective=_OBJECTIVE.value,
                  num_windows=_NUM_WINDOWS.value, context=_CONTEXT.value, seed=_SEED.value,
                  batch_size=_BATCH.value, rescale=_RESCALE.value,

@@ -67,8 +67,12 @@ def load_model(workdir: str | None = None, hf_dir: str | None = None):
 
 
 def from_training_workdir(workdir: str, step: int | None = None):
-  """(Loaded, tokenizer) of a training workdir's checkpoint (latest by default)."""
-  from moejax.train.restore import load_from_workdir
+  """(Loaded, tokenizer) of a training workdir's checkpoint (latest by default), read
+  by the one checkpoint reader (moejax.train.restore.restore)."""
+  import jax
+  import jax.numpy as jnp
   from moejax.models.decoder import unstack_layers
-  config, _, params, rest, tokenizer = load_from_workdir(workdir, step, for_generation=True)
-  return Loaded(*unstack_layers(config.model, params, rest)), tokenizer
+  from moejax.train.restore import restore
+  r = restore(workdir, step, for_generation=True)
+  params, rest = (jax.tree.map(jnp.asarray, tree) for tree in (r.params, r.rest))
+  return Loaded(*unstack_layers(r.config.model, params, rest)), r.tokenizer

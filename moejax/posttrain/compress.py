@@ -1,5 +1,5 @@
-"""Trained float SwiGLU experts -> the variables of a compressed expert type
-(issue 15): 'quantized' (moejax/experts/quantized.py: RTN or GPTQ codes,
+"""Trained float SwiGLU experts -> the variables of a compressed expert type:
+'quantized' (moejax/experts/quantized.py: RTN or GPTQ codes,
 moejax/posttrain/quantize.py) and 'codebook' (moejax/experts/codebook.py:
 Lloyd's k-means per group, moejax/posttrain/codebook.py).
 

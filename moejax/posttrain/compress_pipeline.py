@@ -1,4 +1,4 @@
-"""Compression of a trained MoE's experts, end to end (issue 15): calibrate,
+"""Compression of a trained MoE's experts, end to end: calibrate,
 choose bits or ranks, compress every MoE layer, and build the model that holds
 the compressed form (a registered expert type), or the float model that equals
 it, for scoring.
@@ -44,7 +44,6 @@ pass); the rest is a guess.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax.numpy as jnp
 import ml_collections
@@ -54,7 +53,8 @@ from moejax.errors import ConfigError, choice_error
 from moejax.experts import codebook as codebook_type
 from moejax.experts import quantized as quantized_type
 from moejax.experts.compressed import MATRICES, SUPPORTED_BITS
-from moejax.posttrain import bit_allocation, compress, expert_inputs, factorise, gemq, tucker
+from moejax.posttrain import bit_allocation, compress, factorise, tucker
+from moejax.posttrain.calibration import Calibration
 
 QUANTIZED = ("uniform", "per_layer", "gemq")
 CODEBOOK = ("kmeans", "codequant")
@@ -86,36 +86,6 @@ def family(method: str) -> str:
   raise choice_error("--method", method, METHODS)
 
 
-def check_request(m, r: Request) -> None:
-  """ConfigError, naming the flag, for a request this model cannot take; before
-  any work."""
-  kind = family(r.method)
-  if r.quantizer not in QUANTIZERS:
-    raise choice_error("--quantizer", r.quantizer, QUANTIZERS)
-  if kind == "factorised":
-    if not 0 < r.level < 1:
-      raise ConfigError(f"--level={r.level}: a factorisation removes a fraction of the "
-                        "expert parameters, in (0, 1)")
-    return
-  for b in r.bit_choices:
-    if b not in SUPPORTED_BITS:
-      raise ConfigError(f"--bit_choices: {b} bits is not supported; valid: {SUPPORTED_BITS}")
-  if r.method == "uniform" and r.level not in SUPPORTED_BITS:
-    raise ConfigError(f"--level={r.level}: uniform bits must be one of {SUPPORTED_BITS}")
-  choices = bit_choices_for(r)
-  if r.level < min(choices):
-    raise ConfigError(f"--level={r.level} bits is below the minimum achievable, "
-                      f"{min(choices)} bits for every expert (--bit_choices={list(choices)})")
-  if r.level > max(choices):
-    raise ConfigError(f"--level={r.level} bits is above the widest choice, {max(choices)} "
-                      f"(--bit_choices={list(choices)})")
-  dims = {"d_model": m.d_model, "expert_d_ff": m.moe.expert_d_ff}
-  bad = {k: v for k, v in dims.items() if r.group_size and v % r.group_size}
-  if r.group_size < 0 or bad:
-    raise ConfigError(f"--group_size={r.group_size} must divide every expert matrix's input "
-                      f"dimension; it does not divide {bad}")
-
-
 def bit_choices_for(r: Request) -> tuple:
   """The bit-widths an allocation may pick: the request's for quantized methods;
   for a codebook at a fractional level, the two supported widths around it."""
@@ -124,32 +94,6 @@ def bit_choices_for(r: Request) -> tuple:
     above = min(b for b in SUPPORTED_BITS if b > r.level)
     return (below, above)
   return tuple(sorted(r.bit_choices))
-
-
-class Calibration:
-  """What every method reads from one calibration draw, computed on first use:
-  the expert inputs (expert_inputs.capture) and GEMQ's costs per bit choices."""
-
-  def __init__(self, graphdef, params: dict, rest: dict, windows, batch_size: int = 8):
-    self.graphdef, self.params, self.rest = graphdef, params, rest
-    self.batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
-    self._costs = {}
-
-  @functools.cached_property
-  def inputs(self) -> list:
-    return expert_inputs.capture(self.graphdef, self.params, self.rest, self.batches)
-
-  def costs(self, bits: tuple, group_size: int, current: dict | None = None):
-    """(blocks, c [blocks, E, len(bits)]) of gemq.expert_costs: the float model,
-    or with `current` (params of the quantized model) each candidate placed in it."""
-    key = (tuple(bits), group_size)
-    if current is not None:
-      return gemq.expert_costs(self.graphdef, current, self.rest, self.batches, bits,
-                               group_size, source_params=self.params)
-    if key not in self._costs:
-      self._costs[key] = gemq.expert_costs(self.graphdef, self.params, self.rest,
-                                           self.batches, bits, group_size)
-    return self._costs[key]
 
 
 def expert_weights(params: dict, block: int) -> dict:
@@ -382,3 +326,9 @@ def router_finetune_config(config, steps: int, learning_rate: float = 1e-4,
   t.log_every = t.eval_every = t.checkpoint_every = max(1, steps)
   t.eval_batches, t.progress_bar, t.max_to_keep = 4, False, 2
   return c
+
+
+def calibration_free(r: Request) -> bool:
+  """Whether the model of `r` depends on neither the calibration windows nor the
+  seed (per-expert SVD, plain Tucker, uniform RTN)."""
+  return r.method in ("svd", "tucker") or (r.method == "uniform" and r.quantizer == "rtn")

@@ -1,4 +1,4 @@
-"""Compress a training workdir's experts (issue 15): calibrate on windows of its
+"""Compress a training workdir's experts: calibrate on windows of its
 training split, run a compress_pipeline method, optionally fine-tune the routers
 through the trainer (GEMQ), and write a training workdir whose experts are the
 compressed expert type.
@@ -22,7 +22,9 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.posttrain import compress_pipeline as cp
-from moejax.posttrain import prune
+from moejax.posttrain import source as source_lib
+from moejax.posttrain.calibration import Calibration, calibration_windows
+from moejax.posttrain.request import check_request
 
 
 @dataclasses.dataclass
@@ -54,16 +56,16 @@ def finetune_routers(workdir: str, config, m, params, rest, step: int, data_stat
   """(params, rest) after GEMQ's router fine-tuning of the compressed model, run
   by the trainer in `workdir` (written: one checkpoint, then the fine-tuned one)."""
   from moejax.train.loop import train_and_evaluate
-  c = ml_collections.ConfigDict(config.to_dict())
-  c.model = m
-  c = cp.router_finetune_config(c, steps, learning_rate, start_step=step)
-  prune.save_pruned(workdir, c, params, rest, step, data_state)
+  from moejax.train.restore import restore
+  c = cp.router_finetune_config(source_lib.with_model(config, m), steps, learning_rate,
+                                start_step=step)
+  source_lib.save_training_workdir(workdir, c, params, rest, step, data_state)
   train_and_evaluate(c, workdir)
-  tuned = prune.load_source(workdir, c, step + steps)
+  tuned = restore(workdir, step + steps)
   return tuned.params, tuned.rest
 
 
-def run(r: cp.Request, source: prune.Source, calibration: cp.Calibration, *,
+def run(r: cp.Request, source: source_lib.Source, calibration: Calibration, *,
         rounds: int = 1, finetune_steps: int = 0, finetune_lr: float = 1e-4,
         workdir: str | None = None, log=print) -> Result:
   """Compress `source` by `r` (GEMQ: `rounds` of allocate, quantize, fine-tune,
@@ -96,46 +98,30 @@ def run(r: cp.Request, source: prune.Source, calibration: cp.Calibration, *,
   return Result(model, params, rest, current, report)
 
 
-def check_rounds(r: cp.Request, rounds: int, finetune_steps: int) -> None:
-  if rounds > 1 and r.method != "gemq":
-    raise ConfigError(f"--rounds={rounds}: only gemq re-estimates its costs "
-                      f"(--method={r.method})")
-  if finetune_steps and cp.family(r.method) == "factorised" and r.method in ("svd",
-                                                                            "whitened_svd"):
-    raise ConfigError(f"--finetune_steps: {r.method} has no expert type to fine-tune")
-
-
 def compress_workdir(workdir: str, out: str | None, r: cp.Request, *, num_windows: int = 64,
                      context: int = 0, batch_size: int = 8, rounds: int = 1,
                      finetune_steps: int = 0, finetune_lr: float = 1e-4, log=print) -> dict:
   """Compress `workdir`'s latest checkpoint by `r`; write `out` (new or empty) as a
   training workdir of the compressed model; return the report."""
   from moejax.data.pipeline import train_token_stream
-  from moejax.models.decoder import abstract_model
-  config, step = prune.source_config(workdir)
+  config, _ = source_lib.training_config(workdir)
   context = context or config.data.seq_len
-  cp.check_request(config.model, r)
-  check_rounds(r, rounds, finetune_steps)
+  check_request(config.model, r, num_windows=num_windows, context=context,
+                source=f"--workdir={workdir}", rounds=rounds, finetune_steps=finetune_steps)
   if out and r.method in ("svd", "whitened_svd"):
     raise ConfigError(f"--out: {r.method} has no expert type to save (score it with "
-                      "experiments.compress_study)")
-  prune.check_calibration(config.model, num_windows, context, f"--workdir={workdir}")
-  if config.model.moe.experts != "swiglu":
-    raise ConfigError(f"compression starts from float 'swiglu' experts; this checkpoint "
-                      f"holds {config.model.moe.experts!r} experts (--workdir={workdir})")
-  source = prune.load_source(workdir, config, step)
-  windows = prune.calibration_windows(train_token_stream(config.data), num_windows, context,
-                                      r.seed)
-  calibration = cp.Calibration(abstract_model(config.model)[0], source.params, source.rest,
-                               windows, batch_size)
+                      "configs/studies/td_moe.py)")
+  source = source_lib.load_training(workdir)
+  windows = calibration_windows(train_token_stream(config.data), num_windows, context, r.seed)
+  calibration = Calibration(source.model, source.params, source.rest, windows, batch_size)
   if out:
     os.makedirs(out, exist_ok=True)
   result = run(r, source, calibration, rounds=rounds, finetune_steps=finetune_steps,
                finetune_lr=finetune_lr, workdir=out if finetune_steps else None, log=log)
   if out and not finetune_steps:
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.model = result.model
-    prune.save_pruned(out, c, result.params, result.rest, source.step, source.data_state)
+    source_lib.save_training_workdir(out, source_lib.with_model(config, result.model),
+                                     result.params, result.rest, source.step,
+                                     source.data_state)
   report = {"source": workdir, "calibration": {"windows": num_windows, "context": context,
                                                "seed": r.seed}, **result.report}
   if result.model is not None:

@@ -1,5 +1,5 @@
 """Per-expert contributions of every MoE layer on calibration tokens: the
-statistics expert pruning reads (issue 14).
+statistics expert pruning reads.
 
 For MoE layer l and expert e, Z_e = [g_{t,e} E_e(x_t)]_t over the calibration
 tokens t (zero where the router did not send t to e); the routed output is

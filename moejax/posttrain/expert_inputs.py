@@ -1,4 +1,4 @@
-"""What each expert matrix sees on calibration tokens (issue 15): the inputs that
+"""What each expert matrix sees on calibration tokens: the inputs that
 GPTQ's Hessians, TD-MoE's whitening and CodeQuant's centroid fine-tuning read.
 
 For MoE block l, on the calibration tokens the float model routes:

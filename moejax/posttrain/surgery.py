@@ -1,4 +1,4 @@
-"""Model surgery: remove experts from MoE layers (issue 14).
+"""Model surgery: remove experts from MoE layers.
 
 `remove_experts` keeps, per MoE block, a chosen set of experts and returns a
 model config whose `moe.expert_counts` holds the new counts, with parameters

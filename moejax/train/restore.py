@@ -1,4 +1,10 @@
-"""Restore a trained model (and its tokenizer) from a training workdir."""
+"""Restore a trained model (and its tokenizer) from a training workdir: the one
+reader of training checkpoints that every tool builds on (`restore`)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -11,29 +17,59 @@ from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import init_state
 
 
-def load_from_workdir(workdir: str, step: int | None = None, *, for_generation=False):
-  """(config, graphdef, params, rest, tokenizer) of the checkpoint at `step` (latest by default).
+def load_tokenizer(config):
+  """The tokenizer the run trained with: bytes, or the learned tokenizer that lives
+  beside its data (the data pipeline finds it)."""
+  if config.data.tokenizer == "byte":
+    return get_tokenizer("byte")
+  return build_lm_data(config.data, seed=config.seed).tokenizer
+
+
+@dataclasses.dataclass
+class Restored:
+  """One checkpoint: the run's config, the model's graphdef, host (numpy) params
+  and rest, the data-iterator state, the step; the tokenizer on first use."""
+  config: ml_collections.ConfigDict
+  graphdef: object
+  params: dict
+  rest: dict
+  data_state: dict
+  step: int
+
+  @functools.cached_property
+  def tokenizer(self):
+    return load_tokenizer(self.config)
+
+
+def restore(workdir: str, step: int | None = None, *, for_generation=False) -> Restored:
+  """The checkpoint of `step` (latest by default), read once.
 
   for_generation: capacity dispatch is replaced by dropless, because capacity
   drops depend on the other tokens in the batch and would make decoding
   non-causal; the parameters are the same.
   """
   ckpt = Checkpointer(workdir, read_only=True)
-  steps = ckpt.all_steps()
-  step = (steps[-1] if steps else None) if step is None else step
-  if step is None:
-    raise ConfigError(f"no checkpoint in {ckpt.directory}")
-  if step not in steps:
-    raise ConfigError(f"no checkpoint of step {step} in {ckpt.directory}; it holds {steps}")
-  config = ml_collections.ConfigDict(ckpt.read_meta(step)["config"])
-  if for_generation and config.model.moe.dispatch == "capacity":
-    config.model.moe.dispatch = "dropless"
-  graphdef, state, _ = init_state(config)
-  state, _ = ckpt.restore(step, jax.tree.map(np.asarray, state))
-  state = jax.tree.map(jnp.asarray, state)
-  ckpt.close()
-  if config.data.tokenizer == "byte":
-    tokenizer = get_tokenizer("byte")
-  else:  # learned tokenizers live beside the data; the pipeline finds them
-    tokenizer = build_lm_data(config.data, seed=config.seed).tokenizer
-  return config, graphdef, state.params, state.rest, tokenizer
+  try:
+    steps = ckpt.all_steps()
+    step = (steps[-1] if steps else None) if step is None else step
+    if step is None:
+      raise ConfigError(f"no checkpoint in {ckpt.directory}")
+    if step not in steps:
+      raise ConfigError(f"no checkpoint of step {step} in {ckpt.directory}; it holds {steps}")
+    config = ml_collections.ConfigDict(ckpt.read_meta(step)["config"])
+    if for_generation and config.model.moe.dispatch == "capacity":
+      config.model.moe.dispatch = "dropless"
+    graphdef, state, _ = init_state(config)
+    state, data_state = ckpt.restore(step, jax.tree.map(np.asarray, state))
+  finally:
+    ckpt.close()
+  host = lambda tree: jax.tree.map(np.asarray, tree)
+  return Restored(config, graphdef, host(state.params), host(state.rest), data_state, step)
+
+
+def load_from_workdir(workdir: str, step: int | None = None, *, for_generation=False):
+  """(config, graphdef, params, rest, tokenizer) of the checkpoint at `step` (latest
+  by default), params and rest as device arrays (`restore`)."""
+  r = restore(workdir, step, for_generation=for_generation)
+  device = lambda tree: jax.tree.map(jnp.asarray, tree)
+  return r.config, r.graphdef, device(r.params), device(r.rest), r.tokenizer

@@ -21,7 +21,7 @@ from moejax.layers.moe import MoELayer
 from moejax.models.decoder import abstract_model
 from moejax.posttrain import tucker
 from moejax.posttrain.factorise import factorise_experts, factorised_config
-from moejax.posttrain.study import parameter_bytes
+from moejax.posttrain.measure import parameter_bytes
 from moejax.train.loop import init_state, train_and_evaluate
 from moejax.train.restore import load_from_workdir
 from tests.helpers import moe_cfg

@@ -1,5 +1,5 @@
 """Compression of a training workdir end to end (moejax/posttrain/compress_pipeline.py,
-compress_workdir.py, expert_inputs.py): the calibration inputs against a brute
+compress_workdir.py, expert_inputs.py, calibration.py): the calibration inputs against a brute
 force, the compressed model against the float model its arrays decode to,
 GEMQ's re-estimated costs, and router-only fine-tuning through the trainer."""
 import jax
@@ -13,9 +13,11 @@ from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model
 from moejax.posttrain import compress_pipeline as cp
 from moejax.posttrain import compress_workdir as cw
-from moejax.posttrain import expert_inputs, gemq, prune
+from moejax.posttrain import expert_inputs, gemq
+from moejax.posttrain import source as source_lib
+from moejax.posttrain.calibration import Calibration, calibration_windows
 from moejax.train.loop import train_and_evaluate
-from moejax.train.restore import load_from_workdir
+from moejax.train.restore import load_from_workdir, restore
 from tests.posttrain.conftest import SOURCE_STEPS
 
 STEPS = SOURCE_STEPS
@@ -30,10 +32,9 @@ def source(tiny_source):
 @pytest.fixture(scope="module")
 def calibrated(source):
   from moejax.data.pipeline import train_token_stream
-  config, step = prune.source_config(source)
-  src = prune.load_source(source, config, step)
-  windows = prune.calibration_windows(train_token_stream(config.data), 8, 32, 0)
-  calibration = cp.Calibration(abstract_model(config.model)[0], src.params, src.rest, windows)
+  src = source_lib.load_training(source)
+  windows = calibration_windows(train_token_stream(src.config.data), 8, 32, 0)
+  calibration = Calibration(src.model, src.params, src.rest, windows)
   return src, calibration, windows
 
 
@@ -118,10 +119,10 @@ def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, t
   report = cw.compress_workdir(source, out, r, num_windows=8, finetune_steps=3,
                                finetune_lr=1e-2)
   assert report["step"] == STEPS + 3
-  config, step = prune.source_config(out)
-  assert step == STEPS + 3 and config.train.trainable == "router"
+  tuned = restore(out)
+  config = tuned.config
+  assert tuned.step == STEPS + 3 and config.train.trainable == "router"
   assert config.model.moe.experts == "quantized"
-  tuned = prune.load_source(out, config, step)
   untuned = cw.run(r, *_calibrated_for(source, r.seed))
   changed = []
   for path, value in jax.tree_util.tree_flatten_with_path(tuned.params)[0]:
@@ -144,11 +145,10 @@ def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, t
 
 def _calibrated_for(workdir, seed):
   from moejax.data.pipeline import train_token_stream
-  config, step = prune.source_config(workdir)
-  src = prune.load_source(workdir, config, step)
-  windows = prune.calibration_windows(train_token_stream(config.data), 8, config.data.seq_len,
-                                      seed)
-  return src, cp.Calibration(abstract_model(config.model)[0], src.params, src.rest, windows)
+  src = source_lib.load_training(workdir)
+  windows = calibration_windows(train_token_stream(src.config.data), 8,
+                                src.config.data.seq_len, seed)
+  return src, Calibration(src.model, src.params, src.rest, windows)
 
 
 def _at(tree, path):
@@ -203,22 +203,3 @@ def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(
   bits = np.asarray(experts["bits"])
   assert sorted(set(bits.tolist())) == [2, 3] and np.all(
       np.asarray(experts["w_up_indices"]).max(axis=(1, 2)) < 2 ** bits)
-
-
-def test_finetuned_control_is_each_finetuned_arms_matched_reference(source):
-  """compress_study's fp32 control (its routers fine-tuned by the arms' recipe): at 8
-  bits, where quantization changes almost nothing, the fine-tuned arm routes like the
-  control and unlike the fp32 model; an arm that was not fine-tuned keeps the fp32
-  model as its reference."""
-  from moejax.posttrain import compress_study
-  result = compress_study.run_study(
-      source, "gemq", levels=[8.0], draws=1, num_windows=8, bytes_per_domain=512,
-      group_size=GROUP, finetune_steps=3, finetune_lr=3e-3, reroute_windows=8,
-      arms=["gemq", "gemq_ft"], log=lambda *_: None, finetuned_control=True)
-  runs = {r["method"]: r["scores"] for r in result["runs"]}
-  moved = result["control"]["rerouted"]  # the control against the fp32 model
-  assert moved > 0.02, moved  # three router steps at 3e-2 re-route some tokens
-  assert runs["gemq"]["rerouted_matched"] == runs["gemq"]["rerouted"]
-  assert runs["gemq_ft"]["rerouted"] > 0.5 * moved
-  assert runs["gemq_ft"]["rerouted_matched"] < 0.25 * moved
-  assert result["uncompressed"]["rerouted"] == 0.0

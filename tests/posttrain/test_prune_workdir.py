@@ -1,4 +1,4 @@
-"""Pruning a training workdir end to end (moejax/posttrain/prune.py): the saved
+"""Pruning a training workdir end to end (moejax/posttrain/prune_workdir.py): the saved
 checkpoint holds exactly the surgery of the source's parameters on the chosen
 experts, and experiments.train continues it."""
 import jax
@@ -7,6 +7,8 @@ import pytest
 
 from moejax.errors import ConfigError
 from moejax.posttrain import prune, surgery
+from moejax.posttrain.calibration import calibration_windows
+from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir
 from tests.posttrain.conftest import SOURCE_STEPS
@@ -22,7 +24,7 @@ def source(tiny_source):
 def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tmp_path):
   config, workdir = source
   out = str(tmp_path / "pruned")
-  report = prune.prune_workdir(workdir, out, keep="0.5", method="frequency", num_windows=8,
+  report = prune_workdir(workdir, out, keep="0.5", method="frequency", num_windows=8,
                                seed=3)
   kept = {layer["block"]: layer["kept"] for layer in report["layers"]}
   assert report["expert_counts"] == [4, 4] and report["step"] == STEPS
@@ -46,10 +48,10 @@ def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_o
                                                                                 tmp_path):
   """HEAPr at 75% of all atoms: the checkpoint = atoms.remove_atoms of the source on
   the report's per-expert counts, with 3/4 of the atoms live, and it trains on."""
-  from moejax.posttrain.study import expert_parameters
+  from moejax.posttrain.measure import expert_parameters
   config, workdir = source
   out = str(tmp_path / "atoms")
-  report = prune.prune_workdir(workdir, out, keep="0.75", method="heapr", num_windows=8)
+  report = prune_workdir(workdir, out, keep="0.75", method="heapr", num_windows=8)
   counts = np.array([layer["kept_atoms"] for layer in report["layers"]])  # [blocks, E]
   assert counts.sum() == round(0.75 * 2 * 8 * 32)
   got_config, _, got_params, _, _ = load_from_workdir(out)
@@ -70,14 +72,14 @@ def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_o
 
 def test_calibration_windows_are_drawn_from_the_stream_by_seed():
   stream = np.arange(1000, dtype=np.int32)
-  a = prune.calibration_windows(stream, 5, 16, seed=0)
+  a = calibration_windows(stream, 5, 16, seed=0)
   assert a.shape == (5, 16)
   np.testing.assert_array_equal(a - a[:, :1], np.tile(np.arange(16), (5, 1)))  # contiguous
   assert a.max() < 1000
-  np.testing.assert_array_equal(a, prune.calibration_windows(stream, 5, 16, seed=0))
-  assert not np.array_equal(a, prune.calibration_windows(stream, 5, 16, seed=1))
+  np.testing.assert_array_equal(a, calibration_windows(stream, 5, 16, seed=0))
+  assert not np.array_equal(a, calibration_windows(stream, 5, 16, seed=1))
   with pytest.raises(ConfigError, match="fewer than one calibration window of 2000"):
-    prune.calibration_windows(stream, 5, 2000, seed=0)
+    calibration_windows(stream, 5, 2000, seed=0)
 
 
 @pytest.mark.parametrize("keep,count", [("0.5", 8), ("0.25", 4), ("1.0", 16), ("6", 6)])
@@ -101,7 +103,7 @@ def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
   ids = tmp_path / "ids.npy"
   np.save(ids, np.random.default_rng(0).integers(0, 256, 4096))
   out = str(tmp_path / "pruned")
-  report = prune.prune_imported(hf_dir=hf_dir, workdir=None, out=out, calibration=str(ids),
+  report = prune_imported(hf_dir=hf_dir, workdir=None, out=out, calibration=str(ids),
                                 keep="4", method="schur_astar", num_windows=16, context=32)
   assert report["expert_counts"] == [4] * len(report["layers"])
   source = import_hf(hf_dir)
@@ -111,5 +113,5 @@ def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got.params), want)
   with pytest.raises(ConfigError, match="outside the model's vocabulary"):
     np.save(ids, np.array([0, 999] * 100))
-    prune.prune_imported(hf_dir=hf_dir, workdir=None, out=None, calibration=str(ids),
+    prune_imported(hf_dir=hf_dir, workdir=None, out=None, calibration=str(ids),
                          keep="4", method="frequency", num_windows=1, context=64)

@@ -123,9 +123,10 @@ def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest():
   """`step` and `step_no_merge` keep the same experts; without the merge the pruned
   params are exactly the removal, with it the kept experts absorbed the pruned."""
   from moejax.posttrain import prune
+  from moejax.posttrain.calibration import Calibration
   config, params, rest = tiny()
   windows = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
-  calibration = prune.Calibration(config.model, params, rest, windows)
+  calibration = Calibration(config.model, params, rest, windows)
   run = {method: prune.prune_model(config.model, params, rest, keep="4", method=method,
                                    calibration=calibration)
          for method in ("step", "step_no_merge")}

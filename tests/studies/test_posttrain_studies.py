@@ -1,0 +1,212 @@
+"""The pruning and compression studies (moejax/studies/scorers/pruning.py and
+compression.py) on the tiny trained LM: each run's figures equal the library
+calls they stand for (calibration windows of seed d, prune_model / compress, the
+harness), claims equal the paired t-interval by hand, a draw's figures do not
+depend on the draws run before it, the fine-tuned control is each fine-tuned arm's
+matched reference, and bad settings are refused naming their key before any run."""
+import jax
+import numpy as np
+import pytest
+import scipy.stats
+
+from configs.studies import codequant as codequant_study
+from configs.studies import gemq as gemq_study
+from configs.studies import pruning as pruning_study
+from configs.studies import td_moe as td_moe_study
+from moejax.errors import ConfigError
+from moejax.studies import runner
+from moejax.studies.scoring import digest
+from moejax.studies.spec import grid
+from tests.posttrain.conftest import tiny_source  # noqa: F401 (the fixture)
+
+GROUP = 16  # tiny: d_model = expert_d_ff = 32
+
+
+def configure(config, workdir, arms, levels, draws=2, claims=None, **settings):
+  config.settings.workdir = workdir
+  config.settings.num_windows = 8
+  config.settings.bytes_per_domain = 512
+  for key, value in settings.items():
+    config.settings[key] = value
+  config.arms = arms
+  config.levels = levels
+  config.draws = draws
+  names = {arm["name"] for arm in arms}
+  if config.reference not in names:
+    config.reference = arms[0]["name"]
+  config.claims = claims if claims is not None else [
+      c for c in config.claims if c["arm"] in names and c["reference"] in names
+      and ("at" not in c or c["at"] in levels)]
+  return config
+
+
+def run(config, out):
+  spec, scorer = runner.prepare(config)
+  return runner.run(spec, scorer, str(out), plot=False, log=lambda _: None), scorer
+
+
+def by_key(results):
+  return {(r["arm"], tuple(r["level"].values())[0], r["draw"]): r for r in results["runs"]}
+
+
+def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_source, tmp_path):
+  from moejax.config import expert_counts
+  from moejax.data.pipeline import split_documents, train_token_stream
+  from moejax.evaluation import harness
+  from moejax.evaluation.model import DecoderLM
+  from moejax.posttrain import prune, source
+  from moejax.posttrain.calibration import calibration_windows
+  from moejax.posttrain.measure import expert_parameters
+  config, workdir = tiny_source
+  arms = [{"name": n, "method": m} for n, m in (("unpruned", "none"), ("schur_astar",
+                                                "schur_astar"), ("frequency", "frequency"),
+                                               ("random", "random"), ("heapr", "heapr"))]
+  results, _ = run(configure(pruning_study.get_config(), workdir, arms,
+                             grid(("keep", ["0.5"]))), tmp_path / "out")
+  runs = by_key(results)
+  src = source.load_training(workdir)
+  stream = train_token_stream(config.data)
+  documents = harness.sample_documents(split_documents(config.data), 512)
+  settings = harness.Settings(context=config.data.seq_len, probes=(), probe_count=16)
+  for draw in (0, 1):
+    windows = calibration_windows(stream, 8, config.data.seq_len, seed=draw)
+    assert runs[("schur_astar", "0.5", draw)]["pairing"] == digest(windows)
+    for method in ("schur_astar", "random"):
+      m, params, rest, _ = prune.prune_model(src.model, src.params, src.rest, windows,
+                                             keep="0.5", method=method, seed=draw)
+      want = harness.evaluate(DecoderLM(m, params, rest), src.tokenizer, src.tokenizer.eos_id,
+                              documents, settings, expert_counts(m)).report["bpb"]
+      got = runs[(method, "0.5", draw)]["metrics"]
+      assert got["bpb"] == want["all"] and got["bpb/shakespeare"] == want["shakespeare"]
+      assert got["parameter_bytes"] == sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+      assert got["kept_experts"] == 8  # 4 of 8 in each of 2 layers
+    heapr = runs[("heapr", "0.5", draw)]["metrics"]
+    assert heapr["expert_parameters"] == expert_parameters(src.params) / 2
+    assert "kept_experts" not in heapr  # an atom method keeps every expert, narrower
+  assert runs[("unpruned", "0.5", 0)]["metrics"] == runs[("unpruned", "0.5", 1)]["metrics"]
+  assert runs[("random", "0.5", 0)]["pairing"] != runs[("random", "0.5", 1)]["pairing"]
+  # the claim: schur_astar - frequency paired by draw, t-interval with 1 degree of freedom
+  d = [runs[("schur_astar", "0.5", k)]["metrics"]["bpb"]
+       - runs[("frequency", "0.5", k)]["metrics"]["bpb"] for k in (0, 1)]
+  row = next(r for r in results["claims"] if r["reference"] == "frequency")
+  half = scipy.stats.t.ppf(0.975, 1) * np.std(d, ddof=1) / np.sqrt(2)
+  assert row["interval"]["mean"] == pytest.approx(np.mean(d), abs=1e-15)
+  assert row["interval"]["hi"] == pytest.approx(np.mean(d) + half, rel=1e-9)
+
+
+def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_source, tmp_path):
+  """td_moe at 40% removed: the study's draw 1 equals a fresh scorer asked for draw 1
+  alone; per-expert SVD is calibration-free (the same on both draws), TD-MoE is not;
+  both keep at most the budget, 60% of the fp32 model's expert parameters."""
+  _, workdir = tiny_source
+  arms = [{"name": "fp32", "method": "none"}, {"name": "svd", "method": "svd"},
+          {"name": "td_moe", "method": "td_moe"}]
+  config = configure(td_moe_study.get_config(), workdir, arms, grid(("removed", [0.4])),
+                     reroute_windows=8)
+  results, _ = run(config, tmp_path / "out")
+  runs = by_key(results)
+  spec, fresh = runner.prepare(config)
+  alone = fresh.score({"removed": 0.4}, 1, {name: spec.arm(name) for name in spec.arm_names})
+  for name in spec.arm_names:
+    got = {k: v for k, v in alone[name].items() if k != "pairing"}
+    assert got == runs[(name, 0.4, 1)]["metrics"], name
+  svd = [runs[("svd", 0.4, d)]["metrics"] for d in (0, 1)]
+  td = [runs[("td_moe", 0.4, d)]["metrics"] for d in (0, 1)]
+  assert svd[0] == svd[1] and td[0]["bpb"] != td[1]["bpb"]
+  dense = runs[("fp32", 0.4, 0)]["metrics"]["expert_parameters"]
+  assert svd[0]["expert_parameters"] <= 0.6 * dense and td[0]["expert_parameters"] <= 0.6 * dense
+  assert "packed_expert_bytes" not in svd[0] and td[0]["stored_bytes"] > 0  # no type
+
+
+def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_source, tmp_path):
+  """At 8 bits, where quantization changes almost nothing, the fine-tuned arm routes
+  like the control (the fp32 model's routers fine-tuned by the same recipe) and
+  unlike the fp32 model; an arm that was not fine-tuned keeps the fp32 model as its
+  reference; bpb_vs_matched is the bpb difference to that reference."""
+  _, workdir = tiny_source
+  arms = [{"name": "fp32", "method": "none"},
+          {"name": "fp32_ft", "method": "none", "finetune": True},
+          {"name": "gemq", "method": "gemq"},
+          {"name": "gemq_ft", "method": "gemq", "finetune": True}]
+  config = configure(gemq_study.get_config(), workdir, arms, grid(("bits", [8.0])), draws=1,
+                     group_size=GROUP, finetune_steps=3, finetune_lr=3e-3, reroute_windows=8)
+  results, _ = run(config, tmp_path / "out")
+  runs = {r["arm"]: r["metrics"] for r in results["runs"]}
+  moved = runs["fp32_ft"]["rerouted"]  # the control against the fp32 model
+  assert moved > 0.02, moved  # three router steps at 3e-3 re-route some tokens
+  assert runs["gemq"]["rerouted_matched"] == runs["gemq"]["rerouted"]
+  assert runs["gemq_ft"]["rerouted"] > 0.5 * moved
+  assert runs["gemq_ft"]["rerouted_matched"] < 0.25 * moved
+  assert runs["fp32"]["rerouted"] == 0.0 == runs["fp32_ft"]["rerouted_matched"]
+  for arm, reference in (("gemq", "fp32"), ("gemq_ft", "fp32_ft")):
+    assert runs[arm]["bpb_vs_matched"] == runs[arm]["bpb"] - runs[reference]["bpb"]
+  assert runs["gemq"]["average_bits"] == 8.0
+
+
+def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
+  """codequant at 4 bits against rtn at 3: bpb differences 0.01, 0.03 by draw give
+  mean 0.02, std 0.01414, t(0.975, 1) interval [-0.1071, +0.1471]."""
+  _, workdir = tiny_source
+  spec, scorer = runner.prepare(configure(codequant_study.get_config(), workdir,
+                                          codequant_study.get_config().arms,
+                                          grid(("bits", [2.5, 3.0, 4.0])), group_size=GROUP))
+  run_ = lambda arm, bits, draw, bpb: {"arm": arm, "level": {"bits": bits}, "draw": draw,
+                                       "metrics": {"bpb": bpb, "packed_expert_bytes": 100}}
+  runs = [run_("codequant", 4.0, 0, 2.01), run_("codequant", 4.0, 1, 2.03),
+          run_("rtn", 3.0, 0, 2.0), run_("rtn", 3.0, 1, 2.0)]
+  table = scorer._equal_bytes({"runs": runs})
+  assert "| codequant at 4.0 | 100 | rtn at 3.0 | 100 | +0.0200 ± 0.0141 [-0.1071, +0.1471] |" \
+      in table
+  assert "kmeans at 4.0" not in table  # pairs without runs are left out
+
+
+@pytest.mark.parametrize("study, change, message", [
+    (pruning_study, {"levels": grid(("keep", ["0.5", "9"])),
+                     "arms": [{"name": "u", "method": "none"}, {"name": "s", "method": "greedy"}]},
+     "study.levels[1].keep=9 is larger than the layer's 8 experts"),
+    (pruning_study, {"arms": [{"name": "x", "method": "obs"}]},
+     "study.arms[0].method='obs' is not known"),
+    (pruning_study, {"arms": [{"name": "x", "method": "heapr"}], "levels": grid(("keep",
+                                                                                 ["4"]))},
+     "study.levels[0].keep=4: an atom method keeps a fraction"),
+    (pruning_study, {"settings.num_windows": 1},
+     "study.settings.num_windows=1 x data.seq_len=32 routes 64"),
+    (pruning_study, {"settings.probes": "facts,nope"}, "study.settings.probes='facts,nope'"),
+    (pruning_study, {"levels": grid(("keep", [0.5]))}, "study.levels[0].keep=0.5 must be a str"),
+    (gemq_study, {"levels": grid(("bits", [1.5]))},
+     "study.levels[0].bits=1.5 bits is below the minimum"),
+    (gemq_study, {"settings.group_size": 12}, "study.settings.group_size=12 must divide"),
+    (gemq_study, {"settings.finetune_steps": 0}, "study.settings.finetune_steps=0"),
+    (gemq_study, {"arms": [{"name": "t", "method": "td_moe"}]},
+     "study.arms[0].method='td_moe' needs levels of removed, not bits"),
+    (gemq_study, {"arms": [{"name": "u", "method": "uniform", "at": "odd"}]},
+     "study.arms[0].at='odd'"),
+    (codequant_study, {"settings.equal_bytes": [["codequant", 5.0, "rtn", 3.0]]},
+     "study.settings.equal_bytes[0]"),
+    (td_moe_study, {"levels": grid(("removed", [1.2]))},
+     "study.levels[0].removed=1.2: a factorisation removes a fraction"),
+])
+def test_bad_settings_are_refused_naming_the_key(tiny_source, tmp_path, study, change,
+                                                 message):
+  _, workdir = tiny_source
+  config = study.get_config()
+  config.settings.workdir = workdir
+  if "group_size" in config.settings:
+    config.settings.group_size = GROUP
+  for key, value in change.items():
+    if key.startswith("settings."):
+      config.settings[key.split(".", 1)[1]] = value
+    else:
+      config[key] = value
+  config.reference = config.arms[0]["name"]
+  config.claims = []
+  with pytest.raises(ConfigError) as e:
+    runner.prepare(config)
+  assert message in str(e.value), str(e.value)
+
+
+def test_a_missing_workdir_is_refused_naming_the_setting(tmp_path):
+  config = pruning_study.get_config()
+  config.settings.workdir = str(tmp_path / "nothing")
+  with pytest.raises(ConfigError, match=r"workdir does not exist \(study.settings.workdir="):
+    runner.prepare(config)
