@@ -7,7 +7,10 @@ inference. The helpers here rebuild a trained model with other
 batches (`score_batches`), calibrate SERE's expert-similarity matrices from
 calibration tokens (`calibrate_similarity`) and write them into a router's
 state (`set_router_state`), and score teacher-forced KV-cache decoding, where
-each step's MoE call sees one token per sequence (`decode_score`).
+each step's MoE call sees one token per sequence (`decode_score`). `TrainedMoE`
+loads a trained MoE LM with its data and cuts the held-out inputs the three studies
+score (moejax/studies/scorers/router_inference.py): validation batches, decode windows
+and batches of one held-out play at a time.
 """
 import functools
 import math
@@ -178,3 +181,63 @@ def decode_score(m, params, rest, windows: np.ndarray, batch: int) -> dict:
       count += batch
       distinct.append(np.asarray(step_distinct))
   return {"bpb": nll / count / math.log(2), "distinct_experts": float(np.mean(distinct))}
+
+
+class TrainedMoE:
+  """A trained byte-level MoE LM from a training workdir, with its data pipeline:
+  config, graphdef, params, rest, tokenizer, data (build_lm_data at the run's seed).
+  ConfigError naming `key` for a model that is not an MoE or a non-byte tokenizer
+  (bpb here is loss / ln 2 per token)."""
+
+  def __init__(self, workdir: str, key: str = "workdir"):
+    from moejax.data.pipeline import build_lm_data
+    from moejax.train.restore import load_from_workdir
+    self.workdir = workdir
+    (self.config, self.graphdef, self.params, self.rest,
+     self.tokenizer) = load_from_workdir(workdir)
+    if self.config.model.ffn_type != "moe":
+      raise ConfigError(f"model.ffn_type={self.config.model.ffn_type!r}: these studies need "
+                        f"an MoE model ({key}={workdir!r})")
+    self.data = build_lm_data(self.config.data, seed=self.config.seed)
+    if self.data.bytes_per_token != 1.0:
+      raise ConfigError(f"data.tokenizer={self.config.data.tokenizer!r}: bpb here assumes the "
+                        f"byte tokenizer ({key}={workdir!r})")
+    self._eval = None
+
+  def eval_batches(self) -> list[dict]:
+    """Every validation batch, in order."""
+    if self._eval is None:
+      self._eval = list(self.data.eval_batches(None))
+    return self._eval
+
+  def decode_windows(self, start: int, count: int, length: int) -> np.ndarray:
+    """Validation windows start..start+count-1, their first length + 1 tokens [count, L+1]."""
+    windows = np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
+                              for b in self.eval_batches()])
+    if start + count > len(windows) or length + 1 > windows.shape[1]:
+      raise ConfigError(f"the validation split has {len(windows)} windows of "
+                        f"{windows.shape[1] - 1} tokens; asked for windows {start}.."
+                        f"{start + count - 1} of {length} tokens")
+    return windows[start:start + count, :length + 1]
+
+  def calibration_tokens(self, num_batches: int) -> np.ndarray:
+    """The first num_batches training batches' inputs (the run's own data order)."""
+    from moejax.data.pipeline import build_lm_data
+    train = build_lm_data(self.config.data, seed=self.config.seed).train_iter
+    return np.concatenate([next(train)["inputs"] for _ in range(num_batches)])
+
+  def play_batches(self, num_batches: int) -> list[tuple[str, list[dict]]]:
+    """[(play, batches)] of consecutive windows from one held-out play each (a shifted
+    batch: every token of a call from the same text), plays in validation order."""
+    from moejax.data.shakespeare import shakespeare_sources
+    if not self.config.data.name.startswith("shakespeare"):
+      raise ConfigError(f"data.name={self.config.data.name!r}: play batches need the "
+                        f"Shakespeare plays ({self.workdir})")
+    b, length = self.config.data.batch_size, self.config.data.seq_len
+    out = []
+    for example in shakespeare_sources(self.config.data.data_dir)["validation"]:
+      tokens = np.asarray(self.tokenizer.encode(example["text"].decode()), np.int32)
+      windows = tokens[:num_batches * b * (length + 1)].reshape(num_batches, b, length + 1)
+      out.append((example["title"].decode(), [{"inputs": w[:, :-1], "targets": w[:, 1:]}
+                                              for w in windows]))
+    return out

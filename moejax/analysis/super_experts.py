@@ -174,7 +174,7 @@ def massive_layers(massive: dict, min_ratio: float = 100.0, growth: float = 2.0)
   return [int(i) for i in np.flatnonzero((ratio >= min_ratio) & (peak >= growth * before))]
 
 
-def _model_of(source):
+def model_of(source):
   """(model config, graphdef, params, rest) in the loop layout, from a workdir or
   (config or model config, params, rest)."""
   if isinstance(source, str):
@@ -194,15 +194,16 @@ def profile(source, tokens, *, quantile: float = 99.5, fraction_of_max: float = 
   (no padding), JSON-ready. super_experts are (MoE layer, expert) pairs restricted
   to the MoE layers of the blocks in massive_layers; super_experts_unfiltered
   applies only the two thresholds."""
-  m, graphdef, params, rest = _model_of(source)
+  m, graphdef, params, rest = model_of(source)
   tokens = jnp.asarray(tokens, jnp.int32)
   found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS))
-  return _report(m, tokens.shape, found, quantile=quantile, fraction_of_max=fraction_of_max,
-                 min_ratio=min_ratio, growth=growth)
+  return profile_report(m, tokens.shape, found, quantile=quantile,
+                        fraction_of_max=fraction_of_max, min_ratio=min_ratio, growth=growth)
 
 
-def _report(m, shape, found, *, quantile: float = 99.5, fraction_of_max: float = 0.1,
-            min_ratio: float = 100.0, growth: float = 2.0) -> dict:
+def profile_report(m, shape, found, *, quantile: float = 99.5,
+                   fraction_of_max: float = 0.1, min_ratio: float = 100.0,
+                   growth: float = 2.0) -> dict:
   """profile's JSON from measure's PARTS (found, on the host) for tokens of `shape`."""
   moe_blocks = moe_layer_indices(m)
   massive = {k: np.asarray(v) for k, v in found["massive"].items()}
@@ -307,50 +308,65 @@ def next_token_loss(graphdef, params, rest, tokens, batch_rows: int = 32) -> flo
   return total / (tokens.shape[0] * (tokens.shape[1] - 1))
 
 
+def ablation_arms(report: dict, peaks, counts, n: int | None, seeds=()):
+  """(n, [(arm, pairs)]) of ablation_study: `none`; `super_experts` (report's), or
+  `top_a` (the n largest a) when the rule names none; `most_frequent` (top_pairs of
+  the routing counts); `random_seed{s}` per seed. n: None = the number of SEs, 1 when none."""
+  chosen = [(p["moe_layer"], p["expert"]) for p in report["super_experts"]]
+  n = n if n is not None else max(len(chosen), 1)
+  _check_count(np.asarray(peaks, np.float64), n)
+  return n, [("none", []),
+             ("super_experts", chosen) if chosen else ("top_a", top_pairs(peaks, n)),
+             ("most_frequent", top_pairs(counts, n)),
+             *[(f"random_seed{s}", random_pairs(peaks, n, s)) for s in seeds]]
+
+
+def ablation_effect(m, graphdef, params, rest, tokens, found: dict, pairs, *, score=None,
+                    batch_rows: int = 32) -> dict:
+  """One arm of ablation_study: `pairs` ablated (found: measure's PARTS + counts of the
+  unablated model on tokens, on the host), JSON-ready."""
+  peaks, counts = np.asarray(found["peaks"]), np.asarray(found["counts"])
+  moe_blocks = moe_layer_indices(m)
+  ablated = ablate_experts(m, params, pairs)
+  effect = found if not pairs else jax.device_get(
+      measure(graphdef, ablated, rest, tokens, ("massive", "sinks")))
+  sinks = [float(v) for v in effect["sinks"]]
+  return {
+      "experts": [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
+                   "a": float(peaks[j, e]), "routed_slots": int(counts[j, e])}
+                  for j, e in pairs],
+      "mass_on_position_0": sinks, "mean_mass_on_position_0": float(np.mean(sinks)),
+      "residual_max": [float(v) for v in effect["massive"]["max"]],
+      "residual_ratio": [float(v) for v in effect["massive"]["ratio"]],
+      "max_residual": float(np.max(effect["massive"]["max"])),
+      "loss_nats": next_token_loss(graphdef, ablated, rest, tokens, batch_rows),
+      **(score(m, ablated, rest) if score else {})}
+
+
 def ablation_study(source, tokens, *, n: int | None = None, seeds=(0, 1, 2), score=None,
                    batch_rows: int = 32, criterion: dict | None = None) -> dict:
   """Ablate the super experts (criterion: profile's thresholds) against as many
   random (one arm per seed) and as many most-frequently routed experts, on tokens
   [B, L] (no padding), JSON-ready.
 
-  Arms: `none` (the model as it is); `super_experts`, or `top_a` (the n largest
-  a_{l,e}, no layer filter) when no expert passes the criterion; `most_frequent`
-  (top_pairs of the routing counts on the same tokens); `random_seed{s}`. n: the
-  size of every arm but the SE one (default: the number of SEs, 1 when none).
-  Per arm: the experts, the attention mass on position 0 per layer and its mean,
-  the residual max |h| and max / median per block, the mean next-token loss in
-  nats, and whatever score(m, params, rest) returns (e.g. bpb)."""
-  m, graphdef, params, rest = _model_of(source)
+  Arms (ablation_arms): `none` (the model as it is); `super_experts`, or `top_a` (the
+  n largest a_{l,e}, no layer filter) when no expert passes the criterion;
+  `most_frequent` (top_pairs of the routing counts on the same tokens);
+  `random_seed{s}`. n: the size of every arm but the SE one (default: the number of
+  SEs, 1 when none). Per arm (ablation_effect): the experts, the attention mass on
+  position 0 per layer and its mean, the residual max |h| and max / median per block,
+  the mean next-token loss in nats, and whatever score(m, params, rest) returns (e.g. bpb)."""
+  m, graphdef, params, rest = model_of(source)
   tokens = jnp.asarray(tokens, jnp.int32)
   if len(set(seeds)) != len(seeds):
     raise ConfigError(f"seeds={list(seeds)}: a seed is given twice")
   found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS + ("counts",)))
-  report = _report(m, tokens.shape, found, **(criterion or {}))
-  peaks, counts = np.asarray(found["peaks"]), np.asarray(found["counts"])
-  chosen = [(p["moe_layer"], p["expert"]) for p in report["super_experts"]]
-  n = n if n is not None else max(len(chosen), 1)
-  _check_count(peaks, n)
-  arms = [("none", []), ("super_experts", chosen) if chosen else ("top_a", top_pairs(peaks, n)),
-          ("most_frequent", top_pairs(counts, n)),
-          *[(f"random_seed{s}", random_pairs(peaks, n, s)) for s in seeds]]
-  moe_blocks = moe_layer_indices(m)
-  out = []
-  for name, pairs in arms:
-    ablated = ablate_experts(m, params, pairs)
-    effect = found if not pairs else jax.device_get(
-        measure(graphdef, ablated, rest, tokens, ("massive", "sinks")))
-    sinks = [float(v) for v in effect["sinks"]]
-    out.append({
-        "arm": name,
-        "experts": [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
-                     "a": float(peaks[j, e]), "routed_slots": int(counts[j, e])}
-                    for j, e in pairs],
-        "mass_on_position_0": sinks, "mean_mass_on_position_0": float(np.mean(sinks)),
-        "residual_max": [float(v) for v in effect["massive"]["max"]],
-        "residual_ratio": [float(v) for v in effect["massive"]["ratio"]],
-        "max_residual": float(np.max(effect["massive"]["max"])),
-        "loss_nats": next_token_loss(graphdef, ablated, rest, tokens, batch_rows),
-        **(score(m, ablated, rest) if score else {})})
+  report = profile_report(m, tokens.shape, found, **(criterion or {}))
+  n, arms = ablation_arms(report, found["peaks"], found["counts"], n, seeds)
+  out = [{"arm": name, **ablation_effect(m, graphdef, params, rest, tokens, found, pairs,
+                                         score=score, batch_rows=batch_rows)}
+         for name, pairs in arms]
+  counts = np.asarray(found["counts"])
   return {"n": n, "seeds": list(seeds), "profile": report,
           "routed_slots": [[None if np.isnan(v) else int(v) for v in row] for row in counts],
           "arms": out}

@@ -1,42 +1,26 @@
-"""Config-driven ablations: train every variant of a sweep the same way, then tabulate.
+"""Training runs for studies: a config file plus dotted overrides, trained once per run
+directory and summarised (the `training` scorer, moejax/studies/scorers/training.py).
 
-A sweep config (configs/ablations/*.py) holds
-    steps     the training budget every variant gets (train.steps)
-    seed      the seed every variant gets, or
-    seeds     a tuple of distinct seeds (issue 13): every variant runs on every
-              seed; seed s fixes initialisation and data order (config.seed feeds
-              nnx.Rngs, the grain shuffle and the step keys), so all arms on seed s
-              see the same batches and pair up (moejax/train/seed_stats.py)
-    common    "key=value" overrides applied to every variant (e.g. eval cadence)
-    heldout_bytes_per_domain  optional: after training, score each run with the
-              evaluation harness on the first N bytes of every domain of its eval
-              split (the same bytes for every arm and seed, `harness.sample_documents`):
-              heldout_bpb (over all of them), heldout_bpb/<domain> and
-              heldout_mi_bits (I(domain; top-1 expert), mean over MoE layers);
-              the seed table then compares heldout_bpb instead of val_bpb (the
-              training loop's eval takes the split's first windows: one domain
-              of a corpus sorted by domain)
-    variants  (name, "configs/file.py[:arg]", ("key=value", ...)[, expect]) tuples;
-              expect ("lower" | "higher" | None) is the paper's claimed direction of
-              the metric against the first variant, the baseline
-Overrides use the dotted keys of `--config.a.b=value`; each must exist in the
-variant's config (a typo is a ConfigError naming it), except new entries of
-`model.moe.loss_weights`, which is open by design. Values are converted to the
-type of the value they replace.
+A run's config (`run_config`) is a config file ("configs/file.py[:arg]", loaded as
+--config=... would load it) with "key=value" overrides applied in order, then the
+seed and the step budget. Overrides use the dotted keys of `--config.a.b=value`;
+each must exist in the config (a typo is a ConfigError naming it), except new
+entries of `model.moe.loss_weights`, which is open by design. Values are converted
+to the type of the value they replace.
 
-`run_sweep` validates every variant before training any, trains each one in
-WORKDIR/<name> with `train_and_evaluate` (an interrupted variant resumes from
-its checkpoint) and writes WORKDIR/<name>/result.json when it finishes; a
-variant whose result.json exists, for the same config, is not re-run. With
-`seeds`, run s of a variant lives in WORKDIR/<name>/seed_<s>, runs go seed by
-seed (every arm of seed 0 first) and a variant may not override `seed`.
+`train_run` trains a config in its run directory with `train_and_evaluate` (an
+interrupted run resumes from its checkpoint) and writes run_dir/result.json when it
+finishes; a run directory whose result.json holds the same config is read back, not
+re-run, and one holding another config is a ConfigError.
 
 Summary figures (`summarize`): final val bpb; tokens/s as the median over log
 windows (robust to the compile window and to a shared machine); MoE metrics
-averaged over MoE layers and over the last quarter of the log records (the
-steady state, not the warm-up).
+averaged over MoE layers and over the last quarter of the log records (the steady
+state, not the warm-up). `heldout_figures`: the evaluation harness's bpb on the first
+N bytes of every domain of the eval split (the same bytes for every run): the
+training loop's eval takes the split's first windows, one domain of a corpus sorted
+by domain.
 """
-import dataclasses
 import importlib.util
 import json
 import math
@@ -49,17 +33,11 @@ import numpy as np
 from moejax.config import OPEN_DICTS, flatten_config, validate_config, with_defaults
 from moejax.errors import ConfigError
 from moejax.train.metrics import read_jsonl
-from moejax.train.seed_stats import DIRECTIONS, check_seeds
 
 MOE_COLUMNS = ("max_over_mean_load", "routing_entropy", "dropped_fraction", "padding_waste")
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-  name: str
-  config: str  # "configs/file.py[:arg]"
-  overrides: tuple = ()
-  expect: str | None = None  # the paper's direction against the baseline
+SUMMARY = ("val_bpb", "val_loss", "tokens_per_second", "params", "steps") + MOE_COLUMNS
+HELDOUT = ("heldout_bpb", "heldout_bytes", "heldout_mi_bits")
+RESULT = "result.json"
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
@@ -115,50 +93,30 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
       raise ConfigError(f"override {key}={text!r}: no config key {key!r}")
 
 
-def variants_of(sweep) -> list[Variant]:
-  variants = []
-  for entry in sweep.variants:
-    if len(entry) not in (3, 4):
-      raise ConfigError(f"sweep variant {entry!r}: expected (name, config, overrides"
-                        "[, expect])")
-    variant = Variant(entry[0], entry[1], tuple(entry[2]), *entry[3:])
-    if variant.expect not in DIRECTIONS:
-      raise ConfigError(f"variant {variant.name!r} expect={variant.expect!r}: must be "
-                        "'lower', 'higher' or None")
-    if "seeds" in sweep and any(o.partition("=")[0] == "seed" for o in variant.overrides):
-      raise ConfigError(f"variant {variant.name!r} overrides seed; with seeds= every "
-                        "variant runs on every seed")
-    variants.append(variant)
-  names = [v.name for v in variants]
-  if not variants or len(set(names)) != len(names):
-    raise ConfigError(f"sweep variants={names}: need at least one, names unique")
-  return variants
+def check_seeds(seeds) -> tuple[int, ...]:
+  """Training seeds: non-empty, distinct ints in [0, 2**32); ConfigError otherwise."""
+  if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+    raise ConfigError(f"seeds={seeds!r} must be a list of ints")
+  seeds = tuple(seeds)
+  if not seeds:
+    raise ConfigError("seeds=() is empty; give at least one seed")
+  if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
+             for s in seeds):
+    raise ConfigError(f"seeds={list(seeds)!r} must be ints in [0, 2**32)")
+  twice = sorted({s for s in seeds if seeds.count(s) > 1})
+  if twice:
+    raise ConfigError(f"seeds={list(seeds)!r} gives seed {twice[0]} twice; each seed once")
+  return seeds
 
 
-def sweep_seeds(sweep) -> tuple[int, ...]:
-  """The sweep's seeds: `seeds` (checked: non-empty, distinct) or (`seed`,)."""
-  if "seeds" not in sweep:
-    return (sweep.seed,)
-  if "seed" in sweep:
-    raise ConfigError(f"seed={sweep.seed!r} and seeds={sweep.seeds!r} are both set; "
-                      "give one of them")
-  return check_seeds(sweep.seeds)
-
-
-def run_dir_of(sweep, workdir: str, name: str, seed: int) -> str:
-  """WORKDIR/<name>, or WORKDIR/<name>/seed_<seed> for a multi-seed sweep."""
-  run_dir = os.path.join(workdir, name)
-  return os.path.join(run_dir, f"seed_{seed}") if "seeds" in sweep else run_dir
-
-
-def variant_config(sweep, variant: Variant, seed: int | None = None) -> ml_collections.ConfigDict:
-  """The variant's full config: its file, the seed (default the sweep's `seed`) and
-  common overrides, its own overrides (in a one-seed sweep a variant may set
-  `seed=1`: a seed-noise reference), the budget."""
-  config = load_config_file(variant.config)
-  config.seed = sweep.seed if seed is None else seed
-  apply_overrides(config, tuple(sweep.common) + variant.overrides)
-  config.train.steps = sweep.steps
+def run_config(config_file: str, overrides, *, seed: int, steps: int
+               ) -> ml_collections.ConfigDict:
+  """The validated config of one run: the file, the overrides in order, then `seed`
+  (initialisation, data order and step keys) and the budget `steps`."""
+  config = load_config_file(config_file)
+  apply_overrides(config, overrides)
+  config.seed = seed
+  config.train.steps = steps
   config.train.progress_bar = False
   validate_config(config)
   return config
@@ -180,16 +138,22 @@ def summarize(records: list[dict], eval_result: dict, num_params: int) -> dict:
   return out
 
 
+def heldout_documents(config, bytes_per_domain: int) -> list[tuple[str, str]]:
+  """(domain, text) of the first `bytes_per_domain` bytes of each domain of the eval split."""
+  from moejax.data.pipeline import split_documents
+  from moejax.evaluation import harness
+  return harness.sample_documents(split_documents(config.data), bytes_per_domain)
+
+
 def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
   """The harness's bpb per domain (and I(domain; expert)) of the run's last
   checkpoint on the first `bytes_per_domain` bytes of each eval-split domain."""
   from moejax.config import expert_counts
-  from moejax.data.pipeline import split_documents
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM
   from moejax.interop.load import load_model
   loaded, tokenizer, _ = load_model(run_dir)
-  documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
+  documents = heldout_documents(config, bytes_per_domain)
   settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
                               probes=())
   report = harness.evaluate(DecoderLM(loaded.config, loaded.params, loaded.rest), tokenizer,
@@ -204,7 +168,7 @@ def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
 
 
 def fingerprint(config: dict) -> dict:
-  """A config dict as flat JSON values: a finished variant is re-used only if it matches."""
+  """A config dict as flat JSON values: a finished run is re-used only if it matches."""
   return json.loads(json.dumps(flatten_config(config), default=str))
 
 
@@ -221,49 +185,61 @@ def same_config(saved_fingerprint: dict, config) -> bool:
   return fingerprint(with_defaults(nested)) == fingerprint(config.to_dict())
 
 
-def metric_of(sweep) -> str:
-  """The figure the sweep's arms are compared on."""
-  return "heldout_bpb" if sweep.get("heldout_bytes_per_domain") else "val_bpb"
-
-
-def run_sweep(sweep, workdir: str, *, train_fn=None, log=print) -> list[dict]:
-  """Train every (seed, variant) not already finished; returns one result dict per
-  run, seed by seed, each with its "seed" and "expect"."""
-  if sweep.get("heldout_bytes_per_domain", 0) < 0:
-    raise ConfigError(f"heldout_bytes_per_domain={sweep.heldout_bytes_per_domain} must be "
-                      ">= 0 (0: off)")
+def train_run(config, run_dir: str, *, heldout_bytes_per_domain: int = 0, train_fn=None,
+              log=print) -> dict:
+  """The summary of `config` trained in `run_dir` (module doc): read back from its
+  result.json when that holds the same config, else trained (resuming from the
+  run's checkpoint) and written there."""
+  result_path = os.path.join(run_dir, RESULT)
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      result = json.load(f)
+    if same_config(result["config"], config):
+      log(f"{run_dir}: finished earlier, not re-run")
+      return result
+    raise ConfigError(f"{result_path} was trained with another config; remove {run_dir} "
+                      "or give the arm a new name")
   if train_fn is None:
     from moejax.train.loop import train_and_evaluate as train_fn
-  seeds = sweep_seeds(sweep)
-  variants = variants_of(sweep)
-  configs = {(s, v.name): variant_config(sweep, v, s) for s in seeds for v in variants}
-  results = []  # all errors above, before any training or writing
-  for seed, variant in ((s, v) for s in seeds for v in variants):
-    config = configs[seed, variant.name]
-    run_dir = run_dir_of(sweep, workdir, variant.name, seed)
-    result_path, label = os.path.join(run_dir, "result.json"), os.path.relpath(run_dir, workdir)
-    if os.path.exists(result_path):
-      with open(result_path) as f:
-        result = json.load(f)
-      if same_config(result["config"], config):
-        log(f"{label}: finished earlier, not re-run")
-        results.append({**result, "seed": config.seed, "expect": variant.expect,
-                        "run_dir": run_dir})
-        continue
-      raise ConfigError(f"{result_path} was trained with another config; remove "
-                        f"{run_dir} or give the variant a new name")
-    log(f"{label}: training {config.train.steps} steps in {run_dir}")
-    run = train_fn(config, run_dir)
-    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(run.state.params))
-    summary = summarize(read_jsonl(os.path.join(run_dir, "metrics.jsonl")), run.eval,
-                        num_params)
-    if sweep.get("heldout_bytes_per_domain"):
-      summary.update(heldout_figures(run_dir, config, sweep.heldout_bytes_per_domain))
-    result = {"name": variant.name, "config_spec": variant.config,
-              "overrides": list(variant.overrides), "seed": config.seed, **summary,
-              "config": fingerprint(config.to_dict())}
-    with open(result_path + ".tmp", "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(result_path + ".tmp", result_path)  # atomic: never half a result
-    results.append({**result, "expect": variant.expect, "run_dir": run_dir})
-  return results
+  log(f"{run_dir}: training {config.train.steps} steps")
+  run = train_fn(config, run_dir)
+  num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(run.state.params))
+  result = summarize(read_jsonl(os.path.join(run_dir, "metrics.jsonl")), run.eval, num_params)
+  if heldout_bytes_per_domain:
+    result.update(heldout_figures(run_dir, config, heldout_bytes_per_domain))
+  result = {**result, "seed": config.seed, "config": fingerprint(config.to_dict())}
+  with open(result_path + ".tmp", "w") as f:
+    json.dump(result, f, indent=1)
+  os.replace(result_path + ".tmp", result_path)  # atomic: never half a result
+  return result
+
+
+def plot_curves(runs: list[tuple[str, str]], png_path: str) -> bool:
+  """Training cross-entropy and validation bpb against steps: one line per
+  (label, run_dir) with a metrics.jsonl, one colour per label; False if none has one."""
+  runs = [(label, d) for label, d in runs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+  if not runs:
+    return False
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
+  colours = {}
+  for label, run_dir in runs:
+    first = label not in colours
+    colours.setdefault(label, f"C{len(colours) % 10}")
+    style = dict(color=colours[label], label=label if first else None)
+    by_step = {rec["step"]: rec for rec in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))}
+    steps = sorted(by_step)
+    ax_train.plot(steps, [by_step[s].get("ce_loss", math.nan) for s in steps], lw=1, **style)
+    val = [s for s in steps if "val_bpb" in by_step[s]]
+    ax_val.plot(val, [by_step[s]["val_bpb"] for s in val], marker="o", ms=3, lw=1, **style)
+  ax_train.set(xlabel="step", ylabel="train cross-entropy (nats/token)", title="training loss")
+  ax_val.set(xlabel="step", ylabel="validation bits per byte", title="held-out split")
+  ax_val.legend(fontsize=7)
+  for ax in (ax_train, ax_val):
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(png_path, dpi=110)
+  plt.close(fig)
+  return True

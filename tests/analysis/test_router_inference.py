@@ -110,3 +110,135 @@ def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny):
   m_on, rest_on = ri.with_sere(m, rest, similarity, rho=0.0)
   rerouted = ri.decode_score(m_on, params, rest_on, windows, 8)
   assert rerouted["distinct_experts"] < plain["distinct_experts"]
+
+
+# ---- the three studies (moejax/studies/scorers/router_inference.py) ----------------------
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """Step 0 of the tiny default MoE (Shakespeare plays, 8 x 32 bytes per batch)."""
+  from tests.cli.conftest import training_workdir
+  path = str(tmp_path_factory.mktemp("ri") / "w")
+  training_workdir(path)
+  return path
+
+
+def study(name, workdir, **changes):
+  from moejax.train.sweep import load_config_file
+  c = load_config_file(f"configs/studies/router_inference_{name}.py")
+  c.settings.workdir = workdir
+  for key, value in changes.items():
+    if key == "settings":
+      c.settings.update(value)
+    else:
+      c[key] = value
+  if "levels" in changes:  # claims at a level the study no longer has
+    c.claims = [claim for claim in c.claims if "at" not in claim]
+  return c
+
+
+def run_study(config, tmp_path):
+  from moejax.studies import runner
+  spec, scorer = runner.prepare(config)
+  return runner.run(spec, scorer, str(tmp_path / "out"), plot=False, log=lambda _: None)
+
+
+def by_arm(results):
+  return {(r["arm"], tuple(r["level"].values()), r["draw"]): r["metrics"]
+          for r in results["runs"]}
+
+
+def test_capacity_study_scores_validation_batch_d_on_draw_d(workdir, tmp_path):
+  from moejax.analysis.router_inference import TrainedMoE
+  results = run_study(study("capacity", workdir, draws=2,
+                            levels=[{"gamma": 0.5}, {"gamma": 100.0}]), tmp_path)
+  runs = by_arm(results)
+  m = TrainedMoE(workdir)
+  batches = m.eval_batches()
+  capacity = math.ceil(0.5 * 2 * batches[0]["inputs"].size / 8)
+  for draw in (0, 1):
+    plain = ri.score_batches(ri.with_router(m.config)[1], m.params, m.rest, [batches[draw]], 2)
+    _, drop = ri.with_router(m.config, router="capacity_aware",
+                             capacity_aware=dict(gamma=0.5, expand_r=1.0))
+    tight = ri.score_batches(drop, m.params, m.rest, [batches[draw]], 2)
+    for gamma in (0.5, 100.0):
+      assert runs[("top_k", (gamma,), draw)] == plain  # the model's router ignores gamma
+    assert runs[("token_drop", (0.5,), draw)] == tight
+    assert tight["max_load"] <= capacity + 1e-6 < plain["max_load"]
+    # gamma = 100: nothing is over capacity, both drop rules are top-k
+    for arm in ("token_drop", "expanded_drop"):
+      assert runs[(arm, (100.0,), draw)]["bpb"] == pytest.approx(plain["bpb"], rel=1e-6)
+  assert runs[("top_k", (0.5,), 0)] != runs[("top_k", (0.5,), 1)]
+  (row,) = [r for r in results["claims"] if r["metric"] == "max_load"
+            and r["level"] == {"gamma": 0.5}]
+  assert row["interval"]["mean"] == pytest.approx(np.mean(
+      [runs[("token_drop", (0.5,), d)]["max_load"] - runs[("top_k", (0.5,), d)]["max_load"]
+       for d in (0, 1)])) and row["interval"]["mean"] < 0
+
+
+def test_as_coot_study_scores_held_out_play_d_on_draw_d(workdir, tmp_path):
+  from moejax.analysis.router_inference import TrainedMoE
+  from moejax.data.shakespeare import shakespeare_sources
+  results = run_study(study("as_coot", workdir, draws=2, settings={"play_batches": 1}),
+                      tmp_path)
+  runs = by_arm(results)
+  m = TrainedMoE(workdir)
+  plays = list(shakespeare_sources(m.config.data.data_dir)["validation"])
+  for draw in (0, 1):  # one batch of 8 consecutive 32-byte windows of the play, by hand
+    tokens = np.frombuffer(plays[draw]["text"], np.uint8)[:8 * 33].astype(np.int32)
+    windows = tokens.reshape(8, 33)
+    batch = {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+    for arm, keys in (("top_k", {}), ("as_coot_inf", dict(router="as_coot",
+                                                          as_coot=dict(tau=0.0)))):
+      expect = ri.score_batches(ri.with_router(m.config, **keys)[1], m.params, m.rest,
+                                [batch], 2)
+      assert runs[(arm, (), draw)] == {k: expect[k] for k in runs[(arm, (), draw)]}
+  assert "Draw d is held-out play d: 0 " in open(tmp_path / "out" / "results.md").read()
+
+
+def test_sere_study_decodes_windows_of_draw_d(workdir, tmp_path):
+  from moejax.analysis.router_inference import TrainedMoE
+  from moejax.interop.load import from_training_workdir
+  config = study("sere", workdir, draws=2, levels=[{"batch": 4, "rho": 1.0},
+                                                   {"batch": 4, "rho": 0.0}],
+                 settings={"windows_per_draw": 4, "decode_len": 6, "calibration_batches": 1})
+  runs = by_arm(run_study(config, tmp_path))
+  m = TrainedMoE(workdir)
+  loaded = from_training_workdir(workdir)[0]
+  windows = np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
+                            for b in m.eval_batches()])
+  for draw in (0, 1):
+    rows = windows[4 * draw:4 * draw + 4, :7]
+    plain = ri.decode_score(loaded.config, loaded.params, loaded.rest, rows, 4)
+    assert runs[("top_k", (4, 1.0), draw)] == runs[("top_k", (4, 0.0), draw)] == plain
+    # rho = 1: only a copy of an expert is that similar, so SERE re-routes nothing
+    assert runs[("sere", (4, 1.0), draw)] == plain
+    assert runs[("sere", (4, 0.0), draw)]["distinct_experts"] < plain["distinct_experts"]
+
+
+@pytest.mark.parametrize("name,changes,message", [
+    ("capacity", dict(settings={"workdir": "/nonexistent"}),
+     r"study\.settings\.workdir='/nonexistent' is not a training workdir"),
+    ("capacity", dict(draws=10**6), r"study\.draws=1000000: the model's data has \d+ validation"),
+    ("capacity", dict(levels=[{"gamma": 0.0}]), r"study\.levels\[0\]\.gamma=0\.0 must be > 0"),
+    ("capacity", dict(levels=[{"rho": 1.0}]), r"study\.levels have axes \['rho'\]"),
+    ("as_coot", dict(draws=9), r"study\.draws=9: the model's data has 4 held-out plays"),
+    ("as_coot", dict(settings={"play_batches": 0}), r"study\.settings\.play_batches=0"),
+    ("sere", dict(levels=[{"batch": 65, "rho": 0.5}]),
+     r"study\.levels\[0\]\.batch=65 must be an integer in \[1, "
+     r"study\.settings\.windows_per_draw=64\]"),
+    ("sere", dict(levels=[{"batch": 8, "rho": 1.5}]), r"study\.levels\[0\]\.rho=1\.5"),
+])
+def test_router_studies_refuse_bad_input_before_any_run(workdir, tmp_path, name, changes,
+                                                        message):
+  with pytest.raises(ConfigError, match=message):
+    run_study(study(name, workdir, **changes), tmp_path)
+  assert not (tmp_path / "out").exists()
+
+
+def test_router_studies_refuse_a_dense_model(tmp_path):
+  from configs.lm_shakespeare_dense import get_config as dense_config
+  from tests.cli.conftest import training_workdir
+  training_workdir(str(tmp_path / "dense"), dense_config("size=tiny"))
+  with pytest.raises(ConfigError, match=r"model\.ffn_type='dense'.*study\.settings\.workdir="):
+    run_study(study("capacity", str(tmp_path / "dense")), tmp_path)

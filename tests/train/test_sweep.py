@@ -1,28 +1,16 @@
-"""The ablation runner: overrides, summaries, resumability, early errors, report."""
+"""Training runs for studies (moejax/train/sweep.py): overrides, run configs, summaries,
+re-use of finished runs, seeds."""
 import json
 import os
-import subprocess
-import sys
 import types
 
-import ml_collections
 import numpy as np
 import pytest
 
 from moejax.errors import ConfigError
 from moejax.train import sweep as sweep_lib
-from moejax.train.sweep_report import markdown_table
 
 MOE = "configs/lm_shakespeare_moe.py"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def make_sweep(variants, steps=5):
-  c = ml_collections.ConfigDict()
-  c.title, c.steps, c.seed = "test", steps, 3
-  c.common = ("train.eval_every=2",)
-  c.variants = variants
-  return c
 
 
 def test_overrides_are_typed_and_unknown_keys_named():
@@ -42,6 +30,16 @@ def test_overrides_are_typed_and_unknown_keys_named():
                      ("model.l3.layers=1", "model.l3.layers")]:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
       sweep_lib.apply_overrides(c, (bad,))
+
+
+def test_run_config_sets_seed_and_budget_after_the_overrides_and_validates():
+  c = sweep_lib.run_config(MOE + ":size=tiny", ["model.moe.top_k=1", "train.steps=9"],
+                           seed=7, steps=3)
+  assert (c.seed, c.train.steps, c.model.moe.top_k, c.train.progress_bar) == (7, 3, 1, False)
+  with pytest.raises(ConfigError, match="top_k"):
+    sweep_lib.run_config(MOE + ":size=tiny", ["model.moe.top_k=9"], seed=0, steps=3)
+  with pytest.raises(ConfigError, match="nope.py"):
+    sweep_lib.run_config("configs/nope.py", [], seed=0, steps=3)
 
 
 def test_summary_is_median_speed_and_late_layer_mean():
@@ -64,95 +62,34 @@ class FakeTrain:
   """Stands in for train_and_evaluate: writes a metrics log, counts calls."""
 
   def __init__(self):
-    self.calls = []
+    self.calls = 0
 
   def __call__(self, config, run_dir):
-    self.calls.append(os.path.basename(run_dir))
+    self.calls += 1
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
       for step in range(1, config.train.steps + 1):
-        f.write(json.dumps({"step": step, "tokens_per_second": 1000.0,
-                            "ce_loss": 5.0 / step}) + "\n")
-    params = {"w": np.zeros((3, 4))}
-    bpb = 2.0 + config.model.moe.top_k / 10
-    return types.SimpleNamespace(state=types.SimpleNamespace(params=params),
-                                 eval={"val_bpb": bpb, "val_loss": 1.0})
+        f.write(json.dumps({"step": step, "tokens_per_second": 1000.0}) + "\n")
+    return types.SimpleNamespace(state=types.SimpleNamespace(params={"w": np.zeros((3, 4))}),
+                                 eval={"val_bpb": 2.0 + config.model.moe.top_k / 10})
 
 
-def test_finished_variants_are_not_rerun_and_changed_ones_are_refused(tmp_path):
-  variants = (("a", MOE + ":size=tiny", ()), ("b", MOE + ":size=tiny", ("model.moe.top_k=1",)))
-  seeded = sweep_lib.variant_config(make_sweep(()), sweep_lib.Variant("s", MOE, ("seed=7",)))
-  assert seeded.seed == 7 and sweep_lib.variant_config(
-      make_sweep(()), sweep_lib.Variant("s", MOE)).seed == 3  # the sweep's seed otherwise
-  fake = FakeTrain()
-  first = sweep_lib.run_sweep(make_sweep(variants), str(tmp_path), train_fn=fake, log=id)
-  assert fake.calls == ["a", "b"] and [r["params"] for r in first] == [12, 12]
-  os.remove(tmp_path / "b" / "result.json")  # b was interrupted before it finished
-  again = sweep_lib.run_sweep(make_sweep(variants), str(tmp_path), train_fn=fake, log=id)
-  assert fake.calls == ["a", "b", "b"]
-  assert [r["val_bpb"] for r in again] == pytest.approx([2.2, 2.1])
-  table = markdown_table(again)
-  assert "| b | 2.100 | -4.5% | 1,000 | 12 |" in table
+def test_a_finished_run_is_read_back_and_a_changed_one_refused(tmp_path):
+  config = sweep_lib.run_config(MOE + ":size=tiny", [], seed=3, steps=4)
+  fake, run_dir = FakeTrain(), str(tmp_path / "a")
+  first = sweep_lib.train_run(config, run_dir, train_fn=fake, log=id)
+  assert fake.calls == 1 and first["val_bpb"] == pytest.approx(2.2)
+  assert first["params"] == 12 and first["seed"] == 3 and first["steps"] == 4
+  log = []
+  again = sweep_lib.train_run(config, run_dir, train_fn=fake, log=log.append)
+  assert json.dumps(again, sort_keys=True) == json.dumps(first, sort_keys=True)  # NaN too
+  assert fake.calls == 1 and log == [f"{run_dir}: finished earlier, not re-run"]
+  os.remove(os.path.join(run_dir, "result.json"))  # interrupted before it finished
+  sweep_lib.train_run(config, run_dir, train_fn=fake, log=id)
+  assert fake.calls == 2
+  changed = sweep_lib.run_config(MOE + ":size=tiny", ["model.moe.top_k=1"], seed=3, steps=4)
   with pytest.raises(ConfigError, match="another config"):
-    sweep_lib.run_sweep(make_sweep(variants, steps=6), str(tmp_path), train_fn=fake, log=id)
-
-
-def test_a_bad_variant_fails_before_any_training(tmp_path):
-  fake = FakeTrain()
-  variants = (("good", MOE + ":size=tiny", ()),
-              ("bad", MOE + ":size=tiny", ("model.moe.top_k=9",)))
-  with pytest.raises(ConfigError, match="top_k"):
-    sweep_lib.run_sweep(make_sweep(variants), str(tmp_path), train_fn=fake, log=id)
-  with pytest.raises(ConfigError, match="names unique"):
-    sweep_lib.run_sweep(make_sweep((variants[0], variants[0])), str(tmp_path),
-                        train_fn=fake, log=id)
-  with pytest.raises(ConfigError, match="nope.py"):
-    sweep_lib.run_sweep(make_sweep((("x", "configs/nope.py", ()),)), str(tmp_path),
-                        train_fn=fake, log=id)
-  negative = make_sweep(variants[:1])
-  negative.heldout_bytes_per_domain = -1
-  with pytest.raises(ConfigError, match=r"^heldout_bytes_per_domain=-1 must be >= 0"):
-    sweep_lib.run_sweep(negative, str(tmp_path), train_fn=fake, log=id)
-  assert fake.calls == [] and not os.listdir(tmp_path)
-
-
-def test_cli_trains_each_variant_and_writes_table_and_plot(tmp_path):
-  sweep_file = tmp_path / "sweep.py"
-  sweep_file.write_text(
-      "import ml_collections\n"
-      "def get_config():\n"
-      "  c = ml_collections.ConfigDict()\n"
-      "  c.title, c.steps, c.seed = 'cli', 4, 0\n"
-      "  c.common = ('train.eval_every=2', 'train.log_every=2', 'train.eval_batches=1')\n"
-      "  c.heldout_bytes_per_domain = 4096\n"
-      f"  c.variants = (('topk', '{MOE}:size=tiny', ()),\n"
-      f"                ('top1', '{MOE}:size=tiny', ('model.moe.top_k=1',)))\n"
-      "  return c\n")
-  workdir = tmp_path / "out"
-  cmd = [sys.executable, "-m", "experiments.ablate", f"--config={sweep_file}",
-         f"--workdir={workdir}", f"--config.steps=4"]
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert first.returncode == 0, first.stderr[-3000:]
-  results = json.loads((workdir / "sweep.json").read_text())
-  assert [r["name"] for r in results] == ["topk", "top1"]
-  assert all(r["steps"] == 4 and np.isfinite(r["val_bpb"]) for r in results)
-  # scored by the harness on the first 4096 bytes of the held-out plays: the
-  # loop's eval (one batch of other windows) is a different sample of the same text
-  for r in results:
-    assert r["heldout_bytes"] == 4096 and r["heldout_bpb/shakespeare"] == r["heldout_bpb"]
-    assert r["heldout_bpb"] != r["val_bpb"] and abs(r["heldout_bpb"] / r["val_bpb"] - 1) < 0.1
-  # top-1 routes half the assignments of top-2: its load figures differ.
-  assert results[0]["max_over_mean_load"] != results[1]["max_over_mean_load"]
-  assert (workdir / "sweep_curves.png").stat().st_size > 10_000
-  assert "| topk |" in (workdir / "sweep.md").read_text()
-  # Run again (in this process: a second child would only repeat the imports): the
-  # results the CLI wrote count as finished, nothing trains.
-  sweep = sweep_lib.load_config_file(str(sweep_file))
-  sweep.steps = 4
-  fake, log = FakeTrain(), []
-  sweep_lib.run_sweep(sweep, str(workdir), train_fn=fake, log=log.append)
-  assert fake.calls == [] and "topk: finished earlier, not re-run" in log
+    sweep_lib.train_run(changed, run_dir, train_fn=fake, log=id)
 
 
 def test_a_result_from_an_older_schema_still_counts_as_finished():
@@ -162,3 +99,13 @@ def test_a_result_from_an_older_schema_still_counts_as_finished():
   assert sweep_lib.same_config(saved, config)
   saved["model.moe.top_k"] = 1
   assert not sweep_lib.same_config(saved, config)
+
+
+@pytest.mark.parametrize("seeds,message", [
+    ((), r"seeds=\(\) is empty"), ((0, 1, 0), r"gives seed 0 twice"),
+    ((0, -1), r"must be ints in \[0, 2\*\*32\)"), ((True,), r"must be ints"),
+    ("01", r"must be a list of ints")])
+def test_bad_seeds_are_refused(seeds, message):
+  with pytest.raises(ConfigError, match=message):
+    sweep_lib.check_seeds(seeds)
+  assert sweep_lib.check_seeds([3, 1]) == (3, 1)
