@@ -9,7 +9,7 @@ Prints the Bayes floor over exactly the evaluated target tokens
 the floor, the first evaluated step within 5% (and 10%) of the floor, and per
 MoE layer NMI(document language, top-1 expert) over the input tokens of the
 evaluated windows (expert_index[:, 0] of the latest checkpoint's routing).
---sweep_dir: every ARM/seed_N workdir of an experiments.ablate sweep, then per
+--sweep_dir: every ARM/seed_N workdir of a training study (scorer 'training'), then per
 arm over its seeds: excess over the floor, steps to within 5%, and NMI
 (mean over layers), each as mean ± std, as a markdown table.
 """
@@ -31,7 +31,7 @@ from moejax.train.metrics import read_jsonl
 from moejax.train.restore import load_from_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir of a polyglot_synth run.")
-_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "An experiments.ablate workdir of "
+_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "A training study's settings.workdir, of "
                                  "polyglot_synth runs (ARM/seed_N/).")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 

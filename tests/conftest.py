@@ -19,7 +19,7 @@ SLOW_FIRST = ("tests/sharding/test_on_8_devices.py", "tests/train/test_grad_accu
               "tests/layers/test_moe_layer.py", "tests/experts/test_omnimoe.py",
               "tests/kernels/test_gmm_grad.py", "tests/dispatch/test_dispatch.py",
               "tests/models/test_scale_skeleton.py", "tests/layers/test_lookup.py",
-              "tests/train/test_sweep.py", "tests/train/test_finetune_hf.py")
+              "tests/train/test_finetune_hf.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -46,7 +46,7 @@ and the training scripts scale that sum by 0.01 (GMoE
 `--aux_loss_weight` default 0.01). The moejax equivalent is
 `model.moe.loss_weights.smooth_boundary = 1e-2` with
 `model.moe.losses.smooth_boundary.alpha = 1`, beside `load_balance = 1e-2`
-(configs/ablations/routers.py). The router sweep used 1.0 (100x the official
+(configs/studies/routers.py). The router sweep used 1.0 (100x the official
 scale) before it was corrected.
 
 Balance loss: the official one (GMoE uses `is_gshard_loss=True`) is Tutel's

@@ -6,12 +6,10 @@ from tests.cli.conftest import TRAIN_CONFIG
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
 GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.convert"
-ABLATE, SERE, ROUTERS = "experiments.ablate", "experiments.calibrate_sere", \
-    "experiments.router_inference"
+SERE, STUDY = "experiments.calibrate_sere", "experiments.study"
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
 CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
-STUDY, POLYGLOT = "experiments.prune_study", "experiments.polyglot_report"
-COMPRESS, COMPRESS_STUDY = "experiments.compress", "experiments.compress_study"
+POLYGLOT, COMPRESS = "experiments.polyglot_report", "experiments.compress"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -135,32 +133,30 @@ CASES = [
      ["--check_logits", "float32", "bfloat16"]),
     (CONVERT, [NEW, "--out_hf_dir={missing}2"], ["does not exist", "--workdir={missing}"]),
     (CONVERT, ["--workdir={bad}/conv_truncated", "--out_hf_dir={missing}"], ["conv_truncated"]),
-    # ablate
-    (ABLATE, ["--config={missing}.py", NEW], ["--config={missing}.py"]),
-    (ABLATE, ["--config=configs/ablations/routers.py", "--workdir={bad}/afile.txt"], ["afile.txt"]),
-    (ABLATE, ["--config=configs/ablations/routers.py", T], ["--workdir={train}", "sweep"]),
-    (ABLATE, ["--config=configs/ablations/routers.py", NEW, "--config.no_such_key=1"],
+    # study: the training studies
+    (STUDY, ["--config={missing}.py"], ["--config={missing}.py"]),
+    (STUDY, ["--config=configs/studies/routers.py", "--config.settings.workdir={bad}/afile.txt"],
+     ["study.settings.workdir", "afile.txt"]),
+    (STUDY, ["--config=configs/studies/routers.py", "--config.settings.workdir={train}"],
+     ["{train}", "not a training path"]),
+    (STUDY, ["--config=configs/studies/routers.py", "--config.no_such_key=1"],
      ["unknown config key no_such_key"]),
-    (ABLATE, ["--config=configs/ablations/routers_seeds.py", NEW, "--config.seeds=(0, 1, 0)"],
-     ["seeds=[0, 1, 0]", "twice"]),
+    (STUDY, ["--config=configs/studies/routers_seeds.py:base=polyglot",
+             "--config.settings.seeds=(0, 1, 0)"], ["twice"]),
     # calibrate_sere
     (SERE, [NEW], ["does not exist", "--workdir={missing}"]),
     (SERE, [C], ["imported model", "--workdir={converted}"]),
     (SERE, [T, "--batches=0"], ["--batches=0"]),
     (SERE, [T, "--out={missing}/sub/similarity.npy"], ["--out={missing}/sub/similarity.npy"]),
     (SERE, [T, "--out={bad}"], ["directory", "--out={bad}"]),
-    # router_inference
-    (ROUTERS, [T, "--studies=capacity,foo"], ["--studies=capacity,foo"]),
-    (ROUTERS, [T, "--studies="], ["--studies"]),
-    (ROUTERS, [T, "--gammas=0"], ["--gammas=0"]),
-    (ROUTERS, [T, "--gammas=1,abc"], ["--gammas=1,abc"]),
-    (ROUTERS, [T, "--rhos=1.5"], ["--rhos=1.5"]),
-    (ROUTERS, [T, "--decode_batches=8,0"], ["--decode_batches=8,0"]),
-    (ROUTERS, [T, "--taus=-1"], ["--taus=-1"]),
-    (ROUTERS, [T, "--eval_batches=0"], ["--eval_batches=0"]),
-    (ROUTERS, [T, "--decode_len=-1"], ["--decode_len=-1"]),
-    (ROUTERS, [NEW], ["does not exist"]),
-    (ROUTERS, [T, "--markdown={missing}/x/report.md"], ["--markdown={missing}/x/report.md"]),
+    # study: inference-time routers and the phenomena ablation
+    (STUDY, ["--config=configs/studies/router_inference_capacity.py",
+             "--config.settings.workdir={missing}"], ["{missing}"]),
+    (STUDY, ["--config=configs/studies/router_inference_sere.py",
+             "--config.settings.workdir={train}", "--config.settings.calibration_batches=0"],
+     ["study.settings.calibration_batches=0"]),
+    (STUDY, ["--config=configs/studies/phenomena.py", "--config.settings.workdir={missing}"],
+     ["{missing}"]),
     # evaluate
     (EVAL, [], ["--workdir", "--hf_dir"]),
     (EVAL, [T, H], ["--workdir", "--hf_dir"]),
@@ -223,11 +219,6 @@ CASES = [
     (COMPRESS, [C, "--level=3"], ["training run", "--workdir={converted}"]),
     (COMPRESS, ["--workdir={bad}/train_dense", "--level=3"], ["no MoE layer", "train_dense"]),
     (COMPRESS, [T, "--level=3", "--num_windows=1"], ["--num_windows=1", "fewer than 16 per expert"]),
-    (COMPRESS_STUDY, [T, "--levels=3", "--table=awq"], ["--table", "awq"]),
-    (COMPRESS_STUDY, [T, "--levels=3", "--arms=svd"], ["--arms=['svd']", "gemq table"]),
-    (COMPRESS_STUDY, [T, "--levels=-1"], ["--levels"]),
-    (COMPRESS_STUDY, [T, "--levels=1.5"], ["--level=1.5", "below the minimum"]),
-    (COMPRESS_STUDY, [T, "--levels=3", "--json={bad}"], ["directory", "--json={bad}"]),
     (CURSE, [T, "--expert_shards=3"], ["--expert_shards=3", "divisor", "8 experts"]),
     (CURSE, [T, "--length=100000"], ["--length=100000", "max_seq_len"]),
     (CURSE, [T, "--capacity_factor=-1"], ["--capacity_factor=-1"]),
@@ -238,12 +229,17 @@ CASES = [
     (ATTRIBUTION, [T, "--plot={bad}"], ["directory", "--plot={bad}"]),
     (ATTRIBUTION, [C], ["training run", "--workdir={converted}"]),
     (ATTRIBUTION, ["--workdir={bad}/train_dense"], ["MoE model", "train_dense"]),
-    (STUDY, [T, "--methods=frequency,obs"], ["--methods='obs'", "schur_astar"]),
-    (STUDY, [T, "--keeps=9"], ["--keep=9", "larger than"]),
-    (STUDY, [T, "--draws=0"], ["--draws=0"]),
-    (STUDY, [T, "--methods=heapr", "--keeps=12"], ["--keep=12", "atom method"]),
-    (STUDY, [T, "--methods="], ["--methods", "at least one"]),
-    (STUDY, ["--workdir={bad}/train_dense"], ["no MoE layer", "train_dense"]),
+    (STUDY, ["--config=configs/studies/pruning_knee.py", "--config.settings.workdir={train}"],
+     ["study.levels[1].keep=9", "larger than"]),
+    (STUDY, ["--config=configs/studies/pruning.py", "--config.settings.workdir={train}",
+             "--config.settings.num_windows=1"],
+     ["study.settings.num_windows=1", "fewer than 16 per expert"]),
+    (STUDY, ["--config=configs/studies/gemq.py", "--config.settings.workdir={train}",
+             "--config.settings.group_size=12"], ["study.settings.group_size=12", "divide"]),
+    (STUDY, ["--config=configs/studies/pruning.py", "--config.settings.workdir={bad}/train_dense"],
+     ["no MoE layer", "train_dense"]),
+    (STUDY, ["--config=configs/studies/pruning.py", "--config.settings.workdir={train}",
+             "--config.draws=0"], ["study.draws=0"]),
     (POLYGLOT, [], ["--workdir", "--sweep_dir"]),
     (POLYGLOT, [T, "--sweep_dir={bad}"], ["--workdir", "--sweep_dir"]),
     (POLYGLOT, ["--sweep_dir={bad}/emptydir"], ["ARM/seed_N", "--sweep_dir={bad}/emptydir"]),

@@ -112,10 +112,10 @@ def test_router_sweep_uses_the_official_loss_scale():
   """The official code adds L_b to the balance loss and scales that auxiliary loss by
   0.01 (GMoE aux_loss_weights, Language-Glue --aux_loss_weight); its gate defaults are
   alpha 1, h 0.5, eta_init -9, a 1, b 50. The sweep once weighted L_b at 1.0 (100x)."""
-  from moejax.train.sweep import load_config_file, variant_config, variants_of
-  sweep = load_config_file("configs/ablations/routers.py")
-  (variant,) = [v for v in variants_of(sweep) if v.name == "smooth_topk"]
-  moe = variant_config(sweep, variant).model.moe
+  from moejax.studies import runner
+  from moejax.train.sweep import load_config_file
+  _, scorer = runner.prepare(load_config_file("configs/studies/routers.py"))
+  moe = scorer.config("smooth_topk", {}, 0).model.moe
   assert moe.router == "smooth_topk"
   assert moe.loss_weights.smooth_boundary == 1e-2 == moe.loss_weights.load_balance
   assert moe.losses.smooth_boundary.alpha == 1.0
