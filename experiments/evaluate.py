@@ -28,6 +28,7 @@ from moejax.evaluation import harness
 from moejax.evaluation.model import DecoderLM
 from moejax.evaluation.probe_data import PROBES, default_probes
 from moejax.interop.load import load_model
+from moejax.train.checkpoint import latest_config
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training or converted workdir.")
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory.")
@@ -83,19 +84,6 @@ def read_docs(path: str) -> list[tuple[str, str]]:
   return out
 
 
-def training_config(workdir: str):
-  """The config a training workdir's latest checkpoint was trained with, or None."""
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-    return None
-  import ml_collections
-  from moejax.train.checkpoint import Checkpointer
-  ckpt = Checkpointer(workdir, read_only=True)
-  steps = ckpt.all_steps()
-  config = ml_collections.ConfigDict(ckpt.read_meta(steps[-1])["config"]) if steps else None
-  ckpt.close()
-  return config
-
-
 def load(workdir, hf_dir):
   """(LM, tokenizer, prefix id, experts per MoE layer, training config or None)."""
   loaded, tokenizer, eos_id = load_model(workdir, hf_dir)
@@ -108,7 +96,9 @@ def load(workdir, hf_dir):
     raise ConfigError(f"the model names no separator (eos) token; give --prefix_id {where}")
   if prefix >= loaded.config.vocab_size:
     raise cli.flag_error(_PREFIX, f"expected a token id below {loaded.config.vocab_size}")
-  config = training_config(workdir) if workdir else None
+  config = None
+  if workdir and os.path.isdir(os.path.join(workdir, "checkpoints")):
+    config = latest_config(workdir)[0]  # the run's data split, for --split
   return (DecoderLM(loaded.config, loaded.params, loaded.rest), tokenizer, prefix,
           expert_counts(loaded.config), config)
 

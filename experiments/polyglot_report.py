@@ -16,60 +16,18 @@ arm over its seeds: excess over the floor, steps to within 5%, and NMI
 import json
 import os
 
-import jax
 import numpy as np
 from absl import flags
-from flax import nnx
 
 from moejax import cli
-from moejax.data import polyglot
-from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
-from moejax.evaluation.partitions import nmi
+from moejax.evaluation.polyglot_floor import run_report
 from moejax.evaluation.stats import markdown_table, t_interval
-from moejax.train.metrics import read_jsonl
-from moejax.train.restore import load_from_workdir
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir of a polyglot_synth run.")
 _SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "A training study's settings.workdir, of "
                                  "polyglot_synth runs (ARM/seed_N/).")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
-
-
-def top1_experts(graphdef, params, rest, batches) -> list[np.ndarray]:
-  """Per MoE layer, the top-1 expert of every input token, batches in order, [N*L]."""
-  forward = jax.jit(lambda p, r, x: [a["expert_index"][:, 0]
-                                     for a in nnx.merge(graphdef, p, r)(x)[1]["moe"]])
-  per_batch = [jax.device_get(forward(params, rest, b["inputs"])) for b in batches]
-  return [np.concatenate(layer) for layer in zip(*per_batch)]
-
-
-def run_report(workdir: str) -> dict:
-  """The figures of the module doc for one polyglot_synth training workdir."""
-  config, graphdef, params, rest, _ = load_from_workdir(workdir)
-  if config.data.name != polyglot.NAME:
-    raise ConfigError(f"trained on data.name={config.data.name!r}, not {polyglot.NAME!r} "
-                      f"({workdir})")
-  data = build_lm_data(config.data, seed=config.seed)
-  num_batches = min(config.train.eval_batches, data.num_eval_batches)
-  windows = num_batches * config.data.batch_size
-  langs, splits = polyglot.build(config.data)
-  docs, labels = splits[config.data.eval_split]
-  floor = polyglot.stream_floor(langs, docs, config.data.seq_len, windows)["floor_bpb"]
-  history = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  evals = [r for r in history if "val_bpb" in r]
-  if not evals:
-    raise ConfigError(f"{workdir}/metrics.jsonl holds no evaluation")
-  languages = polyglot.token_languages(labels, polyglot.settings_of(config.data)["doc_len"],
-                                       config.data.seq_len, windows).reshape(-1)
-  experts = top1_experts(graphdef, params, rest, data.eval_batches(num_batches))
-  out = {"floor_bpb": floor, "step": evals[-1]["step"], "val_bpb": evals[-1]["val_bpb"],
-         "excess": evals[-1]["val_bpb"] / floor - 1,
-         "steps_to_5pct": polyglot.steps_to_within(evals, floor, tolerance=0.05),
-         "steps_to_10pct": polyglot.steps_to_within(evals, floor, tolerance=0.10),
-         "nmi_language_top1_expert": [nmi(languages, e) for e in experts],
-         "eval_windows": windows}
-  return out
 
 
 def sweep_runs(sweep_dir: str) -> dict:

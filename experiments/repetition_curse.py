@@ -34,19 +34,6 @@ _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
 flags.mark_flag_as_required("workdir")
 
 
-def kind_report(routing, batch, moe, capacity) -> list:
-  from moejax.analysis import repetition as rep
-  layers = []
-  for index, valid in routing:
-    index, valid = np.asarray(index), np.asarray(valid)
-    report = rep.layer_report(index, valid, batch, moe.num_experts, _EXPERT_SHARDS.value)
-    capped = rep.capped_load(np.asarray(report["load"]), capacity)
-    blocks = capped.reshape(_EXPERT_SHARDS.value, -1).sum(1)
-    report["busiest_device_capped"] = float(blocks.max() / max(valid.sum() / blocks.size, 1e-12))
-    layers.append(report)
-  return layers
-
-
 def table(report: dict) -> str:
   lines = [f"{report['prompts']} prompts of {report['length']} tokens; experts over "
            f"{report['expert_shards']} devices; capacity {report['capacity']} rows per expert",
@@ -94,7 +81,8 @@ def main(argv):
             "repeated_tokens": ids.tolist()}
   for kind, tokens in (("repeated", repeated), ("natural", natural)):
     routing = rep.routing_of(graphdef, params, rest, jnp.asarray(tokens))
-    report[kind] = kind_report(routing, count, moe, capacity)
+    report[kind] = rep.kind_report(routing, count, moe.num_experts, _EXPERT_SHARDS.value,
+                                   capacity)
   print(table(report))
   if _OUT.value:
     with open(_OUT.value, "w") as f:

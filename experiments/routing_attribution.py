@@ -26,23 +26,6 @@ _PLOT = flags.DEFINE_string("plot", None, "Write the heatmap (MoE layer x source
 flags.mark_flag_as_required("workdir")
 
 
-def shares(layers) -> list[dict]:
-  """Per MoE layer, each source's fraction of the summed influence, and the
-  attention / MoE totals over the earlier layers (the block's own attention
-  counted with attention)."""
-  from moejax.analysis.routing_attribution import influence_by_source
-  out = []
-  for layer in layers:
-    by_source = influence_by_source(layer)
-    total = sum(by_source.values())
-    frac = {k: v / total for k, v in by_source.items()}
-    out.append({"block": layer["block"], "share": frac,
-                "attention": sum(v for k, v in frac.items() if k.startswith("attn")),
-                "moe": sum(v for k, v in frac.items() if k.startswith("moe")),
-                "embed": frac.get("embed", 0.0)})
-  return out
-
-
 def plot(report: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
@@ -66,7 +49,7 @@ def main(argv):
   cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
   cli.output_file("out", _OUT.value)
   cli.output_file("plot", _PLOT.value)
-  from moejax.analysis.routing_attribution import attribute
+  from moejax.analysis.routing_attribution import attribute, source_shares
   from moejax.data.pipeline import split_documents
   from moejax.evaluation.bpb import domain_windows
   from moejax.train.restore import load_from_workdir
@@ -80,7 +63,7 @@ def main(argv):
     raise cli.flag_error(_NUM_WINDOWS, f"expected at most the {len(windows)} held-out windows")
   pick = np.linspace(0, len(windows) - 1, _NUM_WINDOWS.value).astype(int)
   layers = attribute(graphdef, params, rest, windows[pick])
-  report = {"model": _WORKDIR.value, "windows": int(len(pick)), "layers": shares(layers)}
+  report = {"model": _WORKDIR.value, "windows": int(len(pick)), "layers": source_shares(layers)}
   print("MoE block | attention | earlier MoE | embedding | dense FFN")
   for layer in report["layers"]:
     dense = 1.0 - layer["attention"] - layer["moe"] - layer["embed"]

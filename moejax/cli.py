@@ -213,8 +213,13 @@ KIND_WORDS = {"training": "a training run (checkpoints/)",
 
 def existing_workdir(flag: str, path: str, kinds=("training", "converted", "mixed")) -> str:
   """The kind of a workdir to read from; ConfigError unless it is one of `kinds`."""
+  return checked_workdir(f"--{flag}", path, kinds)
+
+
+def checked_workdir(key: str, path: str, kinds=("training", "converted", "mixed")) -> str:
+  """existing_workdir for any key that names the path ('--workdir', 'study.settings.workdir')."""
   kind = workdir_kind(path)
-  where = f"(--{flag}={path})"
+  where = f"({key}={path})"
   if kind == "missing":
     raise ConfigError(f"workdir does not exist {where}")
   if kind == "file":

@@ -190,11 +190,11 @@ def main(argv):
   rows = []
   batches = [int(b) for b in _BATCHES.value]
   if _PROFILE.value and _PHASE.value == "prefill":
-    from experiments.benchmarks.generate_prefill_profile import prefill_table, profile_prefill
-    profile, profile_table = profile_prefill, prefill_table
+    from experiments.benchmarks.generate_prefill_profile import profile_prefill as profile
+    from moejax.profiling.report import prefill_table as profile_table
   elif _PROFILE.value:
     from experiments.benchmarks.generate_profile import profile_family as profile
-    from experiments.benchmarks.generate_profile_report import profile_table
+    from moejax.profiling.report import profile_table
   for family in _FAMILIES.value:
     if _PROFILE.value:
       rows += profile(model_pair(family), family, batches, _PROMPT.value, _NEW.value,

@@ -1,8 +1,8 @@
 r"""Where time to first token goes, moejax against transformers:
 `python -m experiments.benchmarks.generate --profile --profile_phase=prefill`. The
 parts and their attribution are the decode profile's (generate_profile.py and
-its _xla, _hf and _report modules, whose tracing, HLO attribution, transformers
-hooks and tables this module uses); what is added:
+moejax/profiling/, whose tracing, HLO attribution, transformers hooks and tables
+this module uses); what is added:
 moejax's prefill program profiled, transformers' first forward split, and the
 useful matmul FLOP/s each reaches against one plain matmul of the prompt's rows.
 """
@@ -12,12 +12,9 @@ import time
 
 import numpy as np
 
-from experiments.benchmarks.generate_profile import (
-    add_loop_rest, blocked_times, median_profile, prompts_by_batch)
-from experiments.benchmarks.generate_profile_hf import hf_parts, transformers_run
-from experiments.benchmarks.generate_profile_report import (
-    expert_loop_lines, part_rows, parts_table)
-from experiments.benchmarks.generate_profile_xla import scoped_profile
+from experiments.benchmarks.generate_profile import prompts_by_batch
+from moejax.profiling.torch_parts import hf_parts, transformers_run
+from moejax.profiling.xla_parts import add_loop_rest, blocked_times, median_profile, scoped_profile
 
 
 def moejax_prefill(loaded, prompts, new_tokens: int, calls: int):
@@ -124,35 +121,3 @@ def profile_prefill(pair, family: str, batches, prompt_len: int, new_tokens: int
                                           "theirs_loop_s", "theirs_forward_s")}), flush=True)
     rows.append(row)
   return rows
-
-
-def prefill_lines(r) -> list:
-  rows, line = part_rows(r)
-  line("**(a) the prefill** (moejax: the compiled prefill's thunks, first start to last end; "
-       "transformers: the model's first forward in generate)", r["ours_device_s"],
-       r["theirs_forward_s"])
-  line("**(b) host** (time to first token - (a): moejax's padding, bucketing, calls and "
-       "read-back; transformers' generate set-up, logits processing)", r["ours_host_s"],
-       r["theirs_host_s"])
-  line("**time to first token** (generate with one new token, median)", r["ours_loop_s"],
-       r["theirs_loop_s"])
-  lines = parts_table(r, f"prefill of {r['batch']} x {r['prompt_len']} prompt tokens "
-                         f"(time to first token)", rows)
-  lines += expert_loop_lines(r)
-  useful, peak = r["useful_matmul_flops"], r["plain_matmul_flops_per_s"]
-  lines += ["", f"Load average {', '.join(f'{v:.1f}' for v in r['loadavg'])}. Useful matmul "
-            f"work (2 x the weights each prompt token multiplies, routed experts at top-k): "
-            f"{useful / 1e6:.0f} MFLOP; moejax's prefill runs it at "
-            f"{useful / r['ours_device_s'] / 1e9:.1f} GFLOP/s, transformers' forward at "
-            f"{useful / r['theirs_forward_s'] / 1e9:.1f}, one plain float32 matmul of the same "
-            f"rows ([rows, d_model] @ [d_model, d_ff], jitted) at {peak / 1e9:.1f}. "
-            f"moejax's prefill program alone, called and waited for: "
-            f"{r['timings_s']['prefill'] * 1e3:.3f} ms; {r['ours_profile']['thunks_per_step']:.0f}"
-            f" XLA thunks (top level). transformers' forward with hooks "
-            f"{r['theirs_forward_hooked_s'] * 1e3:.3f} ms vs {r['theirs_forward_s'] * 1e3:.3f} ms "
-            f"without (shares scaled to the latter).", ""]
-  return lines
-
-
-def prefill_table(rows) -> str:
-  return "\n".join(line for r in rows for line in prefill_lines(r))

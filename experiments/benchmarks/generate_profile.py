@@ -2,9 +2,9 @@ r"""Where a decode step's time goes, moejax against transformers:
 `python -m experiments.benchmarks.generate --profile` (see that module's doc for
 the parts and how each is measured). This module runs the measurements, which
 generate_prefill_profile.py shares for --profile_phase=prefill; the moejax
-step's HLO attribution and thunk traces are in generate_profile_xla.py,
-transformers' hooks in generate_profile_hf.py, the tables in
-generate_profile_report.py.
+step's HLO attribution and thunk traces are in moejax/profiling/xla_parts.py,
+transformers' hooks in moejax/profiling/torch_parts.py, the tables in
+moejax/profiling/report.py.
 """
 import json
 import os
@@ -12,19 +12,8 @@ import time
 
 import numpy as np
 
-from experiments.benchmarks.generate_profile_hf import hf_parts, transformers_run
-from experiments.benchmarks.generate_profile_xla import scoped_profile
-
-def blocked_times(fn, calls: int) -> list:
-  """Wall seconds of fn() with its result waited for, one call at a time."""
-  import jax
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return times
-
+from moejax.profiling.torch_parts import hf_parts, transformers_run
+from moejax.profiling.xla_parts import add_loop_rest, blocked_times, median_profile, scoped_profile
 
 def moejax_step(loaded, prompts, new_tokens: int, calls: int):
   """The generator's decode step after the prompt's prefill, as timers and a profile.
@@ -110,35 +99,6 @@ def prompts_by_batch(hf_model, batches, prompt_len: int, torch_threads: int):
     torch.set_num_threads(torch_threads)
   for b in batches:
     yield b, np.random.default_rng(b).integers(3, hf_model.config.vocab_size, (b, prompt_len))
-
-
-def median_profile(profiles: list) -> dict:
-  """The median of the rounds' scoped profiles, key by key (the first's other keys)."""
-  return {**profiles[0], **{
-      key: {k: float(np.median([p[key].get(k, 0.0) for p in profiles]))
-            for k in profiles[0][key]} for key in ("thunk_us", "expert_loop_us")},
-      "span_us": float(np.median([p["span_us"] for p in profiles]))}
-
-
-def add_loop_rest(row: dict) -> None:
-  """The MoE expert part's time outside its loops' inner thunks, as its own kind.
-
-  Where the inner thunks add up to more than the expert part's top-level thunks,
-  XLA:CPU ran the loop bodies on its thread pool after their while thunks' own
-  events had ended (seen at prefill with a few hundred rows: top-level thunks on
-  three threads); their time then sat in the runtime between thunks. The expert
-  part becomes the inner thunks' sum (what its bodies ran, at least), and the
-  runtime between thunks loses as much."""
-  inside = sum(row["ours_expert_loop_s"].values())
-  top = row["ours_parts_s"]["moe_experts"]
-  if inside > top:
-    row["ours_parts_s"]["moe_experts"] = inside
-    row["ours_between_thunks_s"] -= inside - top
-    row["ours_expert_loop_s"]["(the while thunks' own events, which ended before their "
-                              "bodies ran: not in the expert part)"] = top
-    return
-  row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"
-                            if inside > 0 else "no loop ('gather' path): all of it"] = top - inside
 
 
 def profile_family(pair, family: str, batches, prompt_len: int, new_tokens: int, reps: int,

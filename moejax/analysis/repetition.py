@@ -97,3 +97,19 @@ def layer_report(expert_index_TxK, valid_TxK, batch: int, num_experts: int,
           "busiest_device": busiest_device(device_rows(index, valid, num_experts,
                                                        expert_shards, token_groups)),
           "load": load.tolist()}
+
+
+def kind_report(routing, batch: int, num_experts: int, expert_shards: int, capacity: int
+                ) -> list[dict]:
+  """Per MoE layer of `routing` ((expert_index, valid) pairs): layer_report over
+  `expert_shards` devices, and the busiest device over the balanced count once each
+  expert keeps at most `capacity` rows (busiest_device_capped)."""
+  layers = []
+  for index, valid in routing:
+    index, valid = np.asarray(index), np.asarray(valid)
+    report = layer_report(index, valid, batch, num_experts, expert_shards)
+    capped = capped_load(np.asarray(report["load"]), capacity)
+    blocks = capped.reshape(expert_shards, -1).sum(1)
+    report["busiest_device_capped"] = float(blocks.max() / max(valid.sum() / blocks.size, 1e-12))
+    layers.append(report)
+  return layers

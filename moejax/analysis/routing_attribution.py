@@ -145,3 +145,19 @@ def influence_by_source(layer: dict) -> dict:
     source = name.split(".")[0]
     out[source] = out.get(source, 0.0) + float(value)
   return out
+
+
+def source_shares(layers) -> list[dict]:
+  """Per MoE layer, each source's fraction of the summed influence, and the
+  attention / MoE totals over the earlier layers (the block's own attention
+  counted with attention)."""
+  out = []
+  for layer in layers:
+    by_source = influence_by_source(layer)
+    total = sum(by_source.values())
+    frac = {k: v / total for k, v in by_source.items()}
+    out.append({"block": layer["block"], "share": frac,
+                "attention": sum(v for k, v in frac.items() if k.startswith("attn")),
+                "moe": sum(v for k, v in frac.items() if k.startswith("moe")),
+                "embed": frac.get("embed", 0.0)})
+  return out

@@ -59,21 +59,10 @@ def training_config(workdir: str, key: str = "--workdir"):
 
 
 def check_workdir(path: str, key: str, kinds=("training", "converted", "mixed")) -> str:
-  """The kind of the workdir at `path` (moejax.cli.workdir_kind); ConfigError naming
-  `key=path` unless it is one of `kinds`."""
+  """The kind of the workdir at `path`; ConfigError naming `key=path` unless it is one
+  of `kinds` (moejax.cli.checked_workdir)."""
   from moejax import cli
-  kind = cli.workdir_kind(path)
-  where = f"({key}={path})"
-  if kind == "missing":
-    raise ConfigError(f"workdir does not exist {where}")
-  if kind == "file":
-    raise ConfigError(f"workdir is a file, not a directory {where}")
-  if kind in ("empty", "foreign"):
-    raise ConfigError(f"not a moejax workdir: no checkpoints/ or model/config.json {where}")
-  if kind not in kinds:
-    want = " or ".join(cli.KIND_WORDS[k] for k in kinds if k in cli.KIND_WORDS)
-    raise ConfigError(f"workdir holds {cli.KIND_WORDS[kind]}; this needs {want} {where}")
-  return kind
+  return cli.checked_workdir(key, path, kinds)
 
 
 def load(workdir: str | None = None, hf_dir: str | None = None) -> Source:

@@ -3,8 +3,7 @@ JSON records equal the committed reports in docs/results/."""
 import json
 import os
 
-from experiments.benchmarks.generate_prefill_profile import prefill_table
-from experiments.benchmarks.generate_profile_report import profile_table
+from moejax.profiling.report import prefill_table, profile_table
 from experiments.benchmarks.large_checkpoint_report import markdown as large_checkpoint_report
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results")

@@ -1,8 +1,8 @@
-"""The markdown of the generation profile (generate_profile.py): per family and
-batch, each part's milliseconds and share, moejax against transformers, and the
-MoE expert part by its loops' inner thunks.
+"""The markdown of a generation profile (experiments/benchmarks/generate.py --profile):
+per family and batch, each part's milliseconds and share, moejax against transformers,
+the MoE expert part by its loops' inner thunks, and the prefill's time to first token.
 """
-from experiments.benchmarks.generate_profile_xla import PARTS
+from moejax.profiling.xla_parts import PARTS
 from moejax.evaluation.stats import markdown_table
 
 LABELS = {"attention": "attention (qkv, RoPE, cache write, scores, out)",
@@ -87,3 +87,35 @@ def profile_table(rows) -> str:
               f"{r['weight_bytes_per_step'] / r['read_bytes_per_s'] * 1e3:.3f} ms at the "
               f"{r['read_bytes_per_s'] / 1e9:.0f} GB/s one core reads here.", ""]
   return "\n".join(lines)
+
+
+def prefill_lines(r) -> list:
+  rows, line = part_rows(r)
+  line("**(a) the prefill** (moejax: the compiled prefill's thunks, first start to last end; "
+       "transformers: the model's first forward in generate)", r["ours_device_s"],
+       r["theirs_forward_s"])
+  line("**(b) host** (time to first token - (a): moejax's padding, bucketing, calls and "
+       "read-back; transformers' generate set-up, logits processing)", r["ours_host_s"],
+       r["theirs_host_s"])
+  line("**time to first token** (generate with one new token, median)", r["ours_loop_s"],
+       r["theirs_loop_s"])
+  lines = parts_table(r, f"prefill of {r['batch']} x {r['prompt_len']} prompt tokens "
+                         f"(time to first token)", rows)
+  lines += expert_loop_lines(r)
+  useful, peak = r["useful_matmul_flops"], r["plain_matmul_flops_per_s"]
+  lines += ["", f"Load average {', '.join(f'{v:.1f}' for v in r['loadavg'])}. Useful matmul "
+            f"work (2 x the weights each prompt token multiplies, routed experts at top-k): "
+            f"{useful / 1e6:.0f} MFLOP; moejax's prefill runs it at "
+            f"{useful / r['ours_device_s'] / 1e9:.1f} GFLOP/s, transformers' forward at "
+            f"{useful / r['theirs_forward_s'] / 1e9:.1f}, one plain float32 matmul of the same "
+            f"rows ([rows, d_model] @ [d_model, d_ff], jitted) at {peak / 1e9:.1f}. "
+            f"moejax's prefill program alone, called and waited for: "
+            f"{r['timings_s']['prefill'] * 1e3:.3f} ms; {r['ours_profile']['thunks_per_step']:.0f}"
+            f" XLA thunks (top level). transformers' forward with hooks "
+            f"{r['theirs_forward_hooked_s'] * 1e3:.3f} ms vs {r['theirs_forward_s'] * 1e3:.3f} ms "
+            f"without (shares scaled to the latter).", ""]
+  return lines
+
+
+def prefill_table(rows) -> str:
+  return "\n".join(line for r in rows for line in prefill_lines(r))

@@ -1,10 +1,9 @@
-"""The transformers side of the generation profile (generate_profile.py): forward
-hooks timing each module of a transformers model inside its own generate, summed
-into the parts of generate_profile_xla.PARTS.
+"""Where a transformers model's time goes: forward hooks timing each module inside
+its own generate, summed into the parts of moejax.profiling.xla_parts.PARTS.
 """
 import time
 
-from experiments.benchmarks.generate_profile_xla import PARTS
+from moejax.profiling.xla_parts import PARTS
 
 HF_PART = {"embed_tokens": "embedding", "rotary_emb": "attention", "self_attn": "attention",
            "input_layernorm": "norms", "post_attention_layernorm": "norms", "norm": "norms",

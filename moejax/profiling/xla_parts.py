@@ -1,7 +1,7 @@
-"""The moejax side of the generation profile (generate_profile.py): named scopes
-around the decoder modules' calls, each compiled HLO instruction attributed to a
-part (its scopes and source frame), and the XLA:CPU thunks of a profiled run
-summed by part.
+"""Where a compiled moejax program's time goes: named scopes around the decoder
+modules' calls, each compiled HLO instruction attributed to a part (attention, MoE
+router, dispatch, experts, ...) by its scopes and source frame, and the XLA:CPU
+thunks of a profiled run summed by part (`scoped_profile`).
 """
 import contextlib
 import functools
@@ -12,6 +12,7 @@ import linecache
 import os
 import re
 import tempfile
+import time
 
 import numpy as np
 
@@ -233,3 +234,43 @@ def scoped_profile(fn, args: tuple, static_argnums: tuple, calls: int):
             "flops": float(cost.get("flops", 0.0)),
             "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
   return profile
+
+
+def blocked_times(fn, calls: int) -> list:
+  """Wall seconds of fn() with its result waited for, one call at a time."""
+  import jax
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def median_profile(profiles: list) -> dict:
+  """The median of the rounds' scoped profiles, key by key (the first's other keys)."""
+  return {**profiles[0], **{
+      key: {k: float(np.median([p[key].get(k, 0.0) for p in profiles]))
+            for k in profiles[0][key]} for key in ("thunk_us", "expert_loop_us")},
+      "span_us": float(np.median([p["span_us"] for p in profiles]))}
+
+
+def add_loop_rest(row: dict) -> None:
+  """The MoE expert part's time outside its loops' inner thunks, as its own kind.
+
+  Where the inner thunks add up to more than the expert part's top-level thunks,
+  XLA:CPU ran the loop bodies on its thread pool after their while thunks' own
+  events had ended (seen at prefill with a few hundred rows: top-level thunks on
+  three threads); their time then sat in the runtime between thunks. The expert
+  part becomes the inner thunks' sum (what its bodies ran, at least), and the
+  runtime between thunks loses as much."""
+  inside = sum(row["ours_expert_loop_s"].values())
+  top = row["ours_parts_s"]["moe_experts"]
+  if inside > top:
+    row["ours_parts_s"]["moe_experts"] = inside
+    row["ours_between_thunks_s"] -= inside - top
+    row["ours_expert_loop_s"]["(the while thunks' own events, which ended before their "
+                              "bodies ran: not in the expert part)"] = top
+    return
+  row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"
+                            if inside > 0 else "no loop ('gather' path): all of it"] = top - inside
