@@ -22,7 +22,7 @@ import os
 from absl import flags
 
 from moejax import cli
-from moejax.config import expert_counts
+from moejax.models.structure import expert_counts
 from moejax.errors import ConfigError
 from moejax.evaluation import harness
 from moejax.evaluation.model import DecoderLM

@@ -21,7 +21,7 @@ from absl import flags
 import numpy as np
 
 from moejax import cli
-from moejax.config import moe_layer_indices
+from moejax.models.structure import moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.inference.generate import generate
 from moejax.interop.load import load_model

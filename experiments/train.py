@@ -17,7 +17,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from moejax import cli
-from moejax.config import validate_config
+from moejax.validation import validate_config
 from moejax.train import distributed
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.init_from import resolve_config

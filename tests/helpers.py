@@ -2,7 +2,8 @@
 import ml_collections
 import numpy as np
 
-from moejax.config import OPEN_DICTS, base_config
+from moejax.config import base_config
+from moejax.train.migrate import OPEN_DICTS
 
 
 def moe_cfg(**overrides) -> ml_collections.FrozenConfigDict:

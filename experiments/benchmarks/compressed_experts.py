@@ -67,7 +67,8 @@ import numpy as np
 from experiments.benchmarks import moe_layer
 from experiments.benchmarks.moe_layer import compile_pass, cpu_model
 from moejax import cli
-from moejax.config import layer_moe_config, validate_config
+from moejax.models.structure import layer_moe_config
+from moejax.validation import validate_config
 from moejax.configs import zoo
 from moejax.errors import ConfigError
 from moejax.evaluation.stats import markdown_table

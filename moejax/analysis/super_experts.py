@@ -51,7 +51,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.analysis.router_inference import captured_forward, routed_rows
-from moejax.config import moe_layer_indices
+from moejax.models.structure import moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model, unstack_layers
 

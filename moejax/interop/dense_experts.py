@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax.config import moe_layer_indices
+from moejax.models.structure import moe_layer_indices
 from moejax.experts import codebook, factorised, quantized
 from moejax.experts.compressed import MATRICES
 from moejax.models.decoder import abstract_model

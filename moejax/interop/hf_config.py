@@ -10,8 +10,10 @@ moejax LM with shared experts written as Mixtral), naming the keys.
 """
 import ml_collections
 
-from moejax.config import (base_config, expert_counts, flatten_config, layer_windows,
-                           moe_layer_indices, set_moe_layers, validate_model)
+from moejax.config import base_config
+from moejax.models.structure import expert_counts, layer_windows, moe_layer_indices, set_moe_layers
+from moejax.train.migrate import flatten_config
+from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.models.families import FAMILIES
 

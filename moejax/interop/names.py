@@ -11,7 +11,7 @@ w1/w3/w2, Qwen2-MoE's `shared_expert` (+ `shared_expert_gate`), DeepSeek-V3's
 """
 import dataclasses
 
-from moejax.config import expert_counts, moe_layer_indices
+from moejax.models.structure import expert_counts, moe_layer_indices
 
 EXPERT_NAMES = {"mixtral": {"w_gate": "w1", "w_up": "w3", "w_down": "w2"}}
 DEFAULT_EXPERT_NAMES = {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}

@@ -2,7 +2,8 @@
 
 Pre-norm blocks, h = x + attn(norm(x)); y = h + ffn(norm(h)), where ffn is
 the one MoE layer (moejax/layers/moe.py; OmniMoE is its product_key router
-with atomic experts) or a dense SwiGLU (which layers: moejax.config.moe_layer_indices). With model.l3.enabled
+with atomic experts) or a dense SwiGLU (which layers: moejax/models/structure.py
+moe_layer_indices). With model.l3.enabled
 an L3 layer (moejax/layers/lookup.py) follows each block in model.l3.layers.
 
     logits, aux, cache = Decoder(model_cfg)(tokens_BxL, token_mask_BxL=None,
@@ -45,7 +46,8 @@ import numpy as np
 from flax import nnx
 
 from moejax import sharding
-from moejax.config import expert_counts, layer_moe_config, layer_windows, moe_layer_indices
+from moejax.models.structure import (expert_counts, layer_moe_config, layer_windows,
+                                     moe_layer_indices)
 from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import Linear, RMSNorm, SwiGLU
 from moejax.layers.lookup import build_lookup_layer

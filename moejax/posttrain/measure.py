@@ -146,7 +146,7 @@ class Bench:
 
   def evaluate(self, m, params: dict, rest: dict) -> dict[str, float]:
     """{bpb, bpb/<domain>, probe/<name>} of the model (m, params, rest)."""
-    from moejax.config import expert_counts
+    from moejax.models.structure import expert_counts
     from moejax.evaluation import harness
     from moejax.evaluation.model import DecoderLM
     settings = harness.Settings(context=self.source.config.data.seq_len, probes=self.probes,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from moejax.config import expert_counts
+from moejax.models.structure import expert_counts
 from moejax.errors import ConfigError
 from moejax.posttrain import prune, source as source_lib
 from moejax.posttrain.calibration import calibration_stream, calibration_windows

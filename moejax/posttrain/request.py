@@ -7,7 +7,7 @@ command-line flags by default (FLAGS), study keys when a study passes `keys`
 """
 from __future__ import annotations
 
-from moejax.config import expert_counts, moe_layer_indices
+from moejax.models.structure import expert_counts, moe_layer_indices
 from moejax.errors import ConfigError, choice_error
 from moejax.posttrain import compress_pipeline as cp
 from moejax.posttrain import expert_subset, prune

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
-from moejax.config import expert_counts, moe_layer_indices
+from moejax.models.structure import expert_counts, moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.models.decoder import abstract_model
 

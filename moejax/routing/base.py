@@ -153,7 +153,7 @@ class RouterSpec:
     section model.moe.<name> (config.base_config builds it from this registry);
     `options(cfg)` reads them. legacy_keys: ((flat model.moe key of older
     configs, setting), ...), moved into the section when a stored config is
-    loaded (config.with_defaults). validate_settings: moe cfg -> None,
+    loaded (train/migrate.with_defaults). validate_settings: moe cfg -> None,
     ConfigError naming model.moe.<name>.<key> and the value, checked whatever
     the router. See registry.PartSettings.
   projection: the router's own RouterProjection, or None for the layer's

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.config import model_config_from_dict
+from moejax.train.migrate import model_config_from_dict
 from moejax.errors import ConfigError
 from moejax.train import step as step_lib
 

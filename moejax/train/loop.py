@@ -21,7 +21,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.config import moe_layer_indices, validate_config, validate_micro_batches
+from moejax.models.structure import moe_layer_indices
+from moejax.validation import validate_config, validate_micro_batches
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax import models

@@ -30,7 +30,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.config import OPEN_DICTS, flatten_config, validate_config, with_defaults
+from moejax.train.migrate import flatten_config, OPEN_DICTS, with_defaults
+from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.train.metrics import read_jsonl
 
@@ -148,7 +149,7 @@ def heldout_documents(config, bytes_per_domain: int) -> list[tuple[str, str]]:
 def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
   """The harness's bpb per domain (and I(domain; expert)) of the run's last
   checkpoint on the first `bytes_per_domain` bytes of each eval-split domain."""
-  from moejax.config import expert_counts
+  from moejax.models.structure import expert_counts
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM
   from moejax.interop.load import load_model
@@ -174,7 +175,7 @@ def fingerprint(config: dict) -> dict:
 
 def same_config(saved_fingerprint: dict, config) -> bool:
   """Whether a result.json's fingerprint is `config`'s; keys added to the schema
-  since it was written count at their defaults (moejax.config.with_defaults)."""
+  since it was written count at their defaults (moejax.train.migrate.with_defaults)."""
   nested = {}
   for key, value in saved_fingerprint.items():
     *parents, leaf = key.split(".")

@@ -57,7 +57,7 @@ def tree_digest(params, rest) -> str:
 
 def evaluate(workdir: str, config, bytes_per_domain: int, probe_count: int) -> dict:
   """The harness report of the workdir's last snapshot on its held-out documents."""
-  from moejax.config import expert_counts
+  from moejax.models.structure import expert_counts
   from moejax.data.pipeline import split_documents
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM

@@ -29,7 +29,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax.config import base_config, validate_moe
+from moejax.config import base_config
+from moejax.validation import validate_moe
 from moejax.dispatch import DISPATCHERS
 from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError

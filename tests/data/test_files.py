@@ -10,7 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from moejax.config import base_config, validate_config
+from moejax.config import base_config
+from moejax.validation import validate_config
 from moejax.data import build_lm_data, files
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from moejax.config import base_config, validate_config
+from moejax.config import base_config
+from moejax.validation import validate_config
 from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
 from moejax.data.pipeline import build_lm_data
 from moejax.data.tokenizers import SentencePieceTokenizer

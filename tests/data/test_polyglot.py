@@ -132,7 +132,7 @@ def test_pipeline_serves_the_generated_windows(tmp_path):
 
 
 def test_config_windows_are_whole_documents():
-  from moejax.config import validate_config
+  from moejax.validation import validate_config
   from moejax.configs import polyglot_synth
   c = polyglot_synth.get_config("top_k=1")
   validate_config(c)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import validate_config
+from moejax.validation import validate_config
 from moejax.dispatch import DISPATCHERS
 from moejax.errors import ConfigError
 from moejax.experts import codebook as cb

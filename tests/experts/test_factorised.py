@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from configs import lm_shakespeare_moe
-from moejax.config import validate_config
+from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.experts.factorised import FactorisedExperts, build_factorised
 from moejax.layers.moe import MoELayer

@@ -13,7 +13,9 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from configs import lm_shakespeare_omnimoe
-from moejax.config import apply_size, base_config, validate_config, validate_moe, with_defaults
+from moejax.config import apply_size, base_config
+from moejax.train.migrate import with_defaults
+from moejax.validation import validate_config, validate_moe
 from moejax.errors import ConfigError
 from moejax.experts.atomic import atomic_naive
 from moejax.layers.moe import MoELayer

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import validate_config
+from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.experts import compressed as cz
 from moejax.experts import quantized as qt

@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
 from configs.lm_shakespeare_moe import get_config
-from moejax.config import moe_layer_indices
+from moejax.models.structure import moe_layer_indices
 from moejax.inference import generate as gen_lib
 from moejax.inference.generate import filter_logits, generate, left_pad, sample_tokens
 from moejax.inference.kv_cache import cache_bytes, init_cache

@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from moejax.config import flatten_config, moe_layer_indices
+from moejax.models.structure import moe_layer_indices
+from moejax.train.migrate import flatten_config
 from moejax.errors import ConfigError
 from moejax.interop.convert import export_hf, import_hf, load_workdir, save_workdir
 from moejax.interop.safetensors_io import SafetensorsReader

@@ -10,7 +10,7 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from configs import lm_shakespeare_l3
-from moejax.config import validate_config
+from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.layers import lookup
 from moejax.train import step as step_lib

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from configs.lm_shakespeare_moe import get_config
-from moejax.config import validate_model
+from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.models import Decoder
 from moejax.models.decoder import REMAT_POLICIES, unstack_layers

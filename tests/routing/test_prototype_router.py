@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import base_config, validate_config
+from moejax.config import base_config
+from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.layers.moe import MoELayer
 from moejax.routing import get_router

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import base_config, validate_config
+from moejax.config import base_config
+from moejax.validation import validate_config
 from moejax.dispatch import get_dispatcher
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from moejax.config import base_config, validate_config
+from moejax.config import base_config
+from moejax.validation import validate_config
 from moejax.dispatch import get_dispatcher, padding_waste
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts

@@ -10,7 +10,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from moejax import sharding
-from moejax.config import base_config, validate_config
+from moejax.config import base_config
+from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.interop.hf_config import from_hf_config
 from moejax.models import Decoder

@@ -50,7 +50,7 @@ def by_key(results):
 
 
 def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_source, tmp_path):
-  from moejax.config import expert_counts
+  from moejax.models.structure import expert_counts
   from moejax.data.pipeline import split_documents, train_token_stream
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM

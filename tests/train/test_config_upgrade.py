@@ -1,5 +1,6 @@
 """Checkpoints written before a config section existed still restore and compare equal."""
-from moejax.config import base_config, with_defaults
+from moejax.config import base_config
+from moejax.train.migrate import with_defaults
 from moejax.train.checkpoint import config_mismatch
 
 
@@ -31,7 +32,8 @@ def test_missing_keys_get_defaults_and_open_dicts_are_kept_whole():
 def test_configs_of_the_two_old_model_schemas_migrate_to_the_one_schema():
   """Issue 12 merged TransformerLM's schema (model.rope_theta) and the HF
   decoder's (max_position, an explicit moe_layers list) into one."""
-  from moejax.config import model_config_from_dict, moe_layer_indices
+  from moejax.models.structure import moe_layer_indices
+  from moejax.train.migrate import model_config_from_dict
   trained = base_config().to_dict()["model"]
   trained["rope_theta"] = trained.pop("rope")["theta"] * 2
   m = model_config_from_dict(trained)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.config import apply_size, base_config, validate_config, validate_micro_batches
+from moejax.config import apply_size, base_config
+from moejax.validation import validate_config, validate_micro_batches
 from moejax.errors import ConfigError
 from moejax.models.decoder import unstack_layers
 from moejax.routing import get_router

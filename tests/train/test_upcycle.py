@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import validate_config
+from moejax.validation import validate_config
 from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.train import init_from

@@ -65,7 +65,7 @@ class PhenomenaAblation(Scorer):
     if cli.workdir_kind(s["workdir"]) not in ("training", "mixed"):
       raise ConfigError(f"study.settings.workdir={s['workdir']!r} is not a training workdir "
                         f"(checkpoints/): {cli.workdir_kind(s['workdir'])}")
-    from moejax.config import expert_counts
+    from moejax.models.structure import expert_counts
     if s["n"] > sum(expert_counts(self.held_out.config.model)):
       raise ConfigError(f"study.settings.n={s['n']} must be at most the model's "
                         f"{sum(expert_counts(self.held_out.config.model))} experts")

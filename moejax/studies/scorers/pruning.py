@@ -140,7 +140,7 @@ class Pruning(SourceScorer):
 
   @functools.cached_property
   def unpruned(self) -> dict:
-    from moejax.config import expert_counts
+    from moejax.models.structure import expert_counts
     source = self.bench.source
     return {**self.bench.evaluate(source.model, source.params, source.rest),
             **self._sizes(source.params), "kept_experts": sum(expert_counts(source.model))}
