@@ -3,8 +3,10 @@ r"""Train, cache, verify and evaluate the checkpoint zoo (configs/zoo.py).
   python -m experiments.zoo --models=xs --zoo_dir=runs/zoo            # train + evaluate
   python -m experiments.zoo --models=xs --zoo_dir=runs/zoo --verify   # retrain, compare digests
   python -m experiments.zoo --models=xs,s,s_dense --time_steps=50     # 50-step timing only
+  python -m experiments.zoo --models=s --seeds=0,1,2                   # three training seeds
 
-Writes ZOO_DIR/<model>/ (the training workdir, snapshots every 10%) with
+Writes ZOO_DIR/<model>/ (the training workdir, snapshots every 10%; ZOO_DIR/<model>_seed<k>/
+at training seed k > 0) with
 zoo.json (snapshot digests, training time, evaluation) and ZOO_DIR/zoo.md (the
 tables of every model given). s_upcycled needs s_dense first (give both, in
 that order). See moejax/train/zoo.py.
@@ -21,6 +23,8 @@ from moejax.train import zoo
 
 _MODELS = flags.DEFINE_list("models", ["xs"], f"Zoo models, in order: {', '.join(MODELS)}.")
 _ZOO_DIR = flags.DEFINE_string("zoo_dir", "runs/zoo", "Where the zoo lives.")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "Training seeds of every model (initialisation "
+                           "and data order); seed 0 is ZOO_DIR/<model>.")
 _VERIFY = flags.DEFINE_bool("verify", False, "Retrain each (cached) model in a temporary "
                             "directory and compare every snapshot's digest.")
 _TIME_STEPS = cli.checked(flags.DEFINE_integer("time_steps", 0, "Only time this many steps "
@@ -39,6 +43,22 @@ def check_models(names):
     raise cli.flag_error(_MODELS, "expected at least one model")
 
 
+def check_seeds(values) -> list[int]:
+  if not values:
+    raise cli.flag_error(_SEEDS, "expected at least one seed")
+  seeds = []
+  for value in values:
+    try:
+      seeds.append(int(value))
+    except ValueError:
+      raise cli.flag_error(_SEEDS, f"expected integers, got {value!r}") from None
+    if not 0 <= seeds[-1] < 2**31:
+      raise cli.flag_error(_SEEDS, f"expected seeds in [0, 2**31), got {value}")
+  if len(set(seeds)) != len(seeds):
+    raise cli.flag_error(_SEEDS, "expected distinct seeds")
+  return seeds
+
+
 def time_steps(names, steps):
   from moejax.train.loop import train_and_evaluate
   for name in names:
@@ -53,19 +73,24 @@ def main(argv):
   del argv
   names = _MODELS.value
   check_models(names)
+  seeds = check_seeds(_SEEDS.value)
   if _TIME_STEPS.value:
     return time_steps(names, _TIME_STEPS.value)
   if _VERIFY.value:
-    missing = [n for n in names if not os.path.exists(os.path.join(_ZOO_DIR.value, n, zoo.ZOO_JSON))]
+    missing = [zoo.workdir_of(n, _ZOO_DIR.value, s) for n in names for s in seeds
+               if not os.path.exists(os.path.join(zoo.workdir_of(n, _ZOO_DIR.value, s),
+                                                  zoo.ZOO_JSON))]
     if missing:
       raise cli.flag_error(_ZOO_DIR, f"expected a built zoo holding {', '.join(missing)}")
     for name in names:
-      result = zoo.verify(name, _ZOO_DIR.value)
-      print(f"{name}: {json.dumps(result)}")
-      if not result["bit_exact"]:
-        raise SystemExit(1)
+      for seed in seeds:
+        result = zoo.verify(name, _ZOO_DIR.value, seed=seed)
+        print(f"{name} seed {seed}: {json.dumps(result)}")
+        if not result["bit_exact"]:
+          raise SystemExit(1)
     return None
-  entries = [zoo.build(n, _ZOO_DIR.value, _BYTES.value, _PROBE_COUNT.value) for n in names]
+  entries = [zoo.build(n, _ZOO_DIR.value, _BYTES.value, _PROBE_COUNT.value, seed=s)
+             for n in names for s in seeds]
   text = zoo.table(entries)
   with open(os.path.join(_ZOO_DIR.value, "zoo.md"), "w") as f:
     f.write(text)

@@ -1,7 +1,8 @@
 """The checkpoint zoo: train, cache, fingerprint and evaluate
 the models of configs/zoo.py.
 
-Each model trains deterministically into ZOO_DIR/<name> with a snapshot at
+Each model trains deterministically into ZOO_DIR/<name> (ZOO_DIR/<name>_seed<k>
+at training seed k > 0) with a snapshot at
 every 10% of training. `parameter_digests` fingerprints every snapshot (sha256
 over the float32 bytes of every parameter and router state, paths sorted), so
 a second training (`verify`) either reproduces the zoo bit for bit or names
@@ -27,11 +28,17 @@ from moejax.evaluation.stats import markdown_table
 ZOO_JSON = "zoo.json"
 
 
+def workdir_of(name: str, zoo_dir: str, seed: int = 0) -> str:
+  """ZOO_DIR/<name> for training seed 0, ZOO_DIR/<name>_seed<k> for seed k."""
+  return os.path.join(zoo_dir, name if seed == 0 else f"{name}_seed{seed}")
+
+
 def model_config(name: str, zoo_dir: str, seed: int = 0):
-  """configs/zoo.py's `name`; s_upcycled reads s_dense's snapshot in `zoo_dir`."""
+  """configs/zoo.py's `name` at training seed `seed` (initialisation and data
+  order); s_upcycled reads the snapshot of s_dense at the same seed in `zoo_dir`."""
   config = zoo_configs.get_config(f"model={name},seed={seed}")
   if name == "s_upcycled":
-    config.init.upcycle_from = os.path.join(zoo_dir, zoo_configs.UPCYCLE_SOURCE)
+    config.init.upcycle_from = workdir_of(zoo_configs.UPCYCLE_SOURCE, zoo_dir, seed)
   return config
 
 
@@ -74,27 +81,29 @@ def evaluate(workdir: str, config, bytes_per_domain: int, probe_count: int) -> d
   return {"bytes_per_domain": bytes_per_domain, **report}
 
 
-def train(name: str, zoo_dir: str, workdir: str | None = None, log=print) -> dict:
-  """Train `name` into `workdir` (default ZOO_DIR/<name>); its digests and time."""
+def train(name: str, zoo_dir: str, workdir: str | None = None, log=print,
+          seed: int = 0) -> dict:
+  """Train `name` at `seed` into `workdir` (default `workdir_of`); its digests and time."""
   from moejax.train.loop import train_and_evaluate
-  workdir = workdir or os.path.join(zoo_dir, name)
-  config = model_config(name, zoo_dir)
-  log(f"{name}: training {config.train.steps} steps in {workdir}")
+  workdir = workdir or workdir_of(name, zoo_dir, seed)
+  config = model_config(name, zoo_dir, seed)
+  log(f"{name} (seed {seed}): training {config.train.steps} steps in {workdir}")
   start = time.perf_counter()
   run = train_and_evaluate(config, workdir)
   seconds = time.perf_counter() - start
-  return {"name": name, "steps": config.train.steps, "train_seconds": round(seconds, 1),
+  return {"name": name, "seed": seed, "steps": config.train.steps,
+          "train_seconds": round(seconds, 1),
           "tokens_per_second": round(run.tokens_per_second, 1), "final_eval": run.eval,
           "snapshots": parameter_digests(workdir),
           "config": json.loads(config.to_json_best_effort())}
 
 
 def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
-          log=print) -> dict:
+          log=print, seed: int = 0) -> dict:
   """Train (unless cached with the same config) and evaluate one zoo model."""
-  workdir = os.path.join(zoo_dir, name)
+  workdir = workdir_of(name, zoo_dir, seed)
   path = os.path.join(workdir, ZOO_JSON)
-  config = model_config(name, zoo_dir)
+  config = model_config(name, zoo_dir, seed)
   if os.path.exists(path):
     with open(path) as f:
       entry = json.load(f)
@@ -102,7 +111,7 @@ def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
       log(f"{name}: cached in {workdir}")
       return entry
     raise ConfigError(f"{path} was trained with another config; remove {workdir}")
-  entry = train(name, zoo_dir, log=log)
+  entry = train(name, zoo_dir, log=log, seed=seed)
   entry["eval"] = evaluate(workdir, config, bytes_per_domain, probe_count)
   with open(path + ".tmp", "w") as f:
     json.dump(entry, f, indent=1)
@@ -110,14 +119,14 @@ def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
   return entry
 
 
-def verify(name: str, zoo_dir: str, log=print) -> dict:
+def verify(name: str, zoo_dir: str, log=print, seed: int = 0) -> dict:
   """Retrain `name` in a temporary directory and compare every snapshot's digest
   with the cached zoo.json: {"bit_exact": bool, "first_difference": step or None}."""
-  with open(os.path.join(zoo_dir, name, ZOO_JSON)) as f:
+  with open(os.path.join(workdir_of(name, zoo_dir, seed), ZOO_JSON)) as f:
     expected = json.load(f)["snapshots"]
   scratch = tempfile.mkdtemp(prefix=f"moejax-zoo-{name}-")
   try:
-    again = train(name, zoo_dir, os.path.join(scratch, name), log=log)
+    again = train(name, zoo_dir, os.path.join(scratch, name), log=log, seed=seed)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
   return {**compare_snapshots(expected, again["snapshots"]),
@@ -132,22 +141,28 @@ def compare_snapshots(expected: dict, again: dict) -> dict:
           "first_difference": min(differing, key=int) if differing else None}
 
 
+def label(entry: dict) -> str:
+  """The model's name, with its training seed when not 0."""
+  seed = entry.get("seed", 0)
+  return entry["name"] if seed == 0 else f"{entry['name']} seed {seed}"
+
+
 def table(entries: list[dict]) -> str:
   """Markdown: per model, time, held-out bpb per domain, probes, routing."""
   domains = sorted({d for e in entries for d in e["eval"]["bpb"] if d != "all"})
   runs = markdown_table(
       ["model", "steps", "train min", "tokens/s", *domains, "all"],
-      [[e["name"], e["steps"], f"{e['train_seconds'] / 60:.1f}", f"{e['tokens_per_second']:.0f}",
+      [[label(e), e["steps"], f"{e['train_seconds'] / 60:.1f}", f"{e['tokens_per_second']:.0f}",
         *(f"{e['eval']['bpb'][d]:.3f}" for d in domains + ["all"])] for e in entries])
   probes = markdown_table(
       ["model", "probe", "group", "accuracy (n)"],
-      [[e["name"], probe, group,
+      [[label(e), probe, group,
         f"{'—' if v['accuracy'] is None else format(v['accuracy'], '.3f')} ({v['n']})"]
        for e in entries for probe, groups in e["eval"]["probes"].items()
        for group, v in groups.items()])
   routing = markdown_table(
       ["model", "MoE layer", "I(domain; expert) bits", "of H(domain)", "max/mean load"],
-      [[e["name"], j, f"{layer['mutual_information_bits']:.4f}",
+      [[label(e), j, f"{layer['mutual_information_bits']:.4f}",
         f"{layer['domain_entropy_bits']:.4f}", f"{layer['max_over_mean_load']:.3f}"]
        for e in entries for j, layer in enumerate(e["eval"].get("routing", []))])
   return "\n\n".join([runs, probes, routing]) + "\n"

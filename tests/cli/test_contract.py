@@ -248,6 +248,10 @@ CASES = [
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
     (ZOO, ["--time_steps=-1"], ["--time_steps=-1"]),
     (ZOO, ["--bytes_per_domain=0"], ["--bytes_per_domain=0"]),
+    (ZOO, ["--seeds=0,x"], ["--seeds", "integers", "'x'"]),
+    (ZOO, ["--seeds=-1"], ["--seeds", "[0, 2**31)"]),
+    (ZOO, ["--seeds=1,1"], ["--seeds", "distinct"]),
+    (ZOO, ["--seeds="], ["--seeds", "at least one"]),
 ]
 
 

@@ -42,9 +42,23 @@ def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
   assert zoo.build("xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
   assert "| xs | 6 |" in zoo.table([entry])
   # another config for the same name is refused, not silently re-used
-  monkeypatch.setattr(zoo, "model_config", lambda n, d: tiny_config(n, d, seed=1))
+  monkeypatch.setattr(zoo, "model_config", lambda n, d, seed=0: tiny_config(n, d, seed=1))
   with pytest.raises(ConfigError, match="trained with another config"):
     zoo.build("xs", zoo_dir, 2048, 4, log=id)
+
+
+def test_a_second_training_seed_is_its_own_model(tiny_zoo, monkeypatch):
+  """Seed k > 0 trains into ZOO_DIR/<name>_seed<k> from another initialisation and
+  data order; the table names its seed; seed 0's cached entry is untouched."""
+  monkeypatch.setattr(zoo, "model_config", tiny_config)
+  zoo_dir, seed0 = tiny_zoo
+  entry = zoo.build("xs", zoo_dir, 2048, 4, log=id, seed=1)
+  assert os.path.exists(os.path.join(zoo_dir, "xs_seed1", zoo.ZOO_JSON))
+  assert entry["seed"] == 1 and entry["config"]["seed"] == 1
+  assert set(entry["snapshots"].values()).isdisjoint(seed0["snapshots"].values())
+  text = zoo.table([seed0, entry])
+  assert "| xs | 6 |" in text and "| xs seed 1 | 6 |" in text
+  assert zoo.verify("xs", zoo_dir, log=id, seed=1)["bit_exact"]
 
 
 def test_verify_regenerates_bit_exactly(tiny_zoo, monkeypatch):
