@@ -7,9 +7,10 @@ the same packed bytes (moejax/studies/scorers/compression.py).
 import ml_collections
 
 from moejax.studies.spec import grid
+from moejax.train import zoo
 
 
-def get_config():
+def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "codequant"
   c.description = (
@@ -44,4 +45,4 @@ def get_config():
       {"arm": "kmeans", "reference": "rtn", "metric": "bpb", "expect": None,
        "source": "ours", "text": "k-means codebooks against RTN"},
   ]
-  return c
+  return zoo.over_seeds(c, arg)

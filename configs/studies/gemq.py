@@ -8,11 +8,12 @@ control for router fine-tuning (moejax/studies/scorers/compression.py).
 import ml_collections
 
 from moejax.studies.spec import grid
+from moejax.train import zoo
 
 BITS = [2.0, 2.5, 3.0, 4.0]
 
 
-def get_config():
+def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "gemq"
   c.description = (
@@ -61,4 +62,4 @@ def get_config():
             "against the fp32 model with the same router training",
             metric="rerouted_matched", source="ours"),
   ]
-  return c
+  return zoo.over_seeds(c, arg)

@@ -13,8 +13,10 @@ profile alone (a_{l,e}, massive activations, sinks): experiments/profile_phenome
 """
 import ml_collections
 
+from moejax.train import zoo
 
-def get_config():
+
+def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "phenomena"
   c.description = (
@@ -44,4 +46,4 @@ def get_config():
       {"arm": "super_experts", "reference": "none", "metric": "mean_mass_on_position_0",
        "expect": "lower", "text": "ablating the super experts collapses the attention sinks"},
   ]
-  return c
+  return zoo.over_seeds(c, arg)

@@ -7,6 +7,7 @@ routed experts on five calibration draws (moejax/studies/scorers/pruning.py).
 import ml_collections
 
 from moejax.studies.spec import grid
+from moejax.train import zoo
 
 METHODS = ("heapr", "heapr_first_order", "atom_random", "schur_astar", "greedy", "step",
            "step_no_merge", "frequency", "router_mass", "output_norm", "random")
@@ -35,7 +36,7 @@ def claims():
   ]
 
 
-def get_config():
+def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "pruning"
   c.description = (
@@ -56,4 +57,4 @@ def get_config():
   c.draws = 5
   c.reference = "frequency"
   c.claims = claims()
-  return c
+  return zoo.over_seeds(c, arg)

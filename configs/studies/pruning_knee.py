@@ -12,9 +12,10 @@ import ml_collections
 
 from configs.studies import pruning
 from moejax.studies.spec import grid
+from moejax.train import zoo
 
 
-def get_config():
+def get_config(arg=None):
   c = pruning.get_config()
   c.name = "pruning_knee"
   c.description = (
@@ -27,4 +28,4 @@ def get_config():
   c.levels = grid(("keep", ["knee", "9"]))
   c.claims = [claim for claim in pruning.claims()
               if claim["reference"] in ("frequency", "greedy") and claim["arm"] == "schur_astar"]
-  return ml_collections.ConfigDict(c.to_dict())
+  return zoo.over_seeds(ml_collections.ConfigDict(c.to_dict()), arg)

@@ -8,9 +8,10 @@ per-expert SVD, whitened SVD and plain Tucker at equal parameters
 import ml_collections
 
 from moejax.studies.spec import grid
+from moejax.train import zoo
 
 
-def get_config():
+def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "td_moe"
   c.description = (
@@ -43,4 +44,4 @@ def get_config():
       bpb("td_moe_damped", "td_moe", "ablation: whitening damped 1% vs 1e-6", expect=None,
           source="ours"),
   ]
-  return c
+  return zoo.over_seeds(c, arg)

@@ -6,7 +6,11 @@ that differs within a draw is a StudyError); 'wilson' counts a 0/1 metric over
 draws; 'bootstrap' resamples the arm's values over draws; 'slope' fits the
 metric (minus the reference's, if any) against the transformed `over` axis for
 each draw and takes the t-interval of the per-draw slopes (one draw: the
-least-squares slope's own interval over the levels). p-values are Holm-adjusted
+least-squares slope's own interval over the levels). In a study over several
+models (`models`), the unit of every interval is a model: its value is the mean
+over its draws (of the paired difference, the 0/1 metric's fraction excepted,
+which Wilson pools over every model's draws), and each row keeps the interval
+over all (model, draw) pairs beside it. p-values are Holm-adjusted
 over every tested row of the study; a verdict whose interval excludes the null but
 whose Holm-adjusted p is 0.05 or more is marked "(not after Holm)" in the table.
 """
@@ -35,32 +39,60 @@ def level_label(level: dict) -> str:
   return ", ".join(f"{k}={v}" for k, v in level.items()) or "—"
 
 
+def run_key(run: dict) -> tuple:
+  return run["arm"], level_key(run["level"]), run.get("model", 0), run["draw"]
+
+
 def index_runs(runs: list[dict]) -> dict:
-  """{(arm, level key, draw): run}."""
-  return {(r["arm"], level_key(r["level"]), r["draw"]): r for r in runs}
+  """{(arm, level key, model, draw): run}."""
+  return {run_key(r): r for r in runs}
 
 
-def values(spec: StudySpec, by_key: dict, arm: str, level: dict, metric: str) -> dict[int, float]:
-  """{draw: value} of `metric` for `arm` at `level` (finished draws only)."""
+def units(spec: StudySpec) -> list:
+  """The replicates in order: draws, or (model, draw) pairs in a study over models."""
+  if spec.nested:
+    return [(m, d) for m in range(len(spec.models)) for d in range(spec.draws)]
+  return list(range(spec.draws))
+
+
+def _unit_key(spec: StudySpec, unit) -> tuple[int, int]:
+  return unit if spec.nested else (0, unit)
+
+
+def values(spec: StudySpec, by_key: dict, arm: str, level: dict, metric: str) -> dict:
+  """{unit: value} of `metric` for `arm` at `level` (finished runs only); a unit is a
+  draw, or a (model, draw) pair in a study over models."""
   out = {}
-  for draw in range(spec.draws):
-    run = by_key.get((arm, level_key(level), draw))
+  for unit in units(spec):
+    run = by_key.get((arm, level_key(level), *_unit_key(spec, unit)))
     if run is not None and metric in run["metrics"]:
-      out[draw] = run["metrics"][metric]
+      out[unit] = run["metrics"][metric]
   return out
 
 
 def paired(spec: StudySpec, by_key: dict, arm: str, reference: str, level: dict, metric: str):
-  """(draws, arm values, reference values) on the draws both have, checked for pairing."""
+  """(units, arm values, reference values) on the units both have, checked for pairing."""
   a, r = (values(spec, by_key, name, level, metric) for name in (arm, reference))
-  draws = sorted(set(a) & set(r))
-  for draw in draws:
-    keys = {name: by_key[(name, level_key(level), draw)].get(PAIRING) for name in (arm, reference)}
+  common = sorted(set(a) & set(r))
+  for unit in common:
+    keys = {name: by_key[(name, level_key(level), *_unit_key(spec, unit))].get(PAIRING)
+            for name in (arm, reference)}
     if None not in keys.values() and len(set(keys.values())) > 1:
+      where = f"model {unit[0]}, draw {unit[1]}" if spec.nested else f"draw {unit}"
       raise StudyError(f"arms {arm!r} and {reference!r} were scored on different data at "
-                       f"{level_label(level)}, draw {draw} (pairing {keys[arm]} vs "
+                       f"{level_label(level)}, {where} (pairing {keys[arm]} vs "
                        f"{keys[reference]}); they cannot be paired")
-  return draws, [a[d] for d in draws], [r[d] for d in draws]
+  return common, [a[u] for u in common], [r[u] for u in common]
+
+
+def model_means(spec: StudySpec, keys: list, data) -> np.ndarray:
+  """Per model, the mean of `data` over its draws (units `keys`); `data` itself in a
+  one-model study."""
+  data = np.asarray(data, np.float64)
+  if not spec.nested:
+    return data
+  models = sorted({model for model, _ in keys})
+  return np.asarray([data[[k[0] == m for k in keys]].mean() for m in models])
 
 
 TRANSFORM = {"identity": lambda x: x, "log": math.log, "log2": math.log2}
@@ -71,13 +103,16 @@ def claim_rows(spec: StudySpec, runs: list[dict]) -> list[dict]:
   by_key = index_runs(runs)
   rows = []
   for index, claim in enumerate(spec.claims):
-    for level, interval in _tested(spec, by_key, claim):
-      rows.append({"claim": index, "text": claim.text, "arm": claim.arm,
-                   "reference": claim.reference, "metric": claim.metric, "level": level,
-                   "null": claim.null, "expect": claim.expect, "source": claim.source,
-                   "interval": interval.as_dict() if interval else None,
-                   "verdict": (stats.verdict(interval, claim.expect, null=claim.null)
-                               if interval else "not run yet")})
+    for level, (interval, over_draws) in _tested(spec, by_key, claim):
+      row = {"claim": index, "text": claim.text, "arm": claim.arm,
+             "reference": claim.reference, "metric": claim.metric, "level": level,
+             "null": claim.null, "expect": claim.expect, "source": claim.source,
+             "interval": interval.as_dict() if interval else None,
+             "verdict": (stats.verdict(interval, claim.expect, null=claim.null)
+                         if interval else "not run yet")}
+      if spec.nested:
+        row["interval_over_draws"] = over_draws.as_dict() if over_draws else None
+      rows.append(row)
   adjusted = stats.holm([r["interval"]["p"] if r["interval"] else None for r in rows])
   for row, p in zip(rows, adjusted):
     row["p_holm"] = p
@@ -88,6 +123,7 @@ def claim_rows(spec: StudySpec, runs: list[dict]) -> list[dict]:
 
 
 def _tested(spec: StudySpec, by_key: dict, claim: Claim):
+  """(level, (interval over the units, interval over every draw)) per tested level."""
   levels = [level for level in spec.levels if claim.matches(level)]
   if claim.interval == "slope":
     groups: dict[str, list[dict]] = {}
@@ -100,22 +136,23 @@ def _tested(spec: StudySpec, by_key: dict, claim: Claim):
     return
   for level in levels:
     if claim.reference is not None:
-      _, a, r = paired(spec, by_key, claim.arm, claim.reference, level, claim.metric)
+      keys, a, r = paired(spec, by_key, claim.arm, claim.reference, level, claim.metric)
       data = np.asarray(a, np.float64) - np.asarray(r, np.float64)
     else:
-      data = np.asarray(list(values(spec, by_key, claim.arm, level, claim.metric).values()),
-                        np.float64)
+      found = values(spec, by_key, claim.arm, level, claim.metric)
+      keys, data = list(found), np.asarray(list(found.values()), np.float64)
     if data.size == 0:
-      yield level, None
-    elif claim.interval == "t":
-      yield level, stats.t_interval(data, null=claim.null)
+      yield level, (None, None)
     elif claim.interval == "wilson":
       if not np.all((data == 0) | (data == 1)):
         raise StudyError(f"claim {claim.text!r}: interval 'wilson' needs a 0/1 metric, "
                          f"{claim.metric} has other values")
-      yield level, stats.wilson(int(data.sum()), int(data.size), null=claim.null)
+      pooled = stats.wilson(int(data.sum()), int(data.size), null=claim.null)
+      yield level, (pooled, pooled)
     else:
-      yield level, stats.bootstrap_mean(data, null=claim.null)
+      interval = stats.t_interval if claim.interval == "t" else stats.bootstrap_mean
+      yield level, (interval(model_means(spec, keys, data), null=claim.null),
+                    interval(data, null=claim.null))
 
 
 def _slope(spec: StudySpec, by_key: dict, claim: Claim, group: list[dict]):
@@ -123,19 +160,21 @@ def _slope(spec: StudySpec, by_key: dict, claim: Claim, group: list[dict]):
   per_level = []
   for level in group:
     if claim.reference is not None:
-      draws, a, r = paired(spec, by_key, claim.arm, claim.reference, level, claim.metric)
-      per_level.append(dict(zip(draws, np.subtract(a, r))))
+      keys, a, r = paired(spec, by_key, claim.arm, claim.reference, level, claim.metric)
+      per_level.append(dict(zip(keys, np.subtract(a, r))))
     else:
       per_level.append(values(spec, by_key, claim.arm, level, claim.metric))
-  draws = sorted(set.intersection(*(set(v) for v in per_level)))
-  if not draws or len(set(x)) < 2:
-    return None
-  y = np.asarray([[v[d] for v in per_level] for d in draws], np.float64)  # [draws, levels]
-  if len(draws) == 1:
-    return stats.slope(x, y[0], null=claim.null)
+  keys = sorted(set.intersection(*(set(v) for v in per_level)))
+  if not keys or len(set(x)) < 2:
+    return None, None
+  y = np.asarray([[v[k] for v in per_level] for k in keys], np.float64)  # [units, levels]
+  if len(keys) == 1:
+    single = stats.slope(x, y[0], null=claim.null)
+    return single, single
   centred = x - x.mean()
   slopes = (y - y.mean(1, keepdims=True)) @ centred / (centred @ centred)
-  return stats.t_interval(slopes, null=claim.null)
+  return (stats.t_interval(model_means(spec, keys, slopes), null=claim.null),
+          stats.t_interval(slopes, null=claim.null))
 
 
 # ---- markdown --------------------------------------------------------------------------------
@@ -150,7 +189,7 @@ def interval_text(interval: dict | None, fmt: str = "{:+.4g}") -> str:
   return stats.format_interval(stats.Interval(**interval), fmt)
 
 
-def claims_table(rows: list[dict]) -> str:
+def claims_table(rows: list[dict], nested: bool = False) -> str:
   body = []
   for row in rows:
     against = f"− {row['reference']}" if row["reference"] else ""
@@ -158,10 +197,13 @@ def claims_table(rows: list[dict]) -> str:
     p = "—" if row["p_holm"] is None else f"{row['p_holm']:.2g}"
     source = "" if row["source"] == "paper" else f" ({SOURCES[row['source']]})"
     verdict = row["verdict"] + (" (not after Holm)" if row.get("not_after_holm") else "")
+    over_draws = [interval_text(row.get("interval_over_draws"))] if nested else []
     body.append([row["text"] + source, level_label(row["level"]), statistic,
-                 f"{row['null']:g}", interval_text(row["interval"]), p, verdict])
-  return stats.markdown_table(["claim", "level", "statistic", "null", "mean ± std [95% CI]",
-                               "p (Holm)", "verdict"], body)
+                 f"{row['null']:g}", interval_text(row["interval"]), *over_draws, p, verdict])
+  unit = ["over models: mean ± std [95% CI]", "over all draws"] if nested else [
+      "mean ± std [95% CI]"]
+  return stats.markdown_table(["claim", "level", "statistic", "null", *unit, "p (Holm)",
+                               "verdict"], body)
 
 
 def summary_table(spec: StudySpec, runs: list[dict], metric: str) -> str:
@@ -177,12 +219,14 @@ def summary_table(spec: StudySpec, runs: list[dict], metric: str) -> str:
       if arm == spec.reference:
         vs = "—"
       else:
-        draws, a, r = paired(spec, by_key, arm, spec.reference, level, metric)
-        vs = (stats.format_interval(stats.paired_difference(a, r), "{:+.4g}") if draws
-              else "—")
+        keys, a, r = paired(spec, by_key, arm, spec.reference, level, metric)
+        vs = (stats.format_interval(stats.t_interval(
+            model_means(spec, keys, np.subtract(a, r))), "{:+.4g}") if keys else "—")
       body.append([*level.values(), arm, len(found), f"{_number(np.mean(found))}{spread}", vs])
-  return stats.markdown_table([*spec.axes, "arm", "draws", f"{metric}: mean ± std",
-                               f"vs {spec.reference}: mean ± std [95% CI]"], body)
+  over = " over models" if spec.nested else ""
+  return stats.markdown_table([*spec.axes, "arm", "runs" if spec.nested else "draws",
+                               f"{metric}: mean ± std",
+                               f"vs {spec.reference}{over}: mean ± std [95% CI]"], body)
 
 
 def claimed_metrics(spec: StudySpec) -> list[str]:
@@ -195,9 +239,14 @@ def markdown(spec: StudySpec, results: dict, provenance: list[dict], notes: str 
   for entry in provenance[-3:]:
     lines.append(f"- `{entry['command']}` at commit {entry['commit']}, {entry['machine']}, "
                  f"{entry['date']} ({entry['runs']} runs in {entry['seconds']:.0f} s)")
-  lines += ["", f"{done} of {total} runs; {spec.draws} draws; reference arm "
+  models = ""
+  if spec.nested:
+    models = (f" in each of {len(spec.models)} models (" + "; ".join(
+        spec.model_label(m) for m in range(len(spec.models))) + "): intervals over the "
+        "models' means, with the interval over all draws beside it")
+  lines += ["", f"{done} of {total} runs; {spec.draws} draws{models}; reference arm "
             f"{spec.reference}. Intervals are 95%; p-values Holm-adjusted over the table.", "",
-            "## Claims", "", claims_table(results["claims"]), ""]
+            "## Claims", "", claims_table(results["claims"], spec.nested), ""]
   for metric in claimed_metrics(spec):
     lines += [f"## {metric}", "", summary_table(spec, results["runs"], metric), ""]
   if notes:
@@ -246,7 +295,8 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
       if values_x[-1] / values_x[0] >= 50:
         ax.set_xscale("log")
     ax.legend(fontsize=7)
-  fig.suptitle(f"{spec.name}: mean over {spec.draws} draws, 95% t-interval")
+  runs = f"{spec.draws} draws" + (f" x {len(spec.models)} models" if spec.nested else "")
+  fig.suptitle(f"{spec.name}: mean over {runs}, 95% t-interval")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

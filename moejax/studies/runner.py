@@ -43,6 +43,13 @@ def prepare(config) -> tuple[spec_lib.StudySpec, scoring.Scorer]:
                        arm_defaults=scorer_class.arm_settings, metrics=metrics)
   scorer.spec = spec
   scorer.check()
+  if spec.nested:
+    scorer.models = [scorer.for_model(m) for m in range(len(spec.models))]
+    for m, model in enumerate(scorer.models):
+      try:
+        model.check()
+      except ConfigError as e:
+        raise ConfigError(f"study.models[{m}] ({spec.model_label(m)}): {e}") from e
   return spec, scorer
 
 
@@ -94,7 +101,8 @@ def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = Fal
     stored_spec = stored["study"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"cannot resume: {path} is not a complete results file "
-                      f"({type(e).__name__}); move it away to start the study afresh") from e
+                      f"({type(e).__name__}: {' '.join(str(e).split())[:80]}); start afresh "
+                      f"with --out elsewhere, or delete {path} {where}") from e
   if stored_spec.get("name") != spec.name:
     raise ConfigError(f"output directory holds the results of study "
                       f"{stored_spec.get('name')!r}, not {spec.name!r}; use another {where}")
@@ -108,9 +116,10 @@ def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = Fal
 
 
 def planned(spec: spec_lib.StudySpec, scorer: scoring.Scorer):
-  """[(draw, level, [arm, ...])] in run order."""
-  return [(draw, level, [a for a in spec.arm_names if scorer.applies(a, level)])
-          for draw in range(spec.draws) for level in spec.levels]
+  """[(draw, model, level, [arm, ...])] in run order: draws outermost, then models."""
+  return [(draw, model, level, [a for a in spec.arm_names if scorer.applies(a, level)])
+          for draw in range(spec.draws) for model in range(len(spec.models))
+          for level in spec.levels]
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -161,11 +170,11 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
   results.json at most every `save_every_s` seconds (0: after every (level, draw))."""
   start = time.time()
   plan = planned(spec, scorer)
-  total = sum(len(arms) for _, _, arms in plan)
-  order = {(arm, report.level_key(level), draw): i for i, (draw, level, arms)
+  total = sum(len(arms) for *_, arms in plan)
+  order = {(arm, report.level_key(level), model, draw): i for i, (draw, model, level, arms)
            in enumerate(plan) for arm in arms}
-  done = {(r["arm"], report.level_key(r["level"]), r["draw"]): r
-          for r in (stored or {}).get("runs", [])}
+  done = dict(report.index_runs((stored or {}).get("runs", [])))
+  scorers = getattr(scorer, "models", None) or [scorer]
   metrics = tuple(scorer.metrics())
   os.makedirs(out, exist_ok=True)
   history_path = os.path.join(out, PROVENANCE)
@@ -173,9 +182,8 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
   ran, saved = 0, time.time()
 
   def ordered():
-    return sorted(done.values(), key=lambda r: (
-        order[(r["arm"], report.level_key(r["level"]), r["draw"])],
-        spec.arm_names.index(r["arm"])))
+    return sorted(done.values(), key=lambda r: (order[report.run_key(r)],
+                                                spec.arm_names.index(r["arm"])))
 
   def save():
     _write_atomic(os.path.join(out, RESULTS),
@@ -183,24 +191,26 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
                   + "\n")
 
   try:
-    for draw, level, arms in plan:
+    for draw, model, level, arms in plan:
       key = report.level_key(level)
-      pending = {a: spec.arm(a) for a in arms if (a, key, draw) not in done}
+      pending = {a: spec.arm(a) for a in arms if (a, key, model, draw) not in done}
       if not pending:
         continue
-      scores = scorer.score(level, draw, pending)
+      scores = scorers[model].score(level, draw, pending)
       missing = sorted(set(pending) - set(scores))
       if missing:
         raise ValueError(f"scorer {spec.scorer!r} returned no scores for arm {missing[0]!r}")
       for arm in pending:
-        record = {"arm": arm, "level": level, "draw": draw,
-                  "metrics": _clean(arm, scores[arm], metrics)}
+        record = {"arm": arm, "level": level, **({"model": model} if spec.nested else {}),
+                  "draw": draw, "metrics": _clean(arm, scores[arm], metrics)}
         if scoring.PAIRING in scores[arm]:
           record[scoring.PAIRING] = str(scores[arm][scoring.PAIRING])
-        done[(arm, key, draw)] = record
+        done[(arm, key, model, draw)] = record
         ran += 1
-      log(f"draw {draw} {report.level_label(level)}: " + "; ".join(
-          f"{a} " + ", ".join(f"{k}={v:.4g}" for k, v in done[(a, key, draw)]["metrics"].items()
+      where = f"model {model} " if spec.nested else ""
+      log(f"{where}draw {draw} {report.level_label(level)}: " + "; ".join(
+          f"{a} " + ", ".join(f"{k}={v:.4g}" for k, v in
+                              done[(a, key, model, draw)]["metrics"].items()
                               if v is not None) for a in pending))
       if time.time() - saved >= save_every_s:
         save()

@@ -12,6 +12,8 @@ A scorer is a registered class (moejax/studies/scorers/<name>.py, `@SCORERS.regi
 The runner builds it once with the parsed settings (`self.settings`, the study
 `self.spec`), asks `metrics()` and `check()` before any run, then calls `score`
 for each (level, draw) with the arms still to run there, draws outermost. A
+study over several models (`models`) gets one scorer per model (`for_model`),
+each with that model's settings and checked before any run. A
 score may carry PAIRING (a digest of the draw's shared input, e.g. the
 calibration windows): the runner refuses to pair arms whose digests differ.
 """
@@ -35,6 +37,14 @@ class Scorer:
   def __init__(self, spec):
     self.spec = spec
     self.settings = dict(spec.settings)
+
+  def for_model(self, model: int) -> "Scorer":
+    """The scorer of the study's model `model` (this one for a one-model study)."""
+    if not self.spec.nested:
+      return self
+    scorer = type(self)(self.spec)
+    scorer.settings = self.spec.model_settings(model)
+    return scorer
 
   def metrics(self) -> tuple[str, ...]:
     raise NotImplementedError

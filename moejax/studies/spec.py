@@ -9,6 +9,11 @@ A study config (configs/studies/<name>.py, `get_config()`) holds:
   levels       [{axis: value, ...}, ...]: the grid every arm runs at (`grid` builds it);
                [{}] for a study without levels
   draws        an int >= 1: draw d is seed d of the scorer's randomness (data, calibration)
+  models       optional [{setting: value}, ...]: the trained models (or other outer
+               replicates) the study repeats on, each a settings override (e.g. a
+               workdir per training seed); draws are nested in each model, and claims
+               take their interval over the models' means (the draw-level interval is
+               kept beside it). Absent: one model, the settings as given
   reference    the arm the summary table compares every arm against
   claims       [{...}, ...] (`Claim`): what the paper says, tested per level
 Settings are parsed once here (`load`); the scorer and the runner get them passed in.
@@ -80,6 +85,18 @@ class StudySpec:
   draws: int
   reference: str
   claims: tuple[Claim, ...]
+  models: tuple[dict, ...] = ({},)
+
+  @property
+  def nested(self) -> bool:
+    """Whether draws are nested in several models (the unit of the claims is a model)."""
+    return len(self.models) > 1
+
+  def model_settings(self, model: int) -> dict:
+    return {**self.settings, **self.models[model]}
+
+  def model_label(self, model: int) -> str:
+    return ", ".join(f"{k}={v}" for k, v in self.models[model].items()) or "—"
 
   @property
   def arm_names(self) -> list[str]:
@@ -94,9 +111,10 @@ class StudySpec:
 
   def as_json(self) -> dict:
     """Everything that determines the results (a resume must match it exactly)."""
+    models = {"models": list(self.models)} if self.models != ({},) else {}
     return {"name": self.name, "scorer": self.scorer, "settings": self.settings,
             "arms": [{"name": n, **s} for n, s in self.arms], "levels": list(self.levels),
-            "draws": self.draws, "reference": self.reference,
+            "draws": self.draws, **models, "reference": self.reference,
             "claims": [dataclasses.asdict(c) for c in self.claims]}
 
 
@@ -113,8 +131,8 @@ def _plain(value, key: str):
   raise ConfigError(f"{key}={value!r} is not a JSON value (a number, string, list or dict)")
 
 
-KEYS = ("name", "description", "scorer", "settings", "arms", "levels", "draws", "reference",
-        "claims")
+KEYS = ("name", "description", "scorer", "settings", "arms", "levels", "draws", "models",
+        "reference", "claims")
 CLAIM_KEYS = tuple(f.name for f in dataclasses.fields(Claim))
 
 
@@ -144,8 +162,22 @@ def load(config, *, scorer_defaults: dict | None = None, arm_defaults: dict | No
                             lambda k: f"study.settings.{k} is not a setting of scorer "
                                       f"{c['scorer']!r}")
   claims = tuple(_claim(i, raw, names, levels, metrics) for i, raw in enumerate(c["claims"]))
+  models = _models(c.get("models", [{}]), scorer_defaults, c["scorer"])
   return StudySpec(str(c["name"]), str(c.get("description", "")), str(c["scorer"]),
-                   settings, arms, levels, draws, reference, claims)
+                   settings, arms, levels, draws, reference, claims, models)
+
+
+def _models(raw, defaults, scorer: str) -> tuple[dict, ...]:
+  if not isinstance(raw, list) or not raw or not all(isinstance(x, dict) for x in raw):
+    raise ConfigError(f"study.models={raw!r} must be a non-empty list of settings overrides "
+                      "({'workdir': ...})")
+  for i, model in enumerate(raw):
+    _with_defaults(model, defaults, lambda k: f"study.models[{i}].{k} is not a setting of "
+                                              f"scorer {scorer!r}")
+  keys = [json.dumps(model, sort_keys=True) for model in raw]
+  if len(set(keys)) != len(keys):
+    raise ConfigError(f"study.models gives a model twice: {raw!r}")
+  return tuple(raw)
 
 
 def _arms(raw, defaults) -> tuple[tuple[str, dict], ...]:

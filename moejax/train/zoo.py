@@ -33,6 +33,19 @@ def workdir_of(name: str, zoo_dir: str, seed: int = 0) -> str:
   return os.path.join(zoo_dir, name if seed == 0 else f"{name}_seed{seed}")
 
 
+def over_seeds(study, arg: str | None, name: str = "s", zoo_dir: str = "runs/zoo"):
+  """A post-training study config over zoo model `name` at training seeds 0 .. N-1,
+  from the config arg 'seeds=N' (configs/studies/pruning.py:seeds=3): its `models`
+  (moejax/studies/spec.py) are the seeds' workdirs. N=1 (no arg): `study` unchanged."""
+  from moejax.config import parse_config_arg
+  seeds = parse_config_arg(arg, {"seeds": 1}).seeds
+  if seeds < 1:
+    raise ConfigError(f"config arg seeds={seeds} must be >= 1")
+  if seeds > 1:
+    study.models = [{"workdir": workdir_of(name, zoo_dir, seed)} for seed in range(seeds)]
+  return study
+
+
 def model_config(name: str, zoo_dir: str, seed: int = 0):
   """configs/zoo.py's `name` at training seed `seed` (initialisation and data
   order); s_upcycled reads the snapshot of s_dense at the same seed in `zoo_dir`."""

@@ -2,6 +2,7 @@
 import json
 import os
 import random
+import re
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_slope_and_wilson_claims(tmp_path):
      r"study.claims\[0\].reference='ref' is not an arm"),
     (dict(draws=0), r"study.draws=0 must be an integer >= 1"),
     (dict(scorer="nope"), r"study.scorer='nope' is not known; valid: .*spy"),
-    (dict(settings={"nois": 1}), r"study.settings.nois is not a setting of scorer 'spy'; valid: misalign, noise, offset"),
+    (dict(settings={"nois": 1}), r"study.settings.nois is not a setting of scorer 'spy'; valid: misalign, model_shift, noise, offset"),
     (dict(arms=[{"name": "base", "shfit": 1}, {"name": "up"}]),
      r"study.arms\[0\].shfit \(arm 'base'\) is not an arm setting; valid: shift"),
     (dict(reference="other"), r"study.reference='other' is not an arm"),
@@ -156,3 +157,69 @@ def test_a_verdict_that_does_not_survive_holm_is_marked(tmp_path):
   assert not any(r["not_after_holm"] for r in results["claims"] if r["text"] != "up hits")
   text = open(os.path.join(out, runner.MARKDOWN)).read()
   assert "| reproduces (not after Holm) |" in text
+
+
+MODELS = [{"model_shift": 0.0}, {"model_shift": 0.05}, {"model_shift": -0.02}]
+
+
+def test_a_study_over_models_takes_its_interval_over_the_models(tmp_path):
+  """Draws nested in models: the claim's interval is scipy's t-interval of the three
+  models' mean paired differences; the draw-level interval pools all 15 pairs."""
+  import numpy as np
+  import scipy.stats
+  results, scorer = run(toy.config(models=MODELS), str(tmp_path / "out"))
+  assert len(results["runs"]) == 2 * 3 * 5 * 3 and {r["model"] for r in results["runs"]} == {
+      0, 1, 2}
+  assert [m.settings["model_shift"] for m in scorer.models] == [0.0, 0.05, -0.02]
+  row = next(r for r in results["claims"] if r["claim"] == 0 and r["level"] == {"x": 2})
+  loss = {(r["arm"], r["model"], r["draw"]): r["metrics"]["loss"] for r in results["runs"]
+          if r["level"] == {"x": 2}}
+  diffs = np.array([[loss[("up", m, d)] - loss[("base", m, d)] for d in range(5)]
+                    for m in range(3)])
+  means = diffs.mean(1)
+  np.testing.assert_allclose(means, 2 * (0.1 + np.array([0.0, 0.05, -0.02])), atol=0.05)
+  t = scipy.stats.ttest_1samp(means, 0.0)
+  lo, hi = t.confidence_interval(0.95)
+  got = row["interval"]
+  assert got["n"] == 3
+  np.testing.assert_allclose([got["mean"], got["lo"], got["hi"], got["p"]],
+                             [means.mean(), lo, hi, t.pvalue], rtol=1e-12)
+  pooled = scipy.stats.ttest_1samp(diffs.ravel(), 0.0).confidence_interval(0.95)
+  assert row["interval_over_draws"]["n"] == 15
+  np.testing.assert_allclose([row["interval_over_draws"]["lo"],
+                              row["interval_over_draws"]["hi"]], pooled, rtol=1e-12)
+  text = open(tmp_path / "out" / runner.MARKDOWN).read()
+  assert "over models: mean ± std [95% CI]" in text and "3 models" in text
+
+
+def test_a_study_over_models_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+  straight, _ = run(toy.config(models=MODELS), str(tmp_path / "straight"))
+  stopped = str(tmp_path / "stopped")
+  monkeypatch.setattr(toy.Toy, "stop_after", 4)  # per model's scorer: model 0 stops first
+  with pytest.raises(KeyboardInterrupt):
+    run(toy.config(models=MODELS), stopped)
+  assert len(json.loads(read(stopped))["runs"]) == 2 * (3 * 3 + 1)
+  monkeypatch.setattr(toy.Toy, "stop_after", None)
+  resumed, scorer = run(toy.config(models=MODELS), stopped)
+  assert sum(len(m.calls) for m in scorer.models) == 45 - 10
+  assert read(stopped) == read(str(tmp_path / "straight")) and resumed == straight
+
+
+@pytest.mark.parametrize("models, message", [
+    ([{"model_shift": 0.0}, {"nope": 1}], "study.models[1].nope is not a setting"),
+    ([], "study.models=[] must be a non-empty list"),
+    ([{"model_shift": 0.1}, {"model_shift": 0.1}], "study.models gives a model twice"),
+    ([{"model_shift": 0.1}, {"model_shift": 2.0}],
+     "study.models[1] (model_shift=2.0): study.settings.model_shift=2.0 must be <= 1"),
+])
+def test_bad_models_are_refused_before_any_run(tmp_path, models, message):
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    runner.prepare(toy.config(models=models))
+
+
+def test_a_one_model_study_keeps_its_results_format(tmp_path):
+  """No 'models' key in the study and no 'model' in the runs: a study stored before
+  models existed resumes unchanged."""
+  results, _ = run(toy.config(), str(tmp_path / "out"))
+  assert "models" not in results["study"] and "model" not in results["runs"][0]
+  assert "interval_over_draws" not in results["claims"][0]

@@ -1,7 +1,8 @@
 """A toy scorer and study config for the runner's tests: arm values are known in closed form.
 
 Draw d has a shared offset base_d (large, differs by draw) and a small per-arm noise;
-arm 'up' adds shift * x. Paired by draw, up - base = shift * x + small noise, so a
+arm 'up' adds (shift + model_shift) * x, where model_shift is the setting that a
+study over models varies from model to model. Paired by draw, up - base = shift * x + small noise, so a
 correct pairing gives a tight interval around shift * x, and any other pairing a
 wide one (the offsets do not cancel).
 """
@@ -13,7 +14,7 @@ from moejax.studies.spec import grid
 
 
 class Toy(scoring.Scorer):
-  settings = {"noise": 0.01, "offset": 5.0, "misalign": None}
+  settings = {"noise": 0.01, "offset": 5.0, "misalign": None, "model_shift": 0.0}
   arm_settings = {"shift": 0.0}
   stop_after = None  # tests set it: raise KeyboardInterrupt after this many calls
 
@@ -23,6 +24,12 @@ class Toy(scoring.Scorer):
 
   def metrics(self):
     return ("loss", "hit")
+
+  def check(self):
+    if self.settings["model_shift"] > 1:
+      from moejax.errors import ConfigError
+      raise ConfigError(f"study.settings.model_shift={self.settings['model_shift']} must "
+                        "be <= 1")
 
   def score(self, level, draw, arms):
     if self.stop_after is not None and len(self.calls) >= self.stop_after:
@@ -34,7 +41,8 @@ class Toy(scoring.Scorer):
       data_draw = (draw + 1) % self.spec.draws if name == self.settings["misalign"] else draw
       base = np.random.default_rng(data_draw).normal() * self.settings["offset"]
       noise = np.random.default_rng((data_draw, len(name))).normal() * self.settings["noise"]
-      out[name] = {"loss": base + arm["shift"] * level["x"] + noise,
+      shift = arm["shift"] + (self.settings["model_shift"] if arm["shift"] else 0.0)
+      out[name] = {"loss": base + shift * level["x"] + noise,
                    "hit": float(arm["shift"] > 0), scoring.PAIRING: str(data_draw)}
     return out
 

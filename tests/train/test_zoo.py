@@ -61,6 +61,22 @@ def test_a_second_training_seed_is_its_own_model(tiny_zoo, monkeypatch):
   assert zoo.verify("xs", zoo_dir, log=id, seed=1)["bit_exact"]
 
 
+@pytest.mark.parametrize("study", ["pruning", "pruning_knee", "gemq", "codequant", "td_moe",
+                                   "phenomena"])
+def test_post_training_studies_run_over_training_seeds(study):
+  """configs/studies/<study>.py:seeds=3 repeats the study on zoo-s at seeds 0, 1, 2;
+  without the arg it is the one model of its settings."""
+  from moejax.train.sweep import load_config_file
+  path = f"configs/studies/{study}.py"
+  over = load_config_file(f"{path}:seeds=3")
+  assert over.models == [{"workdir": "runs/zoo/s"}, {"workdir": "runs/zoo/s_seed1"},
+                         {"workdir": "runs/zoo/s_seed2"}]
+  plain = load_config_file(path)
+  assert "models" not in plain and plain.settings.workdir == "runs/zoo/s"
+  with pytest.raises(ConfigError, match="seeds=0 must be >= 1"):
+    load_config_file(f"{path}:seeds=0")
+
+
 def test_verify_regenerates_bit_exactly(tiny_zoo, monkeypatch):
   monkeypatch.setattr(zoo, "model_config", tiny_config)
   zoo_dir, _ = tiny_zoo
