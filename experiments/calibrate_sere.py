@@ -31,8 +31,9 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   del argv
   cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
-  out = _OUT.value or os.path.join(_WORKDIR.value, "sere_similarity.npy")
-  cli.output_file("out", out)
+  out = _OUT.value if _OUT.value is not None else os.path.join(_WORKDIR.value,
+                                                                "sere_similarity.npy")
+  cli.output_file("out", out, suffixes=(".npy",))  # np.save appends .npy to other names
   config, graphdef, params, rest, _ = load_from_workdir(_WORKDIR.value)
   if config.model.ffn_type != "moe":
     raise ConfigError(f"model.ffn_type={config.model.ffn_type!r}: SERE calibrates the experts "

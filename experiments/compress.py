@@ -34,16 +34,17 @@ _QUANTIZER = flags.DEFINE_string("quantizer", "gptq", "rtn or gptq (quantized me
 _GROUP = cli.checked(flags.DEFINE_integer("group_size", 32, "Input rows per quantization "
                                           "group / codebook; 0 = the whole input dim."),
                      cli.at_least(0))
-_CHOICES = flags.DEFINE_list("bit_choices", ["2", "3", "4", "8"], "Bit-widths an expert may get.")
+_CHOICES = cli.checked(flags.DEFINE_list("bit_choices", ["2", "3", "4", "8"], "Bit-widths an "
+                                         "expert may get."), cli.at_least(1))
 _ROUNDS = cli.checked(flags.DEFINE_integer("rounds", 1, "GEMQ rounds (costs re-estimated on "
                                            "the quantized, fine-tuned model)."), cli.at_least(1))
 _FT_STEPS = cli.checked(flags.DEFINE_integer("finetune_steps", 0, "Router fine-tuning steps "
                                              "after quantizing (GEMQ)."), cli.at_least(0))
 _FT_LR = cli.checked(flags.DEFINE_float("finetune_lr", 1e-4, "Router fine-tuning learning "
-                                        "rate."), cli.at_least(0.0, float))
+                                        "rate."), cli.in_range(0, float("inf"), low_open=True))
 _DAMPING = cli.checked(flags.DEFINE_float("damping", 1e-6, "Whitening damping of td_moe and "
                                           "whitened_svd, relative to the mean variance."),
-                       cli.at_least(0.0, float))
+                       cli.in_range(0, float("inf"), low_open=True))
 _NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 64, "Calibration windows."),
                            cli.at_least(1))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Calibration draw."),
@@ -57,13 +58,9 @@ flags.mark_flags_as_required(["workdir", "level"])
 def main(argv):
   del argv
   cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training",))
-  if _OUT.value is not None and cli.workdir_kind(_OUT.value) not in ("missing", "empty"):
-    raise cli.flag_error(_OUT, "expected a new or empty directory")
+  cli.output_dir("out", _OUT.value, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
   cli.output_file("report", _REPORT.value)
-  try:
-    choices = tuple(int(b) for b in _CHOICES.value)
-  except ValueError:
-    raise cli.flag_error(_CHOICES, "expected integers") from None
+  choices = tuple(int(b) for b in _CHOICES.value)
   from moejax.posttrain import compress_pipeline as cp
   from moejax.posttrain import compress_workdir
   cp.family(_METHOD.value)

@@ -67,6 +67,7 @@ def refuse_flags_of_the_other_direction(holders, direction: str) -> None:
 def import_main() -> None:
   refuse_flags_of_the_other_direction(EXPORT_ONLY, "export (--out_hf_dir)")
   cli.writable_workdir("workdir", _WORKDIR.value, "converted", allow_mixed=_ALLOW_MIXED.value)
+  cli.output_dir("workdir", _WORKDIR.value, not_inside=[("--hf_dir", _HF_DIR.value)])
   if not os.path.isdir(_HF_DIR.value):
     raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
   # tensor by tensor (moejax/interop/streaming.py): every tensor's presence, shape and
@@ -83,8 +84,7 @@ def export_main() -> None:
   refuse_flags_of_the_other_direction(IMPORT_ONLY, "import (--hf_dir)")
   cli.existing_workdir("workdir", _WORKDIR.value)
   out = _OUT_HF_DIR.value
-  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise cli.flag_error(_OUT_HF_DIR, "expected a new or empty directory")
+  cli.output_dir("out_hf_dir", out, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
   if _CHECK_LOGITS.value:
     if _DTYPE.value not in (None, "float32"):
       raise cli.flag_error(_CHECK_LOGITS, f"compares float32 exports, not --dtype={_DTYPE.value}")
@@ -111,9 +111,10 @@ def export_main() -> None:
 
 def main(argv):
   del argv
-  if _HF_DIR.value and _WORKDIR.value and not _OUT_HF_DIR.value:
+  given = tuple(h.value is not None for h in (_HF_DIR, _WORKDIR, _OUT_HF_DIR))
+  if given == (True, True, False):
     import_main()
-  elif _WORKDIR.value and _OUT_HF_DIR.value and not _HF_DIR.value:
+  elif given == (False, True, True):
     export_main()
   else:
     raise ConfigError("give --hf_dir and --workdir (import) or --workdir and --out_hf_dir "

@@ -78,16 +78,19 @@ def read_docs(path: str) -> list[tuple[str, str]]:
       if not isinstance(record, dict) or not all(
           isinstance(record.get(k), str) for k in ("domain", "text")):
         raise ConfigError(f'expected {{"domain": str, "text": str}} {where}')
+      if not record["text"]:
+        raise ConfigError(f"the text is empty: it encodes to no tokens {where}")
       out.append((record["domain"], record["text"]))
   if not out:
     raise ConfigError(f"no documents (--docs={path})")
   return out
 
 
-def load(workdir, hf_dir):
-  """(LM, tokenizer, prefix id, experts per MoE layer, training config or None)."""
+def load(workdir, hf_dir, names=("workdir", "hf_dir")):
+  """(LM, tokenizer, prefix id, experts per MoE layer, training config or None);
+  `names`: the flags that gave workdir and hf_dir, for messages."""
   loaded, tokenizer, eos_id = load_model(workdir, hf_dir)
-  where = f"(--workdir={workdir})" if workdir else f"(--hf_dir={hf_dir})"
+  where = f"(--{names[0]}={workdir})" if workdir else f"(--{names[1]}={hf_dir})"
   if tokenizer is None:
     raise ConfigError(f"the model has no tokenizer (tokenizer.json) to read documents with "
                       f"{where}")
@@ -135,7 +138,7 @@ def main(argv):
   has_reference = _REF_WORKDIR.value is not None or _REF_HF_DIR.value is not None
   if has_reference:
     cli.one_source(_REF_WORKDIR, _REF_HF_DIR)
-  cli.output_file("out", _OUT.value)
+  cli.output_file("out", _OUT.value, not_inside=[("--docs", _DOCS.value)])
   chosen = None if _PROBES.value is None else tuple(p for p in _PROBES.value if p)
   harness.Settings(1, probes=chosen or ()).check()
   if _DOCS.value is not None:
@@ -145,7 +148,8 @@ def main(argv):
                       f"(--workdir={_WORKDIR.value}, --hf_dir={_HF_DIR.value})")
   # load both models and check the sizes before any document is read or scored
   lm, tokenizer, prefix, experts, config = load(_WORKDIR.value, _HF_DIR.value)
-  ref = load(_REF_WORKDIR.value, _REF_HF_DIR.value) if has_reference else None
+  ref = load(_REF_WORKDIR.value, _REF_HF_DIR.value, (_REF_WORKDIR.name, _REF_HF_DIR.name)
+             ) if has_reference else None
   context = _CONTEXT.value or (config.data.seq_len if config else lm.max_seq_len)
   for model in (lm, ref[0] if ref else lm):
     if context > model.max_seq_len:

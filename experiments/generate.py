@@ -41,9 +41,10 @@ _TOP_P = cli.checked(flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 
                      cli.in_range(0, 1, low_open=True))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Sampling seed."), cli.in_range(0, 2**32 - 1))
 _SERE = flags.DEFINE_string("sere_similarity", None, "Decode with SERE re-routing using this "
-                            "[MoE layers, E, E] similarity (experiments.calibrate_sere).")
+                            ".npy file, a [MoE layers, E, E] similarity "
+                            "(experiments.calibrate_sere).")
 _SERE_RHO = cli.checked(flags.DEFINE_float("sere_rho", 0.3, "SERE similarity threshold rho "
-                                           "(model.moe.sere.rho)."),
+                                           "in [0, 1] (model.moe.sere.rho)."),
                         cli.in_range(0, 1))
 
 
@@ -70,7 +71,7 @@ def main(argv):
     cli.existing_workdir("workdir", _WORKDIR.value)
   elif not os.path.isdir(_HF_DIR.value):
     raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
-  if _SERE.value:
+  if _SERE.value is not None:
     cli.input_file("sere_similarity", _SERE.value)
   loaded, tokenizer, eos_id = load_model(_WORKDIR.value, _HF_DIR.value)
   m, rest = loaded.config, loaded.rest

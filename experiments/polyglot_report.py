@@ -66,7 +66,11 @@ def main(argv):
   if (_WORKDIR.value is None) == (_SWEEP_DIR.value is None):
     raise ConfigError(f"give exactly one of --workdir and --sweep_dir (--workdir="
                       f"{_WORKDIR.value}, --sweep_dir={_SWEEP_DIR.value})")
+  cli.output_file("json", _JSON.value)
+  if _SWEEP_DIR.value is not None and not os.path.isdir(_SWEEP_DIR.value):
+    raise cli.flag_error(_SWEEP_DIR, "expected an existing directory")
   if _WORKDIR.value is not None:
+    cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
     out = run_report(_WORKDIR.value)
     print(json.dumps(out, indent=1))
   else:

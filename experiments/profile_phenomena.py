@@ -26,15 +26,15 @@ _BYTES_PER_DOMAIN = cli.checked(flags.DEFINE_integer(
 _CONTEXT = cli.checked(flags.DEFINE_integer("context", 0, "Tokens per window; 0 = the "
                                             "training seq_len."), cli.at_least(0))
 _QUANTILE = cli.checked(flags.DEFINE_float("quantile", 99.5, "SE: a above this percentile "
-                                           "of all a."), cli.in_range(0, 100))
+                                           "of all a, in [0, 100]."), cli.in_range(0, 100))
 _FRACTION = cli.checked(flags.DEFINE_float("fraction_of_max", 0.1, "SE: a above this "
-                                           "fraction of the largest a."), cli.in_range(0, 1))
+                                           "fraction of the largest a, in [0, 1]."), cli.in_range(0, 1))
 _MIN_RATIO = cli.checked(flags.DEFINE_float("min_ratio", 100.0, "Massive activations: "
                                             "max / median |h| at least this."),
-                         cli.at_least(0.0, float))
+                         cli.in_range(0, float("inf"), low_open=True))
 _GROWTH = cli.checked(flags.DEFINE_float("growth", 2.0, "Massive activations form in a "
                                          "block whose max |h| grows at least this much."),
-                      cli.at_least(0.0, float))
+                      cli.in_range(0, float("inf"), low_open=True))
 _OUT = flags.DEFINE_string("out", None, "Write the profile here as JSON.")
 flags.mark_flag_as_required("workdir")
 

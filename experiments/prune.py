@@ -78,10 +78,12 @@ def main(argv):
     source = f"--hf_dir={_HF_DIR.value}" if _HF_DIR.value else f"--workdir={_WORKDIR.value}"
     raise ConfigError("an imported model has no training split: give --calibration "
                       f"(.npy token ids or .jsonl texts) ({source})")
-  if _OUT.value is not None and cli.workdir_kind(_OUT.value) not in ("missing", "empty"):
-    raise cli.flag_error(_OUT, "expected a new or empty directory")
-  cli.output_file("report", _REPORT.value)
-  cli.output_file("save_statistics", _STATISTICS.value)
+  inputs = [("--workdir", _WORKDIR.value), ("--hf_dir", _HF_DIR.value),
+            ("--calibration", _CALIBRATION.value)]
+  cli.output_dir("out", _OUT.value, empty=True, not_inside=inputs)
+  cli.output_file("report", _REPORT.value, not_inside=inputs[2:])
+  cli.output_file("save_statistics", _STATISTICS.value, suffixes=(".npz",),
+                  not_inside=inputs[2:])
   from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
   options = dict(keep=_KEEP.value, method=_METHOD.value, objective=_OBJECTIVE.value,
                  num_windows=_NUM_WINDOWS.value, context=_CONTEXT.value, seed=_SEED.value,

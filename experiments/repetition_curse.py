@@ -27,7 +27,8 @@ _NUM_PROMPTS = cli.checked(flags.DEFINE_integer("num_prompts", 8, "Prompts of ea
 _EXPERT_SHARDS = cli.checked(flags.DEFINE_integer("expert_shards", 8, "Devices the experts "
                                                   "are split over."), cli.at_least(1))
 _CAPACITY_FACTOR = cli.checked(flags.DEFINE_float("capacity_factor", 1.25, "Capacity of the "
-                                                  "defence."), cli.at_least(0.0, float))
+                                                  "defence."),
+                               cli.in_range(0, float("inf"), low_open=True))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Draw of the repeated tokens."),
                     cli.in_range(0, 2**32 - 1))
 _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")

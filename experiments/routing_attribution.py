@@ -48,7 +48,7 @@ def main(argv):
   del argv
   cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
   cli.output_file("out", _OUT.value)
-  cli.output_file("plot", _PLOT.value)
+  cli.output_file("plot", _PLOT.value, suffixes=cli.plot_suffixes())
   from moejax.analysis.routing_attribution import attribute, source_shares
   from moejax.data.pipeline import split_documents
   from moejax.evaluation.bpb import domain_windows

@@ -25,6 +25,7 @@ def main(argv):
   del argv
   spec, scorer = runner.prepare(_CONFIG.value)
   out = _OUT.value or os.path.join("docs", "results", "studies", spec.name)
+  cli.output_dir("out", out, parents=_OUT.value is None)
   stored = runner.check_output(spec, out, make_parents=_OUT.value is None)
   if stored:
     print(f"resuming {spec.name}: {len(stored['runs'])} of {stored['total_runs']} runs done")

@@ -26,6 +26,7 @@ _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
 def main(argv):
   del argv
+  cli.output_file("json", _JSON.value)
   settings = dataclasses.replace(teacher_moe.Settings(), steps=_STEPS.value,
                                  learning_rate=_LR.value)
   rows = []

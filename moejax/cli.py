@@ -16,8 +16,10 @@ keeps its traceback. Entry points check their flags and workdirs (the
 """
 import dataclasses
 import json
+import math
 import os
 import re
+import shutil
 import sys
 import traceback
 from typing import Any, Callable
@@ -125,12 +127,17 @@ def _config_file_message(error: OSError, flag: str) -> str:
 def checked(holder, check, expected: str | None = None):
   """Attach `check` (a predicate, e.g. at_least(1)) to a flag; returns the flag holder.
 
-  The predicate sees each element of a list flag; None (unset) always passes."""
+  The predicate sees each element of a list flag, which must hold at least one
+  element; None (unset) always passes."""
   expected = expected or check.expected
 
   def ok(value):
     values = value if isinstance(value, list) else [value]
     return value is None or all(_safe(check, v) for v in values)
+  flag = FLAGS[holder.name]
+  if isinstance(flag, flags.MultiFlag) or isinstance(flag.parser, flags.ListParser):
+    flags.register_validator(holder.name, lambda v: v is None or len(v) > 0,
+                             message="expected at least one value")
   flags.register_validator(holder.name, ok, message=f"expected {expected}")
   return holder
 
@@ -149,15 +156,17 @@ def _predicate(fn, expected: str):
 
 def at_least(low, kind=int):
   """A number >= low; list elements (strings) are read with `kind`."""
-  return _predicate(lambda v: kind(v) >= low,
-                    f"{'an integer' if kind is int else 'a number'} >= {low}")
+  return _predicate(lambda v: math.isfinite(kind(v)) and kind(v) >= low,
+                    f"{'an integer' if kind is int else 'a finite number'} >= {low}")
 
 
 def in_range(low, high, *, low_open=False):
   """A number in [low, high] (or (low, high] with low_open)."""
   lo = "(" if low_open else "["
-  return _predicate(lambda v: (low < float(v) if low_open else low <= float(v)) and
-                    float(v) <= high, f"a number in {lo}{low}, {high}]")
+  return _predicate(lambda v: math.isfinite(float(v)) and float(v) <= high and
+                    (low < float(v) if low_open else low <= float(v)),
+                    f"a finite number {'>' if low_open else '>='} {low}" if math.isinf(high)
+                    else f"a number in {lo}{low}, {high}]")
 
 
 def one_of(*names):
@@ -264,15 +273,76 @@ def writable_workdir(flag: str, path: str, kind: str, *, allow_mixed: bool = Fal
                     f"{KIND_WORDS[kind]} there too needs --allow_mixed {where}")
 
 
-def output_file(flag: str, path: str | None) -> None:
-  """Refuse an output path whose directory is missing or that is a directory."""
+def output_file(flag: str, path: str | None, *, suffixes=(), not_inside=(),
+                key: str | None = None) -> None:
+  """Refuse an output file that cannot be written as asked, before any work: a directory,
+  a directory that is missing or not writable, a name not ending in one of `suffixes`
+  (e.g. plot_suffixes()), or a path inside one of `not_inside` (input paths)."""
   if path is None:
     return
-  parent = os.path.dirname(os.path.abspath(path))
+  where = f"({key or '--' + flag}={path})"
+  if path == "" or os.path.isdir(path):
+    raise ConfigError(f"expected a file name, not a directory {where}")
+  if suffixes and not path.lower().endswith(tuple(suffixes)):
+    raise ConfigError(f"cannot write this format; expected a name ending in "
+                      f"{', '.join(suffixes)} {where}")
+  _writable(os.path.dirname(os.path.abspath(path)), where, parents=False)
+  if os.path.exists(path) and not os.access(path, os.W_OK):
+    raise ConfigError(f"output file is not writable {where}")
+  _not_inside(path, not_inside, where)
+
+
+def output_dir(flag: str, path: str | None, *, empty: bool = False, parents: bool = True,
+               not_inside=(), key: str | None = None) -> None:
+  """Refuse an output directory that cannot be written as asked, before any work: a file,
+  not empty (with `empty`), a parent that is missing (unless `parents`: the command
+  creates it) or not writable, or a path inside one of `not_inside` (input paths)."""
+  if path is None:
+    return
+  where = f"({key or '--' + flag}={path})"
+  if path == "" or (os.path.exists(path) and not os.path.isdir(path)):
+    raise ConfigError(f"expected a directory, not a file {where}")
   if os.path.isdir(path):
-    raise ConfigError(f"output path is a directory (--{flag}={path})")
+    if empty and os.listdir(path):
+      raise ConfigError(f"expected a new or empty directory {where}")
+    if not os.access(path, os.W_OK | os.X_OK):
+      raise ConfigError(f"output directory is not writable {where}")
+  else:
+    _writable(os.path.dirname(os.path.abspath(path)), where, parents=parents)
+  _not_inside(path, not_inside, where)
+
+
+def _writable(parent: str, where: str, *, parents: bool) -> None:
+  """The directory an output is created in: it exists (or, with `parents`, its nearest
+  existing ancestor is a directory) and can be written."""
+  while parents and not os.path.exists(parent) and os.path.dirname(parent) != parent:
+    parent = os.path.dirname(parent)
   if not os.path.isdir(parent):
-    raise ConfigError(f"output directory {parent} does not exist (--{flag}={path})")
+    raise ConfigError(f"output directory {parent} does not exist {where}")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f"output directory {parent} is not writable {where}")
+
+
+def _not_inside(path: str, inputs, where: str) -> None:
+  real = os.path.realpath(path)
+  for name, source in inputs:
+    if source and (real + os.sep).startswith(os.path.realpath(source) + os.sep):
+      raise ConfigError(f"output is inside the input {name}={source}; write it elsewhere "
+                        f"{where}")
+
+
+def plot_suffixes() -> tuple[str, ...]:
+  """The file name endings matplotlib can write (its savefig formats)."""
+  from matplotlib.backend_bases import FigureCanvasBase
+  return tuple(sorted("." + s for s in FigureCanvasBase.get_supported_filetypes()))
+
+
+def undo_new_workdir(path: str, before: str) -> None:
+  """Remove what a refused run wrote into a workdir that was 'missing' or 'empty' before."""
+  if before in ("missing", "empty") and os.path.isdir(path):
+    shutil.rmtree(path)
+    if before == "empty":
+      os.makedirs(path)
 
 
 def input_file(flag: str, path: str) -> None:
@@ -294,8 +364,9 @@ class StudyOutputs:
   plot: Any
 
   def check(self) -> None:
-    for holder in (self.json, self.markdown, self.plot):
-      output_file(holder.name, holder.value)
+    output_file(self.json.name, self.json.value)
+    output_file(self.markdown.name, self.markdown.value)
+    output_file(self.plot.name, self.plot.value, suffixes=plot_suffixes())
 
   def write(self, record: dict, text: str, plot: Callable[[str], None] | None = None) -> None:
     """record -> --json (indented), text -> --markdown, plot(path) -> --plot."""

@@ -29,11 +29,12 @@ STEP_RHO = 0.25  # Step: the fraction of calibration tokens kept by loss (a gues
 
 
 def calibration_windows(stream: np.ndarray, num_windows: int, context: int,
-                        seed: int) -> np.ndarray:
-  """int32 [num_windows, context]: windows at offsets drawn uniformly with `seed`."""
+                        seed: int, source: str = "the training split") -> np.ndarray:
+  """int32 [num_windows, context]: windows at offsets drawn uniformly with `seed`;
+  `source` names the stream in the refusal of one too short ("--calibration=FILE")."""
   if len(stream) < context + 1:
-    raise ConfigError(f"the training split has {len(stream)} tokens, fewer than one "
-                      f"calibration window of {context}")
+    raise ConfigError(f"{source} has {len(stream)} tokens, fewer than one calibration "
+                      f"window of {context} plus one")
   starts = np.random.default_rng(seed).integers(0, len(stream) - context + 1, num_windows)
   return np.stack([stream[s:s + context] for s in starts]).astype(np.int32)
 
@@ -91,26 +92,28 @@ class Calibration:
     return self._costs[key]
 
 
-def calibration_stream(path: str, tokenizer, eos_id: int | None) -> np.ndarray:
+def calibration_stream(path: str, tokenizer, eos_id: int | None,
+                       vocab_size: int | None = None) -> np.ndarray:
   """Calibration tokens from a file: a .npy array of token ids (any shape, read
   flat), or a .jsonl file of {"text": ...} lines tokenized with the model's own
-  tokenizer, each document followed by its eos id."""
+  tokenizer, each document followed by its eos id. Every id must lie in
+  [0, vocab_size) (when given); every document must encode to at least one token."""
   from moejax import cli
   cli.input_file("calibration", path)
+  where = f"(--calibration={path})"
   if path.endswith(".npy"):
     try:
       ids = np.load(path)
     except ValueError as e:
-      raise ConfigError(f"cannot read token ids: {e} (--calibration={path})") from None
+      raise ConfigError(f"cannot read token ids: {e} {where}") from None
     if not np.issubdtype(ids.dtype, np.integer):
-      raise ConfigError(f"token ids must be integers, got {ids.dtype} (--calibration={path})")
-    return ids.reshape(-1).astype(np.int32)
+      raise ConfigError(f"token ids must be integers, got {ids.dtype} {where}")
+    return _in_vocabulary(ids.reshape(-1).astype(np.int64), vocab_size, where).astype(np.int32)
   if not path.endswith(".jsonl"):
-    raise ConfigError(f"expected a .npy file of token ids or a .jsonl file of texts "
-                      f"(--calibration={path})")
+    raise ConfigError(f"expected a .npy file of token ids or a .jsonl file of texts {where}")
   if tokenizer is None:
     raise ConfigError(f"the model has no tokenizer (tokenizer.json) to read texts with; "
-                      f"give token ids as .npy (--calibration={path})")
+                      f"give token ids as .npy {where}")
   parts = []
   with open(path, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
@@ -119,8 +122,20 @@ def calibration_stream(path: str, tokenizer, eos_id: int | None) -> np.ndarray:
       try:
         text = json.loads(line)["text"]
       except (json.JSONDecodeError, KeyError, TypeError):
-        raise ConfigError(f'line {number} is not {{"text": ...}} (--calibration={path})') from None
-      parts.append(np.asarray(tokenizer.encode(text), np.int32))
+        raise ConfigError(f'line {number} is not {{"text": ...}} {where}') from None
+      ids = np.asarray(tokenizer.encode(text), np.int64)
+      if not ids.size:
+        raise ConfigError(f"the text of line {number} encodes to no tokens {where}")
+      parts.append(_in_vocabulary(ids, vocab_size, f"(--calibration={path}, line {number})"))
       if eos_id is not None:
-        parts.append(np.array([eos_id], np.int32))
-  return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        parts.append(np.array([eos_id], np.int64))
+  return (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int32)
+
+
+def _in_vocabulary(ids: np.ndarray, vocab_size: int | None, where: str) -> np.ndarray:
+  """`ids` (int64), refused naming the first id outside [0, vocab_size)."""
+  bad = ids[(ids < 0) | (ids >= vocab_size if vocab_size is not None else False)]
+  if bad.size:
+    bound = "" if vocab_size is None else f", {vocab_size}"
+    raise ConfigError(f"token id {int(bad[0])} is outside the vocabulary [0{bound}) {where}")
+  return ids

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 
 from moejax.models.structure import expert_counts
-from moejax.errors import ConfigError
 from moejax.posttrain import prune, source as source_lib
 from moejax.posttrain.calibration import calibration_stream, calibration_windows
 from moejax.posttrain.request import check_request
@@ -66,11 +65,9 @@ def prune_imported(*, hf_dir: str | None, workdir: str | None, out: str | None,
   context = context or min(m.max_seq_len, 512)
   check_request(m, prune.Pruning(method, keep, objective, rescale, seed),
                 num_windows=num_windows, context=context, source=source.where)
-  stream = calibration_stream(calibration, source.tokenizer, source.eos_id)
-  if stream.size and stream.max() >= m.vocab_size:
-    raise ConfigError(f"token id {int(stream.max())} is outside the model's vocabulary of "
-                      f"{m.vocab_size} (--calibration={calibration})")
-  windows = calibration_windows(stream, num_windows, context, seed)
+  stream = calibration_stream(calibration, source.tokenizer, source.eos_id, m.vocab_size)
+  windows = calibration_windows(stream, num_windows, context, seed,
+                                f"--calibration={calibration}")
   new_m, params, rest, layers = prune.prune_model(
       m, source.params, source.rest, windows, keep=keep, method=method, objective=objective,
       seed=seed, batch_size=batch_size, rescale=rescale, save_statistics=save_statistics)

@@ -103,12 +103,19 @@ def _compression(m, r: "cp.Request", source: str, keys: dict, rounds: int,
       raise ConfigError(f"{level}={r.level}: a factorisation removes a fraction of the "
                         "expert parameters, in (0, 1)")
     return
+  if not r.bit_choices:
+    raise ConfigError(f"{choices_key} is empty: expected at least one bit-width of "
+                      f"{cp.SUPPORTED_BITS}")
   for b in r.bit_choices:
     if b not in cp.SUPPORTED_BITS:
       raise ConfigError(f"{choices_key}: {b} bits is not supported; valid: "
                         f"{cp.SUPPORTED_BITS}")
   if r.method == "uniform" and r.level not in cp.SUPPORTED_BITS:
     raise ConfigError(f"{level}={r.level}: uniform bits must be one of {cp.SUPPORTED_BITS}")
+  low, high = min(cp.SUPPORTED_BITS), max(cp.SUPPORTED_BITS)
+  if cp.family(r.method) == "codebook" and not low <= r.level <= high:
+    raise ConfigError(f"{level}={r.level} bits is outside what {r.method} can reach, "
+                      f"[{low}, {high}] bits")
   choices = cp.bit_choices_for(r)
   if r.level < min(choices):
     raise ConfigError(f"{level}={r.level} bits is below the minimum achievable, "

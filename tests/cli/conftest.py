@@ -83,6 +83,10 @@ def area(tmp_path_factory):
   _write(os.path.join(bad, "afile.txt"), b"a file, not a directory\n")
   _write(os.path.join(bad, "empty.npy"), b"")
   _write(os.path.join(bad, "garbage.npy"), b"\x93NUMPY garbage")
+  np.save(os.path.join(bad, "negative_ids.npy"), np.array([1, -3, 2], np.int32))
+  np.save(os.path.join(bad, "short_ids.npy"), np.arange(10, dtype=np.int32))
+  _write(os.path.join(bad, "empty_text.jsonl"),
+         b'{"domain": "a", "text": "hello"}\n{"domain": "a", "text": ""}\n')
   shape = (p.moe_layers, p.num_experts, p.num_experts)
   np.save(os.path.join(bad, "wrong_shape.npy"), np.zeros((2, 3), np.float32))
   np.save(os.path.join(bad, "int.npy"), np.zeros(shape, np.int32))

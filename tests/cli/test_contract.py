@@ -10,6 +10,8 @@ SERE, STUDY = "experiments.calibrate_sere", "experiments.study"
 EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune"
 CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
 POLYGLOT, COMPRESS = "experiments.polyglot_report", "experiments.compress"
+TEACHER = "experiments.teacher_moe"
+FINETUNE = "--config=configs/finetune_hf.py:family=mixtral,steps=4,seq_len=32"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
 NEW = "--workdir={missing}"
@@ -206,7 +208,7 @@ CASES = [
     (COMPRESS, [T, "--level=1.5"], ["--level=1.5", "below the minimum", "2 bits"]),
     (COMPRESS, [T, "--level=3", "--bit_choices=2,5"], ["--bit_choices", "5 bits",
                                                        "not supported"]),
-    (COMPRESS, [T, "--level=3", "--bit_choices=2,x"], ["--bit_choices", "integers"]),
+    (COMPRESS, [T, "--level=3", "--bit_choices=2,x"], ["--bit_choices=2,x", "integer"]),
     (COMPRESS, [T, "--level=2.5", "--method=uniform"], ["--level=2.5", "uniform"]),
     (COMPRESS, [T, "--level=9"], ["--level=9", "above the widest", "8"]),
     (COMPRESS, [T, "--level=3", "--group_size=12"], ["--group_size=12", "divide"]),
@@ -243,6 +245,48 @@ CASES = [
     (POLYGLOT, [], ["--workdir", "--sweep_dir"]),
     (POLYGLOT, [T, "--sweep_dir={bad}"], ["--workdir", "--sweep_dir"]),
     (POLYGLOT, ["--sweep_dir={bad}/emptydir"], ["ARM/seed_N", "--sweep_dir={bad}/emptydir"]),
+    # outputs checked with the inputs: format, directory, inside an input
+    (ATTRIBUTION, [T, "--plot={root}/heatmap.nope"], ["--plot={root}/heatmap.nope", ".png"]),
+    (ATTRIBUTION, [T, "--plot={missing}/heatmap.png"], ["does not exist", "--plot="]),
+    (SERE, [T, "--out={root}/similarity.txt"], [".npy", "--out={root}/similarity.txt"]),
+    (SERE, [T, "--out="], ["--out="]),
+    (TEACHER, ["--json={missing}/run.json"], ["does not exist", "--json={missing}/run.json"]),
+    (TEACHER, ["--json={bad}/afile.txt/run.json"], ["afile.txt", "--json="]),
+    (POLYGLOT, [T, "--json={bad}"], ["directory", "--json={bad}"]),
+    (POLYGLOT, ["--sweep_dir={missing}"], ["existing directory", "--sweep_dir={missing}"]),
+    (POLYGLOT, ["--sweep_dir={bad}/afile.txt"], ["existing directory", "afile.txt"]),
+    (POLYGLOT, ["--workdir={missing}"], ["does not exist", "--workdir={missing}"]),
+    (PRUNE, [T, "--keep=4", "--out={train}/pruned"], ["inside the input --workdir",
+                                                      "--out={train}/pruned"]),
+    (PRUNE, [T, "--keep=4", "--out={bad}/afile.txt"], ["not a file", "--out="]),
+    (PRUNE, [T, "--keep=4", "--save_statistics={root}/stats.npy"], [".npz", "--save_statistics"]),
+    (COMPRESS, [T, "--level=3", "--out={train}/compressed"], ["inside the input --workdir"]),
+    (CONVERT, [T, "--out_hf_dir={train}/hf"], ["inside the input --workdir", "--out_hf_dir"]),
+    (CONVERT, [H, "--workdir={hf}/imported"], ["inside the input --hf_dir", "--workdir"]),
+    (CONVERT, [T, "--out_hf_dir="], ["--out_hf_dir="]),
+    (EVAL, [T, "--docs={bad}/empty_text.jsonl", "--out={bad}/empty_text.jsonl"],
+     ["inside the input --docs", "--out="]),
+    (STUDY, ["--config=configs/studies/interval_coverage.py", "--out={bad}/afile.txt"],
+     ["not a file", "--out="]),
+    # values checked at both ends; empty lists
+    (PRUNE, [H, "--keep=4", "--calibration={bad}/negative_ids.npy"],
+     ["token id -3", "[0, 256)", "--calibration={bad}/negative_ids.npy"]),
+    (COMPRESS, [T, "--level=1.5", "--method=codequant"], ["--level=1.5", "[2, 8]", "codequant"]),
+    (COMPRESS, [T, "--level=8.5", "--method=kmeans"], ["--level=8.5", "[2, 8]", "kmeans"]),
+    (COMPRESS, [T, "--level=3", "--bit_choices="], ["--bit_choices=", "at least one"]),
+    (COMPRESS, [T, "--level=3", "--finetune_lr=0"], ["--finetune_lr=0"]),
+    (TEACHER, ["--teacher_seeds="], ["--teacher_seeds=", "at least one"]),
+    (TEACHER, ["--learning_rate=inf"], ["--learning_rate=inf", "finite"]),
+    (GEN, [T, "--temperature=inf"], ["--temperature=inf", "finite"]),
+    (GEN, [T, "--sere_similarity="], ["--sere_similarity="]),
+    # messages that name the right thing
+    (PRUNE, [H, "--keep=4", "--calibration={bad}/short_ids.npy", "--context=16"],
+     ["--calibration={bad}/short_ids.npy has 10 tokens"]),
+    (EVAL, [T, "--reference_hf_dir={hf}"], ["tokenizer", "--reference_hf_dir={hf}"]),
+    (EVAL, [T, "--docs={bad}/empty_text.jsonl"], ["no tokens", "empty_text.jsonl, line 2"]),
+    # a required setting without a silent default; nothing left behind by a refused run
+    (TRAIN, [FINETUNE, NEW], ["init.hf_dir", "model.family='mixtral'"]),
+    (TRAIN, [FINETUNE, NEW, "--config.init.hf_dir={bad}/hf_truncated"], ["hf_truncated"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
     (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
