@@ -56,3 +56,18 @@ def test_outputs_of_another_study_or_other_settings_are_refused(tmp_path):
   assert_refused(run_entry(STUDY, COVERAGE, *TINY, "--config.settings.seed=1", f"--out={out}"),
                  "study.settings.seed is 1 here but 0 in")
   assert tree_hash(str(tmp_path)) == before
+
+
+def test_a_damaged_results_file_is_named_with_what_to_do(tmp_path):
+  """A results.json cut off by a kill: the refusal names the file and both ways on."""
+  out = str(tmp_path / "coverage")
+  assert run_entry(STUDY, COVERAGE, *TINY, f"--out={out}").code == 0
+  path = os.path.join(out, "results.json")
+  text = open(path).read()
+  open(path, "w").write(text[:len(text) // 2])
+  before = tree_hash(str(tmp_path))
+  line = assert_refused(run_entry(STUDY, COVERAGE, *TINY, f"--out={out}"),
+                        f"{path} is not a complete results file", "JSONDecodeError",
+                        "--out elsewhere", f"delete {path}", f"(--out={out})")
+  assert "Traceback" not in line
+  assert tree_hash(str(tmp_path)) == before
