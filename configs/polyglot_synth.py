@@ -1,4 +1,4 @@
-r"""A tiny top-k MoE LM on polyglot-synth, the planted task with a known floor (issue 13).
+r"""A tiny top-k MoE LM on polyglot-synth, the planted task with a known floor.
 
 4 synthetic bigram languages, untagged 128-symbol documents (moejax/data/polyglot.py);
 seq_len = doc_len, so every window is one document and its separator and the

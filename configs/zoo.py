@@ -1,4 +1,4 @@
-r"""The checkpoint zoo (issue 13): the models every post-training method starts from.
+r"""The checkpoint zoo: the models every post-training method starts from.
 
 All train on the `mix` corpus (moejax/data/mix.py, byte tokens, default mixture
 weights) and keep a snapshot at every 10% of training (so 10/30/60/100% are all

@@ -1,4 +1,4 @@
-r"""teacher-MoE regression (issue 13, part 5): train a top-1 MoE student on a known
+r"""teacher-MoE regression: train a top-1 MoE student on a known
 gated teacher and report test MSE over the noise floor and matched purity.
 
   python -m experiments.teacher_moe --steps=6000 --learning_rate=1e-2 [--json=out.json]

@@ -138,7 +138,7 @@ def base_config() -> ml_collections.ConfigDict:
   # "validation" is every held-out document, "validation_<domain>" one domain's.
   d.mix = ml_collections.ConfigDict(dict(weights=ml_collections.ConfigDict(dict(
       drama=1.0, prose=1.0, speeches=1.0, code=1.0, facts=0.5, arithmetic=0.5))))
-  # data.name=polyglot_synth (issue 13): the planted task's settings; the defaults
+  # data.name=polyglot_synth: the planted task's settings; the defaults
   # are moejax.data.polyglot.DEFAULTS (a test keeps the two equal).
   d.polyglot = ml_collections.ConfigDict(dict(
       num_languages=4, pool_size=24, alphabet_size=12, branching=3, doc_len=128,

@@ -1,4 +1,4 @@
-"""teacher-MoE regression: a planted task with a known gated teacher (issue 13, part 5).
+"""teacher-MoE regression: a planted task with a known gated teacher.
 
 The teacher is moejax's own MoE layer (top-1, SwiGLU experts, combine weight
 the raw softmax probability) with random weights and a sharpened router

@@ -1,4 +1,4 @@
-"""polyglot-synth: a planted task with an exactly known optimum (issue 13, part 5).
+"""polyglot-synth: a planted task with an exactly known optimum.
 
 K synthetic languages, each a sparse bigram Markov chain over its own alphabet:
 a random subset of `alphabet_size` symbols from a pool of `pool_size` ASCII

@@ -1,4 +1,4 @@
-"""The evaluation harness (issue 13): one module used by every later method.
+"""The evaluation harness: one module used by every later method.
 
     lm = DecoderLM(model_config, params, rest)       # model.py; LogitsLM(fn, vocab) in tests
     docs = encode_documents([(domain, text), ...], tokenizer)           # bpb.py

@@ -25,7 +25,7 @@ def with_defaults(saved: dict) -> dict:
 
 
 def migrate_legacy(saved: dict) -> dict:
-  """A saved config in today's schema: the one model schema (issue 12) moved
+  """A saved config in today's schema: the one model schema moved
   model.rope_theta to model.rope.theta, and the decoder configs of converted
   workdirs said max_position for max_seq_len and listed moe_layers; OmniMoE
   became the one MoE layer with router product_key (migrate_omnimoe)."""
