@@ -1,0 +1,524 @@
+"""Writes docs/methods/<page>.md, one page per registered router, expert type,
+dispatcher, loss, grouped matmul, post-training method and study, and
+docs/methods/index.md.
+
+    .venv/bin/python scripts/method_pages.py            # write the pages
+    .venv/bin/python scripts/method_pages.py --check    # exit 1 if a page is stale
+
+What a page says comes from three places: ENTRIES below (the paper, a one-line
+mechanism, what is a guess, the test, the related studies), the source (the
+module docstring of the file that registers the part, the registered settings and
+their defaults) and the study outputs (the first table of each results file under
+docs/results/ and its plot). A registered part without an entry gets no page, so
+tests/docs/test_doc_coverage.py fails until it has one.
+"""
+import argparse
+import dataclasses
+import importlib
+import inspect
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from moejax.evaluation.stats import markdown_table  # noqa: E402
+
+OUT = os.path.join(ROOT, "docs", "methods")
+KINDS = ("router", "expert type", "dispatcher", "loss", "grouped matmul",
+         "post-training method", "study")
+
+# Papers as the project's paper lists (shared/specs/PAPERS.md) and the classics name them.
+ICML, ICLR = "ICML 2026", "ICLR 2026"
+PAPERS = {
+    "shazeer": ("Outrageously Large Neural Networks: The Sparsely-Gated MoE Layer", "ICLR 2017", "1701.06538"),
+    "gshard": ("GShard", "ICLR 2021", "2006.16668"),
+    "switch": ("Switch Transformers", "JMLR 2022", "2101.03961"),
+    "st_moe": ("ST-MoE", "arXiv 2022", "2202.08906"),
+    "expert_choice": ("Mixture-of-Experts with Expert Choice Routing", "NeurIPS 2022", "2202.09368"),
+    "deepseek_v3": ("DeepSeek-V3 Technical Report", "arXiv 2024", "2412.19437"),
+    "glu": ("GLU Variants Improve Transformer", "arXiv 2020", "2002.05202"),
+    "megablocks": ("MegaBlocks", "MLSys 2023", "2211.15841"),
+    "sonicmoe": ("SonicMoE", ICLR, "2512.14080"),
+    "capacity_aware": ("Capacity-Aware Token Drop / Expanded Drop", ICLR, "2503.05066"),
+    "super_experts": ("Super Experts", ICLR, "2507.23279"),
+    "heapr": ("HEAPr", ICLR, "2509.22299"),
+    "td_moe": ("TD-MoE", ICLR, None),
+    "fedgem": ("FedGEM", ICLR, "2601.21160"),
+    "molr_mog": ("MoLR-MoG", ICLR, "2601.01475"),
+    "codequant": ("CodeQuant", ICLR, "2604.10496"),
+    "sere": ("SERE", ICLR, "2602.07616"),
+    "tmow": ("TMoW (Test-time Mixture of World Models)", ICLR, "2601.22647"),
+    "schur_astar": ("SCHUR-A*", ICML, None),
+    "dpsl": ("DPSL", ICML, "2510.01185"),
+    "smooth_smoe": ("SmoothSMoE", ICML, "2606.19036"),
+    "l3": ("L3 Large Lookup Layer", ICML, "2601.21461"),
+    "as_coot": ("TiME / As-COOT", ICML, None),
+    "probmoe": ("ProbMoE", ICML, "2606.01509"),
+    "mgfa": ("MGFA (mixtures of geodesic factor analysers)", ICML, None),
+    "mp_moe": ("MP-MoE: Breaking the Echo Chamber", ICML, None),
+    "omnimoe": ("OmniMoE", ICML, "2602.05711"),
+    "gemq": ("GEMQ", ICML, "2605.23078"),
+    "ace": ("ACE", ICML, None),
+    "step": ("Step: Less Token, More Signal", ICML, None),
+    "hartigan": ("Lloyd vs Hartigan k-means", ICML, "2602.09936"),
+    "gptq": ("GPTQ", "ICLR 2023", "2210.17323"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  title: str
+  summary: str
+  paper: str | None = None  # a PAPERS key; None: a baseline or an engineering part
+  guess: str = ("Nothing reconstructed: the implementation follows the paper's text or its "
+                "official code (or is a standard part); differences, if any, are in the source above.")
+  tests: tuple[str, ...] = ()
+  studies: tuple[str, ...] = ()  # configs/studies/<name>.py whose outputs show it
+  results: tuple[str, ...] = ()  # further result files under docs/results/
+  command: str | None = None  # None: the kind's default
+  page: str | None = None  # None: the name
+
+
+E = Entry
+ROUTER_TESTS = ("tests/contract/test_router_contract.py",)
+ENTRIES = {
+    "router": {
+        "topk": E("Top-k softmax router", "Softmax over the expert logits, the k largest kept, renormalised (optional jitter).",
+                  "shazeer", tests=("tests/routing/test_routers.py",), studies=("routers", "routers_seeds")),
+        "capacity_aware": E("Capacity-aware token drop and expanded drop", "At inference, each expert keeps its top-C tokens by score (gamma sets C); expanded drop re-routes the dropped tokens to r extra experts.",
+                            "capacity_aware", tests=("tests/routing/test_capacity_aware.py",), studies=("router_inference_capacity",)),
+        "expert_choice": E("Expert choice", "Each expert picks its top-C tokens (non-causal: flagged unusable for generation).",
+                           "expert_choice", tests=("tests/routing/test_routers.py",), studies=("routers",)),
+        "sigmoid_bias": E("Sigmoid gates with the aux-loss-free bias", "Sigmoid scores; a non-trained per-expert bias, moved against the load after each step, decides the top-k but not the weights.",
+                          "deepseek_v3", tests=("tests/routing/test_routers.py",), studies=("routers", "routers_seeds")),
+        "group_limited": E("Group-limited top-k", "Experts in groups; each token picks its best groups first, then its top-k inside them.",
+                           "deepseek_v3", tests=("tests/routing/test_group_limited.py",)),
+        "mahalanobis": E("MP-MoE Mahalanobis routing", "An EMA covariance of expert co-activation; each token greedily chooses the k experts that maximise g_S^T Sigma_S^-1 g_S.",
+                         "mp_moe", guess="The objective's form and plain top-k at inference are guesses (the spec had no paper text).",
+                         tests=("tests/routing/test_mahalanobis.py",), studies=("routers", "routers_seeds")),
+        "as_coot": E("As-COOT semi-relaxed optimal-transport routing", "A Sinkhorn plan per slot with the expert marginal held uniform and the token side relaxed by tau KL; tokens go to their top entries of the plan.",
+                     "as_coot", guess="The whole mechanism is reconstructed from the abstract and COOT (Redko et al. 2020): the paper's text was not read.",
+                     tests=("tests/routing/test_optimal_transport.py",), studies=("router_inference_as_coot",)),
+        "probmoe": E("ProbMoE conditional-Bernoulli routing", "Exact-k (or dynamic-k) sampling of a conditional Bernoulli by a log-space DP; marginals by autograd; straight-through weights.",
+                     "probmoe", guess="The official code has two variants (log q detached or kept); both are settings (probmoe.detach_log_q).",
+                     tests=("tests/routing/test_probmoe.py",), studies=("routers", "routers_seeds")),
+        "product_key": E("OmniMoE product-key router", "Two maps to sqrt(N) logits each, BatchNorm, log-softmax; the score of atomic expert (i, j) is their sum; exact top-k over the grid.",
+                         "omnimoe", tests=("tests/experts/test_omnimoe.py",)),
+        "prototype": E("TMoW prototype router", "Top-k of softmax(cos(x, prototype_e) / tau): each expert has a prototype refined at test time.",
+                       "tmow", tests=("tests/routing/test_prototype_router.py", "tests/online/test_tmow.py"), studies=("tmow",)),
+        "sere": E("SERE similarity-based expert re-routing", "At decode, a token's secondary experts are re-routed to similar experts already in use by the batch (similarity by linear CKA), so fewer distinct experts run.",
+                  "sere", tests=("tests/routing/test_sere.py", "tests/analysis/test_router_inference.py"), studies=("router_inference_sere",)),
+        "smooth_topk": E("SmoothSMoE smooth top-k", "A trained band eta around the k-th logit: weights fall continuously to zero across it, so routing is continuous where top-k jumps.",
+                         "smooth_smoe", guess="The official dispatch keeps k slots where k+1 are needed; moejax keeps k+1 (not copied).",
+                         tests=("tests/routing/test_smooth_topk.py",), studies=("routers", "routers_seeds")),
+        "topk_rounded": E("Token rounding (SonicMoE)", "Top-k, then each expert's token count rounded to a multiple of the tile by dropping its weakest or adding its strongest non-top-k tokens; no padding waste.",
+                          "sonicmoe", guess="Training with rounding and evaluating with plain top-k is a guess.",
+                          tests=("tests/routing/test_token_rounding.py",), studies=("token_rounding_seeds",)),
+    },
+    "expert type": {
+        "swiglu": E("SwiGLU experts", "down(silu(gate(x)) * up(x)) per expert, each a slice of three [E, a, b] weights.",
+                    "glu", tests=("tests/contract/test_expert_contract.py",), studies=("expert_types",)),
+        "atomic": E("OmniMoE atomic experts", "An expert is one pair (u_i, d_i): act(x u_i) d_i, thousands of them, chosen by the product-key router.",
+                    "omnimoe", tests=("tests/experts/test_omnimoe.py", "tests/contract/test_expert_contract.py"), studies=("expert_types",)),
+        "codebook": E("Codebook experts (CodeQuant)", "Per-group k-means indices and centroids, bits per expert, an optional Hadamard rotation; decoded inside the expert.",
+                      "codequant", tests=("tests/experts/test_codebook_experts.py",), studies=("codequant",)),
+        "factorised": E("Factorised experts (TD-MoE)", "Shared Tucker input and output factors, a per-expert factor and core; full rank equals SwiGLU.",
+                        "td_moe", tests=("tests/experts/test_factorised.py",), studies=("td_moe",)),
+        "quantized": E("Quantized experts", "Per-group integer codes, scales and zero points, bits per expert; dequantized inside the expert (codes are not trained).",
+                       "gemq", tests=("tests/experts/test_quantized.py",), studies=("gemq",)),
+    },
+    "dispatcher": {
+        "capacity": E("Capacity dispatch (GShard)", "Each expert takes at most C = capacity_factor x T k / E tokens in GShard's priority order; the rest are dropped and counted.",
+                      "gshard", tests=("tests/dispatch/test_dispatch.py",)),
+        "dropless": E("Dropless dispatch", "Assignments sorted by expert into tile-padded row groups; the experts run through the configured grouped matmul; nothing dropped.",
+                      "megablocks", tests=("tests/dispatch/test_dispatch.py", "tests/contract/test_expert_contract.py")),
+        "dropless_memeff": E("Memory-efficient dropless (SonicMoE backward)", "The expert type's fused path: a custom VJP that keeps no [T k, d] residual and recomputes what the backward needs.",
+                             "sonicmoe", tests=("tests/dispatch/test_memeff.py",)),
+    },
+    "loss": {
+        "load_balance": E("Load-balance loss", "E * sum_e f_e P_e: the fraction of slots routed to e times its mean router probability (Switch eq. 4).",
+                          "switch", tests=("tests/losses/test_balance.py",)),
+        "z_loss": E("Router z-loss", "The mean over tokens of logsumexp(logits)^2 (ST-MoE eq. 5).",
+                    "st_moe", tests=("tests/losses/test_balance.py",)),
+        "dpsl": E("DPSL (Dirichlet prior shaping loss)", "Each expert's sorted column of router probabilities is pulled to the quantiles of its Beta marginal under a Dirichlet(alpha) prior.",
+                  "dpsl", guess="The distance (a Cramer-von-Mises-like form) is a guess.",
+                  tests=("tests/losses/test_dpsl.py",), studies=("routers", "routers_seeds")),
+        "smooth_boundary": E("SmoothSMoE boundary loss", "alpha * eta * (mean number of active experts - (k + 0.5)): keeps the smooth band narrow.",
+                             "smooth_smoe", tests=("tests/routing/test_smooth_topk.py",), studies=("routers_seeds",)),
+    },
+    "grouped matmul": {
+        "loop": E("Loop grouped matmul", "A fori_loop over row blocks, each one plain matmul against its expert's weight slice read in place.",
+                  tests=("tests/dispatch/test_memeff.py", "tests/contract/test_expert_contract.py"), results=("moe_layer_2026-12-02_cpu.md",)),
+        "tiled": E("Tiled grouped matmul", "One batched einsum over all tiles, each tile times its expert's weight slice gathered per tile.",
+                   tests=("tests/contract/test_expert_contract.py", "tests/train/test_layouts.py"), results=("moe_layer_2026-11-30_cpu.md",)),
+        "ragged_dot": E("ragged_dot grouped matmul", "jax.lax.ragged_dot on the padded groups (portable; on CPU a masked dense dot).",
+                        tests=("tests/contract/test_expert_contract.py",), results=("gpu_h200_2026-11-30.md",)),
+        "gmm": E("Pallas grouped matmul (gmm/tgmm)", "The Pallas kernel: Mosaic on TPU, Triton on GPU, with a custom VJP (tgmm for the weight gradient); on CPU its jnp reference or interpret mode.",
+                 "megablocks", tests=("tests/kernels/test_gmm_kernels.py", "tests/kernels/test_gmm_grad.py", "tests/kernels/test_gpu_tiling.py"),
+                 results=("gpu_h200_2026-11-30.md",)),
+        "fused": E("Fused expert path", "The expert type's own whole-layer path (SwiGLU: SonicMoE's memory-efficient block loop).",
+                   "sonicmoe", tests=("tests/dispatch/test_memeff.py",), results=("moe_layer_2026-12-02_cpu.md",)),
+        "gather": E("Token-gather grouped matmul", "No sort: each (token, slot) row times its own expert's weight slice, gathered; for decode-sized calls.",
+                    tests=("tests/dispatch/test_token_gather.py",), results=("generate_cpu.md",)),
+        "auto": E("Automatic grouped matmul", "gather for decode-sized calls; else gmm on TPU/GPU, and on CPU fused (if the expert type has it) or loop.",
+                  tests=("tests/dispatch/test_token_gather.py", "tests/contract/test_expert_contract.py")),
+    },
+    "post-training method": {
+        "schur_astar": E("SCHUR-A* expert pruning", "A* over include/exclude decisions on the Gram of routed expert contributions, with an admissible Schur-complement bound; optimal kept set per layer.",
+                         "schur_astar", guess="All of it (abstract only): the objective, the bound and the knee budget are reconstructed.",
+                         tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning", "pruning_knee"), page="schur_astar"),
+        "greedy": E("Greedy expert selection", "Forward selection on the same objective as SCHUR-A*.",
+                    tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
+        "step": E("Step expert pruning (with merge)", "Token-selective Taylor scores on the highest-loss calibration tokens; the pruned experts merged into the most similar kept ones.",
+                  "step", guess="All of it (abstract only): token selection, the score and the merge rule.",
+                  tests=("tests/posttrain/test_taylor.py", "tests/posttrain/test_expert_subset.py"), studies=("pruning",)),
+        "step_no_merge": E("Step expert pruning (scores only)", "Step's token-selective Taylor scores without the merge.",
+                           "step", guess="As for step.", tests=("tests/posttrain/test_taylor.py",), studies=("pruning",)),
+        "frequency": E("Frequency pruning (baseline)", "Keep the experts routed to most often on the calibration tokens.",
+                       tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
+        "router_mass": E("Router-mass pruning (baseline)", "Keep the experts with the largest summed router weight.",
+                         tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
+        "output_norm": E("Output-norm pruning (baseline)", "Keep the experts whose routed outputs have the largest norm.",
+                         tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
+        "random": E("Random pruning (baseline)", "Keep m experts per layer uniformly at random (seeded).",
+                    tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
+        "heapr": E("HEAPr atom pruning", "Per-atom (expert hidden unit) second-order OBS scores from one backward pass per batch, ranked over all layers; atoms removed.",
+                   "heapr", tests=("tests/posttrain/test_atoms.py", "tests/posttrain/test_prune_workdir.py"), studies=("pruning",)),
+        "heapr_first_order": E("HEAPr, first-order atom scores", "HEAPr's ranking with a first-order score (ours; it tracks the brute-force loss change better here).",
+                               "heapr", guess="This variant is ours, not the paper's.", tests=("tests/posttrain/test_atoms.py",), studies=("pruning",)),
+        "atom_magnitude": E("Atom magnitude pruning (baseline)", "Rank atoms by weight magnitude.",
+                            tests=("tests/posttrain/test_atoms.py",), studies=("pruning",)),
+        "atom_random": E("Random atom pruning (baseline)", "Rank atoms at random (seeded).",
+                         tests=("tests/posttrain/test_atoms.py",), studies=("pruning",)),
+        "uniform": E("Uniform quantization (baseline)", "Every expert at the same integer bit width (RTN or GPTQ).",
+                     "gptq", tests=("tests/posttrain/test_quantize.py", "tests/posttrain/test_compress_workdir.py"), studies=("gemq",)),
+        "per_layer": E("Per-layer bit allocation", "GEMQ's costs with each layer allocated alone at the same average bits.",
+                       "gemq", tests=("tests/posttrain/test_bit_allocation.py",), studies=("gemq",)),
+        "gemq": E("GEMQ mixed-precision expert quantization", "Fisher-weighted per-expert costs at each bit width, one global multiple-choice knapsack, GPTQ, router fine-tuning, progressive rounds.",
+                  "gemq", tests=("tests/posttrain/test_gemq.py", "tests/posttrain/test_bit_allocation.py", "tests/posttrain/test_compress_workdir.py"),
+                  studies=("gemq",), results=("posttrain/gemq_control_zoo_s.md",)),
+        "kmeans": E("Codebook quantization by k-means (baseline)", "Lloyd's k-means per weight group, no rotation: CodeQuant without its rotation and fine-tuning.",
+                    tests=("tests/posttrain/test_codebook.py",), studies=("codequant",), page="codebook_kmeans"),
+        "codequant": E("CodeQuant codebook quantization", "Hadamard rotation, per-group k-means codebooks, centroids fine-tuned on each expert's routed inputs.",
+                       "codequant", tests=("tests/posttrain/test_codebook.py", "tests/experts/test_codebook_experts.py"), studies=("codequant",)),
+        "td_moe": E("TD-MoE whitened joint Tucker", "One layer's experts stacked and factorised jointly (whitened Tucker), ranks allocated over the modes and layers under one budget.",
+                    "td_moe", guess="Built from a paper note and a third-party reimplementation, not the official code.",
+                    tests=("tests/posttrain/test_tucker.py", "tests/experts/test_factorised.py"), studies=("td_moe",)),
+        "tucker": E("Joint Tucker without whitening", "TD-MoE's factorisation on the raw weights.",
+                    "td_moe", tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
+        "svd": E("Per-expert truncated SVD (baseline)", "Each expert's weights cut to the rank that matches the parameter budget.",
+                 tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
+        "whitened_svd": E("Whitened per-expert SVD (baseline)", "Per-expert SVD of the input-whitened weights (SVD-LLM style).",
+                          tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
+    },
+}
+STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
+    "ace": ("ACE: online selection among arriving experts", "ace", ("tests/online/test_ace.py", "tests/studies/test_online_studies.py")),
+    "codequant": ("CodeQuant against k-means and RTN", "codequant", ("tests/studies/test_posttrain_studies.py",)),
+    "expert_types": ("Expert types at equal active FLOPs", "omnimoe", ("tests/studies/test_training_studies.py",)),
+    "fedgem": ("FedGEM: federated EM that discovers K", "fedgem", ("tests/mixtures/test_fedgem.py", "tests/studies/test_mixture_studies.py")),
+    "gemq": ("GEMQ: global bit allocation and router fine-tuning", "gemq", ("tests/studies/test_posttrain_studies.py",)),
+    "interval_coverage": ("Interval coverage (the statistics' own check)", None, ("tests/studies/test_interval_coverage.py",)),
+    "kmeans": ("Lloyd against Hartigan k-means in high dimension", "hartigan", ("tests/mixtures/test_kmeans_hartigan.py", "tests/studies/test_mixture_studies.py")),
+    "l3_sentencepiece": ("L3 lookup layers over a sentencepiece vocabulary", "l3", ("tests/layers/test_lookup.py", "tests/studies/test_training_studies.py")),
+    "mgfa": ("MGFA: geodesic factor analysers on spheres", "mgfa", ("tests/mixtures/test_sphere_mgfa.py", "tests/studies/test_mixture_studies.py")),
+    "molr_mog": ("MoLR-MoG score networks", "molr_mog", ("tests/mixtures/test_score_mixture.py", "tests/studies/test_mixture_studies.py")),
+    "phenomena": ("Super-expert ablation", "super_experts", ("tests/analysis/test_super_experts.py",)),
+    "pruning": ("Expert and atom pruning on zoo-s", "schur_astar", ("tests/studies/test_posttrain_studies.py",)),
+    "pruning_knee": ("Knee layer budgets for SCHUR-A*", "schur_astar", ("tests/posttrain/test_expert_subset.py",)),
+    "router_inference_as_coot": ("As-COOT routing at inference", "as_coot", ("tests/analysis/test_router_inference.py",)),
+    "router_inference_capacity": ("Capacity-aware token drop at inference", "capacity_aware", ("tests/analysis/test_router_inference.py",)),
+    "router_inference_sere": ("SERE re-routing at decode", "sere", ("tests/analysis/test_router_inference.py",)),
+    "routers": ("Router sweep (one seed)", None, ("tests/studies/test_training_studies.py",)),
+    "routers_seeds": ("Router claims on several seeds", None, ("tests/studies/test_training_studies.py",)),
+    "td_moe": ("TD-MoE against per-expert SVD", "td_moe", ("tests/studies/test_posttrain_studies.py",)),
+    "tmow": ("TMoW: test-time prototype routing", "tmow", ("tests/online/test_tmow.py", "tests/studies/test_online_studies.py")),
+    "token_rounding_seeds": ("Token rounding on zoo-xs, 3 seeds", "sonicmoe", ("tests/routing/test_token_rounding.py", "tests/studies/test_training_studies.py")),
+}
+# Result files a study wrote outside docs/results/studies/<name>/ (its --out).
+STUDY_RESULTS = {
+    "codequant": ("posttrain/codequant_zoo_s.md",), "expert_types": ("ablations/expert_types.md",),
+    "gemq": ("posttrain/gemq_zoo_s.md",), "l3_sentencepiece": ("ablations/l3_sentencepiece_zoo_xs.md",),
+    "phenomena": ("posttrain/super_experts_ablation_zoo_s.md",), "pruning": ("posttrain/pruning_zoo_s.md",),
+    "pruning_knee": ("posttrain/pruning_knee_zoo_s.md",), "routers": ("ablations/routers.md",),
+    "routers_seeds": ("ablations/routers_zoo_xs.md",), "td_moe": ("posttrain/td_moe_zoo_s.md",),
+    "token_rounding_seeds": ("ablations/token_rounding_zoo_xs.md",),
+}
+CONFIG_KEY = {"router": "model.moe.router", "expert type": "model.moe.experts",
+              "dispatcher": "model.moe.dispatch", "loss": "model.moe.loss_weights",
+              "grouped matmul": "model.moe.grouped_matmul"}
+
+
+def registries():
+  """kind -> the live Registry of that kind (importing the packages registers every part)."""
+  from moejax import dispatch, experts, losses, routing
+  from moejax.dispatch import grouped_matmul
+  return {"router": routing.ROUTERS, "expert type": experts.EXPERT_TYPES,
+          "dispatcher": dispatch.DISPATCHERS, "loss": losses.LOSSES,
+          "grouped matmul": grouped_matmul.GROUPED_MATMULS}
+
+
+def study_names() -> list[str]:
+  folder = os.path.join(ROOT, "configs", "studies")
+  return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
+
+
+def posttrain_methods() -> list[str]:
+  from moejax.posttrain import compress_pipeline, methods
+  return list(methods.METHODS) + list(compress_pipeline.METHODS)
+
+
+def registered() -> list[tuple[str, str]]:
+  """Every (kind, name) that needs a page, from the registries, the post-training
+  method lists and configs/studies/."""
+  parts = [(kind, name) for kind, reg in registries().items() for name in reg]
+  parts += [("post-training method", name) for name in posttrain_methods()]
+  parts += [("study", name) for name in study_names()]
+  return parts
+
+
+def entry_of(kind: str, name: str) -> Entry | None:
+  if kind == "study":
+    if name not in STUDY:
+      return None
+    title, paper, tests = STUDY[name]
+    return Entry(title, "", paper, tests=tests, studies=(name,),
+                 command=f"python -m experiments.study --config=configs/studies/{name}.py")
+  return ENTRIES.get(kind, {}).get(name)
+
+
+def page_of(kind: str, name: str) -> str:
+  """The page (docs/methods/<page>.md) of a part: its name unless its entry says otherwise."""
+  entry = entry_of(kind, name)
+  return entry.page if entry is not None and entry.page else name
+
+
+# ---- what the source says
+
+
+def _source_file(kind: str, name: str) -> str | None:
+  """The repository path of the file that defines the part."""
+  if kind == "study":
+    return f"configs/studies/{name}.py"
+  if kind == "post-training method":
+    from moejax.posttrain import compress_pipeline, methods
+    return ("moejax/posttrain/atoms.py" if name in methods.ATOM_METHODS else
+            "moejax/posttrain/expert_subset.py" if name in methods.METHODS else
+            "moejax/posttrain/compress_pipeline.py")
+  item = registries()[kind].get(name)
+  if kind == "grouped matmul":
+    return "moejax/dispatch/grouped_matmul.py"
+  fn = next((getattr(item, a) for a in ("route", "fn", "expert") if hasattr(item, a)), item)
+  module = inspect.getmodule(fn)
+  return os.path.relpath(module.__file__, ROOT) if module else None
+
+
+def _module_doc(path: str) -> str:
+  import ast
+  with open(os.path.join(ROOT, path)) as f:
+    return ast.get_docstring(ast.parse(f.read())) or ""
+
+
+def _grouped_matmul_doc(name: str) -> str:
+  """The paragraph of grouped_matmul.py's module docstring that describes `name`."""
+  lines, out = _module_doc("moejax/dispatch/grouped_matmul.py").splitlines(), []
+  for line in lines:
+    if line.startswith(f"  '{name}'"):
+      out = [line.strip()]
+    elif out and line.startswith("      ") and not line.strip().startswith("'"):
+      out.append(line.strip())
+    elif out:
+      break
+  return "\n".join(out)
+
+
+def _settings(kind: str, name: str) -> list[tuple[str, object]]:
+  if kind not in ("router", "expert type", "loss"):
+    return []
+  item = registries()[kind].get(name)
+  return list(dict(getattr(item, "settings", None) or {}).items())
+
+
+def _section(kind: str, name: str) -> str:
+  return f"model.moe.losses.{name}" if kind == "loss" else f"model.moe.{name}"
+
+
+def _study_description(name: str) -> str:
+  module = importlib.import_module(f"configs.studies.{name}")
+  config = module.get_config()
+  return " ".join(str(config.get("description", "")).split())
+
+
+def _command(kind: str, name: str, entry: Entry) -> str:
+  if entry.command:
+    return entry.command
+  train = "python -m experiments.train --config=configs/lm_shakespeare_moe.py --workdir=runs/x"
+  if kind == "loss":
+    return f"{train} \\\n    --config.model.moe.loss_weights.{name}=1e-2"
+  if kind in CONFIG_KEY:
+    return f"{train} \\\n    --config.{CONFIG_KEY[kind]}={name}"
+  from moejax.posttrain import methods
+  if name in methods.METHODS:
+    return f"python -m experiments.prune --workdir=DIR --method={name} --keep=0.5 --out=OUT"
+  return f"python -m experiments.compress --workdir=DIR --method={name} --level=LEVEL --out=OUT"
+
+
+# ---- results
+
+
+def _first_table(path: str) -> tuple[str | None, list[str]]:
+  """The heading above the first markdown table of a results file, and the table."""
+  heading, table = None, []
+  with open(path) as f:
+    for line in f:
+      line = line.rstrip("\n")
+      if line.startswith("|"):
+        table.append(line)
+      elif table:
+        break
+      elif line.startswith("#"):
+        heading = line.lstrip("#").strip()
+  return heading, table
+
+
+def _plot_of(path: str) -> str | None:
+  stem = path[:-3]
+  for candidate in (os.path.join(os.path.dirname(path), "results.png"), stem + "_curves.png", stem + ".png"):
+    if os.path.basename(path) != "results.md" and candidate.endswith("results.png"):
+      continue
+    if os.path.exists(candidate):
+      return candidate
+  return None
+
+
+def _results(studies, extra) -> list[str]:
+  files = []
+  for study in studies:
+    default = os.path.join("studies", study, "results.md")
+    for rel in (default,) + STUDY_RESULTS.get(study, ()):
+      if os.path.exists(os.path.join(ROOT, "docs", "results", rel)):
+        files.append(rel)
+  files += [rel for rel in extra if os.path.exists(os.path.join(ROOT, "docs", "results", rel))]
+  out = []
+  for rel in dict.fromkeys(files):
+    path = os.path.join(ROOT, "docs", "results", rel)
+    heading, table = _first_table(path)
+    link = "../results/" + rel
+    out.append(f"From [`docs/results/{rel}`]({link})" + (f", *{heading}*:" if heading else ":"))
+    out.append("")
+    if table:
+      out += table + [""]
+    plot = _plot_of(path)
+    if plot:
+      rel_plot = os.path.relpath(plot, os.path.join(ROOT, "docs", "results"))
+      out += [f"![results plot of {rel}](../results/{rel_plot})", ""]
+  return out
+
+
+# ---- pages
+
+
+def _paper_line(key: str | None) -> str:
+  if key is None:
+    return "None: a baseline, an engineering part or our own check; no paper claims are tested here."
+  title, venue, arxiv = PAPERS[key]
+  link = f" ([arXiv {arxiv}](https://arxiv.org/abs/{arxiv}))" if arxiv else " (no arXiv version; abstract only)"
+  return f"*{title}*, {venue}{link}."
+
+
+def render_entry(kind: str, name: str, level: str = "##") -> list[str]:
+  entry = entry_of(kind, name)
+  source = _source_file(kind, name)
+  out = [f"{level} Paper", "", _paper_line(entry.paper), "", f"{level} Mechanism", ""]
+  if kind == "study":
+    out += [_study_description(name) or "(The config gives no description.)", ""]
+  else:
+    out += [entry.summary, ""]
+  doc = _grouped_matmul_doc(name) if kind == "grouped matmul" else (
+      "" if kind == "study" else _module_doc(source))
+  if doc:
+    out += [f"From the source (`{source}`):", "", "```text", doc.strip(), "```", ""]
+  out += [f"{level} What is a guess", "", entry.guess if kind != "study" else
+          "The claims table marks each claim from our own spec, not the paper, as ours.", ""]
+  out += [f"{level} Config", ""]
+  if kind == "study":
+    out += [f"The study is `configs/studies/{name}.py` (arms, levels, draws, claims).", ""]
+  elif kind in CONFIG_KEY:
+    key = f"{CONFIG_KEY[kind]}.{name}" if kind == "loss" else f"{CONFIG_KEY[kind]}={name}"
+    out += [f"Chosen by `{key}`" + (" (the loss's weight)." if kind == "loss" else "."), ""]
+    settings = _settings(kind, name)
+    if settings:
+      rows = [[f"`{_section(kind, name)}.{k}`", f"`{v!r}`"] for k, v in settings]
+      out += [f"Its settings, in `{_section(kind, name)}`:", "", markdown_table(["key", "default"], rows), ""]
+    else:
+      out += ["It has no settings of its own.", ""]
+  else:
+    out += [f"A `--method` of the post-training commands (`{source}`).", ""]
+  out += [f"{level} Command", "", "```bash", _command(kind, name, entry), "```", ""]
+  out += [f"{level} Test", ""]
+  for test in entry.tests:
+    if not os.path.exists(os.path.join(ROOT, test)):
+      raise SystemExit(f"error: {kind} {name!r} names a test that does not exist ({test})")
+    out.append(f"- `{test}`")
+  if kind in CONFIG_KEY:
+    out.append("- `tests/contract/` (every registered part, iterated from the registries)")
+  out += ["", f"{level} Results", ""]
+  results = _results(entry.studies, entry.results)
+  out += results or ["No study output yet: nothing under `docs/results/` shows this part on its own.", ""]
+  return out
+
+
+def pages() -> dict[str, str]:
+  """page -> markdown, for every registered part that has an entry."""
+  by_page: dict[str, list[tuple[str, str]]] = {}
+  for kind, name in registered():
+    if entry_of(kind, name) is not None:
+      by_page.setdefault(page_of(kind, name), []).append((kind, name))
+  out = {}
+  for page, parts in sorted(by_page.items()):
+    lines = [f"# {entry_of(*parts[0]).title}", ""]
+    lines += ["Registered as " + ", ".join(f"{k} `{n}`" for k, n in parts) + ".", ""]
+    if len(parts) == 1:
+      lines += render_entry(*parts[0])
+    else:
+      for kind, name in parts:
+        lines += [f"## The {kind} `{name}`: {entry_of(kind, name).title}", ""]
+        lines += render_entry(kind, name, level="###")
+    out[page] = "\n".join(lines).rstrip() + "\n"
+  rows = [[kind, f"[`{name}`]({page_of(kind, name)}.md)", entry_of(kind, name).title]
+          for kind, name in registered() if entry_of(kind, name) is not None]
+  out["index"] = "\n".join([
+      "# Methods", "",
+      "One page per registered router, expert type, dispatcher, loss, grouped matmul,",
+      "post-training method and study: its paper, mechanism, what is a guess, config,",
+      "command, test and results. Written by `scripts/method_pages.py` from the",
+      "registries, the source and the study outputs under `docs/results/`.", "",
+      markdown_table(["kind", "name", "what"], rows), ""])
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--check", action="store_true", help="exit 1 if a written page differs")
+  args = parser.parse_args(argv)
+  stale = []
+  written = pages()
+  for page, text in written.items():
+    path = os.path.join(OUT, page + ".md")
+    old = open(path).read() if os.path.exists(path) else None
+    if old != text:
+      stale.append(path)
+      if not args.check:
+        os.makedirs(OUT, exist_ok=True)
+        with open(path, "w") as f:
+          f.write(text)
+  if args.check and stale:
+    print("stale: " + ", ".join(os.path.relpath(p, ROOT) for p in stale), file=sys.stderr)
+    return 1
+  print(f"{len(written)} pages" + (", all current" if args.check else f", {len(stale)} rewritten"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
