@@ -6,10 +6,12 @@ most-frequently routed experts (moejax/studies/scorers/phenomena.py).
 
 Draw d reads the bytes [4096 d, 4096 (d + 1)) of every held-out domain of the model's
 data (its eval split), in windows of the training seq_len; the super experts are named
-on that block by the paper's rule and every arm is scored on it. Where the rule names
-no super expert (a model without massive activations), the super_experts arm ablates
-the expert of largest a instead (`top_a`); super_experts_found says which. The
-profile alone (a_{l,e}, massive activations, sinks): experiments/profile_phenomena.py.
+on that block by the official profiler's rule (settings.rule='official': the first 75%
+of the blocks, P99.5 and max // 10 over them; 'massive_layers' is our earlier guess)
+and every arm is scored on it, with the probes (arithmetic among them) drawn with
+seed d. Where a rule names no super expert the super_experts arm ablates the expert of
+largest a instead (`top_a`); super_experts_found says which. The profile alone
+(a_{l,e}, massive activations, sinks): experiments/profile_phenomena.py.
 """
 import ml_collections
 
@@ -28,13 +30,14 @@ def get_config(arg=None):
       "none); draw d is the d-th block of 4096 held-out bytes per domain.")
   c.scorer = "phenomena_ablation"
   c.settings = {"workdir": "runs/zoo/s", "bytes_per_domain": 4096, "context": 0, "n": 0,
-                "quantile": 99.5, "fraction_of_max": 0.1, "min_ratio": 100.0, "growth": 2.0,
-                "batch_rows": 32}
+                "rule": "official", "quantile": 99.5, "fraction_of_max": 0.1,
+                "include_layers": 0.75, "min_ratio": 100.0, "growth": 2.0, "batch_rows": 32,
+                "probes": "auto", "probe_count": 32}
   c.arms = [{"name": "none", "ablate": "none"},
             {"name": "super_experts", "ablate": "super_experts"},
             {"name": "most_frequent", "ablate": "most_frequent"},
             {"name": "random", "ablate": "random"}]
-  c.draws = 3
+  c.draws = 5
   c.reference = "none"
   c.claims = [
       {"arm": "super_experts", "reference": "none", "metric": "bpb", "expect": "higher",
@@ -45,5 +48,13 @@ def get_config(arg=None):
        "expect": "higher", "text": "super experts matter more than the most used experts"},
       {"arm": "super_experts", "reference": "none", "metric": "mean_mass_on_position_0",
        "expect": "lower", "text": "ablating the super experts collapses the attention sinks"},
+      {"arm": "super_experts", "reference": "random", "metric": "probe/arithmetic",
+       "expect": "lower", "text": "arithmetic suffers more from the super experts than from "
+       "random experts"},
+      {"arm": "super_experts", "reference": "most_frequent", "metric": "probe/arithmetic",
+       "expect": "lower", "text": "arithmetic suffers more from the super experts than from "
+       "the most used experts"},
+      {"arm": "super_experts", "reference": "none", "metric": "super_experts_found",
+       "expect": None, "source": "ours", "text": "super experts the rule names per draw"},
   ]
   return zoo.over_seeds(c, arg)

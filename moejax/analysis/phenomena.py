@@ -89,11 +89,18 @@ class HeldOut:
                         f"bytes per domain {where}".rstrip())
     return documents, windows, counts
 
-  def bpb(self, documents, m, params, rest) -> dict:
-    """{"bpb": per domain and "all"}: the harness's bits per byte of one model."""
-    from moejax.evaluation import bpb
+  def bpb(self, documents, m, params, rest, probes=(), probe_count: int = 32,
+          seed: int = 0) -> dict:
+    """{"bpb": per domain and "all", "probes": {name: accuracy}}: the harness's bits per
+    byte of one model, and its accuracy on each of `probes` (probe_count examples per
+    group, drawn with `seed`; moejax/evaluation/harness.py)."""
+    from moejax.evaluation import harness
     from moejax.evaluation.model import DecoderLM
-    docs = bpb.encode_documents(documents, self.tokenizer)
-    scores = bpb.score_documents(DecoderLM(m, params, rest), docs, self.separator,
-                                 context=self.context, batch_size=16)
-    return {"bpb": bpb.bpb_by_domain(docs, scores.nats)}
+    settings = harness.Settings(context=self.context, batch_size=16, probes=tuple(probes),
+                                probe_count=probe_count, seed=seed)
+    report = harness.evaluate(DecoderLM(m, params, rest), self.tokenizer, self.separator,
+                              documents, settings).report
+    return {"bpb": report["bpb"],
+            "probes": {name: float("nan") if groups["all"]["accuracy"] is None
+                       else groups["all"]["accuracy"]
+                       for name, groups in report["probes"].items()}}

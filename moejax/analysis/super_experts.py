@@ -1,47 +1,34 @@
-"""Super experts, massive activations and attention sinks of a trained MoE LM (issue 13).
+"""Super experts, massive activations and attention sinks of a trained MoE LM.
 
-Super Experts (Su et al. 2025, arXiv 2507.23279, the SE criterion, Eq. 6):
+Super Experts (Su et al. 2025, arXiv 2507.23279; the official profiler
+ZunhaiSu/Super-Experts-Profilling, eval_utils.py, read in full):
     a_{l,e} = max over the calibration tokens routed to expert e of MoE layer l
               of |down_proj output| (every channel of the expert's output row),
-    (l, e) is an SE  iff  a_{l,e} > P99.5(A)  and  a_{l,e} > max(A) / 10  and  l in L,
-with A = every a_{l,e} and L = the early layers where massive activations form.
+    (l, e) is an SE  iff  l < round(0.75 num_layers)  and, over those layers' a only,
+              a_{l,e} > P99.5  and  a_{l,e} > max // 10   (rule "official").
+round is Python's (half to even: 6 layers keep 4) and // floor division, as the official
+`round(total_layers * include_layers)` and `np.max(...) // times`; P99.5 is numpy's linear
+percentile. The other rule, "massive_layers" (ours, a guess kept for comparison): the
+thresholds over all layers' a, and only layers whose residual max/median is at least
+`min_ratio` with a max grown `growth`-fold over the stream entering the block.
 Massive activations (Sun et al. 2024): per block, the largest |h| of the residual
-stream after the block, where it occurs (row, position, channel) and its ratio to
-the median |h|. Attention sinks (Xiao et al. 2024): per layer, the attention
-probability on key position 0, mean over heads and query positions > 0.
+stream after the block, where it occurs and its ratio to the median |h|. Attention
+sinks (Xiao et al. 2024): per layer, the attention probability on key position 0,
+mean over heads and query positions > 0.
 
 Everything comes from one forward pass, captured with nnx.capture
-(router_inference.captured_forward: MoE inputs, block outputs and each
-attention's `probabilities`, the softmax the attention itself computes), and
-the model's own routing (aux["moe"]): a_{l,e} runs each expert only on the rows
-the router sent it, through the dropless row layout (dispatch/base.tile_layout).
+(router_inference.captured_forward: MoE inputs, block outputs and each attention's
+`probabilities`) and the model's own routing (aux["moe"]): a_{l,e} runs each expert
+only on the rows the router sent it (dispatch/base.tile_layout).
+Differences from the official profiler: a is float32 (not bf16), shared experts are not
+profiled, an expert no token reaches has a = 0, and "routed" is the router's valid slots.
 
-Guesses (the official code, ZunhaiSu/Super-Experts-Profilling, was not read; the
-criterion is from a third-party spec citing Eq. 6; /work/shared/specs/PAPERS.md, entry 3):
-  * a_{l,e} is the expert's output before the router's combine weight, in float32;
-    an expert no calibration token reaches has a = 0; shared experts are not counted;
-    "routed" is the router's valid slots (a capacity dispatcher's own drops are not
-    seen; the CLI loads capacity models as dropless, as generation does);
-  * P99.5 is numpy's linearly interpolated percentile over all layers' a;
-  * L (`massive_layers`): blocks whose residual max/median ratio is at least
-    `min_ratio` and whose max grew at least `growth`-fold over the stream entering
-    the block; the paper picks L by inspection. Without a layer filter the
-    largest a always passes both relative thresholds, so the criterion alone
-    always names an SE; L is what says "none" for a model without massive
-    activations.
-
-Ablation (the paper's "pruning" of super experts, which it reports collapses the
-sinks; arXiv 2507.23279, section not checked): ablate_experts zeroes an
-expert's down projection, so it adds exactly 0 to every token the router still
-sends it (the router is untouched, as in the paper); ablation_study compares
-ablating the SEs with ablating as many random and as many most-frequently routed
-experts, by the attention mass on position 0, the residual stream's max |h| and
-the loss. Guesses: "most frequent" counts the router's valid slots on the same
-tokens over all MoE layers together (one ranking, ties to the lower (layer,
-expert)); random draws are uniform over every (layer, expert) without
-replacement; when no SE passes the criterion the study ablates the experts of
-largest a instead (`top_a`), so the question "what do the most extreme experts
-do" still gets an answer.
+Ablation (the paper's pruning of SEs): ablate_experts zeroes an expert's down
+projection, the router untouched; ablation_study compares the SEs with as many random
+and as many most-frequently routed experts (valid slots over all MoE layers, one
+ranking, ties to the lower (layer, expert)), by attention mass on position 0, residual
+max |h| and loss. When the rule names no SE the study ablates the experts of largest a
+(`top_a`).
 """
 import functools
 
@@ -150,18 +137,47 @@ def uniform_sink_mass(length: int) -> float:
   return float(np.mean(1.0 / np.arange(2, length + 1))) if length > 1 else float("nan")
 
 
+RULES = ("official", "massive_layers")
+
+
 def super_experts(peaks, quantile: float = 99.5, fraction_of_max: float = 0.1,
-                  layers=None) -> list[tuple[int, int]]:
-  """(layer, expert) with a > P_quantile(A) and a > fraction_of_max * max(A), A all
-  of `peaks` [layers, E] (NaN ignored); layers: the rows (MoE layers) that may hold
-  SEs, the paper's L (None: every row). The thresholds always use all of A."""
+                  layers=None, *, within: bool = False) -> list[tuple[int, int]]:
+  """(layer, expert) with a > P_quantile(A) and a > fraction_of_max * max(A) of
+  `peaks` [layers, E] (NaN ignored), in the rows `layers` (None: every row).
+  within=False: A is all of peaks (the massive_layers rule); True: A is the rows
+  `layers` only and the second threshold max(A) // (1 / fraction_of_max), floor
+  division (the official rule; module doc)."""
   a = np.asarray(peaks, np.float64)
-  if a.size == 0 or np.all(np.isnan(a)):
+  allowed = sorted(range(a.shape[0]) if layers is None else {int(layer) for layer in layers})
+  pool = a[allowed] if within else a
+  if pool.size == 0 or np.all(np.isnan(pool)):
     return []
-  threshold = max(np.nanpercentile(a, quantile), fraction_of_max * np.nanmax(a))
-  allowed = range(a.shape[0]) if layers is None else {int(layer) for layer in layers}
+  top = np.nanmax(pool)
+  threshold = max(np.nanpercentile(pool, quantile),
+                  top // (1 / fraction_of_max) if within else fraction_of_max * top)
   found = np.argwhere(np.nan_to_num(a, nan=-np.inf) > threshold)
   return [(int(layer), int(expert)) for layer, expert in found if layer in allowed]
+
+
+def official_layers(moe_blocks, num_layers: int, include_layers: float = 0.75) -> list[int]:
+  """The MoE layers (rows) the official rule profiles: those of blocks before
+  round(num_layers * include_layers) (Python's round, as the official run.py)."""
+  keep = round(num_layers * include_layers)
+  return [j for j, block in enumerate(moe_blocks) if block < keep]
+
+
+def select(rule: str, peaks, massive: dict, moe_blocks, num_layers: int, *,
+           quantile: float = 99.5, fraction_of_max: float = 0.1, include_layers: float = 0.75,
+           min_ratio: float = 100.0, growth: float = 2.0) -> list[tuple[int, int]]:
+  """The SEs (MoE layer, expert) of `peaks` by `rule` (RULES; module doc)."""
+  if rule == "official":
+    return super_experts(peaks, quantile, fraction_of_max,
+                         official_layers(moe_blocks, num_layers, include_layers), within=True)
+  if rule == "massive_layers":
+    formed = massive_layers(massive, min_ratio, growth)
+    rows = [j for j, block in enumerate(moe_blocks) if block in formed]
+    return super_experts(peaks, quantile, fraction_of_max, rows)
+  raise ConfigError(f"rule={rule!r} must be one of {', '.join(RULES)}")
 
 
 def massive_layers(massive: dict, min_ratio: float = 100.0, growth: float = 2.0) -> list[int]:
@@ -188,38 +204,41 @@ def model_of(source):
   return (m, abstract_model(m)[0], params, rest)
 
 
-def profile(source, tokens, *, quantile: float = 99.5, fraction_of_max: float = 0.1,
-            min_ratio: float = 100.0, growth: float = 2.0) -> dict:
+def profile(source, tokens, **criterion) -> dict:
   """All three for a model (a workdir, or (config, params, rest)) on tokens [B, L]
-  (no padding), JSON-ready. super_experts are (MoE layer, expert) pairs restricted
-  to the MoE layers of the blocks in massive_layers; super_experts_unfiltered
-  applies only the two thresholds."""
+  (no padding), JSON-ready; criterion: profile_report's."""
   m, graphdef, params, rest = model_of(source)
   tokens = jnp.asarray(tokens, jnp.int32)
   found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS))
-  return profile_report(m, tokens.shape, found, quantile=quantile,
-                        fraction_of_max=fraction_of_max, min_ratio=min_ratio, growth=growth)
+  return profile_report(m, tokens.shape, found, **criterion)
 
 
-def profile_report(m, shape, found, *, quantile: float = 99.5,
-                   fraction_of_max: float = 0.1, min_ratio: float = 100.0,
-                   growth: float = 2.0) -> dict:
-  """profile's JSON from measure's PARTS (found, on the host) for tokens of `shape`."""
+def profile_report(m, shape, found, *, rule: str = "official", quantile: float = 99.5,
+                   fraction_of_max: float = 0.1, include_layers: float = 0.75,
+                   min_ratio: float = 100.0, growth: float = 2.0) -> dict:
+  """profile's JSON from measure's PARTS (found, on the host) for tokens of `shape`:
+  super_experts by `rule`, super_experts_by_rule by each of RULES, and
+  super_experts_unfiltered by the two thresholds over every layer alone."""
   moe_blocks = moe_layer_indices(m)
   massive = {k: np.asarray(v) for k, v in found["massive"].items()}
   formed = massive_layers(massive, min_ratio, growth)
   peaks = np.asarray(found["peaks"], np.float64)
-  rows = [j for j, block in enumerate(moe_blocks) if block in formed]
+  criterion = {"quantile": quantile, "fraction_of_max": fraction_of_max,
+               "include_layers": include_layers, "min_ratio": min_ratio, "growth": growth}
+  by_rule = {name: select(name, peaks, massive, moe_blocks, m.num_layers, **criterion)
+             for name in RULES}
+  if rule not in by_rule:
+    raise ConfigError(f"rule={rule!r} must be one of {', '.join(RULES)}")
   pairs = lambda pairs: [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
                           "a": float(peaks[j, e])} for j, e in pairs]
   return {
       "tokens": list(shape), "moe_blocks": moe_blocks,
       "expert_output_peaks": [[None if np.isnan(v) else float(v) for v in row]
                               for row in peaks],
-      "super_experts": pairs(super_experts(peaks, quantile, fraction_of_max, rows)),
+      "super_experts": pairs(by_rule[rule]),
+      "super_experts_by_rule": {name: pairs(found) for name, found in by_rule.items()},
       "super_experts_unfiltered": pairs(super_experts(peaks, quantile, fraction_of_max)),
-      "criterion": {"quantile": quantile, "fraction_of_max": fraction_of_max,
-                    "min_ratio": min_ratio, "growth": growth},
+      "criterion": {"rule": rule, **criterion},
       "massive_activations": {
           "layers": [{key: (float(massive[key][i]) if key in ("max", "median", "ratio")
                             else int(massive[key][i]))

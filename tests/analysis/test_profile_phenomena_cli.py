@@ -52,9 +52,15 @@ def test_profile_of_the_held_out_windows(area):
   assert report["attention_sinks"]["uniform_baseline"] == pytest.approx(
       np.mean([1 / (q + 1) for q in range(1, 16)]))
   assert report["tokens"] == [3, 16] and report["moe_blocks"] == [0, 1]
-  assert report["super_experts"] == []  # an untrained model has no massive activations
+  # the official rule (the default) keeps round(0.75 * 2) = 2 blocks: the largest a passes
+  # both thresholds; the massive-layers guess finds no massive layer in an untrained model
+  peaks = np.asarray(report["expert_output_peaks"])
+  top = tuple(int(i) for i in np.unravel_index(np.argmax(peaks), peaks.shape))
+  assert [(p["moe_layer"], p["expert"]) for p in report["super_experts"]] == [top]
+  assert report["super_experts_by_rule"]["official"] == report["super_experts"]
+  assert report["super_experts_by_rule"]["massive_layers"] == []
   assert len(report["super_experts_unfiltered"]) == 1  # the largest a passes both thresholds
-  assert "super experts: none" in result.stdout and "block | MoE" in result.stdout
+  assert "super experts: none" not in result.stdout and "block | MoE" in result.stdout
 
 
 @pytest.mark.parametrize("args,names", [
@@ -99,15 +105,19 @@ def test_blocks_tile_each_domain_and_block_0_is_the_harness_sample():
 
 def phenomena(area, draws=2, **settings):
   c = load_config_file("configs/studies/phenomena.py")
-  c.settings = {"workdir": f"{area}/w", "bytes_per_domain": 16, "context": 8, **settings}
+  c.settings = {"workdir": f"{area}/w", "bytes_per_domain": 16, "context": 8,
+                "probes": "arithmetic", "probe_count": 2, **settings}
   c.draws = draws
   return c
 
 
 def test_ablation_study_scores_each_block_as_ablation_study_does(area):
   """Draw d: the super-experts ablation of the d-th block of 16 held-out bytes per domain
-  (random seed d); every arm equals super_experts.ablation_study on the same windows, and
-  its bpb the harness's on the block's documents with the arm's experts ablated."""
+  (random seed d); every arm equals super_experts.ablation_study on the same windows, its
+  bpb the harness's on the block's documents with the arm's experts ablated, and its
+  arithmetic accuracy the probe's by hand (seed d)."""
+  from moejax.evaluation import probes
+  from moejax.evaluation.probe_data import arithmetic_examples
   from moejax.evaluation import bpb
   from moejax.evaluation.bpb import domain_windows
   from moejax.evaluation.model import DecoderLM
@@ -125,8 +135,10 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
     score = lambda m, p, r: {"bpb": bpb.bpb_by_domain(docs, bpb.score_documents(
         DecoderLM(m, p, r), docs, 0, context=8).nats)}
     old = se.ablation_study((config, params, rest), windows, n=2, seeds=(draw,), score=score)
-    assert [a["arm"] for a in old["arms"]] == ["none", "top_a", "most_frequent",
+    assert [a["arm"] for a in old["arms"]] == ["none", "super_experts", "most_frequent",
                                                f"random_seed{draw}"]
+    found = len(old["profile"]["super_experts"])
+    assert found == len(old["profile"]["super_experts_by_rule"]["official"]) >= 1
     for arm, reference in zip(("none", "super_experts", "most_frequent", "random"),
                               old["arms"]):
       new = runs[(arm, draw)]
@@ -135,10 +147,15 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
       assert new["mean_mass_on_position_0"] == pytest.approx(
           reference["mean_mass_on_position_0"], rel=1e-6)
       assert new["max_residual"] == pytest.approx(reference["max_residual"], rel=1e-6)
-      assert new["super_experts_found"] == 0
+      assert new["super_experts_found"] == found
+      pairs = [(e["moe_layer"], e["expert"]) for e in reference["experts"]]
+      lm = DecoderLM(config.model, se.ablate_experts(config.model, params, pairs), rest)
+      correct = probes.probe_correct(lm, tokenizer, 0, arithmetic_examples(draw, 2), "greedy",
+                                     context=8, batch_size=16)
+      assert new["probe/arithmetic"] == pytest.approx(np.mean(correct))
   assert runs[("none", 0)]["bpb"] != runs[("none", 1)]["bpb"]  # other bytes per draw
   text = open(os.path.join(out, "results.md")).read()
-  assert "Per draw: the profile" in text and "| 1 | 2 x 8 | top_a |" in text
+  assert "Per draw: the profile" in text and "| 1 | 2 x 8 | super_experts |" in text
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -148,6 +165,9 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
     (dict(context=5000), r"study\.settings\.context=5000 must be at most model\.max_seq_len"),
     (dict(context=40), r"no whole window of 40 tokens.*draw 0"),
     (dict(quantile=101.0), r"study\.settings\.quantile=101\.0"),
+    (dict(rule="x"), r"study\.settings\.rule='x' must be one of official, massive_layers"),
+    (dict(include_layers=0.0), r"study\.settings\.include_layers=0\.0 must be in \(0, 1\]"),
+    (dict(probes="sums"), r"study\.settings\.probes='sums': 'sums' is not a probe"),
 ])
 def test_ablation_study_refuses_bad_settings_before_any_run(area, settings, message):
   with pytest.raises(ConfigError, match=message):

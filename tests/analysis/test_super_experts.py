@@ -1,6 +1,8 @@
 """Super experts, massive activations and attention sinks (moejax/analysis/super_experts.py)
 on a randomly initialised tiny LM, against brute force and planted structure."""
 import functools
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -11,10 +13,12 @@ from flax import nnx
 from configs import lm_shakespeare_moe
 from moejax.analysis import router_inference as ri
 from moejax.analysis import super_experts as se
+from moejax.errors import ConfigError
 from moejax.layers.rope import apply_rope, rope_frequencies
 from moejax.train.loop import init_state
 
 SINK_TOKEN = 0
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +79,47 @@ def test_thresholds_on_hand_made_peaks():
                             "ratio": [6.0, 300.0, 310.0, 700.0]}) == [1, 3]
 
 
+def test_the_official_rule_and_the_massive_layers_guess_disagree_by_hand():
+  """4 MoE blocks x 8 experts. The official rule keeps blocks < round(0.75 * 4) = 3 and
+  takes its thresholds there: P99.5 of those 24 a = 40 + 0.885 * (50 - 40) = 48.85,
+  50 // 10 = 5, so (1, 2) alone. The guess keeps block 3 (the only massive layer) with
+  thresholds over all 32 a: P99.5 = 50 + 0.845 * (1000 - 50) = 852.75, 0.1 * 1000 = 100,
+  so (3, 5) alone."""
+  a = np.full((4, 8), 2.0)
+  a[1, 2], a[0, 0], a[3, 5] = 50.0, 40.0, 1000.0
+  massive = {"max": np.array([3.0, 4.0, 5.0, 900.0]), "embedding_max": 2.0,
+             "ratio": np.array([5.0, 6.0, 7.0, 500.0])}
+  blocks = [0, 1, 2, 3]
+  assert se.official_layers(blocks, 4) == [0, 1, 2]
+  assert se.select("official", a, massive, blocks, 4) == [(1, 2)]
+  assert se.select("massive_layers", a, massive, blocks, 4) == [(3, 5)]
+  # round half to even as the official run.py: 6 layers keep 4, 10 keep 8; first_dense=1
+  assert se.official_layers(range(6), 6) == [0, 1, 2, 3]
+  assert se.official_layers(range(10), 10) == list(range(8))
+  assert se.official_layers([1, 2, 3, 4, 5], 6) == [0, 1, 2]
+  # floor division: max 19 gives 19 // 10 = 1 (not 1.9), so a = 1.5 passes at P0 = 1.0
+  assert se.super_experts([[19.0, 1.5, 1.0]], quantile=0.0, layers=[0], within=True) == [
+      (0, 0), (0, 1)]
+  assert se.super_experts([[19.0, 1.5, 1.0]], quantile=0.0) == [(0, 0)]
+  with pytest.raises(ConfigError, match="rule='x' must be one of official, massive_layers"):
+    se.select("x", a, massive, blocks, 4)
+
+
+def test_the_official_rule_names_block_3_expert_6_on_the_committed_zoo_s_profile():
+  """docs/results/phenomena_zoo_s.json (6 MoE blocks x 16 experts): blocks 0-3 kept,
+  their P99.5 is 19.21 and a[3, 6] = 20.0 the only one above it; the massive-layers
+  guess named none there (no massive layer)."""
+  report = json.loads((ROOT / "docs/results/phenomena_zoo_s.json").read_text())
+  peaks = np.asarray(report["expert_output_peaks"], np.float64)
+  massive = {key: np.array([layer[key] for layer in report["massive_activations"]["layers"]])
+             for key in ("max", "ratio")}
+  massive["embedding_max"] = report["massive_activations"]["embedding_max"]
+  blocks = report["moe_blocks"]
+  assert se.select("official", peaks, massive, blocks, len(blocks)) == [(3, 6)]
+  assert se.select("massive_layers", peaks, massive, blocks, len(blocks)) == []
+  assert report["super_experts"] == []  # what the guess committed
+
+
 def test_peaks_equal_a_brute_force_loop_over_routed_tokens(tiny):
   config, graphdef, params, rest, tokens = tiny
   peaks = np.asarray(se.expert_output_peaks(graphdef, params, rest, tokens))
@@ -95,9 +140,15 @@ def test_peaks_equal_a_brute_force_loop_over_routed_tokens(tiny):
 
 def test_a_planted_super_expert_is_found_exactly(tiny):
   config, graphdef, params, rest, tokens = tiny
-  plain = se.profile((config, params, rest), tokens)
+  plain = se.profile((config, params, rest), tokens, rule="massive_layers")
   assert plain["super_experts"] == []
   assert plain["massive_activations"]["massive_layers"] == []
+  # the official rule has no layer filter but the first 75% of blocks: the largest a
+  # there passes both thresholds even on an untrained model
+  first = np.asarray(plain["expert_output_peaks"])[:round(0.75 * config.model.num_layers)]
+  assert plain["super_experts_by_rule"]["official"] == [
+      {"moe_layer": int(i), "block": int(i), "expert": int(e), "a": float(first[i, e])}
+      for i, e in [np.unravel_index(np.argmax(first), first.shape)]]
   peaks = np.asarray(se.expert_output_peaks(graphdef, params, rest, tokens))
   # Plant: expert e of layer 1, its down-projection column c (where its peak is) x100.
   layer, e = 1, int(np.argmax(peaks[1]))
@@ -357,7 +408,8 @@ def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
   config, graphdef, params, rest, tokens = tiny
   scored = []
   study = se.ablation_study((config, params, rest), tokens, n=3, seeds=(0, 1, 2),
-                            batch_rows=3, score=lambda m, p, r: scored.append(p) or {"x": 1})
+                            batch_rows=3, score=lambda m, p, r: scored.append(p) or {"x": 1},
+                            criterion={"rule": "massive_layers"})
   arms = {a["arm"]: a for a in study["arms"]}
   assert study["profile"]["super_experts"] == []  # none: the largest a instead
   assert list(arms) == ["none", "top_a", "most_frequent", "random_seed0", "random_seed1",

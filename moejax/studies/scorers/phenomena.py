@@ -5,8 +5,10 @@ experts (moejax/analysis/super_experts.py, moejax/analysis/phenomena.py).
 Draw d reads block d of the held-out split: the bytes [d N, (d + 1) N) of every domain,
 N = settings.bytes_per_domain, cut into windows of settings.context tokens (0: the
 training seq_len). On those windows the unablated model is profiled (a_{l,e}, massive
-activations, attention sinks, routing counts) and the super experts are named by the
-paper's rule (settings: quantile, fraction_of_max, min_ratio, growth); then each arm
+activations, attention sinks, routing counts) and the super experts are named by
+settings.rule: "official" (the official profiler's: the first include_layers of the
+blocks, P_quantile and max // (1 / fraction_of_max) over them) or "massive_layers"
+(ours: min_ratio, growth; super_experts.select); then each arm
 ablates its experts (zeroes their down projection, the router untouched):
   none            nothing (the reference)
   super_experts   the super experts; where the rule names none, the n experts of
@@ -16,7 +18,9 @@ ablates its experts (zeroes their down projection, the router untouched):
 n = settings.n, or 0: the number of super experts, 1 when none. Metrics: the harness's
 bits per byte on the block's documents, the mean next-token loss on its windows
 (nats), the attention mass on position 0 (mean over layers), the residual stream's
-max |h|, and super_experts_found (how many the rule names on the draw, every arm).
+max |h|, super_experts_found (how many the rule names on the draw, every arm), and the
+accuracy of each of settings.probes ('auto': every probe, arithmetic included, for a mix
+model; probe_count examples per group drawn with seed d).
 A draw's profile is computed once, on its first request, and shared by its arms.
 """
 from __future__ import annotations
@@ -37,22 +41,45 @@ KINDS = ("none", "super_experts", "most_frequent", "random")
 @SCORERS.register("phenomena_ablation")
 class PhenomenaAblation(Scorer):
   settings = {"workdir": "runs/zoo/s", "bytes_per_domain": 4096, "context": 0, "n": 0,
-              "quantile": 99.5, "fraction_of_max": 0.1, "min_ratio": 100.0, "growth": 2.0,
-              "batch_rows": 32}
+              "rule": "official", "quantile": 99.5, "fraction_of_max": 0.1,
+              "include_layers": 0.75, "min_ratio": 100.0, "growth": 2.0, "batch_rows": 32,
+              "probes": "auto", "probe_count": 32}
+  CRITERION = ("rule", "quantile", "fraction_of_max", "include_layers", "min_ratio", "growth")
   arm_settings = {"ablate": "none"}
 
   def metrics(self):
     return ("bpb", "loss_nats", "mean_mass_on_position_0", "max_residual",
-            "super_experts_found")
+            "super_experts_found", *(f"probe/{p}" for p in self.probes))
+
+  @property
+  def probes(self) -> tuple[str, ...]:
+    """settings.probes as names ('auto': every probe for a mix model, else none)."""
+    from moejax.posttrain.measure import probes_of
+    if not isinstance(self.settings["probes"], str):
+      raise ConfigError(f"study.settings.probes={self.settings['probes']!r} must be 'auto', "
+                        "'' or comma-separated probe names")
+    from moejax.evaluation.probe_data import PROBES
+    names = probes_of(self.settings["probes"], self.held_out.config.data)
+    unknown = [p for p in names if p not in PROBES]
+    if unknown:
+      raise ConfigError(f"study.settings.probes={self.settings['probes']!r}: {unknown[0]!r} "
+                        f"is not a probe; valid: {', '.join(sorted(PROBES))}")
+    return names
 
   def check(self):
     s = self.settings
-    for key, low in (("bytes_per_domain", 1), ("context", 0), ("n", 0), ("batch_rows", 1)):
+    from moejax.analysis.super_experts import RULES
+    if s["rule"] not in RULES:
+      raise ConfigError(f"study.settings.rule={s['rule']!r} must be one of {', '.join(RULES)}")
+    for key, low in (("bytes_per_domain", 1), ("context", 0), ("n", 0), ("batch_rows", 1),
+                     ("probe_count", 1)):
       if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < low:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
-    for key, high in (("quantile", 100), ("fraction_of_max", 1)):
-      if not 0 <= s[key] <= high:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be in [0, {high}]")
+    for key, low, high in (("quantile", 0, 100), ("fraction_of_max", 0, 1),
+                           ("include_layers", 0, 1)):
+      if not low < s[key] <= high and not (key == "quantile" and s[key] == 0):
+        raise ConfigError(f"study.settings.{key}={s[key]!r} must be in "
+                          f"{'[' if key == 'quantile' else '('}{low}, {high}]")
     for key in ("min_ratio", "growth"):
       if not s[key] >= 0:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be >= 0")
@@ -62,9 +89,6 @@ class PhenomenaAblation(Scorer):
                           f"one of {', '.join(KINDS)}")
     if self.spec.axes:
       raise ConfigError(f"study.levels have axes {self.spec.axes}; this scorer has none")
-    if cli.workdir_kind(s["workdir"]) not in ("training", "mixed"):
-      raise ConfigError(f"study.settings.workdir={s['workdir']!r} is not a training workdir "
-                        f"(checkpoints/): {cli.workdir_kind(s['workdir'])}")
     from moejax.models.structure import expert_counts
     if s["n"] > sum(expert_counts(self.held_out.config.model)):
       raise ConfigError(f"study.settings.n={s['n']} must be at most the model's "
@@ -77,6 +101,10 @@ class PhenomenaAblation(Scorer):
   @functools.cached_property
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
+    workdir = self.settings["workdir"]
+    if cli.workdir_kind(workdir) not in ("training", "mixed"):
+      raise ConfigError(f"study.settings.workdir={workdir!r} is not a training workdir "
+                        f"(checkpoints/): {cli.workdir_kind(workdir)}")
     return HeldOut.load(self.settings["workdir"], self.settings["context"],
                         key="study.settings.workdir", context_key="study.settings.context")
 
@@ -94,8 +122,7 @@ class PhenomenaAblation(Scorer):
     documents, windows, _ = self.held_out.windows(draw, self.settings["bytes_per_domain"])
     tokens = jnp.asarray(windows, jnp.int32)
     found = jax.device_get(se.measure(graphdef, params, rest, tokens, se.PARTS + ("counts",)))
-    criterion = {k: self.settings[k] for k in ("quantile", "fraction_of_max", "min_ratio",
-                                               "growth")}
+    criterion = {k: self.settings[k] for k in self.CRITERION}
     report = se.profile_report(m, tokens.shape, found, **criterion)
     n, arms = se.ablation_arms(report, found["peaks"], found["counts"],
                                self.settings["n"] or None, seeds=(draw,))
@@ -110,12 +137,14 @@ class PhenomenaAblation(Scorer):
       _, pairs = p["arms"][arm["ablate"]]
       effect = se.ablation_effect(
           m, graphdef, params, rest, p["tokens"], p["found"], pairs,
-          score=functools.partial(self.held_out.bpb, p["documents"]),
+          score=functools.partial(self.held_out.bpb, p["documents"], probes=self.probes,
+                                  probe_count=self.settings["probe_count"], seed=draw),
           batch_rows=self.settings["batch_rows"])
       out[name] = {"bpb": effect["bpb"]["all"], "loss_nats": effect["loss_nats"],
                    "mean_mass_on_position_0": effect["mean_mass_on_position_0"],
                    "max_residual": effect["max_residual"],
                    "super_experts_found": len(p["report"]["super_experts"]),
+                   **{f"probe/{k}": v for k, v in effect["probes"].items()},
                    "pairing": p["digest"]}
     return out
 
