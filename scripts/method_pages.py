@@ -63,6 +63,7 @@ PAPERS = {
     "step": ("Step: Less Token, More Signal", ICML, None),
     "hartigan": ("Lloyd vs Hartigan k-means", ICML, "2602.09936"),
     "gptq": ("GPTQ", "ICLR 2023", "2210.17323"),
+    "repetition_curse": ("RepetitionCurse", ICML, "2512.23995"),
 }
 
 
@@ -230,6 +231,7 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "router_inference_as_coot": ("As-COOT routing at inference", "as_coot", ("tests/analysis/test_router_inference.py",)),
     "router_inference_capacity": ("Capacity-aware token drop at inference", "capacity_aware", ("tests/analysis/test_router_inference.py",)),
     "router_inference_sere": ("SERE re-routing at decode", "sere", ("tests/analysis/test_router_inference.py",)),
+    "repetition_curse": ("RepetitionCurse: one repeated token sends every position to the same experts", "repetition_curse", ("tests/analysis/test_repetition.py",)),
     "routers": ("Router sweep (one seed)", None, ("tests/studies/test_training_studies.py",)),
     "routers_seeds": ("Router claims on several seeds", None, ("tests/studies/test_training_studies.py",)),
     "td_moe": ("TD-MoE against per-expert SVD", "td_moe", ("tests/studies/test_posttrain_studies.py",)),
