@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" != "--no-setup" ]; then bash scripts/setup.sh --docs; fi
 export JAX_PLATFORMS=cpu NO_MKDOCS_2_WARNING=1
-# The generated pages, from the code and docs/results/ (the tests check that the
-# committed copies are current).
-.venv/bin/python scripts/config_reference.py
+# The config reference must be current (regenerate: scripts/config_reference.py);
+# the method pages are rewritten from the code and the latest docs/results/.
+.venv/bin/python scripts/config_reference.py --check
 .venv/bin/python scripts/method_pages.py
 .venv/bin/python -m mkdocs build --strict --clean
