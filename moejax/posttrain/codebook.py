@@ -12,8 +12,10 @@ per_output_column=True each output column of a block has its own codebook
 [out, in] to rows of group_size input weights of one output). Indices are uint8
 [d_in, d_out]; centroids of a group are sorted ascending. Clustering is scalar
 Lloyd's k-means from k-means++ (as the released code) or quantile init, run in
-float64 on the host until no assignment changes; `history` is the objective
-sum (w - c[index])^2 after each assignment, which Lloyd never increases.
+float64 on the host until no assignment changes; an empty cluster is reseeded
+on the value farthest from its centroid (`_reseed`; the released code zeroes it:
+either way no stale centroid is kept); `history` is the objective
+sum (w - c[index])^2 after each assignment, which never increases.
 
 Rotation: for orthogonal R, x @ W = (x @ R) @ (R^T W); `rotate` returns R^T W,
 the matrix to cluster. R is either applied online to the input (a Hadamard
@@ -105,6 +107,24 @@ def _assign(V, sorted_centroids):
                          for i in range(0, len(V), rows)])
 
 
+def _reseed(V, centroids, assign, empty) -> bool:
+  """Move each empty cluster's centroid (in place) onto the value farthest from its
+  own centroid, a different value per empty cluster of a row (the farthest first);
+  a row whose values all sit on centroids keeps its empties. True if any moved.
+  A stale centroid no weight uses wastes a code; reseeding lowers the objective
+  (the moved value's error drops to 0, then Lloyd's steps never raise it)."""
+  moved = False
+  for i in np.flatnonzero(empty.any(axis=1)):
+    dist = (V[i] - centroids[i, assign[i]]) ** 2
+    order = np.argsort(-dist, kind="stable")
+    for k, j in zip(np.flatnonzero(empty[i]), order):
+      if dist[j] <= 0:
+        break
+      centroids[i, k] = V[i, j]
+      moved = True
+  return moved
+
+
 def _lloyd(V, centroids, iterations):
   """Lloyd's iterations on each row of V; returns (centroids, assignment, history)."""
   N, K = centroids.shape
@@ -116,10 +136,12 @@ def _lloyd(V, centroids, iterations):
     index = flat_group + assign.ravel()
     sums = np.bincount(index, weights=V.ravel(), minlength=N * K).reshape(N, K)
     counts = np.bincount(index, minlength=N * K).reshape(N, K)
-    centroids = np.sort(np.where(counts > 0, sums / np.maximum(counts, 1), centroids), axis=1)
+    centroids = np.where(counts > 0, sums / np.maximum(counts, 1), centroids)
+    reseeded = _reseed(V, centroids, assign, counts == 0)
+    centroids = np.sort(centroids, axis=1)
     new = _assign(V, centroids)
     history.append(float(np.sum((V - np.take_along_axis(centroids, new, 1)) ** 2)))
-    converged = np.array_equal(new, assign)
+    converged = np.array_equal(new, assign) and not reseeded
     assign = new
     if converged:
       break

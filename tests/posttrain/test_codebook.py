@@ -55,6 +55,52 @@ def test_kmeans_objective_never_increases_and_ends_at_a_lloyd_fixed_point(
                                  atol=1e-6 * scale)
 
 
+def best_1d_kmeans(values, K):
+  """The optimal 1-D k-means objective by brute force: optimal clusters are
+  contiguous runs of the sorted values, so try every split into K runs."""
+  import itertools
+  v = np.sort(np.asarray(values, np.float64))
+  best = np.inf
+  for cuts in itertools.combinations(range(1, len(v)), K - 1):
+    runs = np.split(v, cuts)
+    best = min(best, sum(float(np.sum((r - r.mean()) ** 2)) for r in runs))
+  return best
+
+
+def test_an_empty_cluster_is_reseeded_not_kept_stale():
+  """Quantile init on a group with many repeated values starts with duplicate
+  centroids, so a cluster is empty; a stale centroid (the old behaviour) leaves a
+  code unused and the objective far above the optimum; reseeded on the farthest
+  value, k-means reaches the brute-force optimum with every code used."""
+  group = np.array([0.0] * 10 + [1.0, 2.0, 9.0, 10.0, 20.0, 21.0])
+  book = cb.kmeans_group_quant(group[:, None].astype(np.float32), 2, 16, init="quantile")
+  assert sorted(np.unique(book.indices).tolist()) == [0, 1, 2, 3]
+  optimum = best_1d_kmeans(group, 4)
+  np.testing.assert_allclose(book.history[-1], optimum, rtol=1e-9)
+  assert optimum == 1.5  # the stale centroid ended at 122.5 with code 1 unused
+
+
+@settings(max_examples=40)
+@given(seed=st.integers(0, 2**16), bits=st.sampled_from([2, 3]),
+       init=st.sampled_from(cb.INITS), repeats=st.integers(0, 12))
+def test_every_code_is_used_when_a_group_has_enough_distinct_values(seed, bits, init,
+                                                                    repeats):
+  """A small group (16 values, some repeated) with at least K distinct values: at
+  the end every one of the K centroids has members, and the objective is within
+  the brute-force optimum's reach (never below it)."""
+  rng = np.random.default_rng(seed)
+  K = 2 ** bits
+  values = rng.normal(size=16 - repeats)
+  group = np.concatenate([values, np.full(repeats, values[0])])
+  if len(np.unique(group)) < K:
+    return
+  book = cb.kmeans_group_quant(group[:, None].astype(np.float32), bits, 16,
+                               iterations=1000, init=init, seed=seed)
+  assert len(np.unique(book.indices)) == K
+  if bits == 2:
+    assert book.history[-1] >= best_1d_kmeans(group.astype(np.float32), K) * (1 - 1e-6)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_lut_matmul_equals_decode_then_matmul(layout, bits):
