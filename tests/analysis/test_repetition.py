@@ -70,3 +70,52 @@ def test_one_set_puts_every_row_on_its_block_and_capacity_caps_it():
 def test_indivisible_groups_are_refused():
   with pytest.raises(ValueError, match="do not divide"):
     rep.device_rows(np.zeros((10, 2), int), np.ones((10, 2), bool), 8, expert_shards=3)
+
+
+def test_attack_prompts_by_hand():
+  rows, span = rep.attack_prompts([5, 6, 7, 8], 10, prefix=[1], pattern=2, chat=([2, 3], [4]))
+  np.testing.assert_array_equal(rows, [[1, 2, 3, 5, 6, 5, 6, 5, 6, 4],
+                                       [1, 2, 3, 7, 8, 7, 8, 7, 8, 4]])
+  assert span == slice(3, 9)
+  rows, span = rep.attack_prompts([9, 4], 5)  # the paper's prompt: one token, no BOS
+  np.testing.assert_array_equal(rows, [[9] * 5, [4] * 5])
+  assert span == slice(0, 5)
+  assert rep.attack_prompts([5, 6, 7], 7, pattern=3)[0].tolist() == [[5, 6, 7, 5, 6, 7, 5]]
+  with pytest.raises(ValueError, match="pattern=2"):
+    rep.attack_prompts([5, 6, 7], 8, pattern=2)
+  with pytest.raises(ValueError, match="leaves 1 positions"):
+    rep.attack_prompts([5, 6], 4, prefix=[1, 1], chat=([2], []), pattern=2)
+
+
+def test_forced_identity_is_detected_and_a_prefix_breaks_it_on_a_random_model(tiny):
+  """No BOS: every position of a one-token prompt is position 0 again (forced, so
+  same_set_fraction = 1 says nothing). After a prefix token the repeated positions see
+  different histories; on a random-init RoPE model their top-k sets differ."""
+  moe, graphdef, params, rest = tiny
+  ids = [5, 77, 200]
+  for prefix, forced in (((), 1.0), ((1,), 0.0), ((84, 104, 101, 32), 0.0)):
+    rows, span = rep.attack_prompts(ids, LENGTH, prefix=prefix)
+    assert rep.forced_identical(rows) == forced
+    fractions = [rep.same_set_fraction(np.asarray(index).reshape(3, LENGTH, moe.top_k), span)
+                 for index, _ in rep.routing_of(graphdef, params, rest, jnp.asarray(rows))]
+    if forced:
+      assert fractions == [1.0] * len(fractions)
+    else:
+      assert min(fractions) < 1.0
+  assert rep.forced_identical(np.array([[3, 3, 4, 3], [2, 2, 2, 2]])) == pytest.approx(4 / 6)
+  pattern, _ = rep.attack_prompts([5, 6], LENGTH, pattern=2)
+  assert rep.forced_identical(pattern) == 0.0
+
+
+def test_drop_rate_and_simulated_ttft_closed_forms():
+  assert rep.drop_rate(np.array([10, 2, 0, 4]), 3) == 8 / 16  # (10 - 3) + (4 - 3) of 16
+  assert rep.drop_rate(np.array([3, 3]), 3) == 0.0
+  tokens = 16  # 8 experts on 8 devices, top-2
+  skewed = np.tile([0, 1], (tokens, 1))  # all on devices 0 and 1: busiest 16, balanced 4
+  spread = np.stack([2 * np.arange(tokens) % 8, (2 * np.arange(tokens) + 1) % 8], 1)  # 4 each
+  valid = np.ones((tokens, 2), bool)
+  out = rep.simulated_ttft([(skewed, valid), (spread, valid)], 8, expert_shards=8)
+  assert out == {"rows": 16 + 4, "over_balanced": (16 + 4) / (4 + 4)}
+  half = valid.copy()
+  half[::2] = False  # invalid slots are not rows
+  assert rep.simulated_ttft([(skewed, half)], 8, 8) == {"rows": 8, "over_balanced": 4.0}
