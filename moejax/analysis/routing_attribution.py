@@ -117,6 +117,7 @@ def attribute(graphdef, params, rest, tokens) -> list[dict]:
     assert first_own == f"moe{block}.expert0", (block, first_own)  # names follow the parts
     out.append({"block": block, "names": names[:contributions.shape[0]],
                 "contributions": contributions, "logits": np.asarray(layer["logits"]),
+                "top_k": model.blocks[block].ffn.cfg.top_k,
                 "influence": contributions.var(axis=1).sum(axis=-1)})
   return out
 
@@ -161,3 +162,44 @@ def source_shares(layers) -> list[dict]:
                 "moe": sum(v for k, v in frac.items() if k.startswith("moe")),
                 "embed": frac.get("embed", 0.0)})
   return out
+
+
+def signed_effects(layer: dict) -> dict:
+  """Promote / inhibit effects of each component on one MoE block's routing. Top-k and
+  softmax ignore a shift common to all experts, so each contribution is centred over
+  experts first: u[c, t, e] = contribution - its mean over e. Returns {"per_expert":
+  [C, E] mean over tokens of u (> 0 promotes e, < 0 inhibits it), "on_chosen": [C] mean
+  over tokens of u at the token's own top-k experts (of the router's logits), the
+  component's net push towards the experts actually chosen}."""
+  contributions = np.asarray(layer["contributions"], np.float64)
+  centred = contributions - contributions.mean(axis=-1, keepdims=True)
+  k = int(layer.get("top_k", 1))
+  chosen = np.argsort(-np.asarray(layer["logits"]), axis=-1, kind="stable")[:, :k]  # [T, k]
+  picked = np.take_along_axis(centred, chosen[None], axis=-1)  # [C, T, k]
+  return {"per_expert": centred.mean(axis=1), "on_chosen": picked.mean(axis=(1, 2))}
+
+
+def ablate_component(model_cfg, params, name: str) -> dict:
+  """A copy of params (loop layout) in which component `name` (component_names) writes
+  nothing: a head's rows of W_o, an expert's w_down, a shared expert's or dense FFN's
+  output projection set to zero. ValueError for the embedding and biases."""
+  out = jax.tree.map(lambda v: v, params)
+  source, _, part = name.partition(".")
+  if not (source.startswith(("attn", "moe")) and part.startswith(("head", "expert"))):
+    raise ValueError(f"cannot ablate component {name!r}: heads and experts only")
+  weights = out["blocks"][int(source.lstrip("atnmoe"))]
+  if source.startswith("attn") and part.startswith("head"):
+    head, kernel = int(part[4:]), weights["attn"]["o"]["kernel"]
+    size = kernel.shape[0] // model_cfg.num_heads
+    weights["attn"]["o"]["kernel"] = kernel.at[head * size:(head + 1) * size].set(0.0)
+  elif source.startswith("moe") and part.startswith("expert"):
+    w = weights["ffn"]["experts"]
+    w["w_down"] = w["w_down"].at[int(part[6:])].set(0.0)
+  else:
+    raise ValueError(f"cannot ablate component {name!r}: heads and experts only")
+  return out
+
+
+def flip_rate(reference_sets: np.ndarray, sets: np.ndarray) -> float:
+  """Fraction of tokens whose top-k set (bool [T, E]) changed."""
+  return float(np.mean(np.any(np.asarray(reference_sets) != np.asarray(sets), axis=-1)))

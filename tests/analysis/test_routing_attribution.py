@@ -64,3 +64,34 @@ def test_a_scanned_model_is_refused():
   graphdef, state, _ = init_state(c)
   with pytest.raises(ConfigError, match="loop layout"):
     ra.attribute(graphdef, state.params, state.rest, TOKENS)
+
+
+def test_signed_effects_by_hand():
+  """C=2 components, T=2 tokens, E=3 experts, top-1. Centred over experts:
+  component 0: t0 [1, 2, 3] -> [-1, 0, 1], t1 [0, 0, 3] -> [-1, -1, 2];
+  component 1: t0 [2, 0, 1] -> [1, -1, 0], t1 [0, 3, 0] -> [-1, 2, -1].
+  Logits (the sum): t0 [3, 2, 4] chooses expert 2, t1 [0, 3, 3] expert 1 (the first)."""
+  layer = {"contributions": np.array([[[1, 2, 3], [0, 0, 3]], [[2, 0, 1], [0, 3, 0]]], float),
+           "logits": np.array([[3, 2, 4], [0, 3, 3]], float), "top_k": 1}
+  out = ra.signed_effects(layer)
+  np.testing.assert_allclose(out["per_expert"], [[-1, -0.5, 1.5], [0, 0.5, -0.5]])
+  np.testing.assert_allclose(out["on_chosen"], [(1 + -1) / 2, (0 + 2) / 2])
+  shifted = dict(layer, contributions=layer["contributions"] + 7.0)  # a common shift
+  np.testing.assert_allclose(ra.signed_effects(shifted)["per_expert"], out["per_expert"])
+
+
+def test_an_ablated_component_contributes_nothing_and_flip_rate_by_hand():
+  from flax import nnx
+  graphdef, params, rest = model()
+  m = nnx.merge(graphdef, params, rest).cfg
+  before = ra.attribute(graphdef, params, rest, TOKENS)[-1]
+  for name in ("attn0.head1", "moe1.expert3"):
+    layer = ra.attribute(graphdef, ra.ablate_component(m, params, name), rest, TOKENS)[-1]
+    index = layer["names"].index(name)
+    assert np.any(before["contributions"][index] != 0.0)
+    assert np.all(layer["contributions"][index] == 0.0)
+  with pytest.raises(ValueError, match="cannot ablate component 'embed'"):
+    ra.ablate_component(m, params, "embed")
+  sets = np.array([[1, 0, 1], [0, 1, 1]], bool)
+  assert ra.flip_rate(sets, sets) == 0.0
+  assert ra.flip_rate(sets, np.array([[1, 0, 1], [1, 1, 0]], bool)) == 0.5
