@@ -74,6 +74,7 @@ def main(argv):
   names = _MODELS.value
   check_models(names)
   seeds = check_seeds(_SEEDS.value)
+  cli.output_dir("zoo_dir", _ZOO_DIR.value)
   if _TIME_STEPS.value:
     return time_steps(names, _TIME_STEPS.value)
   if _VERIFY.value:

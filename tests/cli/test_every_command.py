@@ -62,11 +62,6 @@ EXCEPTIONS = {
     ("experiments.evaluate", "prefix_id", "0"): "token id 0 is a token like any other",
     ("experiments.train", "process_id", "0"): "the first process of a multi-process job",
 }
-# Refusals that experiments/zoo.py (edited in another session) does not make yet: an
-# unusable --zoo_dir is found when the zoo is written. Each must still fail here
-# (test_known_failures_still_fail), so a fix shows up as a line to delete.
-KNOWN_FAILURES = {("experiments.zoo", "zoo_dir", value) for value in ("", "{afile}",
-                                                                       "{afile}/sub")}
 
 
 # ---- compilation counter ------------------------------------------------------------------
@@ -226,17 +221,11 @@ def cases(module: str, area) -> list[tuple[list[str], str, str]]:
   entry, defined = flags_of(module)
   base = base_args(entry, module, defined, area)
   out = []
-  known = known_failures(area)
   for flag in defined:
     for value in bad_values(flag, area, base):
-      if (module, flag.name, value) not in set(EXCEPTIONS) | known:
+      if (module, flag.name, value) not in EXCEPTIONS:
         out.append((base, flag.name, value))
   return out
-
-
-def known_failures(area) -> set:
-  afile = os.path.join(area.bad, "afile.txt")
-  return {(m, n, v.format(afile=afile)) for m, n, v in KNOWN_FAILURES}
 
 
 # ---- the check ----------------------------------------------------------------------------
@@ -291,14 +280,6 @@ def test_every_flag_refuses_bad_values(area, module):
   def prop(case):
     check_refused(area, module, *case)
   prop()
-
-
-def test_known_failures_still_fail(area):
-  for module, name, value in sorted(known_failures(area)):
-    entry, defined = flags_of(module)
-    base = base_args(entry, module, defined, area)
-    with pytest.raises(AssertionError):
-      check_refused(area, module, base, name, value)
 
 
 PLANTED = r'''r"""A planted command.
