@@ -57,11 +57,16 @@ class HeldOut:
   @classmethod
   def load(cls, workdir: str, context: int = 0, key: str = "workdir",
            context_key: str = "context") -> "HeldOut":
-    """ConfigError (naming `key`, or `context_key`) for a model that is not an MoE, a
+    """ConfigError (naming `key`, or `context_key`) for a workdir that is not a training
+    one, a model that is not an MoE, a
     context over model.max_seq_len or a tokenizer with no separator; context 0 = the
     training seq_len."""
+    from moejax import cli
     from moejax.data.pipeline import split_documents
     from moejax.train.restore import load_from_workdir
+    if cli.workdir_kind(workdir) not in ("training", "mixed"):
+      raise ConfigError(f"{key}={workdir!r} is not a training workdir (checkpoints/): "
+                        f"{cli.workdir_kind(workdir)}")
     config, _, params, rest, tokenizer = load_from_workdir(workdir, for_generation=True)
     if config.model.ffn_type != "moe":
       raise ConfigError(f"model.ffn_type={config.model.ffn_type!r}: super experts need an "

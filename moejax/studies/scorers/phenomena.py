@@ -30,7 +30,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax import cli
 from moejax.errors import ConfigError
 from moejax.evaluation import stats
 from moejax.studies.scoring import SCORERS, Scorer, digest
@@ -101,10 +100,6 @@ class PhenomenaAblation(Scorer):
   @functools.cached_property
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
-    workdir = self.settings["workdir"]
-    if cli.workdir_kind(workdir) not in ("training", "mixed"):
-      raise ConfigError(f"study.settings.workdir={workdir!r} is not a training workdir "
-                        f"(checkpoints/): {cli.workdir_kind(workdir)}")
     return HeldOut.load(self.settings["workdir"], self.settings["context"],
                         key="study.settings.workdir", context_key="study.settings.context")
 

@@ -22,7 +22,6 @@ import functools
 
 import numpy as np
 
-from moejax import cli
 from moejax.errors import ConfigError
 from moejax.studies.scoring import SCORERS, Scorer, digest
 
@@ -44,12 +43,8 @@ class RepetitionCurse(Scorer):
   @functools.cached_property
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
-    workdir = self.settings["workdir"]
-    if cli.workdir_kind(workdir) not in ("training", "mixed"):
-      raise ConfigError(f"study.settings.workdir={workdir!r} is not a training workdir "
-                        f"(checkpoints/): {cli.workdir_kind(workdir)}")
-    return HeldOut.load(workdir, self.settings["length"], key="study.settings.workdir",
-                        context_key="study.settings.length")
+    return HeldOut.load(self.settings["workdir"], self.settings["length"],
+                        key="study.settings.workdir", context_key="study.settings.length")
 
   def check(self):
     s = self.settings
