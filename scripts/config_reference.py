@@ -69,7 +69,8 @@ def source_comments() -> dict[str, str]:
     while i >= 0 and lines[i].strip().startswith("#"):
       above.insert(0, lines[i].strip().lstrip("#").strip())
       i -= 1
-    text = " ".join(above + ([comment] if comment else []))
+    # '<' and '>' in a comment ("validation_<domain>") are text, not HTML.
+    text = " ".join(above + ([comment] if comment else [])).replace("<", "&lt;").replace(">", "&gt;")
     for key in keys:
       if key:
         out[key] = text

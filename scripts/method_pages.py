@@ -434,7 +434,8 @@ def render_entry(kind: str, name: str, level: str = "##") -> list[str]:
   source = _source_file(kind, name)
   out = [f"{level} Paper", "", _paper_line(entry.paper), "", f"{level} Mechanism", ""]
   if kind == "study":
-    out += [_study_description(name) or "(The config gives no description.)", ""]
+    description = _study_description(name).replace("<", "&lt;").replace(">", "&gt;")
+    out += [description or "(The config gives no description.)", ""]
   else:
     out += [entry.summary, ""]
   doc = _grouped_matmul_doc(name) if kind == "grouped matmul" else (
