@@ -1,5 +1,5 @@
 r"""TD-MoE's whitened joint Tucker decomposition of each layer's experts against
-per-expert SVD, whitened SVD and plain Tucker at equal parameters
+per-expert SVD, whitened SVD and plain Tucker at equal parameters per tensor
 (moejax/studies/scorers/compression.py).
 
   python -m experiments.study --config=configs/studies/td_moe.py \
@@ -15,14 +15,17 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "td_moe"
   c.description = (
-      "TD-MoE: each projection's experts stacked into one tensor, whitened by the input and "
-      "output covariances, Tucker-decomposed with ranks allocated over its three modes and "
-      "every layer under one budget. The paper: near-lossless at 20% compression, ahead of "
-      "decomposition baselines at 40% and 60%. Levels remove a fraction of the routed "
-      "expert parameters; every arm keeps the same number. td_moe_damped (not the "
-      "paper's) damps the whitening like GPTQ's 1%.")
+      "TD-MoE: each projection's experts stacked into one tensor, whitened in its input "
+      "mode (the calibration inputs' covariance) and its output mode (the covariance of "
+      "its outputs on the routed tokens), Tucker-decomposed with ranks allocated over its "
+      "three modes per tensor: every stacked projection of every layer keeps (1 - level) "
+      "of its dense parameters, never more than dense. The paper: near-lossless at 20% "
+      "compression, ahead of decomposition baselines at 40% and 60%. Every arm keeps the "
+      "same parameters per tensor (within one rank). td_moe_damped (not the paper's) "
+      "damps the whitening like GPTQ's 1%. Not the paper's: Cholesky whitening (the "
+      "reimplementation uses C^1/2, the same objective), HOOI sweeps, a byte-level LM.")
   c.scorer = "compression"
-  c.settings = {"workdir": "runs/zoo/s", "num_windows": 32, "bytes_per_domain": 8192,
+  c.settings = {"workdir": "runs/zoo/s", "num_windows": 32, "bytes_per_domain": 65536,
                 "probes": "auto", "probe_count": 16, "group_size": 32,
                 "bit_choices": [2, 3, 4, 8], "bracket_bits": False, "finetune_steps": 32,
                 "finetune_lr": 1e-4, "reroute_windows": 16, "matched_control": False,

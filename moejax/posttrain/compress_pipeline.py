@@ -18,10 +18,11 @@ Methods (`METHODS`), by family and what `level` means:
     codequant   CodeQuant: Hadamard rotation, k-means, centroid fine-tuning on
                 each expert's routed calibration inputs
   factorised  level = fraction of the routed expert parameters removed
-    td_moe      TD-MoE: whitened joint Tucker per projection, ranks allocated
-                over the three modes and every layer under one budget
+    td_moe      TD-MoE: joint Tucker per projection, input and output modes
+                whitened, ranks allocated over the three modes of each tensor
+                within its share (never above its dense size)
     tucker      the same without whitening
-    svd         per-expert truncated SVD at equal parameters (a baseline)
+    svd         per-expert truncated SVD at equal parameters per tensor (a baseline)
     whitened_svd  per-expert SVD of the whitened weights (SVD-LLM style)
 
 `compress` returns a `Compressed`: per MoE block the float weights the method
@@ -34,12 +35,11 @@ type: they are scored from their float weights, their parameters counted.
 it, which is how GEMQ's router fine-tuning runs (train.trainable='router':
 router parameters only, LM loss, AdamW; `router_finetune_config`).
 
-GEMQ's progressive loop (`gemq_rounds`): allocate on costs of the current model,
-quantize from the float experts, fine-tune the routers, then measure the costs
-again on the quantized, fine-tuned model (each expert's candidate bit-widths
-placed into it) and repeat. The released code's round structure was read only
-through its file names (a "quantized" and a "quantized + fine-tuned" cost
-pass); the rest is a guess.
+GEMQ's progressive bit reduction (compress_workdir.run, `rounds`): the budget
+is lowered round by round (e.g. 3, 2.5, 2 bits); each round allocates on costs
+measured on the model the previous round left (quantized experts, fine-tuned
+routers) against the float experts' outputs (gemq.expert_costs), quantizes the
+float experts and fine-tunes the routers again.
 """
 from __future__ import annotations
 
@@ -184,57 +184,66 @@ def _codebook(r, params, calibration) -> Compressed:
 
 
 def _factorised(r, params, calibration) -> Compressed:
+  """Every stacked projection of every layer keeps (1 - level) of its dense
+  parameters (tucker.tensor_budgets), each factorised on its own: TD-MoE's
+  per-tensor rank allocation, and the baselines at the same per-tensor budgets."""
   layers = calibration.inputs
   weights = {layer.block: expert_weights(params, layer.block) for layer in layers}
-  total = sum(w[m].size for w in weights.values() for m in MATRICES)
-  budget = int((1 - r.level) * total)
+  budgets = {layer.block: dict(zip(MATRICES, tucker.tensor_budgets(
+      [weights[layer.block][m].shape for m in MATRICES], r.level))) for layer in layers}
   if r.method in ("svd", "whitened_svd"):
-    return _per_expert_svd(r, weights, layers, budget)
+    return _per_expert_svd(r, weights, layers, budgets)
   whiten = r.method == "td_moe"
-  tensors = {layer.block: (factorise.whitened_tensors(weights[layer.block], layer.inputs,
-                                                      layer.hidden, r.damping) if whiten else
-                           {m: np.asarray(weights[layer.block][m], np.float64)
-                            for m in MATRICES}) for layer in layers}
-  flat = [tensors[layer.block][m] for layer in layers for m in MATRICES]
-  ranks = iter(tucker.allocate_layers(flat, budget))
-  float_weights, arrays, report = {}, {}, {}
+  float_weights, arrays, report, parameters = {}, {}, {}, {}
   for layer in layers:
-    layer_ranks = {m: next(ranks) for m in MATRICES}
+    w = weights[layer.block]
+    outputs = (factorise.routed_outputs(w, layer.rows, layer.hidden, layer.expert)
+               if whiten else None)
+    tensors = (factorise.whitened_tensors(w, layer.inputs, layer.hidden, r.damping, outputs)
+               if whiten else {m: np.asarray(w[m], np.float64) for m in MATRICES})
+    layer_ranks = {m: tucker.allocate_ranks(tensors[m], budgets[layer.block][m])
+                   for m in MATRICES}
     factors, fitted = factorise.factorise_experts(
-        weights[layer.block], layer.inputs if whiten else None, layer_ranks,
-        hidden_inputs=layer.hidden if whiten else None, damping=r.damping)
+        w, layer.inputs if whiten else None, layer_ranks,
+        hidden_inputs=layer.hidden if whiten else None, damping=r.damping,
+        output_samples=outputs)
     arrays[layer.block] = factors
     float_weights[layer.block] = {m: tucker.reconstruct(
         f["core"], f["expert_factor"], f["input_factor"], f["output_factor"]).astype(np.float32)
         for m, f in factors.items()}
     report[int(layer.block)] = {m: list(fitted[m]) for m in MATRICES}
+    parameters[int(layer.block)] = {m: tucker.tucker_parameters(w[m].shape, fitted[m])
+                                    for m in MATRICES}
   padded = {m: tuple(max(report[b][m][k] for b in report) for k in range(3)) for m in MATRICES}
-  parameters = sum(tucker.tucker_parameters(weights[b][m].shape, report[b][m])
-                   for b in report for m in MATRICES)
   return Compressed("factorised", float_weights, arrays, {"ranks": padded},
-                    {"ranks": report, "parameters": int(parameters), "budget": budget,
-                     "dense_parameters": int(total)})
+                    _factorised_report(weights, budgets, report, parameters))
 
 
-def _per_expert_svd(r, weights, layers, budget) -> Compressed:
-  float_weights, report, parameters = {}, {}, 0
-  per_tensor = budget // (len(layers) * len(MATRICES))
+def _factorised_report(weights, budgets, ranks, parameters) -> dict:
+  return {"ranks": ranks, "tensor_parameters": parameters,
+          "tensor_budgets": {int(b): v for b, v in budgets.items()},
+          "parameters": int(sum(sum(p.values()) for p in parameters.values())),
+          "budget": int(sum(sum(v.values()) for v in budgets.values())),
+          "dense_parameters": int(sum(w[m].size for w in weights.values() for m in MATRICES))}
+
+
+def _per_expert_svd(r, weights, layers, budgets) -> Compressed:
+  float_weights, report, parameters = {}, {}, {}
   for layer in layers:
     w = weights[layer.block]
-    float_weights[layer.block], report[int(layer.block)] = {}, {}
+    block = int(layer.block)
+    float_weights[layer.block], report[block], parameters[block] = {}, {}, {}
     for m in MATRICES:
-      rank = tucker.svd_rank_for_budget(w[m].shape, per_tensor)
+      rank = tucker.svd_rank_for_budget(w[m].shape, budgets[layer.block][m])
       samples = layer.hidden if m == "w_down" else layer.inputs
       low = (tucker.whitened_per_expert_svd(w[m], samples, rank, r.damping)
              if r.method == "whitened_svd"
              else tucker.per_expert_svd(w[m], rank))
       float_weights[layer.block][m] = low.reconstruct().astype(np.float32)
-      report[int(layer.block)][m] = rank
-      parameters += low.parameters
+      report[block][m] = rank
+      parameters[block][m] = low.parameters
   return Compressed("baseline", float_weights, {}, {},
-                    {"ranks": report, "parameters": int(parameters), "budget": budget,
-                     "dense_parameters": int(sum(w[m].size for w in weights.values()
-                                                 for m in MATRICES))})
+                    _factorised_report(weights, budgets, report, parameters))
 
 
 def compress_experts(r: Request, params: dict, calibration: Calibration,
@@ -315,9 +324,12 @@ def _padded_factors(factors: dict, like: dict) -> dict:
 
 
 def router_finetune_config(config, steps: int, learning_rate: float = 1e-4,
-                           weight_decay: float = 1e-4, start_step: int = 0):
-  """The training config of GEMQ's router fine-tuning (router only, LM loss, AdamW
-  at a constant `learning_rate`, `steps` steps after `start_step`)."""
+                           weight_decay: float = 1e-4, start_step: int = 0,
+                           aux_losses: bool = False):
+  """The training config of GEMQ's router fine-tuning (router only, AdamW at a
+  constant `learning_rate`, `steps` steps after `start_step`). The official code
+  trains on the LM loss alone: every model.moe.loss_weights entry is 0 and the
+  aux-loss-free bias stays fixed, unless `aux_losses` (then the model's own)."""
   c = ml_collections.ConfigDict(config.to_dict())
   t = c.train
   t.trainable, t.learning_rate, t.weight_decay = "router", learning_rate, weight_decay
@@ -325,6 +337,11 @@ def router_finetune_config(config, steps: int, learning_rate: float = 1e-4,
   t.steps = start_step + steps
   t.log_every = t.eval_every = t.checkpoint_every = max(1, steps)
   t.eval_batches, t.progress_bar, t.max_to_keep = 4, False, 2
+  if not aux_losses:
+    moe = c.model.moe
+    for name in moe.loss_weights:
+      moe.loss_weights[name] = 0.0
+    moe.bias_update_rate = 0.0
   return c
 
 

@@ -52,30 +52,46 @@ def _with_routers(float_params: dict, params: dict) -> dict:
 
 
 def finetune_routers(workdir: str, config, m, params, rest, step: int, data_state,
-                     steps: int, learning_rate: float):
+                     steps: int, learning_rate: float, aux_losses: bool = False):
   """(params, rest) after GEMQ's router fine-tuning of the compressed model, run
-  by the trainer in `workdir` (written: one checkpoint, then the fine-tuned one)."""
+  by the trainer in `workdir` (written: one checkpoint, then the fine-tuned one);
+  the LM loss alone unless `aux_losses` (cp.router_finetune_config)."""
   from moejax.train.loop import train_and_evaluate
   from moejax.train.restore import restore
   c = cp.router_finetune_config(source_lib.with_model(config, m), steps, learning_rate,
-                                start_step=step)
+                                start_step=step, aux_losses=aux_losses)
   source_lib.save_training_workdir(workdir, c, params, rest, step, data_state)
   train_and_evaluate(c, workdir)
   tuned = restore(workdir, step + steps)
   return tuned.params, tuned.rest
 
 
+def budgets(level: float, rounds: int, step: float, highest: float) -> list[float]:
+  """GEMQ's progressive bit reduction: the average-bit budget of each round,
+  lowered by `step` a round down to `level` (3 rounds to 2 bits at 0.5:
+  3, 2.5, 2), none above `highest` (the widest bit choice)."""
+  return [min(level + step * (rounds - 1 - k), highest) for k in range(rounds)]
+
+
 def run(r: cp.Request, source: source_lib.Source, calibration: Calibration, *,
         rounds: int = 1, finetune_steps: int = 0, finetune_lr: float = 1e-4,
-        workdir: str | None = None, log=print) -> Result:
-  """Compress `source` by `r` (GEMQ: `rounds` of allocate, quantize, fine-tune,
-  re-estimate; module doc). Router fine-tuning writes into `workdir` (a
-  temporary directory when None)."""
+        workdir: str | None = None, bit_step: float = 0.5, aux_losses: bool = False,
+        log=print) -> Result:
+  """Compress `source` by `r`. GEMQ with `rounds` > 1 is its progressive bit
+  reduction: round k allocates at budgets(r.level, rounds, bit_step)[k], its costs
+  measured on the float model (round 0) or on the model the previous round left
+  (quantized experts, fine-tuned routers) against the float experts' outputs
+  (gemq.expert_costs), quantizes the float experts, and fine-tunes the routers
+  `finetune_steps` steps (each round from the previous round's routers). Router
+  fine-tuning writes into `workdir` (a temporary directory when None)."""
   config = source.config
   float_params, current = source.params, None
+  highest = max(r.bit_choices) if r.bit_choices else r.level
+  schedule = budgets(r.level, rounds, bit_step, max(highest, r.level))
   rounds_report = []
-  for round_index in range(rounds):
-    c = cp.compress_experts(r, source.params, calibration, current)
+  for round_index, budget in enumerate(schedule):
+    c = cp.compress_experts(dataclasses.replace(r, level=budget), source.params,
+                            calibration, current)
     model = params = rest = None
     if c.kind != "baseline":
       model, params, rest = cp.compressed_model(config.model, float_params, source.rest, c)
@@ -85,22 +101,23 @@ def run(r: cp.Request, source: source_lib.Source, calibration: Calibration, *,
         target = workdir if workdir and round_index == rounds - 1 else scratch
         params, rest = finetune_routers(target, config, model, params, rest,
                                         source.step, source.data_state, finetune_steps,
-                                        finetune_lr)
+                                        finetune_lr, aux_losses)
       float_params = _with_routers(float_params, params)
       step = source.step + finetune_steps
-    rounds_report.append({"round": round_index, **c.report})
+    rounds_report.append({"round": round_index, "budget": budget, **c.report})
     current = cp.with_expert_weights(float_params, c.float_weights)
     if round_index + 1 < rounds:
       log(f"round {round_index}: average bits {c.report.get('average_bits')}; re-estimating")
   report = {"method": r.method, "level": r.level, "quantizer": r.quantizer,
             "group_size": r.group_size, "rounds": rounds_report, "step": step,
-            "finetune_steps": finetune_steps, **c.report}
+            "finetune_steps": finetune_steps, "finetune_aux_losses": aux_losses, **c.report}
   return Result(model, params, rest, current, report)
 
 
 def compress_workdir(workdir: str, out: str | None, r: cp.Request, *, num_windows: int = 64,
                      context: int = 0, batch_size: int = 8, rounds: int = 1,
-                     finetune_steps: int = 0, finetune_lr: float = 1e-4, log=print) -> dict:
+                     finetune_steps: int = 0, finetune_lr: float = 1e-4,
+                     bit_step: float = 0.5, aux_losses: bool = False, log=print) -> dict:
   """Compress `workdir`'s latest checkpoint by `r`; write `out` (new or empty) as a
   training workdir of the compressed model; return the report."""
   from moejax.data.pipeline import train_token_stream
@@ -117,7 +134,8 @@ def compress_workdir(workdir: str, out: str | None, r: cp.Request, *, num_window
   if out:
     os.makedirs(out, exist_ok=True)
   result = run(r, source, calibration, rounds=rounds, finetune_steps=finetune_steps,
-               finetune_lr=finetune_lr, workdir=out if finetune_steps else None, log=log)
+               finetune_lr=finetune_lr, workdir=out if finetune_steps else None,
+               bit_step=bit_step, aux_losses=aux_losses, log=log)
   if out and not finetune_steps:
     source_lib.save_training_workdir(out, source_lib.with_model(config, result.model),
                                      result.params, result.rest, source.step,

@@ -4,13 +4,16 @@
 (tucker.td_moe): w_gate and w_up [E, d, f] whitened by the layer's calibration
 inputs X [n, d], w_down [E, f, d] by the hidden activations H [n, f] if given
 (silu(x W_gate_e) * (x W_up_e) of the tokens routed to e, pooled), else
-fitted unwhitened (tucker.tucker). Its output is the state of
+fitted unwhitened (tucker.tucker); given output samples (`routed_outputs`:
+each projection's outputs on its routed tokens) the output mode is whitened
+too, TD-MoE's multilinear whitening. Its output is the state of
 experts/factorised.py's FactorisedExperts, projection by projection
 {core, expert_factor, input_factor, output_factor}, float32; `factorised_config`
 makes the matching config change. Ranks: one (r_E, r_in, r_out) for all three
-projections, one per projection, or a parameter budget for the layer's three
-tensors together (tucker.allocate_layers on the whitened tensors); a 0 rank
-is the full size, as in model.moe.factorised.
+projections, one per projection (capped at the dense size), or a parameter
+budget for the layer shared by its projections in proportion to their sizes,
+each allocated on its own (tucker.allocate_ranks on the whitened tensor); a 0
+rank is the full size, as in model.moe.factorised.
 
 Not here yet: capturing X and H from a trained checkpoint and converting every
 layer of a workdir (one set of ranks per model: the config holds one).
@@ -26,20 +29,44 @@ from moejax.posttrain import tucker
 
 
 def whitened_tensors(experts: dict, calibration_inputs, hidden_inputs=None,
-                     damping: float = 1e-6) -> dict:
-  """{projection: W~ [E, d_in, d_out]}, each whitened by its inputs (module doc)."""
+                     damping: float = 1e-6, output_samples: dict | None = None) -> dict:
+  """{projection: W~ [E, d_in, d_out]}, each whitened by its inputs and, given
+  output_samples {projection: Y [m, d_out]}, by its outputs (module doc)."""
   inputs = {"w_gate": calibration_inputs, "w_up": calibration_inputs, "w_down": hidden_inputs}
-  return {p: (np.asarray(experts[p], np.float64) if inputs[p] is None else
-              tucker.whiten(experts[p], tucker.whitening(inputs[p], damping)))
-          for p in PROJECTIONS}
+  out = {}
+  for p in PROJECTIONS:
+    w = np.asarray(experts[p], np.float64)
+    if inputs[p] is not None:
+      w = tucker.whiten(w, tucker.whitening(inputs[p], damping))
+      if output_samples is not None:
+        w = np.einsum("ejo,ol->ejl", w, tucker.whitening(output_samples[p], damping))
+    out[p] = w
+  return out
+
+
+def routed_outputs(experts: dict, rows, hidden, expert) -> dict:
+  """{projection: Y}: each projection's outputs on its routed calibration inputs,
+  pooled over the experts (rows [R, d] and hidden [R, f] of expert ids [R]): the
+  samples of TD-MoE's output whitening."""
+  out = {}
+  for p in PROJECTIONS:
+    source = np.asarray(hidden if p == "w_down" else rows, np.float64)
+    w = np.asarray(experts[p], np.float64)
+    out[p] = np.concatenate([source[expert == e] @ w[e] for e in range(len(w))])
+  return out
 
 
 def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None) -> dict:
   """{projection: (r_E, r_in, r_out)} from a triple, a {projection: triple} dict
-  (0 = full size) or an int parameter budget (allocated on `whitened`)."""
+  (0 = full size) or an int parameter budget, shared by the projections in
+  proportion to their dense sizes and allocated per tensor on `whitened`
+  (TD-MoE's per-tensor allocation). Given `whitened`, no projection's ranks cost
+  more than its dense size (tucker.capped_ranks)."""
   if isinstance(ranks_or_budget, (int, np.integer)) and not isinstance(ranks_or_budget, bool):
-    allocated = tucker.allocate_layers([whitened[p] for p in PROJECTIONS], int(ranks_or_budget))
-    return dict(zip(PROJECTIONS, allocated))
+    total = sum(tucker.dense_parameters(shapes[p]) for p in PROJECTIONS)
+    return {p: tucker.allocate_ranks(whitened[p], int(ranks_or_budget) *
+                                     tucker.dense_parameters(shapes[p]) // total)
+            for p in PROJECTIONS}
   if isinstance(ranks_or_budget, dict):
     unknown = set(ranks_or_budget) - set(PROJECTIONS)
     if unknown or len(ranks_or_budget) != len(PROJECTIONS):
@@ -54,12 +81,14 @@ def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None) -
     if len(triple) != 3:
       raise ConfigError(f"ranks of {p}={triple!r} must be 3 ranks (expert, in, out)")
     out[p] = tuple(int(r) or dim for r, dim in zip(triple, shapes[p]))
+    if whitened is not None:
+      out[p] = tucker.capped_ranks(whitened[p], out[p])
   return out
 
 
 def factorise_experts(experts: dict, calibration_inputs, ranks_or_budget, *,
-                      hidden_inputs=None, damping: float = 1e-6,
-                      iterations: int = 5) -> tuple[dict, dict]:
+                      hidden_inputs=None, damping: float = 1e-6, iterations: int = 5,
+                      output_samples: dict | None = None) -> tuple[dict, dict]:
   """(params, ranks): TD-MoE of one layer's SwiGLU experts (module doc).
 
   experts: {w_gate, w_up [E, d, f], w_down [E, f, d]} (the block's experts
@@ -73,14 +102,16 @@ def factorise_experts(experts: dict, calibration_inputs, ranks_or_budget, *,
   if shapes["w_up"] != (e, d, f) or shapes["w_down"] != (e, f, d):
     raise ConfigError(f"experts of shapes {shapes} are not SwiGLU experts "
                       "(w_gate, w_up [E, d, f], w_down [E, f, d])")
-  whitened = whitened_tensors(experts, calibration_inputs, hidden_inputs, damping)
+  whitened = whitened_tensors(experts, calibration_inputs, hidden_inputs, damping,
+                              output_samples)
   ranks = resolve_ranks(shapes, ranks_or_budget, whitened)
   inputs = {"w_gate": calibration_inputs, "w_up": calibration_inputs, "w_down": hidden_inputs}
   params = {}
   for p in PROJECTIONS:
     model = (tucker.tucker(experts[p], ranks[p], iterations) if inputs[p] is None else
              tucker.td_moe(experts[p], inputs[p], ranks[p], damping=damping,
-                           iterations=iterations))
+                           iterations=iterations, output_samples=None if output_samples
+                           is None else output_samples[p]))
     params[p] = {"core": model.core, "expert_factor": model.expert_factor,
                  "input_factor": model.input_factor, "output_factor": model.output_factor}
   return {p: {k: np.asarray(v, np.float32) for k, v in t.items()} for p, t in params.items()}, ranks

@@ -14,6 +14,16 @@ the tokens routed to e: one routed-contribution pass per bit-width, with every
 expert quantized at b at once, gives the whole c[:, :, b]
 (contributions.routed_contributions).
 
+Progressive re-estimation (`source_params`, the float model): on the current
+model (quantized experts, fine-tuned routers) the cost of expert e at b is
+measured against the float expert's output on the current model's inputs,
+routing and Fisher weights,
+
+    c[l, e, b] = sum_t sum_d (N dL/dh_{t,d})^2 (g_{t,e} (E_e^b(x_t) - E_e(x_t)))_d^2,
+
+never against the current quantized expert (which would make the current
+allocation cost 0 and repeat it).
+
 Quantizer: RTN per group of the input dimension (quantize.rtn); GEMQ
 quantizes the chosen allocation with GPTQ, which the allocation's costs do not
 use (a guess: the released code's cost pass was not read).
@@ -51,12 +61,21 @@ def quantized_experts(params: dict, blocks, bits: int, group_size: int,
   return new
 
 
+def _with_experts(params: dict, blocks, source_params: dict) -> dict:
+  """params with the expert weights of `blocks` taken from source_params."""
+  new = jax.tree.map(lambda leaf: leaf, params)
+  for block in blocks:
+    new["blocks"][block]["ffn"]["experts"] = dict(source_params["blocks"][block]["ffn"]["experts"])
+  return new
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _batch_costs(graphdef, params, quantized_params, rest, tokens):
-  """[blocks, E]: sum over this batch's tokens of (N dL/dh)^2 (Z^q - Z)^2."""
+def _batch_costs(graphdef, params, reference_params, quantized_params, rest, tokens):
+  """[blocks, E]: sum over this batch's tokens of (N dL/dh)^2 (Z^q - Z)^2, the
+  gradients, inputs and routing of `params`, Z of `reference_params`' experts."""
   dy, moe, token_loss = token_gradients(graphdef, params, rest, tokens)
   n = token_loss.shape[0]
-  model = nnx.merge(graphdef, params, rest)
+  model = nnx.merge(graphdef, reference_params, rest)
   quantized = nnx.merge(graphdef, quantized_params, rest)
   costs = []
   for block, (x, aux) in moe.items():
@@ -71,15 +90,20 @@ def expert_costs(graphdef, params: dict, rest: dict, batches, bits, group_size: 
                  ) -> tuple[list[int], np.ndarray]:
   """(MoE blocks, c [blocks, E, len(bits)] float64) over the calibration token
   batches [B, L] (module doc); float params as pure dicts. With source_params
-  (GEMQ's progressive re-estimation), `params` is the current (quantized) model
-  and each candidate is source_params' expert quantized at b, placed into it."""
+  (GEMQ's progressive re-estimation), `params` is the current (quantized,
+  fine-tuned) model and each candidate is source_params' expert quantized at b,
+  its change measured against source_params' float expert placed in the same
+  model (module doc)."""
   model = nnx.merge(graphdef, params, rest)
   blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
   costs = np.zeros((len(blocks), model.cfg.moe.num_experts, len(bits)))
+  reference = params if source_params is None else _with_experts(params, blocks,
+                                                                 source_params)
   for j, b in enumerate(bits):
     quantized_params = quantized_experts(params, blocks, b, group_size, symmetric,
                                          source_params)
     for tokens in batches:
-      costs[:, :, j] += np.asarray(_batch_costs(graphdef, params, quantized_params, rest,
-                                                jnp.asarray(tokens)), np.float64)
+      costs[:, :, j] += np.asarray(_batch_costs(graphdef, params, reference,
+                                                quantized_params, rest, jnp.asarray(tokens)),
+                                   np.float64)
   return blocks, costs

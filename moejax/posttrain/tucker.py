@@ -15,7 +15,9 @@ x U_in, the expert's r_in x r_out mixing G_e, a shared U_out^T. Stored and
 counted (`tucker_parameters`): G, U_E, U_in, U_out, r_E r_in r_out + E r_E +
 d_in r_in + d_out r_out (materialised G_e would cost E r_in r_out instead of G, U_E).
 
-Ranks within a parameter budget: `allocate_ranks` (exact) minimises the truncated
+Ranks within a parameter budget, per tensor as TD-MoE allocates them
+(`tensor_budgets`: each stacked projection keeps its share of the ratio, never
+more than its dense size, `capped_ranks`): `allocate_ranks` (exact) minimises the truncated
 HOSVD's whitened error over every rank triple at once (`truncation_errors`: ||T||^2
 minus the leading block energy of the full-basis HOSVD core; HOOI only lowers it).
 `greedy` (the spec's "greedy on the mode spectra") and `allocate_layers` (several
@@ -27,10 +29,11 @@ Guesses and differences (the paper's method section was not read; PAPERS.md entr
 9): one input covariance shared by all experts (the caller picks the tokens: the
 layer's inputs, or for w_down the pooled hidden activations); Cholesky whitening
 (the Tangshengku/TD-MoE reimplementation uses C^1/2, the same objective up to a
-rotation of the whitened input mode); optional output whitening (`output_samples`
-Y, e.g. output gradients: R R^T = Y^T Y / m, W~_e = S^T W_e R, U_out = R^-T U~_out,
-a Kronecker-factored weighting); the rank rule (the reimplementation only matches
-a parameter target); the HOOI sweeps.
+rotation of the whitened input mode); output whitening (`output_samples` Y, the
+projection's pooled outputs on its routed tokens: R R^T = Y^T Y / m,
+W~_e = S^T W_e R, U_out = R^-T U~_out, the paper's multilinear whitening of both
+feature modes); the rank rule (the reimplementation only matches a parameter
+target); the HOOI sweeps.
 """
 from __future__ import annotations
 
@@ -217,15 +220,21 @@ def truncation_errors(tensor) -> np.ndarray:
   return np.maximum(np.sum(t ** 2) - energy, 0.0)
 
 
+def dense_parameters(shape) -> int:
+  """E d_in d_out: the stacked experts stored dense."""
+  return int(np.prod(shape))
+
+
 def allocate_ranks(W_whitened, budget: int, method: str = "exact") -> tuple[int, int, int]:
-  """(r_E, r_in, r_out) with tucker_parameters <= budget and maximal (no single
-  rank fits one more): of least truncation_errors (`exact`), or by the greedy
-  rule on the mode spectra (module doc)."""
+  """(r_E, r_in, r_out) with tucker_parameters <= min(budget, dense size) and
+  maximal (no single rank fits one more): of least truncation_errors (`exact`),
+  or by the greedy rule on the mode spectra (module doc). A factorisation never
+  costs more than the dense tensor (TD-MoE keeps it dense instead)."""
   if method not in ALLOCATIONS:
     from moejax.errors import choice_error
     raise choice_error("method", method, ALLOCATIONS)
   shape = np.shape(W_whitened)
-  budget = _check_budget([shape], budget)
+  budget = min(_check_budget([shape], budget), dense_parameters(shape))
   spectra = mode_spectra(W_whitened)
   if method == "greedy":
     return _best_greedy([shape], [spectra], [(1, 1, 1)], budget)[0]
@@ -235,6 +244,23 @@ def allocate_ranks(W_whitened, budget: int, method: str = "exact") -> tuple[int,
   error = truncation_errors(W_whitened)[r_e, r_in, np.maximum(r_out, 1)]
   i, j = np.unravel_index(int(np.argmin(np.where(r_out >= 1, error, np.inf))), error.shape)
   return _greedy([shape], [spectra], [(i + 1, j + 1, int(r_out[i, j]))], budget, True)[0]
+
+
+def capped_ranks(W_whitened, ranks) -> tuple[int, int, int]:
+  """`ranks` if their Tucker model costs no more than the dense tensor, else the
+  best ranks within the dense size (allocate_ranks): full ranks cost
+  E d_in d_out + E^2 + d_in^2 + d_out^2, more than dense."""
+  shape = np.shape(W_whitened)
+  ranks = _check_ranks(shape, ranks)
+  if tucker_parameters(shape, ranks) <= dense_parameters(shape):
+    return ranks
+  return allocate_ranks(W_whitened, dense_parameters(shape))
+
+
+def tensor_budgets(shapes, removed: float) -> list[int]:
+  """TD-MoE's allocation is per tensor: each stacked projection keeps
+  floor((1 - removed) x its dense size) parameters."""
+  return [int((1 - removed) * dense_parameters(s)) for s in shapes]
 
 
 def allocate_layers(tensors, budget: int) -> list[tuple[int, int, int]]:

@@ -120,6 +120,31 @@ def test_td_moe_error_is_the_tucker_error_of_the_whitened_tensor():
       fit_error(both, ranks), rel=1e-8)
 
 
+@pytest.mark.parametrize("shape", [(8, 32, 32), (4, 7, 6), (2, 5, 20)])
+def test_a_factorisation_never_costs_more_than_the_dense_tensor(shape):
+  """Full Tucker ranks cost E d_in d_out + E^2 + d_in^2 + d_out^2, more than dense
+  (tiny zoo experts: 8 x 32 x 32 = 8,192 dense, 10,304 at full rank); the ranks
+  allocated at any budget, or capped from full ranks, never exceed the dense size;
+  budgets split per tensor are (1 - removed) of each tensor's dense size."""
+  from moejax.posttrain import factorise
+  W = decaying_tensor(shape, seed=3)
+  dense = tk.dense_parameters(shape)
+  assert tk.tucker_parameters(shape, shape) > dense
+  for budget in (dense // 2, dense, 2 * dense, 10 * dense):
+    ranks = tk.allocate_ranks(W, budget)
+    assert tk.tucker_parameters(shape, ranks) <= min(budget, dense)
+    assert is_maximal(shape, ranks, min(budget, dense))
+  capped = tk.capped_ranks(W, shape)
+  assert tk.tucker_parameters(shape, capped) <= dense and is_maximal(shape, capped, dense)
+  assert tk.capped_ranks(W, (1, 2, 2)) == (1, 2, 2)  # under dense: kept
+  e, d, f = shape
+  experts = {"w_gate": W, "w_up": W, "w_down": np.swapaxes(W, 1, 2)}
+  full = factorise.resolve_ranks({p: np.shape(v) for p, v in experts.items()}, (0, 0, 0),
+                                 experts)
+  assert all(tk.tucker_parameters(np.shape(experts[p]), r) <= dense for p, r in full.items())
+  assert tk.tensor_budgets([shape, (e, f, d)], 0.4) == [int(0.6 * dense)] * 2
+
+
 def is_maximal(shape, ranks, budget):
   for k in range(3):
     if ranks[k] < shape[k]:

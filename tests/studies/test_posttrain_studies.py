@@ -143,6 +143,26 @@ def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_sou
   assert runs["gemq"]["average_bits"] == 8.0
 
 
+def test_gemq_progressive_is_compared_at_equal_total_router_finetuning_steps(tiny_source):
+  """The progressive arm (3 rounds of finetune_steps each) is claimed against a
+  one-round arm fine-tuned 3 x finetune_steps; the fine-tuning claim is the gain net
+  of the fp32 control; re-routing rows have no expected direction; router
+  fine-tuning runs on the LM loss alone unless the study says otherwise."""
+  _, workdir = tiny_source
+  config = gemq_study.get_config()
+  config.settings.workdir, config.settings.group_size = workdir, GROUP
+  spec, scorer = runner.prepare(config)
+  progressive = next(c for c in spec.claims if c.arm == "gemq_progressive")
+  one, many = spec.arm(progressive.reference), spec.arm("gemq_progressive")
+  assert one["rounds"] == 1 and many["rounds"] == 3
+  assert scorer.finetune_steps(one) == many["rounds"] * scorer.finetune_steps(many) == 96
+  assert progressive.expect == "lower" and progressive.source == "paper"
+  net = [c for c in spec.claims if c.arm == "gemq_ft" and c.source == "paper"]
+  assert [c.metric for c in net] == ["bpb_vs_matched"]
+  assert all(c.expect is None for c in spec.claims if c.metric.startswith("rerouted"))
+  assert scorer.settings["finetune_aux_losses"] is False
+
+
 def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
   """codequant at 4 bits against rtn at 3: bpb differences 0.01, 0.03 by draw give
   mean 0.02, std 0.01414, t(0.975, 1) interval [-0.1071, +0.1471]."""
@@ -173,6 +193,12 @@ def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
      "study.settings.num_windows=1 x data.seq_len=32 routes 64"),
     (pruning_study, {"settings.probes": "facts,nope"}, "study.settings.probes='facts,nope'"),
     (pruning_study, {"levels": grid(("keep", [0.5]))}, "study.levels[0].keep=0.5 must be a str"),
+    (pruning_study, {"arms": [{"name": "s", "method": "step", "merge": "sum"}]},
+     "study.arms[0].merge='sum'"),
+    (pruning_study, {"arms": [{"name": "s", "method": "step", "rescale": True}]},
+     "study.arms[0].rescale: the least-squares weights are those of the unmerged"),
+    (pruning_study, {"arms": [{"name": "h", "method": "heapr", "normalisation": "max"}]},
+     "study.arms[0].normalisation='max'"),
     (gemq_study, {"levels": grid(("bits", [1.5]))},
      "study.levels[0].bits=1.5 bits is below the minimum"),
     (gemq_study, {"settings.group_size": 12}, "study.settings.group_size=12 must divide"),
@@ -181,6 +207,10 @@ def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
      "study.arms[0].method='td_moe' needs levels of removed, not bits"),
     (gemq_study, {"arms": [{"name": "u", "method": "uniform", "at": "odd"}]},
      "study.arms[0].at='odd'"),
+    (gemq_study, {"arms": [{"name": "g", "method": "gemq", "bit_step": 0}]},
+     "study.arms[0].bit_step=0 (arm 'g') must be > 0"),
+    (gemq_study, {"arms": [{"name": "g", "method": "gemq", "finetune_multiple": 1.5}]},
+     "study.arms[0].finetune_multiple=1.5 (arm 'g') must be an integer >= 1"),
     (codequant_study, {"settings.equal_bytes": [["codequant", 5.0, "rtn", 3.0]]},
      "study.settings.equal_bytes[0]"),
     (td_moe_study, {"levels": grid(("removed", [1.2]))},

@@ -6,10 +6,12 @@ Arms: `method` (compress_pipeline.METHODS: uniform, per_layer, gemq with `quanti
 rtn or gptq; kmeans, codequant; td_moe, tucker, svd, whitened_svd), or 'none', the
 uncompressed model; `fractional_method` replaces `method` at fractional levels
 (per-group RTN is uniform at integer bits, GEMQ's allocation with RTN between);
-`rounds` of GEMQ's progressive loop; `finetune`: GEMQ's router fine-tuning
-(study.settings.finetune_steps steps at finetune_lr, through the trainer); on the
-'none' arm it is the matched control, the fp32 model's routers fine-tuned by the
-same recipe; `damping` of the whitening (td_moe, whitened_svd); `at`: 'all',
+`rounds` of GEMQ's progressive bit reduction (the budget lowered `bit_step` bits a
+round down to the level, compress_workdir.budgets); `finetune`: GEMQ's router
+fine-tuning (study.settings.finetune_steps x the arm's `finetune_multiple` steps a
+round at finetune_lr, through the trainer, on the LM loss alone unless
+settings.finetune_aux_losses); on the 'none' arm it is the matched control, the
+fp32 model's routers fine-tuned by the same recipe; `damping` of the whitening (td_moe, whitened_svd); `at`: 'all',
 'integer' or 'fractional' levels only. Levels: one axis, `bits` (average code bits
 per expert weight) or `removed` (the fraction of expert parameters a factorisation
 removes). With settings.bracket_bits, every arm at a fractional level allocates
@@ -57,10 +59,11 @@ AT = ("all", "integer", "fractional")
 class Compression(SourceScorer):
   settings = {**SourceScorer.settings, "num_windows": 32, "group_size": 32,
               "bit_choices": [2, 3, 4, 8], "bracket_bits": False, "finetune_steps": 32,
-              "finetune_lr": 1e-4, "reroute_windows": 16, "matched_control": False,
-              "equal_bytes": []}
+              "finetune_lr": 1e-4, "finetune_aux_losses": False, "reroute_windows": 16,
+              "matched_control": False, "equal_bytes": []}
   arm_settings = {"method": NONE, "fractional_method": "", "quantizer": "gptq", "rounds": 1,
-                  "finetune": False, "damping": 1e-6, "at": "all"}
+                  "bit_step": 0.5, "finetune": False, "finetune_multiple": 1,
+                  "damping": 1e-6, "at": "all"}
 
   def __init__(self, spec):
     super().__init__(spec)
@@ -82,6 +85,9 @@ class Compression(SourceScorer):
     self.check_integers({"group_size": 0, "finetune_steps": 1, "reroute_windows": 1})
     if not isinstance(s["finetune_lr"], (int, float)) or not s["finetune_lr"] > 0:
       raise ConfigError(f"study.settings.finetune_lr={s['finetune_lr']!r} must be > 0")
+    if not isinstance(s["finetune_aux_losses"], bool):
+      raise ConfigError(f"study.settings.finetune_aux_losses={s['finetune_aux_losses']!r} "
+                        "must be true or false")
     if not isinstance(s["bit_choices"], list) or not all(
         isinstance(b, int) and not isinstance(b, bool) for b in s["bit_choices"]):
       raise ConfigError(f"study.settings.bit_choices={s['bit_choices']!r} must be a list of "
@@ -89,6 +95,12 @@ class Compression(SourceScorer):
     axis = self.check_levels(("bits", "removed"), (int, float))
     m = self.source_config.model
     for i, (name, arm) in enumerate(self.spec.arms):
+      for key in ("bit_step", "finetune_multiple"):
+        value = arm[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            value > 0 if key == "bit_step" else (isinstance(value, int) and value >= 1)):
+          raise ConfigError(f"study.arms[{i}].{key}={value!r} (arm {name!r}) must be "
+                            f"{'> 0' if key == 'bit_step' else 'an integer >= 1'}")
       if arm["at"] not in AT:
         raise ConfigError(f"study.arms[{i}].at={arm['at']!r} (arm {name!r}) must be one of "
                           f"{', '.join(AT)}")
@@ -110,7 +122,7 @@ class Compression(SourceScorer):
                 "finetune_steps": "study.settings.finetune_steps", **self.context_keys()}
         check_request(m, r, num_windows=s["num_windows"], context=self.source_config.data.seq_len,
                       source=self.where, keys=keys, rounds=arm["rounds"],
-                      finetune_steps=s["finetune_steps"] if arm["finetune"] else 0)
+                      finetune_steps=self.finetune_steps(arm))
     self._check_equal_bytes()
 
   def _check_equal_bytes(self) -> None:
@@ -121,6 +133,10 @@ class Compression(SourceScorer):
       if not ok:
         raise ConfigError(f"study.settings.equal_bytes[{k}]={pair!r} must be [arm, level, "
                           f"other arm, other level] of the study's arms and {self.axis} levels")
+
+  def finetune_steps(self, arm: dict) -> int:
+    """Router fine-tuning steps of each of the arm's rounds (0 without fine-tuning)."""
+    return self.settings["finetune_steps"] * arm["finetune_multiple"] if arm["finetune"] else 0
 
   def applies(self, arm: str, level: dict) -> bool:
     at = self.spec.arm(arm)["at"]
@@ -156,7 +172,8 @@ class Compression(SourceScorer):
     with tempfile.TemporaryDirectory() as scratch:
       tuned, _ = cw.finetune_routers(scratch, source.config, source.model, source.params,
                                      source.rest, source.step, source.data_state,
-                                     s["finetune_steps"], s["finetune_lr"])
+                                     s["finetune_steps"], s["finetune_lr"],
+                                     s["finetune_aux_losses"])
     sets = self.bench.routing_sets(tuned)
     scores = {**self.bench.evaluate(source.model, tuned, source.rest),
               "rerouted": measure.rerouted(self.bench.source_sets, sets)}
@@ -195,8 +212,9 @@ class Compression(SourceScorer):
     bench, s = self.bench, self.settings
     source = bench.source
     out = cw.run(r, source, bench.calibration(draw), rounds=arm["rounds"],
-                 finetune_steps=s["finetune_steps"] if arm["finetune"] else 0,
-                 finetune_lr=s["finetune_lr"], log=lambda *_: None)
+                 finetune_steps=self.finetune_steps(arm), finetune_lr=s["finetune_lr"],
+                 bit_step=arm["bit_step"], aux_losses=s["finetune_aux_losses"],
+                 log=lambda *_: None)
     scores = bench.evaluate(source.model, out.float_params, source.rest)
     sets = bench.routing_sets(out.float_params)
     scores["rerouted"] = measure.rerouted(bench.source_sets, sets)
