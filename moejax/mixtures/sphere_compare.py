@@ -15,26 +15,52 @@ from moejax.mixtures import gmm, sphere
 METHODS = ("mgfa", "vmf", "gmm_diag")
 
 
-def fit_best(method: str, x, k: int, seeds, *, factors: int = 1, max_steps: int = 200):
+def fit_best(method: str, x, k: int, seeds, *, factors: int = 1, max_steps: int = 200,
+             init=None):
   """(EM steps, model) of the fit of largest training log-likelihood over `seeds`.
 
   method: 'mgfa' (sphere.fit_mgfa with `factors` = q), 'vmf' (sphere.fit_vmf) or
-  'gmm_diag' (gmm.fit, diagonal covariances, in the ambient coordinates)."""
+  'gmm_diag' (gmm.fit, diagonal covariances, in the ambient coordinates). `init` (an
+  MGFA or VMF, for those methods): one more candidate, EM started there (e.g. at the
+  true parameters, so that the kept fit is the likelihood's maximum near the truth)."""
   if method not in METHODS:
     raise choice_error("method", method, METHODS)
-  if not seeds:
+  if not seeds and init is None:
     raise ConfigError(f"need at least one seed (seeds={list(seeds)})")
+  if init is not None and method == "gmm_diag":
+    raise ConfigError("init is for methods 'mgfa' and 'vmf' (method='gmm_diag')")
   fits = []
-  for seed in seeds:
+  for seed in [*seeds, *([None] if init is not None else [])]:
+    start = {} if seed is None else {"seed": seed}
     if method == "gmm_diag":
       model, history = gmm.fit(x, k, seed=seed, diagonal=True, max_steps=max_steps)
     elif method == "vmf":
-      model, history = sphere.fit_vmf(x, k, seed=seed, max_steps=max_steps)
+      model, history = sphere.fit_vmf(x, k, max_steps=max_steps,
+                                      **(start or {"init": init}))
     else:
-      model, history = sphere.fit_mgfa(x, k, factors, seed=seed, max_steps=max_steps)
+      model, history = sphere.fit_mgfa(x, k, factors, max_steps=max_steps,
+                                       **(start or {"init": init}))
     fits.append((history[-1], len(history) - 1, model))
   best = max(range(len(fits)), key=lambda i: fits[i][0])
   return fits[best][1], fits[best][2]
+
+
+def mean_direction_error(true_means, fitted_means) -> float:
+  """The mean geodesic distance (rad) between true and fitted mean directions [K, d]
+  under the matching of components that minimises it (all K! matchings), in float64."""
+  import itertools
+  true_means, fitted_means = (np.asarray(m, np.float64) for m in (true_means, fitted_means))
+  if true_means.shape != fitted_means.shape or true_means.ndim != 2:
+    raise ConfigError(f"need true and fitted means of one shape [K, d] (shapes "
+                      f"{true_means.shape}, {fitted_means.shape})")
+  unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
+  t, f = unit(true_means), unit(fitted_means)
+  cos = t @ f.T
+  sin = np.linalg.norm(t[:, None] - cos[..., None] * f[None], axis=-1)
+  dist = np.arctan2(sin, cos)  # [K true, K fitted]: exact at small angles, unlike arccos
+  k = len(dist)
+  return float(min(np.mean(dist[np.arange(k), list(p)])
+                   for p in itertools.permutations(range(k))))
 
 
 def held_out_log_likelihood(method: str, model, x, rng: np.random.Generator) -> float:

@@ -8,6 +8,9 @@ federated_clusters  K isotropic Gaussians whose closest means are `separation` a
                     2601.21160: 8 clusters, 5 clients holding 3-4 each)
 sphere_bands        K parallel bands on S^{d-1}: anisotropic clusters from MGFA's own
                     family with q = 1 (mixtures of geodesic factor analysers, ICML 2026)
+sphere_heavy_blobs  K isotropic heavy-tailed clusters on S^{d-1} (Student-t tangent
+                    vectors): data outside MGFA's family, where an isotropic model is
+                    the better guess
 
 Each takes the Generator it draws from, so a caller seeds one data set per draw.
 """
@@ -68,22 +71,51 @@ def federated_clusters(rng: np.random.Generator, separation: float, *, clusters:
   return data, labels, [len(s) for s in sets]
 
 
+def _sphere_frame(rng: np.random.Generator, d: int, k: int, spacing: float, name: str):
+  """(e1, e2, e3) a random orthonormal frame, means [k, d] on the great circle through
+  e1 and e2, `spacing` rad apart."""
+  if d < 3:
+    raise ConfigError(f"{name} needs d >= 3 for a direction off the means' circle (d={d})")
+  e1, e2, e3 = np.linalg.qr(rng.standard_normal((d, d)))[0].T[:3]
+  angles = (np.arange(k) - (k - 1) / 2) * spacing
+  return (e1, e2, e3), np.cos(angles)[:, None] * e1 + np.sin(angles)[:, None] * e2
+
+
+def _on_sphere(mu, v):
+  from moejax.mixtures import sphere
+  x = np.asarray(sphere.exp_map(mu, v), np.float64)
+  return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
 def sphere_bands(rng: np.random.Generator, d: int, k: int, n: int, *, spacing: float,
-                 major: float, minor: float):
-  """(x [k n, d] float32 unit vectors, labels [k n], means [k, d]).
+                 major: float, minor: float, with_axis: bool = False):
+  """(x [k n, d] float32 unit vectors, labels [k n], means [k, d]), and the bands'
+  common tangent axis e3 [d] when `with_axis`.
 
   In a random orthonormal frame e1, e2, e3 of R^d, the k mean directions lie on the
   great circle through e1 and e2, `spacing` rad apart; band j is Exp_mu_j(v) with v
   Gaussian in the tangent space at mu_j, std `major` along e3 (tangent at every mu_j)
-  and `minor` along the other d - 2 tangent directions."""
-  from moejax.mixtures import sphere
-  if d < 3:
-    raise ConfigError(f"sphere_bands needs d >= 3 for a direction along the bands (d={d})")
-  e1, e2, e3 = np.linalg.qr(rng.standard_normal((d, d)))[0].T[:3]
-  angles = (np.arange(k) - (k - 1) / 2) * spacing
-  means = np.cos(angles)[:, None] * e1 + np.sin(angles)[:, None] * e2
+  and `minor` along the other d - 2 tangent directions: MGFA's component with q = 1,
+  W_j = major e3 (up to the sign and the split of the variance) and sigma^2 = minor^2."""
+  (_, _, e3), means = _sphere_frame(rng, d, k, spacing, "sphere_bands")
   labels = np.repeat(np.arange(k), n)
   mu, g = means[labels], rng.standard_normal((k * n, d))
   v = minor * (g - np.sum(g * mu, 1, keepdims=True) * mu) + (major - minor) * np.outer(g @ e3, e3)
-  x = np.asarray(sphere.exp_map(mu, v), np.float64)
-  return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), labels, means
+  out = (_on_sphere(mu, v), labels, means)
+  return (*out, e3) if with_axis else out
+
+
+def sphere_heavy_blobs(rng: np.random.Generator, d: int, k: int, n: int, *, spacing: float,
+                       scale: float, df: float):
+  """(x [k n, d] float32 unit vectors, labels [k n], means [k, d]): k isotropic clusters
+  outside MGFA's family. Means as in sphere_bands; cluster j is Exp_mu_j(v) with v a
+  multivariate Student-t in the tangent space at mu_j: scale * g / sqrt(chi2_df / df),
+  g standard normal in the d - 1 tangent directions (heavy tails, no preferred axis)."""
+  if not (scale > 0 and df > 0):
+    raise ConfigError(f"sphere_heavy_blobs needs scale > 0 and df > 0 (scale={scale}, df={df})")
+  _, means = _sphere_frame(rng, d, k, spacing, "sphere_heavy_blobs")
+  labels = np.repeat(np.arange(k), n)
+  mu, g = means[labels], rng.standard_normal((k * n, d))
+  g = g - np.sum(g * mu, 1, keepdims=True) * mu
+  v = scale * g / np.sqrt(rng.chisquare(df, (k * n, 1)) / df)
+  return _on_sphere(mu, v), labels, means

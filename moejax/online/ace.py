@@ -24,7 +24,8 @@ Index policies (`index`), b(n) = sqrt(c log T / n) (Hoeffding at confidence
   lcb    S/n - b(n), -inf at n = 0: the paper's pessimism (spec: argmax
          LCB_i = mu_i - sqrt(c log T / n_i); the constant c is a GUESS);
   oracle mu_i: knows the means; its regret is exactly 0.
-Means: `stochastic_means` (iid uniform) or `adversarial_means`, an oblivious
+Means: `stochastic_means` (iid uniform, on [0, 1] or on an interior range) or
+`adversarial_means`, an oblivious
 adversary's arrivals (GUESS: the staircase behind a T^{2/3} lower bound). The
 paper's adversarial ACE (adversarial rewards, alpha-regret, a log log T
 competitive ratio) is not modelled.
@@ -37,8 +38,8 @@ of a batch draws its rewards from its own stream (`rows`: numpy
 default_rng([seed, T, r]), jax fold_in(key, r)), so a row's regret does not
 depend on the other rows of the batch.
 
-`instance` builds a study's means: draw d of `stochastic_means` (row d) or the
-adversary's staircase (the same for every draw).
+`instance` builds a study's means: draw d of `stochastic_means` (row d; on [0, 1] or
+an interior range) or the adversary's staircase (the same for every draw).
 """
 import functools
 import math
@@ -114,12 +115,15 @@ def adversarial_means(horizon, seeds=1, *, low=0.25, high=0.75, decoy=0.0):
   return np.tile(means, (seeds, 1))
 
 
-VARIANTS = ("stochastic", "adversarial")
+VARIANTS = ("stochastic", "adversarial", "interior")
 
 
-def instance(variant, horizon, draws, *, seed=0, decoy=0.0):
-  """(len(draws), T) means of the given draws: row d of stochastic_means(seed=seed),
-  or the adversary's staircase with decoys of mean `decoy` (the same for every draw)."""
+def instance(variant, horizon, draws, *, seed=0, decoy=0.0, interior=(0.25, 0.75)):
+  """(len(draws), T) means of the given draws: row d of stochastic_means(seed=seed) on
+  [0, 1] ('stochastic') or on [interior[0], interior[1]] ('interior': no expert is near
+  1, so a newcomer whose first rewards are all 1 looks better than every leader, the
+  few-lucky-samples trap that pessimism avoids), or the adversary's staircase with
+  decoys of mean `decoy` (the same for every draw)."""
   if variant not in VARIANTS:
     raise choice_error("variant", variant, VARIANTS)
   draws = np.asarray(draws, np.int64)
@@ -128,7 +132,8 @@ def instance(variant, horizon, draws, *, seed=0, decoy=0.0):
                       f"(draws={draws.tolist()!r})")
   if variant == "adversarial":
     return adversarial_means(horizon, len(draws), decoy=decoy)
-  return stochastic_means(horizon, int(draws.max()) + 1, seed=seed)[draws]
+  low, high = interior if variant == "interior" else (0.0, 1.0)
+  return stochastic_means(horizon, int(draws.max()) + 1, seed=seed, low=low, high=high)[draws]
 
 
 def _rows(rows, seeds):

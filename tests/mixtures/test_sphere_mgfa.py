@@ -288,3 +288,65 @@ def test_a_centred_isotropic_gmm_restricted_to_the_sphere_is_uniform():
   area = 2 * np.pi ** (d / 2) / math.gamma(d / 2)
   got = sphere_compare.restricted_gmm_log_likelihood(x, model, np.random.default_rng(1))
   np.testing.assert_allclose(got, -np.log(area), rtol=1e-5)
+
+
+def test_sphere_bands_axis_is_the_band_direction_and_the_sample_is_unchanged():
+  x, labels, means = synthetic.sphere_bands(np.random.default_rng(5), 6, 3, 4000, spacing=0.4,
+                                            major=0.3, minor=0.05)
+  x2, labels2, means2, axis = synthetic.sphere_bands(np.random.default_rng(5), 6, 3, 4000,
+                                                     spacing=0.4, major=0.3, minor=0.05,
+                                                     with_axis=True)
+  np.testing.assert_array_equal(x, x2)
+  np.testing.assert_array_equal(means, means2)
+  v = np.asarray(sp.log_map(means[1], x[labels == 1].astype(np.float64)))
+  top = np.linalg.svd(v - v.mean(0), full_matrices=False)[2][0]
+  assert abs(abs(top @ axis) - 1) < 1e-3 and np.abs(means @ axis).max() < 1e-12
+
+
+def test_heavy_blobs_tangent_norms_follow_the_student_t_law():
+  # |v|^2 / scale^2 = chi2_{d-1} / (chi2_df / df) = (d-1) F(d-1, df): KS against scipy
+  d, scale, df = 5, 0.1, 3.0
+  x, labels, means = synthetic.sphere_heavy_blobs(np.random.default_rng(2), d, 3, 3000,
+                                                  spacing=0.4, scale=scale, df=df)
+  v = np.asarray(sp.log_map(means[labels], x.astype(np.float64)))
+  r2 = np.sum(v ** 2, 1) / scale ** 2 / (d - 1)
+  kept = np.sqrt(r2 * (d - 1)) * scale < 2.5  # Log is exact below pi (float32 rounding aside)
+  p = stats.kstest(r2[kept], stats.f(d - 1, df).cdf).pvalue
+  assert kept.mean() > 0.99 and p > 1e-3, p
+  # heavy tails, unlike a Gaussian of the same scale: P(|v| > 4 scale sqrt(d-1)) by hand
+  tail = np.mean(r2 > 16)
+  np.testing.assert_allclose(tail, stats.f(d - 1, df).sf(16), atol=0.004)
+  assert tail > 50 * stats.chi2(d - 1).sf(16 * (d - 1))
+  with pytest.raises(ConfigError, match="df=0"):
+    synthetic.sphere_heavy_blobs(np.random.default_rng(0), d, 3, 10, spacing=0.4, scale=0.1,
+                                 df=0)
+
+
+def test_mean_direction_error_matches_components_and_is_exact_at_small_angles():
+  rng = np.random.default_rng(0)
+  means = unit(rng, 3, 4)
+  angles = np.array([1e-7, 0.2, 0.05])
+  moved = []
+  for m, a in zip(means, angles):  # rotate each mean by a known angle
+    t = rng.standard_normal(4)
+    t -= (t @ m) * m
+    moved.append(np.cos(a) * m + np.sin(a) * t / np.linalg.norm(t))
+  fitted = np.asarray(moved)[[2, 0, 1]]  # the fit's components in another order
+  np.testing.assert_allclose(sphere_compare.mean_direction_error(means, fitted),
+                             angles.mean(), rtol=1e-9)
+  assert sphere_compare.mean_direction_error(means[:1], moved[:1]) == pytest.approx(1e-7,
+                                                                                      rel=1e-6)
+
+
+def test_fit_best_with_init_adds_the_started_fit_as_a_candidate():
+  x, _, means, axis = synthetic.sphere_bands(np.random.default_rng(4), 3, 3, 80, spacing=0.4,
+                                             major=0.5, minor=0.05, with_axis=True)
+  truth = sp.MGFA(jnp.full(3, 1 / 3), jnp.asarray(means, x.dtype),
+                  jnp.asarray(0.5 * np.tile(axis[None, :, None], (3, 1, 1)), x.dtype),
+                  jnp.full(3, 0.05 ** 2, x.dtype))
+  alone = sp.fit_mgfa(x, 3, 1, init=truth, max_steps=30)
+  steps, model = sphere_compare.fit_best("mgfa", x, 3, [], max_steps=30, init=truth)
+  np.testing.assert_allclose(model.means, alone[0].means)
+  assert steps == len(alone[1]) - 1
+  with pytest.raises(ConfigError, match="gmm_diag"):
+    sphere_compare.fit_best("gmm_diag", x, 3, [[0]], init=truth)

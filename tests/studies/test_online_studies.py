@@ -74,6 +74,31 @@ def test_ace_study_ucb_closed_form_slopes_by_hand_and_draws_independent(tmp_path
         d: full[d] for d in (0, 1)}
 
 
+def test_ace_interior_variant_lures_greedy_with_lucky_newcomers_and_not_lcb(tmp_path):
+  # iid means on [0.25, 0.75]: a newcomer whose one reward is 1 has index 1 > every
+  # leader's, so greedy keeps picking newcomers (regret linear in T); LCB does not
+  horizons = [300, 900, 2700]
+  c = config("ace", draws=6, levels=grid(("variant", ["interior"]), ("horizon", horizons)),
+             arms=[{"name": "greedy"}, {"name": "lcb"}],
+             claims=[cl for cl in config("ace").claims if cl["arm"] in ("lcb", "greedy")
+                     and cl.get("reference") in (None, "greedy")])
+  c.settings.update(block=8)
+  means = ace.instance("interior", 2700, range(6), seed=0)
+  assert 0.25 <= means.min() and means.max() <= 0.75
+  np.testing.assert_array_equal(ace.instance("stochastic", 50, range(3), seed=0),
+                                ace.stochastic_means(50, 3, seed=0))  # [0, 1] unchanged
+  results = run(c, tmp_path / "i")
+  greedy = metric(results, "greedy", "regret", horizon=2700)
+  lcb = metric(results, "lcb", "regret", horizon=2700)
+  assert all(greedy[d] > 3 * lcb[d] for d in range(6)) and min(greedy.values()) > 0.05 * 2700
+  rows = {(r["text"][:20], r["level"].get("horizon")): r for r in results["claims"]}
+  helps = rows[("pessimism helps: LCB", 2700)]
+  assert helps["verdict"] == "reproduces" and helps["source"] == "paper"
+  sublinear = rows[("pessimism (LCB) has ", None)]
+  assert sublinear["null"] == 1.0 and sublinear["verdict"] == "reproduces"
+  assert rows[("greedy's growth expo", None)]["interval"]["lo"] > 0.8
+
+
 def test_tmow_study_true_alpha_mixture_error_matches_its_closed_form(tmp_path):
   # The true-alpha mixture of least-squares experts: E excess = E[sum alpha_d^2] n /
   # (m - n - 1) = 2 / (D + 1) * n / (m - n - 1) (Dirichlet(1); inverse-Wishart mean).

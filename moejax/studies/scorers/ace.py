@@ -4,8 +4,9 @@ horizon T of index policies when a new expert arrives every round (moejax/online
 Arms are policies (`policy`: ucb, greedy, lcb, oracle; the arm's name by default) run
 by a simulator (`simulator`: 'pruned', the exact numpy simulator that skips experts
 which cannot be picked, or 'dense', the O(T^2) lax.scan model, run only at horizons <=
-settings.dense_max_horizon). Levels: `variant` (ace.instance: iid uniform means, or an
-oblivious adversary's staircase with decoys of mean settings.decoy) x `horizon`.
+settings.dense_max_horizon). Levels: `variant` (ace.instance: iid uniform means on [0,
+1], on [settings.interior_low, settings.interior_high], or an oblivious adversary's
+staircase with decoys of mean settings.decoy) x `horizon`.
 
 Draw d is row d of ace.instance(seed=settings.seed) and rewards from its own stream
 (pruned: default_rng([seed + 1, T, d]); dense: fold_in(key(seed + 2), d)). All draws of
@@ -34,7 +35,8 @@ SIMULATORS = ("pruned", "dense")
 
 @SCORERS.register("ace")
 class ACE(Scorer):
-  settings = {"c": 1.0, "block": 32, "decoy": 0.0, "seed": 0, "dense_max_horizon": 1000}
+  settings = {"c": 1.0, "block": 32, "decoy": 0.0, "seed": 0, "dense_max_horizon": 1000,
+              "interior_low": 0.25, "interior_high": 0.75}
   arm_settings = {"policy": None, "simulator": "pruned"}
 
   def __init__(self, spec):
@@ -62,6 +64,11 @@ class ACE(Scorer):
       ok = isinstance(value, (int, float) if kind is float else int)
       if isinstance(value, bool) or not (ok and low <= value <= high):
         raise ConfigError(f"study.settings.{key}={value!r} must be {what}")
+    low, high = s["interior_low"], s["interior_high"]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) \
+        or not 0 <= low < high <= 1:
+      raise ConfigError(f"study.settings.interior_low={low!r} and interior_high={high!r} must "
+                        "satisfy 0 <= interior_low < interior_high <= 1")
     for i, (name, arm) in enumerate(self.spec.arms):
       if self.policy(name) not in ace.POLICIES:
         raise ConfigError(f"study.arms[{i}].policy={self.policy(name)!r} (arm {name!r}) must "
@@ -88,7 +95,7 @@ class ACE(Scorer):
     if key not in self.cache:
       draws = np.arange(self.spec.draws)
       means = ace.instance(level["variant"], level["horizon"], draws, seed=s["seed"],
-                           decoy=s["decoy"])
+                           decoy=s["decoy"], interior=(s["interior_low"], s["interior_high"]))
       if arm["simulator"] == "pruned":
         regret = ace.simulate(means, key[0], seed=s["seed"] + 1, c=s["c"], block=s["block"],
                               rows=draws)[1]

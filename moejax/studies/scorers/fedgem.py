@@ -11,12 +11,15 @@ Arms (arm setting `method`, moejax/mixtures/fedgem.py, every method seeded seed 
   kfed           one-shot k-FED with the true K (and each client's true K_g)
 Metrics: ari (adjusted Rand index with the true clusters), and for the FedGEM arms
 k_hat (the clusters found), k_hat_correct (1 if k_hat = K) and rounds.
+Every comparison (claims, tables, the figure) is paired by draw: arm - reference on the
+same instance (`paired_differences`), never two arms' separate intervals side by side.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from moejax.errors import ConfigError
+from moejax.evaluation import stats
 from moejax.studies import report
 from moejax.studies.scoring import PAIRING, SCORERS, Scorer, digest
 
@@ -90,8 +93,66 @@ class FedGEMStudy(Scorer):
       out[name] = {**scores, PAIRING: pairing}
     return out
 
+  def paired_differences(self, results, metric: str = "ari") -> dict:
+    """{(arm, separation): t-interval over draws of arm - reference on the same draws}
+    for every arm other than the study's reference (report.paired checks the pairing)."""
+    by_key, out = report.index_runs(results["runs"]), {}
+    for level in self.spec.levels:
+      for arm in self.spec.arm_names:
+        if arm == self.spec.reference:
+          continue
+        _, a, r = report.paired(self.spec, by_key, arm, self.spec.reference, level, metric)
+        if a:
+          out[(arm, level["separation"])] = stats.paired_difference(a, r)
+    return out
+
+  def plot(self, results, path):
+    """ARI of each arm minus the reference's, paired by draw (mean, 95% t-interval),
+    against the separation; P(K-hat = K) with Wilson intervals."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    spec, diffs = self.spec, self.paired_differences(results)
+    by_key = report.index_runs(results["runs"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for a, arm in enumerate(spec.arm_names):
+      cells = sorted((sep, i) for (name, sep), i in diffs.items() if name == arm)
+      if cells:
+        xs = [sep for sep, _ in cells]
+        left.plot(xs, [i.mean for _, i in cells], "o-", color=f"C{a}",
+                  label=f"{arm} - {spec.reference}")
+        left.fill_between(xs, [i.mean if i.lo is None else i.lo for _, i in cells],
+                          [i.mean if i.hi is None else i.hi for _, i in cells],
+                          color=f"C{a}", alpha=0.2)
+      found = [(level["separation"], list(report.values(spec, by_key, arm, level,
+                                                        "k_hat_correct").values()))
+               for level in spec.levels]
+      found = [(sep, v) for sep, v in found if v]
+      if found:
+        cells = [(sep, stats.wilson(int(sum(v)), len(v))) for sep, v in found]
+        right.errorbar([sep for sep, _ in cells], [i.mean for _, i in cells],
+                       yerr=[[i.mean - i.lo for _, i in cells], [i.hi - i.mean for _, i in cells]],
+                       fmt="o-", color=f"C{a}", capsize=3, label=arm)
+    left.axhline(0, color="k", lw=0.8)
+    left.set(xlabel="separation (cluster stds)", ylabel="ARI difference",
+             title="ARI minus the reference's, paired by draw (95% t)")
+    right.set(xlabel="separation (cluster stds)", ylabel="P(K-hat = K)",
+              title="FedGEM finds K (95% Wilson)")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    fig.suptitle(f"{spec.name}: {spec.draws} draws")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
   def notes(self, results):
-    lines = [NOTES, ""]
+    diffs = self.paired_differences(results)
+    rows = [[arm, f"{sep:g}", stats.format_interval(i, "{:+.4f}")]
+            for (arm, sep), i in sorted(diffs.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
+    lines = [NOTES, "", f"## ari: each arm minus {self.spec.reference}, paired by draw", "",
+             stats.markdown_table(["arm", "separation", "mean ± std [95% t-interval]"], rows),
+             ""]
     for metric in ("k_hat", "rounds"):
       lines += [f"## {metric}", "", report.summary_table(self.spec, results["runs"], metric),
                 ""]
