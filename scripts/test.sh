@@ -17,5 +17,7 @@ export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_
 # Files go out in collection order (tests/conftest.py puts the longest first), not
 # xdist's default of the files with the most tests first, which left the long
 # 8-device sessions for the end.
+# The notebooks (marker `notebooks`, minutes each) are left out: `-m notebooks` in
+# the arguments runs them instead (.ci/run does, after the suite).
 .venv/bin/python -m pytest -q --durations=40 -n "${MOEJAX_TEST_WORKERS:-auto}" --dist loadfile \
-  --no-loadscope-reorder "$@" tests
+  --no-loadscope-reorder -m "not notebooks" "$@" tests
