@@ -1,6 +1,6 @@
 """A small mutation tester: one deliberate bug at a time, the matching tests run.
 
-    python scripts/mutate.py --tree /tmp/mutwt [--max_per_file 20] [--only sharding]
+    python scripts/mutate.py --tree /tmp/mutwt [--max_per_file 20] [--only sharding,posttrain/]
 
 Run it on a *copy* of the repository (e.g. `git worktree add --detach /tmp/mutwt
 HEAD`), never on the checkout you work in: each mutant is written into the
@@ -15,7 +15,8 @@ Mutants (from the AST, so comments and docstrings are never touched):
   swap      f(a, b) -> f(b, a) for two-positional-argument calls
   unary     -x -> x, not x -> x
   string    a string in a tuple/list (e.g. a mesh-axis name) -> another one of that tuple
-A mutant is *killed* when its tests fail (or time out), *survives* when they pass.
+A mutant is *killed* when its tests fail (or time out, or fail to collect), *survives*
+when they pass; a pytest internal or usage error (exit status 3, 4) is an *error*, not counted.
 Candidates are spread evenly over each file and capped (--max_per_file), so a run
 stays short; the selection is deterministic.
 """
@@ -39,6 +40,51 @@ TARGETS = {  # module -> tests; --max_per_file caps every module's mutants
                                "tests/routing/test_topk_validation.py"],
     "moejax/train/step.py": ["tests/train/test_schedule.py"],
     "moejax/sharding.py": ["tests/sharding/test_rules.py"],
+    # post-training: pruning, surgery, the method scores, quantizers, decompositions
+    "moejax/posttrain/prune.py": [
+        "tests/posttrain/test_prune.py",
+        "tests/posttrain/test_prune_workdir.py::test_keep_as_fraction_or_count",
+        "tests/posttrain/test_prune_workdir.py::test_most_similar_kept_expert_by_cosine_of_the_gram",
+        "tests/posttrain/test_expert_subset.py::test_knee_budgets_follow_each_layers_own_curve",
+        "tests/posttrain/test_surgery.py::test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest"],
+    "moejax/posttrain/surgery.py": ["tests/posttrain/test_surgery.py"],
+    "moejax/posttrain/expert_subset.py": ["tests/posttrain/test_expert_subset.py"],
+    "moejax/posttrain/taylor.py": ["tests/posttrain/test_taylor_selection.py",
+                                   "tests/posttrain/test_taylor.py"],
+    "moejax/posttrain/atoms.py": ["tests/posttrain/test_atoms.py"],
+    "moejax/posttrain/quantize.py": ["tests/posttrain/test_quantize.py"],
+    "moejax/posttrain/gemq.py": ["tests/posttrain/test_gemq.py"],
+    "moejax/posttrain/codebook.py": ["tests/posttrain/test_codebook.py"],
+    "moejax/posttrain/tucker.py": ["tests/posttrain/test_tucker_spectra.py",
+                                   "tests/posttrain/test_tucker.py"],
+    # mixtures and online learning
+    "moejax/mixtures/kmeans.py": ["tests/mixtures/test_kmeans_hartigan.py"],
+    "moejax/mixtures/score_mixture.py": ["tests/mixtures/test_score_mixture.py"],
+    "moejax/mixtures/fedgem.py": ["tests/mixtures/test_fedgem.py"],
+    "moejax/online/ace.py": ["tests/online/test_ace.py"],
+    "moejax/online/tmow.py": ["tests/online/test_tmow.py"],
+    # analyses (the study-level runs of super_experts and router_inference are too slow)
+    "moejax/analysis/super_experts.py": [
+        f"tests/analysis/test_super_experts.py::{name}" for name in (
+            "test_thresholds_on_hand_made_peaks",
+            "test_the_official_rule_and_the_massive_layers_guess_disagree_by_hand",
+            "test_the_official_rule_names_block_3_expert_6_on_the_committed_zoo_s_profile",
+            "test_peaks_equal_a_brute_force_loop_over_routed_tokens",
+            "test_a_planted_super_expert_is_found_exactly",
+            "test_attention_sink_mass_by_hand_and_a_planted_sink",
+            "test_massive_activations_find_a_planted_outlier",
+            "test_ablation_removes_exactly_the_routed_contributions_of_the_expert",
+            "test_study_arm_sizes_and_the_most_frequent_arm_by_hand")],
+    "moejax/analysis/repetition.py": ["tests/analysis/test_repetition.py"],
+    "moejax/analysis/routing_attribution.py": ["tests/analysis/test_routing_attribution.py"],
+    "moejax/analysis/router_inference.py": [
+        f"tests/analysis/test_router_inference.py::{name}" for name in (
+            "test_teacher_forced_decoding_equals_the_full_forward",
+            "test_score_batches_reports_loss_and_top_k_load",
+            "test_calibration_captures_moe_inputs_and_finds_duplicate_experts",
+            "test_set_router_state_writes_each_layer_and_checks_the_count",
+            "test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k")],
+    "moejax/evaluation/stats.py": ["tests/evaluation/test_stats.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
@@ -159,6 +205,20 @@ class Timeout(Exception):
   pass
 
 
+def forget_dataset_builders(modules):
+  """Unregister the TFDS builders the dropped `modules` defined: re-importing
+  moejax.data.shakespeare would otherwise raise 'Dataset ... already registered'
+  (pytest exit status 4, which is not a killed mutant)."""
+  registered = sys.modules.get("tensorflow_datasets.core.registered")
+  if registered is None:
+    return
+  for name, cls in list(registered._DATASET_REGISTRY.items()):
+    if cls.__module__ in modules:
+      del registered._DATASET_REGISTRY[name]
+  for module in modules:
+    registered._MODULE_TO_DATASETS.pop(module, None)
+
+
 def run_tests_in_process(tree, tests, timeout):
   """pytest.main in this process (JAX, and the per-shape compilations of eager ops,
   are loaded once for all mutants): every module loaded from the copy (moejax,
@@ -166,10 +226,13 @@ def run_tests_in_process(tree, tests, timeout):
   mutated source is what gets imported."""
   import pytest
   root = os.path.realpath(tree) + os.sep
+  dropped = set()
   for name, module in list(sys.modules.items()):
     path = getattr(module, "__file__", None) or ""
     if os.path.realpath(path).startswith(root):  # moejax, tests, conftests, test modules
       del sys.modules[name]
+      dropped.add(name)
+  forget_dataset_builders(dropped)
 
   def alarm(*_):
     raise Timeout()
@@ -212,7 +275,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--tree", required=True, help="a copy of the repo to mutate (not your checkout)")
   ap.add_argument("--max_per_file", type=int, default=16)
-  ap.add_argument("--only", default="", help="substring of the module paths to mutate")
+  ap.add_argument("--only", default="",
+                  help="comma-separated substrings of the module paths to mutate (any matches)")
   ap.add_argument("--timeout", type=float, default=600)
   ap.add_argument("--out", default="mutation_results.json")
   ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
@@ -251,8 +315,9 @@ def main():
 
   signal.signal(signal.SIGTERM, stop)
   results = []
+  only = args.only.split(",")
   for path, tests in TARGETS.items():
-    if args.only not in path:
+    if not any(part in path for part in only):
       continue
     full = os.path.join(tree, path)
     source = open(full).read()
@@ -284,9 +349,9 @@ def main():
         with open(full, "w") as f:
           f.write(source)
         drop_bytecode(full)
-      status = "survived" if rc == 0 else "killed"
-      if rc == 5:
-        status = "no tests"
+      # pytest: 0 passed, 1 failed, 2 interrupted (a collection error: the mutant broke an
+      # import), 3 internal error, 4 usage error (a conftest that cannot load), 5 no tests
+      status = {0: "survived", 3: "error", 4: "error", 5: "no tests"}.get(rc, "killed")
       results.append(dict(path=path, line=m.line, kind=m.kind, before=m.before, after=m.after,
                           status=status, rc=rc, seconds=round(seconds, 1),
                           tail="" if rc == 0 else tail.splitlines()[-1:]))
@@ -298,6 +363,9 @@ def main():
     return
   by = {}
   for r in results:
+    if r["status"] in ("error", "no tests"):
+      print(f"not counted ({r['status']}): {r['path']}:{r['line']}")
+      continue
     k = by.setdefault(r["path"], [0, 0])
     k[0] += r["status"] == "killed"
     k[1] += 1

@@ -442,3 +442,18 @@ def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
     se.ablation_study((config, params, rest), tokens, n=17)
   with pytest.raises(ConfigError, match="twice"):
     se.ablation_study((config, params, rest), tokens, seeds=(1, 1))
+
+
+def test_massive_layer_defaults_at_their_boundaries():
+  """The defaults min_ratio = 100 and growth = 2 are inclusive (>=): a block at ratio
+  exactly 100 with a max exactly twice the stream entering it forms massive
+  activations; 99.99 or 1.999-fold does not. Each block's 'before' is the previous
+  block's max (the embedding's for block 0)."""
+  massive = {"embedding_max": 4.0,
+             "max": np.array([8.0, 16.0, 31.99, 63.98, 127.96]),
+             "ratio": np.array([100.0, 99.99, 500.0, 100.0, 1e4])}
+  # block 0: 8 = 2 * 4, ratio 100 (in); 1: ratio 99.99 (out); 2: 31.99 < 2 * 16 (out);
+  # 3: 63.98 = 2 * 31.99 (in); 4: 127.96 = 2 * 63.98 (in)
+  assert se.massive_layers(massive) == [0, 3, 4]
+  assert se.massive_layers(massive, min_ratio=99.99) == [0, 1, 3, 4]
+  assert se.massive_layers(massive, growth=1.9) == [0, 2, 3, 4]  # 31.99 >= 1.9 * 16

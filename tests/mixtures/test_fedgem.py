@@ -185,3 +185,28 @@ def test_federation_refusals_name_the_values(held, clients, match):
   with pytest.raises(ConfigError, match=match):
     synthetic.federated_clusters(np.random.default_rng(0), 2.0, clusters=8, clients=clients,
                                  held=held, dim=2, points=5)
+
+
+def test_the_stopping_rule_is_relative_to_the_size_of_the_means():
+  """One client (FedGEM = centralised EM) with its data 1000 away from the origin:
+  the rounds stop at the first EM step whose largest mean move is at most
+  tol * (1 + max |mean|), replayed here with gmm.em_step from the same start. At
+  this offset an absolute rule (tol alone) would run many more rounds."""
+  tol = 1e-5
+  with jax.enable_x64(True):
+    x, _ = blobs(3, [[1000.0, 1000.0], [1003.0, 1000.5], [1000.5, 1003.5]], 50)
+    init = gmm.init_gmm(x, 3, seed=0)
+    model, means, stop, absolute = init, np.asarray(init.means), None, None
+    for step in range(1, 200):
+      model, _ = gmm.em_step(x, model)
+      new = np.asarray(model.means)
+      move = np.max(np.abs(new - means))
+      if stop is None and move <= tol * (1 + np.abs(means).max()):
+        stop = step
+      if absolute is None and move <= tol:
+        absolute = step
+        break
+      means = new
+    assert stop is not None and absolute is not None and absolute > stop + 3, (stop, absolute)
+    result = fedgem.fedgem([x], [3], init=[init], tol=tol)
+    assert result.rounds == stop

@@ -262,3 +262,30 @@ def test_refusals_name_the_value_in_one_line(call, value):
   with pytest.raises(ConfigError) as error:
     call()
   assert value in str(error.value) and "\n" not in str(error.value)
+
+
+def one_far_point():
+  """5 points in 3-d: four around (0.5, 0.5, 0), one far at (10, 0, 2)."""
+  return np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [10, 0, 2]], np.float32)
+
+
+def test_lloyd_moves_a_one_point_clusters_centroid_onto_its_point():
+  """Started from centroids that are no data point, the far point is a cluster of
+  its own after the first assignment: its centroid is the point itself (and the
+  objective the four others' spread, 4 * 0.5), not the initial centroid."""
+  X = one_far_point()
+  result = km.lloyd(X, init_centroids=np.array([[0.2, 0.2, 1.0], [8.0, 1.0, 1.0]]))
+  np.testing.assert_array_equal(result.labels, [0, 0, 0, 0, 1])
+  np.testing.assert_allclose(result.centroids, [[0.5, 0.5, 0.0], [10.0, 0.0, 2.0]], atol=1e-6)
+  assert float(result.objective) == pytest.approx(2.0)
+  assert bool(result.converged) and int(result.iterations) == 2
+
+
+def test_hartigan_keeps_a_one_point_cluster_and_returns_its_point_as_centroid():
+  """A one-point cluster cannot move its point (n_a >= 2); the result's centroids
+  are the cluster means, the far point's its own coordinates."""
+  X = one_far_point()
+  result = km.hartigan(X, np.array([0, 0, 0, 0, 1]), seed=0)
+  np.testing.assert_array_equal(result.labels, [0, 0, 0, 0, 1])
+  np.testing.assert_allclose(result.centroids, [[0.5, 0.5, 0.0], [10.0, 0.0, 2.0]], atol=1e-6)
+  assert float(result.objective) == pytest.approx(2.0)

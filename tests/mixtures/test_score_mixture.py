@@ -223,3 +223,13 @@ def test_subspace_angle_is_the_rotation_under_the_best_matching(degrees):
   with pytest.raises(ConfigError, match="model='unet' is not known"):
     molr_mog.build("unet", 0, jnp.zeros((4, 6)), dim=6, subspaces=2, latent_dim=2,
                    components=2)
+
+
+@pytest.mark.parametrize("scale, want", [(1.0, 0.0), (0.0, 1.0), (2.0, 1.0), (1.5, 0.25),
+                                         (-1.0, 4.0)])
+def test_score_error_of_a_scaled_true_score_is_the_squared_relative_gap(scale, want):
+  """s_theta = c s_true on the same samples: |c s - s|^2 / |s|^2 = (c - 1)^2 exactly,
+  whatever the Monte Carlo draw (0 at the truth, 1 for a zero network)."""
+  mix = random_mixture(2, dim=5, k=2, d=3, comps=2)
+  fn = lambda x, sigma: scale * sm.molr_mog_score(x, sigma, mix)
+  assert sm.score_error(fn, mix, 0.3, num_samples=256, seed=4) == pytest.approx(want, abs=1e-5)

@@ -209,3 +209,15 @@ def test_knee_budgets_follow_each_layers_own_curve():
       strong = np.flatnonzero(np.diag(layer.gram) > 10)
       assert kept[layer.block] == tuple(strong), (method, layer.block)
     assert errors[0] == pytest.approx(9 / 279) and errors[1] == pytest.approx(4 / 404)
+
+
+@pytest.mark.parametrize("shift, scale", [(0.0, 1.0), (1000.0, 1.0), (-39.0, 1.0),
+                                          (0.0, 1e-6), (5.0, 1e4)])
+def test_knee_is_the_same_on_a_shifted_and_scaled_curve(shift, scale):
+  """Kneedle scales both axes to [0, 1], so err(m) * scale + shift has the same
+  knee: a relative error curve, an absolute one, or one that ends far above zero
+  (the two-slope curve's corner at m = 5; a curve with its knee at m = 2)."""
+  two_slopes = np.array([100 - 10 * m if m <= 5 else 50 - (m - 5) for m in range(1, 17)], float)
+  early = np.array([10.0, 2.0, 1.5, 1.0, 0.5, 0.0])
+  assert xs.knee(two_slopes * scale + shift) == 5
+  assert xs.knee(early * scale + shift) == 2

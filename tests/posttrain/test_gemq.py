@@ -60,3 +60,28 @@ def test_allocation_on_the_costs_spends_the_budget_where_the_costs_are():
   uniform = np.full(len(flat), BITS.index(3))
   assert bit_allocation.average_bits(BITS, picked) <= 3.0
   assert bit_allocation.total_cost(flat, picked) <= bit_allocation.total_cost(flat, uniform)
+
+
+def test_every_expert_matrix_of_the_named_blocks_is_quantized_asymmetric_by_default():
+  """The candidates quantize w_gate, w_up and w_down (written out here, not read
+  from gemq), each expert's slice on its own, on the asymmetric RTN grid when no
+  symmetry is given; other blocks and other leaves are the same objects."""
+  rng = np.random.default_rng(0)
+  shapes = {"w_gate": (3, 8, 6), "w_up": (3, 8, 6), "w_down": (3, 6, 8)}
+  experts = lambda: {name: rng.uniform(0.1, 1.0, shape).astype(np.float32)
+                     for name, shape in shapes.items()}
+  params = {"blocks": {0: {"ffn": {"experts": experts(), "router": {"kernel": np.ones((8, 3))}}},
+                       1: {"ffn": {"experts": experts()}}}}
+  before = {name: w.copy() for name, w in params["blocks"][0]["ffn"]["experts"].items()}
+  new = gemq.quantized_experts(params, [0], bits=2, group_size=2)
+  for name in ("w_gate", "w_up", "w_down"):
+    w = params["blocks"][0]["ffn"]["experts"][name]
+    want = np.stack([quantize.dequantize(quantize.rtn(w[e], 2, 2, symmetric=False))
+                     for e in range(3)])
+    np.testing.assert_array_equal(new["blocks"][0]["ffn"]["experts"][name], want)
+    assert not np.allclose(want, w, atol=1e-3), name  # 2 bits: every matrix changes
+    assert new["blocks"][1]["ffn"]["experts"][name] is params["blocks"][1]["ffn"]["experts"][name]
+  assert new["blocks"][0]["ffn"]["router"]["kernel"] is params["blocks"][0]["ffn"]["router"][
+      "kernel"]
+  for name, w in before.items():  # the source is not changed in place
+    np.testing.assert_array_equal(params["blocks"][0]["ffn"]["experts"][name], w)

@@ -132,3 +132,41 @@ def test_refusals_name_the_value():
       qz.gptq(W, np.eye(64), 4, group_size)
   with pytest.raises(ConfigError, match=r"\(32, 32\)"):
     qz.gptq(W, np.eye(32), 4, 16)
+
+
+def asymmetric_by_hand(w_col, bits):
+  """The module doc's asymmetric grid of one group column, written out."""
+  low, high = min(w_col.min(), 0.0), max(w_col.max(), 0.0)
+  scale = np.float64(np.float32((high - low) / (2 ** bits - 1)))
+  zero = np.round(-low / scale)
+  codes = np.clip(np.round(w_col / scale) + zero, 0, 2 ** bits - 1)
+  return (codes - zero) * scale
+
+
+def test_the_defaults_are_the_asymmetric_grid_of_the_gptq_reference():
+  """No argument given: rtn, gptq, gptq_stack and GEMQ's candidates use the
+  asymmetric grid (range [min(w, 0), max(w, 0)]) of the module doc. An all-positive
+  column tells the grids apart: the symmetric one wastes its negative half."""
+  rng = np.random.default_rng(5)
+  W = rng.uniform(0.2, 1.0, size=(12, 5)).astype(np.float32)  # d_in 12, d_out 5, groups of 4
+  expected = np.concatenate([np.stack([asymmetric_by_hand(W[g:g + 4, j].astype(np.float64), 3)
+                                       for j in range(5)], 1) for g in range(0, 12, 4)])
+  np.testing.assert_allclose(qz.dequantize(qz.rtn(W, 3, 4)), expected, rtol=1e-6)
+  assert not np.allclose(qz.dequantize(qz.rtn(W, 3, 4, symmetric=True)), expected)
+  identity = np.eye(12)  # GPTQ with H = I is RTN (module doc)
+  np.testing.assert_allclose(qz.dequantize(qz.gptq(W, identity, 3, 4, damp=0.0)), expected,
+                             rtol=1e-6)
+  stacked = qz.gptq_stack(np.stack([W, 2 * W]), np.stack([identity, identity]), 3, 4, damp=0.0)
+  np.testing.assert_allclose(qz.dequantize(stacked[0]), expected, rtol=1e-6)
+  assert stacked[0].codes.dtype == np.uint8
+
+
+def test_layer_error_by_hand():
+  """||X W - X Wq||_F^2 on a 3 x 2 by 2 x 1 case: X (W - Wq) = [1, -2, -1] -> 6."""
+  X = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 2.0]])
+  W = np.array([[1.0], [-1.0]])
+  Wq = np.array([[0.0], [0.0]])
+  assert qz.layer_error(W, Wq, X) == 1 + 4 + 1
+  assert qz.layer_error(W, Wq, X[None]) == 6  # any leading axes are tokens
+  W2 = np.array([[3.0], [-2.5]])  # X (W2 - Wq) = [3, -5, -2]
+  assert qz.layer_error(W2, Wq, X) == 9 + 25 + 4
