@@ -10,7 +10,7 @@ too, TD-MoE's multilinear whitening. Its output is the state of
 experts/factorised.py's FactorisedExperts, projection by projection
 {core, expert_factor, input_factor, output_factor}, float32; `factorised_config`
 makes the matching config change. Ranks: one (r_E, r_in, r_out) for all three
-projections, one per projection (capped at the dense size), or a parameter
+projections, one per projection (capped at the dense size if asked), or a parameter
 budget for the layer shared by its projections in proportion to their sizes,
 each allocated on its own (tucker.allocate_ranks on the whitened tensor); a 0
 rank is the full size, as in model.moe.factorised.
@@ -56,12 +56,14 @@ def routed_outputs(experts: dict, rows, hidden, expert) -> dict:
   return out
 
 
-def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None) -> dict:
+def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None,
+                  cap: bool = False) -> dict:
   """{projection: (r_E, r_in, r_out)} from a triple, a {projection: triple} dict
   (0 = full size) or an int parameter budget, shared by the projections in
   proportion to their dense sizes and allocated per tensor on `whitened`
-  (TD-MoE's per-tensor allocation). Given `whitened`, no projection's ranks cost
-  more than its dense size (tucker.capped_ranks)."""
+  (TD-MoE's per-tensor allocation; never above a tensor's dense size). With `cap`,
+  given ranks that cost more than a projection's dense size become the best ranks
+  within it (tucker.capped_ranks, on `whitened`); without, full ranks stay exact."""
   if isinstance(ranks_or_budget, (int, np.integer)) and not isinstance(ranks_or_budget, bool):
     total = sum(tucker.dense_parameters(shapes[p]) for p in PROJECTIONS)
     return {p: tucker.allocate_ranks(whitened[p], int(ranks_or_budget) *
@@ -81,7 +83,7 @@ def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None) -
     if len(triple) != 3:
       raise ConfigError(f"ranks of {p}={triple!r} must be 3 ranks (expert, in, out)")
     out[p] = tuple(int(r) or dim for r, dim in zip(triple, shapes[p]))
-    if whitened is not None:
+    if cap:
       out[p] = tucker.capped_ranks(whitened[p], out[p])
   return out
 
