@@ -32,9 +32,17 @@ MODELS = {"mog": "MoE-latent-MoG", "gaussian": "MoE-latent-Gaussian",
 
 
 def instance(seed: int, dim: int, subspaces: int, latent_dim: int, components: int, *,
-             mean_scale: float, points: int) -> tuple[sm.MoLRMoG, jax.Array]:
-  """Replicate `seed`'s mixture and its `points` training points (nested: fit on the first n)."""
-  mix = sm.make_mixture(seed, dim, subspaces, latent_dim, components, mean_scale=mean_scale)
+             mean_scale: float, points: int, data_components: int | None = None
+             ) -> tuple[sm.MoLRMoG, jax.Array]:
+  """Replicate `seed`'s mixture and its `points` training points (nested: fit on the first
+  n). data_components None: the networks' own family (make_mixture, `components` latent
+  components, covariance I); an int: make_rich_mixture with that many full-covariance
+  components, outside the family of networks with `components` diagonal ones."""
+  if data_components is None:
+    mix = sm.make_mixture(seed, dim, subspaces, latent_dim, components, mean_scale=mean_scale)
+  else:
+    mix = sm.make_rich_mixture(seed, dim, subspaces, latent_dim, data_components,
+                               mean_scale=mean_scale)
   return mix, sm.sample(mix, points, 1000 + seed)
 
 

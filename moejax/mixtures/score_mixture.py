@@ -98,6 +98,30 @@ def make_mixture(seed: int, dim: int, num_subspaces: int, latent_dim: int,
                  jnp.full(means.shape, latent_std ** 2))
 
 
+def make_rich_mixture(seed: int, dim: int, num_subspaces: int, latent_dim: int,
+                      num_components: int, *, mean_scale: float = 3.0,
+                      spread=(0.3, 2.0)) -> MoLRMoG:
+  """A MoLR-MoG outside the family of networks with fewer latent components and diagonal
+  latent covariances: Haar-random bases, latent means N(0, mean_scale^2 I), full latent
+  covariances Q diag(lam) Q^T (Q Haar, lam log-uniform on `spread`), component weights
+  Dirichlet(1) within each subspace, equal subspace weights. Its score is still the
+  closed form `molr_mog_score`, so a network's score error stays exact."""
+  check_sizes(dim, num_subspaces, latent_dim, num_components)
+  if not 0 < spread[0] <= spread[1]:
+    raise ConfigError(f"spread={tuple(spread)} must have 0 < low <= high")
+  key_u, key_m, key_q, key_l, key_w = jax.random.split(jax.random.key(seed), 5)
+  bases = jnp.linalg.qr(jax.random.normal(key_u, (num_subspaces, dim, latent_dim)))[0]
+  shape = (num_subspaces, num_components)
+  means = mean_scale * jax.random.normal(key_m, (*shape, latent_dim))
+  rotations = jnp.linalg.qr(jax.random.normal(key_q, (*shape, latent_dim, latent_dim)))[0]
+  lam = jnp.exp(jax.random.uniform(key_l, (*shape, latent_dim), minval=math.log(spread[0]),
+                                   maxval=math.log(spread[1])))
+  covariances = jnp.einsum("klij,klj,klmj->klim", rotations, lam, rotations)
+  weights = jax.random.dirichlet(key_w, jnp.ones(num_components), (num_subspaces,))
+  return MoLRMoG(jnp.full((num_subspaces,), 1 / num_subspaces), bases, weights, means,
+                 covariances)
+
+
 def sample(mix: MoLRMoG, n: int, seed: int) -> jax.Array:
   """[n, D] clean points x = U_k z (seeded)."""
   check_mixture(mix)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.special
 import scipy.stats
 
 from moejax.errors import ConfigError
@@ -123,11 +124,11 @@ def test_tmow_study_true_alpha_mixture_error_matches_its_closed_form(tmp_path):
 def test_molr_mog_study_metrics_and_slope_by_hand(tmp_path):
   settings = {"dim": 6, "subspaces": 2, "latent_dim": 2, "components": 2, "steps": 20,
               "eval_samples": 64}
-  arms = [{"name": "mog"}, {"name": "gaussian"}, {"name": "mlp10", "only_n": 64}]
+  arms = [{"name": "mog_random"}, {"name": "gaussian_random"}, {"name": "mlp10", "only_n": 64}]
   ns = [16, 32, 64]
   c = config("molr_mog", draws=2, arms=arms, levels=grid(("n", ns), ("sigma", [0.3, 1.0])),
              settings=settings)
-  c.claims = [claim for claim in c.claims if claim.get("reference") != "mlp10"]
+  c.claims = [claim for claim in c.claims if claim.get("reference") not in ("mlp", "mlp10")]
   c.claims[0]["at"] = c.claims[1]["at"] = {"n": 64, "sigma": 1.0}
   results = run(c, tmp_path / "m")
   for r in results["runs"]:
@@ -137,10 +138,65 @@ def test_molr_mog_study_metrics_and_slope_by_hand(tmp_path):
   assert set(metric(results, "mlp10", "score_error")) == {0, 1}
   assert {tuple(r["level"].values()) for r in results["runs"] if r["arm"] == "mlp10"} == {
       (64, 0.3), (64, 1.0)}
-  y = [[metric(results, "mog", "log_l2_error", n=k, sigma=1.0)[d] for k in ns] for d in (0, 1)]
+  y = [[metric(results, "mog_random", "log_l2_error", n=k, sigma=1.0)[d] for k in ns]
+       for d in (0, 1)]
   row = next(r for r in results["claims"] if r["interval"] and r["reference"] is None)
   np.testing.assert_allclose([row["interval"][k] for k in ("mean", "lo", "hi")],
                              by_hand_slope_interval(np.log(ns), np.asarray(y)), rtol=1e-9)
+
+
+def test_molr_mog_networks_are_trained_from_scratch_at_equal_parameters():
+  from moejax.mixtures import molr_mog, score_networks as sn
+  c = config("molr_mog")
+  s = c.settings
+  sizes = {k: s[k] for k in ("subspaces", "latent_dim", "components")}
+  data = molr_mog.instance(0, s["dim"], mean_scale=3.0, points=64, **sizes)[1]
+  count = {name: sn.count_params(molr_mog.build(name, 0, data, dim=s["dim"], **sizes))
+           for name in ("mog_random", "gaussian_random", "mlp", "mlp10")}
+  # one hidden unit of the MLP is 2 D + 2 parameters: equal up to half of one
+  assert abs(count["mlp"] - count["mog_random"]) <= s["dim"] + 1, count
+  assert abs(count["mlp10"] - 10 * count["mog_random"]) <= s["dim"] + 1, count
+  # every claim compares networks trained from scratch, none seeded from the data
+  for claim in c.claims:
+    for arm in (claim["arm"], claim.get("reference")):
+      assert arm is None or arm.endswith("_random") or arm.startswith("mlp"), claim["text"]
+
+
+def _latent_log_density(mix, k, y):
+  """log sum_l pi_kl N(y; mu_kl, S_kl) by scipy (S full or diagonal)."""
+  cov = np.asarray(mix.covariances[k], np.float64)
+  parts = [np.log(float(mix.component_weights[k, l])) + scipy.stats.multivariate_normal(
+      np.asarray(mix.means[k, l], np.float64), cov[l] if cov.ndim == 3 else np.diag(cov[l])
+      ).logpdf(y) for l in range(len(cov))]
+  return scipy.special.logsumexp(parts, axis=0)
+
+
+@pytest.mark.parametrize("rich", [False, True])
+def test_molr_mog_data_lie_outside_the_networks_family(rich):
+  # the best fit in the networks' family (a 3-component diagonal Gaussian mixture of a
+  # subspace's latents, EM with restarts) reaches the truth's held-out log-likelihood
+  # for in-family data, and stays measurably below it for the study's data
+  from moejax.mixtures import gmm, molr_mog
+  s = config("molr_mog").settings
+  mix = molr_mog.instance(1, 8, 2, 4, 3, mean_scale=3.0, points=8,
+                          data_components=s["data_components"] if rich else None)[0]
+  rng = np.random.default_rng(0)
+  cov = np.asarray(mix.covariances[0], np.float64)
+  cov = (cov + np.swapaxes(cov, -1, -2)) / 2 if cov.ndim == 3 else cov  # float32 rounding
+  weights = np.asarray(mix.component_weights[0], np.float64)
+  labels = rng.choice(cov.shape[0], 12000, p=weights / weights.sum())
+  y = np.stack([rng.multivariate_normal(np.asarray(mix.means[0, l], np.float64),
+                                        cov[l] if cov.ndim == 3 else np.diag(cov[l]))
+                for l in labels])
+  train, held = y[:8000], y[8000:]
+  fits = [gmm.fit(train, 3, seed=seed, diagonal=True, max_steps=300)[0] for seed in range(4)]
+  best = max(fits, key=lambda f: float(gmm.log_likelihood(train, f)))
+  gap = _latent_log_density(mix, 0, held).mean() - float(
+      gmm.log_likelihood(held, best)) / len(held)
+  if rich:
+    assert gap > 0.1, gap
+  else:
+    assert abs(gap) < 0.02, gap
 
 
 @pytest.mark.parametrize("name, overrides, message", [
@@ -157,6 +213,7 @@ def test_molr_mog_study_metrics_and_slope_by_hand(tmp_path):
      r"study.settings.sigma_min=5.0 must be <="),
     ("molr_mog", {"settings": {"report_sigma": 2.0}}, r"study.settings.report_sigma=2.0"),
     ("molr_mog", {"arms": [{"name": "unet"}]}, r"study.arms\[0\].model='unet'"),
+    ("molr_mog", {"settings": {"data_components": 0}}, r"study.settings.data_components=0"),
 ])
 def test_bad_settings_are_refused_before_any_run(tmp_path, name, overrides, message):
   c = config(name, **overrides)

@@ -6,7 +6,9 @@ Arms are models (`model`: a name of molr_mog.MODELS, the arm's name by default);
 with `only_n` runs only at that n. Levels: `n` (training points, the first n of one
 draw) x `sigma` (the noise level at which the score error is measured).
 
-Draw d is replicate d of molr_mog.fit_and_score (instance d, its seeds). A model is
+Draw d is replicate d of molr_mog.fit_and_score (instance d, its seeds): data from the
+networks' family, or (settings.data_components set) from a richer MoLR-MoG with that
+many full-covariance latent components (molr_mog.instance), outside it. A model is
 trained once per (draw, n, arm), on the first request at that n, and its errors at every
 sigma of the levels are cached for the other sigma levels. Metrics: `score_error`
 (E|s_theta - s|^2 / E|s|^2), `log_l2_error` = ln sqrt(score_error) (the relative L2
@@ -45,7 +47,8 @@ def _squared(cells):
 class MoLRMoG(Scorer):
   settings = {"dim": 64, "subspaces": 3, "latent_dim": 4, "components": 3, "mean_scale": 3.0,
               "steps": 3000, "batch_size": 256, "learning_rate": 1e-2, "sigma_min": 0.05,
-              "sigma_max": 20.0, "eval_samples": 4096, "report_sigma": 1.0}
+              "sigma_max": 20.0, "eval_samples": 4096, "report_sigma": 1.0,
+              "data_components": None}
   arm_settings = {"model": None, "only_n": None}
 
   def __init__(self, spec):
@@ -70,6 +73,10 @@ class MoLRMoG(Scorer):
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= 1")
       if key in POSITIVE and not (number and math.isfinite(s[key]) and s[key] > 0):
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be a finite number > 0")
+    rich = s["data_components"]
+    if rich is not None and (isinstance(rich, bool) or not isinstance(rich, int) or rich < 1):
+      raise ConfigError(f"study.settings.data_components={rich!r} must be null (the networks' "
+                        "family) or an integer >= 1")
     try:
       score_mixture.check_sizes(s["dim"], s["subspaces"], s["latent_dim"], s["components"])
     except ConfigError as e:
@@ -103,7 +110,8 @@ class MoLRMoG(Scorer):
     if self.data is None or self.data[0] != draw:
       self.data = (draw, *molr_mog.instance(
           draw, s["dim"], s["subspaces"], s["latent_dim"], s["components"],
-          mean_scale=s["mean_scale"], points=max(self.axis("n"))))
+          mean_scale=s["mean_scale"], points=max(self.axis("n")),
+          data_components=s["data_components"]))
     key = (draw, n, name)
     if key not in self.fits:
       self.fits = {k: v for k, v in self.fits.items() if k[:2] == (draw, n)}
