@@ -60,6 +60,10 @@ else:
 if REPO not in sys.path:
   sys.path.insert(0, REPO)  # configs/, experiments/ and tests/ of the checkout
 {pre_jax}import jax
+try:  # figures inline, even after a library call switches matplotlib's backend
+  get_ipython().run_line_magic("matplotlib", "inline")
+except NameError:  # not in IPython
+  pass
 BACKEND = jax.default_backend()  # 'tpu', 'gpu' or 'cpu': the sizes below follow it
 ACCELERATOR = BACKEND in ("tpu", "gpu")
 WORK = tempfile.mkdtemp(prefix="moejax_notebook_")  # this run's workdirs

@@ -30,7 +30,10 @@ else:
   config.train.steps = 60
 config.train.log_every = 5
 config.train.progress_bar = False
-print(config.model.moe)
+moe_cfg = config.model.moe
+print(f"router {moe_cfg.router}, {moe_cfg.num_experts} experts of width {moe_cfg.expert_d_ff}, "
+      f"top-{moe_cfg.top_k}, dispatch {moe_cfg.dispatch}, d_model {config.model.d_model}, "
+      f"{config.model.num_layers} layers, {config.train.steps} steps")
 
 workdir = os.path.join(WORK, "quickstart")
 run = train_and_evaluate(config, workdir)
