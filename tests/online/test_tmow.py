@@ -133,3 +133,28 @@ def test_refusals_name_the_value(call, match):
   _, models, _ = world(7, count=20)
   with pytest.raises(ConfigError, match=match):
     call(models)
+
+
+LOWEST = dict(dim=1, domains=2, train=1, unseen=1, noise_std=1e-12, radius=1e-9,
+              concentration=1e-12, tau=1e-12, strength=0.0)
+
+
+def test_settings_at_their_lower_bounds_are_accepted():
+  """dim 1, two domains, one training transition, one unseen domain and strength 0
+  are usable settings (each bound is inclusive)."""
+  tmow.check_settings(**LOWEST)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("dim", 0, r"^dim=0 must be an integer >= 1"),
+    ("domains", 1, r"^domains=1 must be an integer >= 2"),
+    ("train", 0, r"^train=0 must be an integer >= 1"),
+    ("unseen", 0, r"^unseen=0 must be an integer >= 1"),
+    ("noise_std", 0.0, r"^noise_std=0\.0 must be a finite number > 0"),
+    ("concentration", 0.0, r"^concentration=0\.0 must be a finite number > 0"),
+    ("strength", -1e-12, r"^strength=-1e-12 must be a finite number >= 0"),
+    ("radius", 0.0, r"^radius=0\.0 must be in \(0, 1\)"),
+    ("radius", 1.0, r"^radius=1\.0 must be in \(0, 1\)")])
+def test_one_step_past_each_lower_bound_is_refused(key, value, match):
+  with pytest.raises(ConfigError, match=match):
+    tmow.check_settings(**{**LOWEST, key: value})

@@ -1,0 +1,48 @@
+"""HEAPr's atom removal (moejax/posttrain/atoms.py remove_atoms) at its bounds:
+keeping a single atom is a model (width rounded up to 8), keeping none is refused,
+and the width steps from 8 to 16 between 8 and 9 kept atoms, capped at d_ff."""
+import jax
+import numpy as np
+import pytest
+
+from configs import lm_shakespeare_moe
+from moejax.errors import ConfigError
+from moejax.posttrain import atoms
+from moejax.train.loop import init_state
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  config = lm_shakespeare_moe.get_config("size=tiny")  # 2 MoE layers, 8 experts of 32 atoms
+  _, state, _ = init_state(config)
+  return config.model, jax.tree.map(np.asarray, state.params)
+
+
+def masks(kept_in_expert_3_of_block_1):
+  keep = {block: np.zeros((8, 32), bool) for block in (0, 1)}
+  keep[1][3, kept_in_expert_3_of_block_1] = True
+  return keep
+
+
+def test_one_kept_atom_is_a_model_of_width_eight(tiny):
+  m, params = tiny
+  new_m, cut = atoms.remove_atoms(m, params, masks([21]))
+  assert new_m.moe.expert_d_ff == 8
+  experts = params["blocks"][1]["ffn"]["experts"]
+  got = cut["blocks"][1]["ffn"]["experts"]
+  np.testing.assert_array_equal(got["w_gate"][3][:, 0], experts["w_gate"][3][:, 21])
+  np.testing.assert_array_equal(got["w_down"][3][0], experts["w_down"][3][21])
+  assert not got["w_gate"][3][:, 1:].any() and not got["w_up"][2].any()
+
+
+def test_no_kept_atom_is_refused(tiny):
+  m, params = tiny
+  with pytest.raises(ConfigError, match="every atom would be removed"):
+    atoms.remove_atoms(m, params, masks([]))
+
+
+@pytest.mark.parametrize("count, width", [(8, 8), (9, 16), (17, 24), (25, 32), (32, 32)])
+def test_width_is_the_most_kept_atoms_rounded_up_to_eight(tiny, count, width):
+  m, params = tiny
+  new_m, _ = atoms.remove_atoms(m, params, masks(list(range(count))))
+  assert new_m.moe.expert_d_ff == width
