@@ -24,8 +24,9 @@ def get_config(arg=None):
       "layer; keep=9: 9 experts in every layer (zoo-s: 54 of 96, near the knees' total). "
       "kept_experts is the total over layers.")
   c.arms = [{"name": "unpruned", "method": "none"}] + [
-      {"name": m, "method": m} for m in ("schur_astar", "greedy", "frequency")]
+      {"name": m, "method": m, "rescale": True} for m in ("schur_astar", "greedy", "frequency")]
   c.levels = grid(("keep", ["knee", "9"]))
   c.claims = [claim for claim in pruning.claims()
-              if claim["reference"] in ("frequency", "greedy") and claim["arm"] == "schur_astar"]
+              if claim["reference"] in ("frequency", "greedy") and claim["arm"] == "schur_astar"
+              and claim["metric"] == "bpb"]
   return zoo.over_seeds(ml_collections.ConfigDict(c.to_dict()), arg)

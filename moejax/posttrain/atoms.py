@@ -46,6 +46,11 @@ from flax import nnx
 from moejax.errors import ConfigError
 
 SCORES = ("heapr", "heapr_first_order", "exact_diagonal", "magnitude", "random")
+# HEAPr's per-expert normalisation of sum_t h^2 * sum_t P^2 (module doc): `routed`
+# divides by n_e (our default: the token-summed cost when h and P are independent),
+# `mean` by n_e^2 (the paper's mean_t(h^2) * w^T M_e w with M_e a mean over the
+# expert's tokens, read literally), `sum` by nothing.
+NORMALISATIONS = ("routed", "mean", "sum")
 
 
 def _segment(values_RxK, expert_R, num_experts):
@@ -105,13 +110,15 @@ def atom_sums(graphdef, params, rest, batches) -> dict:
 
 
 def atom_scores(sums: dict, score: str = "heapr", params: dict | None = None,
-                seed=0) -> dict:
+                seed=0, normalisation: str = "routed") -> dict:
   """{block: [E, F]} predicted loss increase of removing each atom alone (module
   doc), or a baseline: `magnitude` ||w_gate_k|| ||w_up_k|| ||w_down_k|| (needs
-  params), `random`."""
+  params), `random`. normalisation: HEAPr's per-expert scaling (NORMALISATIONS)."""
+  from moejax.errors import choice_error
   if score not in SCORES:
-    from moejax.errors import choice_error
     raise choice_error("score", score, SCORES)
+  if normalisation not in NORMALISATIONS:
+    raise choice_error("normalisation", normalisation, NORMALISATIONS)
   out = {}
   for block, s in sums.items():
     n = s["predicted"]
@@ -123,8 +130,10 @@ def atom_scores(sums: dict, score: str = "heapr", params: dict | None = None,
       out[block] = norm(w["w_gate"], 1) * norm(w["w_up"], 1) * norm(w["w_down"], 2)
     elif score == "exact_diagonal":
       out[block] = 0.5 / n * s["h2p2"]
-    else:  # P carries a factor N: N/2 * sum h^2 * sum (P/N)^2 / n_e
-      heapr = 0.5 / n * s["h2"] * s["p2"] / np.maximum(s["count"], 1.0)[:, None]
+    else:  # P carries a factor N: N/2 * sum h^2 * sum (P/N)^2 / n_e (routed)
+      power = {"routed": 1, "mean": 2, "sum": 0}[normalisation]
+      routed = np.maximum(s["count"], 1.0)[:, None] ** power
+      heapr = 0.5 / n * s["h2"] * s["p2"] / routed
       out[block] = heapr - s["hp"] / n if score == "heapr_first_order" else heapr
   return out
 

@@ -8,6 +8,10 @@ Y = sum_e Z_e (shared experts are not included: pruning keeps them). Captured:
   gram       G_ij = sum_t <g_ti E_i(x_t), g_tj E_j(x_t)>   [E, E], float64
   frequency  tokens routed to e                             [E]
   mass       sum of the router's combine weights g_{t,e}    [E]
+  outputs    O_ij = sum_t <E_i(x_t), E_j(x_t)>, every expert run on every
+             calibration token (not only its routed ones)  [E, E], float64:
+             similarity of function, where G measures co-activation (G_ij = 0
+             for experts never routed together)
 
 The model's own routing and its own expert type are used (dropless layout, as
 moejax/analysis/super_experts.py does), in float32 on device and summed over
@@ -23,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.analysis.expert_similarity import expert_outputs_on_tokens
 from moejax.analysis.router_inference import captured_forward, routed_rows
 from moejax.errors import ConfigError
 
@@ -36,10 +41,13 @@ class LayerStatistics:
   mass: np.ndarray
   tokens: int
   step_score: np.ndarray | None = None  # Step's token-selective scores (posttrain/taylor.py)
+  outputs: np.ndarray | None = None  # O of the module doc
 
   def __add__(self, other: "LayerStatistics") -> "LayerStatistics":
+    outputs = (None if self.outputs is None or other.outputs is None
+               else self.outputs + other.outputs)
     return LayerStatistics(self.block, self.gram + other.gram, self.frequency + other.frequency,
-                           self.mass + other.mass, self.tokens + other.tokens)
+                           self.mass + other.mass, self.tokens + other.tokens, None, outputs)
 
 
 def routed_contributions(layer, x_TxD, aux) -> jax.Array:
@@ -65,7 +73,10 @@ def _batch_statistics(graphdef, params, rest, tokens):
     valid = layer_aux["valid"].reshape(-1)
     index = layer_aux["expert_index"].reshape(-1)
     weight = jnp.where(valid, layer_aux["combine_weight"].reshape(-1), 0.0)
+    bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
+    every = expert_outputs_on_tokens(bound, x.astype(jnp.float32), e)  # [E, T, d]
     out.append({"gram": jnp.einsum("ted,tfd->ef", z, z),
+                "outputs": jnp.einsum("etd,ftd->ef", every, every),
                 "frequency": jnp.zeros(e, jnp.float32).at[index].add(valid.astype(jnp.float32)),
                 "mass": jnp.zeros(e, jnp.float32).at[index].add(weight.astype(jnp.float32))})
   return out
@@ -86,7 +97,8 @@ def layer_statistics(graphdef, params, rest, batches) -> list[LayerStatistics]:
     stats = _batch_statistics(graphdef, params, rest, tokens)
     layers = [LayerStatistics(block, np.asarray(s["gram"], np.float64),
                               np.asarray(s["frequency"], np.float64),
-                              np.asarray(s["mass"], np.float64), int(tokens.size))
+                              np.asarray(s["mass"], np.float64), int(tokens.size),
+                              outputs=np.asarray(s["outputs"], np.float64))
               for block, s in zip(blocks, jax.device_get(stats))]
     total = layers if total is None else [a + b for a, b in zip(total, layers)]
   if total is None:
@@ -96,11 +108,13 @@ def layer_statistics(graphdef, params, rest, batches) -> list[LayerStatistics]:
 
 def save_statistics(path: str, stats: list[LayerStatistics]) -> None:
   """Write every layer's statistics to one .npz (block_<b>_gram, _frequency, _mass,
-  _tokens): a calibration captured once, read again by load_statistics."""
+  _tokens, _outputs when captured): a calibration captured once, read again by
+  load_statistics."""
   arrays = {}
   for layer in stats:
-    for name in ("gram", "frequency", "mass", "tokens"):
-      arrays[f"block_{layer.block}_{name}"] = np.asarray(getattr(layer, name))
+    for name in ("gram", "frequency", "mass", "tokens", "outputs"):
+      if getattr(layer, name) is not None:
+        arrays[f"block_{layer.block}_{name}"] = np.asarray(getattr(layer, name))
   with open(path, "wb") as f:
     np.savez(f, **arrays)
 
@@ -110,5 +124,39 @@ def load_statistics(path: str) -> list[LayerStatistics]:
   with np.load(path) as data:
     blocks = sorted({int(key.split("_")[1]) for key in data.files})
     return [LayerStatistics(b, data[f"block_{b}_gram"], data[f"block_{b}_frequency"],
-                            data[f"block_{b}_mass"], int(data[f"block_{b}_tokens"]))
+                            data[f"block_{b}_mass"], int(data[f"block_{b}_tokens"]),
+                            outputs=(data[f"block_{b}_outputs"]
+                                     if f"block_{b}_outputs" in data.files else None))
             for b in blocks]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _batch_deployed(graphdef, params, rest, new_graphdef, new_params, new_rest, tokens):
+  model = nnx.merge(graphdef, params, rest)
+  new = nnx.merge(new_graphdef, new_params, new_rest)
+  _, _, outputs = captured_forward(model, tokens)
+  out = {}
+  for i, block in enumerate(model.blocks):
+    if block.is_moe:
+      x = outputs[("blocks", i, "ffn_norm", "__call__")]
+      y = outputs[("blocks", i, "ffn", "__call__")][0].astype(jnp.float32)
+      diff = new.blocks[i].ffn(x)[0].astype(jnp.float32) - y
+      out[i] = jnp.sum(diff * diff)
+  return out
+
+
+def deployed_errors(graphdef, params, rest, new_m, new_params: dict, new_rest: dict,
+                    batches) -> dict:
+  """{MoE block: sum_t ||y'_t - y_t||^2} over token batches: y the source model's
+  layer output, y' the pruned model's (config new_m) layer on the same input x_t,
+  with its own routing among the kept experts (re-routed, gates renormalised) and
+  its own weights (rescaled, merged or narrowed). Shared experts cancel."""
+  from moejax.models.decoder import abstract_model
+  new_graphdef = abstract_model(new_m)[0]
+  total = {}
+  for tokens in batches:
+    errors = jax.device_get(_batch_deployed(graphdef, params, rest, new_graphdef, new_params,
+                                            new_rest, jnp.asarray(tokens)))
+    for block, value in errors.items():
+      total[block] = total.get(block, 0.0) + float(value)
+  return total

@@ -20,6 +20,14 @@ from moejax.posttrain.methods import ATOM_METHODS
 
 
 KNEE = "knee"  # --keep=knee: each layer's budget at the knee of err(m) (expert_subset.knee)
+# How a pruned expert is merged into a kept one (surgery.merge_experts): not at all, or
+# the routing-mass-weighted mean of the raw parameters (Step's merge, our guess).
+# "" = the method's own: average for `step`, none for every other method.
+MERGES = ("none", "average")
+# The kept partner a pruned expert merges into: the most similar by `output` (every
+# expert run on the same calibration tokens, contributions.LayerStatistics.outputs),
+# or by `contribution` (the routed-contribution Gram G: co-activation, not function).
+PARTNERS = ("output", "contribution")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +38,39 @@ class Pruning:
   objective: str = "rescaled"
   rescale: bool = False
   seed: int = 0
+  merge: str = ""  # MERGES, "" = the method's own (merge_rule)
+  partner: str = "output"  # PARTNERS
+  normalisation: str = "routed"  # atoms.NORMALISATIONS (HEAPr's per-expert scaling)
+
+
+def merge_rule(method: str, merge: str = "") -> str:
+  """The merge `method` runs with: `merge`, or "" for the method's own (MERGES)."""
+  return merge or ("average" if method == "step" else "none")
+
+
+def check_options(r: Pruning, keys: dict | None = None) -> None:
+  """ConfigError for a merge, partner or normalisation that is not known, or a
+  merge the request cannot take (an atom method, keep=knee, rescale), naming `keys`."""
+  keys = {"merge": "--merge", "partner": "--partner", "normalisation": "--normalisation",
+          "rescale": "--rescale", "keep": "--keep", "method": "--method", **(keys or {})}
+  from moejax.errors import choice_error
+  if r.merge and r.merge not in MERGES:
+    raise choice_error(keys["merge"], r.merge, MERGES)
+  if r.partner not in PARTNERS:
+    raise choice_error(keys["partner"], r.partner, PARTNERS)
+  if r.normalisation not in atoms.NORMALISATIONS:
+    raise choice_error(keys["normalisation"], r.normalisation, atoms.NORMALISATIONS)
+  if merge_rule(r.method, r.merge) == "none":
+    return
+  if r.method in ATOM_METHODS:
+    raise ConfigError(f"{keys['merge']}={r.merge}: {keys['method']}={r.method} removes atoms, "
+                      "not experts to merge")
+  if r.keep == KNEE:
+    raise ConfigError(f"{keys['keep']}=knee reads err(m) of the Gram objective, which a "
+                      f"merge ({keys['merge']}={merge_rule(r.method, r.merge)}) changes")
+  if r.rescale:
+    raise ConfigError(f"{keys['rescale']}: the least-squares weights are those of the "
+                      f"unmerged experts ({keys['merge']}={merge_rule(r.method, r.merge)})")
 
 
 def kept_count(keep: str, num_experts: int, top_k: int, key: str = "--keep") -> int:
@@ -84,7 +125,8 @@ def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, se
 
 
 def most_similar_kept(gram: np.ndarray, kept) -> dict:
-  """{pruned expert: the kept expert of largest cosine G_ij / sqrt(G_ii G_jj)}."""
+  """{pruned expert: the kept expert of largest cosine G_ij / sqrt(G_ii G_jj)}; with
+  the output Gram O (PARTNERS) the cosine of two experts' outputs on the same tokens."""
   gram = np.asarray(gram, np.float64)
   norm = np.sqrt(np.maximum(np.diag(gram), 1e-300))
   cosine = gram / norm[:, None] / norm[None, :]
@@ -93,11 +135,12 @@ def most_similar_kept(gram: np.ndarray, kept) -> dict:
 
 
 def prune_atoms(m, params: dict, rest: dict, calibration: Calibration, *, keep: str,
-                method: str, seed: int = 0):
+                method: str, seed: int = 0, normalisation: str = "routed"):
   """HEAPr-style global atom pruning (posttrain/atoms.py): keep the `keep` fraction
-  of all atoms by ATOM_METHODS[method]'s score."""
+  of all atoms by ATOM_METHODS[method]'s score (`normalisation`: atoms.NORMALISATIONS)."""
   fraction = atom_fraction(keep)
-  scores = atoms.atom_scores(calibration.atom_sums, ATOM_METHODS[method], params, seed)
+  scores = atoms.atom_scores(calibration.atom_sums, ATOM_METHODS[method], params, seed,
+                             normalisation)
   kept = atoms.global_keep(scores, fraction)
   new_m, params = atoms.remove_atoms(m, params, kept)
   layers = [{"block": block, "experts": int(mask.shape[0]),
@@ -108,29 +151,49 @@ def prune_atoms(m, params: dict, rest: dict, calibration: Calibration, *, keep: 
 def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, *, keep: str,
                 method: str, objective: str = "rescaled", seed: int = 0, batch_size: int = 8,
                 rescale: bool = False, calibration: Calibration | None = None,
-                save_statistics: str | None = None):
+                save_statistics: str | None = None, merge: str = "", partner: str = "output",
+                normalisation: str = "routed", deployed: bool = False):
   """(pruned model config, params, rest, per-layer report) of the model config `m`
   (loop layout) calibrated on token windows [N, L] (or a shared `calibration`);
   pure-dict params and rest. Atom methods (ATOM_METHODS) keep a fraction of
-  every layer's atoms together; the others keep experts per layer.
+  every layer's atoms together; the others keep experts per layer, then merge the
+  pruned into the kept by `merge` (MERGES, with partners by `partner`) and with
+  `rescale` fold the rescaled objective's least-squares weights into the kept.
+  Per layer the report gives `relative_error`, err(S) / err(empty) of the objective
+  (the proxy: dropped experts' outputs vanish, the others keep their gates), and
+  with `deployed` `deployed_error`, the pruned layer's own error on the same
+  tokens, re-routed and renormalised, over the same ||Y||^2
+  (contributions.deployed_errors).
   save_statistics: write the expert statistics there (.npz) as well."""
+  check_options(Pruning(method, keep, objective, rescale, seed, merge, partner, normalisation))
   if calibration is None:
     calibration = Calibration(m, params, rest, windows, batch_size)
   if save_statistics:
     contributions.save_statistics(save_statistics, calibration.stats)
   if method in ATOM_METHODS:
-    return prune_atoms(m, params, rest, calibration, keep=keep, method=method, seed=seed)
-  stats = (calibration.with_step_scores() if method in expert_subset.STEP_METHODS
-           else calibration.stats)
-  kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
-  scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
-             for layer in stats} if rescale else None)
-  if method == "step":  # merge each pruned expert into its most similar kept one
-    for layer in stats:
-      params = surgery.merge_experts(params, layer.block,
-                                     most_similar_kept(layer.gram, kept[layer.block]),
-                                     layer.mass)
-  new_m, params, rest = surgery.remove_experts(m, params, rest, kept, scales)
-  layers = [{"block": layer.block, "experts": len(layer.gram), "kept": list(kept[layer.block]),
-             "relative_error": errors[layer.block]} for layer in stats]
-  return new_m, params, rest, layers
+    new_m, new_params, new_rest, layers = prune_atoms(
+        m, params, rest, calibration, keep=keep, method=method, seed=seed,
+        normalisation=normalisation)
+  else:
+    stats = (calibration.with_step_scores() if method in expert_subset.STEP_METHODS
+             else calibration.stats)
+    kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
+    scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
+               for layer in stats} if rescale else None)
+    merged = params
+    if merge_rule(method, merge) == "average":
+      for layer in stats:
+        similarity = layer.outputs if partner == "output" else layer.gram
+        merged = surgery.merge_experts(merged, layer.block,
+                                       most_similar_kept(similarity, kept[layer.block]),
+                                       layer.mass)
+    new_m, new_params, new_rest = surgery.remove_experts(m, merged, rest, kept, scales)
+    layers = [{"block": layer.block, "experts": len(layer.gram), "kept": list(kept[layer.block]),
+               "relative_error": errors[layer.block]} for layer in stats]
+  if deployed:
+    energy = {layer.block: max(float(layer.gram.sum()), 1e-300) for layer in calibration.stats}
+    errors = contributions.deployed_errors(calibration.graphdef, params, rest, new_m,
+                                           new_params, new_rest, calibration.batches)
+    for layer in layers:
+      layer["deployed_error"] = errors[layer["block"]] / energy[layer["block"]]
+  return new_m, new_params, new_rest, layers

@@ -9,12 +9,14 @@ On calibration windows, with the next-token loss L:
         I_e = sum_{t in S} | <dL/dy_t, g_{t,e} E_e(x_t)> |,
      y_t the layer's output; dL/dy comes from the layer's gradient probe
      (MoELayer.gradient_probe under nnx.capture with nnx.Perturbation);
-  3. prune the lowest-scored experts and merge each pruned expert into the kept
-     expert whose contributions are most similar (cosine of the Gram of
-     posttrain/contributions), weights averaged by routing mass
-     (surgery.merge_experts).
+  3. prune the lowest-scored experts and, by the merge rule (prune.MERGES: `none`,
+     or `average`, the routing-mass-weighted mean of the raw parameters,
+     surgery.merge_experts), merge each pruned expert into the kept expert whose
+     outputs on the same calibration tokens are most similar (prune.PARTNERS:
+     `output`, the cosine of contributions.LayerStatistics.outputs; `contribution`,
+     the cosine of the routed-contribution Gram, measures co-activation instead).
 Guesses: loss (not gradient norm) selects the tokens; the similarity measure;
-the averaging of weights for the merge.
+the averaging of raw weights of experts trained apart for the merge.
 """
 from __future__ import annotations
 
@@ -60,11 +62,13 @@ def token_gradients(graphdef, params, rest, tokens):
 @functools.partial(jax.jit, static_argnums=0)
 def token_taylor_terms(graphdef, params, rest, tokens):
   """Per token the loss [B*(L-1)], and per MoE layer the per-token, per-expert
-  terms <dL/dy_t, g_{t,e} E_e(x_t)> [B*L, E] (the last position's are 0). dL/dy is
-  the gradient of the mean loss (the 1/N cancels in any ranking)."""
+  terms <dL/dy_t, g_{t,e} E_e(x_t)> [B*L, E] (the last position's are 0). L is the
+  batch's summed loss (N times its mean), so terms of batches of any size add up
+  and rank together (layer_step_scores)."""
   dy, moe, token_loss = token_gradients(graphdef, params, rest, tokens)
   model = nnx.merge(graphdef, params, rest)
-  terms = [jnp.einsum("td,ted->te", dy[block],
+  summed = token_loss.shape[0]  # d(sum of losses) = N d(mean loss)
+  terms = [summed * jnp.einsum("td,ted->te", dy[block],
                       routed_contributions(model.blocks[block].ffn, x, aux))
            for block, (x, aux) in moe.items()]
   return token_loss, terms
@@ -80,7 +84,9 @@ def step_scores(token_loss_T: np.ndarray, terms_TxE: np.ndarray, rho: float) -> 
 
 
 def layer_step_scores(graphdef, params, rest, batches, rho: float) -> list[np.ndarray]:
-  """Per MoE layer, I_e over every calibration batch's top-rho tokens together."""
+  """Per MoE layer, I_e over every calibration batch's top-rho tokens together: each
+  batch's per-token terms stay paired with that batch's losses, and the scores do
+  not depend on how the windows are split into batches, nor on their order."""
   losses, terms = [], None
   for tokens in batches:
     tokens = jnp.asarray(tokens)

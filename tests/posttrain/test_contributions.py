@@ -1,6 +1,7 @@
 """Calibration statistics for pruning (moejax/posttrain/contributions.py) on a
 tiny LM, against a per-token numpy loop over each token's routed experts and
-against the MoE layer's own output."""
+against the MoE layer's own output; the output Gram against every expert run on
+every token."""
 import functools
 
 import jax
@@ -49,11 +50,15 @@ def test_statistics_equal_a_per_token_loop_and_sum_to_the_layer_output(tiny):
     w = host["blocks"][s.block]["ffn"]["experts"]
     e = w["w_down"].shape[0]
     gram, freq, mass = np.zeros((e, e)), np.zeros(e), np.zeros(e)
+    outputs = np.zeros((e, e))  # every expert on every token, routed or not
     for tokens in batches:
       x, index, weight, valid, layer_out = map(
           lambda a: np.asarray(a, np.float64),
           routing_and_outputs(graphdef, params, rest, jnp.asarray(tokens))[[0, 1].index(s.block)])
       for t in range(x.shape[0]):
+        every = np.stack([(silu(x[t] @ w["w_gate"][k]) * (x[t] @ w["w_up"][k])) @ w["w_down"][k]
+                          for k in range(e)])
+        outputs += every @ every.T
         z = np.zeros((e, x.shape[1]))
         for slot in range(index.shape[1]):
           if valid[t, slot]:
@@ -68,6 +73,8 @@ def test_statistics_equal_a_per_token_loop_and_sum_to_the_layer_output(tiny):
     np.testing.assert_allclose(s.gram, gram, rtol=1e-4, atol=1e-6 * np.abs(gram).max())
     np.testing.assert_array_equal(s.frequency, freq)
     np.testing.assert_allclose(s.mass, mass, rtol=1e-5)
+    np.testing.assert_allclose(s.outputs, outputs, rtol=1e-4, atol=1e-6 * np.abs(outputs).max())
+    assert np.all(np.diag(s.outputs) > 0)
     assert freq.sum() == 2 * s.tokens  # top-2, dropless: every slot kept
 
 

@@ -136,3 +136,76 @@ def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest():
   jax.tree.map(np.testing.assert_array_equal, run["step_no_merge"][1], want)
   merged = run["step"][1]["blocks"][0]["ffn"]["experts"]["w_up"]
   assert not np.allclose(merged, want["blocks"][0]["ffn"]["experts"]["w_up"])
+
+
+def test_deployed_error_equals_a_numpy_moe_and_the_proxy_where_nothing_re_routes():
+  """The deployed error (contributions.deployed_errors) on a tiny LM with top-1
+  routing (gate 1 after renormalisation): keeping 5 experts by frequency with
+  rescale, it is sum_t ||y'_t - y_t||^2 of the numpy MoE over
+  the kept experts against the source layer. Then expert 5 is made a zero-output twin
+  of expert 4 (same router column, w_down = 0): the tie goes to 4, so 5 is never
+  routed; without 4 its tokens go to 5 and output 0, every other token keeps its
+  expert, so the deployed error equals the proxy (both objectives, dropped
+  outputs vanish with the original gates) exactly."""
+  from moejax.posttrain import contributions, expert_subset, prune
+  from moejax.posttrain.calibration import Calibration
+  config = lm_shakespeare_moe.get_config("size=tiny,top_k=1")
+  _, state, _ = init_state(config)
+  params, rest = jax.tree.map(np.array, state.params), jax.tree.map(np.asarray, state.rest)
+  windows = np.random.default_rng(0).integers(0, 256, size=(4, 16)).astype(np.int32)
+  graphdef = abstract_model(config.model)[0]
+  calibration = Calibration(config.model, params, rest, windows)
+  new_m, new_params, new_rest, layers = prune.prune_model(
+      config.model, params, rest, keep="5", method="frequency",
+      calibration=calibration, rescale=True, deployed=True)
+  kept = {layer["block"]: layer["kept"] for layer in layers}
+  scales = {b: expert_subset.rescale_weights(s.gram, kept[b]) for b, s in
+            zip((0, 1), calibration.stats)}
+  for block, layer in zip((0, 1), layers):
+    want = 0.0
+    for tokens in calibration.batches:
+      x, y = [np.asarray(a, np.float64) for a in
+              moe_io(graphdef, params, rest, jnp.asarray(tokens))[block]]
+      pruned = numpy_moe(x, params["blocks"][block]["ffn"], kept[block], 1, scales[block])
+      want += np.sum((pruned - y) ** 2)
+    gram = calibration.stats[block].gram
+    np.testing.assert_allclose(layer["deployed_error"] * gram.sum(), want, rtol=1e-3)
+  ffn = params["blocks"][0]["ffn"]
+  ffn["router_kernel"][:, 5] = ffn["router_kernel"][:, 4]
+  ffn["experts"]["w_down"][5] = 0.0
+  calibration = Calibration(config.model, params, rest, windows)
+  assert calibration.stats[0].frequency[5] == 0 < calibration.stats[0].frequency[4]
+  keep = [0, 1, 2, 3, 5, 6, 7]  # 4 dropped, its zero-output twin kept
+  choice = {0: keep, 1: range(8)}
+  for objective, rescale in (("rescaled", True), ("no_rescale", False)):
+    scales = {0: expert_subset.rescale_weights(calibration.stats[0].gram, keep)} \
+        if rescale else None
+    new_m, new_params, new_rest = surgery.remove_experts(config.model, params, rest, choice,
+                                                         scales)
+    errors = contributions.deployed_errors(graphdef, params, rest, new_m, new_params,
+                                           new_rest, calibration.batches)
+    proxy = expert_subset.subset_error(calibration.stats[0].gram, keep, objective)
+    assert proxy > 0 and errors[1] == 0.0
+    np.testing.assert_allclose(errors[0], proxy, rtol=1e-3)
+
+
+def test_merge_partners_by_output_find_a_functional_twin_the_gram_cannot():
+  """Expert 5 made a copy of expert 1's weights, with a router column that never
+  sends a token to both: their routed contributions never overlap (G_15 = 0, so
+  the Gram's cosine cannot pair them), but run on the same tokens their outputs
+  are equal (output cosine 1): partner='output' merges 5 into 1."""
+  from moejax.posttrain import prune
+  from moejax.posttrain.calibration import Calibration
+  config, params, rest = tiny()
+  params = jax.tree.map(np.array, params)
+  ffn = params["blocks"][0]["ffn"]
+  for name in ffn["experts"]:
+    ffn["experts"][name][5] = ffn["experts"][name][1]
+  ffn["router_kernel"][:, 1] *= 100.0  # 1 first or last, 5 the reverse: never both
+  ffn["router_kernel"][:, 5] = -ffn["router_kernel"][:, 1]
+  windows = np.random.default_rng(0).integers(0, 256, size=(4, 16)).astype(np.int32)
+  stats = Calibration(config.model, params, rest, windows).stats[0]
+  kept = [0, 1, 2, 3]
+  assert stats.gram[1, 5] == 0.0 and stats.frequency[1] > 0 and stats.frequency[5] > 0
+  assert prune.most_similar_kept(stats.outputs, kept)[5] == 1
+  assert prune.most_similar_kept(stats.gram, kept)[5] != 1

@@ -83,6 +83,12 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_source, tmp_path
     heapr = runs[("heapr", "0.5", draw)]["metrics"]
     assert heapr["expert_parameters"] == expert_parameters(src.params) / 2
     assert "kept_experts" not in heapr  # an atom method keeps every expert, narrower
+    assert "proxy_error" not in heapr and heapr["layer_error"] > 0
+    _, _, _, layers = prune.prune_model(src.model, src.params, src.rest, windows, keep="0.5",
+                                        method="schur_astar", deployed=True)
+    got = runs[("schur_astar", "0.5", draw)]["metrics"]
+    assert got["layer_error"] == np.mean([layer["deployed_error"] for layer in layers])
+    assert got["proxy_error"] == np.mean([layer["relative_error"] for layer in layers])
   assert runs[("unpruned", "0.5", 0)]["metrics"] == runs[("unpruned", "0.5", 1)]["metrics"]
   assert runs[("random", "0.5", 0)]["pairing"] != runs[("random", "0.5", 1)]["pairing"]
   # the claim: schur_astar - frequency paired by draw, t-interval with 1 degree of freedom
@@ -193,6 +199,12 @@ def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
      "study.settings.num_windows=1 x data.seq_len=32 routes 64"),
     (pruning_study, {"settings.probes": "facts,nope"}, "study.settings.probes='facts,nope'"),
     (pruning_study, {"levels": grid(("keep", [0.5]))}, "study.levels[0].keep=0.5 must be a str"),
+    (pruning_study, {"arms": [{"name": "s", "method": "step", "merge": "sum"}]},
+     "study.arms[0].merge='sum'"),
+    (pruning_study, {"arms": [{"name": "s", "method": "step", "rescale": True}]},
+     "study.arms[0].rescale: the least-squares weights are those of the unmerged"),
+    (pruning_study, {"arms": [{"name": "h", "method": "heapr", "normalisation": "max"}]},
+     "study.arms[0].normalisation='max'"),
     (pruning_study, {"arms": [{"name": "s", "method": "step", "merge": "sum"}]},
      "study.arms[0].merge='sum'"),
     (pruning_study, {"arms": [{"name": "s", "method": "step", "rescale": True}]},

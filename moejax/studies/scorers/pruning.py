@@ -3,7 +3,11 @@ level on several calibration draws, each pruned model scored on the same held-ou
 bytes of the source's eval split (moejax/posttrain/measure.py).
 
 Arms: `method`, a pruning method (moejax/posttrain/methods.py: SCHUR-A*, greedy,
-Step, the rankings, HEAPr and the atom baselines) or 'none', the unpruned model.
+Step, the rankings, HEAPr and the atom baselines) or 'none', the unpruned model;
+`merge` and `partner` (prune.MERGES, prune.PARTNERS: how pruned experts merge into
+kept ones), `rescale` (fold the rescaled objective's least-squares weights into
+the kept experts) and `normalisation` (HEAPr's per-expert scaling,
+atoms.NORMALISATIONS).
 Levels: `keep`, a string: a fraction of each layer's experts ('0.5'), a count
 ('9'), 'knee' (each layer's budget at the knee of err(m)), or for an atom method
 the fraction of all atoms. Draw d: the calibration windows drawn with seed d from
@@ -19,10 +23,18 @@ layers; expert methods and the unpruned model).
 
 `SourceScorer` is the part the compression scorer shares: the source workdir, its
 Bench, the metric names, settings checks and the per-metric tables in the notes.
+
+Also per pruned model, as means over its MoE layers: proxy_error, err(S) / ||Y||^2
+of the selection objective (dropped experts' outputs vanish, the rest keep their
+gates; expert methods), and layer_error, the deployed layer's own error on the
+calibration tokens (re-routed, renormalised, rescaled or merged as deployed) over
+the same ||Y||^2 (prune.prune_model, contributions.deployed_errors).
 """
 from __future__ import annotations
 
 import functools
+
+import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.posttrain import measure
@@ -117,13 +129,21 @@ class SourceScorer(Scorer):
 @SCORERS.register("pruning")
 class Pruning(SourceScorer):
   settings = {**SourceScorer.settings, "objective": "rescaled"}
-  arm_settings = {"method": NONE}
+  arm_settings = {"method": NONE, "merge": "", "partner": "output", "rescale": False,
+                  "normalisation": "routed"}
 
   def extra_metrics(self):
-    return ("parameter_bytes", "expert_parameters", "kept_experts")
+    return ("parameter_bytes", "expert_parameters", "kept_experts", "proxy_error",
+            "layer_error")
+
+  @staticmethod
+  def request(arm: dict, keep: str, objective: str):
+    from moejax.posttrain.prune import Pruning as Request
+    return Request(arm["method"], keep, objective, bool(arm["rescale"]), 0, arm["merge"],
+                   arm["partner"], arm["normalisation"])
 
   def check(self) -> None:
-    from moejax.posttrain.prune import Pruning as Request
+    from moejax.posttrain.prune import check_options
     from moejax.posttrain.request import check_request
     super().check()
     self.check_levels(("keep",), str)
@@ -133,17 +153,21 @@ class Pruning(SourceScorer):
         continue
       for j, level in enumerate(self.spec.levels):
         keys = {"method": f"study.arms[{i}].method", "keep": f"study.levels[{j}].keep",
-                "objective": "study.settings.objective", **self.context_keys()}
-        check_request(m, Request(arm["method"], level["keep"], self.settings["objective"]),
-                      num_windows=self.settings["num_windows"],
+                "objective": "study.settings.objective", **self.context_keys(),
+                **{k: f"study.arms[{i}].{k}" for k in ("merge", "partner", "rescale",
+                                                        "normalisation")}}
+        request = self.request(arm, level["keep"], self.settings["objective"])
+        check_request(m, request, num_windows=self.settings["num_windows"],
                       context=self.source_config.data.seq_len, source=self.where, keys=keys)
+        check_options(request, keys)
 
   @functools.cached_property
   def unpruned(self) -> dict:
     from moejax.models.structure import expert_counts
     source = self.bench.source
     return {**self.bench.evaluate(source.model, source.params, source.rest),
-            **self._sizes(source.params), "kept_experts": sum(expert_counts(source.model))}
+            **self._sizes(source.params), "kept_experts": sum(expert_counts(source.model)),
+            "proxy_error": 0.0, "layer_error": 0.0}
 
   @staticmethod
   def _sizes(params) -> dict:
@@ -163,9 +187,12 @@ class Pruning(SourceScorer):
       m, params, rest, layers = prune.prune_model(
           bench.model, bench.source.params, bench.source.rest, keep=level["keep"],
           method=arm["method"], objective=self.settings["objective"], seed=draw,
-          calibration=calibration)
-      scores = {**bench.evaluate(m, params, rest), **self._sizes(params), PAIRING: pairing}
+          calibration=calibration, rescale=bool(arm["rescale"]), merge=arm["merge"],
+          partner=arm["partner"], normalisation=arm["normalisation"], deployed=True)
+      scores = {**bench.evaluate(m, params, rest), **self._sizes(params), PAIRING: pairing,
+                "layer_error": float(np.mean([layer["deployed_error"] for layer in layers]))}
       if all("kept" in layer for layer in layers):
         scores["kept_experts"] = sum(len(layer["kept"]) for layer in layers)
+        scores["proxy_error"] = float(np.mean([layer["relative_error"] for layer in layers]))
       out[name] = scores
     return out
