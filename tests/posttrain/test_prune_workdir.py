@@ -111,7 +111,7 @@ def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
   _, want, _ = surgery.remove_experts(source.config, source.params, source.rest, kept)
   got, _, _ = load_model(workdir=out)
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got.params), want)
-  with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+  with pytest.raises(ConfigError, match=r"token id 999 is outside the vocabulary \[0, "):
     np.save(ids, np.array([0, 999] * 100))
     prune_imported(hf_dir=hf_dir, workdir=None, out=None, calibration=str(ids),
                          keep="4", method="frequency", num_windows=1, context=64)
