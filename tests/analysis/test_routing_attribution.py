@@ -95,3 +95,40 @@ def test_an_ablated_component_contributes_nothing_and_flip_rate_by_hand():
   sets = np.array([[1, 0, 1], [0, 1, 1]], bool)
   assert ra.flip_rate(sets, sets) == 0.0
   assert ra.flip_rate(sets, np.array([[1, 0, 1], [1, 1, 0]], bool)) == 0.5
+
+
+def test_signed_effects_default_to_top_1_and_read_each_tokens_own_top_2():
+  """Without a recorded top_k a layer is read as top-1 (the hand case above); with
+  top_k = 2 on 3 tokens and 4 experts (asymmetric, ties broken to the lower index),
+  on_chosen averages u over each token's own two largest logits."""
+  layer = {"contributions": np.array([[[1, 2, 3], [0, 0, 3]], [[2, 0, 1], [0, 3, 0]]], float),
+           "logits": np.array([[3, 2, 4], [0, 3, 3]], float)}
+  np.testing.assert_allclose(ra.signed_effects(layer)["on_chosen"], [0.0, 1.0])
+  contributions = np.arange(12.0).reshape(1, 3, 4) ** 2  # one component, T=3, E=4
+  logits = np.array([[0.0, 5.0, 1.0, 4.0], [2.0, 2.0, 2.0, 0.0], [9.0, 0.0, 0.0, 8.0]])
+  centred = contributions[0] - contributions[0].mean(-1, keepdims=True)
+  chosen = [(1, 3), (0, 1), (0, 3)]
+  want = np.mean([centred[t, e] for t, pair in enumerate(chosen) for e in pair])
+  out = ra.signed_effects({"contributions": contributions, "logits": logits, "top_k": 2})
+  np.testing.assert_allclose(out["on_chosen"], [want])
+
+
+def test_ablation_zeroes_exactly_one_heads_rows_of_w_o_or_one_experts_w_down():
+  """4 heads of 3 value dims each (W_o [12, 5]) and 3 experts: attn0.head2 zeroes
+  rows 6..8 and nothing else, moe0.expert1 zeroes w_down[1] and nothing else; the
+  given params are not changed."""
+  import types
+  kernel = jnp.arange(1.0, 61.0).reshape(12, 5)
+  w_down = jnp.arange(1.0, 1 + 3 * 2 * 5).reshape(3, 2, 5)
+  params = {"blocks": {0: {"attn": {"o": {"kernel": kernel}},
+                           "ffn": {"experts": {"w_down": w_down}}}}}
+  cfg = types.SimpleNamespace(num_heads=4)
+  out = ra.ablate_component(cfg, params, "attn0.head2")["blocks"][0]["attn"]["o"]["kernel"]
+  want = np.asarray(kernel).copy()
+  want[6:9] = 0.0
+  np.testing.assert_array_equal(out, want)
+  out = ra.ablate_component(cfg, params, "moe0.expert1")["blocks"][0]["ffn"]["experts"]["w_down"]
+  want = np.asarray(w_down).copy()
+  want[1] = 0.0
+  np.testing.assert_array_equal(out, want)
+  np.testing.assert_array_equal(params["blocks"][0]["attn"]["o"]["kernel"], kernel)
