@@ -17,9 +17,12 @@
 # difference, and a t-interval of the per-document bpb differences with its
 # verdict words.
 #
-# The model: on a CPU, a tiny Shakespeare MoE trained here (a minute); on a TPU
-# or GPU, the zoo's `xs` model (`configs/zoo.py:model=xs`, 600 steps on the `mix`
-# corpus); a checkout that already holds `runs/zoo/xs` uses that one.
+# The model: a checkout that holds the zoo's `xs` model (`runs/zoo/xs`, trained on
+# the `mix` corpus by `python -m experiments.zoo --models=xs`) uses that one.
+# Otherwise it is trained here: on a TPU or GPU the zoo's `xs` shape
+# (`configs/zoo.py:model=xs`: d_model 64, 4 layers, 8 experts, 600 steps) on the
+# embedded Shakespeare plays (the `mix` corpus needs its sources fetched first);
+# on a CPU a tiny Shakespeare MoE (a minute).
 
 # %% [setup]
 
@@ -34,6 +37,7 @@ else:
   if ACCELERATOR:
     from moejax.configs import zoo
     config = zoo.get_config("model=xs")
+    config.data.name = "shakespeare"  # byte tokens, like mix; no sources to fetch
   else:
     from moejax.configs import lm_shakespeare_moe
     config = lm_shakespeare_moe.get_config("size=tiny")  # 8 experts of width 32, top-2

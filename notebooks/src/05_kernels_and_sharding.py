@@ -40,6 +40,18 @@ else:
   kernel = dict(backend="pallas", interpret=True)
   m, k, n = 256, 64, 128
 E = 8
+# Relative error allowed (max |kernel - reference| / max |reference|): float32 on a
+# CPU; on TPU/GPU, XLA's reference and the kernel may multiply float32 in reduced
+# precision passes (bf16 / TF32) in different orders.
+TOLERANCE = 2e-2 if ACCELERATOR else 1e-5
+
+
+def check(name, got, want):
+  error = float(jnp.abs(got - want).max() / jnp.abs(want).max())
+  print(f"{name}: max |kernel - reference| / max |reference| = {error:.1e}")
+  assert error <= TOLERANCE, (name, error)
+
+
 rng = np.random.default_rng(0)
 sizes = rng.multinomial(m - 24, rng.dirichlet(np.ones(E)))  # 24 padding rows at the end
 sizes[3] = 0
@@ -51,15 +63,11 @@ grad = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
 print("group sizes", sizes.tolist(), "rows", m, "->", int(sizes.sum()), "in groups")
 
 out = gmm(lhs, rhs, group_sizes, **kernel)
-ref = gmm_reference(lhs, rhs, group_sizes)
-print(f"gmm  max |kernel - reference| = {float(jnp.abs(out - ref).max()):.2e}")
+check("gmm ", out, gmm_reference(lhs, rhs, group_sizes))
 print("rows past the groups are zero:", bool(jnp.all(out[int(sizes.sum()):] == 0)))
 w_grad = tgmm(lhs, grad, group_sizes, **kernel)
-w_ref = tgmm_reference(lhs, grad, group_sizes)
-print(f"tgmm max |kernel - reference| = {float(jnp.abs(w_grad - w_ref).max()):.2e}")
+check("tgmm", w_grad, tgmm_reference(lhs, grad, group_sizes))
 print("empty groups have zero weight gradients:", bool(jnp.all(w_grad[sizes == 0] == 0)))
-np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
-np.testing.assert_allclose(w_grad, w_ref, rtol=1e-4, atol=1e-4)
 
 # %% [markdown]
 # The kernel is differentiable (a `custom_vjp`: `d lhs = gmm(grad, rhs^T)`,
@@ -70,8 +78,7 @@ loss = lambda f: (lambda a, b: jnp.sum(f(a, b, group_sizes) * grad))
 g_kernel = jax.grad(loss(lambda a, b, g: gmm(a, b, g, **kernel)), argnums=(0, 1))(lhs, rhs)
 g_ref = jax.grad(loss(gmm_reference), argnums=(0, 1))(lhs, rhs)
 for name, a, b in zip(("d lhs", "d rhs"), g_kernel, g_ref):
-  print(f"{name}: max |kernel - reference| = {float(jnp.abs(a - b).max()):.2e}")
-  np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+  check(name, a, b)
 
 if ACCELERATOR:  # compiled kernels: time them against the jnp reference
   for name, f in (("pallas", jax.jit(lambda a, b, g: gmm(a, b, g, **kernel))),
