@@ -158,3 +158,15 @@ def test_settings_at_their_lower_bounds_are_accepted():
 def test_one_step_past_each_lower_bound_is_refused(key, value, match):
   with pytest.raises(ConfigError, match=match):
     tmow.check_settings(**{**LOWEST, key: value})
+
+
+def test_the_studys_routing_diagnostics_on_well_separated_domains():
+  """Unseen domains that are near-even mixtures (concentration 100) of 3 well
+  separated domains: the distilled expert is every unseen domain's top-1, and adding
+  it changes the top-1 expert of no fresh old-domain feature mean
+  (old_routing_kept = 1, the fraction of *unchanged* top-1 choices)."""
+  out = tmow.unseen_domain_errors(np.random.default_rng(0), [400], dim=3, domains=3, train=400,
+                                  unseen=3, noise_std=0.05, concentration=100.0, tau=0.05)
+  assert out[("old_routing_kept", 400)] == 1.0
+  assert out[("top1_is_new", 400)] == 1.0
+  assert 0.5 < out[("weight_on_new", 400)] <= 1.0
