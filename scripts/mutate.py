@@ -1,6 +1,7 @@
 """A small mutation tester: one deliberate bug at a time, the matching tests run.
 
     python scripts/mutate.py --tree /tmp/mutwt [--max_per_file 20] [--only sharding,posttrain/]
+        [--survivors_of earlier.json]
 
 Run it on a *copy* of the repository (e.g. `git worktree add --detach /tmp/mutwt
 HEAD`), never on the checkout you work in: each mutant is written into the
@@ -281,6 +282,9 @@ def main():
   ap.add_argument("--timeout", type=float, default=600)
   ap.add_argument("--out", default="mutation_results.json")
   ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+  ap.add_argument("--survivors_of", default="",
+                  help="a results file (--out) of an earlier run: run only its survivors "
+                       "(after tests were added; the killed stay killed)")
   ap.add_argument("--python", default=sys.executable)
   ap.add_argument("--in_process", action="store_true",
                   help="run pytest inside this process (start it with cwd=--tree and "
@@ -315,6 +319,11 @@ def main():
     os._exit(143)
 
   signal.signal(signal.SIGTERM, stop)
+  survivors = None
+  if args.survivors_of:
+    with open(args.survivors_of) as f:
+      survivors = {(r["path"], r["line"], r["kind"], r["before"], r["after"])
+                   for r in json.load(f) if r["status"] == "survived"}
   results = []
   only = args.only.split(",")
   for path, tests in TARGETS.items():
@@ -329,6 +338,8 @@ def main():
                f"`git -C {tree} checkout {path}` first")
     current.update(full=full, source=source)
     chosen = spread(candidates(path, source), args.max_per_file)
+    if survivors is not None:
+      chosen = [m for m in chosen if (path, m.line, m.kind, m.before, m.after) in survivors]
     for m in chosen:
       if args.list:
         print(f"{path}:{m.line} {m.kind}: {m.before!r} -> {m.after!r}")

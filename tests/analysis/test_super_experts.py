@@ -457,3 +457,11 @@ def test_massive_layer_defaults_at_their_boundaries():
   assert se.massive_layers(massive) == [0, 3, 4]
   assert se.massive_layers(massive, min_ratio=99.99) == [0, 1, 3, 4]
   assert se.massive_layers(massive, growth=1.9) == [0, 2, 3, 4]  # 31.99 >= 1.9 * 16
+
+
+def test_uniform_sink_mass_by_hand():
+  """Uniform causal attention: query q (q = 1..L-1) puts 1 / (q + 1) on key 0;
+  L = 4: mean(1/2, 1/3, 1/4) = 13/36. One position has no query after it."""
+  assert se.uniform_sink_mass(4) == pytest.approx(13 / 36)
+  assert se.uniform_sink_mass(2) == pytest.approx(0.5)
+  assert np.isnan(se.uniform_sink_mass(1))
