@@ -59,3 +59,25 @@ def test_knee_at_every_expert_but_one_needs_the_curve_to_end_at_every_expert():
     kept, errors = prune.choose_experts(stats, "knee", 2, method, "rescaled", 0)
     assert kept[0] == tuple(np.flatnonzero(energy > 10)), method
     assert errors[0] == pytest.approx(1 / 401)
+
+
+@pytest.mark.parametrize("merge", ["", "none", "average"])
+def test_every_merge_rule_is_accepted_for_an_expert_method(merge):
+  """The merge rules written out here (not read from prune.MERGES); '' is the
+  method's own: average for step, none for every other method."""
+  prune.check_options(prune.Pruning("step", "4", merge=merge))
+  assert prune.merge_rule("step", merge) == (merge or "average")
+  assert prune.merge_rule("greedy", merge) == (merge or "none")
+
+
+@pytest.mark.parametrize("request_, message", [
+    (prune.Pruning("step", "4", merge="mean"), "--merge"),
+    (prune.Pruning("step", "4", partner="gram"), "--partner"),
+    (prune.Pruning("heapr", "0.5", merge="average"), "removes atoms, not experts to merge"),
+    (prune.Pruning("step", "knee"), "--keep=knee reads err"),
+    (prune.Pruning("greedy", "4", rescale=True, merge="average"), "--rescale")])
+def test_options_a_request_cannot_take_are_refused(request_, message):
+  with pytest.raises(ConfigError, match=message):
+    prune.check_options(request_)
+  prune.check_options(prune.Pruning("heapr", "0.5"))  # no merge: nothing to refuse
+  prune.check_options(prune.Pruning("greedy", "knee"))
