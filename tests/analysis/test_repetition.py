@@ -119,3 +119,17 @@ def test_drop_rate_and_simulated_ttft_closed_forms():
   half = valid.copy()
   half[::2] = False  # invalid slots are not rows
   assert rep.simulated_ttft([(skewed, half)], 8, 8) == {"rows": 8, "over_balanced": 4.0}
+
+
+def test_kind_report_gives_each_layers_capped_figures_by_hand():
+  """One layer, 8 tokens (2 rows of 4), top-1, every token on expert 0 of 4, 2 shards,
+  capacity 3: load [8, 0, 0, 0], 5 of 8 slots dropped; capped load [3, 0, 0, 0], so
+  the busiest shard holds 3 rows against a balanced 8 / 2."""
+  index = np.zeros((8, 1), np.int64)
+  valid = np.ones((8, 1), bool)
+  (report,) = rep.kind_report([(index, valid)], batch=2, num_experts=4, expert_shards=2,
+                              capacity=3)
+  assert report["load"] == [8, 0, 0, 0]
+  assert report["drop_rate"] == 5 / 8
+  assert report["busiest_device_capped"] == 3 / 4
+  assert report["same_set_fraction"] == 1.0
