@@ -66,7 +66,8 @@ TARGETS = {  # module -> tests; --max_per_file caps every module's mutants
     "moejax/mixtures/fedgem.py": ["tests/mixtures/test_fedgem.py"],
     "moejax/online/ace.py": ["tests/online/test_ace.py"],
     "moejax/online/tmow.py": ["tests/online/test_tmow.py"],
-    # analyses (the study-level runs of super_experts and router_inference are too slow)
+    # analyses (super_experts' study-level run is too slow; router_inference keeps two
+    # studies, the only callers of the held-out workdir's windows and plays)
     "moejax/analysis/super_experts.py": [
         f"tests/analysis/test_super_experts.py::{name}" for name in (
             "test_thresholds_on_hand_made_peaks",
@@ -86,7 +87,9 @@ TARGETS = {  # module -> tests; --max_per_file caps every module's mutants
             "test_score_batches_reports_loss_and_top_k_load",
             "test_calibration_captures_moe_inputs_and_finds_duplicate_experts",
             "test_set_router_state_writes_each_layer_and_checks_the_count",
-            "test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k")],
+            "test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k",
+            "test_sere_study_decodes_windows_of_draw_d",  # decode_windows
+            "test_as_coot_study_scores_held_out_play_d_on_draw_d")],  # play_batches
     "moejax/evaluation/stats.py": ["tests/evaluation/test_stats.py"],
 }
 
