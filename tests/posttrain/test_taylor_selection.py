@@ -36,24 +36,3 @@ def test_equal_losses_select_the_earlier_token():
   terms = np.diag([1.0, 10.0, 100.0, 1000.0])
   np.testing.assert_array_equal(taylor.step_scores(loss, terms, 0.25), [0.0, 10.0, 0.0, 0.0])
 
-
-def test_scores_over_several_batches_pair_each_batch_with_its_own_losses():
-  """Four windows as one batch, as two batches of two, and as those two in reverse
-  order select the same tokens and give proportional scores (equal batch sizes,
-  so any per-batch scale of the gradient is one common factor); the reference is
-  step_scores on the one batch's own rows, the last position dropped."""
-  import jax.numpy as jnp
-  from configs import lm_shakespeare_moe
-  from moejax.train.loop import init_state
-  graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny"))
-  windows = np.random.default_rng(7).integers(0, 256, (4, 10)).astype(np.int32)
-  score = lambda batches: taylor.layer_step_scores(graphdef, state.params, state.rest,
-                                                   batches, rho=0.2)
-  token_loss, terms = taylor.token_taylor_terms(graphdef, state.params, state.rest,
-                                                jnp.asarray(windows))
-  for layer, layer_terms in enumerate(terms):
-    rows = np.asarray(layer_terms).reshape(4, 10, -1)[:, :-1].reshape(36, -1)
-    want = taylor.step_scores(np.asarray(token_loss), rows, 0.2)
-    for batches in ([windows], [windows[:2], windows[2:]], [windows[2:], windows[:2]]):
-      got = score(batches)[layer]
-      np.testing.assert_allclose(got / got.sum(), want / want.sum(), rtol=1e-4, atol=1e-7)
