@@ -79,7 +79,9 @@ TARGETS = {  # module -> tests; --max_per_file caps every module's mutants
             "test_attention_sink_mass_by_hand_and_a_planted_sink",
             "test_massive_activations_find_a_planted_outlier",
             "test_ablation_removes_exactly_the_routed_contributions_of_the_expert",
-            "test_study_arm_sizes_and_the_most_frequent_arm_by_hand")],
+            "test_study_arm_sizes_and_the_most_frequent_arm_by_hand",
+            "test_massive_layer_defaults_at_their_boundaries",
+            "test_uniform_sink_mass_by_hand")],
     "moejax/analysis/repetition.py": ["tests/analysis/test_repetition.py"],
     "moejax/analysis/routing_attribution.py": ["tests/analysis/test_routing_attribution.py"],
     "moejax/analysis/router_inference.py": [
