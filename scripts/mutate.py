@@ -91,6 +91,7 @@ TARGETS = {  # module -> tests; --max_per_file caps every module's mutants
             "test_calibration_captures_moe_inputs_and_finds_duplicate_experts",
             "test_set_router_state_writes_each_layer_and_checks_the_count",
             "test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k",
+            "test_decode_windows_are_the_validation_stream_and_refuse_one_token_too_many",
             "test_sere_study_decodes_windows_of_draw_d",  # decode_windows
             "test_as_coot_study_scores_held_out_play_d_on_draw_d")],  # play_batches
     "moejax/evaluation/stats.py": ["tests/evaluation/test_stats.py"],

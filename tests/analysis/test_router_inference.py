@@ -242,3 +242,17 @@ def test_router_studies_refuse_a_dense_model(tmp_path):
   training_workdir(str(tmp_path / "dense"), dense_config("size=tiny"))
   with pytest.raises(ConfigError, match=r"model\.ffn_type='dense'.*study\.settings\.workdir="):
     run_study(study("capacity", str(tmp_path / "dense")), tmp_path)
+
+
+def test_decode_windows_are_the_validation_stream_and_refuse_one_token_too_many(workdir):
+  """Window i is validation row i's inputs followed by its last target (seq_len + 1
+  tokens); asking for seq_len + 1 tokens of prediction is one too many."""
+  trained = ri.TrainedMoE(workdir)
+  seq_len = trained.config.data.seq_len
+  first = trained.eval_batches()[0]
+  want = np.concatenate([first["inputs"][:2], first["targets"][:2, -1:]], 1)
+  np.testing.assert_array_equal(trained.decode_windows(0, 2, seq_len), want)
+  np.testing.assert_array_equal(trained.decode_windows(1, 1, 3), first["inputs"][1:2, :4])
+  with pytest.raises(ConfigError, match=f"of {seq_len} tokens; asked for windows 0..0 of "
+                                        f"{seq_len + 1} tokens"):
+    trained.decode_windows(0, 1, seq_len + 1)
