@@ -44,6 +44,7 @@ TARGETS = {  # module -> tests; --max_per_file caps every module's mutants
     # post-training: pruning, surgery, the method scores, quantizers, decompositions
     "moejax/posttrain/prune.py": [
         "tests/posttrain/test_prune.py",
+        "tests/posttrain/test_atom_removal_bounds.py::test_the_atom_pruning_report_counts_experts_and_their_kept_atoms",
         "tests/posttrain/test_prune_workdir.py::test_keep_as_fraction_or_count",
         "tests/posttrain/test_prune_workdir.py::test_most_similar_kept_expert_by_cosine_of_the_gram",
         "tests/posttrain/test_expert_subset.py::test_knee_budgets_follow_each_layers_own_curve",

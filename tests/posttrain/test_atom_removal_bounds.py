@@ -46,3 +46,19 @@ def test_width_is_the_most_kept_atoms_rounded_up_to_eight(tiny, count, width):
   m, params = tiny
   new_m, _ = atoms.remove_atoms(m, params, masks(list(range(count))))
   assert new_m.moe.expert_d_ff == width
+
+
+def test_the_atom_pruning_report_counts_experts_and_their_kept_atoms(tiny):
+  """prune_atoms' per-layer report on 2 MoE layers of 8 experts x 32 atoms, keeping
+  half of all atoms by a random score: 'experts' is 8 (not the 32 atoms), one kept
+  count per expert, and the counts add up to 256 of the 512."""
+  import types
+  from moejax.posttrain import prune
+  m, params = tiny
+  sums = {block: {"predicted": 1.0, "h2": np.zeros((8, 32))} for block in (0, 1)}
+  calibration = types.SimpleNamespace(atom_sums=sums)
+  _, _, _, layers = prune.prune_atoms(m, params, {}, calibration, keep="0.5",
+                                      method="atom_random", seed=3)
+  assert [layer["block"] for layer in layers] == [0, 1]
+  assert all(layer["experts"] == 8 and len(layer["kept_atoms"]) == 8 for layer in layers)
+  assert sum(sum(layer["kept_atoms"]) for layer in layers) == 256
