@@ -20,6 +20,7 @@ def get_config(arg=None):
   a = parse_config_arg(arg, DEFAULTS)
   c = base_config()
   c.model.family = a.family
+  c.init.requires_hf_dir = True
   c.model.moe.loss_weights = {"load_balance": 1e-2}
   c.data.seq_len, c.data.batch_size = a.seq_len, a.batch_size
   t = c.train

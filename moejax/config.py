@@ -155,6 +155,9 @@ def base_config() -> ml_collections.ConfigDict:
   # (model.family must name its family); the MoE training keys stay the config's.
   c.init = ml_collections.ConfigDict()
   c.init.hf_dir = ml_collections.config_dict.placeholder(str)
+  # A fine-tuning recipe (configs/finetune_hf.py) sets this: training refuses to
+  # start from scratch when no init.hf_dir is given.
+  c.init.requires_hf_dir = False
   # Sparse upcycling (moejax/train/upcycle.py): an MoE started from a dense training
   # workdir's checkpoint (upcycle_step; 0 = its latest), experts cut from its FFNs.
   c.init.upcycle_from = ml_collections.config_dict.placeholder(str)

@@ -39,10 +39,13 @@ def validate_config(c) -> None:
   """Reject bad values before any model is built (see module doc)."""
   from moejax.models import MODELS
   MODELS.get(c.model_name)
-  if c.model.family != "moejax" and not c.init.get("hf_dir"):
+  if not c.init.get("hf_dir") and c.model.family != "moejax":
     raise ConfigError(f"model.family={c.model.family!r} is fine-tuned from a pretrained "
                       f"checkpoint, and init.hf_dir is not set: give --config.init.hf_dir=DIR "
                       f"(init.hf_dir=None)")
+  if not c.init.get("hf_dir") and c.init.get("requires_hf_dir"):
+    raise ConfigError("this config fine-tunes a pretrained model (init.requires_hf_dir=True) "
+                      "and init.hf_dir is not set: give --config.init.hf_dir=DIR")
   validate_model(c.model)
   m = c.model
   if c.data.seq_len > m.max_seq_len:

@@ -286,6 +286,8 @@ CASES = [
     (EVAL, [T, "--docs={bad}/empty_text.jsonl"], ["no tokens", "empty_text.jsonl, line 2"]),
     # a required setting without a silent default; nothing left behind by a refused run
     (TRAIN, [FINETUNE, NEW], ["init.hf_dir", "model.family='mixtral'"]),
+    (TRAIN, ["--config=configs/finetune_hf.py:family=moejax,steps=4,seq_len=32", NEW],
+     ["init.requires_hf_dir=True", "--config.init.hf_dir=DIR"]),
     (TRAIN, [FINETUNE, NEW, "--config.init.hf_dir={bad}/hf_truncated"], ["hf_truncated"]),
     (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
     (ZOO, ["--models="], ["--models", "at least one"]),
