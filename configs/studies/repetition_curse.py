@@ -3,6 +3,7 @@ trained MoE LM (moejax/studies/scorers/repetition.py).
 
   python -m experiments.study --config=configs/studies/repetition_curse.py \
       [--config.settings.workdir=runs/zoo/s] [--config.draws=5]
+  python -m experiments.study --config=configs/studies/repetition_curse.py:seeds=3
 
 The paper's prompt (one token repeated, no BOS) routes every position alike by
 construction (forced_identical = 1), so it is kept as a diagnostic; the claims read the
@@ -12,9 +13,10 @@ a chat-style turn. Time to first token is simulated over 8 expert-parallel devic
 """
 import ml_collections
 
+from moejax.train import zoo
+
 
 def get_config(arg=None):
-  del arg
   c = ml_collections.ConfigDict()
   c.name = "repetition_curse"
   c.description = (
@@ -52,4 +54,4 @@ def get_config(arg=None):
       claim("repeated", "forced_identical", None, "the paper's prompt without BOS: every "
             "position is position 0 again (identity)", "ours"),
   ]
-  return c
+  return zoo.over_seeds(c, arg)
