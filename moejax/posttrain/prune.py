@@ -14,14 +14,15 @@ import dataclasses
 import numpy as np
 
 from moejax.errors import ConfigError
+from moejax.merging.experts import merge_in_layer
 from moejax.posttrain import atoms, contributions, expert_subset, surgery
 from moejax.posttrain.calibration import Calibration
 from moejax.posttrain.methods import ATOM_METHODS
 
 
 KNEE = "knee"  # --keep=knee: each layer's budget at the knee of err(m) (expert_subset.knee)
-# How a pruned expert is merged into a kept one (surgery.merge_experts): not at all, or
-# the routing-mass-weighted mean of the raw parameters (Step's merge, our guess).
+# How a pruned expert is merged into a kept one (moejax/merging/experts.py): not at all,
+# or the routing-mass-weighted mean of the raw parameters (Step's merge, our guess).
 # "" = the method's own: average for `step`, none for every other method.
 MERGES = ("none", "average")
 # The kept partner a pruned expert merges into: the most similar by `output` (every
@@ -184,9 +185,8 @@ def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, 
     if merge_rule(method, merge) == "average":
       for layer in stats:
         similarity = layer.outputs if partner == "output" else layer.gram
-        merged = surgery.merge_experts(merged, layer.block,
-                                       most_similar_kept(similarity, kept[layer.block]),
-                                       layer.mass)
+        merged = merge_in_layer(merged, layer.block,
+                                most_similar_kept(similarity, kept[layer.block]), layer.mass)
     new_m, new_params, new_rest = surgery.remove_experts(m, merged, rest, kept, scales)
     layers = [{"block": layer.block, "experts": len(layer.gram), "kept": list(kept[layer.block]),
                "relative_error": errors[layer.block]} for layer in stats]

@@ -25,6 +25,7 @@ import numpy as np
 
 from moejax.models.structure import expert_counts, moe_layer_indices
 from moejax.errors import ConfigError
+from moejax.merging.experts import merge_in_layer
 from moejax.models.decoder import abstract_model
 
 
@@ -98,23 +99,6 @@ def remove_experts(m, params: dict, rest: dict, keep: dict, scales: dict | None 
   return new, params, rest
 
 
-def merge_experts(params: dict, block: int, merges: dict, mass) -> dict:
-  """A copy of `params` where, in MoE block `block`, each kept expert k's weights
-  become the routing-mass-weighted mean over k and the experts merged into it
-  (merges: {pruned expert: kept expert}); remove_experts then drops the pruned
-  ones. Step's merge (posttrain/taylor.py); only the expert weights change."""
-  mass = np.asarray(mass, np.float64)
-  experts = dict(params["blocks"][block]["ffn"]["experts"])
-  groups = {}
-  for pruned, kept in merges.items():
-    groups.setdefault(int(kept), [int(kept)]).append(int(pruned))
-  for name, w in experts.items():
-    w = np.array(w)
-    for kept, members in groups.items():
-      weights = mass[members] / max(mass[members].sum(), 1e-30)
-      w[kept] = np.tensordot(weights, w[members].astype(np.float64), axes=1).astype(w.dtype)
-    experts[name] = w
-  out = {**params, "blocks": dict(params["blocks"])}
-  out["blocks"][block] = {**params["blocks"][block],
-                          "ffn": {**params["blocks"][block]["ffn"], "experts": experts}}
-  return out
+# Step's merge (posttrain/prune.py) lives in the merging module: the kept expert's
+# weights become the routing-mass-weighted average over it and the experts merged into it.
+merge_experts = merge_in_layer

@@ -11,7 +11,7 @@ On calibration windows, with the next-token loss L:
      (MoELayer.gradient_probe under nnx.capture with nnx.Perturbation);
   3. prune the lowest-scored experts and, by the merge rule (prune.MERGES: `none`,
      or `average`, the routing-mass-weighted mean of the raw parameters,
-     surgery.merge_experts), merge each pruned expert into the kept expert whose
+     merging.experts.merge_in_layer), merge each pruned expert into the kept expert whose
      outputs on the same calibration tokens are most similar (prune.PARTNERS:
      `output`, the cosine of contributions.LayerStatistics.outputs; `contribution`,
      the cosine of the routed-contribution Gram, measures co-activation instead).
