@@ -20,9 +20,10 @@ say what must be refused):
   list     '' (unless the help says what empty means) and an unknown name
   config   a missing file
   string, by role (`role`, from the flag's name and help):
-    input directory   '', a file, a missing path
+    input directory   '', a file, a missing path (a flag named *workdir or *_dir, or
+                      whose help says "to read from"; a list of them: each path)
     output directory  '', a file, a path under a file; 'new or empty' in the help:
-                      a non-empty directory; with an input --workdir: a path inside it
+                      a non-empty directory; with the input workdir: a path inside it
     input file        '', a missing file, a directory, an empty file
     output file       '', a directory, a missing directory, a path under a file, and
                       for a figure (--plot) a format matplotlib cannot write
@@ -130,7 +131,7 @@ def role(flag: Flag) -> str:
   """in_dir, out_dir, in_file, out_file or text: a string flag's role, from its name
   and help (the conventions of experiments/)."""
   name, text = flag.name, flag.help.lower()
-  named_dir = name.endswith(("workdir", "_dir"))
+  named_dir = name.endswith(("workdir", "_dir")) or "to read from" in text
   a_file = re.search(r"\.(json|jsonl|npy|npz|png)\b|as json|\bfile\b", text)
   if re.search(r"\b(write|written|output|for checkpoints|lives)\b", text):
     return "out_dir" if named_dir or (re.search(r"directory|workdir", text) and not a_file) \
@@ -164,6 +165,9 @@ def base_args(entry, module: str, defined: list[Flag], area) -> list[str]:
   for arg in usage(entry, module):
     name, _, value = arg[2:].partition("=")
     flag = by_name.get(name)
+    if flag is not None and flag.kind == "list" and role(flag) == "in_dir":
+      out.append(f"--{name}={area.train},{area.converted}")  # models of the same shapes
+      continue
     if flag is None or flag.kind != "string" or role(flag) == "text":
       out.append(arg)
       continue
@@ -190,6 +194,8 @@ def bad_values(flag: Flag, area, base: list[str]) -> list[str]:
     return ["maybe"]
   if k == "enum":
     return ["no_such_name"]
+  if k == "list" and role(flag) == "in_dir":
+    return ["", os.path.join(area.bad, "afile.txt"), area.missing]
   if k == "list":
     return ([] if re.search(r"\bempty\b", text, re.I) else [""]) + ["no_such_name"]
   if k == "config":
@@ -202,7 +208,7 @@ def bad_values(flag: Flag, area, base: list[str]) -> list[str]:
     values = ["", afile, os.path.join(afile, "sub")]
     if "new or empty" in text:
       values.append(os.path.join(bad, "foreign"))
-    if f"--workdir={area.train}" in base:
+    if any(arg.endswith(f"={area.train}") for arg in base):  # an input workdir
       values.append(os.path.join(area.train, "inside"))
     return values
   if kind == "in_file":
