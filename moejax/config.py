@@ -97,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
   e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
   # their smallest block: each expert's rows are computed up to a multiple of
   # gcd(dropless_tile, dropless_min_block); 64 for fine-grained experts (a few hundred
-  # rows per expert: +5-8% fwd+bwd); default: the tile, as before (moejax/dispatch/blocks.py)
+  # rows per expert: +5-8% fwd+bwd); default: the tile, as before (moejax/assignment/blocks.py)
   e.dropless_min_block = 128
   e.capacity_factor = 1.25
   e.min_capacity = 4

@@ -56,8 +56,8 @@ import numpy as np
 from moejax import cli
 from moejax.config import base_config
 from moejax.dispatch import get_dispatcher
-from moejax.dispatch.base import padding_waste
-from moejax.dispatch.blocks import granule
+from moejax.assignment.blocks import granule
+from moejax.assignment.layout import padding_waste
 from moejax.dispatch.dropless import get_grouped_matmul
 from moejax.dispatch.capacity import expert_capacity
 from moejax.evaluation.stats import markdown_table
@@ -202,8 +202,8 @@ def routing_layout_path(cfg):
   """Router + layout + per-row gates + block schedule, no experts. y = x * (sum of the
   token's combine weights), so the backward runs the router's; every layout array
   feeds the second output, so none is compiled away."""
-  from moejax.dispatch.base import tile_layout
-  from moejax.dispatch.blocks import schedule_of
+  from moejax.assignment.blocks import schedule_of
+  from moejax.assignment.layout import tile_layout
 
   def overhead(params, x):
     routing = route(params, x, cfg)

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.analysis.expert_similarity import expert_outputs_on_tokens, linear_cka_matrix
-from moejax.dispatch.base import tile_layout
+from moejax.assignment.layout import tile_layout
 from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts

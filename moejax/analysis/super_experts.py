@@ -19,7 +19,7 @@ mean over heads and query positions > 0.
 Everything comes from one forward pass, captured with nnx.capture
 (router_inference.captured_forward: MoE inputs, block outputs and each attention's
 `probabilities`) and the model's own routing (aux["moe"]): a_{l,e} runs each expert
-only on the rows the router sent it (dispatch/base.tile_layout).
+only on the rows the router sent it (assignment/layout.tile_layout).
 Differences from the official profiler: a is float32 (not bf16), shared experts are not
 profiled, an expert no token reaches has a = 0, and "routed" is the router's valid slots.
 

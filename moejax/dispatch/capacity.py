@@ -11,7 +11,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moejax.dispatch.base import combine, register_dispatcher, sort_by_expert
+from moejax.assignment.layout import combine, sort_by_expert
+from moejax.dispatch.base import register_dispatcher
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int,

@@ -17,8 +17,8 @@ registered ExpertType declares (moejax/experts/base.py).
 """
 import jax.numpy as jnp
 
-from moejax.dispatch.base import (combine_rows, dropless_metrics, register_dispatcher,
-                                  tile_layout)
+from moejax.assignment.layout import combine_rows, dropless_metrics, tile_layout
+from moejax.dispatch.base import register_dispatcher
 from moejax.dispatch.grouped_matmul import (GROUPED_MATMULS,  # noqa: F401  (re-exported)
                                             resolve_grouped_matmul)
 from moejax.dispatch.memeff import dispatch_dropless_memeff

@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moejax.dispatch.base import SortedAssignments
+from moejax.assignment.layout import SortedAssignments
 from moejax.routing.base import Routing
 
 # Looked up at trace time, so tests swap in `emulated_ragged_all_to_all` on CPU.

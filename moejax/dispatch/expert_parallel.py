@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import PartitionSpec as P
 
-from moejax.dispatch.base import combine, get_dispatcher, sort_by_expert
+from moejax.assignment.layout import combine, sort_by_expert
+from moejax.dispatch.base import get_dispatcher
 from moejax.dispatch.capacity import expert_capacity
 from moejax.dispatch.exchange import Exchange, axis_name, exclusive_cumsum, rows_per_peer
 from moejax.routing.base import Routing

@@ -21,9 +21,9 @@ config validation calls it for the entry the configured name resolves to.
 
 Registered:
   'fused'       the expert type's fused path (SwiGLU: the SonicMoE block loop
-                of memeff.py, the same as dispatch 'dropless_memeff'; atomic:
+                of experts/swiglu_memeff.py, the same as dispatch 'dropless_memeff'; atomic:
                 the naive gather). Fastest on CPU, least memory.
-  'loop'        a fori_loop over row blocks (blocks.py): each block one plain
+  'loop'        a fori_loop over row blocks (assignment/blocks.py): each block one plain
                 matmul against its expert's weight slice, read in place; only
                 blocks holding rows are visited. Exact FLOPs up to padding.
                 The fastest path on CPU for any expert function.
@@ -54,8 +54,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from moejax.dispatch.base import TileLayout
-from moejax.dispatch.blocks import loop_matmul_fn, schedule_of
+from moejax.assignment.layout import TileLayout
+from moejax.assignment.blocks import loop_matmul_fn, schedule_of
 from moejax.registry import Registry
 
 Matmul = Callable[[jax.Array, jax.Array], jax.Array]

@@ -4,8 +4,9 @@ so that every dispatch backend runs every expert type. The interface is
 documented in base.py; add a type with one file here calling
 `register_expert_type` (every module of this package is imported).
 
-Modules here import moejax.dispatch and moejax.layers only inside functions:
-dispatch imports experts.base, and layers.moe imports this package.
+Modules here import neither moejax.dispatch nor moejax.layers (dispatch imports
+experts.base, and layers.moe imports this package); the row layouts they share
+with dispatch are in moejax/assignment.
 """
 from moejax.experts.base import (EXPERT_TYPES, BoundExperts, ExpertType, experts_of,
                                  get_expert_type, register_expert_type)

@@ -28,7 +28,7 @@ Two schedules, the same function, chosen by model.moe.grouped_matmul:
                            expert's vector: one dense batched einsum that
                            reads u_e, d_e once per tile instead of per row;
                    'loop'  one small matmul per block of one expert's rows
-                           (blocks.py), exact FLOPs, many tiny steps;
+                           (assignment/blocks.py), exact FLOPs, many tiny steps;
                    'ragged_dot', 'gmm' N x FLOPs on CPU;
                    'fused' (and 'auto' on CPU) the naive schedule, which
                            the atomic expert type declares as its fused path.
@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.dispatch.base import padding_waste
+from moejax.assignment.layout import padding_waste
 from moejax.errors import choice_error
 from moejax.experts.base import ExpertType, register_expert_type
 

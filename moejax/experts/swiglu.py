@@ -5,13 +5,14 @@ to the compute dtype at use. The expert function never sees which token went
 where: it receives rows already grouped by the dispatch backend and a
 `matmul(rows, w[E, a, b])` that applies each group's own expert slice
 (a batched einsum for the capacity layout, a grouped matmul for dropless).
-Fused path: the memory-efficient SonicMoE kernel (dispatch/memeff.py).
+Fused path: the memory-efficient SonicMoE kernel (swiglu_memeff.py).
 """
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from moejax.experts.base import ExpertType, GroupedMatmul, register_expert_type
+from moejax.experts.swiglu_memeff import swiglu_memeff_dispatch
 
 
 def swiglu_expert(weights_e: dict, x: jax.Array) -> jax.Array:
@@ -26,8 +27,7 @@ def swiglu_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul) -> jax
 
 
 def swiglu_fused(weights: dict, x, routing, cfg):
-  """The whole SwiGLU expert pass in one block loop (SonicMoE, dispatch/memeff.py)."""
-  from moejax.dispatch.memeff import swiglu_memeff_dispatch  # dispatch imports experts.base
+  """The whole SwiGLU expert pass in one block loop (SonicMoE, swiglu_memeff.py)."""
   return swiglu_memeff_dispatch(weights, x, routing, cfg)
 
 

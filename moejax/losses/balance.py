@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.losses.base import register_loss
-from moejax.routing.base import RouterOutput, Routing
+from moejax.assignment.routing import RouterOutput, Routing
 
 
 def _output(index, valid, probs, logits) -> RouterOutput:

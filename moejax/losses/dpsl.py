@@ -40,7 +40,7 @@ from jax.scipy.special import betainc
 
 from moejax.errors import ConfigError
 from moejax.losses.base import get_loss, register_loss
-from moejax.routing.base import RouterOutput
+from moejax.assignment.routing import RouterOutput, Routing
 
 DEFAULT_ALPHA = 1.0
 _EPS = 1e-6
@@ -82,7 +82,6 @@ def dpsl_example():
   [0.6, 0.4]: sorted columns (0.3, 0.6) and (0.4, 0.7) against targets
   (0.25, 0.75) give (0.05^2 + 0.15^2) / 2 = 0.0125 each, 0.025 in all."""
   import ml_collections
-  from moejax.routing.base import Routing
   probs = jnp.asarray([[0.3, 0.7], [0.6, 0.4]], jnp.float32)
   routing = Routing(jnp.asarray([[1], [0]], jnp.int32), jnp.ones((2, 1)), jnp.ones((2, 1), bool))
   out = RouterOutput(routing, jnp.log(probs), probs, {}, {})

@@ -64,7 +64,7 @@ def batch_atom_sums(graphdef, params, rest, tokens):
   count [E] routed tokens, and `predicted` N (float32). P uses dL/dy of this
   batch's mean loss times this batch's N, so sums over batches add up."""
   from moejax.analysis.router_inference import routed_rows
-  from moejax.dispatch.base import tile_layout
+  from moejax.assignment.layout import tile_layout
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   from moejax.posttrain.taylor import token_gradients
   from moejax.routing.base import Routing

@@ -60,7 +60,7 @@ def _gram(X) -> np.ndarray:
 @functools.partial(jax.jit, static_argnums=0)
 def _batch_inputs(graphdef, params, rest, tokens):
   from moejax.analysis.router_inference import captured_forward
-  from moejax.dispatch.base import tile_layout
+  from moejax.assignment.layout import tile_layout
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   from moejax.routing.base import Routing
   model = nnx.merge(graphdef, params, rest)

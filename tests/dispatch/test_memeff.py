@@ -15,9 +15,9 @@ from hypothesis import given, settings, strategies as st
 from jax.ad_checkpoint import print_saved_residuals
 from jax.test_util import check_grads
 
+from moejax.assignment.blocks import block_schedule, block_sizes
+from moejax.assignment.layout import tile_layout
 from moejax.dispatch import get_dispatcher
-from moejax.dispatch.base import tile_layout
-from moejax.dispatch.blocks import block_schedule, block_sizes
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.routing import Routing, get_router

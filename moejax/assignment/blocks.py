@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from moejax.dispatch.base import TileLayout
+from moejax.assignment.layout import TileLayout
 
 # model.moe.dropless_block's default. Measured on the 2-core CPU
 # (experiments/benchmarks/moe_layer.py): 512-row blocks beat 128 and 256 at
