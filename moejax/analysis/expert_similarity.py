@@ -9,6 +9,7 @@ calibration tokens and compares their outputs. Linear CKA (Kornblith et al.
 CKA is 1 for identical (or orthogonally rotated / isotropically scaled)
 outputs. The official calibration script defaults to a Frobenius similarity
 (1 - d / d_max) and also offers cosine; only linear CKA is implemented here.
+Every expert's outputs on the same tokens: moejax.models.capture.expert_outputs_on_tokens.
 """
 import jax
 import jax.numpy as jnp
@@ -25,13 +26,3 @@ def linear_cka_matrix(outputs_ExNxD: jax.Array) -> jax.Array:
   hsic = jax.lax.map(row, x)
   norm = jnp.sqrt(jnp.maximum(jnp.diag(hsic), 1e-30))
   return hsic / (norm[:, None] * norm[None, :])
-
-
-def expert_outputs_on_tokens(expert_fn, x_NxD: jax.Array, num_experts: int) -> jax.Array:
-  """Every expert on every calibration token: [E, N, d].
-
-  expert_fn(rows [E, C, d], matmul) is the layer's expert function (see
-  moejax/experts); each expert receives all N rows.
-  """
-  rows = jnp.broadcast_to(x_NxD, (num_experts,) + x_NxD.shape)
-  return expert_fn(rows, lambda r, w: jnp.einsum("eca,eab->ecb", r, w))

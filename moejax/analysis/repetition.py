@@ -44,7 +44,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.router_inference import captured_forward
+from moejax.models.capture import captured_forward
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -20,15 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.expert_similarity import expert_outputs_on_tokens, linear_cka_matrix
-from moejax.assignment.layout import tile_layout
-from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
+from moejax.analysis.expert_similarity import linear_cka_matrix
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.inference.generate import decode_programs
 from moejax.inference.kv_cache import init_cache
+from moejax.models.capture import expert_outputs_on_tokens, moe_layer_inputs
 from moejax.models.decoder import abstract_model
-from moejax.routing.base import Routing
 from moejax.train.loop import build_model
 from moejax.train.step import cross_entropy, moe_metrics, split_model
 
@@ -65,43 +63,6 @@ def score_batches(graphdef, params, rest, batches, top_k: int) -> dict:
                       "experts_per_token": per_token, "kept_fraction": per_token / top_k})
   out = {key: float(np.mean([f[key] for f in figures])) for key in figures[0]}
   return {"bpb": float(np.mean(losses)) / math.log(2), **out}
-
-
-def captured_forward(model, tokens):
-  """(logits, aux, outputs) of a full forward pass on `tokens`, where outputs maps
-  each module path and method, e.g. ("blocks", 0, "ffn_norm", "__call__"), to
-  what that method returned on its first call: nnx.capture's method_outputs,
-  no model edits. Under jit, what the caller does not read is never computed."""
-  (logits, aux, _), outputs = nnx.capture(model, nnx.Intermediate,
-                                          method_outputs=nnx.Intermediate)(tokens)
-  return logits, aux, {path: value.get_value()[0]
-                       for path, value in nnx.to_flat_state(outputs)}
-
-
-def routed_rows(layer, x_TxD, aux) -> dict:
-  """Every expert of one MoE layer run on the rows its router sent it (dropless
-  row layout, float32): rows [R, d] expert outputs before the combine weight,
-  and per row its token, expert (E on padding rows) and combine weight (0 there).
-
-  x_TxD: the layer's input; aux: its aux (expert_index, combine_weight, valid)."""
-  num_experts = layer.cfg.num_experts
-  routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
-  layout = tile_layout(routing, num_experts, 1)
-  bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
-  matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
-  expert = jnp.where(routing.valid, routing.expert_index, num_experts).T.reshape(-1)
-  return {"rows": bound(x_TxD.astype(jnp.float32)[layout.row_token], matmul),
-          "token": layout.row_token,
-          "expert": layout.row_values(expert, fill=num_experts),
-          "weight": layout.row_values(routing.masked_weight().T.reshape(-1)).astype(jnp.float32)}
-
-
-def moe_layer_inputs(model, tokens) -> list[jax.Array]:
-  """The inputs [B*L, d] of every MoE layer of the model on `tokens`: the
-  outputs of each MoE block's ffn_norm (captured_forward)."""
-  _, _, outputs = captured_forward(model, tokens)
-  return [outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model)
-          for i, block in enumerate(model.blocks) if block.is_moe]
 
 
 @functools.partial(jax.jit, static_argnums=0)

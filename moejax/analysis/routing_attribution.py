@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.router_inference import captured_forward
 from moejax.errors import ConfigError
 from moejax.layers.attention import GroupedQueryAttention, attend
+from moejax.models.capture import captured_forward
 from moejax.posttrain.contributions import routed_contributions
 
 

@@ -17,7 +17,7 @@ sinks (Xiao et al. 2024): per layer, the attention probability on key position 0
 mean over heads and query positions > 0.
 
 Everything comes from one forward pass, captured with nnx.capture
-(router_inference.captured_forward: MoE inputs, block outputs and each attention's
+(models/capture.captured_forward: MoE inputs, block outputs and each attention's
 `probabilities`) and the model's own routing (aux["moe"]): a_{l,e} runs each expert
 only on the rows the router sent it (assignment/layout.tile_layout).
 Differences from the official profiler: a is float32 (not bf16), shared experts are not
@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.router_inference import captured_forward, routed_rows
 from moejax.models.structure import moe_layer_indices
 from moejax.errors import ConfigError
+from moejax.models.capture import captured_forward, routed_rows
 from moejax.models.decoder import abstract_model, unstack_layers
 
 PARTS = ("peaks", "massive", "sinks")  # measure also takes "counts" (the ablation study's)

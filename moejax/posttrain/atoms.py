@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.errors import ConfigError
+from moejax.models.capture import routed_rows
 
 SCORES = ("heapr", "heapr_first_order", "exact_diagonal", "magnitude", "random")
 # HEAPr's per-expert normalisation of sum_t h^2 * sum_t P^2 (module doc): `routed`
@@ -63,7 +64,6 @@ def batch_atom_sums(graphdef, params, rest, tokens):
   h2 = sum h^2, p2 = sum P^2, hp = sum h P, h2p2 = sum h^2 P^2 [E, F],
   count [E] routed tokens, and `predicted` N (float32). P uses dL/dy of this
   batch's mean loss times this batch's N, so sums over batches add up."""
-  from moejax.analysis.router_inference import routed_rows
   from moejax.assignment.layout import tile_layout
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   from moejax.posttrain.taylor import token_gradients

@@ -27,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.expert_similarity import expert_outputs_on_tokens
-from moejax.analysis.router_inference import captured_forward, routed_rows
 from moejax.errors import ConfigError
+from moejax.models.capture import captured_forward, expert_outputs_on_tokens, routed_rows
 
 
 @dataclasses.dataclass

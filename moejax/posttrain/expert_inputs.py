@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.errors import ConfigError
+from moejax.models.capture import captured_forward
 
 
 @dataclasses.dataclass
@@ -59,7 +60,6 @@ def _gram(X) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _batch_inputs(graphdef, params, rest, tokens):
-  from moejax.analysis.router_inference import captured_forward
   from moejax.assignment.layout import tile_layout
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   from moejax.routing.base import Routing

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.models.capture import captured_forward
 from moejax.posttrain import source as source_lib
 from moejax.posttrain.calibration import Calibration, calibration_windows
 
@@ -73,7 +74,6 @@ def expert_parameters(params) -> int:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _top_k_sets(graphdef, params, rest, tokens):
-  from moejax.analysis.router_inference import captured_forward
   model = nnx.merge(graphdef, params, rest)
   _, aux, _ = captured_forward(model, tokens)
   e = model.cfg.moe.num_experts

@@ -11,6 +11,7 @@ import pytest
 from configs import lm_shakespeare_moe
 from moejax.analysis import router_inference as ri
 from moejax.errors import ConfigError
+from moejax.models.capture import moe_layer_inputs
 from moejax.train.loop import init_state
 from moejax.train.step import cross_entropy
 
@@ -61,7 +62,7 @@ def test_calibration_captures_moe_inputs_and_finds_duplicate_experts(tiny):
   config, graphdef, params, rest, windows = tiny
   from flax import nnx
   model = nnx.merge(graphdef, params, rest)
-  inputs = ri.moe_layer_inputs(model, jnp.asarray(windows[:, :-1]))
+  inputs = moe_layer_inputs(model, jnp.asarray(windows[:, :-1]))
   assert len(inputs) == config.model.num_layers
   # Oracle for the first layer's input: ffn_norm(x + attn(attn_norm(x))) by hand.
   block, x = model.blocks[0], model.embed[...][windows[:, :-1]]

@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 
 from configs import lm_shakespeare_moe
-from moejax.analysis import router_inference as ri
 from moejax.analysis import super_experts as se
 from moejax.errors import ConfigError
 from moejax.layers.rope import apply_rope, rope_frequencies
+from moejax.models.capture import captured_forward
 from moejax.train.loop import init_state
 
 SINK_TOKEN = 0
@@ -43,7 +43,7 @@ def captured(graphdef, params, rest, tokens):
   residual output h, per MoE layer its combine weights [T, S], and per MoE layer
   the routing (expert_index, valid)."""
   model = nnx.merge(graphdef, params, rest)
-  _, aux, outputs = ri.captured_forward(model, tokens)
+  _, aux, outputs = captured_forward(model, tokens)
   blocks = range(len(model.blocks))
   values = {name: [outputs[("blocks", i, *path, "__call__")] for i in blocks]
             for name, path in (("x", ("ffn_norm",)), ("q", ("attn", "q")),

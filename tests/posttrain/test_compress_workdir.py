@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.analysis.router_inference import captured_forward
 from moejax.errors import ConfigError
+from moejax.models.capture import captured_forward
 from moejax.models.decoder import abstract_model
 from moejax.posttrain import compress_pipeline as cp
 from moejax.posttrain import compress_workdir as cw

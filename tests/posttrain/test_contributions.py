@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from configs import lm_shakespeare_dense, lm_shakespeare_moe
-from moejax.analysis.router_inference import captured_forward
 from moejax.errors import ConfigError
+from moejax.models.capture import captured_forward
 from moejax.posttrain import contributions
 from moejax.train.loop import init_state
 

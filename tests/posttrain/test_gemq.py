@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import lm_shakespeare_moe
-from moejax.analysis.router_inference import captured_forward
+from moejax.models.capture import captured_forward
 from moejax.posttrain import bit_allocation, gemq, quantize
 from moejax.posttrain.taylor import token_gradients
 from moejax.train.loop import init_state

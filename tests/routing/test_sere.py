@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from moejax.analysis.expert_similarity import expert_outputs_on_tokens, linear_cka_matrix
+from moejax.analysis.expert_similarity import linear_cka_matrix
 from moejax.dispatch import get_dispatcher
 from moejax.experts import swiglu_experts
+from moejax.models.capture import expert_outputs_on_tokens
 from moejax.routing import Routing, get_router
 from moejax.routing.sere import sere_reroute
 from tests.helpers import moe_cfg, random_logits
