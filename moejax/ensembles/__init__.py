@@ -1,0 +1,1 @@
+"""Ensembles of models drawn around one checkpoint: RandOpt (neural thickets)."""
