@@ -26,7 +26,7 @@ from moejax.evaluation.stats import markdown_table  # noqa: E402
 
 OUT = os.path.join(ROOT, "docs", "methods")
 KINDS = ("router", "expert type", "dispatcher", "loss", "grouped matmul",
-         "post-training method", "study")
+         "post-training method", "merge method", "study")
 
 # Papers as the project's paper lists (shared/specs/PAPERS.md) and the classics name them.
 ICML, ICLR = "ICML 2026", "ICLR 2026"
@@ -64,6 +64,10 @@ PAPERS = {
     "hartigan": ("Lloyd vs Hartigan k-means", ICML, "2602.09936"),
     "gptq": ("GPTQ", "ICLR 2023", "2210.17323"),
     "repetition_curse": ("RepetitionCurse", ICML, "2512.23995"),
+    "task_arithmetic": ("Editing Models with Task Arithmetic", "ICLR 2023", "2212.04089"),
+    "ties": ("TIES-Merging: Resolving Interference When Merging Models", "NeurIPS 2023", "2306.01708"),
+    "model_soups": ("Model soups: averaging weights of multiple fine-tuned models", "ICML 2022", "2203.05482"),
+    "thickets": ("Neural Thickets (RandOpt)", ICML, "2603.12228"),
 }
 
 
@@ -214,6 +218,16 @@ ENTRIES = {
                           tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
     },
 }
+MERGE_TESTS = ("tests/merging/test_merging.py", "tests/merging/test_merge_cli.py")
+ENTRIES["merge method"] = {
+    "task_arithmetic": E("Task arithmetic", "base + scale * sum_i w_i (theta_i - base): a weighted, scaled sum of task vectors; one-hot weights return that model exactly.",
+                         "task_arithmetic", tests=MERGE_TESTS),
+    "ties": E("TIES-merging", "Trim each task vector to its largest-magnitude entries, elect each entry's sign by summed mass, average the entries that agree (disjoint mean).",
+              "ties", guess="Weighted steps 2 and 3 are ours (the paper has no weights); the trim is global over the model, as the paper's code does.",
+              tests=MERGE_TESTS),
+    "average": E("Weight averaging", "sum_i w_i theta_i with weights on the simplex; Step's expert merge applies it to one layer's experts, weighted by routing mass.",
+                 "model_soups", tests=MERGE_TESTS + ("tests/posttrain/test_surgery.py",)),
+}
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "ace": ("ACE: online selection among arriving experts", "ace", ("tests/online/test_ace.py", "tests/studies/test_online_studies.py")),
     "codequant": ("CodeQuant against k-means and RTN", "codequant", ("tests/studies/test_posttrain_studies.py",)),
@@ -228,6 +242,7 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "phenomena": ("Super-expert ablation", "super_experts", ("tests/analysis/test_super_experts.py",)),
     "pruning": ("Expert and atom pruning on zoo-s", "schur_astar", ("tests/studies/test_posttrain_studies.py",)),
     "pruning_knee": ("Knee layer budgets for SCHUR-A*", "schur_astar", ("tests/posttrain/test_expert_subset.py",)),
+    "randopt": ("RandOpt: neural thickets through pretraining", "thickets", ("tests/ensembles/test_randopt.py",)),
     "router_inference_as_coot": ("As-COOT routing at inference", "as_coot", ("tests/analysis/test_router_inference.py",)),
     "router_inference_capacity": ("Capacity-aware token drop at inference", "capacity_aware", ("tests/analysis/test_router_inference.py",)),
     "router_inference_sere": ("SERE re-routing at decode", "sere", ("tests/analysis/test_router_inference.py",)),
@@ -250,15 +265,19 @@ STUDY_RESULTS = {
 CONFIG_KEY = {"router": "model.moe.router", "expert type": "model.moe.experts",
               "dispatcher": "model.moe.dispatch", "loss": "model.moe.loss_weights",
               "grouped matmul": "model.moe.grouped_matmul"}
+MERGE_COMMAND = ("python -m experiments.merge --base=DIR --experts=A,B,C --method={name} "
+                 "[--weights=...] --out=OUT")
 
 
 def registries():
   """kind -> the live Registry of that kind (importing the packages registers every part)."""
   from moejax import dispatch, experts, losses, routing
+  from moejax import merging
   from moejax.dispatch import grouped_matmul
   return {"router": routing.ROUTERS, "expert type": experts.EXPERT_TYPES,
           "dispatcher": dispatch.DISPATCHERS, "loss": losses.LOSSES,
-          "grouped matmul": grouped_matmul.GROUPED_MATMULS}
+          "grouped matmul": grouped_matmul.GROUPED_MATMULS,
+          "merge method": merging.MERGE_METHODS}
 
 
 def study_names() -> list[str]:
@@ -336,7 +355,7 @@ def _grouped_matmul_doc(name: str) -> str:
 
 
 def _settings(kind: str, name: str) -> list[tuple[str, object]]:
-  if kind not in ("router", "expert type", "loss"):
+  if kind not in ("router", "expert type", "loss", "merge method"):
     return []
   item = registries()[kind].get(name)
   return list(dict(getattr(item, "settings", None) or {}).items())
@@ -360,6 +379,8 @@ def _command(kind: str, name: str, entry: Entry) -> str:
     return f"{train} \\\n    --config.model.moe.loss_weights.{name}=1e-2"
   if kind in CONFIG_KEY:
     return f"{train} \\\n    --config.{CONFIG_KEY[kind]}={name}"
+  if kind == "merge method":
+    return MERGE_COMMAND.format(name=name)
   from moejax.posttrain import methods
   if name in methods.METHODS:
     return f"python -m experiments.prune --workdir=DIR --method={name} --keep=0.5 --out=OUT"
@@ -456,6 +477,11 @@ def render_entry(kind: str, name: str, level: str = "##") -> list[str]:
       out += [f"Its settings, in `{_section(kind, name)}`:", "", markdown_table(["key", "default"], rows), ""]
     else:
       out += ["It has no settings of its own.", ""]
+  elif kind == "merge method":
+    settings = _settings(kind, name)
+    out += [f"A `--method` of `experiments.merge` (`{source}`)"
+            + (", with the flags " + ", ".join(f"`--{k}` (default `{v!r}`)" for k, v in settings)
+               if settings else ", with no settings of its own") + ".", ""]
   else:
     out += [f"A `--method` of the post-training commands (`{source}`).", ""]
   out += [f"{level} Command", "", "```bash", _command(kind, name, entry), "```", ""]
