@@ -94,6 +94,12 @@ def finetune(graphdef, params, rest, batch: capture.EditBatch, layers, *, steps:
   return _with_w_down(params, jax.tree.map(np.asarray, w)), history
 
 
+def _cached(cache: dict, key, compute):
+  if key not in cache:
+    cache[key] = compute()
+  return cache[key]
+
+
 def layer_projectors(graphdef, params, rest, windows, block: int, tol: float):
   keys, owner = preserved_keys(graphdef, params, rest, windows, block)
   e = np.asarray(_experts(params, block)["w_down"]).shape[0]
@@ -101,10 +107,14 @@ def layer_projectors(graphdef, params, rest, windows, block: int, tol: float):
 
 
 def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods.Bound,
-               preserved: np.ndarray | None = None):
+               preserved: np.ndarray | None = None, cache: dict | None = None):
   """(edited params, report) of the model config `m` (loop layout) with host
   params: `edits` (facts.Fact) by the bound method; `preserved` int32 [N, L]
-  windows for the null-space projectors (moe_edit with project=True)."""
+  windows for the null-space projectors (moe_edit with project=True). `cache`:
+  a dict where the target (which depends on the edits, the model and the common
+  settings only) and the projectors are kept for the next method on the same
+  edits and model (a study's arms)."""
+  cache = {} if cache is None else cache
   from moejax.models.decoder import abstract_model
   methods.check_model(bound, m)
   graphdef = abstract_model(m)[0]
@@ -123,12 +133,13 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
   project = method.needs_projectors and o.get("project", False)
   if project and preserved is None:
     raise ValueError("moe_edit with the projection needs preserved windows")
-  projectors = {b: layer_projectors(graphdef, params, rest, preserved, b, o["tol"])
-                for b in layers} if project else {}
+  projectors = {b: _cached(cache, ("projectors", b, o["tol"]), lambda b=b: layer_projectors(
+      graphdef, params, rest, preserved, b, o["tol"])) for b in layers} if project else {}
   last = layers[-1]
-  delta, h, nll0, nll1 = capture.target_deltas(
+  common = tuple((k, o[k]) for k in methods.COMMON)
+  delta, h, nll0, nll1 = _cached(cache, ("target", common), lambda: capture.target_deltas(
       graphdef, params, rest, batch, last, steps=o["target_steps"],
-      lr=o["target_lr"], decay=o["target_decay"], clamp=o["clamp"])
+      lr=o["target_lr"], decay=o["target_decay"], clamp=o["clamp"]))
   report["target"] = {"nll_before": float(nll0.mean()), "nll_with_delta": float(nll1.mean()),
                       "delta_over_h": float(np.mean(np.linalg.norm(delta, axis=-1)) /
                                             np.mean(np.linalg.norm(h, axis=-1)))}

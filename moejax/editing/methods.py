@@ -49,7 +49,7 @@ class EditMethod:
     options = self.defaults
     for key, value in dict(overrides or {}).items():
       if key not in options:
-        raise ConfigError(f"edit method {self.name!r} has no setting {key!r}; settings: "
+        raise ConfigError(f"edit method {self.name!r} has no setting {key}={value!r}; settings: "
                           f"{', '.join(sorted(options))}")
       options[key] = _typed(self.name, key, value, options[key])
     for key, value in options.items():

@@ -75,7 +75,7 @@ def test_an_edit_changes_the_facts_greedy_completion():
 def test_settings_are_checked_once_when_bound():
   with pytest.raises(Exception, match=r"moe_edit.lam=-0.5 must be >= 0"):
     methods.get("moe_edit").bind({"lam": -0.5})
-  with pytest.raises(Exception, match="has no setting 'rank'"):
+  with pytest.raises(Exception, match="has no setting rank=2"):
     methods.get("lstsq").bind({"rank": 2})
   with pytest.raises(Exception, match="block 5 is not an MoE block"):
     methods.check_model(methods.get("finetune").bind({"layers": (5,)}), tiny()[0])
