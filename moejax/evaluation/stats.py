@@ -188,12 +188,14 @@ def slope(x, y, *, confidence: float = 0.95, null: float = 0.0) -> Interval:
   if x.size == 2:
     return Interval(2, float(fit.slope), None, None, None)
   df = x.size - 2
-  half = float(scipy.stats.t.ppf(0.5 + confidence / 2, df)) * float(fit.stderr)
-  if fit.stderr == 0:
+  # a constant y is an exact line of slope 0 (linregress gives its stderr as nan: 0 / 0)
+  stderr = 0.0 if np.all(y == y[0]) else float(fit.stderr)
+  half = float(scipy.stats.t.ppf(0.5 + confidence / 2, df)) * stderr
+  if stderr == 0:
     p = 1.0 if fit.slope == null else 0.0
   else:
-    p = float(2 * scipy.stats.t.sf(abs(fit.slope - null) / fit.stderr, df))
-  return Interval(int(x.size), float(fit.slope), float(fit.stderr), float(fit.slope) - half,
+    p = float(2 * scipy.stats.t.sf(abs(fit.slope - null) / stderr, df))
+  return Interval(int(x.size), float(fit.slope), stderr, float(fit.slope) - half,
                   float(fit.slope) + half, p)
 
 

@@ -142,6 +142,8 @@ def test_slope_equals_linregress_and_exact_lines():
   assert stats.verdict(found, "lower", null=0.75) == "reproduces"
   exact = stats.slope([0, 1, 2], [1.0, 3.0, 5.0])
   assert (exact.mean, exact.lo, exact.hi) == pytest.approx((2.0, 2.0, 2.0), abs=1e-12)
+  flat = stats.slope([120, 360, 1200], [0.25, 0.25, 0.25])  # linregress: stderr nan
+  assert (flat.mean, flat.std, flat.lo, flat.hi, flat.p) == (0.0, 0.0, 0.0, 0.0, 1.0)
 
 
 def test_holm_by_hand():
