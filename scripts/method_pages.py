@@ -49,6 +49,7 @@ PAPERS = {
     "codequant": ("CodeQuant", ICLR, "2604.10496"),
     "sere": ("SERE", ICLR, "2602.07616"),
     "tmow": ("TMoW (Test-time Mixture of World Models)", ICLR, "2601.22647"),
+    "moe_edit": ("MoEEdit: knowledge editing through the experts", ICLR, "2602.10965"),
     "schur_astar": ("SCHUR-A*", ICML, None),
     "dpsl": ("DPSL", ICML, "2510.01185"),
     "smooth_smoe": ("SmoothSMoE", ICML, "2606.19036"),
@@ -229,6 +230,8 @@ ENTRIES["merge method"] = {
                  "model_soups", tests=MERGE_TESTS + ("tests/posttrain/test_surgery.py",)),
 }
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
+    "moe_edit": ("MoEEdit: knowledge editing through the experts, zoo-s, 3 seeds", "moe_edit",
+                 ("tests/editing/test_bcd.py", "tests/editing/test_edit_model.py")),
     "ace": ("ACE: online selection among arriving experts", "ace", ("tests/online/test_ace.py", "tests/studies/test_online_studies.py")),
     "codequant": ("CodeQuant against k-means and RTN", "codequant", ("tests/studies/test_posttrain_studies.py",)),
     "expert_types": ("Expert types at equal active FLOPs", "omnimoe", ("tests/studies/test_training_studies.py",)),
