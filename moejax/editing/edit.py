@@ -154,7 +154,8 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
     keys = capture.expert_keys(experts, x)
     P = None
     if project:
-      nullspace.check_capacity(np.asarray(g), projectors[block], block)
+      if o["check_capacity"]:
+        nullspace.check_capacity(np.asarray(g), projectors[block], block)
       P = np.stack([p.matrix for p in projectors[block]])
     deltas = method.solve(R, np.asarray(g, np.float64), keys, P, o)
     w = np.asarray(experts["w_down"])

@@ -129,7 +129,8 @@ def _lstsq(R, gates, keys, projectors, options):
 
 
 register_edit_method(EditMethod(
-    "moe_edit", "layer", {"lam": 1.0, "tol": 1e-2, "passes": 2, "project": True, "seed": 0},
+    "moe_edit", "layer", {"lam": 1.0, "tol": 1e-2, "passes": 2, "project": True, "seed": 0,
+                          "check_capacity": True},
     _moe_edit, needs_projectors=True))
 register_edit_method(EditMethod("lstsq", "layer", {"lam": 1.0}, _lstsq))
 register_edit_method(EditMethod("finetune", "gradient", {"steps": 10, "lr": 1e-3}))

@@ -52,6 +52,7 @@ class MoEEditScorer(SourceScorer):
     overrides = {"layers": tuple(self.settings["layers"])}
     if arm["method"] == "moe_edit":
       overrides["project"] = bool(arm["project"])
+      overrides["check_capacity"] = False  # more rows than null-space room: least squares
     return methods.get(arm["method"]).bind(overrides)
 
   @functools.cached_property
