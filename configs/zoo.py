@@ -23,6 +23,7 @@ the router on a zoo model: configs/zoo.py:model=xs,router=probmoe.
 """
 from moejax.config import parse_config_arg
 from moejax.configs import lm_shakespeare_moe
+from moejax.train.zoo import workdir_of
 
 # name: (d_model, num_layers, num_heads, num_kv_heads, head_dim, experts, top_k,
 #        expert_d_ff, seq_len, batch_size, steps)
@@ -69,3 +70,13 @@ def get_config(arg=None):
   t.checkpoint_every, t.max_to_keep = steps // 10, 10  # every 10% snapshot kept
   t.progress_bar = False
   return c
+
+
+def model_config(name: str, zoo_dir: str, seed: int = 0):
+  """`name` at training seed `seed` (initialisation and data order); s_upcycled reads
+  the snapshot of s_dense at the same seed in `zoo_dir` (the `config_of` of
+  moejax/train/zoo.py)."""
+  config = get_config(f"model={name},seed={seed}")
+  if name == "s_upcycled":
+    config.init.upcycle_from = workdir_of(UPCYCLE_SOURCE, zoo_dir, seed)
+  return config

@@ -32,7 +32,7 @@ from moejax.errors import ConfigError
 from moejax.interop import dense_experts, parity, streaming
 from moejax.interop.convert import WORKDIR_MODEL, export_hf
 from moejax.interop.hf_config import FAMILIES
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory to import.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "moejax workdir (written on import, read on export).")

@@ -27,7 +27,7 @@ from moejax.errors import ConfigError
 from moejax.evaluation import harness
 from moejax.evaluation.model import DecoderLM
 from moejax.evaluation.probe_data import PROBES, default_probes
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 from moejax.train.checkpoint import latest_config
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training or converted workdir.")

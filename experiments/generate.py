@@ -24,7 +24,7 @@ from moejax import cli
 from moejax.models.structure import moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.inference.generate import generate
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training or converted workdir.")
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory.")

@@ -21,7 +21,7 @@ from absl import flags
 
 from moejax import cli
 from moejax.errors import ConfigError
-from moejax.evaluation.polyglot_floor import run_report
+from moejax.analysis.polyglot_floor import run_report
 from moejax.evaluation.stats import markdown_table, t_interval
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir of a polyglot_synth run.")

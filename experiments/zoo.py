@@ -18,7 +18,7 @@ import tempfile
 from absl import flags
 
 from moejax import cli
-from moejax.configs.zoo import MODELS
+from moejax.configs.zoo import MODELS, model_config
 from moejax.train import zoo
 
 _MODELS = flags.DEFINE_list("models", ["xs"], f"Zoo models, in order: {', '.join(MODELS)}.")
@@ -62,7 +62,7 @@ def check_seeds(values) -> list[int]:
 def time_steps(names, steps):
   from moejax.train.loop import train_and_evaluate
   for name in names:
-    config = zoo.model_config(name, _ZOO_DIR.value)
+    config = model_config(name, _ZOO_DIR.value)
     config.train.steps, config.train.eval_every = steps, 10 * steps
     with tempfile.TemporaryDirectory() as scratch:
       run = train_and_evaluate(config, scratch, write_metrics=False)
@@ -85,12 +85,13 @@ def main(argv):
       raise cli.flag_error(_ZOO_DIR, f"expected a built zoo holding {', '.join(missing)}")
     for name in names:
       for seed in seeds:
-        result = zoo.verify(name, _ZOO_DIR.value, seed=seed)
+        result = zoo.verify(model_config, name, _ZOO_DIR.value, seed=seed)
         print(f"{name} seed {seed}: {json.dumps(result)}")
         if not result["bit_exact"]:
           raise SystemExit(1)
     return None
-  entries = [zoo.build(n, _ZOO_DIR.value, _BYTES.value, _PROBE_COUNT.value, seed=s)
+  entries = [zoo.build(model_config, n, _ZOO_DIR.value, _BYTES.value, _PROBE_COUNT.value,
+                       seed=s)
              for n in names for s in seeds]
   text = zoo.table(entries)
   with open(os.path.join(_ZOO_DIR.value, "zoo.md"), "w") as f:

@@ -5,7 +5,7 @@ need, so every key exists and `--config.a.b=value` overrides always work.
 `moejax.validation.validate_config` runs before anything is built or compiled and
 raises a ConfigError naming the bad key and value; the layer structure a config
 describes is read by moejax/models/structure.py, and configs saved by older moejax
-are upgraded by moejax/train/migrate.py.
+are upgraded by moejax/migrate.py.
 """
 import ml_collections
 

@@ -1,6 +1,8 @@
 """Validation of a whole config before anything is built or compiled: every key's
 value, the parts' own settings against the registries, and the combinations the
-trainer cannot run (each a ConfigError naming the key and value)."""
+trainer cannot run (each a ConfigError naming the key and value). What needs a
+training workdir to check (init.upcycle_from) the trainer checks itself
+(moejax/train/init_from.check_sources)."""
 import math
 
 from moejax import dispatch, experts, losses, routing, sharding
@@ -59,9 +61,6 @@ def validate_config(c) -> None:
   if c.data.name == "files":
     from moejax.data.files import resolve_files
     resolve_files(c.data.files)
-  if c.init.upcycle_from:
-    from moejax.train.upcycle import source_config
-    source_config(c)
   from moejax.layers.lookup import validate_l3
   validate_l3(c)
   t = c.train

@@ -369,7 +369,7 @@ def _section(kind: str, name: str) -> str:
 
 
 def _study_description(name: str) -> str:
-  module = importlib.import_module(f"configs.studies.{name}")
+  module = importlib.import_module(f"moejax.configs.studies.{name}")
   config = module.get_config()
   return " ".join(str(config.get("description", "")).split())
 

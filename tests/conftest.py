@@ -1,12 +1,63 @@
-"""Shared test settings: CPU only, hypothesis without deadlines (jit compiles)."""
+"""Shared test settings (CPU only, hypothesis without deadlines: jit compiles) and
+the fixtures every area builds on: `data_dir` (one TFDS directory per session),
+`tiny_config(arg="", **train)` (the tiny MoE LM's config), `tiny_model` (it built
+and initialised) and `tiny_workdir` (it trained for a few steps)."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("moejax", deadline=None, print_blob=True)
 settings.load_profile("moejax")
+
+TINY_WORKDIR_STEPS = 4
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+  """The session's TFDS data directory (the corpus is prepared into it once)."""
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="session")
+def tiny_config(data_dir):
+  """tiny_config(arg="", **train): configs/lm_shakespeare_moe.py at size=tiny plus the
+  config args `arg` (e.g. "router=sigmoid_bias"), data in `data_dir`, no progress bar,
+  and these train.* keys set. A new ConfigDict each call."""
+  from moejax.configs import lm_shakespeare_moe
+
+  def make(arg="", **train):
+    c = lm_shakespeare_moe.get_config(",".join(filter(None, ["size=tiny", arg])))
+    c.data.data_dir = data_dir
+    c.train.progress_bar = False
+    for key, value in train.items():
+      c.train[key] = value
+    return c
+
+  return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_config):
+  """(config, graphdef, TrainState) of the tiny MoE LM at initialisation. Shared by
+  the session: read it, copy before changing (its arrays are immutable jax arrays)."""
+  from moejax.train.build import init_state
+  config = tiny_config()
+  graphdef, state, _ = init_state(config)
+  return config, graphdef, state
+
+
+@pytest.fixture(scope="session")
+def tiny_workdir(tiny_config, tmp_path_factory):
+  """(config, workdir) of the tiny MoE LM after TINY_WORKDIR_STEPS steps, checkpointed."""
+  from moejax.train.loop import train_and_evaluate
+  config = tiny_config(steps=TINY_WORKDIR_STEPS, checkpoint_every=TINY_WORKDIR_STEPS,
+                       eval_batches=1)
+  workdir = str(tmp_path_factory.mktemp("tiny_workdir"))
+  train_and_evaluate(config, workdir, write_metrics=False)
+  return config, workdir
 
 
 # Files that take the longest (scripts/test.sh prints --durations; this order is

@@ -3,7 +3,7 @@ import ml_collections
 import numpy as np
 
 from moejax.config import base_config
-from moejax.train.migrate import OPEN_DICTS
+from moejax.migrate import OPEN_DICTS
 
 
 def moe_cfg(**overrides) -> ml_collections.FrozenConfigDict:

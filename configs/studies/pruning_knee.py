@@ -10,7 +10,7 @@ its experts per layer is refused before any run).
 """
 import ml_collections
 
-from configs.studies import pruning
+from moejax.configs.studies import pruning
 from moejax.studies.spec import grid
 from moejax.train import zoo
 

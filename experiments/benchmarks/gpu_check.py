@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import gmm, gmm_reference, tgmm
+from moejax.kernels import gmm, gmm_reference, tgmm
 from moejax.evaluation.stats import markdown_table
 from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 

@@ -16,7 +16,7 @@ import ml_collections
 from absl import app, flags
 from flax import nnx
 
-from configs.lm_shakespeare_moe import get_config
+from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.evaluation.stats import markdown_table
 from moejax.models import Decoder
 from moejax.models.decoder import REMAT_POLICIES

@@ -27,7 +27,7 @@ from moejax.inference.generate import decode_programs
 from moejax.inference.kv_cache import init_cache
 from moejax.models.capture import expert_outputs_on_tokens, moe_layer_inputs
 from moejax.models.decoder import abstract_model
-from moejax.train.loop import build_model
+from moejax.train.build import build_model
 from moejax.train.step import cross_entropy, moe_metrics, split_model
 
 

@@ -194,7 +194,7 @@ def model_of(source):
   """(model config, graphdef, params, rest) in the loop layout, from a workdir or
   (config or model config, params, rest)."""
   if isinstance(source, str):
-    from moejax.interop.load import load_model
+    from moejax.train.load import load_model
     loaded, _, _ = load_model(source)
     m, params, rest = loaded.config, loaded.params, loaded.rest
   else:

@@ -87,7 +87,7 @@ def generation_config(m):
                       "routes each token from its own state only")
   if m.get("scan_layers", False):
     raise ConfigError("model.scan_layers=True: decode the loop layout "
-                      "(moejax.models.decoder.unstack_layers; moejax.interop.load does it)")
+                      "(moejax.models.decoder.unstack_layers; moejax.train.load does it)")
   m = ml_collections.ConfigDict(m.to_dict())
   m.remat = "none"  # no backward pass here
   m.moe.dispatch = "dropless"

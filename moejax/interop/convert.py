@@ -34,7 +34,7 @@ from moejax.interop.hf_config import from_hf_config, to_hf_config
 from moejax.interop.names import tensor_maps
 from moejax.interop.safetensors_io import SafetensorsReader, ShardedWriter, read_json
 from moejax.models.structure import moe_layer_indices
-from moejax.train.migrate import model_config_from_dict
+from moejax.migrate import model_config_from_dict
 from moejax.validation import validate_model
 from moejax.models.decoder import Decoder, abstract_model
 

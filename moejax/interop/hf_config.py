@@ -12,7 +12,7 @@ import ml_collections
 
 from moejax.config import base_config
 from moejax.models.structure import expert_counts, layer_windows, moe_layer_indices, set_moe_layers
-from moejax.train.migrate import flatten_config
+from moejax.migrate import flatten_config
 from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.models.families import FAMILIES

@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.models.structure import moe_layer_indices
-from moejax.train.migrate import model_config_from_dict
+from moejax.migrate import model_config_from_dict
 from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.interop.convert import (PARAM_DTYPES, WORKDIR_MODEL, check_shapes, config_for_params,

@@ -252,7 +252,7 @@ def build_lookup_layer(model_cfg, *, rngs: nnx.Rngs, dtype, weights=None) -> Loo
   if weights is None:
     if l3.corpus == TRAIN_SPLIT and l3.allocation != "uniform":
       raise ValueError("model.l3.corpus='train_split' allocates from the run's data: build "
-                       "the model with moejax.train.loop.build_model(config)")
+                       "the model with moejax.train.build.build_model(config)")
     weights = token_weights(l3.allocation, l3.corpus, model_cfg.vocab_size)
   rows = allocate_rows(weights, l3.budget, l3.cap)
   return LookupLayer(model_cfg.d_model, l3, rows, rngs=rngs, dtype=dtype,

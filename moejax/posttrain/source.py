@@ -1,6 +1,6 @@
 """The model a post-training tool starts from, read once: a training workdir (its
 latest checkpoint, by moejax.train.restore.restore), a converted workdir or an HF
-checkpoint directory (moejax.interop.load.load_model).
+checkpoint directory (moejax.train.load.load_model).
 
 A `Source` holds the model config (loop layout), host params and rest, the
 tokenizer and its end-of-document id, and for a training workdir the run's config,
@@ -67,9 +67,9 @@ def check_workdir(path: str, key: str, kinds=("training", "converted", "mixed"))
 
 def load(workdir: str | None = None, hf_dir: str | None = None) -> Source:
   """The Source of exactly one of a workdir (a converted model, else its training
-  checkpoints, as moejax.interop.load.load_model reads it) and an HF directory."""
+  checkpoints, as moejax.train.load.load_model reads it) and an HF directory."""
   from moejax.interop.convert import is_converted_workdir
-  from moejax.interop.load import load_model
+  from moejax.train.load import load_model
   if (workdir is None) == (hf_dir is None):
     raise ConfigError("give exactly one of --workdir and --hf_dir")
   if (workdir is not None and not is_converted_workdir(workdir)

@@ -22,7 +22,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
-from moejax.train.migrate import flatten_config, with_defaults
+from moejax.migrate import flatten_config, with_defaults
 from moejax.errors import ConfigError
 from moejax.train.layouts import placed_like, stored_layout
 

@@ -22,9 +22,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.train.migrate import model_config_from_dict
 from moejax.errors import ConfigError
+from moejax.interop.convert import (WORKDIR_MODEL, check_shapes, import_hf, is_converted_workdir,
+                                    load_workdir, read_config_json)
+from moejax.interop.hf_config import from_hf_config
+from moejax.interop.safetensors_io import read_json
+from moejax.migrate import model_config_from_dict
 from moejax.train import step as step_lib
+from moejax.train import upcycle
 
 # model.moe keys that say how to train, not what the pretrained model computes.
 TRAINING_MOE_KEYS = ("loss_weights", "router_jitter", "bias_update_rate", "dispatch",
@@ -35,9 +40,6 @@ TRAINING_MOE_KEYS = ("loss_weights", "router_jitter", "bias_update_rate", "dispa
 def source_model_config(directory: str) -> ml_collections.ConfigDict:
   """The model config stored in `directory` (a converted workdir or an HF dir), read
   without its weights."""
-  from moejax.interop.convert import WORKDIR_MODEL, is_converted_workdir, read_config_json
-  from moejax.interop.hf_config import from_hf_config
-  from moejax.interop.safetensors_io import read_json
   if is_converted_workdir(directory):
     return model_config_from_dict(
         read_json(os.path.join(directory, WORKDIR_MODEL, "config.json"))["model"])
@@ -49,6 +51,14 @@ def check_one_source(config) -> None:
   if config.init.hf_dir and config.init.get("upcycle_from"):
     raise ConfigError(f"init.upcycle_from={config.init.upcycle_from} and "
                       f"init.hf_dir={config.init.hf_dir} are both set; give one")
+
+
+def check_sources(config) -> None:
+  """At most one of init.hf_dir and init.upcycle_from, and the upcycling source
+  checked against the config (upcycle.source_config), before anything is built."""
+  check_one_source(config)
+  if config.init.upcycle_from:
+    upcycle.source_config(config)
 
 
 def resolve_config(config) -> ml_collections.ConfigDict:
@@ -75,7 +85,6 @@ def resolve_config(config) -> ml_collections.ConfigDict:
 
 def pretrained(config):
   """(params, rest) of init.hf_dir, checked against the config's model."""
-  from moejax.interop.convert import check_shapes, import_hf, is_converted_workdir, load_workdir
   directory = config.init.hf_dir
   loaded = load_workdir(directory) if is_converted_workdir(directory) else import_hf(directory)
   check_shapes(config.model, loaded.params, loaded.rest)
@@ -86,8 +95,7 @@ def initial_state(config, state: step_lib.TrainState, optimizer, placement=None)
   """A fresh TrainState holding the pretrained weights, in `state`'s dtypes and
   (with a Placement) its shardings."""
   if config.init.upcycle_from:
-    from moejax.train.upcycle import upcycled
-    params, rest = upcycled(config, jax.device_get(state.params), jax.device_get(state.rest))
+    params, rest = upcycle.upcycled(config, jax.device_get(state.params), jax.device_get(state.rest))
   else:
     params, rest = pretrained(config)
   cast = lambda tree, like: jax.tree.map(lambda x, s: np.asarray(x).astype(s.dtype), tree, like)

@@ -1,6 +1,6 @@
 """Variable layouts of older moejax checkpoints, read into today's model.
 
-moejax.train.migrate.migrate_legacy upgrades a stored config; when the model's
+moejax.migrate.migrate_legacy upgrades a stored config; when the model's
 variables moved as well, the layout change is written here as a pair of maps
 on one FFN's dict (old -> new, new -> old), and Checkpointer.restore
 (moejax/train/checkpoint.py) reads such a checkpoint by restoring into the
@@ -97,7 +97,7 @@ OMNIMOE_LAYER = Layout("the former OmniMoE layer", omnimoe_to_old, omnimoe_to_ne
 
 def stored_layout(stored_config: dict) -> Layout | None:
   """The older layout a checkpoint's stored config (as saved, before
-  train/migrate.with_defaults) says its variables have; None for today's."""
+  moejax/migrate.with_defaults) says its variables have; None for today's."""
   if stored_config.get("model", {}).get("ffn_type") == "omnimoe":
     return OMNIMOE_LAYER
   return None

@@ -16,20 +16,17 @@ import os
 import time
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
-from flax import nnx
 
 from moejax.models.structure import moe_layer_indices
 from moejax.validation import validate_config, validate_micro_batches
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
-from moejax import models
-from moejax.layers import lookup
 from moejax.sharding import make_layout
 from moejax.train import init_from
 from moejax.train import step as step_lib
+from moejax.train.build import build_model, init_state
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.distributed import make_placement, process_zero_first
 from moejax.train.metrics import MetricWriter, flatten_metrics, plot_expert_load
@@ -47,26 +44,6 @@ class Run:
   history: list  # flat metric records, one per log step
   eval: dict  # last evaluation: val_loss, val_bpb
   tokens_per_second: float
-
-
-def build_model(config):
-  """The model `config.model_name` (moejax.models.MODELS) of `config.model`, its
-  parameters stored in train.param_dtype (router ones float32)."""
-  model_cfg = ml_collections.FrozenConfigDict(config.model)
-  inputs = {}
-  l3_weights = lookup.allocation_weights(config)  # L3 rows from this run's own data
-  if l3_weights is not None:
-    inputs["l3_weights"] = l3_weights
-  model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed), **inputs)
-  return step_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
-
-
-def init_state(config):
-  """(graphdef, TrainState, optimizer) for a fresh run."""
-  graphdef, params, rest = step_lib.split_model(build_model(config))
-  optimizer = step_lib.make_optimizer(config.train)
-  state = step_lib.TrainState(np.int32(0), params, rest, optimizer.init(params))
-  return graphdef, state, optimizer
 
 
 def evaluate(eval_step, state, data, num_batches, put=lambda batch: batch) -> dict:
@@ -96,6 +73,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   """
   config = init_from.resolve_config(config)
   validate_config(config)
+  init_from.check_sources(config)
   layout = make_layout(config, devices)  # None on one device: the plain program
   t = config.train
   placement, put = None, lambda batch: batch

@@ -14,7 +14,7 @@ from moejax.data import get_tokenizer
 from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax.train.checkpoint import Checkpointer
-from moejax.train.loop import init_state
+from moejax.train.build import init_state
 
 
 def load_tokenizer(config):

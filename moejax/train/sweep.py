@@ -30,9 +30,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.train.migrate import flatten_config, OPEN_DICTS, with_defaults
+from moejax.migrate import flatten_config, OPEN_DICTS, with_defaults
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
+from moejax.train import init_from
 from moejax.train.metrics import read_jsonl
 
 MOE_COLUMNS = ("max_over_mean_load", "routing_entropy", "dropped_fraction", "padding_waste")
@@ -120,6 +121,7 @@ def run_config(config_file: str, overrides, *, seed: int, steps: int
   config.train.steps = steps
   config.train.progress_bar = False
   validate_config(config)
+  init_from.check_sources(config)
   return config
 
 
@@ -152,7 +154,7 @@ def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
   from moejax.models.structure import expert_counts
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM
-  from moejax.interop.load import load_model
+  from moejax.train.load import load_model
   loaded, tokenizer, _ = load_model(run_dir)
   documents = heldout_documents(config, bytes_per_domain)
   settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
@@ -175,7 +177,7 @@ def fingerprint(config: dict) -> dict:
 
 def same_config(saved_fingerprint: dict, config) -> bool:
   """Whether a result.json's fingerprint is `config`'s; keys added to the schema
-  since it was written count at their defaults (moejax.train.migrate.with_defaults)."""
+  since it was written count at their defaults (moejax.migrate.with_defaults)."""
   nested = {}
   for key, value in saved_fingerprint.items():
     *parents, leaf = key.split(".")

@@ -19,9 +19,12 @@ Upcycling copies the whole FFN into every expert (G = 1) and does not scale.
 import os
 
 import jax
+import ml_collections
 import numpy as np
 
 from moejax.errors import ConfigError
+from moejax.train.checkpoint import Checkpointer
+from moejax.train.restore import load_from_workdir
 
 EXPERT_FROM_DENSE = {"w_gate": "gate", "w_up": "up", "w_down": "down"}
 # model keys that must agree between the dense source and the MoE (all but the FFN)
@@ -32,10 +35,6 @@ SHARED_MODEL_KEYS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv
 def source_config(config):
   """The dense source run's config (from its checkpoint metadata), checked against
   `config`; raises ConfigError naming init.upcycle_from before anything is built."""
-  import ml_collections
-  from moejax.train.checkpoint import Checkpointer
-  from moejax.train.init_from import check_one_source
-  check_one_source(config)
   where = f"init.upcycle_from={config.init.upcycle_from}"
   if not os.path.isdir(os.path.join(config.init.upcycle_from, "checkpoints")):
     raise ConfigError(f"{where}: not a training workdir (no checkpoints/)")
@@ -94,7 +93,6 @@ def upcycle_params(dense_params: dict, moe_params: dict, top_k: int) -> dict:
 
 def upcycled(config, moe_params: dict, moe_rest: dict):
   """(params, rest) of the MoE of `config` upcycled from init.upcycle_from."""
-  from moejax.train.restore import load_from_workdir
   _, step = source_config(config)
   _, _, dense_params, _, _ = load_from_workdir(config.init.upcycle_from, step)
   to_host = lambda tree: jax.tree.map(np.asarray, tree)

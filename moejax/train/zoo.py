@@ -1,5 +1,6 @@
 """The checkpoint zoo: train, cache, fingerprint and evaluate
-the models of configs/zoo.py.
+the models of configs/zoo.py (whose `model_config` the callers pass in as
+`config_of(name, zoo_dir, seed)`: the library imports no experiment config).
 
 Each model trains deterministically into ZOO_DIR/<name> (ZOO_DIR/<name>_seed<k>
 at training seed k > 0) with a snapshot at
@@ -21,7 +22,6 @@ import time
 import jax
 import numpy as np
 
-from moejax.configs import zoo as zoo_configs
 from moejax.errors import ConfigError
 from moejax.evaluation.stats import markdown_table
 
@@ -44,15 +44,6 @@ def over_seeds(study, arg: str | None, name: str = "s", zoo_dir: str = "runs/zoo
   if seeds > 1:
     study.models = [{"workdir": workdir_of(name, zoo_dir, seed)} for seed in range(seeds)]
   return study
-
-
-def model_config(name: str, zoo_dir: str, seed: int = 0):
-  """configs/zoo.py's `name` at training seed `seed` (initialisation and data
-  order); s_upcycled reads the snapshot of s_dense at the same seed in `zoo_dir`."""
-  config = zoo_configs.get_config(f"model={name},seed={seed}")
-  if name == "s_upcycled":
-    config.init.upcycle_from = workdir_of(zoo_configs.UPCYCLE_SOURCE, zoo_dir, seed)
-  return config
 
 
 def parameter_digests(workdir: str) -> dict[str, str]:
@@ -82,7 +73,7 @@ def evaluate(workdir: str, config, bytes_per_domain: int, probe_count: int) -> d
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM
   from moejax.evaluation.probe_data import default_probes
-  from moejax.interop.load import load_model
+  from moejax.train.load import load_model
   loaded, tokenizer, _ = load_model(workdir)
   documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
   settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
@@ -94,12 +85,12 @@ def evaluate(workdir: str, config, bytes_per_domain: int, probe_count: int) -> d
   return {"bytes_per_domain": bytes_per_domain, **report}
 
 
-def train(name: str, zoo_dir: str, workdir: str | None = None, log=print,
+def train(config_of, name: str, zoo_dir: str, workdir: str | None = None, log=print,
           seed: int = 0) -> dict:
   """Train `name` at `seed` into `workdir` (default `workdir_of`); its digests and time."""
   from moejax.train.loop import train_and_evaluate
   workdir = workdir or workdir_of(name, zoo_dir, seed)
-  config = model_config(name, zoo_dir, seed)
+  config = config_of(name, zoo_dir, seed)
   log(f"{name} (seed {seed}): training {config.train.steps} steps in {workdir}")
   start = time.perf_counter()
   run = train_and_evaluate(config, workdir)
@@ -111,12 +102,12 @@ def train(name: str, zoo_dir: str, workdir: str | None = None, log=print,
           "config": json.loads(config.to_json_best_effort())}
 
 
-def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
+def build(config_of, name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
           log=print, seed: int = 0) -> dict:
   """Train (unless cached with the same config) and evaluate one zoo model."""
   workdir = workdir_of(name, zoo_dir, seed)
   path = os.path.join(workdir, ZOO_JSON)
-  config = model_config(name, zoo_dir, seed)
+  config = config_of(name, zoo_dir, seed)
   if os.path.exists(path):
     with open(path) as f:
       entry = json.load(f)
@@ -124,7 +115,7 @@ def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
       log(f"{name}: cached in {workdir}")
       return entry
     raise ConfigError(f"{path} was trained with another config; remove {workdir}")
-  entry = train(name, zoo_dir, log=log, seed=seed)
+  entry = train(config_of, name, zoo_dir, log=log, seed=seed)
   entry["eval"] = evaluate(workdir, config, bytes_per_domain, probe_count)
   with open(path + ".tmp", "w") as f:
     json.dump(entry, f, indent=1)
@@ -132,14 +123,14 @@ def build(name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
   return entry
 
 
-def verify(name: str, zoo_dir: str, log=print, seed: int = 0) -> dict:
+def verify(config_of, name: str, zoo_dir: str, log=print, seed: int = 0) -> dict:
   """Retrain `name` in a temporary directory and compare every snapshot's digest
   with the cached zoo.json: {"bit_exact": bool, "first_difference": step or None}."""
   with open(os.path.join(workdir_of(name, zoo_dir, seed), ZOO_JSON)) as f:
     expected = json.load(f)["snapshots"]
   scratch = tempfile.mkdtemp(prefix=f"moejax-zoo-{name}-")
   try:
-    again = train(name, zoo_dir, os.path.join(scratch, name), log=log, seed=seed)
+    again = train(config_of, name, zoo_dir, os.path.join(scratch, name), log=log, seed=seed)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
   return {**compare_snapshots(expected, again["snapshots"]),

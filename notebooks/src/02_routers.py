@@ -62,7 +62,7 @@ for router in ROUTERS:
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
-from moejax.evaluation.polyglot_floor import run_report
+from moejax.analysis.polyglot_floor import run_report
 from moejax.train.metrics import expert_load_series, read_jsonl
 
 reports = {router: run_report(workdir) for router, workdir in runs.items()}
@@ -117,7 +117,7 @@ display(Markdown(f"Bayes floor: **{floor:.4f}** bits per byte over "
 # %%
 from moejax.data import polyglot
 from moejax.data.pipeline import build_lm_data
-from moejax.evaluation.polyglot_floor import top1_experts
+from moejax.analysis.polyglot_floor import top1_experts
 from moejax.evaluation.routing import domain_expert_counts, usage
 from moejax.train.restore import load_from_workdir
 

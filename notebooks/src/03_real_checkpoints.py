@@ -115,7 +115,7 @@ print(f"held-out bits per byte after {steps} steps: {run.eval['val_bpb']:.3f}")
 
 # %%
 from moejax.interop import export_hf
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 from moejax.interop.parity import export_logit_difference
 
 tuned, _, _ = load_model(workdir=workdir)

@@ -84,7 +84,7 @@ import numpy as np
 from moejax.data.pipeline import split_documents
 from moejax.evaluation import harness
 from moejax.evaluation.model import DecoderLM
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 from moejax.train.restore import restore
 
 run_config = restore(source).config

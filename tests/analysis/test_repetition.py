@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import repetition as rep
 from moejax.dispatch.capacity import expert_capacity
 from moejax.train.loop import init_state

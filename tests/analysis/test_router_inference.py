@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import router_inference as ri
 from moejax.errors import ConfigError
 from moejax.models.capture import moe_layer_inputs
@@ -199,7 +199,7 @@ def test_as_coot_study_scores_held_out_play_d_on_draw_d(workdir, tmp_path):
 
 def test_sere_study_decodes_windows_of_draw_d(workdir, tmp_path):
   from moejax.analysis.router_inference import TrainedMoE
-  from moejax.interop.load import from_training_workdir
+  from moejax.train.load import from_training_workdir
   config = study("sere", workdir, draws=2, levels=[{"batch": 4, "rho": 1.0},
                                                    {"batch": 4, "rho": 0.0}],
                  settings={"windows_per_draw": 4, "decode_len": 6, "calibration_batches": 1})
@@ -238,7 +238,7 @@ def test_router_studies_refuse_bad_input_before_any_run(workdir, tmp_path, name,
 
 
 def test_router_studies_refuse_a_dense_model(tmp_path):
-  from configs.lm_shakespeare_dense import get_config as dense_config
+  from moejax.configs.lm_shakespeare_dense import get_config as dense_config
   from tests.cli.conftest import training_workdir
   training_workdir(str(tmp_path / "dense"), dense_config("size=tiny"))
   with pytest.raises(ConfigError, match=r"model\.ffn_type='dense'.*study\.settings\.workdir="):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import routing_attribution as ra
 from moejax.errors import ConfigError
 from moejax.train.loop import init_state

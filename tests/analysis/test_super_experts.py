@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import super_experts as se
 from moejax.errors import ConfigError
 from moejax.layers.rope import apply_rope, rope_frequencies

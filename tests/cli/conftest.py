@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from configs.lm_shakespeare_dense import get_config as dense_config
-from configs.lm_shakespeare_moe import get_config
+from moejax.configs.lm_shakespeare_dense import get_config as dense_config
+from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf, save_workdir
 from moejax.models.structure import moe_layer_indices
-from moejax.interop.load import from_training_workdir
+from moejax.train.load import from_training_workdir
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import init_state
 

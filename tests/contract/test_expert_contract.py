@@ -5,8 +5,8 @@ the combine weights (oracles.check_dispatch). Cases come from the registries,
 so a newly registered part is covered without editing this file."""
 import pytest
 
-from kernels import BACKENDS, DEFAULT_TILING
-from kernels.grouped_matmul import _make_plan
+from moejax.kernels import BACKENDS, DEFAULT_TILING
+from moejax.kernels.grouped_matmul import _make_plan
 from moejax.config import base_config
 from moejax.dispatch import DISPATCHERS
 from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, resolve_grouped_matmul

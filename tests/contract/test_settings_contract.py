@@ -1,7 +1,7 @@
 """Every part that declares settings (routers, expert types, losses) has them in its
 own section (model.moe.<name>; a loss's in model.moe.losses.<name>) at the declared
 defaults, valid as they are, closed to unknown keys; every flat key of older
-configs (legacy_keys) loads into its section (train/migrate.with_defaults) and is refused
+configs (legacy_keys) loads into its section (moejax/migrate.with_defaults) and is refused
 in a live config; and a router or loss added from outside moejax/config.py (here:
 from this test) gets its section, overrides and validation with no edit of config.py."""
 import sys
@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from moejax.config import base_config, parts_with_settings
-from moejax.train.migrate import with_defaults
+from moejax.migrate import with_defaults
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.losses import LOSSES, register_loss

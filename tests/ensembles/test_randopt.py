@@ -132,3 +132,25 @@ def test_refusals_name_the_value(n, k, sigma, message):
 def test_top_k_refuses_k_above_n():
   with pytest.raises(ConfigError, match="k=4 is larger than n=3"):
     randopt.top_k([0.1, 0.2, 0.3], 4)
+
+
+def test_randopt_runs_on_an_imported_hf_checkpoint(tiny, tmp_path):
+  """The members of an HF import (moejax/posttrain/source.py) at sigma=0 answer as the
+  imported model does; at sigma > 0 they are drawn around it."""
+  from moejax.interop.convert import export_hf
+  from moejax.models.decoder import abstract_model
+  from moejax.posttrain import source
+  config, _, params, rest = tiny
+  export_hf(config.model, params, rest, str(tmp_path / "hf"), family="mixtral")
+  imported = source.load(hf_dir=str(tmp_path / "hf"))
+  graphdef = abstract_model(imported.model)[0]
+  tokenizer = get_tokenizer("byte")
+  _, greedy = examples()
+  task = probes.greedy_task(greedy, tokenizer, tokenizer.eos_id)
+  run = lambda sigma: probes.predict(graphdef, imported.params, imported.rest, [task],
+                                     key=jax.random.PRNGKey(0), indices=[0, 1],
+                                     sigma=sigma)[0]
+  lm = DecoderLM(imported.model, imported.params, imported.rest)
+  want = probe_correct(lm, tokenizer, tokenizer.eos_id, greedy, "greedy", context=64)
+  np.testing.assert_array_equal(probes.correct(task, run(0.0)[1]), want)
+  assert run(0.5).shape == (2, 3, task.answer.shape[1])

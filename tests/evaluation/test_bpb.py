@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs.lm_shakespeare_moe import get_config
+from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.data.tokenizers import ByteTokenizer
 from moejax.evaluation import bpb
 from moejax.evaluation.model import DecoderLM, LogitsLM

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry
 from tests.evaluation.oracles import direct_logprobs

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.models import Decoder
 from moejax.posttrain import compress
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.experts.factorised import FactorisedExperts, build_factorised
@@ -25,7 +25,6 @@ from moejax.posttrain.measure import parameter_bytes
 from moejax.train.loop import init_state, train_and_evaluate
 from moejax.train.restore import load_from_workdir
 from tests.helpers import moe_cfg
-from tests.train.test_training import data_dir  # noqa: F401  (session fixture)
 
 E, D, F = 4, 8, 10
 RANKS = {"w_gate": (3, 5, 7), "w_up": (2, 4, 6), "w_down": (4, 6, 3)}
@@ -124,7 +123,7 @@ def test_malformed_ranks_are_refused_by_validation_and_a_too_large_one_by_the_mo
     abstract_model(m)
 
 
-def tiny_factorised(data_dir):  # noqa: F811
+def tiny_factorised(data_dir):
   c = lm_shakespeare_moe.get_config("size=tiny")
   c = factorised_config(c, TINY_RANKS)
   c.data.data_dir = data_dir
@@ -133,7 +132,7 @@ def tiny_factorised(data_dir):  # noqa: F811
   return c
 
 
-def test_tiny_lm_trains_and_its_checkpoint_restores_exactly(data_dir, tmp_path):  # noqa: F811
+def test_tiny_lm_trains_and_its_checkpoint_restores_exactly(data_dir, tmp_path):
   config = tiny_factorised(data_dir)
   validate_config(config)
   _, initial, _ = init_state(config)

@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings, strategies as st
 
-from configs import lm_shakespeare_omnimoe
+from moejax.configs import lm_shakespeare_omnimoe
 from moejax.config import apply_size, base_config
-from moejax.train.migrate import with_defaults
+from moejax.migrate import with_defaults
 from moejax.validation import validate_config, validate_moe
 from moejax.errors import ConfigError
 from moejax.experts.atomic import atomic_naive
@@ -24,7 +24,6 @@ from moejax.routing.product_key import product_key_top_k, route_product_key
 from moejax.train import step as step_lib
 from moejax.train.loop import train_and_evaluate
 from tests.helpers import set_key
-from tests.train.test_training import data_dir  # noqa: F401  (session fixture)
 
 # (n, per-axis k >= min(top_k, n), top_k <= n^2, tokens, seed); few shapes, many contents.
 grids = st.sampled_from([1, 2, 3, 5, 8]).flatmap(lambda n: st.integers(1, n * n).flatmap(
@@ -174,7 +173,7 @@ def test_layer_trains_batch_norm_and_eval_uses_running_statistics():
      r"model\.moe\.loss_weights=\{'load_balance': 0\.01\}: model\.moe\.router='product_key' "
      r"forms no probabilities"),
 ])
-def test_bad_omni_keys_are_rejected_before_compilation(data_dir, tmp_path, monkeypatch,  # noqa: F811
+def test_bad_omni_keys_are_rejected_before_compilation(data_dir, tmp_path, monkeypatch,
                                                        key, value, message):
   config = lm_shakespeare_omnimoe.get_config("size=small")
   set_key(config, key, value)
@@ -222,7 +221,7 @@ def test_a_stored_omnimoe_config_becomes_the_moe_layer_it_computes():
   assert "omni" not in plain.model and plain.model.moe.router == "topk"
 
 
-def test_tiny_omnimoe_lm_learns_in_thirty_steps(data_dir, tmp_path):  # noqa: F811
+def test_tiny_omnimoe_lm_learns_in_thirty_steps(data_dir, tmp_path):
   c = lm_shakespeare_omnimoe.get_config("size=tiny")
   c.data.data_dir, c.train.progress_bar = data_dir, False
   run = train_and_evaluate(c, str(tmp_path))

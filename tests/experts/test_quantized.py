@@ -23,7 +23,6 @@ from tests.experts.compressed_lm import (D, E, F, compressed_lm_error,
                                          equals_swiglu_model_on_dense_weights, float_weights,
                                          relative, swiglu64, tiny_config)
 from tests.helpers import moe_cfg
-from tests.train.test_training import data_dir  # noqa: F401  (session fixture)
 
 GROUP = 8
 
@@ -153,7 +152,7 @@ def compressed_arrays(rest):
           if any(getattr(k, "key", None) == "experts" for k in path)}
 
 
-def test_codes_are_not_trained_and_the_checkpoint_is_exact(data_dir, tmp_path):  # noqa: F811
+def test_codes_are_not_trained_and_the_checkpoint_is_exact(data_dir, tmp_path):
   config = tiny_config(data_dir)
   _, start, _ = init_state(config)
   run = train_and_evaluate(config, str(tmp_path), write_metrics=False)

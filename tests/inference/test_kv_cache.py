@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
-from configs.lm_shakespeare_moe import get_config
+from moejax.configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
+from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.models.structure import moe_layer_indices
 from moejax.inference import generate as gen_lib
 from moejax.inference.generate import filter_logits, generate, left_pad, sample_tokens

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import transformers
 
-from configs.lm_shakespeare_moe import get_config
-from moejax.interop.load import from_training_workdir
+from moejax.configs.lm_shakespeare_moe import get_config
+from moejax.train.load import from_training_workdir
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import init_state
 from tests.interop.test_roundtrip import read_all

@@ -18,7 +18,7 @@ import transformers
 from moejax.errors import ConfigError
 from moejax.interop.convert import Loaded, import_hf
 from moejax.interop.dense_experts import EXPORT_RECORD, read_record
-from moejax.interop.load import from_training_workdir
+from moejax.train.load import from_training_workdir
 from moejax.interop.parity import hf_forward, moejax_forward, padded_batch
 from moejax.models.decoder import unstack_layers
 from moejax.posttrain.factorise import factorised_config
@@ -26,7 +26,6 @@ from moejax.train.checkpoint import Checkpointer, expert_variable_names, jsonabl
 from moejax.train.loop import init_state, train_and_evaluate
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 from tests.experts.compressed_lm import tiny_config
-from tests.train.test_training import data_dir  # noqa: F401  (session fixture)
 
 ATOL = 1e-4  # the float export's tolerance (experiments.convert --check_atol)
 KINDS = ("quantized", "codebook", "factorised")
@@ -39,7 +38,7 @@ A_VARIABLE = {"swiglu": "w_down", "quantized": "w_down_codes", "codebook": "w_do
               "factorised": "w_down/core"}
 
 
-def compressed_config(data_dir, kind):  # noqa: F811
+def compressed_config(data_dir, kind):
   """The tiny LM with `kind` experts, 2 steps, checkpointed at the end."""
   if kind == "factorised":
     c = tiny_config(data_dir)  # quantized settings unused once the type is factorised
@@ -52,7 +51,7 @@ def compressed_config(data_dir, kind):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def trained(data_dir, tmp_path_factory):  # noqa: F811
+def trained(data_dir, tmp_path_factory):
   """kind -> (config, workdir, Run) of the tiny LM trained 2 steps, made once."""
   made = {}
 
@@ -160,7 +159,7 @@ def test_a_restored_workdir_computes_exactly_what_was_saved(trained, kind, tmp_p
   jax.tree.map(np.testing.assert_array_equal, host(resumed.state), host(run.state))
 
 
-def swiglu_workdir(data_dir, workdir):  # noqa: F811
+def swiglu_workdir(data_dir, workdir):
   """A float ('swiglu') checkpoint of the tiny LM at step 0 (its init, as saved)."""
   config = compressed_config(data_dir, "swiglu")
   _, state, _ = init_state(config)
@@ -173,7 +172,7 @@ def swiglu_workdir(data_dir, workdir):  # noqa: F811
 @pytest.mark.parametrize("saved,asked", [("quantized", "swiglu"), ("swiglu", "quantized"),
                                          ("codebook", "quantized"), ("factorised", "codebook")])
 def test_a_checkpoint_of_another_expert_type_is_refused_in_one_line(
-    trained, data_dir, saved, asked, tmp_path):  # noqa: F811
+    trained, data_dir, saved, asked, tmp_path):
   if saved == "swiglu":
     workdir, step = swiglu_workdir(data_dir, str(tmp_path / "swiglu")), 0
   else:
@@ -193,7 +192,7 @@ def test_a_checkpoint_of_another_expert_type_is_refused_in_one_line(
 
 
 def test_train_resume_under_a_float_config_is_refused_by_the_cli(
-    trained, data_dir):  # noqa: F811
+    trained, data_dir):
   _, workdir, _ = trained("quantized")
   before = tree_hash(workdir)
   result = run_entry("experiments.train", "--config=configs/lm_shakespeare_moe.py:size=tiny",

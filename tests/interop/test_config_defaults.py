@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from moejax.train.migrate import flatten_config
+from moejax.migrate import flatten_config
 from moejax.errors import ConfigError
 from moejax.interop.hf_config import from_hf_config
 from tests.interop.hf_tiny import FAMILY_NAMES, family_configs

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from moejax.models.structure import moe_layer_indices
-from moejax.train.migrate import flatten_config
+from moejax.migrate import flatten_config
 from moejax.errors import ConfigError
 from moejax.interop.convert import export_hf, import_hf, load_workdir, save_workdir
 from moejax.interop.safetensors_io import SafetensorsReader

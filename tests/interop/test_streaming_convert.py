@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from moejax.train.migrate import flatten_config
+from moejax.migrate import flatten_config
 from moejax.interop.convert import export_hf, import_hf, load_workdir, save_workdir
 from moejax.interop.safetensors_io import PlannedWriter, SafetensorsReader
 from moejax.interop.streaming import export_workdir, import_to_workdir

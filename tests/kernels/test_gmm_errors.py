@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernels import BACKENDS, gmm, tgmm
-from kernels import grouped_matmul
+from moejax.kernels import BACKENDS, gmm, tgmm
+from moejax.kernels import grouped_matmul
 
 LHS = jnp.zeros((12, 8), jnp.float32)
 RHS = jnp.zeros((3, 8, 16), jnp.float32)
@@ -82,13 +82,13 @@ def test_backend_resolution_on_cpu():
 
 
 def test_tiles_shrink_to_small_dims_but_not_below_16():
-  from kernels import gmm_tiles
+  from moejax.kernels import gmm_tiles
   assert gmm_tiles.fit_tiling((128, 128, 128), 5, 48, 200) == (16, 64, 128)
   assert gmm_tiles.fit_tiling((8, 8, 8), 5, 48, 200) == (8, 8, 8)
 
 
 def test_gpu_tiling_check_names_the_tiling():
-  from kernels import gmm_gpu
+  from moejax.kernels import gmm_gpu
   gmm_gpu.check_gpu_tiling((16, 32, 64))
   with pytest.raises(ValueError, match=r"\(8, 32, 24\)"):
     gmm_gpu.check_gpu_tiling((8, 32, 24))

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gmm_test_oracles import dense_gmm, make_case, ragged_layouts, row_one_hot
-from kernels import gmm, tgmm
+from moejax.kernels import gmm, tgmm
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BACKENDS = ["reference", "pallas_tpu", "pallas_gpu"]

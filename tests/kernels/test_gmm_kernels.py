@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 from jax.experimental.pallas import tpu as pltpu
 
 from gmm_test_oracles import EDGE_LAYOUTS, make_case, numpy_gmm, numpy_tgmm, ragged_layouts
-from kernels import gmm, gmm_reference, tgmm, tgmm_reference
+from moejax.kernels import gmm, gmm_reference, tgmm, tgmm_reference
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=2.0**-7, atol=1e-5)

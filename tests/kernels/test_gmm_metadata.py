@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from gmm_test_oracles import ragged_layouts
-from kernels import gmm_metadata
+from moejax.kernels import gmm_metadata
 
 
 def touching_pairs(group_sizes, m, tm):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gmm_test_oracles import make_case, numpy_gmm, numpy_tgmm, ragged_layouts
-from kernels import gmm_reference, tgmm_reference
+from moejax.kernels import gmm_reference, tgmm_reference
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -5,7 +5,7 @@ shared memory (232,448 available) and failed to compile; bf16 fitted.
 """
 import pytest
 
-from kernels import gmm_gpu
+from moejax.kernels import gmm_gpu
 
 
 def stage_bytes(tiling, itemsize, contraction_axis):

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings, strategies as st
 
-from configs import lm_shakespeare_l3
+from moejax.configs import lm_shakespeare_l3
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.layers import lookup

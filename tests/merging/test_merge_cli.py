@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs.lm_shakespeare_moe import get_config
+from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf
 from moejax.posttrain import source
 from tests.cli.conftest import training_workdir

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs.lm_shakespeare_moe import get_config
+from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.models import Decoder

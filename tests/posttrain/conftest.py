@@ -2,7 +2,7 @@
 workdir-level post-training tests (pruning, compression) start from."""
 import pytest
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.train.loop import train_and_evaluate
 
 SOURCE_STEPS = 4

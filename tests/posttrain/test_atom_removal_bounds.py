@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.posttrain import atoms
 from moejax.train.loop import init_state

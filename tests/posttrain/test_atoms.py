@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from scipy.stats import spearmanr
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.posttrain import atoms
 from moejax.posttrain.taylor import token_gradients

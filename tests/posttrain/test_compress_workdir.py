@@ -254,7 +254,7 @@ def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, t
   for path, value in jax.tree_util.tree_flatten_with_path(tuned.rest)[0]:
     np.testing.assert_array_equal(value, _at(untuned.rest, path))  # codes never trained
   # experiments.train continues it with the workdir's own config (configs/workdir.py)
-  from configs import workdir as workdir_config
+  from moejax.configs import workdir as workdir_config
   again = workdir_config.get_config(f"path={out}")
   again.train.steps = STEPS + 4
   run = train_and_evaluate(again, out, write_metrics=False)

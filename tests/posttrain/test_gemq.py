@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.models.capture import captured_forward
 from moejax.posttrain import bit_allocation, gemq, quantize
 from moejax.posttrain.taylor import token_gradients

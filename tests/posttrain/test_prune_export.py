@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import transformers
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.interop.convert import Loaded, export_hf, import_hf
 from moejax.posttrain import prune

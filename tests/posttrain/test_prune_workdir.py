@@ -97,7 +97,7 @@ def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
   """--hf_dir with .npy calibration ids: the converted workdir = the surgery of the
   imported weights on the chosen experts."""
   from moejax.interop.convert import import_hf
-  from moejax.interop.load import load_model
+  from moejax.train.load import load_model
   from tests.interop.hf_tiny import make_model, save_model
   hf_dir = save_model(make_model("qwen3_moe", vocab_size=256), str(tmp_path / "hf"))
   ids = tmp_path / "ids.npy"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.models.capture import captured_forward
 from moejax.models.decoder import abstract_model

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.posttrain import expert_subset, taylor
 from moejax.train.loop import init_state
 from tests.posttrain.trained_tiny import mean_loss, trained

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.train.loop import init_state
 
 STEPS = 200

@@ -290,7 +290,7 @@ def test_detach_log_q_option_is_validated():
 
 def test_stored_flat_probmoe_keys_load_into_model_moe_probmoe():
   """Workdirs and sweep results saved before the section keep loading (and matching)."""
-  from moejax.train.migrate import with_defaults
+  from moejax.migrate import with_defaults
   from moejax.train.sweep import fingerprint, same_config
   saved = base_config().to_dict()
   moe = saved["model"]["moe"]

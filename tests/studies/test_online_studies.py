@@ -17,7 +17,7 @@ from moejax.studies.spec import grid
 
 
 def config(name, **overrides):
-  c = importlib.import_module(f"configs.studies.{name}").get_config()
+  c = importlib.import_module(f"moejax.configs.studies.{name}").get_config()
   for key, value in overrides.items():
     c[key] = value
   return c

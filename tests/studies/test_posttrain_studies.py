@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from configs.studies import codequant as codequant_study
-from configs.studies import gemq as gemq_study
-from configs.studies import pruning as pruning_study
-from configs.studies import td_moe as td_moe_study
+from moejax.configs.studies import codequant as codequant_study
+from moejax.configs.studies import gemq as gemq_study
+from moejax.configs.studies import pruning as pruning_study
+from moejax.configs.studies import td_moe as td_moe_study
 from moejax.errors import ConfigError
 from moejax.studies import runner
 from moejax.studies.scoring import digest

@@ -1,6 +1,6 @@
 """Checkpoints written before a config section existed still restore and compare equal."""
 from moejax.config import base_config
-from moejax.train.migrate import with_defaults
+from moejax.migrate import with_defaults
 from moejax.train.checkpoint import config_mismatch
 
 
@@ -33,7 +33,7 @@ def test_configs_of_the_two_old_model_schemas_migrate_to_the_one_schema():
   """Issue 12 merged TransformerLM's schema (model.rope_theta) and the HF
   decoder's (max_position, an explicit moe_layers list) into one."""
   from moejax.models.structure import moe_layer_indices
-  from moejax.train.migrate import model_config_from_dict
+  from moejax.migrate import model_config_from_dict
   trained = base_config().to_dict()["model"]
   trained["rope_theta"] = trained.pop("rope")["theta"] * 2
   m = model_config_from_dict(trained)

@@ -9,10 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from configs import finetune_hf
+from moejax.configs import finetune_hf
 from moejax.errors import ConfigError
 from moejax.interop.convert import export_hf, import_hf
-from moejax.interop.load import load_model
+from moejax.train.load import load_model
 from moejax.train import init_from
 from moejax.train.loop import init_state, train_and_evaluate
 from tests.interop.hf_tiny import make_model, save_model

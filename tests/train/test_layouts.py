@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from configs import lm_shakespeare_omnimoe
+from moejax.configs import lm_shakespeare_omnimoe
 from moejax.config import base_config
 from moejax.experts.atomic import atomic_naive
 from moejax.layers.moe import MoELayer

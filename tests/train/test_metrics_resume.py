@@ -15,14 +15,13 @@ from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import train_and_evaluate
 from moejax.train.metrics import (MetricWriter, expert_load_series, purge_jsonl,
                                   read_jsonl)
-from tests.train.test_training import data_dir, tiny  # noqa: F401 (data_dir: a fixture)
 
 STEPS, EVERY, KILLED_AT = 10, 4, 7
 
 
-def test_resume_after_kill_leaves_one_record_per_step(data_dir, tmp_path):
-  config = tiny(data_dir, steps=STEPS, checkpoint_every=EVERY, log_every=1, eval_every=100,
-                eval_batches=1, max_to_keep=5)
+def test_resume_after_kill_leaves_one_record_per_step(tiny_config, tmp_path):
+  config = tiny_config(steps=STEPS, checkpoint_every=EVERY, log_every=1, eval_every=100,
+                       eval_batches=1, max_to_keep=5)
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
   train_and_evaluate(config, straight)
   shutil.copytree(straight, killed)

@@ -152,7 +152,7 @@ def test_train_and_eval_steps():
   """Two jitted train steps of a one-layer LM with the aux-loss-free router and router
   jitter: the reported loss is CE + aux loss, the step counts up, the router bias
   moves, train mode (jitter) differs from eval mode, and eval is plain CE."""
-  from configs import lm_shakespeare_moe
+  from moejax.configs import lm_shakespeare_moe
   from moejax.train.loop import init_state
 
   config = lm_shakespeare_moe.get_config("size=tiny,router=sigmoid_bias")

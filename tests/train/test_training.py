@@ -8,27 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.train.restore import load_from_workdir
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import NonFiniteLossError, init_state, train_and_evaluate
 from tests.helpers import set_key
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("tfds"))
-
-
-def tiny(data_dir, arg="", **train):
-  c = lm_shakespeare_moe.get_config(",".join(filter(None, ["size=tiny", arg])))
-  c.data.data_dir = data_dir
-  c.train.progress_bar = False
-  for key, value in train.items():
-    c.train[key] = value
-  return c
 
 
 def params_of(run):
@@ -46,8 +31,8 @@ def tree_digest(path):
   return h.hexdigest()
 
 
-def test_thirty_steps_lower_the_loss(data_dir, tmp_path):
-  run = train_and_evaluate(tiny(data_dir), str(tmp_path))
+def test_thirty_steps_lower_the_loss(tiny_config, tmp_path):
+  run = train_and_evaluate(tiny_config(), str(tmp_path))
   first, last = run.history[0]["ce_loss"], run.history[-1]["ce_loss"]
   assert first > last + 0.5, (first, last)
   assert run.eval["val_loss"] < math.log(256) - 0.5
@@ -67,8 +52,8 @@ def test_thirty_steps_lower_the_loss(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("arg", ["", "router=sigmoid_bias"])
-def test_resume_is_bit_exact(data_dir, tmp_path, arg):
-  config = tiny(data_dir, arg, steps=20, checkpoint_every=100)
+def test_resume_is_bit_exact(tiny_config, tmp_path, arg):
+  config = tiny_config(arg, steps=20, checkpoint_every=100)
   straight = train_and_evaluate(config, str(tmp_path / "straight"), write_metrics=False)
   train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False, stop_at_step=10)
   resumed = train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False)
@@ -81,8 +66,8 @@ def test_resume_is_bit_exact(data_dir, tmp_path, arg):
          [r["loss"] for r in resumed.history]
 
 
-def test_same_seed_same_metrics(data_dir, tmp_path):
-  config = tiny(data_dir, steps=10, log_every=5)
+def test_same_seed_same_metrics(tiny_config, tmp_path):
+  config = tiny_config(steps=10, log_every=5)
   a = train_and_evaluate(config, str(tmp_path / "a"), write_metrics=False)
   b = train_and_evaluate(config, str(tmp_path / "b"), write_metrics=False)
   strip = lambda h: [{k: v for k, v in r.items() if k != "tokens_per_second"} for r in h]
@@ -92,17 +77,17 @@ def test_same_seed_same_metrics(data_dir, tmp_path):
   assert strip(c.history) != strip(a.history)
 
 
-def test_incompatible_checkpoint_is_refused_and_left_untouched(data_dir, tmp_path):
-  train_and_evaluate(tiny(data_dir, steps=5), str(tmp_path), write_metrics=False)
+def test_incompatible_checkpoint_is_refused_and_left_untouched(tiny_config, tmp_path):
+  train_and_evaluate(tiny_config(steps=5), str(tmp_path), write_metrics=False)
   before = tree_digest(tmp_path / "checkpoints")
-  other = tiny(data_dir, steps=10)
+  other = tiny_config(steps=10)
   other.model.d_model = 64
   with pytest.raises(ConfigError, match=r"model\.d_model: checkpoint=32 config=64"):
     train_and_evaluate(other, str(tmp_path), write_metrics=False)
   assert tree_digest(tmp_path / "checkpoints") == before
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):
   """Params and loss turn NaN from step 7 on: training stops, step 6 stays restorable."""
   real_make = step_lib.make_train_step
 
@@ -118,7 +103,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monke
     return diverging
 
   monkeypatch.setattr(step_lib, "make_train_step", make_diverging_step)
-  config = tiny(data_dir, steps=30, checkpoint_every=2, log_every=1)
+  config = tiny_config(steps=30, checkpoint_every=2, log_every=1)
   with pytest.raises(NonFiniteLossError, match="loss is nan at step 7.*last good checkpoint .step 6."):
     train_and_evaluate(config, str(tmp_path), write_metrics=False)
   ckpt = Checkpointer(str(tmp_path), 2)
@@ -139,9 +124,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monke
     ("data.name", "nope", r"data\.name='nope'"),
     ("data.seq_len", 4096, r"data\.seq_len=4096 exceeds model\.max_seq_len=1024"),
 ])
-def test_bad_input_is_rejected_before_compilation(data_dir, tmp_path, key, value, message,
+def test_bad_input_is_rejected_before_compilation(tiny_config, tmp_path, key, value, message,
                                                   monkeypatch):
-  config = tiny(data_dir)
+  config = tiny_config()
   set_key(config, key, value)
   compiled = []
   monkeypatch.setattr(step_lib, "make_train_step", lambda *a: compiled.append(a))

@@ -37,6 +37,7 @@ def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logit
     dense_workdir):
   config = tiny(upcycle_from=dense_workdir)
   validate_config(config)
+  init_from.check_sources(config)
   dense_config, _, dense_params, _, _ = load_from_workdir(dense_workdir)
   graphdef, state, _ = init_state(config)
   params, rest = upcycled(config, jax.device_get(state.params), jax.device_get(state.rest))
@@ -102,7 +103,7 @@ def test_refused_before_anything_is_built(dense_workdir, tmp_path, change, messa
 
 def test_a_directory_without_checkpoints_is_refused(tmp_path):
   with pytest.raises(ConfigError, match=r"init\.upcycle_from=.*: not a training workdir"):
-    validate_config(tiny(upcycle_from=str(tmp_path)))
+    init_from.check_sources(tiny(upcycle_from=str(tmp_path)))
 
 
 def test_upcycle_params_copies_whole_ffns_when_widths_match():

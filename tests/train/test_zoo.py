@@ -22,15 +22,12 @@ def tiny_config(name, zoo_dir, seed=0):
 
 @pytest.fixture(scope="module")
 def tiny_zoo(tmp_path_factory):
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(zoo, "model_config", tiny_config)
-    zoo_dir = str(tmp_path_factory.mktemp("zoo"))
-    entry = zoo.build("xs", zoo_dir, bytes_per_domain=2048, probe_count=4, log=id)
-    yield zoo_dir, entry
+  zoo_dir = str(tmp_path_factory.mktemp("zoo"))
+  entry = zoo.build(tiny_config, "xs", zoo_dir, bytes_per_domain=2048, probe_count=4, log=id)
+  return zoo_dir, entry
 
 
 def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
-  monkeypatch.setattr(zoo, "model_config", tiny_config)
   zoo_dir, entry = tiny_zoo
   assert sorted(entry["snapshots"], key=int) == ["3", "6"]
   assert len(set(entry["snapshots"].values())) == 2  # the parameters moved
@@ -39,26 +36,25 @@ def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
     assert json.load(f)["snapshots"] == entry["snapshots"]
   # cached: a second build does not train (a train call would fail here)
   monkeypatch.setattr(zoo, "train", lambda *a, **k: pytest.fail("retrained"))
-  assert zoo.build("xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
+  assert zoo.build(tiny_config, "xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
   assert "| xs | 6 |" in zoo.table([entry])
   # another config for the same name is refused, not silently re-used
-  monkeypatch.setattr(zoo, "model_config", lambda n, d, seed=0: tiny_config(n, d, seed=1))
+  other_seed = lambda n, d, seed=0: tiny_config(n, d, seed=1)
   with pytest.raises(ConfigError, match="trained with another config"):
-    zoo.build("xs", zoo_dir, 2048, 4, log=id)
+    zoo.build(other_seed, "xs", zoo_dir, 2048, 4, log=id)
 
 
-def test_a_second_training_seed_is_its_own_model(tiny_zoo, monkeypatch):
+def test_a_second_training_seed_is_its_own_model(tiny_zoo):
   """Seed k > 0 trains into ZOO_DIR/<name>_seed<k> from another initialisation and
   data order; the table names its seed; seed 0's cached entry is untouched."""
-  monkeypatch.setattr(zoo, "model_config", tiny_config)
   zoo_dir, seed0 = tiny_zoo
-  entry = zoo.build("xs", zoo_dir, 2048, 4, log=id, seed=1)
+  entry = zoo.build(tiny_config, "xs", zoo_dir, 2048, 4, log=id, seed=1)
   assert os.path.exists(os.path.join(zoo_dir, "xs_seed1", zoo.ZOO_JSON))
   assert entry["seed"] == 1 and entry["config"]["seed"] == 1
   assert set(entry["snapshots"].values()).isdisjoint(seed0["snapshots"].values())
   text = zoo.table([seed0, entry])
   assert "| xs | 6 |" in text and "| xs seed 1 | 6 |" in text
-  assert zoo.verify("xs", zoo_dir, log=id, seed=1)["bit_exact"]
+  assert zoo.verify(tiny_config, "xs", zoo_dir, log=id, seed=1)["bit_exact"]
 
 
 @pytest.mark.parametrize("study", ["pruning", "pruning_knee", "gemq", "codequant", "td_moe",
@@ -77,10 +73,9 @@ def test_post_training_studies_run_over_training_seeds(study):
     load_config_file(f"{path}:seeds=0")
 
 
-def test_verify_regenerates_bit_exactly(tiny_zoo, monkeypatch):
-  monkeypatch.setattr(zoo, "model_config", tiny_config)
+def test_verify_regenerates_bit_exactly(tiny_zoo):
   zoo_dir, _ = tiny_zoo
-  result = zoo.verify("xs", zoo_dir, log=id)
+  result = zoo.verify(tiny_config, "xs", zoo_dir, log=id)
   assert result["bit_exact"] and result["first_difference"] is None
   assert result["snapshots"] == 2
 
@@ -116,6 +111,7 @@ def test_zoo_configs():
   assert dense.model.d_ff == s.model.moe.top_k * s.model.moe.expert_d_ff  # equal active width
   up = zoo_configs.get_config("model=s_upcycled")
   assert up.init.upcycle_step + up.train.steps == s.train.steps
+  assert zoo_configs.model_config("s_upcycled", "z", seed=2).init.upcycle_from == "z/s_dense_seed2"
   with pytest.raises(ConfigError, match="config arg model"):
     zoo_configs.get_config("model=m")
 

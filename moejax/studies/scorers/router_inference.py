@@ -177,7 +177,7 @@ class Sere(_TrainedModel):
 
   @functools.cached_property
   def loaded(self):
-    from moejax.interop.load import from_training_workdir
+    from moejax.train.load import from_training_workdir
     return from_training_workdir(self.settings["workdir"])[0]
 
   @functools.cached_property

@@ -6,7 +6,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
 import jax
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax import sharding
 
 if jax.device_count() != 8:

@@ -76,7 +76,7 @@ def test_an_imported_family_trains_on_2x4_as_on_one_device(data_dir, tmp_path):
   """A tiny DeepSeek-V3 (MLA, shared experts, group-limited routing with its bias
   state) fine-tuned from its HF checkpoint: every parameter carries logical axes,
   so the 2 x 4 mesh with expert parallelism trains it with one device's losses."""
-  from configs import finetune_hf
+  from moejax.configs import finetune_hf
   hf_dir = os.environ.get("MOEJAX_TEST_DEEPSEEK_V3_HF_DIR")  # written by the parent session
   if hf_dir is None:  # this module run on its own
     from tests.interop.hf_tiny import make_model, save_model

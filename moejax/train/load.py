@@ -1,14 +1,19 @@
 """The one loader: a model for inference or fine-tuning from any source, a
 converted workdir, a training workdir (its latest checkpoint) or an HF
 checkpoint directory. Each gives a Loaded (config in the one model schema,
-params, rest) of the one Decoder."""
+params, rest) of the one Decoder. It sits in train, above interop's converters and
+the checkpoint reader (restore.py)."""
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.interop.convert import Loaded, import_hf, is_converted_workdir, load_workdir
+from moejax.models.decoder import unstack_layers
+from moejax.train.restore import restore
 
 
 class HFTokenizer:
@@ -69,10 +74,6 @@ def load_model(workdir: str | None = None, hf_dir: str | None = None):
 def from_training_workdir(workdir: str, step: int | None = None):
   """(Loaded, tokenizer) of a training workdir's checkpoint (latest by default), read
   by the one checkpoint reader (moejax.train.restore.restore)."""
-  import jax
-  import jax.numpy as jnp
-  from moejax.models.decoder import unstack_layers
-  from moejax.train.restore import restore
   r = restore(workdir, step, for_generation=True)
   params, rest = (jax.tree.map(jnp.asarray, tree) for tree in (r.params, r.rest))
   return Loaded(*unstack_layers(r.config.model, params, rest)), r.tokenizer

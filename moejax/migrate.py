@@ -1,6 +1,7 @@
 """Configs saved by older moejax, brought up to today's schema: keys added since at
 their defaults, flat part settings moved into their sections, the old OmniMoE
-layout; and flattening a config to dotted keys."""
+layout; and flattening a config to dotted keys. Below interop and train, which
+both read stored configs."""
 import ml_collections
 
 from moejax.config import base_config, parts_with_settings

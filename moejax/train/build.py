@@ -1,0 +1,29 @@
+"""A config's model and the fresh TrainState of a run: what the loop starts from
+and what the checkpoint reader (restore.py) restores into."""
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from moejax import models
+from moejax.layers import lookup
+from moejax.train import step as step_lib
+
+
+def build_model(config):
+  """The model `config.model_name` (moejax.models.MODELS) of `config.model`, its
+  parameters stored in train.param_dtype (router ones float32)."""
+  model_cfg = ml_collections.FrozenConfigDict(config.model)
+  inputs = {}
+  l3_weights = lookup.allocation_weights(config)  # L3 rows from this run's own data
+  if l3_weights is not None:
+    inputs["l3_weights"] = l3_weights
+  model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed), **inputs)
+  return step_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
+
+
+def init_state(config):
+  """(graphdef, TrainState, optimizer) for a fresh run."""
+  graphdef, params, rest = step_lib.split_model(build_model(config))
+  optimizer = step_lib.make_optimizer(config.train)
+  state = step_lib.TrainState(np.int32(0), params, rest, optimizer.init(params))
+  return graphdef, state, optimizer
