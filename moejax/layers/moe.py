@@ -41,6 +41,12 @@ class RouterState(nnx.Variable):
   """Non-trained router state (e.g. the aux-loss-free bias); not a Param."""
 
 
+class RouterStats(nnx.Intermediate):
+  """A router's accumulable statistics of one training call (RouterOutput.stats),
+  sown as `router_stats` when the call runs under nnx.capture(..., RouterStats):
+  the train step's micro-batching sums them (moejax/train/step.py)."""
+
+
 def router_variables(spec, num_experts: int):
   """(trained params, non-trained state) a router declares, as nnx.Dicts or None."""
   params = (nnx.data(None) if spec.init_params is None else nnx.Dict(
@@ -138,7 +144,8 @@ class MoELayer(nnx.Module):
     if self.router_state is not None and train:
       for name, var in variables(self.router_state).items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))
-      routing.base.report_router_stats(self, out.stats)  # micro-batching: moejax/train/step.py
+      if out.stats and hasattr(self, "__captures__"):  # sown only under nnx.capture
+        self.sow(RouterStats, "router_stats", dict(out.stats))
 
     assignment = out.routing.replace(
         expert_index=checkpoint_name(out.routing.expert_index, "moe_expert_index"),

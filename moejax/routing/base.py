@@ -32,17 +32,15 @@ is one update. With train.micro_batches = M > 1 the train step
 (moejax/train/step.py) runs every micro-batch from the state at the start of
 the step, discards the per-call states, sums the stats of each layer over the
 micro-batches and calls update_state once: the state after the step equals the
-one-batch state. MoE layers hand their stats to the step through
-`collect_router_stats` / `report_router_stats` (a trace-time collector; the
-stats still leave the traced function as its outputs). A router with
+one-batch state. MoE layers hand their stats to the step by sowing them
+(nnx sow, `RouterStats` in moejax/layers/moe.py) under the step's nnx.capture. A router with
 init_state but no update_state refuses M > 1 (`check_micro_batches`); so does
 one whose `accumulation_check` gives a reason.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -96,7 +94,7 @@ class RouterSpec:
     section model.moe.<name> (config.base_config builds it from this registry);
     `options(cfg)` reads them. legacy_keys: ((flat model.moe key of older
     configs, setting), ...), moved into the section when a stored config is
-    loaded (train/migrate.with_defaults). validate_settings: moe cfg -> None,
+    loaded (moejax/migrate.with_defaults). validate_settings: moe cfg -> None,
     ConfigError naming model.moe.<name>.<key> and the value, checked whatever
     the router. See registry.PartSettings.
   projection: the router's own RouterProjection, or None for the layer's
@@ -184,32 +182,6 @@ def check_micro_batches(spec: RouterSpec, cfg, micro_batches: int) -> None:
   if reason:
     raise ConfigError(f"train.micro_batches={micro_batches} is not supported with "
                       f"model.moe.router={spec.name!r}: {reason}")
-
-
-# Trace-time collectors of (layer, stats) reports; see collect_router_stats.
-_COLLECTORS: list[list] = []
-
-
-@contextlib.contextmanager
-def collect_router_stats() -> Iterator[list]:
-  """Collect the (layer, stats) that MoE layers report while tracing the body.
-
-  The caller must return the collected arrays from the function it traces (the
-  train step does); they are tracers of that trace.
-  """
-  reports: list = []
-  _COLLECTORS.append(reports)
-  try:
-    yield reports
-  finally:
-    _COLLECTORS.pop()
-
-
-def report_router_stats(layer, stats: Mapping[str, jax.Array]) -> None:
-  """Called by an MoE layer in training: its router's stats for this call.
-  A no-op outside collect_router_stats or for routers without stats."""
-  if _COLLECTORS and stats:
-    _COLLECTORS[-1].append((layer, dict(stats)))
 
 
 def routing_entropy(probs: jax.Array) -> jax.Array:

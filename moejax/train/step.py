@@ -72,9 +72,8 @@ import optax
 from flax import nnx, struct
 
 from moejax import losses, sharding
-from moejax.layers.moe import MoELayer
+from moejax.layers.moe import MoELayer, RouterStats
 from moejax.models.decoder import DTYPES
-from moejax.routing import base as routing_base
 
 
 
@@ -219,16 +218,15 @@ def make_loss_fn(graphdef):
 
   def loss_fn(params, rest, batch, rng, step_stats=None):
     model = nnx.merge(graphdef, params, rest)
-    with routing_base.collect_router_stats() as reports:
-      logits, aux, _ = model(batch["inputs"], train=True, rng=rng, step_stats=step_stats)
+    (logits, aux, _), sown = nnx.capture(model, RouterStats)(
+        batch["inputs"], train=True, rng=rng, step_stats=step_stats)
     aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
     ce = cross_entropy(logits, batch["targets"])
-    paths = {id(node): path for node, path in _modules_by_path(model)}
-    # A scanned or rematerialised block reports from a copy inside its own trace,
-    # not a layer of this tree: its state is written back by the block itself
-    # (config refuses micro-batching with a stateful router there).
-    stats = {paths[id(layer)]: layer_stats for layer, layer_stats in reports
-             if id(layer) in paths}
+    # {'blocks/0/ffn': stats}: what each MoE layer sowed on its one call. (A scanned
+    # block sows stacked stats; config refuses micro-batching with a stateful router
+    # there or under remat, so only the loop's layers reach apply_router_updates.)
+    stats = {"/".join(map(str, path[:-1])): var.get_value()[-1]
+             for path, var in nnx.to_flat_state(sown)}
     _, _, new_rest = split_model(model)
     return ce + aux["aux_loss"], (ce, aux, new_rest, stats)
 
