@@ -3,11 +3,12 @@
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from moejax.data import shakespeare
+from moejax.data import shakespeare, storage
 
 
 def titles(data_dir, config):
@@ -75,14 +76,31 @@ def test_prepare_is_idempotent(shakespeare_dir):
       [os.path.getmtime(os.path.join(again.data_dir, f)) for f in files], mtimes)
 
 
+def lock_waiters(path) -> int:
+  """Processes blocked on the flock of `path` (Linux: /proc/locks lists each waiter as '->')."""
+  inode = f":{os.stat(path).st_ino} "
+  with open('/proc/locks') as f:
+    return sum(1 for line in f if '->' in line and inode in line)
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/locks'), reason='needs Linux /proc/locks')
 def test_racing_processes_prepare_once_and_both_succeed(tmp_path):
+  """The test holds the preparation lock until both processes wait on it, so both
+  have found the data unprepared: one prepares, the other then finds it prepared."""
   script = ('import sys; from moejax.data import shakespeare; '
             'sources = shakespeare.shakespeare_sources(sys.argv[1]); '
             'print(len(sources["train"]), len(sources["validation"]))')
-  racers = [subprocess.Popen([sys.executable, '-c', script, str(tmp_path)], text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            for _ in range(2)]
-  outputs = [racer.communicate(timeout=60)[0].split()[-2:] for racer in racers]
+  lock = os.path.join(tmp_path, f'{shakespeare.BUILDER_NAME}.modern.lock')
+  with storage.exclusive_lock(lock):
+    racers = [subprocess.Popen([sys.executable, '-c', script, str(tmp_path)], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+              for _ in range(2)]
+    deadline = time.monotonic() + 120
+    while lock_waiters(lock) < 2:
+      assert time.monotonic() < deadline, 'the two processes never waited on the lock'
+      assert all(racer.poll() is None for racer in racers), 'a process ended before the lock'
+      time.sleep(0.05)
+  outputs = [racer.communicate(timeout=120)[0].split()[-2:] for racer in racers]
   assert [racer.returncode for racer in racers] == [0, 0]
   num_texts = len(shakespeare.list_source_texts())
   for output in outputs:
