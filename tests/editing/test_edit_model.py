@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.data.tokenizers import ByteTokenizer
 from moejax.editing import capture, edit, facts, measure, methods
 from moejax.models.decoder import abstract_model

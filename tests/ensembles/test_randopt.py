@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import lm_shakespeare_moe
+from moejax.configs import lm_shakespeare_moe
 from moejax.data import get_tokenizer
 from moejax.ensembles import probes, randopt, thickets
 from moejax.errors import ConfigError
