@@ -12,13 +12,14 @@ of the larger mass, average the agreeing entries) or average (sum_i w_i theta_i;
 no base needed). --weights: one per expert, uniform if not given; average and
 ties need them on the simplex (non-negative, summing to 1). --out: the merged
 model, written as the base is (a training workdir at the base's step, or a
-converted workdir), with merge.json. See moejax/merging/.
+converted workdir), with merge.json. See moejax/merging/ and
+moejax/posttrain/merge_workdir.py.
 """
 from absl import flags
 
 from moejax import cli
 from moejax.merging import MERGE_METHODS, bind
-from moejax.merging.workdir import merge_models
+from moejax.posttrain.merge_workdir import merge_models
 
 _BASE = flags.DEFINE_string("base", None, "The base model to read from: a training or "
                             "converted workdir, or an HF checkpoint directory.")

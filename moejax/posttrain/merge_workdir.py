@@ -1,4 +1,5 @@
-"""Merging whole models read from disk, written as a workdir the project loads.
+"""Merging whole models read from disk (moejax/merging/ merges their parameter
+trees), written as a workdir the project loads.
 
   models: a training workdir (its latest checkpoint), a converted workdir or an HF
   checkpoint directory each (moejax/posttrain/source.py reads them)
@@ -21,6 +22,8 @@ import numpy as np
 from moejax import cli
 from moejax.errors import ConfigError
 from moejax.merging.base import Merge, check_weights, uniform
+from moejax.posttrain import source
+from moejax.posttrain.source import save_training_workdir
 
 REPORT = "merge.json"
 
@@ -54,7 +57,6 @@ def check_inputs(merge: Merge, base: str | None, experts: list[str], weights,
 
 
 def load(path: str, kind: str):
-  from moejax.posttrain import source
   loaded = source.load(hf_dir=path) if kind == "hf" else source.load(workdir=path)
   loaded.params = jax.tree.map(np.asarray, loaded.params)
   return loaded
@@ -82,13 +84,11 @@ def merge_models(merge: Merge, base: str | None, experts: list[str], weights=Non
   return report
 
 
-def write(out: str, source, params: dict, path: str) -> None:
-  """`params` with the rest of `source` (read from `path`) as a workdir at `out`."""
-  from moejax.posttrain import source as source_lib
-  if source.kind == "training":
-    source_lib.save_training_workdir(out, source.config, params, source.rest, source.step,
-                                     source.data_state)
+def write(out: str, model: source.Source, params: dict, path: str) -> None:
+  """`params` with the rest of `model` (read from `path`) as a workdir at `out`."""
+  if model.kind == "training":
+    save_training_workdir(out, model.config, params, model.rest, model.step, model.data_state)
     return
   from moejax.interop.convert import Loaded, save_workdir
-  files = path if source.kind == "hf" else os.path.join(path, "model")
-  save_workdir(out, Loaded(source.model, params, source.rest, source.hf_config), files)
+  files = path if model.kind == "hf" else os.path.join(path, "model")
+  save_workdir(out, Loaded(model.model, params, model.rest, model.hf_config), files)
