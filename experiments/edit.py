@@ -39,12 +39,13 @@ _PROJECT = flags.DEFINE_bool("project", True, "moe_edit: project into the null s
 _LAM = flags.DEFINE_float("lam", None, "Ridge weight lambda (0 = none).")
 _TOL = flags.DEFINE_float("tol", None, "moe_edit: relative eigenvalue tolerance of the null "
                           "space, in [0, 1) (0 = exact).")
-_LAYERS = flags.DEFINE_list("layers", None, "MoE block indices to edit.")
+_LAYERS = flags.DEFINE_list("layers", None, "MoE block indices to edit (default: the "
+                            "method's, within the model's early-middle MoE blocks).")
 _NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 16, "Preserved windows."),
                            cli.at_least(1))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Draw of the preserved windows."),
                     cli.in_range(0, 2**32 - 1))
-_OUT = flags.DEFINE_string("out", None, "Write the edited model here (new or empty).")
+_OUT = flags.DEFINE_string("out", None, "Write the edited model's workdir here (new or empty).")
 _REPORT = flags.DEFINE_string("report", None, "Write the report here as JSON.")
 
 
@@ -79,6 +80,8 @@ def main(argv):
   bound = bound_method()
   edits = read_edits()
   kind = cli.one_source(_WORKDIR, _HF_DIR)
+  if _CALIBRATION.value is not None:
+    cli.input_file("calibration", _CALIBRATION.value)
   imported = kind not in ("training", "mixed")
   if imported and _CALIBRATION.value is None:
     raise ConfigError("an imported model has no training split: give --calibration (.npy "
@@ -90,7 +93,9 @@ def main(argv):
   from moejax.editing import methods
   from moejax.posttrain import source as source_lib
   if not imported:
-    methods.check_model(bound, source_lib.training_config(_WORKDIR.value)[0].model)
+    model = source_lib.training_config(_WORKDIR.value)[0].model
+    bound = methods.with_model_layers(bound, model, given=_LAYERS.value is not None)
+    methods.check_model(bound, model)
   report = run(bound, edits, imported)
   print(f"{report['method']}: {report['edits']} edits; efficacy {report['measures']['efficacy']:.3f}, "
         f"paraphrase {report['measures']['paraphrase']:.3f}, unedited accuracy "
@@ -110,6 +115,7 @@ def run(bound, edits, imported: bool) -> dict:
   from moejax.posttrain import calibration, source as source_lib
   source = source_lib.load(_WORKDIR.value, _HF_DIR.value)
   m, params, rest = unstack_layers(source.model, source.params, source.rest)
+  bound = methods.with_model_layers(bound, m, given=_LAYERS.value is not None)
   methods.check_model(bound, m)
   if imported:
     stream = calibration.calibration_stream(_CALIBRATION.value, source.tokenizer, source.eos_id,

@@ -136,6 +136,24 @@ register_edit_method(EditMethod("lstsq", "layer", {"lam": 1.0}, _lstsq))
 register_edit_method(EditMethod("finetune", "gradient", {"steps": 10, "lr": 1e-3}))
 
 
+def default_layers(m) -> tuple[int, ...]:
+  """The early-middle MoE blocks MEMIT-style edits target: those in [1, L/2) of an
+  L-block model, or its last MoE block when none lies there (a 2-block model)."""
+  from moejax.models.structure import moe_layer_indices
+  moe = list(moe_layer_indices(m))
+  return tuple(b for b in moe if 1 <= b < m.num_layers // 2) or (moe[-1],)
+
+
+def with_model_layers(bound: Bound, m, *, given: bool) -> Bound:
+  """`bound` with the default `layers` replaced by the model's `default_layers` where
+  the default names a block the model lacks; layers the user gave stay as given."""
+  from moejax.models.structure import moe_layer_indices
+  moe = set(moe_layer_indices(m))
+  if given or set(bound.options["layers"]) <= moe:
+    return bound
+  return Bound(bound.method, {**bound.options, "layers": default_layers(m)})
+
+
 def check_model(bound: Bound, m) -> None:
   """ConfigError unless every edited layer is an MoE block of 'swiglu' experts of
   the model config `m` (loop or scanned layout)."""

@@ -79,3 +79,14 @@ def test_settings_are_checked_once_when_bound():
     methods.get("lstsq").bind({"rank": 2})
   with pytest.raises(Exception, match="block 5 is not an MoE block"):
     methods.check_model(methods.get("finetune").bind({"layers": (5,)}), tiny()[0])
+
+
+@pytest.mark.parametrize("num_layers, expected", [(2, (1,)), (6, (1, 2)), (12, (1, 2, 3, 4, 5))])
+def test_default_layers_are_the_early_middle_moe_blocks(num_layers, expected):
+  m = tiny()[0].copy_and_resolve_references()
+  m.num_layers = num_layers
+  assert methods.default_layers(m) == expected
+  bound = methods.with_model_layers(methods.get("moe_edit").bind(), m, given=False)
+  assert bound.options["layers"] == ((1, 2) if num_layers >= 3 else expected)
+  given = methods.get("moe_edit").bind({"layers": (5,)})
+  assert methods.with_model_layers(given, m, given=True) is given
