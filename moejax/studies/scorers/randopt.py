@@ -89,24 +89,75 @@ class RandOpt(Scorer):
     found = thickets.outcome(tasks, scored, level["task"], self.settings["k"])
     return {arm: {**found[arm], PAIRING: pairing} for arm in arms}
 
+  def improving(self, results: dict, level: dict, metric: str):
+    """(Wilson interval, hits, total) of `metric` pooled over every model and draw, or None."""
+    n = self.settings["n"]
+    found = list(report.values(self.spec, report.index_runs(results["runs"]), "perturbations",
+                               level, metric).values())
+    if not found:
+      return None
+    hits = int(round(sum(v * n for v in found)))
+    return stats.wilson(hits, n * len(found)), hits, n * len(found)
+
   def notes(self, results: dict) -> str:
     """The improving fractions with Wilson intervals, pooled over models and draws."""
     n = self.settings["n"]
     rows = []
-    by_key = report.index_runs(results["runs"])
     for level in self.spec.levels:
       cells = []
       for metric in ("improving", "improving_held_out"):
-        found = list(report.values(self.spec, by_key, "perturbations", level, metric).values())
-        if not found:
-          cells.append("—")
-          continue
-        hits = int(round(sum(v * n for v in found)))
-        interval = stats.wilson(hits, n * len(found))
-        cells.append(f"{interval.mean:.3f} [{interval.lo:.3f}, {interval.hi:.3f}] "
-                     f"({hits}/{n * len(found)})")
+        found = self.improving(results, level, metric)
+        cells.append("—" if found is None else f"{found[0].mean:.3f} [{found[0].lo:.3f}, "
+                     f"{found[0].hi:.3f}] ({found[1]}/{found[2]})")
       rows.append([level["step"], level["task"], *cells])
     table = stats.markdown_table(["step", "task", "improving (selection) [Wilson 95%]",
                                   "improving (held out) [Wilson 95%]"], rows)
     return ("## Fraction of perturbations that improve on the base\n\nPooled over every "
             f"model and draw ({n} perturbations each); Wilson 95% intervals.\n\n{table}")
+
+  def plot(self, results: dict, path: str) -> bool:
+    """Left: the improving fractions per task against the step (Wilson 95%, pooled);
+    right: held-out accuracy of each arm on next_passage (mean over models, t 95%)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    steps = sorted({level["step"] for level in self.spec.levels})
+    tasks = sorted({level["task"] for level in self.spec.levels})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (task, metric) in enumerate((t, m) for t in tasks
+                                       for m in ("improving", "improving_held_out")):
+      found = [self.improving(results, {"step": s, "task": task}, metric) for s in steps]
+      if any(f is None for f in found):
+        continue
+      mean = np.array([f[0].mean for f in found])
+      err = np.clip([[f[0].mean - f[0].lo for f in found], [f[0].hi - f[0].mean for f in found]],
+                    0, None)
+      left.errorbar(steps, mean, yerr=err, marker="o", capsize=3, color=f"C{i}",
+                    linestyle="-" if metric == "improving" else "--",
+                    label=f"{task}, {'selection' if metric == 'improving' else 'held out'}")
+    left.set(xscale="log", xlabel="training step", ylabel="fraction of perturbations",
+             title="perturbations that beat the base (Wilson 95%)")
+    left.legend(fontsize=7)
+    by_key = report.index_runs(results["runs"])
+    for a, arm in enumerate(self.spec.arm_names):
+      means, spans = [], []
+      for s in steps:
+        level = {"step": s, "task": "next_passage"}
+        found = report.values(self.spec, by_key, arm, level, "accuracy")
+        per_model = report.model_means(self.spec, list(found), list(found.values()))
+        interval = stats.t_interval(per_model) if len(per_model) else None
+        means.append(np.nan if interval is None else interval.mean)
+        spans.append(0.0 if interval is None or interval.lo is None
+                     else interval.hi - interval.mean)
+      right.errorbar(np.array(steps) * (1 + 0.03 * a), means, yerr=spans, marker="o",
+                     capsize=3, color=f"C{a}", label=arm)
+    right.set(xscale="log", xlabel="training step", ylabel="held-out accuracy",
+              title="next_passage: arms (mean over models, t 95%)")
+    right.legend(fontsize=7)
+    fig.suptitle(f"RandOpt on {len(self.spec.models)} model(s), N={self.settings['n']}, "
+                 f"K={self.settings['k']}, sigma={self.settings['sigma']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
