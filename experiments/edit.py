@@ -114,6 +114,9 @@ def run(bound, edits, imported: bool) -> dict:
   from moejax.models.decoder import abstract_model, unstack_layers
   from moejax.posttrain import calibration, source as source_lib
   source = source_lib.load(_WORKDIR.value, _HF_DIR.value)
+  if source.tokenizer is None:
+    raise ConfigError("the model has no tokenizer (tokenizer.json) to encode the fact prompts "
+                      f"with (--{'hf_dir' if _HF_DIR.value else 'workdir'})")
   m, params, rest = unstack_layers(source.model, source.params, source.rest)
   bound = methods.with_model_layers(bound, m, given=_LAYERS.value is not None)
   methods.check_model(bound, m)
