@@ -47,7 +47,8 @@ def get_config(arg=None):
       "the answer; 16 held-out problems per set, 2- and 3-digit) and the next-passage probe "
       "(choice among 4 passages of 32 characters; 16 per set from disjoint halves of the "
       "held-out documents). Checkpoints of zoo-s at steps 120, 360 and 1200 (10, 30, 100% of "
-      "training), 3 training seeds; draw d draws the examples and the noise with seed d. "
+      "training), 3 training seeds, 2 draws each; draw d draws the examples and the noise "
+      "with seed d. "
       "improving: the fraction of the N whose selection accuracy is strictly above the "
       "base's; best_single: the top-1 member by selection accuracy, scored held out.")
   c.scorer = "randopt"
@@ -55,7 +56,7 @@ def get_config(arg=None):
                 "per_domain": 4, "per_size": 8, "passage": 32, "bytes_per_domain": 65536}
   c.arms = [{"name": name} for name in ("base", "perturbations", "best_single", "topk_vote")]
   c.levels = grid(("step", list(STEPS)), ("task", ["arithmetic", "next_passage"]))
-  c.draws = 1
+  c.draws = 2
   c.reference = "base"
   c.claims = claims()
   return zoo.over_seeds(c, arg if arg is not None else "seeds=3")
