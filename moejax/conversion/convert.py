@@ -97,3 +97,49 @@ def convert(m, params: dict, rest: dict, kind: str, experts: int, top_k: int, *,
   xs, _ = trajectory.ffn_inputs_and_logits(m, params, rest, tokens)
   fitted = fit_partitions(kind, m, params, xs, experts, top_k, seed)
   return moe_model(m, experts, top_k), convert_params(params, fitted, experts, top_k), tokens
+
+
+def training_config(config, moe_m, budget: float) -> ml_collections.ConfigDict:
+  """The dense run's config with the MoE model, training for `budget` of the dense
+  run's steps (warmup 5%, a checkpoint every 10%) from step 0."""
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.model = moe_m
+  t, steps = out.train, max(1, round(budget * config.train.steps))
+  t.steps, t.warmup_steps = steps, steps // 20
+  t.checkpoint_every, t.eval_every = max(1, steps // 10), max(1, steps // 4)
+  t.log_every = min(t.log_every, steps)
+  out.init.upcycle_from, out.init.hf_dir = "", ""
+  return out
+
+
+def convert_workdir(workdir: str, out: str, kind: str, experts: int, top_k: int, *,
+                    seed: int = 0, trajectories: int = 16, length: int = 64,
+                    budget: float = 0.1) -> dict:
+  """Convert the dense training workdir's latest checkpoint into a training workdir
+  at `out` (step 0, a fresh optimizer, the dense run's data position) that
+  experiments.train continues; returns the held-out KL and MSE (measure.py) on
+  trajectories of another seed, also written to out/conversion.json."""
+  import json
+  import os
+
+  from moejax.conversion import measure
+  from moejax.models.decoder import unstack_layers
+  from moejax.posttrain import source as source_lib
+  from moejax.validation import validate_config
+  src = source_lib.load_training(workdir)
+  check_source(src.model, experts, top_k, src.where)
+  m, params, rest = unstack_layers(src.model, src.params, src.rest)
+  prefix = src.eos_id if src.eos_id is not None else 0
+  moe_m, moe_params, _ = convert(m, params, rest, kind, experts, top_k, seed=seed,
+                                 trajectories=trajectories, length=length, prefix_id=prefix)
+  config = training_config(src.config, moe_m, budget)
+  validate_config(config)
+  held = trajectory.generate_trajectories(m, params, rest, trajectories,
+                                          min(length, m.max_seq_len - 1), seed + 1, prefix)
+  report = {"partition": kind, "experts": experts, "top_k": top_k, "seed": seed,
+            "source": workdir, "source_step": src.step, "train_steps": config.train.steps,
+            "held_out": measure.held_out(m, params, rest, moe_m, moe_params, held)}
+  source_lib.save_training_workdir(out, config, moe_params, rest, 0, src.data_state)
+  with open(os.path.join(out, "conversion.json"), "w") as f:
+    json.dump(report, f, indent=1)
+  return report
