@@ -3,7 +3,6 @@ experiments.convert_dense, on a tiny dense model (d_ff 64: 8 experts of 8 neuron
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -12,24 +11,9 @@ from moejax.configs import lm_shakespeare_moe
 from moejax.conversion import convert, measure, partition, trajectory
 from moejax.models.decoder import abstract_model
 from moejax.train.loop import train_and_evaluate
-from moejax.train.restore import load_from_workdir, restore
+from moejax.train.restore import restore
 from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry, tree_hash
-
-
-def tiny_dense():
-  c = lm_shakespeare_moe.get_config("size=tiny,dense=True")
-  c.train.steps, c.train.checkpoint_every, c.train.progress_bar = 2, 2, False
-  return c
-
-
-@pytest.fixture(scope="module")
-def dense(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("dense"))
-  train_and_evaluate(tiny_dense(), workdir, write_metrics=False)
-  config, _, params, rest, _ = load_from_workdir(workdir)
-  host = lambda t: jax.tree.map(np.asarray, t)
-  return workdir, config.model, host(params), host(rest)
 
 
 @pytest.mark.parametrize("kind", partition.KINDS)
