@@ -190,7 +190,8 @@ class MoELayer(nnx.Module):
     """What the router's `route` receives: x W, or its own projection of x."""
     if self.router_projection is None:
       return x_TxD @ self.router_kernel[...].astype(x_TxD.dtype)
-    params = {name: var[...].astype(x_TxD.dtype) for name, var in self.router_projection.items()}
+    params = {name: var[...].astype(x_TxD.dtype)
+              for name, var in variables(self.router_projection).items()}
     return self.router_spec.projection.apply(params, x_TxD, self.cfg)
 
   def dispatch(self, x_TxD, assignment):
