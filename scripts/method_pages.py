@@ -69,6 +69,7 @@ PAPERS = {
     "ties": ("TIES-Merging: Resolving Interference When Merging Models", "NeurIPS 2023", "2306.01708"),
     "model_soups": ("Model soups: averaging weights of multiple fine-tuned models", "ICML 2022", "2203.05482"),
     "thickets": ("Neural Thickets (RandOpt)", ICML, "2603.12228"),
+    "prism_moe": ("Prism-MoE: dense-to-MoE conversion", ICML, None),
 }
 
 
@@ -243,6 +244,8 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "mgfa": ("MGFA: geodesic factor analysers on spheres", "mgfa", ("tests/mixtures/test_sphere_mgfa.py", "tests/studies/test_mixture_studies.py")),
     "molr_mog": ("MoLR-MoG score networks", "molr_mog", ("tests/mixtures/test_score_mixture.py", "tests/studies/test_mixture_studies.py")),
     "phenomena": ("Super-expert ablation", "super_experts", ("tests/analysis/test_super_experts.py",)),
+    "prism_moe": ("Prism-MoE: dense-to-MoE conversion against random and MoEfication partitions", "prism_moe",
+                  ("tests/conversion/test_partition.py", "tests/conversion/test_convert.py", "tests/conversion/test_prism_study.py")),
     "pruning": ("Expert and atom pruning on zoo-s", "schur_astar", ("tests/studies/test_posttrain_studies.py",)),
     "pruning_knee": ("Knee layer budgets for SCHUR-A*", "schur_astar", ("tests/posttrain/test_expert_subset.py",)),
     "randopt": ("RandOpt: neural thickets through pretraining", "thickets", ("tests/ensembles/test_randopt.py",)),
