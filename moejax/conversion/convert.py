@@ -108,7 +108,7 @@ def training_config(config, moe_m, budget: float) -> ml_collections.ConfigDict:
   t.steps, t.warmup_steps = steps, steps // 20
   t.checkpoint_every, t.eval_every = max(1, steps // 10), max(1, steps // 4)
   t.log_every = min(t.log_every, steps)
-  out.init.upcycle_from, out.init.hf_dir = "", ""
+  out.init.upcycle_from, out.init.hf_dir = None, None
   return out
 
 
