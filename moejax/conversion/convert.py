@@ -45,9 +45,10 @@ def moe_model(dense_m, experts: int, top_k: int) -> ml_collections.ConfigDict:
 
 
 def fit_partitions(kind: str, m, params: dict, xs: list, experts: int, top_k: int,
-                   seed: int) -> list:
+                   seed: int, details: list | None = None) -> list:
   """[(labels [F], router [d, E])] per block; xs: each block's FFN inputs on the
-  fitting trajectories (router scale; `trajectory`: the fit)."""
+  fitting trajectories (router scale; `trajectory`: the fit). `details` (a list)
+  receives, per block, the trajectory fit's MSE of each candidate partition."""
   if kind not in partition.KINDS:
     raise ConfigError(f"unknown partition {kind!r}; one of {', '.join(partition.KINDS)}")
   out = []
@@ -55,8 +56,10 @@ def fit_partitions(kind: str, m, params: dict, xs: list, experts: int, top_k: in
     ffn = params["blocks"][i]["ffn"]
     w_gate, w_up, w_down = (np.asarray(ffn[n]["kernel"]) for n in ("gate", "up", "down"))
     if kind == "trajectory":
-      labels, router, _ = trajectory.fit_layer(xs[i], w_gate, w_up, w_down, experts, top_k,
-                                               seed + i)
+      labels, router, fits = trajectory.fit_layer(xs[i], w_gate, w_up, w_down, experts,
+                                                  top_k, seed + i)
+      if details is not None:
+        details.append(fits)
     else:
       if kind == "random":
         labels = partition.random_partition(m.d_ff, experts, seed + i)
@@ -88,14 +91,15 @@ def convert_params(dense_params: dict, fitted: list, experts: int, top_k: int) -
 
 
 def convert(m, params: dict, rest: dict, kind: str, experts: int, top_k: int, *,
-            seed: int = 0, trajectories: int = 16, length: int = 64, prefix_id: int = 0):
+            seed: int = 0, trajectories: int = 16, length: int = 64, prefix_id: int = 0,
+            details: list | None = None):
   """(MoE model config, params, the fitting trajectories [N, 1 + length]) of the dense
-  model (m, params, rest) (loop layout, host arrays)."""
+  model (m, params, rest) (loop layout, host arrays); details: fit_partitions'."""
   check_source(m, experts, top_k, "the dense model")
   tokens = trajectory.generate_trajectories(m, params, rest, trajectories,
                                             min(length, m.max_seq_len - 1), seed, prefix_id)
   xs, _ = trajectory.ffn_inputs_and_logits(m, params, rest, tokens)
-  fitted = fit_partitions(kind, m, params, xs, experts, top_k, seed)
+  fitted = fit_partitions(kind, m, params, xs, experts, top_k, seed, details)
   return moe_model(m, experts, top_k), convert_params(params, fitted, experts, top_k), tokens
 
 
@@ -130,15 +134,18 @@ def convert_workdir(workdir: str, out: str, kind: str, experts: int, top_k: int,
   check_source(src.model, experts, top_k, src.where)
   m, params, rest = unstack_layers(src.model, src.params, src.rest)
   prefix = src.eos_id if src.eos_id is not None else 0
+  fits = []
   moe_m, moe_params, _ = convert(m, params, rest, kind, experts, top_k, seed=seed,
-                                 trajectories=trajectories, length=length, prefix_id=prefix)
+                                 trajectories=trajectories, length=length, prefix_id=prefix,
+                                 details=fits)
   config = training_config(src.config, moe_m, budget)
   validate_config(config)
   held = trajectory.generate_trajectories(m, params, rest, trajectories,
                                           min(length, m.max_seq_len - 1), seed + 1, prefix)
   report = {"partition": kind, "experts": experts, "top_k": top_k, "seed": seed,
             "source": workdir, "source_step": src.step, "train_steps": config.train.steps,
-            "held_out": measure.held_out(m, params, rest, moe_m, moe_params, held)}
+            "held_out": measure.held_out(m, params, rest, moe_m, moe_params, held),
+            "fitting_mse_by_candidate": fits}  # trajectory: per block, the least one wins
   source_lib.save_training_workdir(out, config, moe_params, rest, 0, src.data_state)
   with open(os.path.join(out, "conversion.json"), "w") as f:
     json.dump(report, f, indent=1)

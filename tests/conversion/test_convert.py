@@ -41,11 +41,13 @@ def test_trajectory_fit_beats_a_random_partition_on_held_out_trajectories(dense)
   _, m, params, rest = dense
   held = trajectory.generate_trajectories(m, params, rest, 8, 31, seed=99, prefix_id=0)
   scores = {}
+  details = []
   for kind in ("random", "trajectory"):
     moe_m, moe_params, fit = convert.convert(m, params, rest, kind, 8, 3, seed=0,
-                                             trajectories=16, length=31)
+                                             trajectories=16, length=31, details=details)
     assert not np.array_equal(fit[:, 1:9], held[:, 1:9])  # held out: another sample
     scores[kind] = measure.held_out(m, params, rest, moe_m, moe_params, held)
+  assert len(details) == m.num_layers and {"coactivation", "keys"} <= set(details[0])
   assert scores["trajectory"]["mse"] < 0.85 * scores["random"]["mse"], scores
   assert scores["trajectory"]["kl"] < 0.85 * scores["random"]["kl"], scores
 
@@ -59,6 +61,7 @@ def test_the_command_writes_a_workdir_the_trainer_continues(dense, tmp_path):
   assert result.code in (0, None), result.stderr[-3000:]
   report = json.load(open(os.path.join(out, "conversion.json")))
   assert report["held_out"]["kl"] > 0 and report["train_steps"] == 1  # 10% of 2 steps
+  assert report["fitting_mse_by_candidate"] == []  # only the trajectory fit has candidates
   r = restore(out)
   config, moe_params = r.config, r.params
   assert r.step == 0 and config.model.ffn_type == "moe" and config.model.moe.top_k == 3
