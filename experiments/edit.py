@@ -40,7 +40,8 @@ _LAM = flags.DEFINE_float("lam", None, "Ridge weight lambda (0 = none).")
 _TOL = flags.DEFINE_float("tol", None, "moe_edit: relative eigenvalue tolerance of the null "
                           "space, in [0, 1) (0 = exact).")
 _LAYERS = flags.DEFINE_list("layers", None, "MoE block indices to edit (default: the "
-                            "method's, within the model's early-middle MoE blocks).")
+                            "method's (1, 2); on a model without those MoE blocks, its "
+                            "early-middle ones).")
 _NUM_WINDOWS = cli.checked(flags.DEFINE_integer("num_windows", 16, "Preserved windows."),
                            cli.at_least(1))
 _SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Draw of the preserved windows."),
