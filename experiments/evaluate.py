@@ -64,23 +64,11 @@ _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
 
 def read_docs(path: str) -> list[tuple[str, str]]:
   """(domain, text) of every line of a .jsonl file."""
-  cli.input_file("docs", path)
   out = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"(--docs={path}, line {number})"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ConfigError(f"not a JSON line: {e} {where}") from e
-      if not isinstance(record, dict) or not all(
-          isinstance(record.get(k), str) for k in ("domain", "text")):
-        raise ConfigError(f'expected {{"domain": str, "text": str}} {where}')
-      if not record["text"]:
-        raise ConfigError(f"the text is empty: it encodes to no tokens {where}")
-      out.append((record["domain"], record["text"]))
+  for where, record in cli.json_lines("docs", path, ("domain", "text")):
+    if not record["text"]:
+      raise ConfigError(f"the text is empty: it encodes to no tokens {where}")
+    out.append((record["domain"], record["text"]))
   if not out:
     raise ConfigError(f"no documents (--docs={path})")
   return out

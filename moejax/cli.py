@@ -355,6 +355,28 @@ def input_file(flag: str, path: str) -> None:
     raise ConfigError(f"file is empty (--{flag}={path})")
 
 
+def json_lines(flag: str, path: str, fields: tuple[str, ...]):
+  """(where, record) of each non-blank line of the .jsonl input file `path`, every
+  record a JSON object whose `fields` are strings; `where` names the flag, file and
+  line. ConfigError (one line, naming them) on an empty file, a line that is not
+  JSON, or a missing or non-string field."""
+  input_file(flag, path)
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"(--{flag}={path}, line {number})"
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ConfigError(f"not a JSON line: {e} {where}") from None
+      if not isinstance(record, dict) or not all(
+          isinstance(record.get(k), str) for k in fields):
+        shape = ", ".join(f'"{k}": str' for k in fields)
+        raise ConfigError(f"expected {{{shape}}} {where}")
+      yield where, record
+
+
 @dataclasses.dataclass(frozen=True)
 class StudyOutputs:
   """A study CLI's --json, --markdown and --plot: checked before any work

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import random
 
 from moejax.data import mix_synthetic as ms
@@ -61,20 +60,9 @@ def make_fact(subject: str, attribute: str, target: str, where: str = "") -> Fac
 def read_facts(path: str, flag: str = "--facts") -> list[Fact]:
   """The facts of a JSON-lines file (module doc); blank lines are skipped."""
   from moejax import cli
-  cli.input_file(flag.lstrip("-"), path)
-  out = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f" ({flag}={path}, line {number})"
-      try:
-        item = json.loads(line)
-        subject, attribute, target = item["subject"], item["attribute"], item["target"]
-      except (json.JSONDecodeError, KeyError, TypeError):
-        raise ConfigError(f'line {number} is not {{"subject": ..., "attribute": ..., '
-                          f'"target": ...}} ({flag}={path})') from None
-      out.append(make_fact(subject, attribute, target, where))
+  fields = ("subject", "attribute", "target")
+  out = [make_fact(*(record[k] for k in fields), f" {where}")
+         for where, record in cli.json_lines(flag.lstrip("-"), path, fields)]
   if not out:
     raise ConfigError(f"no facts in the file ({flag}={path})")
   return out

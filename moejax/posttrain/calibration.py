@@ -19,7 +19,6 @@ Statistics (`Calibration`), all from the same windows in batches of `batch_size`
 from __future__ import annotations
 
 import functools
-import json
 
 import numpy as np
 
@@ -115,20 +114,13 @@ def calibration_stream(path: str, tokenizer, eos_id: int | None,
     raise ConfigError(f"the model has no tokenizer (tokenizer.json) to read texts with; "
                       f"give token ids as .npy {where}")
   parts = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        text = json.loads(line)["text"]
-      except (json.JSONDecodeError, KeyError, TypeError):
-        raise ConfigError(f'line {number} is not {{"text": ...}} {where}') from None
-      ids = np.asarray(tokenizer.encode(text), np.int64)
-      if not ids.size:
-        raise ConfigError(f"the text of line {number} encodes to no tokens {where}")
-      parts.append(_in_vocabulary(ids, vocab_size, f"(--calibration={path}, line {number})"))
-      if eos_id is not None:
-        parts.append(np.array([eos_id], np.int64))
+  for line_where, record in cli.json_lines("calibration", path, ("text",)):
+    ids = np.asarray(tokenizer.encode(record["text"]), np.int64)
+    if not ids.size:
+      raise ConfigError(f"the text encodes to no tokens {line_where}")
+    parts.append(_in_vocabulary(ids, vocab_size, line_where))
+    if eos_id is not None:
+      parts.append(np.array([eos_id], np.int64))
   return (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int32)
 
 
