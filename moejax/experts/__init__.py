@@ -14,3 +14,6 @@ from moejax.experts.swiglu import SwiGLUExperts, swiglu_experts  # registers 'sw
 from moejax.registry import import_package_modules
 
 import_package_modules(__name__, __path__)  # 'atomic' (OmniMoE's atomic experts), ...
+
+__all__ = ["EXPERT_TYPES", "BoundExperts", "ExpertType", "SwiGLUExperts", "experts_of",
+           "get_expert_type", "register_expert_type", "swiglu_experts"]

@@ -8,3 +8,6 @@ from moejax.losses.base import (LOSSES, LossSpec, check_step_statistics, get_los
 from moejax.registry import import_package_modules
 
 import_package_modules(__name__, __path__)  # every loss module registers its losses
+
+__all__ = ["LOSSES", "LossSpec", "check_step_statistics", "get_loss", "loss_value",
+           "needs_step_statistics", "register_loss", "step_stats_of"]

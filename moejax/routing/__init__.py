@@ -8,3 +8,5 @@ from moejax.routing.base import (ROUTERS, Routing, RouterOutput, RouterSpec,
                                  get_router, register_router)
 
 import_package_modules(__name__, __path__)
+
+__all__ = ["ROUTERS", "Routing", "RouterOutput", "RouterSpec", "get_router", "register_router"]
