@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) with the pinned stack and the embedded corpus.
-# Usage: bash scripts/setup.sh [--test] [--docs] [--docs-screens]
+# Usage: bash scripts/setup.sh [--test] [--lint] [--docs] [--docs-screens]
 #   --test          adds the test requirements (requirements-test.txt)
+#   --lint          adds ruff, pyink and mypy for scripts/lint.sh (requirements-lint.txt)
 #   --docs          adds the documentation site's (requirements-docs.txt)
 #   --docs-screens  --docs, plus Chromium from the Debian packages for
 #                   scripts/screenshot_docs.py (only if /usr/bin/chromium is missing)
@@ -13,9 +14,10 @@ screens=0
 for arg in "$@"; do
   case "$arg" in
     --test) reqs+=(-r requirements-test.txt) ;;
+    --lint) reqs+=(-r requirements-lint.txt) ;;
     --docs) reqs+=(-r requirements-docs.txt) ;;
     --docs-screens) reqs+=(-r requirements-docs.txt); screens=1 ;;
-    *) echo "error: unknown option (setup.sh $arg); options: --test --docs --docs-screens" >&2
+    *) echo "error: unknown option (setup.sh $arg); options: --test --lint --docs --docs-screens" >&2
        exit 2 ;;
   esac
 done
