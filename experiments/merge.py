@@ -1,4 +1,4 @@
-r"""Merge models: task arithmetic, TIES or weight averaging of whole parameter trees.
+r"""Merge models: task arithmetic, TIES, Nash bargaining or weight averaging of parameter trees.
 
   python -m experiments.merge --base=runs/zoo/s --experts=runs/ft/a,runs/ft/b \
       --method=task_arithmetic [--weights=0.5,0.5] [--scale=1.0] --out=runs/merged/ab
@@ -8,9 +8,10 @@ workdir or an HF checkpoint directory, to read); --experts: the models to merge,
 comma-separated, each of the same shapes as the base (a differing parameter is
 named). --method: task_arithmetic (base + scale * sum_i w_i (theta_i - base)),
 ties (trim each task vector to its --density largest magnitudes, elect the sign
-of the larger mass, average the agreeing entries) or average (sum_i w_i theta_i;
-no base needed). --weights: one per expert, uniform if not given; average and
-ties need them on the simplex (non-negative, summing to 1). --out: the merged
+of the larger mass, average the agreeing entries), nash (NAMEx's Nash-bargaining
+direction: base + scale * G alpha, (G^T G) alpha = 1/alpha) or average
+(sum_i w_i theta_i; no base needed). --weights: one per expert, uniform if not
+given; average, ties and nash need them on the simplex (non-negative, summing to 1). --out: the merged
 model, written as the base is (a training workdir at the base's step, or a
 converted workdir), with merge.json. See moejax/merging/ and
 moejax/posttrain/merge_workdir.py.
@@ -30,7 +31,7 @@ _METHOD = flags.DEFINE_enum("method", "task_arithmetic", list(MERGE_METHODS),
 _WEIGHTS = cli.checked(flags.DEFINE_list("weights", None, "One weight per expert, "
                                          "comma-separated; uniform if not given."),
                        cli.in_range(float("-inf"), float("inf")), "a finite number")
-_SCALE = cli.checked(flags.DEFINE_float("scale", 1.0, "task_arithmetic and ties: the "
+_SCALE = cli.checked(flags.DEFINE_float("scale", 1.0, "task_arithmetic, ties and nash: the "
                                         "scale of the merged task vector."),
                      cli.in_range(0.0, float("inf"), low_open=True))
 _DENSITY = cli.checked(flags.DEFINE_float("density", 0.2, "ties: the fraction of each task "

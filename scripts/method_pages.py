@@ -69,6 +69,7 @@ PAPERS = {
     "ties": ("TIES-Merging: Resolving Interference When Merging Models", "NeurIPS 2023", "2306.01708"),
     "model_soups": ("Model soups: averaging weights of multiple fine-tuned models", "ICML 2022", "2203.05482"),
     "thickets": ("Neural Thickets (RandOpt)", ICML, "2603.12228"),
+    "namex": ("NAMEx: Nash Merging of Experts", ICLR, "2510.16138"),
     "prism_moe": ("Prism-MoE: dense-to-MoE conversion", ICML, None),
 }
 
@@ -227,6 +228,9 @@ ENTRIES["merge method"] = {
     "ties": E("TIES-merging", "Trim each task vector to its largest-magnitude entries, elect each entry's sign by summed mass, average the entries that agree (disjoint mean).",
               "ties", guess="Weighted steps 2 and 3 are ours (the paper has no weights); the trim is global over the model, as the paper's code does.",
               tests=MERGE_TESTS),
+    "nash": E("Nash-bargaining merge (NAMEx)", "Task vectors bargain for one update direction d = G alpha with (G^T G) alpha = 1/alpha (NAMEx eqs. 7-9): every model gains, d^T tau_j = 1/alpha_j > 0; theta = base + scale * d.",
+              "namex", guess="The scale of the bargained direction (NAMEx's gamma) when merging whole models is ours; non-uniform weights as bargaining powers are our extension. NAMEx's training-time layer (merging inside each MoE layer, complex momentum across layers) is not built yet.",
+              tests=MERGE_TESTS + ("tests/merging/test_nash.py",)),
     "average": E("Weight averaging", "sum_i w_i theta_i with weights on the simplex; Step's expert merge applies it to one layer's experts, weighted by routing mass.",
                  "model_soups", tests=MERGE_TESTS + ("tests/posttrain/test_surgery.py",)),
 }
@@ -329,7 +333,7 @@ def _source_file(kind: str, name: str) -> str | None:
   if kind == "study":
     return f"configs/studies/{name}.py"
   if kind == "post-training method":
-    from moejax.posttrain import compress_pipeline, methods
+    from moejax.posttrain import methods
     return ("moejax/posttrain/atoms.py" if name in methods.ATOM_METHODS else
             "moejax/posttrain/expert_subset.py" if name in methods.METHODS else
             "moejax/posttrain/compress_pipeline.py")

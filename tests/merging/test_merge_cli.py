@@ -10,6 +10,8 @@ import pytest
 
 from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf
+from moejax.merging import base as merging_base
+from moejax.merging.nash import nash_weights
 from moejax.posttrain import source
 from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry, tree_hash
@@ -35,6 +37,13 @@ def params(path):
   return jax.tree.map(np.asarray, source.load(workdir=path).params)
 
 
+def exported(path, out):
+  """The training workdir `path` exported as a Mixtral HF directory at `out`."""
+  loaded = source.load(workdir=path)
+  export_hf(loaded.model, loaded.params, loaded.rest, str(out), family="mixtral")
+  return str(out)
+
+
 def test_one_hot_task_arithmetic_writes_a_training_workdir_holding_that_expert(models, tmp_path):
   out = str(tmp_path / "merged")
   result = run_entry("experiments.merge", f"--base={models['base']}",
@@ -50,9 +59,7 @@ def test_one_hot_task_arithmetic_writes_a_training_workdir_holding_that_expert(m
 
 
 def test_average_of_an_hf_checkpoint_and_a_workdir_is_a_converted_workdir(models, tmp_path):
-  loaded = source.load(workdir=models["a"])
-  hf = str(tmp_path / "hf")
-  export_hf(loaded.model, loaded.params, loaded.rest, hf, family="mixtral")
+  hf = exported(models["a"], tmp_path / "hf")
   out = str(tmp_path / "merged")
   result = run_entry("experiments.merge", f"--base={hf}", f"--experts={hf},{models['b']}",
                      "--method=average", f"--out={out}")
@@ -90,3 +97,21 @@ def test_a_method_that_reads_a_base_refuses_to_run_without_one(models, tmp_path)
   result = run_entry("experiments.merge", f"--experts={models['a']},{models['b']}",
                      "--method=average", f"--out={tmp_path / 'out'}")
   assert result.code == 0, result.stderr
+
+
+def test_nash_merge_of_workdirs_onto_an_hf_base_adds_the_bargained_direction(models, tmp_path):
+  hf = exported(models["base"], tmp_path / "hf")
+  out = str(tmp_path / "merged")
+  result = run_entry("experiments.merge", f"--base={hf}", f"--experts={models['a']},{models['b']}",
+                     "--method=nash", "--scale=0.5", f"--out={out}")
+  assert result.code == 0, result.stderr
+  base = jax.tree.map(np.asarray, source.load(hf_dir=hf).params)
+  experts = [params(models[name]) for name in ("a", "b")]
+  flat = [np.concatenate([np.asarray(leaf, np.float64).reshape(-1) for _, leaf in
+                          merging_base.leaves(tree)]) for tree in [base] + experts]
+  g = np.stack([flat[1] - flat[0], flat[2] - flat[0]], axis=1)
+  alpha = nash_weights(g.T @ g)
+  merged = source.load(workdir=out).params["blocks"][0]["ffn"]["experts"]["w_up"]
+  pick = [t["blocks"][0]["ffn"]["experts"]["w_up"].astype(np.float64) for t in [base] + experts]
+  want = pick[0] + 0.5 * (alpha[0] * (pick[1] - pick[0]) + alpha[1] * (pick[2] - pick[0]))
+  np.testing.assert_allclose(merged, want, rtol=1e-5, atol=1e-7)
