@@ -379,16 +379,17 @@ def json_lines(flag: str, path: str, fields: tuple[str, ...]):
 
 @dataclasses.dataclass(frozen=True)
 class StudyOutputs:
-  """A study CLI's --json, --markdown and --plot: checked before any work
-  (`check`), written at the end (`write`)."""
+  """A study or benchmark CLI's --json, --markdown and --plot (None: no --plot):
+  checked before any work (`check`), written at the end (`write`)."""
   json: Any
   markdown: Any
-  plot: Any
+  plot: Any = None
 
   def check(self) -> None:
     output_file(self.json.name, self.json.value)
     output_file(self.markdown.name, self.markdown.value)
-    output_file(self.plot.name, self.plot.value, suffixes=plot_suffixes())
+    if self.plot is not None:
+      output_file(self.plot.name, self.plot.value, suffixes=plot_suffixes())
 
   def write(self, record: dict, text: str, plot: Callable[[str], None] | None = None) -> None:
     """record -> --json (indented), text -> --markdown, plot(path) -> --plot."""
@@ -398,13 +399,13 @@ class StudyOutputs:
     if self.markdown.value:
       with open(self.markdown.value, "w") as f:
         f.write(text.rstrip("\n") + "\n")
-    if self.plot.value and plot is not None:
+    if self.plot is not None and self.plot.value and plot is not None:
       plot(self.plot.value)
 
 
-def study_outputs() -> StudyOutputs:
-  """Define --json, --markdown and --plot (a study module calls this once)."""
+def study_outputs(plot: bool = True) -> StudyOutputs:
+  """Define --json, --markdown and (plot=True) --plot; a module calls this once."""
   return StudyOutputs(
       flags.DEFINE_string("json", None, "Write the settings and results here (JSON)."),
       flags.DEFINE_string("markdown", None, "Write the tables here."),
-      flags.DEFINE_string("plot", None, "Write the figure here (PNG)."))
+      flags.DEFINE_string("plot", None, "Write the figure here (PNG).") if plot else None)

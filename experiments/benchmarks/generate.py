@@ -48,29 +48,26 @@ prefill program (DecodePrograms.prefill) by part, the host around it (time to
 first token - the program); transformers' first forward by part, generate's
 work around it; with the useful matmul FLOP/s each reaches against one plain
 matmul of the prompt's rows. --profile_torch_threads=1 on a busy shared machine
-(see the flag).
+(see the flag). The measurements are moejax/profiling/generation.py's, the tables
+moejax/profiling/report.py's.
 """
 import datetime
-import json
 import os
 import platform
-import tempfile
-import time
 
 from absl import flags
-import numpy as np
 
 from moejax import cli
-from moejax.evaluation.stats import markdown_table
+from moejax.profiling import generation, report
 
-_FAMILIES = flags.DEFINE_list("families", ["qwen3_moe", "deepseek_v3"], "HF families.")
+_FAMILIES = cli.checked(flags.DEFINE_list("families", list(generation.FAMILIES), "HF families."),
+                        cli.one_of(*generation.FAMILIES))
 _BATCHES = cli.checked(flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes."),
                        cli.at_least(1))
 _PROMPT = cli.checked(flags.DEFINE_integer("prompt_len", 32, "Prompt tokens."), cli.at_least(1))
 _NEW = cli.checked(flags.DEFINE_integer("new_tokens", 32, "Generated tokens."), cli.at_least(2))
 _REPS = cli.checked(flags.DEFINE_integer("reps", 3, "Timed repetitions."), cli.at_least(1))
-_JSON = flags.DEFINE_string("json", None, "Write the figures here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the table here.")
+OUTPUTS = cli.study_outputs(plot=False)
 _PROFILE = flags.DEFINE_bool(
     "profile", False, "Instead of the speed table: where a decode step's time goes, per "
     "family and batch (moejax: the compiled step's device time split by part from the XLA "
@@ -87,121 +84,25 @@ _TORCH_THREADS = cli.checked(flags.DEFINE_integer(
     "shared, busy machine torch's two threads wait on each other (5x slower decode here "
     "under a load of 6); one thread measures its work instead."), cli.at_least(0))
 
-SIZE = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-            num_key_value_heads=4, max_position_embeddings=1024, bos_token_id=1,
-            eos_token_id=2, pad_token_id=0)
-
-
-def hf_config(family: str):
-  import transformers as tf
-  if family == "qwen3_moe":
-    return tf.Qwen3MoeConfig(**SIZE, head_dim=32, intermediate_size=1024,
-                             moe_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
-                             norm_topk_prob=True)
-  if family == "deepseek_v3":
-    return tf.DeepseekV3Config(**{**SIZE, "num_key_value_heads": SIZE["num_attention_heads"]},
-                               intermediate_size=1024, moe_intermediate_size=256,
-                               n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4,
-                               n_group=4, topk_group=2, first_k_dense_replace=1,
-                               kv_lora_rank=64, q_lora_rank=96, qk_rope_head_dim=16,
-                               qk_nope_head_dim=32, v_head_dim=32,
-                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-  raise cli.flag_error(_FAMILIES, f"expected qwen3_moe or deepseek_v3, not {family!r}")
-
-
-def model_pair(family: str):
-  """(transformers model, moejax import of the same weights)."""
-  import torch
-  import transformers
-  from moejax.interop.convert import import_hf
-  torch.manual_seed(0)
-  hf_model = transformers.AutoModelForCausalLM.from_config(
-      hf_config(family), attn_implementation="eager").eval()
-  with tempfile.TemporaryDirectory() as directory:
-    hf_model.save_pretrained(directory)
-    loaded = import_hf(directory)
-  return hf_model, loaded
-
-
-def bench_family(family: str, batches, prompt_len: int, new_tokens: int, reps: int) -> list:
-  import torch
-  from moejax.inference.generate import generate
-  hf_model, loaded = model_pair(family)
-  rows = []
-  for b in batches:
-    prompts = np.random.default_rng(b).integers(3, SIZE["vocab_size"], (b, prompt_len))
-
-    def ours(n):
-      return generate(loaded.config, loaded.params, loaded.rest, prompts.tolist(),
-                      max_new_tokens=n).tokens
-
-    def theirs(n):
-      with torch.no_grad():
-        out = hf_model.generate(torch.as_tensor(prompts), do_sample=False, max_new_tokens=n,
-                                min_new_tokens=n, attention_mask=torch.ones_like(
-                                    torch.as_tensor(prompts)), pad_token_id=0)
-      return out[:, prompt_len:].numpy()
-
-    # untimed: compiles moejax's prefill and decode step (one cache bucket for both n)
-    identical = float(np.mean(ours(new_tokens) == theirs(new_tokens)))
-    times = {"ours": {}, "theirs": {}}
-    for n in (1, new_tokens):  # medians of interleaved runs
-      samples = {"ours": [], "theirs": []}
-      for _ in range(reps):
-        for name, fn in (("ours", ours), ("theirs", theirs)):
-          start = time.perf_counter()
-          fn(n)
-          samples[name].append(time.perf_counter() - start)
-      for name, values in samples.items():
-        times[name][n] = float(np.median(values))
-    row = {"family": family, "batch": b, "identical": identical}
-    for name in ("ours", "theirs"):
-      first, full = times[name][1], times[name][new_tokens]
-      row[f"{name}_ttft_s"] = first
-      row[f"{name}_prefill_tok_s"] = b * prompt_len / first
-      row[f"{name}_decode_tok_s"] = b * (new_tokens - 1) / max(full - first, 1e-9)
-    row["prefill_ratio"] = row["ours_prefill_tok_s"] / row["theirs_prefill_tok_s"]
-    row["decode_ratio"] = row["ours_decode_tok_s"] / row["theirs_decode_tok_s"]
-    print(json.dumps(row), flush=True)
-    rows.append(row)
-  return rows
-
-
-def table(rows) -> str:
-  return markdown_table(
-      ["family", "batch", "prefill tok/s moejax / transformers (ratio)",
-       "decode tok/s moejax / transformers (ratio)", "time to first token, s",
-       "identical tokens"],
-      [[r["family"], r["batch"],
-        f"{r['ours_prefill_tok_s']:.0f} / {r['theirs_prefill_tok_s']:.0f} "
-        f"({r['prefill_ratio']:.2f}x)",
-        f"{r['ours_decode_tok_s']:.0f} / {r['theirs_decode_tok_s']:.0f} "
-        f"({r['decode_ratio']:.2f}x)",
-        f"{r['ours_ttft_s']:.3f} / {r['theirs_ttft_s']:.3f}", f"{r['identical']:.3f}"]
-       for r in rows])
-
 
 def main(argv):
   del argv
-  for family in _FAMILIES.value:
-    hf_config(family)  # refuse an unknown family before any work
   if _PHASE.value != "decode" and not _PROFILE.value:
     raise cli.flag_error(_PHASE, "chooses what --profile measures; give --profile too")
+  OUTPUTS.check()
+  if not _PROFILE.value:
+    measure, table, extra = generation.speed_rows, report.speed_table, ()
+  elif _PHASE.value == "prefill":
+    measure, table = generation.profile_prefill, report.prefill_table
+    extra = (_CALLS.value, _TORCH_THREADS.value)
+  else:
+    measure, table = generation.profile_decode, report.profile_table
+    extra = (_CALLS.value, _TORCH_THREADS.value)
   rows = []
-  batches = [int(b) for b in _BATCHES.value]
-  if _PROFILE.value and _PHASE.value == "prefill":
-    from experiments.benchmarks.generate_prefill_profile import profile_prefill as profile
-    from moejax.profiling.report import prefill_table as profile_table
-  elif _PROFILE.value:
-    from experiments.benchmarks.generate_profile import profile_family as profile
-    from moejax.profiling.report import profile_table
   for family in _FAMILIES.value:
-    if _PROFILE.value:
-      rows += profile(model_pair(family), family, batches, _PROMPT.value, _NEW.value,
-                      _REPS.value, _CALLS.value, _TORCH_THREADS.value)
-    else:
-      rows += bench_family(family, batches, _PROMPT.value, _NEW.value, _REPS.value)
-  text = profile_table(rows) if _PROFILE.value else table(rows)
+    rows += measure(generation.model_pair(family), family, [int(b) for b in _BATCHES.value],
+                    _PROMPT.value, _NEW.value, _REPS.value, *extra)
+  text = table(rows)
   print(text)
   meta = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "prompt_len": _PROMPT.value, "new_tokens": _NEW.value,
@@ -211,12 +112,7 @@ def main(argv):
     import torch
     meta.update(profile_calls=_CALLS.value, jax=jax.__version__, backend=jax.default_backend(),
                 torch=torch.__version__, torch_threads=torch.get_num_threads())
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(f"{meta}\n\n{text}\n")
+  OUTPUTS.write({"meta": meta, "rows": rows}, f"{meta}\n\n{text}\n")
 
 
 if __name__ == "__main__":

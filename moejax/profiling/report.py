@@ -1,6 +1,7 @@
-"""The markdown of a generation profile (experiments/benchmarks/generate.py --profile):
-per family and batch, each part's milliseconds and share, moejax against transformers,
-the MoE expert part by its loops' inner thunks, and the prefill's time to first token.
+"""The markdown of the generation benchmark (experiments/benchmarks/generate.py): the
+speed table, and of its profile (--profile): per family and batch, each part's
+milliseconds and share, moejax against transformers, the MoE expert part by its
+loops' inner thunks, and the prefill's time to first token.
 """
 from moejax.profiling.xla_parts import PARTS
 from moejax.evaluation.stats import markdown_table
@@ -119,3 +120,19 @@ def prefill_lines(r) -> list:
 
 def prefill_table(rows) -> str:
   return "\n".join(line for r in rows for line in prefill_lines(r))
+
+
+def speed_table(rows) -> str:
+  """Per speed row (family, batch): prefill and decode tok/s of both sides and their
+  ratio, time to first token, and the fraction of identical tokens."""
+  return markdown_table(
+      ["family", "batch", "prefill tok/s moejax / transformers (ratio)",
+       "decode tok/s moejax / transformers (ratio)", "time to first token, s",
+       "identical tokens"],
+      [[r["family"], r["batch"],
+        f"{r['ours_prefill_tok_s']:.0f} / {r['theirs_prefill_tok_s']:.0f} "
+        f"({r['prefill_ratio']:.2f}x)",
+        f"{r['ours_decode_tok_s']:.0f} / {r['theirs_decode_tok_s']:.0f} "
+        f"({r['decode_ratio']:.2f}x)",
+        f"{r['ours_ttft_s']:.3f} / {r['theirs_ttft_s']:.3f}", f"{r['identical']:.3f}"]
+       for r in rows])

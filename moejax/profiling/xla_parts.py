@@ -12,7 +12,6 @@ import linecache
 import os
 import re
 import tempfile
-import time
 
 import numpy as np
 
@@ -234,17 +233,6 @@ def scoped_profile(fn, args: tuple, static_argnums: tuple, calls: int):
             "flops": float(cost.get("flops", 0.0)),
             "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
   return profile
-
-
-def blocked_times(fn, calls: int) -> list:
-  """Wall seconds of fn() with its result waited for, one call at a time."""
-  import jax
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return times
 
 
 def median_profile(profiles: list) -> dict:
