@@ -94,32 +94,6 @@ def load(workdir, hf_dir, names=("workdir", "hf_dir")):
           expert_counts(loaded.config), config)
 
 
-def accuracy_text(accuracy) -> str:
-  return "—" if accuracy is None else f"{accuracy:.3f}"
-
-
-def table(report: dict, reference: dict | None) -> str:
-  lines = ["domain | docs | bpb" + (" | bpb - reference [95% interval]" if reference else "")]
-  for domain, value in report["bpb"].items():
-    docs = report["documents"].get(domain, sum(report["documents"].values()))
-    line = f"{domain} | {docs} | {value:.4f}"
-    if reference:
-      d = reference["difference"][domain]
-      line += f" | {d['difference']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
-    lines.append(line)
-  for name, groups in report["probes"].items():
-    lines.append(f"probe {name}: " + ", ".join(f"{g} {accuracy_text(v['accuracy'])} (n={v['n']})"
-                                                for g, v in groups.items()))
-  for j, layer in enumerate(report.get("routing", [])):
-    lines.append(f"MoE layer {j}: I(domain; expert) {layer['mutual_information_bits']:.4f} "
-                 f"bits of H(domain) {layer['domain_entropy_bits']:.4f}, max/mean load "
-                 f"{layer['max_over_mean_load']:.3f}")
-  if reference and isinstance(reference["topk_set_changed"], list):
-    lines.append("top-k set changed vs reference: " + ", ".join(
-        f"layer {j} {v:.3f}" for j, v in enumerate(reference["topk_set_changed"])))
-  return "\n".join(lines)
-
-
 def main(argv):
   del argv
   cli.one_source(_WORKDIR, _HF_DIR)
@@ -164,7 +138,7 @@ def main(argv):
                                                               zip(experts, ref_experts)])
     report["reference"] = {"model": _REF_WORKDIR.value or _REF_HF_DIR.value,
                            "bpb": ref_eval.report["bpb"], **comparison}
-  print(table(result.report, comparison))
+  print(harness.report_table(result.report, comparison))
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(report, f, indent=1)

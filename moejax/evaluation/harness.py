@@ -120,3 +120,33 @@ def compare(model: Evaluation, reference: Evaluation, settings: Settings,
     out["topk_set_changed"] = [routing.topk_set_changed(a, b, e) for a, b, e in zip(
         model.scores.routing, reference.scores.routing, num_experts)]
   return out
+
+
+def accuracy_text(accuracy) -> str:
+  """A probe group's accuracy, or a dash where it has none."""
+  return "—" if accuracy is None else f"{accuracy:.3f}"
+
+
+def report_table(report: dict, reference: dict | None) -> str:
+  """The lines experiments.evaluate prints: bpb per domain (and its difference to the
+  reference, `compare`'s figures, with its interval), probe accuracies, routing per
+  MoE layer, and the top-k set changes against the reference."""
+  lines = ["domain | docs | bpb" + (" | bpb - reference [95% interval]" if reference else "")]
+  for domain, value in report["bpb"].items():
+    docs = report["documents"].get(domain, sum(report["documents"].values()))
+    line = f"{domain} | {docs} | {value:.4f}"
+    if reference:
+      d = reference["difference"][domain]
+      line += f" | {d['difference']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+    lines.append(line)
+  for name, groups in report["probes"].items():
+    lines.append(f"probe {name}: " + ", ".join(f"{g} {accuracy_text(v['accuracy'])} (n={v['n']})"
+                                                for g, v in groups.items()))
+  for j, layer in enumerate(report.get("routing", [])):
+    lines.append(f"MoE layer {j}: I(domain; expert) {layer['mutual_information_bits']:.4f} "
+                 f"bits of H(domain) {layer['domain_entropy_bits']:.4f}, max/mean load "
+                 f"{layer['max_over_mean_load']:.3f}")
+  if reference and isinstance(reference["topk_set_changed"], list):
+    lines.append("top-k set changed vs reference: " + ", ".join(
+        f"layer {j} {v:.3f}" for j, v in enumerate(reference["topk_set_changed"])))
+  return "\n".join(lines)
