@@ -88,9 +88,10 @@ def main(argv):
     raise
   logging.info("final eval: %s", run.eval)
   if jax.process_index() == 0:
-      print(f"final: val_loss={run.eval.get('val_loss', float('nan')):.4f} "
-          f"val_bpb={run.eval.get('val_bpb', float('nan')):.4f} "
-          f"tokens/s={run.tokens_per_second:.0f}")
+    # lm: val_loss, val_bpb; classification: val_loss, val_accuracy (moejax/train/tasks.py)
+    scores = run.eval or {"val_loss": float("nan"), "val_bpb": float("nan")}
+    print("final: " + " ".join(f"{key}={value:.4f}" for key, value in scores.items())
+          + f" tokens/s={run.tokens_per_second:.0f}")
 
 
 if __name__ == "__main__":

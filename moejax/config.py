@@ -20,12 +20,17 @@ QK_NORMS = ("none", "per_head", "across_heads")
 ROPE_SCALINGS = ("default", "yarn")
 BALANCE_STATISTICS = ("step", "micro_batch")  # train.balance_statistics
 TRAINABLE = ("all", "router")  # train.trainable
+TASKS = ("lm", "classification")  # task
+VIT_POOLINGS = ("cls", "mean")  # model.vit.pooling
 
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model_name = "decoder"  # a registered model (moejax.models.MODELS)
+  # What the train loop optimises: 'lm' (next-token cross-entropy, val_bpb) or
+  # 'classification' (an image dataset of moejax/data/vision.py: cross-entropy, accuracy).
+  c.task = "lm"
 
   # The one model schema (moejax/models/decoder.py): these defaults are the
   # 'moejax' family preset (the Shakespeare LM); moejax/interop/hf_config.py
@@ -122,6 +127,13 @@ def base_config() -> ml_collections.ConfigDict:
   # shakespeare | shakespeare_folio (byte tokens) | train_split (this run's data.name
   # train split through data.tokenizer: any vocabulary)
   l3.corpus = "shakespeare"
+
+  # model_name="vit" (moejax/models/vit.py) reads the keys above (width, depth,
+  # heads, ffn_type and the moe section, attention; not rope, vocab or windows)
+  # and these: square images of image_size pixels cut into patch_size patches,
+  # pooled by the CLS token or the mean over patches into num_classes logits.
+  m.vit = ml_collections.ConfigDict(dict(
+      image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling="cls"))
 
   c.data = d = ml_collections.ConfigDict()
   d.name = "shakespeare"

@@ -7,7 +7,7 @@ import math
 
 from moejax import dispatch, experts, losses, routing, sharding
 from moejax.config import (ATTENTION_KINDS, BALANCE_STATISTICS, DTYPES, FFN_TYPES, QK_NORMS,
-                           ROPE_SCALINGS, TRAINABLE, parts_with_settings)
+                           ROPE_SCALINGS, TASKS, TRAINABLE, parts_with_settings)
 from moejax.errors import ConfigError, choice_error
 from moejax.models.structure import layer_moe_config, moe_layer_indices
 from moejax.registry import section_of
@@ -49,6 +49,7 @@ def validate_config(c) -> None:
     raise ConfigError("this config fine-tunes a pretrained model (init.requires_hf_dir=True) "
                       "and init.hf_dir is not set: give --config.init.hf_dir=DIR")
   validate_model(c.model)
+  validate_task(c)
   m = c.model
   if c.data.seq_len > m.max_seq_len:
     raise ConfigError(f"data.seq_len={c.data.seq_len} exceeds "
@@ -76,6 +77,36 @@ def validate_config(c) -> None:
     raise choice_error("train.trainable", t.trainable, TRAINABLE)
   sharding.validate_sharding_config(c)
   validate_micro_batches(c, fixed_batch_shards(c))
+
+
+def validate_task(c) -> None:
+  """task, data.name and model_name agree: 'classification' trains the ViT on an image
+  dataset (moejax/data/vision.py) whose shape and classes model.vit matches."""
+  from moejax.data.vision import VISION_DATASETS
+  task = c.get("task", "lm")
+  if task not in TASKS:
+    raise choice_error("task", task, TASKS)
+  if c.model_name == "vit":
+    from moejax.models.vit import validate_vit
+    validate_vit(c)
+  if task == "lm":
+    if c.data.name in VISION_DATASETS:
+      raise ConfigError(f"data.name={c.data.name!r} is an image dataset: set "
+                        "task='classification'")
+    return
+  if c.data.name not in VISION_DATASETS:
+    raise ConfigError(f"task='classification' needs an image dataset; data.name="
+                      f"{c.data.name!r} is not one of {sorted(VISION_DATASETS)}")
+  if c.model_name != "vit":
+    raise ConfigError(f"task='classification' trains model_name='vit', not "
+                      f"model_name={c.model_name!r}")
+  dataset, v = VISION_DATASETS[c.data.name], c.model.vit
+  shape = (v.image_size, v.image_size, v.num_channels)
+  if shape != dataset.image_shape or v.num_classes != dataset.num_classes:
+    raise ConfigError(f"model.vit (image_size, num_channels, num_classes)="
+                      f"{(v.image_size, v.num_channels, v.num_classes)} does not match "
+                      f"data.name={c.data.name!r}: images {dataset.image_shape}, "
+                      f"{dataset.num_classes} classes")
 
 
 def fixed_batch_shards(c) -> int:

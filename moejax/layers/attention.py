@@ -1,4 +1,4 @@
-"""The one causal attention module of every model, with an optional KV cache.
+"""The one attention module of every model, with an optional KV cache.
 
 GroupedQueryAttention: moejax's own LM, Mixtral, Qwen2/3-MoE, OLMoE
 (GQA, Ainslie et al. 2023), with the family flags of moejax/config.py: q/k/v biases,
@@ -19,6 +19,9 @@ Both return (out, new layer cache). Without a cache the keys are the call's
 own tokens; with one, the new keys are written at slot `start` and the
 queries attend over the whole cache. `allowed` [B, Lq, S] says which key
 slots each query may see (causal, padding, window); see moejax/models/decoder.py.
+Non-causal (the ViT, moejax/models/vit.py): every slot allowed, and positions
+None, which turns the rotary embedding off (the ViT adds learned position
+embeddings to its patches instead).
 Every projection carries logical axes (moejax/sharding.py): heads split over
 `tensor`, the model dimension over `fsdp`; MLA's low-rank latents stay whole.
 """
@@ -63,7 +66,10 @@ def probabilities(self, q_BxLxHxK, k_BxSxGxK, allowed_BxLxS):
 
 
 def rotary(rope_cfg, positions_BxL):
-  """t [B, L, H, D] -> t rotated at `positions` (frequencies for D computed once per trace)."""
+  """t [B, L, H, D] -> t rotated at `positions` (frequencies for D computed once per trace);
+  t itself when positions_BxL is None (no rotary embedding: the non-causal ViT)."""
+  if positions_BxL is None:
+    return lambda t: t
   return lambda t: apply_rope(t, positions_BxL, *rope_frequencies(rope_cfg, t.shape[-1]),
                               rope_cfg.interleave)
 

@@ -2,16 +2,20 @@
 
   decoder   the one decoder LM: moejax's own MoE LM and the HF families
             (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3); moejax/models/decoder.py
+  vit       an image classifier (ViT, V-MoE) of the decoder's blocks, non-causal;
+            moejax/models/vit.py
 
 `build_model(model_name, model_cfg, rngs)` is what the trainer calls, so a
-new model (e.g. a ViT-MoE) slots in with one registration.
+new model slots in with one registration.
 """
 from moejax.models.decoder import DTYPES, Decoder
 from moejax.models.families import FAMILIES
+from moejax.models.vit import VisionTransformer
 from moejax.registry import Registry
 
 MODELS = Registry("model_name")
 MODELS.add("decoder", Decoder)
+MODELS.add("vit", VisionTransformer)
 
 
 def build_model(model_name: str, model_cfg, *, rngs, **inputs):

@@ -21,7 +21,6 @@ from absl import logging
 
 from moejax.models.structure import moe_layer_indices
 from moejax.validation import validate_config, validate_micro_batches
-from moejax.data.pipeline import build_lm_data
 from moejax.errors import ConfigError
 from moejax.sharding import make_layout
 from moejax.train import init_from
@@ -30,6 +29,7 @@ from moejax.train.build import build_model, init_state
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.distributed import make_placement, process_zero_first
 from moejax.train.metrics import MetricWriter, flatten_metrics, plot_expert_load
+from moejax.train.tasks import task_of
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -42,16 +42,8 @@ class Run:
   state: step_lib.TrainState
   start_step: int  # 0 for a fresh run, else the step it resumed from
   history: list  # flat metric records, one per log step
-  eval: dict  # last evaluation: val_loss, val_bpb
+  eval: dict  # last evaluation: val_loss and val_bpb (lm) or val_accuracy (classification)
   tokens_per_second: float
-
-
-def evaluate(eval_step, state, data, num_batches, put=lambda batch: batch) -> dict:
-  losses = [float(eval_step(state.params, state.rest, put(batch))[0])
-            for batch in data.eval_batches(num_batches)]
-  val_loss = float(np.mean(losses))
-  return {"val_loss": val_loss,
-          "val_bpb": val_loss / math.log(2) / data.bytes_per_token}
 
 
 def _check_finite(loss: float, step: int, ckpt: Checkpointer) -> None:
@@ -83,8 +75,9 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     validate_micro_batches(config, layout.size(layout.mesh_axes("batch")))
     placement = make_placement(config, layout, build_model)
     data_shard, put = placement.data_shard(), placement.global_batch
-  data = process_zero_first(lambda: build_lm_data(config.data, seed=config.seed, **data_shard))
-  if data.vocab_size > config.model.vocab_size:
+  task = task_of(config)  # moejax/train/tasks.py: the data and the evaluation
+  data = process_zero_first(lambda: task.build_data(config.data, seed=config.seed, **data_shard))
+  if hasattr(data, "vocab_size") and data.vocab_size > config.model.vocab_size:
     raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
                       f"tokenizer's vocabulary ({data.vocab_size})")
   if placement is None:
@@ -112,12 +105,12 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
 
   train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement,
                                         t.micro_batches, t.balance_statistics)
-  eval_step = step_lib.make_eval_step(graphdef, placement)
+  eval_step = task.make_eval_step(graphdef, placement)
   start = int(state.step)
   # Records past `start` (logged after the restored checkpoint by a killed run) are
   # dropped from metrics.jsonl and hidden in TensorBoard: one record per step.
   writer = MetricWriter(workdir, enabled=write_metrics and is_chief, start_step=start)
-  tokens_per_step = config.data.batch_size * config.data.seq_len
+  tokens_per_step = config.data.batch_size * task.tokens_per_example(config)
   history, last_eval = [], {}
   progress = _progress_bar(start, t.steps, t.progress_bar and is_chief)
   window_start, window_steps, total_time, total_steps = time.perf_counter(), 0, 0.0, 0
@@ -138,7 +131,7 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
       total_time, total_steps = total_time + elapsed, total_steps + window_steps
       record["tokens_per_second"] = window_steps * tokens_per_step / max(elapsed, 1e-9)
       if is_eval:
-        last_eval = evaluate(eval_step, state, data, t.eval_batches, put)
+        last_eval = task.evaluate(eval_step, state, data, t.eval_batches, put)
         record.update(last_eval)
       writer.write(step, record)
       history.append({"step": step, **record})

@@ -357,11 +357,15 @@ def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batche
                      out_shardings=(placement.state, placement.replicated))
 
 
-def make_eval_step(graphdef, placement=None):
+def make_eval_step(graphdef, placement=None, score=None):
+  """(params, rest, batch) -> (score(logits, batch), per-layer MoE metrics); score
+  defaults to the mean cross-entropy against batch["targets"] (moejax/train/tasks.py)."""
 
   def eval_step(params, rest, batch):
     model = nnx.merge(graphdef, params, rest)
     logits, aux, _ = model(batch["inputs"], train=False)
+    if score is not None:
+      return score(logits, batch), moe_metrics(aux)
     return cross_entropy(logits, batch["targets"]), moe_metrics(aux)
 
   if placement is None:

@@ -1,0 +1,136 @@
+"""A Vision Transformer classifier built from the decoder's blocks (config: moejax/config.py
+`model`, `model.vit`).
+
+ViT (Dosovitskiy et al. 2021, eq. 1-4): an image [H, W, C] is cut into N = (H/P)^2
+patches of P x P pixels, each flattened and projected to d_model (eq. 1: x_p E, one
+Linear, as a stride-P convolution is), a learned CLS token is prepended (or not:
+pooling 'mean') and learned position embeddings E_pos are added; pre-norm blocks
+follow (eq. 2-3), then a final norm, the pooled token (the CLS token's output, or
+the mean over patches) and a linear head to num_classes logits (eq. 4).
+
+The blocks are the decoder's own DecoderBlock (moejax/models/decoder.py): the one
+attention module, here non-causal (every key slot allowed) and without rotary
+embeddings (positions None: the learned E_pos carry the position), and the one FFN,
+a dense SwiGLU or the one MoELayer with its routers, expert types, dispatchers,
+losses and logical axes. Which blocks are MoE is the decoder's rule
+(moejax/models/structure.py moe_layer_indices: model.ffn_type, model.moe.first_dense,
+every_n, dense_layers); model.scan_layers and model.remat work as in the decoder.
+V-MoE (Riquelme et al. 2021) is this model with MoE blocks.
+
+    logits, aux, None = VisionTransformer(m)(images_BxHxWxC, train=False, rng=None)
+
+logits: float32 [B, num_classes]; aux as the decoder's ({"aux_loss", "moe"}), so
+the train step (moejax/train/step.py) adds the router losses the same way.
+"""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax import sharding
+from moejax.config import VIT_POOLINGS
+from moejax.errors import ConfigError, choice_error
+from moejax.layers.dense import Linear, RMSNorm
+from moejax.models.decoder import (DTYPES, REMAT_POLICIES, RESIDUAL_AXES, DecoderBlock,
+                                   ScannedBlocks, rematerialised)
+
+POSITION_INIT_STDDEV = 0.02  # ViT and BERT's initialisation of learned positions
+
+
+def num_patches(v) -> int:
+  """Patches per image of the model.vit section `v`."""
+  return (v.image_size // v.patch_size) ** 2
+
+
+def num_tokens(m) -> int:
+  """Tokens every block sees: the patches, plus the CLS token when pooling by it."""
+  return num_patches(m.vit) + (m.vit.pooling == "cls")
+
+
+def patchify(images_BxHxWxC, patch_size: int):
+  """[B, H, W, C] -> [B, N, P*P*C]: row-major patches, each flattened as (row, col, C)."""
+  b, h, w, c = images_BxHxWxC.shape
+  p = patch_size
+  x = images_BxHxWxC.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+def validate_vit(c) -> None:
+  """ConfigError naming the key for a model.vit setting (or a decoder key) the ViT cannot
+  use with config `c` (moejax/validation.py calls it for model_name 'vit')."""
+  m, v = c.model, c.model.vit
+  for key in ("image_size", "patch_size", "num_channels", "num_classes"):
+    if isinstance(v[key], bool) or not isinstance(v[key], int) or v[key] < 1:
+      raise ConfigError(f"model.vit.{key}={v[key]!r} must be an int >= 1")
+  if v.image_size % v.patch_size:
+    raise ConfigError(f"model.vit.patch_size={v.patch_size} must divide "
+                      f"model.vit.image_size={v.image_size}")
+  if v.pooling not in VIT_POOLINGS:
+    raise choice_error("model.vit.pooling", v.pooling, VIT_POOLINGS)
+  if m.attention.windows:
+    raise ConfigError(f"model.attention.windows={list(m.attention.windows)}: the ViT "
+                      "attends over every patch (give [])")
+  if c.task != "classification":
+    raise ConfigError(f"task={c.task!r}: model_name='vit' classifies images "
+                      "(set task='classification')")
+
+
+class VisionTransformer(nnx.Module):
+  """The ViT of the module doc; `m` is the `model` config section."""
+
+  def __init__(self, m, *, rngs: nnx.Rngs):
+    self.cfg = m
+    v = m.vit
+    self.dtype = DTYPES[m.dtype]
+    self.patch_size = v.patch_size
+    self.patch_embed = Linear(v.patch_size ** 2 * v.num_channels, m.d_model, rngs=rngs,
+                              dtype=self.dtype, logical_axes=(None, "embed"), bias=True)
+    self.cls_token = nnx.data(None)
+    if v.pooling == "cls":
+      self.cls_token = nnx.Param(jnp.zeros((1, 1, m.d_model), jnp.float32),
+                                 logical_axes=(None, None, "embed"))
+    self.position = nnx.Param(POSITION_INIT_STDDEV * jax.random.normal(
+        rngs.params(), (num_tokens(m), m.d_model), jnp.float32), logical_axes=(None, "embed"))
+    if m.scan_layers:
+      self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
+    else:
+      self.blocks = nnx.List([DecoderBlock(m, i, rngs=rngs, dtype=self.dtype)
+                              for i in range(m.num_layers)])
+    self.final_norm = RMSNorm(m.d_model, m.norm_eps)
+    self.head = Linear(m.d_model, v.num_classes, rngs=rngs, dtype=self.dtype,
+                       logical_axes=("embed", None), bias=True)
+
+  def embed(self, images_BxHxWxC):
+    """The blocks' input [B, L, d]: patch embeddings (after the CLS token) plus positions."""
+    x = self.patch_embed(patchify(images_BxHxWxC, self.patch_size))
+    if self.cls_token is not None:
+      cls = jnp.broadcast_to(self.cls_token[...].astype(x.dtype), (x.shape[0], 1, x.shape[2]))
+      x = jnp.concatenate([cls, x], axis=1)
+    return sharding.constrain(x + self.position[...].astype(x.dtype), RESIDUAL_AXES)
+
+  def __call__(self, images_BxHxWxC, *, train: bool = False, rng=None, step_stats=None):
+    """(logits [B, num_classes] float32, {"aux_loss", "moe"}, None); step_stats as the
+    decoder's (one per MoE block: gradient accumulation, moejax/train/step.py)."""
+    if rng is None:
+      rng = jax.random.key(0)
+    x = self.embed(images_BxHxWxC)
+    allowed = jnp.ones((1, 1, 1), bool)  # non-causal: every query sees every patch
+    policy = REMAT_POLICIES[self.cfg.remat]
+    if self.cfg.scan_layers:
+      x, layers_aux = self.blocks(x, None, allowed, None, train=train, rng=rng, policy=policy,
+                                  step_stats=step_stats)
+    else:
+      layers_aux = []
+      moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
+      block_stats = dict(zip(moe_blocks, step_stats or ()))
+      for i, block in enumerate(self.blocks):
+        call = block if policy is None else rematerialised(block, policy)
+        x, aux, _ = call(x, None, allowed, None, None, 0, train=train,
+                         rng=jax.random.fold_in(rng, i), step_stats=block_stats.get(i))
+        x = sharding.constrain(x, RESIDUAL_AXES)
+        layers_aux.append(aux)
+    moe_aux = [aux for aux in layers_aux if aux is not None]
+    aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
+    x = self.final_norm(x)
+    pooled = x[:, 0] if self.cls_token is not None else jnp.mean(x, axis=1)
+    logits = sharding.constrain(self.head(pooled).astype(jnp.float32), ("batch", None))
+    return logits, {"aux_loss": aux_loss, "moe": moe_aux}, None
