@@ -149,15 +149,11 @@ def simulated_ttft(routing, num_experts: int, expert_shards: int = 8) -> dict:
 def prefill_seconds(graphdef, params, rest, tokens, repeats: int = 5) -> float:
   """Measured prefill: the median wall time of one compiled forward on tokens [B, L]
   (compiled and run once before timing)."""
-  import time
+  from moejax.profiling.timing import blocked_times
   tokens = jax.numpy.asarray(tokens, jax.numpy.int32)
-  jax.block_until_ready(routing_of(graphdef, params, rest, tokens))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(routing_of(graphdef, params, rest, tokens))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  forward = lambda: routing_of(graphdef, params, rest, tokens)
+  blocked_times(forward, 1)
+  return float(np.median(blocked_times(forward, repeats)))
 
 
 def layer_report(expert_index_TxK, valid_TxK, batch: int, num_experts: int,
