@@ -142,3 +142,22 @@ def test_the_cls_token_and_the_moe_blocks_are_where_the_config_says():
   logits, aux, cache = model(images())
   assert logits.dtype == jnp.float32 and cache is None and len(aux["moe"]) == 2
   assert aux["aux_loss"].shape == () and float(aux["aux_loss"]) > 0
+
+
+@pytest.mark.parametrize("scan_layers, remat", [(True, "none"), (False, "save_moe_routing")])
+def test_scan_and_remat_compute_the_loop_model(scan_layers, remat):
+  """The decoder's scale skeleton: a scanned ViT built from the same seed has the loop
+  model's parameters and logits; remat recomputes the same logits and gradients."""
+  loop = build(tiny_model_cfg())
+  other = build(tiny_model_cfg(scan_layers=scan_layers, remat=remat))
+  x = images(seed=6)
+  np.testing.assert_allclose(np.asarray(other(x)[0]), np.asarray(loop(x)[0]), rtol=1e-5,
+                             atol=1e-5)
+
+  def grad_of_position(model):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x)[0] ** 2))(params)[
+        "position"][...]
+
+  np.testing.assert_allclose(np.asarray(grad_of_position(other)),
+                             np.asarray(grad_of_position(loop)), rtol=1e-4, atol=1e-6)
