@@ -3,8 +3,9 @@ r"""Converting a checkpoint larger than the memory it may use.
   python -m experiments.benchmarks.large_checkpoint --out_dir=runs/large_ckpt --gb=4 \
       --json=docs/results/large_checkpoint_cpu.json --markdown=docs/results/large_checkpoint_cpu.md
 
-1. Writes a synthetic Qwen3-MoE checkpoint (Qwen3MoeForCausalLM's config.json
-   and tensor names, per-expert tensors, bf16) of about --gb GB (1e9 bytes):
+1. Writes a synthetic Qwen3-MoE checkpoint (moejax/interop/synthetic.py:
+   Qwen3MoeForCausalLM's config.json and tensor names, per-expert tensors, bf16)
+   of about --gb GB (1e9 bytes):
    Qwen3-30B-A3B's shape scaled down (hidden 1024, 16 query / 4 KV heads of
    128, 64 experts of width 512, top-8, vocab 32768) with as many layers as the
    size gives. Every tensor is drawn from its own seeded generator and written
@@ -34,7 +35,6 @@ are deleted at the end.
 """
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -45,11 +45,13 @@ import time
 import psutil
 from absl import app, flags
 
-from experiments.benchmarks.large_checkpoint_report import markdown
-from experiments.benchmarks.large_checkpoint_synthetic import (
+from moejax import cli
+from moejax.interop.synthetic import (
     checkpoint_files, compare_exports, compare_orbax_sample, compare_sample, layers_for,
     make_checkpoint, qwen3_config)
-from moejax import cli
+from moejax.profiling.conversion import (conversion_report, drop_cache, gbps, tree_bytes,
+                                         warm_cache)
+from moejax.profiling.timing import machine
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/large_ckpt", "Where the checkpoints are written.")
 _GB = flags.DEFINE_float("gb", 4.0, "Checkpoint size in GB (1e9 bytes), by its layer count.")
@@ -68,28 +70,6 @@ _DST = flags.DEFINE_string("dst", None, "Internal: the child's output.")
 OUTPUTS = cli.study_outputs()
 
 # ---------------------------------------------------------------- measuring
-
-def tree_bytes(directory: str) -> int:
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(directory) for f in fs)
-
-
-def drop_cache(directory: str) -> None:
-  """sync, then drop the page cache of the directory's files (only those)."""
-  os.sync()
-  for d, _, files in os.walk(directory):
-    for f in files:
-      fd = os.open(os.path.join(d, f), os.O_RDONLY)
-      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-      os.close(fd)
-
-
-def warm_cache(directory: str) -> None:
-  for d, _, files in os.walk(directory):
-    for f in files:
-      with open(os.path.join(d, f), "rb") as fh:
-        while fh.read(64 << 20):
-          pass
-
 
 def plain_copy(src: str, dst: str) -> float:
   os.makedirs(dst)
@@ -181,10 +161,6 @@ def orbax_mesh() -> dict:
 
 # ---------------------------------------------------------------- the run
 
-def gbps(num_bytes: int, seconds: float) -> float:
-  return num_bytes / seconds / 1e9
-
-
 def bench(out_dir: str, gb: float, seed: int, shard_bytes: int) -> dict:
   if os.path.exists(out_dir) and os.listdir(out_dir):
     raise app.UsageError(f"--out_dir={out_dir} exists and is not empty")
@@ -253,25 +229,13 @@ def bench(out_dir: str, gb: float, seed: int, shard_bytes: int) -> dict:
   return record
 
 
-def machine() -> dict:
-  mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  cpu = platform.processor()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-  except OSError:
-    pass
-  return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem / 1e9, 1),
-          "python": platform.python_version(), "platform": platform.platform()}
-
-
 def main(argv):
   del argv
   if _CHILD.value:
     run_child(_CHILD.value, _SRC.value, _DST.value)
     return
   record = bench(_OUT_DIR.value, _GB.value, _SEED.value, _SHARD_MB.value * 10**6)
-  text = markdown(record)
+  text = conversion_report(record)
   print(text)
   OUTPUTS.write(record, text)
 

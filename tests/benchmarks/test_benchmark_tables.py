@@ -3,8 +3,8 @@ JSON records equal the committed reports in docs/results/."""
 import json
 import os
 
+from moejax.profiling.conversion import conversion_report as large_checkpoint_report
 from moejax.profiling.report import prefill_table, profile_table
-from experiments.benchmarks.large_checkpoint_report import markdown as large_checkpoint_report
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results")
 

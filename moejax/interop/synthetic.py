@@ -1,10 +1,11 @@
-"""The synthetic checkpoint of large_checkpoint.py and the bit checks of its conversions.
+"""A synthetic checkpoint of any size, and the bit checks of its conversions.
 
 A Qwen3-MoE checkpoint (Qwen3MoeForCausalLM's config.json and tensor names,
 per-expert tensors, bf16) of Qwen3-30B-A3B's shape scaled down, every tensor
 drawn from its own seeded generator and written at its offset in its shard, so
-the whole model is never in memory; and the comparisons of a conversion's output
-with it, bf16 bit by bit.
+the whole model is never in memory (the benchmark
+experiments/benchmarks/large_checkpoint.py converts one larger than its memory);
+and the comparisons of a conversion's output with it, bf16 bit by bit.
 """
 import json
 import math
@@ -13,6 +14,11 @@ import time
 
 import ml_dtypes
 import numpy as np
+
+from moejax.interop.convert import read_config_json
+from moejax.interop.hf_config import from_hf_config
+from moejax.interop.names import tensor_maps
+from moejax.interop.safetensors_io import PlannedWriter, SafetensorsReader
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 VOCAB, D, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, EXPERT_FF = 32768, 1024, 16, 4, 128, 64, 8, 512
@@ -78,7 +84,8 @@ def draw(name: str, shape: tuple, seed: int, index: int) -> np.ndarray:
 
 
 def make_checkpoint(directory: str, gb: float, seed: int, shard_bytes: int) -> dict:
-  from moejax.interop.safetensors_io import PlannedWriter
+  """The checkpoint of about `gb` GB (by its layer count) in `directory`, in shards of
+  at most shard_bytes: its layers, tensors, bytes, files and the seconds it took."""
   num_layers = layers_for(gb)
   tensors = checkpoint_tensors(num_layers)
   start = time.perf_counter()
@@ -103,7 +110,6 @@ def bits(array: np.ndarray) -> np.ndarray:
 
 def compare_exports(src: str, out: str) -> dict:
   """Every tensor of `out` against `src`: same names, shapes and bf16 bits."""
-  from moejax.interop.safetensors_io import SafetensorsReader
   a, b = SafetensorsReader(src), SafetensorsReader(out)
   differ = [n for n in a.names() if n not in b or a.shape(n) != b.shape(n) or b.dtype(n) != BF16
             or not np.array_equal(bits(a.read(n, a.shape(n), BF16)),
@@ -113,63 +119,62 @@ def compare_exports(src: str, out: str) -> dict:
           "differing": differ[:10], "extra": extra[:10]}
 
 
-def compare_sample(src: str, workdir: str, count: int, seed: int) -> dict:
-  """`count` source tensors (half experts) against their place in the converted workdir."""
-  from moejax.interop.convert import read_config_json
-  from moejax.interop.hf_config import from_hf_config
-  from moejax.interop.names import tensor_maps
-  from moejax.interop.safetensors_io import SafetensorsReader
-  m = from_hf_config(read_config_json(src))
-  place = {}
-  for tm in tensor_maps(m):
-    key = f"{tm.collection}/{'.'.join(map(str, tm.path))}"
-    for e, name in enumerate(tm.hf_names):
-      place[name] = (key, e if tm.stacked else None, tm.transpose)
-  hf, ours = SafetensorsReader(src), SafetensorsReader(
-      os.path.join(workdir, "model"), index_file="params.index.json")
+def sampled(src: str, count: int, seed: int):
+  """(model config, source reader, [(tensor map, [(expert, HF name)])]): `count`
+  source tensors drawn by `seed` (half of them experts), by the tensor map that
+  places them."""
+  m, hf = from_hf_config(read_config_json(src)), SafetensorsReader(src)
   rng = np.random.default_rng(seed)
-  experts = sorted(n for n in hf.names() if ".experts." in n)
-  others = sorted(n for n in hf.names() if ".experts." not in n)
-  picked = (list(rng.choice(experts, count // 2, replace=False)) +
-            list(rng.choice(others, count - count // 2, replace=False)))
-  rows = []
-  for name in picked:
-    key, e, transpose = place[name]
-    source = hf.read(name, hf.shape(name), BF16)
-    stored = (ours.read(key, ours.shape(key), BF16) if e is None else
-              ours.read_part(key, e, ours.shape(key), BF16))
-    stored = stored.T if transpose else stored
-    rows.append({"name": name, "workdir": key + ("" if e is None else f"[{e}]"),
-                 "shape": list(source.shape),
-                 "identical": bool(stored.shape == source.shape and
-                                   np.array_equal(bits(stored), bits(source)))})
-  return {"sampled": len(rows), "identical": all(r["identical"] for r in rows), "tensors": rows}
-
-
-def compare_orbax_sample(src: str, directory: str, count: int, seed: int) -> dict:
-  """`count` source tensors (half experts) against the orbax checkpoint, each leaf
-  holding one restored alone (the others orbax's PLACEHOLDER), on one device."""
-  import jax
-  import orbax.checkpoint.experimental.v1 as ocp
-  from moejax.interop.convert import read_config_json
-  from moejax.interop.hf_config import from_hf_config
-  from moejax.interop.names import tensor_maps
-  from moejax.interop.safetensors_io import SafetensorsReader
-  from moejax.interop.streaming import ORBAX_STATE, _orbax_keys, orbax_target
-  m = from_hf_config(read_config_json(src))
-  target = {k: v for k, v in _orbax_keys(orbax_target(m, None, "bfloat16")).items()
-            if jax.tree.leaves(v)}  # orbax stores no empty subtree
-  hf = SafetensorsReader(src)
-  rng = np.random.default_rng(seed + 1)
   experts = sorted(n for n in hf.names() if ".experts." in n)
   others = sorted(n for n in hf.names() if ".experts." not in n)
   picked = set(rng.choice(experts, count // 2, replace=False)) | set(
       rng.choice(others, count - count // 2, replace=False))
+  groups = [(tm, [(e, n) for e, n in enumerate(tm.hf_names) if n in picked])
+            for tm in tensor_maps(m)]
+  return m, hf, [(tm, names) for tm, names in groups if names]
+
+
+def compared(hf, name: str, tm, stored: np.ndarray, where: dict) -> dict:
+  """One sampled tensor: its place `where`, and whether the stored array (as its
+  tensor map transposes it) has the source's shape and bf16 bits."""
+  stored = stored.T if tm.transpose else stored
+  source = hf.read(name, hf.shape(name), BF16)
+  return {"name": name, **where, "shape": list(source.shape),
+          "identical": bool(stored.shape == source.shape and
+                            np.array_equal(bits(stored), bits(source)))}
+
+
+def summary(rows: list) -> dict:
+  return {"sampled": len(rows), "identical": all(r["identical"] for r in rows), "tensors": rows}
+
+
+def compare_sample(src: str, workdir: str, count: int, seed: int) -> dict:
+  """`count` source tensors (half experts) against their place in the converted workdir."""
+  _, hf, groups = sampled(src, count, seed)
+  ours = SafetensorsReader(os.path.join(workdir, "model"), index_file="params.index.json")
   rows = []
-  for tm in tensor_maps(m):
-    names = [(e, n) for e, n in enumerate(tm.hf_names) if n in picked]
-    if not names:
-      continue
+  for tm, names in groups:
+    key = f"{tm.collection}/{'.'.join(map(str, tm.path))}"
+    for e, name in names:
+      stored = (ours.read_part(key, e, ours.shape(key), BF16) if tm.stacked else
+                ours.read(key, ours.shape(key), BF16))
+      rows.append(compared(hf, name, tm, stored,
+                           {"workdir": key + (f"[{e}]" if tm.stacked else "")}))
+  return summary(rows)
+
+
+def compare_orbax_sample(src: str, directory: str, count: int, seed: int) -> dict:
+  """`count` source tensors (half experts, drawn by seed + 1) against the orbax
+  checkpoint, each leaf holding one restored alone (the others orbax's
+  PLACEHOLDER), on one device."""
+  import jax
+  import orbax.checkpoint.experimental.v1 as ocp
+  from moejax.interop.streaming import ORBAX_STATE, _orbax_keys, orbax_target
+  m, hf, groups = sampled(src, count, seed + 1)
+  target = {k: v for k, v in _orbax_keys(orbax_target(m, None, "bfloat16")).items()
+            if jax.tree.leaves(v)}  # orbax stores no empty subtree
+  rows = []
+  for tm, names in groups:
     path = (tm.collection, *map(str, tm.path))
 
     def only(tree, at=()):
@@ -182,10 +187,6 @@ def compare_orbax_sample(src: str, directory: str, count: int, seed: int) -> dic
       leaf = leaf[key]
     leaf = np.asarray(leaf)
     for e, name in names:
-      stored = leaf[e] if tm.stacked else leaf
-      stored = stored.T if tm.transpose else stored
-      source = hf.read(name, hf.shape(name), BF16)
-      rows.append({"name": name, "orbax": "/".join(path) + (f"[{e}]" if tm.stacked else ""),
-                   "identical": bool(stored.shape == source.shape and
-                                     np.array_equal(bits(stored), bits(source)))})
-  return {"sampled": len(rows), "identical": all(r["identical"] for r in rows), "tensors": rows}
+      rows.append(compared(hf, name, tm, leaf[e] if tm.stacked else leaf,
+                           {"orbax": "/".join(path) + (f"[{e}]" if tm.stacked else "")}))
+  return summary(rows)

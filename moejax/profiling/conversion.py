@@ -1,9 +1,44 @@
-"""The markdown report of large_checkpoint.py's record (bench's dict)."""
+"""Measuring a conversion of a checkpoint larger than memory, and its report
+(experiments/benchmarks/large_checkpoint.py): the page cache of the input dropped
+or filled before a step, bytes on disk and rates, and the markdown of the
+benchmark's record.
+"""
+import os
+
 from moejax.evaluation.stats import markdown_table
 
 
-def markdown(r: dict) -> str:
-  """The checkpoint, one table row per measured step (kind, cache state), and the bit checks."""
+def tree_bytes(directory: str) -> int:
+  """Bytes of every file under directory."""
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(directory) for f in fs)
+
+
+def drop_cache(directory: str) -> None:
+  """sync, then drop the page cache of the directory's files (only those)."""
+  os.sync()
+  for d, _, files in os.walk(directory):
+    for f in files:
+      fd = os.open(os.path.join(d, f), os.O_RDONLY)
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+      os.close(fd)
+
+
+def warm_cache(directory: str) -> None:
+  """Read every file under directory into the page cache."""
+  for d, _, files in os.walk(directory):
+    for f in files:
+      with open(os.path.join(d, f), "rb") as fh:
+        while fh.read(64 << 20):
+          pass
+
+
+def gbps(num_bytes: int, seconds: float) -> float:
+  return num_bytes / seconds / 1e9
+
+
+def conversion_report(r: dict) -> str:
+  """The markdown of large_checkpoint's record: the checkpoint, one table row per
+  measured step (kind, cache state), and the bit checks."""
   c, m = r["checkpoint"], r["model"]
   runs = {(x["kind"], x["cache"]): x for x in r["runs"]}
   lines = [
@@ -43,7 +78,8 @@ def markdown(r: dict) -> str:
   if "orbax_sample" in r:
     o = r["orbax_sample"]
     lines += ["", f"Sharded orbax import (`orbax`: mesh {r['orbax_mesh']} of 8 simulated CPU "
-              f"devices, partial saves of <= 128 MB of arrays, {r['orbax_bytes'] / 1e9:.2f} GB written): "
+              f"devices, partial saves of <= 128 MB of arrays, "
+              f"{r['orbax_bytes'] / 1e9:.2f} GB written): "
               f"sample of {o['sampled']} source tensors against the restored leaves: "
               f"{'all identical' if o['identical'] else 'DIFFER'}."]
   return "\n".join(lines)
