@@ -1,6 +1,8 @@
 """HEAPr atom pruning (moejax/posttrain/atoms.py): the row-layout sums against a
 per-token loop, removal against zeroing, the global ranking by hand, and the
 scores against brute-force loss changes on a trained tiny MoE."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,7 @@ from moejax.errors import ConfigError
 from moejax.posttrain import atoms
 from moejax.posttrain.taylor import token_gradients
 from moejax.train.loop import init_state
-from tests.posttrain.trained_tiny import mean_loss, trained
+from tests.posttrain.trained_tiny import trained
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +26,58 @@ def tiny():
   return config, graphdef, params, state.rest
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def logits(graphdef, params, rest, tokens):
+  return nnx.merge(graphdef, params, rest)(tokens)[0]
+
+
+def window_losses(graphdef, params, rest, s, window):
+  """Per-token losses [L-1] of one window with atom multipliers s [2, 8, 32] on the
+  w_down rows: s_k = 0 removes atom k (its output h_k w_k), s = 1 is the model."""
+  p = jax.tree.map(lambda v: v, params)
+  for block in (0, 1):
+    w = p["blocks"][block]["ffn"]["experts"]
+    w["w_down"] = w["w_down"] * s[block][:, :, None]
+  logp = jax.nn.log_softmax(logits(graphdef, p, rest, window[None])[0, :-1]
+                            .astype(jnp.float32), -1)
+  return -jnp.take_along_axis(logp, window[1:, None], -1)[:, 0]
+
+
+@pytest.fixture(scope="module")
+def brute_force():
+  """On the trained tiny MoE (trained_tiny.trained), 200 sampled atoms (block,
+  expert, unit) and, by brute force, the calibration loss change of removing each
+  alone (dL, one compiled loss for all 200 removals) and every calibration
+  token's loss derivative in each atom's multiplier (jax.jacrev) [N, 200]."""
+  _, graphdef, params, rest, windows = trained()
+  device, windows = jax.tree.map(jnp.asarray, params), jnp.asarray(windows)
+  rng = np.random.default_rng(2)
+  picked = tuple(np.array([(rng.integers(2), rng.integers(8), rng.integers(32))
+                           for _ in range(200)]).T)
+  ones = jnp.ones((2, 8, 32))
+  per_window = functools.partial(window_losses, graphdef, device, rest)
+  loss = jax.jit(lambda s: jnp.mean(jax.vmap(per_window, (None, 0))(s, windows)))
+  base, delta = float(loss(ones)), []
+  for atom in zip(*picked):
+    s = np.ones((2, 8, 32), np.float32)
+    s[atom] = 0.0
+    delta.append(float(loss(jnp.asarray(s))) - base)
+  jacobian = jax.jit(jax.jacrev(per_window))
+  per_token = np.concatenate([np.asarray(jacobian(ones, w), np.float64)
+                              [(slice(None),) + picked] for w in windows])
+  sums = atoms.atom_sums(graphdef, params, rest, [windows])
+  return dict(picked=picked, base=base, delta=np.asarray(delta),
+              per_token=per_token, sums=sums, params=params)
+
+
+def stacked(scores):
+  """[2, 8, 32]: the scores of MoE blocks 0 and 1."""
+  return np.stack([scores[0], scores[1]])
+
+
 def test_sums_equal_a_per_token_loop(tiny):
   config, graphdef, params, rest = tiny
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 10)), jnp.int32)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
   got = atoms.atom_sums(graphdef, params, rest, [tokens])
   dy, moe, token_loss = jax.jit(token_gradients, static_argnums=0)(graphdef, params, rest,
                                                                    tokens)
@@ -59,7 +110,7 @@ def test_sums_equal_a_per_token_loop(tiny):
       np.testing.assert_allclose(got[block][key], value, rtol=1e-4, atol=1e-6 * scale,
                                  err_msg=f"block {block} {key}")
     np.testing.assert_array_equal(got[block]["count"], count)
-    assert got[block]["predicted"] == n == 2 * 9
+    assert got[block]["predicted"] == n == 2 * 15
 
 
 def test_global_keep_by_hand():
@@ -85,18 +136,18 @@ def test_removing_atoms_equals_zeroing_them_and_zeroed_atoms_score_zero(tiny):
   new_graphdef = abstract_model(new_m)[0]
   tokens = jnp.asarray(rng.integers(0, 256, (2, 16)), jnp.int32)
   zeroed = atoms.zero_atoms(params, keep)
-  got = nnx.merge(new_graphdef, cut, rest)(tokens)[0]
-  want = nnx.merge(graphdef, zeroed, rest)(tokens)[0]
+  got = logits(new_graphdef, cut, rest, tokens)
+  want = logits(graphdef, zeroed, rest, tokens)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-  assert not np.allclose(np.asarray(want), np.asarray(nnx.merge(graphdef, params, rest)
-                                                     (tokens)[0]), atol=1e-3)
-  sums = atoms.atom_sums(graphdef, zeroed, rest, [tokens])
+  assert not np.allclose(np.asarray(want), np.asarray(logits(graphdef, params, rest, tokens)),
+                         atol=1e-3)
+  sums = atoms.atom_sums(graphdef, zeroed, rest, [tokens])  # the shape of the test above
   for score in ("heapr", "heapr_first_order", "exact_diagonal"):
     for block, value in atoms.atom_scores(sums, score).items():
       assert np.all(value[~keep[block]] == 0.0) and np.any(value[keep[block]] != 0.0)
 
 
-def test_scores_rank_the_brute_force_loss_change_of_200_atoms():
+def test_scores_rank_the_brute_force_loss_change_of_200_atoms(brute_force):
   """Train the tiny MoE on fresh samples of a bigram chain until it is near the
   chain's entropy, then remove each of 200 sampled atoms alone and measure the
   loss change on the calibration windows. HEAPr's OBS curvature with the exact
@@ -104,31 +155,20 @@ def test_scores_rank_the_brute_force_loss_change_of_200_atoms():
   order only) is printed: removing one atom moves the loss by ~1e-5, where the
   first-order term (calibration noise around the optimum) is as large as the
   second-order one."""
-  config, graphdef, params, rest, calibration = trained()
-  calibration = jnp.asarray(calibration)
-  sums = atoms.atom_sums(graphdef, params, rest, [calibration])
-  loss = jax.jit(mean_loss, static_argnums=0)
-  base = float(loss(graphdef, params, rest, calibration))
-  rng = np.random.default_rng(2)
-  picked = [(int(rng.integers(2)), int(rng.integers(8)), int(rng.integers(32)))
-            for _ in range(200)]
-  delta = []
-  for block, e, k in picked:
-    keep = {block: np.ones((8, 32), bool)}
-    keep[block][e, k] = False
-    delta.append(float(loss(graphdef, atoms.zero_atoms(params, keep), rest, calibration)) - base)
+  picked, delta, sums = brute_force["picked"], brute_force["delta"], brute_force["sums"]
   correlation = {}
   for score in ("heapr_first_order", "heapr", "exact_diagonal", "magnitude", "random"):
-    value = atoms.atom_scores(sums, score, params)
-    correlation[score] = spearmanr([value[b][e, k] for b, e, k in picked], delta)[0]
-  print(f"calibration loss {base:.4f}, median |dL| {np.median(np.abs(delta)):.2e}; Spearman "
+    value = stacked(atoms.atom_scores(sums, score, brute_force["params"]))
+    correlation[score] = spearmanr(value[picked], delta)[0]
+  print(f"calibration loss {brute_force['base']:.4f}, median |dL| "
+        f"{np.median(np.abs(delta)):.2e}; Spearman "
         + ", ".join(f"{k} {v:.3f}" for k, v in correlation.items()))
   assert correlation["heapr_first_order"] > 0.8
   assert correlation["heapr_first_order"] > correlation["magnitude"] + 0.3
   assert abs(correlation["random"]) < 0.3
 
 
-def test_heapr_ranks_the_brute_force_fisher_and_the_second_order_loss_change():
+def test_heapr_ranks_the_brute_force_fisher_and_the_second_order_loss_change(brute_force):
   """The paper's target: the OBS cost 1/2 F_kk of removing atom k, F the empirical
   Fisher of the per-token losses l_t in the atom's direction (w_down row k scaled by
   s_k, removal s_k: 1 -> 0), F_kk = mean_t (dl_t/ds_k)^2 by brute force (jax.jacrev
@@ -136,36 +176,10 @@ def test_heapr_ranks_the_brute_force_fisher_and_the_second_order_loss_change():
   score ranks it with Spearman > 0.95 (0.99 measured) under every per-expert
   normalisation, and the loss change of the removal minus its first-order term
   (dL/ds_k) with Spearman > 0.8 (0.89-0.90 measured); random atoms rank neither."""
-  _, graphdef, params, rest, windows = trained()
-  device = jax.tree.map(jnp.asarray, params)
-
-  def window_losses(s, window):  # per-token losses [L-1] with atom multipliers s [2, 8, 32]
-    p = jax.tree.map(lambda v: v, device)
-    for block in (0, 1):
-      w = p["blocks"][block]["ffn"]["experts"]
-      w["w_down"] = w["w_down"] * s[block][:, :, None]
-    logits, _, _ = nnx.merge(graphdef, p, rest)(window[None])
-    logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32), -1)
-    return -jnp.take_along_axis(logp, window[1:, None], -1)[:, 0]
-
-  rng = np.random.default_rng(2)
-  picked = tuple(np.array([(rng.integers(2), rng.integers(8), rng.integers(32))
-                           for _ in range(200)]).T)
-  ones = jnp.ones((2, 8, 32))
-  jacobian = jax.jit(jax.jacrev(window_losses))
-  per_token = np.concatenate([np.asarray(jacobian(ones, jnp.asarray(w)), np.float64)
-                              [(slice(None),) + picked] for w in windows])  # [N, 200]
+  picked, per_token, sums = (brute_force[k] for k in ("picked", "per_token", "sums"))
   fisher = 0.5 * np.mean(per_token ** 2, axis=0)
-  loss = jax.jit(lambda s: jnp.mean(jax.vmap(window_losses, (None, 0))(s, windows)))
-  base, delta = float(loss(ones)), []
-  for atom in zip(*picked):
-    s = np.ones((2, 8, 32), np.float32)
-    s[atom] = 0.0
-    delta.append(float(loss(jnp.asarray(s))) - base)
-  second_order = np.asarray(delta) + per_token.mean(axis=0)  # dL - (-dL/ds)
-  sums = atoms.atom_sums(graphdef, params, rest, [jnp.asarray(windows)])
+  second_order = brute_force["delta"] + per_token.mean(axis=0)  # dL - (-dL/ds)
   rank = lambda values, target: spearmanr(values[picked], target)[0]
-  stacked = lambda scores: np.stack([scores[0], scores[1]])
   for normalisation in atoms.NORMALISATIONS:
     heapr = stacked(atoms.atom_scores(sums, "heapr", normalisation=normalisation))
     print(f"HEAPr ({normalisation}): Spearman {rank(heapr, fisher):.3f} against the Fisher "
