@@ -46,15 +46,9 @@ Timing: every variant of a (size, T) is compiled ahead and called twice untimed;
 a repetition is `inner` back-to-back calls (each blocked on), inner chosen from
 the untimed call so that a repetition lasts about --min_rep_ms; repetitions are
 interleaved (round r runs every variant once, order rotated by r) and the
-median per call taken: the machine is shared and noisy. --reps: moe_layer's
-flag, default 5.
-
-The compile and the machine line come from experiments/benchmarks/moe_layer.py
-(`compile_pass`, `cpu_model`); importing it defines its flags, and this module
-uses its --json, --markdown and --reps (its other flags do nothing here).
+median per call taken: the machine is shared and noisy (moejax/profiling/timing.py).
 """
 import datetime
-import json
 import os
 import time
 
@@ -64,8 +58,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.benchmarks import moe_layer
-from experiments.benchmarks.moe_layer import compile_pass, cpu_model
 from moejax import cli
 from moejax.models.structure import layer_moe_config
 from moejax.validation import validate_config
@@ -75,6 +67,8 @@ from moejax.evaluation.stats import markdown_table
 from moejax.experts.factorised import tucker_count
 from moejax.inference.generate import generation_config
 from moejax.layers.moe import MoELayer
+from moejax.profiling.timing import (calls_per_round, compile_pass, compiled_figures, cpu_model,
+                                     interleaved_times, medians)
 
 # d, f, E, k; zoo_s from moejax/configs/zoo.py (d, ..., experts, top_k, expert_d_ff, ...)
 _S = zoo.SIZES["s"]
@@ -100,7 +94,9 @@ _MIN_REP_MS = cli.checked(flags.DEFINE_float("min_rep_ms", 20.0,
                           cli.at_least(0.0, float))
 _MAX_INNER = cli.checked(flags.DEFINE_integer("max_inner", 200, "Most calls per repetition."),
                          cli.at_least(1))
-_JSON, _MARKDOWN, _REPS = moe_layer._JSON, moe_layer._MARKDOWN, moe_layer._REPS
+_REPS = cli.checked(flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median)."),
+                    cli.at_least(1))
+OUTPUTS = cli.study_outputs(plot=False)
 
 
 def parse_size(spec: str):
@@ -183,47 +179,13 @@ def prepare(name, dims, x):
     y, aux = nnx.merge(graphdef, state)(x, train=False)
     return y, aux
 
-  compiled, args, temp = compile_pass(forward, state, x, "fwd")
-  memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  compiled, args, _ = compile_pass(forward, state, x, "fwd")
   held, packed = expert_bytes(layer)
   d, f, e, _ = dims
   return compiled, args, {
-      "settings": settings, "temp_bytes": temp,
-      "argument_bytes": int(memory.argument_size_in_bytes),
-      "output_bytes": int(memory.output_size_in_bytes),
-      "flops": float(cost.get("flops", float("nan"))),
-      "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
+      "settings": settings, **compiled_figures(compiled),
       "expert_bytes_in_memory": held, "expert_bytes_packed": packed,
       "expert_bytes_fp32": 4 * 3 * e * d * f}
-
-
-def call_once(compiled, args) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(compiled(*args))
-  return time.perf_counter() - start
-
-
-def interleaved_medians(runs: dict, reps: int) -> dict:
-  """{name: (median seconds per call, inner)}: runs {name: (compiled, args)}."""
-  inner = {}
-  for name, (compiled, args) in runs.items():
-    call_once(compiled, args)  # first call
-    once = call_once(compiled, args)
-    inner[name] = int(np.clip(round(_MIN_REP_MS.value / 1e3 / max(once, 1e-9)), 1,
-                              _MAX_INNER.value))
-  times = {name: [] for name in runs}
-  names = list(runs)
-  for round_ in range(reps):
-    shift = round_ % len(names)
-    for name in names[shift:] + names[:shift]:
-      compiled, args = runs[name]
-      start = time.perf_counter()
-      for _ in range(inner[name]):
-        jax.block_until_ready(compiled(*args))
-      times[name].append((time.perf_counter() - start) / inner[name])
-  return {name: (float(np.median(t)), inner[name]) for name, t in times.items()}
 
 
 def bench(label, dims, tokens, variants):
@@ -231,21 +193,22 @@ def bench(label, dims, tokens, variants):
   records = []
   for t in tokens:
     x = jnp.asarray(np.random.default_rng(1).standard_normal((1, t, d)), jnp.float32)
-    runs, figures = {}, {}
+    calls, figures = {}, {}
     for name in variants:
       compiled, args, figures[name] = prepare(name, dims, x)
-      runs[name] = (compiled, args)
-    medians = interleaved_medians(runs, _REPS.value)
-    ref = medians[REFERENCE][0]
+      calls[name] = lambda compiled=compiled, args=args: compiled(*args)
+    inner = {name: calls_per_round(fn, _MIN_REP_MS.value / 1e3, _MAX_INNER.value)
+             for name, fn in calls.items()}
+    per_call = medians(interleaved_times(calls, _REPS.value, inner))
     for name in variants:
-      median, inner = medians[name]
+      median = per_call[name]
       records.append({"size": label, "d": d, "f": f, "E": e, "k": k, "T": t, "variant": name,
-                      "time_ms": 1e3 * median, "ratio_to_swiglu": ref / median,
-                      "reps": _REPS.value, "calls_per_rep": inner, **figures[name],
+                      "time_ms": 1e3 * median, "ratio_to_swiglu": per_call[REFERENCE] / median,
+                      "reps": _REPS.value, "calls_per_rep": inner[name], **figures[name],
                       "temp_over_swiglu_bytes": (figures[name]["temp_bytes"]
                                                  - figures[REFERENCE]["temp_bytes"]),
                       "flops_over_swiglu": figures[name]["flops"] - figures[REFERENCE]["flops"]})
-    print(f"{label} T={t}: " + ", ".join(f"{n} {1e3 * medians[n][0]:.2f} ms" for n in variants),
+    print(f"{label} T={t}: " + ", ".join(f"{n} {1e3 * per_call[n]:.2f} ms" for n in variants),
           flush=True)
   return records
 
@@ -303,8 +266,7 @@ def flag_text(name: str) -> str:
 
 def main(argv):
   del argv
-  for holder in (_JSON, _MARKDOWN):
-    cli.output_file(holder.name, holder.value)
+  OUTPUTS.check()
   sizes = [parse_size(s) for s in _SIZES.value]
   tokens = [int(t) for t in _TOKENS.value]
   variants = [REFERENCE] + [v for v in _VARIANTS.value if v != REFERENCE]
@@ -320,15 +282,10 @@ def main(argv):
                                                  "factorised_fraction", "reps", "min_rep_ms")])
   text = markdown(records, command)
   print(text, flush=True)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
+  OUTPUTS.write({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
                  "date": datetime.datetime.now().isoformat(timespec="seconds"),
                  "loadavg": os.getloadavg(), "command": command,
-                 "wall_s": time.perf_counter() - started, "records": records}, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(text + "\n")
+                 "wall_s": time.perf_counter() - started, "records": records}, text)
 
 
 if __name__ == "__main__":

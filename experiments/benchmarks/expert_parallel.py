@@ -23,16 +23,14 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
                              " --xla_force_host_platform_device_count=8").strip()
 
 import functools  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from moejax import sharding  # noqa: E402
+from moejax import cli, sharding  # noqa: E402
 from moejax.config import base_config  # noqa: E402
 from moejax.dispatch import get_dispatcher  # noqa: E402
 from moejax.dispatch.capacity import expert_capacity  # noqa: E402
@@ -41,6 +39,7 @@ from moejax.dispatch.expert_parallel import expert_parallel_dispatch  # noqa: E4
 from moejax.experts import swiglu_experts  # noqa: E402
 from moejax.evaluation.stats import markdown_table  # noqa: E402
 from moejax.experts.swiglu import SwiGLUExperts  # noqa: E402
+from moejax.profiling.timing import interleaved_times, medians, with_backward  # noqa: E402
 from moejax.routing import get_router  # noqa: E402
 
 MESHES = {"data2_expert4": dict(data=2, expert=4), "expert8": dict(expert=8),
@@ -53,8 +52,7 @@ _MESHES = flags.DEFINE_list("meshes", ["data2_expert4", "expert8"], f"Of {sorted
 _FACTORS = flags.DEFINE_list("a2a_capacity_factors", ["0", "2"],
                              "sharding.a2a_capacity_factor values (0: never overflows).")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
-_JSON = flags.DEFINE_string("json", None, "Write the records here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown table here.")
+OUTPUTS = cli.study_outputs(plot=False)
 
 
 def all_to_all_bytes(hlo_text: str) -> int:
@@ -85,13 +83,7 @@ def layer_fn(cfg, layout):
 
 def compile_step(cfg, layout, params, x):
   """Compiled fwd+bwd of the layer (with the mesh's shardings) and its arguments."""
-  fn = layer_fn(cfg, layout)
-
-  def fwd_bwd(params, x, d_out):
-    (y, metrics), vjp = jax.vjp(fn, params, x)
-    zeros = jax.tree.map(jnp.zeros_like, metrics)
-    return vjp((d_out, zeros)), metrics
-
+  fwd_bwd = with_backward(layer_fn(cfg, layout))
   args = (params, x, jnp.ones_like(x) / x.size)
   if layout is None:
     device = jax.devices()[0]
@@ -136,22 +128,15 @@ def bench(dims, dispatch_paths, meshes, factors, reps):
     for mesh in meshes:
       for factor in factors:
         runs[dispatch, mesh, factor] = rows(dims, mesh, factor, dispatch)
-  times = {key: [] for key in runs}
   outputs = {}
   for key, (compiled, args, _) in runs.items():
     outputs[key] = jax.block_until_ready(compiled(*args))  # warm-up
-  keys = list(runs)
-  for round_ in range(reps):
-    for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
-      compiled, args, _ = runs[key]
-      start = time.perf_counter()
-      jax.block_until_ready(compiled(*args))
-      times[key].append(time.perf_counter() - start)
+  times = medians(interleaved_times(
+      {key: lambda c=c, a=a: c(*a) for key, (c, a, _) in runs.items()}, reps))
   records = []
   for (dispatch, mesh, factor), (compiled, _, cfg) in runs.items():
     metrics = outputs[dispatch, mesh, factor][1]
-    median = float(np.median(times[dispatch, mesh, factor]))
-    single = float(np.median(times[dispatch, "1 device", None]))
+    median, single = times[dispatch, mesh, factor], times[dispatch, "1 device", None]
     sizes = MESHES.get(mesh, {})
     n_ep, shards = sizes.get("expert", 1), int(np.prod(list(sizes.values()) or [1]))
     capacity = (expert_capacity(t, e, k, cfg.capacity_factor, cfg.min_capacity)
@@ -197,17 +182,13 @@ def main(argv):
   unknown = set(_MESHES.value) - set(MESHES)
   if unknown:
     raise app.UsageError(f"unknown --meshes {sorted(unknown)}; valid: {sorted(MESHES)}")
+  OUTPUTS.check()
   records = bench(dims, _DISPATCH.value, _MESHES.value,
                   [float(f) for f in _FACTORS.value], _REPS.value)
   text = markdown(records)
   print(text)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(text + "\n")
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(records, f, indent=1)
+  OUTPUTS.write(records, text)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

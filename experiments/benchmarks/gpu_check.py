@@ -28,8 +28,6 @@ and --shapes trim the run to a lease's budget.
 import json
 import platform
 import statistics
-import sys
-import time
 import traceback
 
 from absl import app, flags
@@ -37,7 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax import cli
 from moejax.kernels import gmm, gmm_reference, tgmm
+from moejax.profiling.timing import blocked_times
 from moejax.evaluation.stats import markdown_table
 from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 
@@ -48,8 +48,7 @@ SPEED_SHAPES = {
     "finer": (16384, 2048, 128, 128, 8),
 }
 
-_JSON = flags.DEFINE_string("json", None, "Write all records here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
+OUTPUTS = cli.study_outputs(plot=False)
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per path (median).")
 _PARTS = flags.DEFINE_list("parts", ["correctness", "speed"], "Parts to run.")
 _TILINGS = flags.DEFINE_list("tilings", ["128:128:128", "128:64:128", "64:64:64"],
@@ -145,14 +144,9 @@ def check_correctness(records):
 
 
 def timed(fn, *args, reps):
-  out = fn(*args)
-  jax.block_until_ready(out)
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  """Median seconds of fn(*args) over `reps` calls after an untimed one."""
+  blocked_times(lambda: fn(*args), 1)
+  return statistics.median(blocked_times(lambda: fn(*args), reps))
 
 
 def balanced_sizes(rng, num_groups, m):
@@ -247,6 +241,7 @@ def main(argv):
     unknown = sorted(set(flag.value) - set(valid))
     if unknown:
       raise app.UsageError(f"--{flag.name} {unknown}: expected names in {sorted(valid)}")
+  OUTPUTS.check()
   print(f"jax {jax.__version__} on {jax.devices()} ({platform.node()})", flush=True)
   records = []
   for part, fn in (("correctness", check_correctness), ("speed", check_speed)):
@@ -257,14 +252,9 @@ def main(argv):
         traceback.print_exc()
   report = markdown(records)
   print(report)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(records, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(report)
+  OUTPUTS.write(records, report)
   return 0 if all(r.get("ok", True) for r in records) else 1
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  cli.run(main)  # exits with main's status

@@ -43,10 +43,7 @@ one-hot einsum) skip the untimed call and run --slow_reps times.
 """
 import datetime
 import functools
-import json
 import os
-import platform
-import time
 
 from absl import app, flags
 import jax
@@ -62,6 +59,7 @@ from moejax.dispatch.dropless import get_grouped_matmul
 from moejax.dispatch.capacity import expert_capacity
 from moejax.evaluation.stats import markdown_table
 from moejax.experts import swiglu_experts
+from moejax.profiling.timing import compile_pass, cpu_model, interleaved_times
 from moejax.routing import get_router
 
 PRESETS = {  # T, d, f, E, k
@@ -97,8 +95,7 @@ _CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gs
 _MAX_TEMP = flags.DEFINE_float("max_temp_gib", 6.0,
                                 "Skip (and report) a path whose compiled temp memory is larger.")
 _OMNI_TILE = flags.DEFINE_integer("omni_tile", 8, "model.moe.dropless_tile of omnimoe/expert_centric*.")
-_JSON = flags.DEFINE_string("json", None, "Write one record per shape, path and pass here.")
-_MARKDOWN = flags.DEFINE_string("markdown", None, "Write the markdown report here.")
+OUTPUTS = cli.study_outputs(plot=False)  # --json: one record per shape, path and pass
 
 
 def parse_shape(spec: str):
@@ -241,24 +238,10 @@ def make_omni_path(name, dims, normal):
   return omni, params
 
 
-def compile_pass(fn, params, x, which):
-  if which == "fwd":
-    jitted = jax.jit(fn)
-    args = (params, x)
-  else:
-    def fwd_bwd(params, x, d_out):
-      (y, waste), vjp = jax.vjp(fn, params, x)
-      return vjp((d_out, jnp.zeros_like(waste))), waste
-    jitted = jax.jit(fwd_bwd)
-    args = (params, x, jnp.ones_like(x) / x.size)
-  compiled = jitted.lower(*args).compile()
-  return compiled, args, int(compiled.memory_analysis().temp_size_in_bytes)
-
-
 def bench_shape(label, dims, paths, passes):
   t, d, f, e, k = dims
   x = jnp.asarray(np.random.default_rng(1).standard_normal((t, d)), jnp.float32)
-  runs = {}  # (path, pass) -> [compiled, args, temp, times, waste]
+  runs = {}  # (path, pass) -> (compiled, args, temp)
   skipped = {}  # (path, pass) -> temp bytes over --max_temp_gib
   for name in paths:
     fn, params = make_path(name, dims)
@@ -269,43 +252,29 @@ def bench_shape(label, dims, paths, passes):
         continue
       if name not in SLOW:  # one untimed call (first-call costs); slow paths are too slow
         jax.block_until_ready(compiled(*args))
-      runs[name, which] = [compiled, args, temp, [], None]
-  keys = list(runs)
-  for round_ in range(max(_REPS.value, _SLOW_REPS.value)):
-    shift = round_ % len(keys)
-    for key in keys[shift:] + keys[:shift]:
-      if round_ >= (_SLOW_REPS.value if key[0] in SLOW else _REPS.value):
-        continue
-      compiled, args, _, times, _ = runs[key]
-      start = time.perf_counter()
-      out = jax.block_until_ready(compiled(*args))
-      times.append(time.perf_counter() - start)
-      runs[key][4] = float(out[1])
+      runs[name, which] = (compiled, args, temp)
+  last = {}  # (path, pass) -> its last output (y, padding waste)
+
+  def call(key):
+    last[key] = runs[key][0](*runs[key][1])
+    return last[key]
+  times = interleaved_times({key: functools.partial(call, key) for key in runs},
+                            {key: _SLOW_REPS.value if key[0] in SLOW else _REPS.value
+                             for key in runs})
   records = []
-  for (name, which), (_, _, temp, times, waste) in runs.items():
-    median = float(np.median(times))
-    dense = float(np.median(runs["dense", which][3]))
+  for (name, which), (_, _, temp) in runs.items():
+    median, dense = np.median(times[name, which]), np.median(times["dense", which])
     records.append({"shape": label, "T": t, "d": d, "f": f, "E": e, "k": k, "path": name,
-                    "pass": which, "time_ms": 1e3 * median, "ratio_to_dense": dense / median,
-                    "temp_bytes": temp, "padding_waste": waste, "reps": len(times),
-                    "dropless_tile": _TILE.value})
+                    "pass": which, "time_ms": 1e3 * float(median),
+                    "ratio_to_dense": float(dense / median), "temp_bytes": temp,
+                    "padding_waste": float(last[name, which][1]),
+                    "reps": len(times[name, which]), "dropless_tile": _TILE.value})
   for (name, which), temp in skipped.items():
     records.append({"shape": label, "T": t, "d": d, "f": f, "E": e, "k": k, "path": name,
                     "pass": which, "time_ms": None, "ratio_to_dense": None, "temp_bytes": temp,
                     "padding_waste": None, "reps": 0, "dropless_tile": _TILE.value,
                     "skipped": f"temp {temp / 2**30:.1f} GiB > --max_temp_gib"})
   return records
-
-
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
 
 
 def markdown(records) -> str:
@@ -360,20 +329,16 @@ def main(argv):
   unknown = set(paths) - set(PATHS) - set(OMNI_PATHS)
   if unknown:
     raise app.UsageError(f"unknown --paths {sorted(unknown)}; valid: {PATHS + OMNI_PATHS}")
+  OUTPUTS.check()
   records = []
   for spec in _SHAPES.value:
     label, dims = parse_shape(spec)
     records += bench_shape(label, dims, paths, _PASSES.value)
     print(markdown([r for r in records if r["shape"] == label]), flush=True)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
+  OUTPUTS.write({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
                  "date": datetime.date.today().isoformat(), "loadavg": os.getloadavg(),
-                 "records": records}, f, indent=1)
-  if _MARKDOWN.value:
-    with open(_MARKDOWN.value, "w") as f:
-      f.write(markdown(records) + "\n")
+                 "records": records}, markdown(records))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)
