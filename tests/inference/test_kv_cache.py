@@ -56,11 +56,12 @@ def random_params(m, seed=0):
   _, params, rest = abstract_model(m)
   leaves, treedef = jax.tree_util.tree_flatten_with_path((params, rest))
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  out = []
+  out, real = [], []  # real: the model's real init, built once if a leaf needs it
   for (path, spec), key in zip(leaves, keys):
     name = jax.tree_util.keystr(path)
     if not jnp.issubdtype(spec.dtype, jnp.floating):  # L3's table layout: a real init
-      out.append(real_init(m, path))
+      real = real or [real_init(m)]
+      out.append(leaf_at(real[0], path))
       continue
     noise = jax.random.normal(key, spec.shape, jnp.float32)
     if "scale" in name or "var_" in name:  # norm scales, OmniMoE's BatchNorm variances
@@ -75,10 +76,14 @@ def random_params(m, seed=0):
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def real_init(m, path):
+def real_init(m):
+  """(params, rest) pure dicts of the model's own initialisation."""
   model = nnx.merge(*nnx.split(Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0))))
   _, params, rest = nnx.split(model, nnx.Param, ...)
-  tree = (nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
+  return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+
+
+def leaf_at(tree, path):
   for key in path:
     tree = tree[key.idx if hasattr(key, "idx") else key.key]
   return tree
@@ -215,5 +220,6 @@ def test_bucketed_greedy_generation_follows_the_unpadded_full_forward():
   # 12 new tokens: one compiled chunk of DECODE_CHUNK steps, then single steps
   out = [int(t) for t in generate(m, params, rest, [prompt], max_new_tokens=12).tokens[0]]
   graphdef = abstract_model(m)[0]
-  logits = nnx.merge(graphdef, params, rest)(jnp.asarray([prompt + out], jnp.int32))[0]
+  logits = jax.jit(lambda t: nnx.merge(graphdef, params, rest)(t)[0])(
+      jnp.asarray([prompt + out], jnp.int32))
   assert [int(t) for t in jnp.argmax(logits[0, len(prompt) - 1:-1], axis=-1)] == out
