@@ -2,6 +2,8 @@
 compress_workdir.py, expert_inputs.py, calibration.py): the calibration inputs against a brute
 force, the compressed model against the float model its arrays decode to,
 GEMQ's re-estimated costs, and router-only fine-tuning through the trainer."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,17 +40,44 @@ def calibrated(source):
   return src, calibration, windows
 
 
+@pytest.fixture(scope="module")
+def compressed(calibrated):
+  """compressed(method, level): cw.run of the calibrated source at group GROUP, run
+  once per module (the decode tests below read the same results)."""
+  src, calibration, _ = calibrated
+  made = {}
+
+  def get(method, level):
+    if (method, level) not in made:
+      made[method, level] = cw.run(cp.Request(method, level, group_size=GROUP), src,
+                                   calibration)
+    return made[method, level]
+
+  return get
+
+
 def logits(m, params, rest, tokens):
-  return np.asarray(nnx.merge(abstract_model(m)[0], params, rest)(jnp.asarray(tokens))[0])
+  return np.asarray(_forward(abstract_model(m)[0], params, rest, jnp.asarray(tokens)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, params, rest, tokens):  # one program per model, not one per op
+  return nnx.merge(graphdef, params, rest)(tokens)[0]
 
 
 def test_captured_inputs_are_the_routed_rows_and_their_swiglu_hidden(calibrated):
   src, calibration, windows = calibrated
   model = nnx.merge(calibration.graphdef, src.params, src.rest)
-  _, aux, outputs = captured_forward(model, jnp.asarray(windows))
   blocks = [i for i, b in enumerate(model.blocks) if b.is_moe]
+
+  @jax.jit
+  def capture(params, rest, tokens):  # the MoE blocks' inputs, as the layers saw them
+    _, aux, outputs = captured_forward(nnx.merge(calibration.graphdef, params, rest), tokens)
+    return aux, [outputs[("blocks", block, "ffn_norm", "__call__")] for block in blocks]
+
+  aux, normed = capture(src.params, src.rest, jnp.asarray(windows))
   for layer, layer_aux in zip(calibration.inputs, aux["moe"]):
-    x = np.asarray(outputs[("blocks", layer.block, "ffn_norm", "__call__")], np.float64)
+    x = np.asarray(normed[blocks.index(layer.block)], np.float64)
     x = x.reshape(-1, x.shape[-1])
     index = np.asarray(layer_aux["expert_index"]).reshape(len(x), -1)
     valid = np.asarray(layer_aux["valid"]).reshape(index.shape)
@@ -77,10 +106,9 @@ def hidden_of(layer, e):
 @pytest.mark.parametrize("method, level", [("gemq", 2.5), ("per_layer", 3.0),
                                            ("codequant", 2.5), ("td_moe", 0.4)])
 def test_the_compressed_model_equals_the_float_model_its_arrays_decode_to(
-    calibrated, method, level):
-  src, calibration, windows = calibrated
-  r = cp.Request(method, level, group_size=GROUP)
-  out = cw.run(r, src, calibration)
+    calibrated, compressed, method, level):
+  src, _, windows = calibrated
+  out = compressed(method, level)
   m = src.config.model
   got = logits(out.model, out.params, out.rest, windows[:2])
   want = logits(m, out.float_params, src.rest, windows[:2])
@@ -174,7 +202,8 @@ def test_reestimated_costs_are_against_the_float_experts_on_the_current_model(ca
   graphdef = calibration.graphdef
   want = np.zeros_like(costs)
   for tokens in calibration.batches:
-    dy, moe, loss = token_gradients(graphdef, at_two, src.rest, jnp.asarray(tokens))
+    dy, moe, loss = jax.jit(token_gradients, static_argnums=0)(graphdef, at_two, src.rest,
+                                                               jnp.asarray(tokens))
     n = loss.shape[0]
     for i, block in enumerate(blocks):
       x, aux = moe[block]
@@ -302,12 +331,11 @@ def test_a_compressed_workdir_restores_exactly_what_was_compressed(source, tmp_p
     cw.compress_workdir(out, None, r, num_windows=8)
 
 
-def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(calibrated):
+def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(compressed):
   """numpy oracle of the codebook decode: w = R @ c[e, r // g, index[e, r, :]] with R
   the Hadamard matrix (the codebook approximates R^T W)."""
   from moejax.experts.codebook import hadamard
-  src, calibration, _ = calibrated
-  out = cw.run(cp.Request("codequant", 2.5, group_size=GROUP), src, calibration)
+  out = compressed("codequant", 2.5)
   experts = out.rest["blocks"][0]["ffn"]["experts"]
   for m in ("w_gate", "w_down"):
     index = np.asarray(experts[f"{m}_indices"]).astype(int)
