@@ -2,7 +2,7 @@
 # Creates .venv (Python 3.11) with the pinned stack and the embedded corpus.
 # Usage: bash scripts/setup.sh [--test] [--lint] [--docs] [--docs-screens]
 #   --test          adds the test requirements (requirements-test.txt)
-#   --lint          adds ruff, pyink and mypy for scripts/lint.sh (requirements-lint.txt)
+#   --lint          adds ruff and mypy for scripts/lint.sh (requirements-lint.txt)
 #   --docs          adds the documentation site's (requirements-docs.txt)
 #   --docs-screens  --docs, plus Chromium from the Debian packages for
 #                   scripts/screenshot_docs.py (only if /usr/bin/chromium is missing)
