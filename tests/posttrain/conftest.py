@@ -1,5 +1,8 @@
 """The tiny LM trained for a few steps in a training workdir: the source the
-workdir-level post-training tests (pruning, compression) start from."""
+workdir-level post-training tests (pruning, compression) start from; and the tiny
+MoE trained on a bigram chain that the pruning scores are checked on."""
+import os
+
 import pytest
 
 from moejax.configs import lm_shakespeare_moe
@@ -18,3 +21,14 @@ def tiny_source(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("source"))
   train_and_evaluate(config, workdir, write_metrics=False)
   return config, workdir
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory):
+  """trained_tiny.trained(): the tiny MoE trained on a bigram chain, trained once for
+  all the run's worker processes (in the directory they share) and loaded by the rest."""
+  from tests.posttrain.trained_tiny import trained
+  shared = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # one process of `pytest -n`: its run's directory
+    shared = shared.parent
+  return trained(str(shared))

@@ -15,7 +15,6 @@ from moejax.errors import ConfigError
 from moejax.posttrain import atoms
 from moejax.posttrain.taylor import token_gradients
 from moejax.train.loop import init_state
-from tests.posttrain.trained_tiny import trained
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +43,12 @@ def window_losses(graphdef, params, rest, s, window):
 
 
 @pytest.fixture(scope="module")
-def brute_force():
-  """On the trained tiny MoE (trained_tiny.trained), 200 sampled atoms (block,
+def brute_force(trained_tiny):
+  """On the trained tiny MoE (the trained_tiny fixture), 200 sampled atoms (block,
   expert, unit) and, by brute force, the calibration loss change of removing each
   alone (dL, one compiled loss for all 200 removals) and every calibration
   token's loss derivative in each atom's multiplier (jax.jacrev) [N, 200]."""
-  _, graphdef, params, rest, windows = trained()
+  _, graphdef, params, rest, windows = trained_tiny
   device, windows = jax.tree.map(jnp.asarray, params), jnp.asarray(windows)
   rng = np.random.default_rng(2)
   picked = tuple(np.array([(rng.integers(2), rng.integers(8), rng.integers(32))

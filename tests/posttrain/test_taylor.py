@@ -10,7 +10,7 @@ from flax import nnx
 from moejax.configs import lm_shakespeare_moe
 from moejax.posttrain import expert_subset, taylor
 from moejax.train.loop import init_state
-from tests.posttrain.trained_tiny import mean_loss, trained
+from tests.posttrain.trained_tiny import mean_loss
 
 
 def test_per_token_terms_sum_to_the_gradient_of_an_output_scale():
@@ -77,14 +77,14 @@ def test_scores_do_not_depend_on_how_the_windows_are_batched():
                              rtol=1e-6)
 
 
-def test_scores_rank_single_expert_ablation_on_a_trained_model():
+def test_scores_rank_single_expert_ablation_on_a_trained_model(trained_tiny):
   """The spec's oracle: on the tiny MoE trained on a bigram chain, Step's scores
   (top 25% of tokens by loss) rank the loss change of ablating each of the 16
   experts alone (its output zeroed, what the Taylor term linearises) with
   Spearman > 0.8."""
   from scipy.stats import spearmanr
   from moejax.posttrain.calibration import STEP_RHO
-  _, graphdef, params, rest, windows = trained()
+  _, graphdef, params, rest, windows = trained_tiny
   scores = np.concatenate(taylor.layer_step_scores(graphdef, params, rest, [windows],
                                                    STEP_RHO))
   loss = jax.jit(mean_loss, static_argnums=0)
