@@ -13,7 +13,9 @@ and capacity drops make some slots invalid. Expert choice uses S = E
 contributes nothing and costs no expert compute in the dropless path; its
 expert_index and weight are ignored (by convention 0 and 0.0).
 """
+import dataclasses
 from collections.abc import Mapping
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +53,7 @@ class Routing:
 
   def with_valid(self, valid: jax.Array) -> "Routing":
     """The same routing with a new validity mask (used by capacity drops)."""
-    return self.replace(valid=valid)
+    return dataclasses.replace(self, valid=valid)
 
 
 @struct.dataclass
@@ -65,3 +67,11 @@ class RouterOutput:
   # Accumulable statistics of this call (sums over its tokens) that
   # RouterSpec.update_state reads; empty for routers without the protocol.
   stats: Mapping[str, jax.Array] = struct.field(default_factory=dict)
+
+  def over_experts(self, name: Literal["logits", "probs"]) -> jax.Array:
+    """`logits` or `probs`, float32 [T, E]; ValueError for a router that gives
+    neither (gives_probs=False: moejax/validation.py refuses losses on it)."""
+    value = self.logits if name == "logits" else self.probs
+    if value is None:
+      raise ValueError(f"the router gives no {name} over all experts (gives_probs=False)")
+    return value

@@ -44,5 +44,5 @@ def dispatch_dropless(x, routing, expert_fn, cfg):
     return token_gather_dispatch(jnp.asarray(x), routing, expert_fn)
   x = jnp.asarray(x)
   layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
-  out = expert_fn(x[layout.row_token], spec.make(layout, cfg))
+  out = expert_fn(x[layout.row_token], spec.build(layout, cfg))
   return combine_rows(out, layout, routing, x.dtype), dropless_metrics(layout)

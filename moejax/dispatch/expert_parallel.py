@@ -87,9 +87,9 @@ def weight_spec(layout, logical_axes, shape) -> P:
   return layout.spec([a if a in ("expert", "mlp") else None for a in logical_axes], shape)
 
 
-def _split_axes(spec: P, logical_axes, name: str) -> set:
+def _split_axes(spec: P, logical_axes, name: str) -> set[str]:
   """Mesh axes that split the dimensions called `name` in `spec`."""
-  out = set()
+  out: set[str] = set()
   for logical, dim in zip(logical_axes, spec):
     if logical == name and dim:
       out.update((dim,) if isinstance(dim, str) else dim)
@@ -106,7 +106,10 @@ def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: di
   local dispatcher then finds the type's fused path, experts.base.experts_of).
   """
   mesh = layout.mesh
-  active = lambda axes: tuple(a for a in axes if mesh.shape[a] > 1)
+
+  def active(axes):
+    return tuple(a for a in axes if mesh.shape[a] > 1)
+
   token_axes = active(layout.mesh_axes("batch"))
   expert_axes = active(layout.mesh_axes("expert"))
   all_axes = active(mesh.axis_names)

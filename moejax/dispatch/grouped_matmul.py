@@ -67,9 +67,16 @@ class GroupedMatmulSpec:
   name: str
   make: Callable[[TileLayout, Any], Matmul] | None = None
   fused: bool = False
-  resolve: Callable[[Any], str] | None = None
+  resolve: Callable[[Any, bool], str] | None = None  # (experts, few_rows) -> name
   validate: Callable[[Any], None] | None = None
   per_token: bool = False
+
+  def build(self, layout: TileLayout, cfg: Any) -> Matmul:
+    """`make(layout, cfg)`; ValueError for an entry without one (fused, per-token, alias)."""
+    if self.make is None:
+      raise ValueError(f"grouped matmul {self.name!r} builds no matmul (fused, per-token or "
+                       "an alias: resolve_grouped_matmul first)")
+    return self.make(layout, cfg)
 
   def __post_init__(self):
     if (self.make is not None) + self.fused + self.per_token + (self.resolve is not None) != 1:
@@ -77,7 +84,7 @@ class GroupedMatmulSpec:
                        "per_token, resolve")
 
 
-GROUPED_MATMULS = Registry("model.moe.grouped_matmul")
+GROUPED_MATMULS: Registry[GroupedMatmulSpec] = Registry("model.moe.grouped_matmul")
 
 
 def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None, validate=None,

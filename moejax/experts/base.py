@@ -127,7 +127,7 @@ class BoundExperts:
     return dataclasses.replace(self, weights=weights)
 
 
-EXPERT_TYPES = Registry("model.moe.experts")
+EXPERT_TYPES: Registry[ExpertType] = Registry("model.moe.experts")
 get_expert_type = EXPERT_TYPES.get
 
 
@@ -147,7 +147,8 @@ def experts_of(expert_fn) -> BoundExperts | None:
     return None
   func, args, keywords = expert_fn.func, tuple(expert_fn.args), dict(expert_fn.keywords)
   while isinstance(func, functools.partial):
-    func, args, keywords = func.func, tuple(func.args) + args, {**func.keywords, **keywords}
+    inner = func
+    func, args, keywords = inner.func, tuple(inner.args) + args, {**inner.keywords, **keywords}
   if len(args) != 1:
     return None
   for _, spec in EXPERT_TYPES.items():

@@ -17,6 +17,9 @@ Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
 """
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -24,6 +27,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from moejax import dispatch, experts, losses, routing, sharding
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
+from moejax.experts import merged
 from moejax.layers.dense import SwiGLU
 
 
@@ -110,6 +114,10 @@ class MoELayer(nnx.Module):
                                                              cfg.num_experts)
     self.expert_type = experts.get_expert_type(cfg.get("experts", "swiglu"))
     self.experts = self.expert_type.build(cfg.num_experts, d_model, cfg, rngs=rngs)
+    self.merge_rule = merged.rule_of(cfg)  # model.moe.merge (moejax/experts/merged.py)
+    self.merge_base = nnx.data(None)
+    if self.merge_rule is not None and self.merge_rule.needs_base:
+      self.merge_base = self.expert_type.build(1, d_model, cfg, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
     if cfg.num_shared_experts > 0:
@@ -127,9 +135,11 @@ class MoELayer(nnx.Module):
     step_stats {loss name: stats}: the step's statistics of the losses that declare
     them (moejax/losses/base.py), used instead of this call's; aux["step_stats"]
     holds this call's (gradient accumulation sums them, moejax/train/step.py)."""
+    if self.merge_rule is not None:
+      return self.merged_call(x_BxLxD, token_mask)
     cfg = self.cfg
-    b, l, d = x_BxLxD.shape
-    x_TxD = sharding.constrain(x_BxLxD.reshape(b * l, d), ("batch", "act_embed"))
+    b, length, d = x_BxLxD.shape
+    x_TxD = sharding.constrain(x_BxLxD.reshape(b * length, d), ("batch", "act_embed"))
     # Router math runs in float32 at least, whatever the compute dtype.
     router_dtype = jnp.promote_types(jnp.float32, self.dtype)
     router_in = x_TxD.astype(router_dtype)
@@ -147,11 +157,12 @@ class MoELayer(nnx.Module):
       if out.stats and hasattr(self, "__captures__"):  # sown only under nnx.capture
         self.sow(RouterStats, "router_stats", dict(out.stats))
 
-    assignment = out.routing.replace(
+    assignment = dataclasses.replace(
+        out.routing,
         expert_index=checkpoint_name(out.routing.expert_index, "moe_expert_index"),
         combine_weight=checkpoint_name(out.routing.combine_weight, "moe_combine_weight"))
     if token_mask is not None:
-      assignment = assignment.with_valid(assignment.valid & token_mask.reshape(b * l, 1))
+      assignment = assignment.with_valid(assignment.valid & token_mask.reshape(b * length, 1))
     y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), assignment)
     if self.shared is not None:
       shared = self.shared(x_TxD)
@@ -168,11 +179,11 @@ class MoELayer(nnx.Module):
                     for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
     counts = assignment.expert_counts(cfg.num_experts)
     metrics = {**out.metrics, **dispatch_metrics, **loss_values,
-               **load_metrics(counts, cfg.dropless_tile, num_tokens=b * l),
+               **load_metrics(counts, cfg.dropless_tile, num_tokens=b * length),
                "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32)}
     if cfg.num_experts > MAX_LOGGED_EXPERTS:  # [E] per layer per log step: too many
       metrics.pop("load_fraction")
-    return self.gradient_probe(y_TxD.reshape(b, l, d)), {
+    return self.gradient_probe(y_TxD.reshape(b, length, d)), {
         "aux_loss": aux_loss, "metrics": metrics,
         "step_stats": losses.step_stats_of(names, out, cfg),
         "expert_index": assignment.expert_index,
@@ -185,6 +196,22 @@ class MoELayer(nnx.Module):
     if not hasattr(self, "__captures__"):
       return y_BxLxD
     return self.perturb("output", y_BxLxD)
+
+  def merged_call(self, x_BxLxD, token_mask=None):
+    """model.moe.merge: per segment, one expert merged from all under the previous
+    segment's gates (moejax/experts/merged.py); (y, aux) as __call__."""
+    settings = merged.SETTINGS.options(self.cfg)
+    router_dtype = jnp.promote_types(jnp.float32, self.dtype)
+    gates, _ = merged.segment_gates(x_BxLxD.astype(router_dtype), self.router_logits,
+                                    settings["segment_len"], token_mask)
+    base = None if self.merge_base is None else {
+        name: w[0] for name, w in self.merge_base.weights(self.dtype).items()}
+    expert = functools.partial(self.expert_type.expert, **self.expert_type.options(self.cfg))
+    y = merged.merged_forward(x_BxLxD.astype(self.dtype), gates, expert,
+                              self.experts.weights(self.dtype), base, self.merge_rule,
+                              settings["segment_len"], settings["eta"])
+    return self.gradient_probe(y), merged.layer_aux(gates, x_BxLxD.shape[1],
+                                                    settings["segment_len"], token_mask)
 
   def router_logits(self, x_TxD):
     """What the router's `route` receives: x W, or its own projection of x."""

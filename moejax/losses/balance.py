@@ -34,7 +34,8 @@ def z_loss_example():
 def load_balance_stats(out: RouterOutput, cfg=None) -> dict:
   """The non-differentiable part of the load-balance loss as a sum over tokens:
   valid assignments per expert [E] (moejax/losses/base.py, step-level statistics)."""
-  return {"counts": out.routing.expert_counts(out.probs.shape[-1]).astype(jnp.float32)}
+  num_experts = out.over_experts("probs").shape[-1]
+  return {"counts": out.routing.expert_counts(num_experts).astype(jnp.float32)}
 
 
 @register_loss("load_balance", example=load_balance_example, step_stats=load_balance_stats)
@@ -51,11 +52,12 @@ def load_balance_loss(out: RouterOutput, cfg=None, step_stats=None) -> jax.Array
   """
   counts = (load_balance_stats(out) if step_stats is None else step_stats)["counts"]
   fraction = counts / jnp.maximum(jnp.sum(counts), 1.0)
-  mean_prob = jnp.mean(out.probs, axis=0)
-  return out.probs.shape[-1] * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
+  probs = out.over_experts("probs")
+  mean_prob = jnp.mean(probs, axis=0)
+  return probs.shape[-1] * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
 
 
 @register_loss("z_loss", example=z_loss_example)
 def router_z_loss(out: RouterOutput, cfg=None) -> jax.Array:
   """ST-MoE eq. 5: mean over tokens of logsumexp(logits)^2."""
-  return jnp.mean(jnp.square(jax.nn.logsumexp(out.logits, axis=-1)))
+  return jnp.mean(jnp.square(jax.nn.logsumexp(out.over_experts("logits"), axis=-1)))

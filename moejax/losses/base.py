@@ -58,7 +58,7 @@ class LossSpec:
     return self.config_section.options(cfg)
 
 
-LOSSES = Registry("model.moe.loss_weights")
+LOSSES: Registry[LossSpec] = Registry("model.moe.loss_weights")
 get_loss = LOSSES.get
 LOSS_EXAMPLES: dict = {}  # name -> example (see module doc)
 

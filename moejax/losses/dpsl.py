@@ -103,4 +103,4 @@ def validate_keys(cfg) -> None:
 def dpsl(out: RouterOutput, cfg=None) -> jax.Array:
   """DPSL with the router's prior if it reports one, else model.moe.losses.dpsl.alpha."""
   default = get_loss("dpsl").options(cfg)["alpha"]
-  return dpsl_loss(out.probs, out.metrics.get("dpsl_alpha", default))
+  return dpsl_loss(out.over_experts("probs"), out.metrics.get("dpsl_alpha", default))

@@ -33,7 +33,7 @@ def routed_rows(layer, x_TxD, aux) -> dict:
   routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
   layout = tile_layout(routing, num_experts, 1)
   bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
-  matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
+  matmul = resolve_grouped_matmul("ragged_dot").build(layout, layer.cfg)
   expert = jnp.where(routing.valid, routing.expert_index, num_experts).T.reshape(-1)
   return {"rows": bound(x_TxD.astype(jnp.float32)[layout.row_token], matmul),
           "token": layout.row_token,

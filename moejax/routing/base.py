@@ -40,7 +40,7 @@ one whose `accumulation_check` gives a reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +63,13 @@ class RouterProjection:
   init: Callable[..., dict[str, jax.Array]]
   logical_axes: Mapping[str, tuple]
   apply: Callable[..., jax.Array]
+
+
+class Route(Protocol):
+  """A router's routing function: RouterSpec.route (see there)."""
+
+  def __call__(self, logits: jax.Array, /, *, cfg: Any, state: Mapping[str, jax.Array],
+               rng: jax.Array | None, train: bool) -> RouterOutput: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +110,7 @@ class RouterSpec:
     experts (then no loss applies; the module doc).
   """
   name: str
-  route: Callable[..., RouterOutput]
+  route: Route
   init_state: Callable[[int], dict[str, jax.Array]] | None = None
   causal: bool = True
   validate: Callable[[Any], None] | None = None
@@ -147,16 +154,23 @@ PROMISES = {
 }
 
 
-ROUTERS = Registry("model.moe.router")
+ROUTERS: Registry[RouterSpec] = Registry("model.moe.router")
 
 
-def register_router(name: str, *, init_state=None, causal=True, validate=None,
-                    init_params=None, update_state=None, accumulation_check=None,
-                    promises=(), settings=None, legacy_keys=None, validate_settings=None,
-                    projection=None, gives_probs=True):
+def register_router(
+    name: str, *, init_state: Callable[[int], dict[str, jax.Array]] | None = None,
+    causal: bool = True, validate: Callable[[Any], None] | None = None,
+    init_params: Callable[[int], dict[str, jax.Array]] | None = None,
+    update_state: Callable[[dict, dict, Any], dict] | None = None,
+    accumulation_check: Callable[[Any], str | None] | None = None,
+    promises: Iterable[str] = (), settings: Mapping[str, Any] | None = None,
+    legacy_keys: Mapping[str, str] | None = None,
+    validate_settings: Callable[[Any], None] | None = None,
+    projection: RouterProjection | None = None,
+    gives_probs: bool = True) -> Callable[[Route], Route]:
   """Decorator: register a pure routing function under `name` (see RouterSpec)."""
 
-  def wrap(fn):
+  def wrap(fn: Route) -> Route:
     ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params,
                                  update_state, accumulation_check, frozenset(promises),
                                  tuple((settings or {}).items()),

@@ -57,6 +57,8 @@ NON-CAUSAL: whether a token keeps an expert depends on the other tokens of the
 call (prefill batch), as intended for inference-time load shaping.
 """
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -141,7 +143,8 @@ def validate_keys(cfg) -> None:
 @register_router("capacity_aware", causal=False, validate=validate_top_k,
                  promises={"weights_proportional_to_probs"}, settings=SETTINGS,
                  legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_capacity_aware(logits, *, cfg, state, rng, train):
+def route_capacity_aware(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng, train
   s = get_router("capacity_aware").options(cfg)
   probs = jax.nn.softmax(logits, axis=-1)

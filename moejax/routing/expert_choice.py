@@ -13,6 +13,8 @@ paper's baseline and for encoder-style use. Do not use it for generation.
 Slot view: S = E, slot e is expert e, valid when expert e chose the token.
 """
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +51,8 @@ def expert_choice(probs: jax.Array, capacity: int) -> Routing:
 
 @register_router("expert_choice", causal=False, validate=validate_expert_choice,
                  promises={"weights_proportional_to_probs"})
-def route_expert_choice(logits, *, cfg, state, rng, train):
+def route_expert_choice(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)
   capacity = expert_choice_capacity(logits.shape[0], logits.shape[1],

@@ -16,6 +16,9 @@ state-update protocol (expert counts summed over micro-batches, one update per s
 Config keys (read with defaults, so older MoE configs still work):
 model.moe.num_groups (G, default 1) and model.moe.topk_groups (default 1).
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -63,7 +66,8 @@ def group_limited_choice(choice_scores: jax.Array, num_groups: int, topk_groups:
 
 @register_router("group_limited", init_state=init_bias_state, validate=validate_group_limited,
                  update_state=update_bias_state)
-def route_group_limited(logits, *, cfg, state, rng, train):
+def route_group_limited(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng
   num_groups, topk_groups = group_settings(cfg)
   scores = jax.nn.sigmoid(logits.astype(jnp.float32))

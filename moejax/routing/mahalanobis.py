@@ -38,6 +38,9 @@ following is reconstructed (guesses marked):
     inference time"). Weights in both modes: the softmax probabilities of the
     chosen experts, renormalised when `renormalize`.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -134,7 +137,8 @@ def validate_keys(cfg) -> None:
 @register_router("mahalanobis", init_state=init_mp_state, validate=validate_top_k,
                  update_state=update_mp_state, settings=SETTINGS, legacy_keys=LEGACY_KEYS,
                  validate_settings=validate_keys)
-def route_mahalanobis(logits, *, cfg, state, rng, train):
+def route_mahalanobis(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng
   num_experts = logits.shape[-1]
   probs = jax.nn.softmax(logits, axis=-1)

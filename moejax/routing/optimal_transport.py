@@ -33,6 +33,9 @@ Skipped: COOT's joint feature-space coupling and the paper's bidirectional
 (InfoNCE) contrastive alignment at test time; only the semi-relaxed transport
 routing is implemented.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -93,7 +96,8 @@ def validate_keys(cfg) -> None:
 @register_router("as_coot", causal=False, validate=validate_top_k,
                  promises={"weights_proportional_to_probs"}, settings=SETTINGS,
                  legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_as_coot(logits, *, cfg, state, rng, train):
+def route_as_coot(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng, train
   s = get_router("as_coot").options(cfg)
   probs = jax.nn.softmax(logits, axis=-1)

@@ -58,6 +58,9 @@ clipping" of the marginals (0.99 m + 0.01 sigmoid, clamped to [1e-3, 1 - 1e-3])
 is not implemented; -inf is a finite -1e30 rather than -300 (so very negative
 logits cannot fall below the sentinel); everything is float32.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -229,7 +232,8 @@ def validate_keys(cfg) -> None:
 
 @register_router("probmoe", validate=validate_top_k, promises={"weights_proportional_to_probs"},
                  settings=SETTINGS, legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_probmoe(logits, *, cfg, state, rng, train):
+def route_probmoe(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   k_min, k_max, dynamic = band(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
   metrics = {"routing_entropy": routing_entropy(probs)}

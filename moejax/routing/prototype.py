@@ -26,6 +26,8 @@ for code outside the MoE layer (moejax/online/tmow.py); they refuse a bad tau
 or mismatched shapes with a ConfigError naming the value.
 """
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -108,7 +110,8 @@ def project(params, x, cfg) -> jax.Array:
     "prototype", validate=validate_top_k, settings=SETTINGS, validate_settings=validate_settings,
     promises={"weights_proportional_to_probs"},
     projection=RouterProjection(init_prototypes, {"prototypes": (None, "embed")}, project))
-def route_prototype(logits, *, cfg, state, rng, train):
+def route_prototype(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   """Top-k of softmax(cos / tau) (the module doc); logits = the projection's cos / tau."""
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)

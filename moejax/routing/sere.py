@@ -32,6 +32,10 @@ Training never changes the similarity state: its `update_state` (the protocol
 of moejax/routing/base.py) is the identity over no stats, so micro-batching is
 exact for it.
 """
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -41,7 +45,8 @@ from moejax.routing.base import (RouterOutput, Routing, get_router, register_rou
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 
-def primary_experts(routing: Routing, num_experts: int, num_primary: int) -> jax.Array:
+def primary_experts(routing: Routing, num_experts: int,
+                    num_primary: int) -> tuple[jax.Array, jax.Array]:
   """bool [E]: experts in some token's `num_primary` highest-weight valid slots,
   and bool [T, S]: which slots are primary."""
   w = jnp.where(routing.valid, routing.combine_weight, -jnp.inf)
@@ -75,7 +80,7 @@ def sere_reroute(routing: Routing, similarity: jax.Array, num_primary: int,
   best_sim = jnp.max(sim, axis=1)
   e = routing.expert_index
   move = (routing.valid & ~primary_slot & ~in_primary[e] & (best_sim[e] >= rho))
-  moved = routing.replace(expert_index=jnp.where(move, best[e], e))
+  moved = dataclasses.replace(routing, expert_index=jnp.where(move, best[e], e))
   return merge_duplicate_slots(moved)
 
 
@@ -115,7 +120,8 @@ def keep_sere_state(state, stats, cfg):
 @register_router("sere", init_state=init_sere_state, causal=False, validate=validate_sere,
                  update_state=keep_sere_state, settings=SETTINGS, legacy_keys=LEGACY_KEYS,
                  validate_settings=validate_keys)
-def route_sere(logits, *, cfg, state, rng, train):
+def route_sere(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
   num_experts = logits.shape[-1]

@@ -14,6 +14,9 @@ counts are summed over the micro-batches and the bias moves once per step,
 from the load of the whole batch, exactly as with one batch.
 `probs` (for optional balance losses) is s normalised to sum 1 per token.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -52,7 +55,8 @@ def load_stats(routing: Routing, num_experts: int) -> dict:
 
 @register_router("sigmoid_bias", init_state=init_bias_state,
                  validate=validate_bias_router, update_state=update_bias_state)
-def route_sigmoid_bias(logits, *, cfg, state, rng, train):
+def route_sigmoid_bias(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng
   scores = jax.nn.sigmoid(logits)
   bias = jax.lax.stop_gradient(state["bias"])

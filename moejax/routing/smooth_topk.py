@@ -71,6 +71,9 @@ is a trained router parameter (`init_params`): the MoE layer holds it as an
 nnx.Param and passes it in `state`, so gradients reach it through both the
 routing weights and the boundary loss, as in the paper.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -154,7 +157,8 @@ def boundary_loss_accumulation(cfg) -> str | None:
 @register_router("smooth_topk", init_params=init_smooth_params, validate=validate_top_k,
                  accumulation_check=boundary_loss_accumulation, settings=SETTINGS,
                  legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_smooth_top_k(logits, *, cfg, state, rng, train):
+def route_smooth_top_k(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng, train
   s = get_router("smooth_topk").options(cfg)
   num_experts = logits.shape[-1]

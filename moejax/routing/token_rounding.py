@@ -47,14 +47,14 @@ learns through the gates (through the renormalising sum too, as the
 reference's autograd does).
 
 Evaluation (train=False) routes with plain top-K and renormalised gates
-(S = K), the reference's top-K baseline (`forward_topk`: softmax over the
-top-K logits), which equals the top-K pairs of training's gates.
-Train with TR, evaluate with top-K is moejax's choice, not read in the
-paper (the reference is a kernel benchmark with no evaluation): rounding exists for training throughput, and it couples the
-tokens of a batch (whether t keeps or gains an expert depends on the other
-tokens' scores, later ones included). Evaluation and generation are
-therefore plain causal top-K, hence `causal=True`; the training-time
-coupling is the same kind as capacity drops.
+(S = K), the reference's top-K baseline (`forward_topk`: softmax over the top-K
+logits), which equals the top-K pairs of training's gates. Train with TR,
+evaluate with top-K is moejax's choice, not read in the paper (the reference is
+a kernel benchmark with no evaluation): rounding exists for training throughput,
+and it couples the tokens of a batch (whether t keeps or gains an expert depends
+on the other tokens' scores, later ones included). Evaluation and generation are
+therefore plain causal top-K, hence `causal=True`; the training-time coupling is
+the same kind as capacity drops.
 
 Settings (model.moe.topk_rounded): tile M (128) and mode (up | down |
 nearest, default nearest). The tile is the router's own: dispatch does not
@@ -71,6 +71,9 @@ Earlier moejax versions gave every kept pair the raw P (no renormalisation)
 in training and evaluation, against the reference's rule above; results
 measured with them do not stand for this router.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -178,7 +181,8 @@ def token_rounding_routing(probs: jax.Array, k: int, tile: int, mode: str):
 
 @register_router("topk_rounded", validate=validate_top_k, settings=SETTINGS,
                  legacy_keys=LEGACY_KEYS, validate_settings=validate_rounding)
-def route_token_rounding(logits, *, cfg, state, rng, train):
+def route_token_rounding(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng
   probs = jax.nn.softmax(logits, axis=-1)
   if train:

@@ -7,6 +7,9 @@ softmax probabilities (Switch, Qwen2-MoE). Router jitter noise is applied to
 the router *input* by the MoE layer (Switch Transformer, sec. 2.4), so this
 function stays deterministic given its logits.
 """
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -23,8 +26,8 @@ def validate_top_k(cfg) -> None:
                       f"model.moe.num_experts={cfg.num_experts}")
 
 
-def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> Routing:
-  """Pure softmax-then-top-k routing of float32 logits [T, E] to k slots."""
+def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> tuple[Routing, jax.Array]:
+  """(Routing, probs [T, E]): softmax-then-top-k routing of float32 logits [T, E] to k slots."""
   probs = jax.nn.softmax(logits, axis=-1)
   weight, index = top_k_slots(probs, k)
   if renormalize:
@@ -33,7 +36,8 @@ def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> Routing:
 
 
 @register_router("topk", validate=validate_top_k, promises={"weights_proportional_to_probs"})
-def route_top_k(logits, *, cfg, state, rng, train):
+def route_top_k(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
+    rng: jax.Array | None, train: bool) -> RouterOutput:
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
   return RouterOutput(routing, logits, probs,
