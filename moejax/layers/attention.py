@@ -44,9 +44,9 @@ def attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
   H = G * R query heads (head h = g * R + r reads key/value head g); disallowed
   slots get probability 0. Analysis reads it through the modules' `probabilities`
   (moejax/analysis/super_experts.py: attention sinks)."""
-  b, l, h, _ = q_BxLxHxK.shape
+  b, length, h, _ = q_BxLxHxK.shape
   g = k_BxSxGxK.shape[2]
-  q = q_BxLxHxK.reshape(b, l, g, h // g, -1)
+  q = q_BxLxHxK.reshape(b, length, g, h // g, -1)
   scores = jnp.einsum("blgrk,bsgk->bgrls", q, k_BxSxGxK).astype(jnp.float32) * scale
   scores = jnp.where(allowed_BxLxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(scores, axis=-1)
@@ -54,9 +54,9 @@ def attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
 
 def attend(probs_BxGxRxLxS, v_BxSxGxV):
   """The values weighted by `attention_probabilities` -> [B, L, H, V]."""
-  b, _, _, l, _ = probs_BxGxRxLxS.shape
+  b, _, _, length, _ = probs_BxGxRxLxS.shape
   out = jnp.einsum("bgrls,bsgv->blgrv", probs_BxGxRxLxS.astype(v_BxSxGxV.dtype), v_BxSxGxV)
-  return out.reshape(b, l, -1, v_BxSxGxV.shape[-1])
+  return out.reshape(b, length, -1, v_BxSxGxV.shape[-1])
 
 
 def probabilities(self, q_BxLxHxK, k_BxSxGxK, allowed_BxLxS):
@@ -103,21 +103,21 @@ class GroupedQueryAttention(nnx.Module):
     self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, m.head_dim)
 
   def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0):
-    b, l, _ = x_BxLxD.shape
+    b, length, _ = x_BxLxD.shape
     q, k, v = self.q(x_BxLxD), self.k(x_BxLxD), self.v(x_BxLxD)
     if self.qk_norm == "across_heads":
       q, k = self.q_norm(q), self.k_norm(k)
     if self.clip:
       q, k, v = (jnp.clip(t, -self.clip, self.clip) for t in (q, k, v))
-    q = q.reshape(b, l, self.num_heads, self.head_dim)
-    k = k.reshape(b, l, self.num_kv_heads, self.head_dim)
-    v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
+    q = q.reshape(b, length, self.num_heads, self.head_dim)
+    k = k.reshape(b, length, self.num_kv_heads, self.head_dim)
+    v = v.reshape(b, length, self.num_kv_heads, self.head_dim)
     if self.qk_norm == "per_head":
       q, k = self.q_norm(q), self.k_norm(k)
     rope = rotary(self.rope_cfg, positions_BxL)
     cache = write_cache(layer_cache, {"k": rope(k), "v": v}, start)
     out = attend(self.probabilities(rope(q), cache["k"], allowed_BxLxS), cache["v"])
-    return self.o(out.reshape(b, l, -1)), cache
+    return self.o(out.reshape(b, length, -1)), cache
 
 
 class LatentAttention(nnx.Module):
@@ -147,9 +147,9 @@ class LatentAttention(nnx.Module):
   def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0,
                absorb: bool | None = None):
     """absorb: the absorbed form (module doc); default: exactly when there is a cache."""
-    b, l, _ = x_BxLxD.shape
+    b, length, _ = x_BxLxD.shape
     q = self.q_b(self.q_a_norm(self.q_a(x_BxLxD))) if self.has_q_lora else self.q(x_BxLxD)
-    q = q.reshape(b, l, self.num_heads, self.nope_dim + self.rope_dim)
+    q = q.reshape(b, length, self.num_heads, self.nope_dim + self.rope_dim)
     q_nope, q_rope = jnp.split(q, [self.nope_dim], axis=-1)
     latent, k_rope = jnp.split(self.kv_a(x_BxLxD), [self.latent_dim], axis=-1)
     rope = rotary(self.rope_cfg, positions_BxL)
@@ -167,12 +167,12 @@ class LatentAttention(nnx.Module):
     k = jnp.concatenate([k_nope, k_rope_shared.astype(k_nope.dtype)], axis=-1)
     q = jnp.concatenate([q_nope, rope(q_rope)], axis=-1)
     out = attend(self.probabilities(q, k, allowed_BxLxS), v)
-    return self.o(out.reshape(b, l, -1)), cache
+    return self.o(out.reshape(b, length, -1)), cache
 
   def _absorbed(self, q_nope, q_rope, cache, allowed_BxLxS):
     """Attention over the cached latent without expanding it: one key/value "head"
     [latent, k_rope] shared by all query heads, queries [q_nope W_UK^T, q_rope]."""
-    b, l, h, _ = q_nope.shape
+    b, length, h, _ = q_nope.shape
     kernel = self.kv_b.kernel[...].astype(self.kv_b.dtype).reshape(
         self.latent_dim, h, self.nope_dim + self.v_dim)
     w_uk, w_uv = kernel[..., :self.nope_dim], kernel[..., self.nope_dim:]
@@ -183,4 +183,4 @@ class LatentAttention(nnx.Module):
     out = attend(self.probabilities(q, k.astype(q.dtype), allowed_BxLxS),
                  cache["latent"][:, :, None].astype(q.dtype))  # [B, L, H, latent]
     out = jnp.einsum("blhc,chv->blhv", out, w_uv)
-    return self.o(out.reshape(b, l, -1))
+    return self.o(out.reshape(b, length, -1))

@@ -8,12 +8,18 @@
 `build_model(model_name, model_cfg, rngs)` is what the trainer calls, so a
 new model slots in with one registration.
 """
+from collections.abc import Callable
+
+from flax import nnx
+
 from moejax.models.decoder import DTYPES, Decoder
 from moejax.models.families import FAMILIES
 from moejax.models.vit import VisionTransformer
 from moejax.registry import Registry
 
-MODELS = Registry("model_name")
+__all__ = ["DTYPES", "FAMILIES", "MODELS", "Decoder", "VisionTransformer", "build_model"]
+
+MODELS: Registry[Callable[..., nnx.Module]] = Registry("model_name")
 MODELS.add("decoder", Decoder)
 MODELS.add("vit", VisionTransformer)
 

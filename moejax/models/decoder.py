@@ -39,6 +39,9 @@ parameters stay float32); activations run in `model.dtype`; logits are
 float32. Under a mesh Layout the residual stream and the logits are pinned
 to their logical axes (batch split; see moejax/sharding.py).
 """
+from collections.abc import Sequence
+from typing import Any, Protocol
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -61,6 +64,17 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
     "save_moe_routing": jax.checkpoint_policies.save_only_these_names(*ROUTING_NAMES),
 }
+
+
+class DecodeCache(Protocol):
+  """The KV cache a decoding call reads and returns (moejax/inference/kv_cache.KVCache,
+  which this layer cannot import)."""
+  layers: tuple
+  key_valid: jax.Array  # bool [B, S]
+  next_position: jax.Array  # int32 [B]
+  length: jax.Array  # int32 scalar
+
+  def replace(self, **changes: Any) -> "DecodeCache": ...
 
 
 def scan_layer_differences(m) -> str:
@@ -87,6 +101,7 @@ class DecoderBlock(nnx.Module):
     self.ffn_norm = RMSNorm(m.d_model, m.norm_eps)
     moe_layers = moe_layer_indices(m)
     self.is_moe = layer in moe_layers
+    self.ffn: MoELayer | SwiGLU
     if self.is_moe:
       moe_cfg = layer_moe_config(m, moe_layers.index(layer))
       self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype)
@@ -199,6 +214,7 @@ class Decoder(nnx.Module):
     self.dtype = DTYPES[m.dtype]
     self.embed = nnx.Param(jax.random.normal(rngs.params(), (m.vocab_size, m.d_model),
                                              jnp.float32), logical_axes=("vocab", "embed"))
+    self.blocks: ScannedBlocks | nnx.List[DecoderBlock]
     if m.scan_layers:
       self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
     else:
@@ -215,21 +231,34 @@ class Decoder(nnx.Module):
       self.head = Linear(m.d_model, m.vocab_size, rngs=rngs, dtype=self.dtype,
                          logical_axes=("embed", "vocab"))
 
-  def __call__(self, tokens_BxL, *, token_mask_BxL=None, cache=None, train: bool = False,
-               rng=None, step_stats=None, last_logits_only: bool = False):
-    b, l = tokens_BxL.shape
+  def block_list(self) -> nnx.List[DecoderBlock]:
+    """The blocks of the loop layout; ValueError for a scanned model (unstack_layers)."""
+    if isinstance(self.blocks, ScannedBlocks):
+      raise ValueError("a scanned model has no per-block modules: unstack_layers")
+    return self.blocks
+
+  def __call__(self, tokens_BxL: jax.Array, *, token_mask_BxL: jax.Array | None = None,
+               cache: DecodeCache | None = None, train: bool = False,
+               rng: jax.Array | None = None, step_stats: Sequence[dict] | None = None,
+               last_logits_only: bool = False
+               ) -> tuple[jax.Array, dict[str, Any], DecodeCache | None]:
+    """(float32 logits [B, L, V] (L = 1 with last_logits_only), {'aux_loss': float32
+    scalar, 'moe': per MoE layer its aux dict}, the cache with the new tokens written
+    or None) of tokens [B, L]. token_mask_BxL: bool [B, L], False at padding;
+    step_stats: per MoE layer its router's step statistics (losses.base)."""
+    b, length = tokens_BxL.shape
     padded = token_mask_BxL is not None
-    if not padded:
-      token_mask_BxL = jnp.ones((b, l), bool)
-    token_mask_BxL = token_mask_BxL.astype(bool)
+    token_mask_BxL = (jnp.ones((b, length), bool) if token_mask_BxL is None
+                      else token_mask_BxL.astype(bool))
     offset = jnp.cumsum(token_mask_BxL, axis=1) - 1
+    start: int | jax.Array
     if cache is None:
       start, key_valid, first_position = 0, token_mask_BxL, jnp.zeros((b,), jnp.int32)
     else:
       start, first_position = cache.length, cache.next_position
       key_valid = jax.lax.dynamic_update_slice_in_dim(cache.key_valid, token_mask_BxL, start, 1)
     positions = first_position[:, None] + jnp.maximum(offset, 0)
-    query_slot = start + jnp.arange(l)
+    query_slot = start + jnp.arange(length)
     causal = jnp.arange(key_valid.shape[1])[None, :] <= query_slot[:, None]
     allowed = causal[None] & key_valid[:, None, :]
     if rng is None:
@@ -241,7 +270,7 @@ class Decoder(nnx.Module):
     policy = REMAT_POLICIES[self.cfg.remat]
     mask = token_mask_BxL if padded else None
     new_layers = []
-    if self.cfg.scan_layers:
+    if isinstance(self.blocks, ScannedBlocks):
       if cache is not None:
         raise ValueError("a scanned model decodes in the loop layout: unstack_layers")
       x, layers_aux = self.blocks(x, positions, allowed, mask, train=train, rng=rng,
@@ -272,7 +301,7 @@ class Decoder(nnx.Module):
       logits = self.head(x)
     logits = sharding.constrain(logits.astype(jnp.float32), ("batch", "length", "act_vocab"))
     if cache is not None:
-      cache = cache.replace(layers=tuple(new_layers), key_valid=key_valid, length=start + l,
+      cache = cache.replace(layers=tuple(new_layers), key_valid=key_valid, length=start + length,
                             next_position=first_position + jnp.sum(token_mask_BxL, axis=1))
     return logits, {"aux_loss": aux_loss, "moe": moe_aux}, cache
 

@@ -15,7 +15,8 @@ a dense SwiGLU or the one MoELayer with its routers, expert types, dispatchers,
 losses and logical axes. Which blocks are MoE is the decoder's rule
 (moejax/models/structure.py moe_layer_indices: model.ffn_type, model.moe.first_dense,
 every_n, dense_layers); model.scan_layers and model.remat work as in the decoder.
-V-MoE (Riquelme et al. 2021) is this model with MoE blocks.
+V-MoE (Riquelme et al. 2021) is this model with MoE blocks. A prompt adapter
+(model.vit.prompt, moejax/adapters/: VPT, VAPT) adds tokens after the CLS token.
 
     logits, aux, None = VisionTransformer(m)(images_BxHxWxC, train=False, rng=None)
 
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax import sharding
+from moejax.adapters import build_adapter, drop_prompts, place_prompts, validate_prompt
 from moejax.config import VIT_POOLINGS
 from moejax.errors import ConfigError, choice_error
 from moejax.layers.dense import Linear, RMSNorm
@@ -72,6 +74,7 @@ def validate_vit(c) -> None:
   if c.task != "classification":
     raise ConfigError(f"task={c.task!r}: model_name='vit' classifies images "
                       "(set task='classification')")
+  validate_prompt(c)
 
 
 class VisionTransformer(nnx.Module):
@@ -90,6 +93,7 @@ class VisionTransformer(nnx.Module):
                                  logical_axes=(None, None, "embed"))
     self.position = nnx.Param(POSITION_INIT_STDDEV * jax.random.normal(
         rngs.params(), (num_tokens(m), m.d_model), jnp.float32), logical_axes=(None, "embed"))
+    self.blocks: ScannedBlocks | nnx.List[DecoderBlock]
     if m.scan_layers:
       self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
     else:
@@ -98,6 +102,7 @@ class VisionTransformer(nnx.Module):
     self.final_norm = RMSNorm(m.d_model, m.norm_eps)
     self.head = Linear(m.d_model, v.num_classes, rngs=rngs, dtype=self.dtype,
                        logical_axes=("embed", None), bias=True)
+    self.prompt = nnx.data(build_adapter(m, rngs=rngs))  # model.vit.prompt: None or tokens
 
   def embed(self, images_BxHxWxC):
     """The blocks' input [B, L, d]: patch embeddings (after the CLS token) plus positions."""
@@ -113,9 +118,12 @@ class VisionTransformer(nnx.Module):
     if rng is None:
       rng = jax.random.key(0)
     x = self.embed(images_BxHxWxC)
+    prefix = int(self.cls_token is not None)  # prompt slots go after the CLS token
+    if self.prompt is not None:
+      x = place_prompts(self.prompt, 0, x, prefix)
     allowed = jnp.ones((1, 1, 1), bool)  # non-causal: every query sees every patch
     policy = REMAT_POLICIES[self.cfg.remat]
-    if self.cfg.scan_layers:
+    if isinstance(self.blocks, ScannedBlocks):
       x, layers_aux = self.blocks(x, None, allowed, None, train=train, rng=rng, policy=policy,
                                   step_stats=step_stats)
     else:
@@ -123,6 +131,8 @@ class VisionTransformer(nnx.Module):
       moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
       block_stats = dict(zip(moe_blocks, step_stats or ()))
       for i, block in enumerate(self.blocks):
+        if i > 0 and self.prompt is not None:
+          x = place_prompts(self.prompt, i, x, prefix)
         call = block if policy is None else rematerialised(block, policy)
         x, aux, _ = call(x, None, allowed, None, None, 0, train=train,
                          rng=jax.random.fold_in(rng, i), step_stats=block_stats.get(i))
@@ -130,6 +140,8 @@ class VisionTransformer(nnx.Module):
         layers_aux.append(aux)
     moe_aux = [aux for aux in layers_aux if aux is not None]
     aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
+    if self.prompt is not None:
+      x = drop_prompts(self.prompt, x, prefix)
     x = self.final_norm(x)
     pooled = x[:, 0] if self.cls_token is not None else jnp.mean(x, axis=1)
     logits = sharding.constrain(self.head(pooled).astype(jnp.float32), ("batch", None))
