@@ -26,11 +26,11 @@ released files). Guesses: the n_e / N scaling above, the per-token Fisher
 (`first_order=True` adds D1, our variant, exact at first order on the
 calibration set).
 
-Removal (`remove_atoms`): each expert's kept atoms move to the front of its
-hidden axis and the rest are zero; the model's expert_d_ff becomes the most
-atoms any expert keeps, rounded up to 8 (exports need it, `remove_atoms`). A zero atom adds exactly nothing (silu(0) * 0 = 0, and
-its w_down row is 0), so the pruned model equals the source with the removed
-atoms zeroed (`zero_atoms`), and the parameter count that matters, the kept
+Removal (`remove_atoms`): each expert's kept atoms move to the front of its hidden axis
+and the rest are zero; the model's expert_d_ff becomes the most atoms any expert keeps,
+rounded up to 8 (exports need it, `remove_atoms`). A zero atom adds exactly nothing
+(silu(0) * 0 = 0, and its w_down row is 0), so the pruned model equals the source with
+the removed atoms zeroed (`zero_atoms`), and the parameter count that matters, the kept
 atoms, is reported by `kept_parameters`.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def batch_atom_sums(graphdef, params, rest, tokens):
     w = layer.experts.weights(jnp.float32)
     routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
     layout = tile_layout(routing, e, 1)
-    matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
+    matmul = resolve_grouped_matmul("ragged_dot").build(layout, layer.cfg)
     rows = routed_rows(layer, x, aux)
     xr = x.astype(jnp.float32)[layout.row_token]
     hidden = jax.nn.silu(matmul(xr, w["w_gate"])) * matmul(xr, w["w_up"])  # [R, F]
@@ -125,9 +125,12 @@ def atom_scores(sums: dict, score: str = "heapr", params: dict | None = None,
     if score == "random":
       out[block] = np.random.default_rng([seed, block]).random(s["h2"].shape)
     elif score == "magnitude":
-      w = params["blocks"][block]["ffn"]["experts"]
-      norm = lambda a, axis: np.linalg.norm(np.asarray(a, np.float64), axis=axis)
-      out[block] = norm(w["w_gate"], 1) * norm(w["w_up"], 1) * norm(w["w_down"], 2)
+      if params is None:
+        raise ValueError("score='magnitude' ranks atoms by their weights: give params")
+      w = {name: np.asarray(v, np.float64)
+           for name, v in params["blocks"][block]["ffn"]["experts"].items()}
+      out[block] = (np.linalg.norm(w["w_gate"], axis=1) * np.linalg.norm(w["w_up"], axis=1)
+                    * np.linalg.norm(w["w_down"], axis=2))
     elif score == "exact_diagonal":
       out[block] = 0.5 / n * s["h2p2"]
     else:  # P carries a factor N: N/2 * sum h^2 * sum (P/N)^2 / n_e (routed)

@@ -50,7 +50,7 @@ class Calibration:
     self.windows = np.asarray(windows)
     self.batches = [self.windows[i:i + batch_size]
                     for i in range(0, len(self.windows), batch_size)]
-    self._costs = {}
+    self._costs: dict = {}
 
   @functools.cached_property
   def stats(self) -> list:

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from moejax.experts.codebook import decode, hadamard, lut_matmul  # noqa: F401 (the one copy)
+from moejax.experts.codebook import decode, hadamard, lut_matmul  # noqa: F401  (re-exported)
 from moejax.posttrain.quantize import check_grouping
 
 INITS = ("kmeans++", "quantile")
@@ -225,12 +225,12 @@ def finetune_centroids(x_calib, W, indices, centroids, group_size: int, steps: i
     errors.append(float(err))
     if errors[-1] < best_error:
       best, best_error = c, errors[-1]
-  best = np.asarray(best)
+  best_host = np.asarray(best)
   new_indices, reassigned_error = np.asarray(indices), None
   if reassign:
-    new_indices = _nearest(np.asarray(W, np.float64), best, group_size)
-    reassigned_error = float(jax.jit(error)(jnp.asarray(best), jnp.asarray(new_indices, jnp.int32)))
-  return Finetuned(best, new_indices, errors, reassigned_error)
+    new_indices = _nearest(np.asarray(W, np.float64), best_host, group_size)
+    reassigned_error = float(jax.jit(error)(best, jnp.asarray(new_indices, jnp.int32)))
+  return Finetuned(best_host, new_indices, errors, reassigned_error)
 
 
 def _nearest(W, centroids, group_size):

@@ -67,10 +67,11 @@ def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size
   for m in MATRICES:
     w = np.asarray(weights[m], np.float32)
     group = group_size or w.shape[1]
-    parts = [None] * len(per)
+    parts: list[tuple] = [()] * len(per)
     for b in np.unique(per):  # GPTQ: every expert of one bit-width in one pass
       members = np.flatnonzero(per == b)
       if quantizer == "gptq":
+        assert hessians is not None  # checked above
         # block_size changes no result (quantize.py); one group per lazy block is the
         # fastest here (fewer in-block row updates, more of them in one matmul)
         qs = quantize.gptq_stack(w[members], np.asarray(hessians[m])[members], int(b), group,
@@ -78,7 +79,7 @@ def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size
       else:
         qs = [quantize.rtn(w[e], int(b), group, symmetric=symmetric) for e in members]
       for e, q in zip(members, qs):
-        parts[e] = (*_stored(q), q.scales)
+        parts[int(e)] = (*_stored(q), q.scales)
     codes, zeros, scales = (np.stack(a) for a in zip(*parts))
     out.update({f"{m}_codes": codes, f"{m}_scales": scales.astype(np.float32),
                 f"{m}_zeros": zeros})
@@ -127,7 +128,8 @@ def codebook_from_float(weights: Mapping, bits: int | Sequence[int], group_size:
       book = codebook.kmeans_group_quant(target, int(b), group, iterations=iterations,
                                          init=init, seed=seed + e)
       idx, cent = book.indices, book.centroids
-      x = None if not finetune_steps else np.asarray(calibration_inputs[m][e], np.float32)
+      x = (None if not finetune_steps or calibration_inputs is None  # checked above
+           else np.asarray(calibration_inputs[m][e], np.float32))
       if x is not None and len(x):
         x = x if R is None else (x.astype(np.float64) @ R).astype(np.float32)  # x @ R
         cent = codebook.finetune_centroids(x, target, idx, cent, group, finetune_steps,

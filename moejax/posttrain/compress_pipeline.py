@@ -228,7 +228,9 @@ def _factorised_report(weights, budgets, ranks, parameters) -> dict:
 
 
 def _per_expert_svd(r, weights, layers, budgets) -> Compressed:
-  float_weights, report, parameters = {}, {}, {}
+  float_weights: dict[int, dict] = {}
+  report: dict[int, dict] = {}
+  parameters: dict[int, dict] = {}
   for layer in layers:
     w = weights[layer.block]
     block = int(layer.block)
@@ -282,7 +284,8 @@ def compressed_model(m, params: dict, rest: dict, c: Compressed):
   from moejax.models.decoder import Decoder
   new_m = compressed_config(m, c)
   model = Decoder(ml_collections.FrozenConfigDict(new_m), rngs=nnx.Rngs(0))
-  graphdef, new_params, new_rest = nnx.split(model, nnx.Param, ...)
+  split = nnx.split(model, nnx.Param, ...)
+  graphdef, new_params, new_rest = split  # type: ignore[misc]  # nnx.split stub: any arity
   new_params = nnx.to_pure_dict(new_params)
   new_rest = nnx.to_pure_dict(new_rest)
   _copy_shared(params, new_params)
@@ -293,7 +296,7 @@ def compressed_model(m, params: dict, rest: dict, c: Compressed):
       for p, factors in arrays.items():
         target[p] = _padded_factors(factors, target[p])
     else:
-      experts = model.blocks[block].ffn.experts
+      experts = model.block_list()[block].ffn.experts
       experts.assign(arrays)
       new_rest["blocks"][block]["ffn"]["experts"] = {
           k: np.asarray(v) for k, v in nnx.to_pure_dict(nnx.state(experts)).items()}

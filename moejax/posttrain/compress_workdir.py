@@ -37,6 +37,12 @@ class Result:
   float_params: dict
   report: dict
 
+  def compressed(self) -> tuple[ml_collections.ConfigDict, dict, dict]:
+    """(config, params, rest) of the compressed model; ValueError for a baseline."""
+    if self.model is None or self.params is None or self.rest is None:
+      raise ValueError("an SVD baseline has no compressed model (no expert type stores it)")
+    return self.model, self.params, self.rest
+
 
 def _with_routers(float_params: dict, params: dict) -> dict:
   """float_params with every router parameter taken from `params` (a model of the
@@ -84,7 +90,7 @@ def run(r: cp.Request, source: source_lib.Source, calibration: Calibration, *,
   (gemq.expert_costs), quantizes the float experts, and fine-tunes the routers
   `finetune_steps` steps (each round from the previous round's routers). Router
   fine-tuning writes into `workdir` (a temporary directory when None)."""
-  config = source.config
+  config, source_step = source.training_run()
   float_params, current = source.params, None
   highest = max(r.bit_choices) if r.bit_choices else r.level
   schedule = budgets(r.level, rounds, bit_step, max(highest, r.level))
@@ -92,18 +98,20 @@ def run(r: cp.Request, source: source_lib.Source, calibration: Calibration, *,
   for round_index, budget in enumerate(schedule):
     c = cp.compress_experts(dataclasses.replace(r, level=budget), source.params,
                             calibration, current)
-    model = params = rest = None
+    model: ml_collections.ConfigDict | None = None
+    params: dict | None = None
+    rest: dict | None = None
     if c.kind != "baseline":
       model, params, rest = cp.compressed_model(config.model, float_params, source.rest, c)
-    step = source.step
+    step = source_step
     if finetune_steps:
       with tempfile.TemporaryDirectory() as scratch:
         target = workdir if workdir and round_index == rounds - 1 else scratch
         params, rest = finetune_routers(target, config, model, params, rest,
-                                        source.step, source.data_state, finetune_steps,
+                                        source_step, source.data_state, finetune_steps,
                                         finetune_lr, aux_losses)
       float_params = _with_routers(float_params, params)
-      step = source.step + finetune_steps
+      step = source_step + finetune_steps
     rounds_report.append({"round": round_index, "budget": budget, **c.report})
     current = cp.with_expert_weights(float_params, c.float_weights)
     if round_index + 1 < rounds:
@@ -111,6 +119,8 @@ def run(r: cp.Request, source: source_lib.Source, calibration: Calibration, *,
   report = {"method": r.method, "level": r.level, "quantizer": r.quantizer,
             "group_size": r.group_size, "rounds": rounds_report, "step": step,
             "finetune_steps": finetune_steps, "finetune_aux_losses": aux_losses, **c.report}
+  if current is None:
+    raise ValueError(f"no compression round (rounds={rounds})")
   return Result(model, params, rest, current, report)
 
 
@@ -137,13 +147,13 @@ def compress_workdir(workdir: str, out: str | None, r: cp.Request, *, num_window
                finetune_lr=finetune_lr, workdir=out if finetune_steps else None,
                bit_step=bit_step, aux_losses=aux_losses, log=log)
   if out and not finetune_steps:
-    source_lib.save_training_workdir(out, source_lib.with_model(config, result.model),
-                                     result.params, result.rest, source.step,
-                                     source.data_state)
+    m, params, rest = result.compressed()
+    source_lib.save_training_workdir(out, source_lib.with_model(config, m), params, rest,
+                                     source.training_run()[1], source.data_state)
   report = {"source": workdir, "calibration": {"windows": num_windows, "context": context,
                                                "seed": r.seed}, **result.report}
   if result.model is not None:
-    report["packed_bytes"] = packed_bytes(result.model, result.params, result.rest)
+    report["packed_bytes"] = packed_bytes(*result.compressed())
   return report
 
 

@@ -115,7 +115,7 @@ def save_statistics(path: str, stats: list[LayerStatistics]) -> None:
       if getattr(layer, name) is not None:
         arrays[f"block_{layer.block}_{name}"] = np.asarray(getattr(layer, name))
   with open(path, "wb") as f:
-    np.savez(f, **arrays)
+    np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stub: **kwds vs allow_pickle
 
 
 def load_statistics(path: str) -> list[LayerStatistics]:
@@ -152,7 +152,7 @@ def deployed_errors(graphdef, params, rest, new_m, new_params: dict, new_rest: d
   its own weights (rescaled, merged or narrowed). Shared experts cancel."""
   from moejax.models.decoder import abstract_model
   new_graphdef = abstract_model(new_m)[0]
-  total = {}
+  total: dict[int, float] = {}
   for tokens in batches:
     errors = jax.device_get(_batch_deployed(graphdef, params, rest, new_graphdef, new_params,
                                             new_rest, jnp.asarray(tokens)))

@@ -75,7 +75,7 @@ def _batch_inputs(graphdef, params, rest, tokens):
     routing = Routing(layer_aux["expert_index"], layer_aux["combine_weight"],
                       layer_aux["valid"])
     layout = tile_layout(routing, e, 1)
-    matmul = resolve_grouped_matmul("ragged_dot").make(layout, layer.cfg)
+    matmul = resolve_grouped_matmul("ragged_dot").build(layout, layer.cfg)
     w = layer.experts.weights(jnp.float32)
     rows = x[layout.row_token]
     hidden = jax.nn.silu(matmul(rows, w["w_gate"])) * matmul(rows, w["w_up"])
@@ -96,7 +96,8 @@ def capture(graphdef, params, rest, batches) -> list[LayerInputs]:
   if kinds != {"swiglu"}:
     raise ConfigError(f"compression starts from float 'swiglu' experts; the model has "
                       f"{sorted(kinds)}")
-  parts = {b: {k: [] for k in ("inputs", "rows", "hidden", "expert")} for b in blocks}
+  parts: dict[int, dict[str, list[np.ndarray]]] = {
+      b: {k: [] for k in ("inputs", "rows", "hidden", "expert")} for b in blocks}
   num_experts = model.cfg.moe.num_experts
   for tokens in batches:
     for block, got in zip(blocks, jax.device_get(
@@ -105,5 +106,6 @@ def capture(graphdef, params, rest, batches) -> list[LayerInputs]:
       parts[block]["inputs"].append(np.asarray(got["inputs"]))
       for key in ("rows", "hidden", "expert"):
         parts[block][key].append(np.asarray(got[key])[real])
-  return [LayerInputs(b, *(np.concatenate(parts[b][k]) for k in
-                           ("inputs", "rows", "hidden", "expert"))) for b in blocks]
+  joined = {b: {k: np.concatenate(v) for k, v in parts[b].items()} for b in blocks}
+  return [LayerInputs(b, j["inputs"], j["rows"], j["hidden"], j["expert"])
+          for b, j in joined.items()]

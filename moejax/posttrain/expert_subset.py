@@ -112,8 +112,10 @@ def astar(gram, m: int, objective: str = "rescaled", *, order=None, max_expanded
     order = list(np.argsort(-single, kind="stable"))
   order = [int(e) for e in order]
   tie = itertools.count()
-  heap = [(lower_bound(gram, (), order, (), objective), 0, next(tie), (), ())]
-  expanded, trace = 0, [] if record_trace else None
+  heap: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = [
+      (lower_bound(gram, (), order, (), objective), 0, next(tie), (), ())]
+  expanded = 0
+  trace: list | None = [] if record_trace else None
   while heap:
     f, neg_depth, _, included, excluded = heapq.heappop(heap)
     depth = -neg_depth
@@ -121,12 +123,12 @@ def astar(gram, m: int, objective: str = "rescaled", *, order=None, max_expanded
       return SearchResult(tuple(sorted(included)), f, expanded, next(tie), trace)
     undecided = order[depth:]
     expanded += 1
-    if record_trace:
+    if trace is not None:
       trace.append((included, tuple(undecided), excluded, f))
     if expanded > max_expanded:
       raise RuntimeError(f"A* expanded {max_expanded} nodes without finishing (E={num}, m={m})")
     expert, rest = undecided[0], undecided[1:]
-    children = []
+    children: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     if len(included) < m:
       children.append((included + (expert,), excluded))
     if len(included) + len(rest) >= m:

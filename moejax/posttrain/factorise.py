@@ -64,7 +64,10 @@ def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None,
   (TD-MoE's per-tensor allocation; never above a tensor's dense size). With `cap`,
   given ranks that cost more than a projection's dense size become the best ranks
   within it (tucker.capped_ranks, on `whitened`); without, full ranks stay exact."""
+  if whitened is None and (cap or isinstance(ranks_or_budget, (int, np.integer))):
+    raise ValueError("a parameter budget or cap=True allocates ranks on `whitened`: give it")
   if isinstance(ranks_or_budget, (int, np.integer)) and not isinstance(ranks_or_budget, bool):
+    assert whitened is not None  # checked above
     total = sum(tucker.dense_parameters(shapes[p]) for p in PROJECTIONS)
     return {p: tucker.allocate_ranks(whitened[p], int(ranks_or_budget) *
                                      tucker.dense_parameters(shapes[p]) // total)
@@ -84,6 +87,7 @@ def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None,
       raise ConfigError(f"ranks of {p}={triple!r} must be 3 ranks (expert, in, out)")
     out[p] = tuple(int(r) or dim for r, dim in zip(triple, shapes[p]))
     if cap:
+      assert whitened is not None  # checked above
       out[p] = tucker.capped_ranks(whitened[p], out[p])
   return out
 

@@ -108,7 +108,7 @@ class Bench:
     self.num_windows, self.bytes_per_domain = num_windows, bytes_per_domain
     self.probes, self.probe_count = tuple(probes), probe_count
     self.reroute_windows = reroute_windows
-    self._calibration = (None, None)
+    self._calibration: tuple[int, Calibration] | None = None
 
   @functools.cached_property
   def source(self) -> source_lib.Source:
@@ -117,6 +117,11 @@ class Bench:
   @property
   def model(self):
     return self.source.model
+
+  @property
+  def run_config(self):
+    """The training run's config."""
+    return self.source.training_run()[0]
 
   @functools.cached_property
   def graphdef(self):
@@ -127,19 +132,19 @@ class Bench:
   def documents(self) -> list:
     from moejax.data.pipeline import split_documents
     from moejax.evaluation import harness
-    return harness.sample_documents(split_documents(self.source.config.data),
+    return harness.sample_documents(split_documents(self.run_config.data),
                                     self.bytes_per_domain)
 
   @functools.cached_property
   def train_stream(self) -> np.ndarray:
     from moejax.data.pipeline import train_token_stream
-    return train_token_stream(self.source.config.data)
+    return train_token_stream(self.run_config.data)
 
   def calibration(self, draw: int) -> Calibration:
     """Draw `draw`'s calibration (the latest draw's is kept)."""
-    if self._calibration[0] != draw:
+    if self._calibration is None or self._calibration[0] != draw:
       windows = calibration_windows(self.train_stream, self.num_windows,
-                                    self.source.config.data.seq_len, seed=draw)
+                                    self.run_config.data.seq_len, seed=draw)
       self._calibration = (draw, Calibration(self.model, self.source.params, self.source.rest,
                                              windows))
     return self._calibration[1]
@@ -149,7 +154,7 @@ class Bench:
     from moejax.models.structure import expert_counts
     from moejax.evaluation import harness
     from moejax.evaluation.model import DecoderLM
-    settings = harness.Settings(context=self.source.config.data.seq_len, probes=self.probes,
+    settings = harness.Settings(context=self.run_config.data.seq_len, probes=self.probes,
                                 probe_count=self.probe_count)
     tokenizer = self.source.tokenizer
     report = harness.evaluate(DecoderLM(m, params, rest), tokenizer, tokenizer.eos_id,
@@ -166,10 +171,10 @@ class Bench:
     from moejax.data.pipeline import split_documents
     tokenizer = self.source.tokenizer
     ids = []
-    for _, text in split_documents(self.source.config.data):
+    for _, text in split_documents(self.run_config.data):
       ids.extend(tokenizer.encode(text))
     windows = calibration_windows(np.asarray(ids, np.int32), self.reroute_windows,
-                                  self.source.config.data.seq_len, seed=REROUTE_SEED)
+                                  self.run_config.data.seq_len, seed=REROUTE_SEED)
     return [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
 
   def routing_sets(self, params: dict) -> np.ndarray:

@@ -73,7 +73,7 @@ def merge_models(merge: Merge, base: str | None, experts: list[str], weights=Non
                                                   for i, p in enumerate(experts)]
   merged = merge(first.params if base else None, [s.params for s in sources],
                  None if weights is None else np.asarray(weights, np.float64),
-                 names=names if base else [None] + names)
+                 names=names if base else ["base"] + names)
   used = uniform(len(experts)) if weights is None else np.asarray(weights, np.float64)
   report = {"method": merge.method.name, "settings": merge.settings, "base": base,
             "experts": list(experts), "weights": [float(w) for w in used]}
@@ -87,7 +87,8 @@ def merge_models(merge: Merge, base: str | None, experts: list[str], weights=Non
 def write(out: str, model: source.Source, params: dict, path: str) -> None:
   """`params` with the rest of `model` (read from `path`) as a workdir at `out`."""
   if model.kind == "training":
-    save_training_workdir(out, model.config, params, model.rest, model.step, model.data_state)
+    config, step = model.training_run()
+    save_training_workdir(out, config, params, model.rest, step, model.data_state)
     return
   from moejax.interop.convert import Loaded, save_workdir
   files = path if model.kind == "hf" else os.path.join(path, "model")

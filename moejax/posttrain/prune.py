@@ -113,8 +113,13 @@ def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, se
   kept, errors = {}, {}
   for layer in stats:
     total = max(expert_subset.subset_error(layer.gram, (), objective), 1e-300)
-    relative = lambda subset: expert_subset.subset_error(layer.gram, subset, objective) / total
-    pick = lambda m: expert_subset.choose(layer, m, method, objective, [seed, layer.block])
+
+    def relative(subset, layer=layer, total=total):
+      return expert_subset.subset_error(layer.gram, subset, objective) / total
+
+    def pick(m, layer=layer):
+      return expert_subset.choose(layer, m, method, objective, [seed, layer.block])
+
     if keep == KNEE:
       subsets = [pick(m) for m in range(top_k, len(layer.gram) + 1)]
       curve = [relative(subset) for subset in subsets]
@@ -168,6 +173,8 @@ def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, 
   save_statistics: write the expert statistics there (.npz) as well."""
   check_options(Pruning(method, keep, objective, rescale, seed, merge, partner, normalisation))
   if calibration is None:
+    if windows is None:
+      raise ValueError("prune_model needs token windows or a calibration")
     calibration = Calibration(m, params, rest, windows, batch_size)
   if save_statistics:
     contributions.save_statistics(save_statistics, calibration.stats)

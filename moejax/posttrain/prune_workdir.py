@@ -43,8 +43,9 @@ def prune_workdir(workdir: str, out: str | None, *, keep: str, method: str,
       objective=objective, seed=seed, batch_size=batch_size, rescale=rescale,
       save_statistics=save_statistics)
   if out:
-    source_lib.save_training_workdir(out, source_lib.with_model(source.config, new_m), params,
-                                     rest, source.step, source.data_state)
+    run_config, step = source.training_run()
+    source_lib.save_training_workdir(out, source_lib.with_model(run_config, new_m), params,
+                                     rest, step, source.data_state)
   return {"source": workdir, "step": source.step, "method": method, "objective": objective,
           "keep": keep, "rescale": rescale, "calibration": {"windows": num_windows,
                                                             "context": context, "seed": seed},

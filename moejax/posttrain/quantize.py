@@ -169,7 +169,7 @@ def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size:
   U = np.stack([_inverse_cholesky(h) for h in H])
   block = max(block_size // group_size, 1) * group_size
   codes = np.empty_like(W)
-  scales, zeros = [], []
+  scale_groups, zero_groups = [], []
   for start in range(0, d_in, block):
     stop = min(start + block, d_in)
     rows = W[:, start:stop].copy()  # updated in place as errors arrive
@@ -178,8 +178,8 @@ def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size:
     for i in range(stop - start):
       if (start + i) % group_size == 0:
         scale, zero = _group_params(rows[:, i:i + group_size], bits, symmetric)
-        scales.append(scale)
-        zeros.append(zero)
+        scale_groups.append(scale)
+        zero_groups.append(zero)
       w = rows[:, i]  # [E, d_out]
       code = _codes(w, scale, zero, bits)
       codes[:, start + i] = code
@@ -187,9 +187,9 @@ def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size:
       rows[:, i:] -= U_block[:, i, i:, None] * error[:, None, :]
       errors[:, i] = error
     W[:, stop:] -= np.einsum("eij,eio->ejo", U[:, start:stop, stop:], errors)  # lazy batch
-  scales = np.stack(scales, axis=1)  # [E, groups, d_out]
-  zeros = None if symmetric else np.stack(zeros, axis=1)
-  return [_pack(codes[k], scales[k], None if symmetric else zeros[k], bits, group_size,
+  scales = np.stack(scale_groups, axis=1)  # [E, groups, d_out]
+  zeros = None if symmetric else np.stack(zero_groups, axis=1)
+  return [_pack(codes[k], scales[k], None if zeros is None else zeros[k], bits, group_size,
                 symmetric) for k in range(e)]
 
 

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -42,6 +43,13 @@ class Source:
   def tokenizer(self):
     """The model's tokenizer (a training run's is built on first use)."""
     return self.restored.tokenizer if self.kind == "training" else self.imported_tokenizer
+
+  def training_run(self) -> tuple[ml_collections.ConfigDict, int]:
+    """(the run's config, the checkpoint's step) of a training workdir; ValueError
+    for an imported model (converted, hf), which has neither."""
+    if self.config is None or self.step is None:
+      raise ValueError(f"{self.where}: a {self.kind} model has no training run")
+    return self.config, self.step
 
   @property
   def eos_id(self) -> int | None:
@@ -76,9 +84,9 @@ def load(workdir: str | None = None, hf_dir: str | None = None) -> Source:
       and os.path.isdir(os.path.join(workdir, "checkpoints"))):
     return load_training(workdir)
   loaded, tokenizer, eos_id = load_model(workdir, hf_dir)
-  host = lambda tree: jax.tree.map(np.asarray, tree)
+  params, rest = jax.tree.map(np.asarray, (loaded.params, loaded.rest))
   kind, where = ("hf", f"--hf_dir={hf_dir}") if hf_dir else ("converted", f"--workdir={workdir}")
-  return Source(kind, where, loaded.config, host(loaded.params), host(loaded.rest),
+  return Source(kind, where, loaded.config, params, rest,
                 hf_config=loaded.hf_config, imported_tokenizer=tokenizer,
                 imported_eos_id=eos_id)
 
@@ -99,7 +107,7 @@ def save_training_workdir(out: str, config, params: dict, rest: dict, step: int,
   from moejax.train import step as step_lib
   from moejax.train.checkpoint import Checkpointer, jsonable
   optimizer = step_lib.make_optimizer(config.train)
-  state = step_lib.TrainState(np.int32(step), params, rest, optimizer.init(params))
+  state = step_lib.TrainState(jnp.asarray(step, jnp.int32), params, rest, optimizer.init(params))
   os.makedirs(out, exist_ok=True)
   ckpt = Checkpointer(out, config.train.max_to_keep)
   ckpt.save(step, state, data_state, {"config": jsonable(config.to_dict())})

@@ -48,7 +48,10 @@ def token_gradients(graphdef, params, rest, tokens):
   """(dL/dy per MoE block [B*L, d], {block: (its input x [B*L, d], its aux)}, per-token
   loss [B*(L-1)]) with L the mean next-token loss over the B*(L-1) predicted tokens
   (the last position predicts nothing: its gradient rows are 0). Traceable."""
-  fresh = lambda: nnx.merge(graphdef, params, rest)
+
+  def fresh():
+    return nnx.merge(graphdef, params, rest)
+
   _, perturbations = nnx.capture(fresh(), nnx.Perturbation)(tokens)
   grad_fn = jax.grad(lambda p: _loss_with_probes(fresh(), p, tokens), has_aux=True)
   grads, (token_loss, moe) = grad_fn(perturbations)
@@ -87,15 +90,16 @@ def layer_step_scores(graphdef, params, rest, batches, rho: float) -> list[np.nd
   """Per MoE layer, I_e over every calibration batch's top-rho tokens together: each
   batch's per-token terms stay paired with that batch's losses, and the scores do
   not depend on how the windows are split into batches, nor on their order."""
-  losses, terms = [], None
+  losses: list[np.ndarray] = []
+  terms: list[np.ndarray] = []
   for tokens in batches:
     tokens = jnp.asarray(tokens)
     token_loss, layer_terms = token_taylor_terms(graphdef, params, rest, tokens)
-    b, l = tokens.shape
-    predicting = np.ones((b, l), bool)
+    b, length = tokens.shape
+    predicting = np.ones((b, length), bool)
     predicting[:, -1] = False  # positions that predict a next token
     losses.append(np.asarray(token_loss))
     rows = [np.asarray(t)[predicting.reshape(-1)] for t in layer_terms]
-    terms = rows if terms is None else [np.concatenate([a, r]) for a, r in zip(terms, rows)]
+    terms = [np.concatenate([a, r]) for a, r in zip(terms, rows)] if terms else rows
   loss = np.concatenate(losses)
   return [step_scores(loss, t, rho) for t in terms]

@@ -76,7 +76,7 @@ def _check_ranks(shape, ranks) -> tuple[int, int, int]:
     if not 1 <= rank <= dim or int(rank) != rank:
       raise ConfigError(f"rank {mode}={rank} must be an integer in [1, {dim}] for a tensor "
                         f"of shape {tuple(shape)}")
-  return tuple(int(r) for r in ranks)
+  return int(ranks[0]), int(ranks[1]), int(ranks[2])
 
 
 def tucker_parameters(shape, ranks) -> int:
@@ -195,11 +195,11 @@ def _greedy(shapes, spectra, ranks, budget, per_parameter: bool) -> list[tuple[i
   while ((ranks < dims) & (cost <= left)).any():
     score = np.where((ranks < dims) & (cost <= left),
                      gain / np.maximum(cost, 1) if per_parameter else gain, -np.inf)
-    layer, k = np.unravel_index(int(np.argmax(score)), score.shape)
+    layer, k = map(int, np.unravel_index(int(np.argmax(score)), score.shape))
     ranks[layer, k] += 1
     left -= cost[layer, k]
     refresh(layer)
-  return [tuple(int(r) for r in row) for row in ranks]
+  return [(int(row[0]), int(row[1]), int(row[2])) for row in ranks]
 
 
 def _best_greedy(shapes, spectra, ranks, budget):
@@ -314,7 +314,7 @@ def _per_expert_svd(W, rank, S=None) -> LowRank:
   u, s, vt = np.linalg.svd(w if S is None else whiten(w, S), full_matrices=False)
   left = u[:, :, :rank] * s[:, None, :rank]
   if S is not None:
-    left = np.stack([_unwhiten(S, l) for l in left])
+    left = np.stack([_unwhiten(S, part) for part in left])
   return LowRank(left, vt[:, :rank])
 
 

@@ -10,10 +10,10 @@ uncompressed model; `fractional_method` replaces `method` at fractional levels
 round down to the level, compress_workdir.budgets); `finetune`: GEMQ's router
 fine-tuning (study.settings.finetune_steps x the arm's `finetune_multiple` steps a
 round at finetune_lr, through the trainer, on the LM loss alone unless
-settings.finetune_aux_losses); on the 'none' arm it is the matched control, the
-fp32 model's routers fine-tuned by the same recipe; `damping` of the whitening (td_moe, whitened_svd); `at`: 'all',
-'integer' or 'fractional' levels only. Levels: one axis, `bits` (average code bits
-per expert weight) or `removed` (the fraction of expert parameters a factorisation
+settings.finetune_aux_losses); on the 'none' arm it is the matched control, the fp32 model's
+routers fine-tuned by the same recipe; `damping` of the whitening (td_moe, whitened_svd);
+`at`: 'all', 'integer' or 'fractional' levels only. Levels: one axis, `bits` (average code
+bits per expert weight) or `removed` (the fraction of expert parameters a factorisation
 removes). With settings.bracket_bits, every arm at a fractional level allocates
 between the two supported widths around it (the codebooks' allocation), so all
 arms share one allocation space; else among settings.bit_choices.
@@ -169,9 +169,10 @@ class Compression(SourceScorer):
   def control(self) -> tuple[dict, np.ndarray]:
     """(scores, routing sets) of the fp32 model with its routers fine-tuned."""
     source, s = self.bench.source, self.settings
+    config, step = source.training_run()
     with tempfile.TemporaryDirectory() as scratch:
-      tuned, _ = cw.finetune_routers(scratch, source.config, source.model, source.params,
-                                     source.rest, source.step, source.data_state,
+      tuned, _ = cw.finetune_routers(scratch, config, source.model, source.params,
+                                     source.rest, step, source.data_state,
                                      s["finetune_steps"], s["finetune_lr"],
                                      s["finetune_aux_losses"])
     sets = self.bench.routing_sets(tuned)
@@ -223,8 +224,9 @@ class Compression(SourceScorer):
       if out.report.get(key) is not None:
         scores[name] = out.report[key]
     if out.model is not None:
-      scores["packed_expert_bytes"] = cw.packed_bytes(out.model, out.params, out.rest)
-      scores["stored_bytes"] = measure.parameter_bytes(out.params, out.rest)
+      m, params, rest = out.compressed()
+      scores["packed_expert_bytes"] = cw.packed_bytes(m, params, rest)
+      scores["stored_bytes"] = measure.parameter_bytes(params, rest)
     return scores
 
   def notes(self, results: dict) -> str:
@@ -235,6 +237,10 @@ class Compression(SourceScorer):
     """Per pair of (arm, level)s about equal in packed bytes: the bpb difference paired
     by draw, and the verdict for 'the first is lower' (source: ours)."""
     by_key = report.index_runs(results["runs"])
+
+    def size(by_draw):
+      return f"{np.mean(list(by_draw.values())):,.0f}" if by_draw else "—"
+
     rows = []
     for arm, level, other, other_level in self.settings["equal_bytes"]:
       values = [report.values(self.spec, by_key, name, {self.axis: lv}, metric)
@@ -245,7 +251,6 @@ class Compression(SourceScorer):
         continue
       diff = stats.paired_difference([values[0][d] for d in draws],
                                      [values[2][d] for d in draws])
-      size = lambda v: f"{np.mean(list(v.values())):,.0f}" if v else "—"
       rows.append([f"{arm} at {level}", size(values[1]), f"{other} at {other_level}",
                    size(values[3]), stats.format_interval(diff),
                    stats.verdict(diff, "lower", fmt="{:.4f}")])

@@ -49,7 +49,7 @@ class MoEEditScorer(SourceScorer):
 
   def bound(self, arm: dict):
     from moejax.editing import methods
-    overrides = {"layers": tuple(self.settings["layers"])}
+    overrides: dict[str, tuple | bool] = {"layers": tuple(self.settings["layers"])}
     if arm["method"] == "moe_edit":
       overrides["project"] = bool(arm["project"])
       overrides["check_capacity"] = False  # more rows than null-space room: least squares
@@ -63,7 +63,7 @@ class MoEEditScorer(SourceScorer):
   def other_stream(self) -> np.ndarray:
     from moejax.data.pipeline import split_documents
     tokenizer, ids = self.bench.source.tokenizer, []
-    for domain, text in split_documents(self.bench.source.config.data):
+    for domain, text in split_documents(self.bench.run_config.data):
       if domain != "facts":
         ids.extend(tokenizer.encode(text))
         ids.append(tokenizer.eos_id)
