@@ -31,7 +31,7 @@ def fit_tile(tile: int, dim: int) -> int:
 
 
 def fit_tiling(tiling, m: int, k: int, n: int) -> tuple[int, int, int]:
-  return tuple(fit_tile(t, d) for t, d in zip(tiling, (m, k, n)))
+  return fit_tile(tiling[0], m), fit_tile(tiling[1], k), fit_tile(tiling[2], n)
 
 
 def round_up(x: int, multiple: int) -> int:

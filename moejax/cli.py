@@ -54,11 +54,13 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (flags.Error, KeyError, AttributeError, OSError, ValueError, TypeError) as e:
     refuse(_flag_message(e, argv), verbose=verbose)
   for name, flag in FLAGS._flags().items():  # a config file that failed to load
-    if type(flag.value).__name__ == "_ErrorConfig":  # ml_collections defers its IOError
+    value = flag.value
+    if value is not None and type(value).__name__ == "_ErrorConfig":  # a deferred IOError
       try:
-        flag.value.lock()
+        value.lock()
       except OSError as e:
-        refuse(_config_file_message(e, f"--{name}={flag.config_filename}"), verbose=verbose)
+        filename = getattr(flag, "config_filename", "")  # ml_collections' config flag
+        refuse(_config_file_message(e, f"--{name}={filename}"), verbose=verbose)
   return args
 
 
@@ -101,8 +103,8 @@ def _flag_message(error: Exception, argv: list[str]) -> str:
   if "\n" in text:  # a config file that raised: its last line is the exception
     text = text.splitlines()[-1]
     text = re.sub(r"^[\w.]*(ConfigError|Error): ", "", text)
-    config_arg = next((a for a in argv if re.match(r"--?config=", a)), None)
-    return f"{text} ({config_arg})" if config_arg else text
+    config_flag = next((a for a in argv if re.match(r"--?config=", a)), None)
+    return f"{text} ({config_flag})" if config_flag else text
   required = re.match(r"flag --([\w.]+)=None: Flag --[\w.]+ must have a value other than None",
                       text)
   if required:

@@ -138,7 +138,8 @@ class Layout:
 
   def spec(self, logical_axes: Sequence[str | None], shape: Sequence[int] | None = None) -> P:
     """PartitionSpec for an array with these logical axes (see module doc)."""
-    used, dims = set(), []
+    used: set[str] = set()
+    dims = []
     for i, name in enumerate(logical_axes):
       axes = tuple(a for a in self.mesh_axes(name) if a not in used)
       if shape is not None and shape[i] % self.size(axes):

@@ -20,7 +20,7 @@ def validate_part_settings(e) -> None:
   parts = parts_with_settings()
   for part in parts:
     part.check(e)
-  groups = {}  # 'losses' -> the loss names with a section
+  groups: dict[str, set[str]] = {}  # 'losses' -> the loss names with a section
   for part in parts:
     group, _, name = part.path.rpartition(".")
     if group:
@@ -89,6 +89,9 @@ def validate_task(c) -> None:
   if c.model_name == "vit":
     from moejax.models.vit import validate_vit
     validate_vit(c)
+  elif c.train.get("trainable") in ("prompt", "head"):
+    raise ConfigError(f"train.trainable={c.train.trainable!r} tunes the ViT's prompts or "
+                      f"head: model_name='vit', not {c.model_name!r}")
   if task == "lm":
     if c.data.name in VISION_DATASETS:
       raise ConfigError(f"data.name={c.data.name!r} is an image dataset: set "

@@ -8,8 +8,8 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (after matplotlib.use)
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402  (the same)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "img", "architecture.svg")

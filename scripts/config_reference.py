@@ -16,7 +16,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from moejax.evaluation.stats import markdown_table  # noqa: E402
+from moejax.evaluation.stats import markdown_table  # noqa: E402  (after sys.path holds ROOT)
 
 OUT = os.path.join(ROOT, "docs", "reference", "config.md")
 CONFIG_PY = os.path.join(ROOT, "moejax", "config.py")

@@ -1,5 +1,5 @@
 """Writes docs/methods/<page>.md, one page per registered router, expert type,
-dispatcher, loss, grouped matmul, post-training method and study, and
+dispatcher, loss, grouped matmul, prompt adapter, post-training method and study, and
 docs/methods/index.md.
 
     .venv/bin/python scripts/method_pages.py            # write the pages
@@ -22,11 +22,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from moejax.evaluation.stats import markdown_table  # noqa: E402
+from moejax.evaluation.stats import markdown_table  # noqa: E402  (after sys.path holds ROOT)
 
 OUT = os.path.join(ROOT, "docs", "methods")
 KINDS = ("router", "expert type", "dispatcher", "loss", "grouped matmul",
-         "post-training method", "merge method", "study")
+         "post-training method", "merge method", "merged experts", "prompt adapter", "study")
 
 # Papers as the project's paper lists (shared/specs/PAPERS.md) and the classics name them.
 ICML, ICLR = "ICML 2026", "ICLR 2026"
@@ -70,7 +70,12 @@ PAPERS = {
     "model_soups": ("Model soups: averaging weights of multiple fine-tuned models", "ICML 2022", "2203.05482"),
     "thickets": ("Neural Thickets (RandOpt)", ICML, "2603.12228"),
     "namex": ("NAMEx: Nash Merging of Experts", ICLR, "2510.16138"),
+    "smear": ("Soft Merging of Experts with Adaptive Routing (SMEAR)", "TMLR 2024", "2306.03745"),
+    "camex": ("CAMEx: Curvature-aware Merging of Experts", "ICLR 2025", "2502.18821"),
     "prism_moe": ("Prism-MoE: dense-to-MoE conversion", ICML, None),
+    "vpt": ("Visual Prompt Tuning", "ECCV 2022", "2203.12119"),
+    "vapt": ("Adaptive Prompt: Unlocking the Power of Visual Prompt Tuning (VAPT)", ICLR,
+             "2501.18936"),
 }
 
 
@@ -80,7 +85,8 @@ class Entry:
   summary: str
   paper: str | None = None  # a PAPERS key; None: a baseline or an engineering part
   guess: str = ("Nothing reconstructed: the implementation follows the paper's text or its "
-                "official code (or is a standard part); differences, if any, are in the source above.")
+                "official code (or is a standard part); differences, if any, are in the source "
+                "above.")
   tests: tuple[str, ...] = ()
   studies: tuple[str, ...] = ()  # configs/studies/<name>.py whose outputs show it
   results: tuple[str, ...] = ()  # further result files under docs/results/
@@ -92,147 +98,295 @@ E = Entry
 ROUTER_TESTS = ("tests/contract/test_router_contract.py",)
 ENTRIES = {
     "router": {
-        "topk": E("Top-k softmax router", "Softmax over the expert logits, the k largest kept, renormalised (optional jitter).",
+        "topk": E("Top-k softmax router", "Softmax over the expert logits, the k largest kept, "
+                                          "renormalised (optional jitter).",
                   "shazeer", tests=("tests/routing/test_routers.py",), studies=("routers", "routers_seeds")),
-        "capacity_aware": E("Capacity-aware token drop and expanded drop", "At inference, each expert keeps its top-C tokens by score (gamma sets C); expanded drop re-routes the dropped tokens to r extra experts.",
+        "capacity_aware": E("Capacity-aware token drop and expanded drop", "At inference, each expert keeps its "
+                                                                           "top-C tokens by score (gamma sets C); "
+                                                                           "expanded drop re-routes the dropped "
+                                                                           "tokens to r extra experts.",
                             "capacity_aware", tests=("tests/routing/test_capacity_aware.py",), studies=("router_inference_capacity",)),
-        "expert_choice": E("Expert choice", "Each expert picks its top-C tokens (non-causal: flagged unusable for generation).",
+        "expert_choice": E("Expert choice", "Each expert picks its top-C tokens (non-causal: "
+                                            "flagged unusable for generation).",
                            "expert_choice", tests=("tests/routing/test_routers.py",), studies=("routers",)),
-        "sigmoid_bias": E("Sigmoid gates with the aux-loss-free bias", "Sigmoid scores; a non-trained per-expert bias, moved against the load after each step, decides the top-k but not the weights.",
+        "sigmoid_bias": E("Sigmoid gates with the aux-loss-free bias", "Sigmoid scores; a non-trained "
+                                                                       "per-expert bias, moved against the "
+                                                                       "load after each step, decides the "
+                                                                       "top-k but not the weights.",
                           "deepseek_v3", tests=("tests/routing/test_routers.py",), studies=("routers", "routers_seeds")),
-        "group_limited": E("Group-limited top-k", "Experts in groups; each token picks its best groups first, then its top-k inside them.",
+        "group_limited": E("Group-limited top-k", "Experts in groups; each token picks its "
+                                                  "best groups first, then its top-k inside "
+                                                  "them.",
                            "deepseek_v3", tests=("tests/routing/test_group_limited.py",)),
-        "mahalanobis": E("MP-MoE Mahalanobis routing", "An EMA covariance of expert co-activation; each token greedily chooses the k experts that maximise g_S^T Sigma_S^-1 g_S.",
-                         "mp_moe", guess="The objective's form and plain top-k at inference are guesses (the spec had no paper text).",
+        "mahalanobis": E("MP-MoE Mahalanobis routing", "An EMA covariance of expert "
+                                                       "co-activation; each token greedily "
+                                                       "chooses the k experts that maximise "
+                                                       "g_S^T Sigma_S^-1 g_S.",
+                         "mp_moe", guess="The objective's form and plain top-k at inference "
+                                         "are guesses (the spec had no paper text).",
                          tests=("tests/routing/test_mahalanobis.py",), studies=("routers", "routers_seeds")),
-        "as_coot": E("As-COOT semi-relaxed optimal-transport routing", "A Sinkhorn plan per slot with the expert marginal held uniform and the token side relaxed by tau KL; tokens go to their top entries of the plan.",
-                     "as_coot", guess="The whole mechanism is reconstructed from the abstract and COOT (Redko et al. 2020): the paper's text was not read.",
+        "as_coot": E("As-COOT semi-relaxed optimal-transport routing", "A Sinkhorn plan per slot with the "
+                                                                       "expert marginal held uniform and the "
+                                                                       "token side relaxed by tau KL; tokens "
+                                                                       "go to their top entries of the plan.",
+                     "as_coot", guess="The whole mechanism is reconstructed from the abstract "
+                                      "and COOT (Redko et al. 2020): the paper's text was not "
+                                      "read.",
                      tests=("tests/routing/test_optimal_transport.py",), studies=("router_inference_as_coot",)),
-        "probmoe": E("ProbMoE conditional-Bernoulli routing", "Exact-k (or dynamic-k) sampling of a conditional Bernoulli by a log-space DP; marginals by autograd; straight-through weights.",
-                     "probmoe", guess="The official code has two variants (log q detached or kept); both are settings (probmoe.detach_log_q).",
+        "probmoe": E("ProbMoE conditional-Bernoulli routing", "Exact-k (or dynamic-k) sampling of a "
+                                                              "conditional Bernoulli by a log-space "
+                                                              "DP; marginals by autograd; "
+                                                              "straight-through weights.",
+                     "probmoe", guess="The official code has two variants (log q detached or "
+                                      "kept); both are settings (probmoe.detach_log_q).",
                      tests=("tests/routing/test_probmoe.py",), studies=("routers", "routers_seeds")),
-        "product_key": E("OmniMoE product-key router", "Two maps to sqrt(N) logits each, BatchNorm, log-softmax; the score of atomic expert (i, j) is their sum; exact top-k over the grid.",
+        "product_key": E("OmniMoE product-key router", "Two maps to sqrt(N) logits each, "
+                                                       "BatchNorm, log-softmax; the score of "
+                                                       "atomic expert (i, j) is their sum; "
+                                                       "exact top-k over the grid.",
                          "omnimoe", tests=("tests/experts/test_omnimoe.py",)),
-        "prototype": E("TMoW prototype router", "Top-k of softmax(cos(x, prototype_e) / tau): each expert has a prototype refined at test time.",
+        "prototype": E("TMoW prototype router", "Top-k of softmax(cos(x, prototype_e) / tau): "
+                                                "each expert has a prototype refined at test "
+                                                "time.",
                        "tmow", tests=("tests/routing/test_prototype_router.py", "tests/online/test_tmow.py"), studies=("tmow",)),
-        "sere": E("SERE similarity-based expert re-routing", "At decode, a token's secondary experts are re-routed to similar experts already in use by the batch (similarity by linear CKA), so fewer distinct experts run.",
+        "sere": E("SERE similarity-based expert re-routing", "At decode, a token's secondary "
+                                                             "experts are re-routed to similar "
+                                                             "experts already in use by the batch "
+                                                             "(similarity by linear CKA), so fewer "
+                                                             "distinct experts run.",
                   "sere", tests=("tests/routing/test_sere.py", "tests/analysis/test_router_inference.py"), studies=("router_inference_sere",)),
-        "smooth_topk": E("SmoothSMoE smooth top-k", "A trained band eta around the k-th logit: weights fall continuously to zero across it, so routing is continuous where top-k jumps.",
-                         "smooth_smoe", guess="The official dispatch keeps k slots where k+1 are needed; moejax keeps k+1 (not copied).",
+        "smooth_topk": E("SmoothSMoE smooth top-k", "A trained band eta around the k-th logit: "
+                                                    "weights fall continuously to zero across "
+                                                    "it, so routing is continuous where top-k "
+                                                    "jumps.",
+                         "smooth_smoe", guess="The official dispatch keeps k slots where k+1 "
+                                              "are needed; moejax keeps k+1 (not copied).",
                          tests=("tests/routing/test_smooth_topk.py",), studies=("routers", "routers_seeds")),
-        "topk_rounded": E("Token rounding (SonicMoE)", "Top-k, then each expert's token count rounded to a multiple of the tile by dropping its weakest or adding its strongest non-top-k tokens; no padding waste.",
-                          "sonicmoe", guess="Training with rounding and evaluating with plain top-k is a guess.",
+        "topk_rounded": E("Token rounding (SonicMoE)", "Top-k, then each expert's token count "
+                                                       "rounded to a multiple of the tile by "
+                                                       "dropping its weakest or adding its "
+                                                       "strongest non-top-k tokens; no padding "
+                                                       "waste.",
+                          "sonicmoe", guess="Training with rounding and evaluating with plain "
+                                            "top-k is a guess.",
                           tests=("tests/routing/test_token_rounding.py",), studies=("token_rounding_seeds",)),
     },
     "expert type": {
-        "swiglu": E("SwiGLU experts", "down(silu(gate(x)) * up(x)) per expert, each a slice of three [E, a, b] weights.",
+        "swiglu": E("SwiGLU experts", "down(silu(gate(x)) * up(x)) per expert, each a slice of "
+                                      "three [E, a, b] weights.",
                     "glu", tests=("tests/contract/test_expert_contract.py",), studies=("expert_types",)),
-        "atomic": E("OmniMoE atomic experts", "An expert is one pair (u_i, d_i): act(x u_i) d_i, thousands of them, chosen by the product-key router.",
+        "atomic": E("OmniMoE atomic experts", "An expert is one pair (u_i, d_i): act(x u_i) "
+                                              "d_i, thousands of them, chosen by the "
+                                              "product-key router.",
                     "omnimoe", tests=("tests/experts/test_omnimoe.py", "tests/contract/test_expert_contract.py"), studies=("expert_types",)),
-        "codebook": E("Codebook experts (CodeQuant)", "Per-group k-means indices and centroids, bits per expert, an optional Hadamard rotation; decoded inside the expert.",
+        "codebook": E("Codebook experts (CodeQuant)", "Per-group k-means indices and "
+                                                      "centroids, bits per expert, an optional "
+                                                      "Hadamard rotation; decoded inside the "
+                                                      "expert.",
                       "codequant", tests=("tests/experts/test_codebook_experts.py",), studies=("codequant",)),
-        "factorised": E("Factorised experts (TD-MoE)", "Shared Tucker input and output factors, a per-expert factor and core; full rank equals SwiGLU.",
+        "factorised": E("Factorised experts (TD-MoE)", "Shared Tucker input and output "
+                                                       "factors, a per-expert factor and core; "
+                                                       "full rank equals SwiGLU.",
                         "td_moe", tests=("tests/experts/test_factorised.py",), studies=("td_moe",)),
-        "quantized": E("Quantized experts", "Per-group integer codes, scales and zero points, bits per expert; dequantized inside the expert (codes are not trained).",
+        "quantized": E("Quantized experts", "Per-group integer codes, scales and zero points, "
+                                            "bits per expert; dequantized inside the expert "
+                                            "(codes are not trained).",
                        "gemq", tests=("tests/experts/test_quantized.py",), studies=("gemq",)),
     },
     "dispatcher": {
-        "capacity": E("Capacity dispatch (GShard)", "Each expert takes at most C = capacity_factor x T k / E tokens in GShard's priority order; the rest are dropped and counted.",
+        "capacity": E("Capacity dispatch (GShard)", "Each expert takes at most C = "
+                                                    "capacity_factor x T k / E tokens in "
+                                                    "GShard's priority order; the rest are "
+                                                    "dropped and counted.",
                       "gshard", tests=("tests/dispatch/test_dispatch.py",)),
-        "dropless": E("Dropless dispatch", "Assignments sorted by expert into tile-padded row groups; the experts run through the configured grouped matmul; nothing dropped.",
+        "dropless": E("Dropless dispatch", "Assignments sorted by expert into tile-padded row "
+                                           "groups; the experts run through the configured "
+                                           "grouped matmul; nothing dropped.",
                       "megablocks", tests=("tests/dispatch/test_dispatch.py", "tests/contract/test_expert_contract.py")),
-        "dropless_memeff": E("Memory-efficient dropless (SonicMoE backward)", "The expert type's fused path: a custom VJP that keeps no [T k, d] residual and recomputes what the backward needs.",
+        "dropless_memeff": E("Memory-efficient dropless (SonicMoE backward)", "The expert type's fused path: a "
+                                                                              "custom VJP that keeps no [T k, d] "
+                                                                              "residual and recomputes what the "
+                                                                              "backward needs.",
                              "sonicmoe", tests=("tests/dispatch/test_memeff.py",)),
     },
     "loss": {
-        "load_balance": E("Load-balance loss", "E * sum_e f_e P_e: the fraction of slots routed to e times its mean router probability (Switch eq. 4).",
+        "load_balance": E("Load-balance loss", "E * sum_e f_e P_e: the fraction of slots "
+                                               "routed to e times its mean router probability "
+                                               "(Switch eq. 4).",
                           "switch", tests=("tests/losses/test_balance.py",)),
         "z_loss": E("Router z-loss", "The mean over tokens of logsumexp(logits)^2 (ST-MoE eq. 5).",
                     "st_moe", tests=("tests/losses/test_balance.py",)),
-        "dpsl": E("DPSL (Dirichlet prior shaping loss)", "Each expert's sorted column of router probabilities is pulled to the quantiles of its Beta marginal under a Dirichlet(alpha) prior.",
+        "dpsl": E("DPSL (Dirichlet prior shaping loss)", "Each expert's sorted column of router "
+                                                         "probabilities is pulled to the "
+                                                         "quantiles of its Beta marginal under "
+                                                         "a Dirichlet(alpha) prior.",
                   "dpsl", guess="The distance (a Cramer-von-Mises-like form) is a guess.",
                   tests=("tests/losses/test_dpsl.py",), studies=("routers", "routers_seeds")),
-        "smooth_boundary": E("SmoothSMoE boundary loss", "alpha * eta * (mean number of active experts - (k + 0.5)): keeps the smooth band narrow.",
+        "smooth_boundary": E("SmoothSMoE boundary loss", "alpha * eta * (mean number of active "
+                                                         "experts - (k + 0.5)): keeps the "
+                                                         "smooth band narrow.",
                              "smooth_smoe", tests=("tests/routing/test_smooth_topk.py",), studies=("routers_seeds",)),
     },
     "grouped matmul": {
-        "loop": E("Loop grouped matmul", "A fori_loop over row blocks, each one plain matmul against its expert's weight slice read in place.",
+        "loop": E("Loop grouped matmul", "A fori_loop over row blocks, each one plain matmul "
+                                         "against its expert's weight slice read in place.",
                   tests=("tests/dispatch/test_memeff.py", "tests/contract/test_expert_contract.py"), results=("moe_layer_2026-12-02_cpu.md",)),
-        "tiled": E("Tiled grouped matmul", "One batched einsum over all tiles, each tile times its expert's weight slice gathered per tile.",
+        "tiled": E("Tiled grouped matmul", "One batched einsum over all tiles, each tile times "
+                                           "its expert's weight slice gathered per tile.",
                    tests=("tests/contract/test_expert_contract.py", "tests/train/test_layouts.py"), results=("moe_layer_2026-11-30_cpu.md",)),
-        "ragged_dot": E("ragged_dot grouped matmul", "jax.lax.ragged_dot on the padded groups (portable; on CPU a masked dense dot).",
+        "ragged_dot": E("ragged_dot grouped matmul", "jax.lax.ragged_dot on the padded groups "
+                                                     "(portable; on CPU a masked dense dot).",
                         tests=("tests/contract/test_expert_contract.py",), results=("gpu_h200_2026-11-30.md",)),
-        "gmm": E("Pallas grouped matmul (gmm/tgmm)", "The Pallas kernel: Mosaic on TPU, Triton on GPU, with a custom VJP (tgmm for the weight gradient); on CPU its jnp reference or interpret mode.",
+        "gmm": E("Pallas grouped matmul (gmm/tgmm)", "The Pallas kernel: Mosaic on TPU, Triton "
+                                                     "on GPU, with a custom VJP (tgmm for the "
+                                                     "weight gradient); on CPU its jnp "
+                                                     "reference or interpret mode.",
                  "megablocks", tests=("tests/kernels/test_gmm_kernels.py", "tests/kernels/test_gmm_grad.py", "tests/kernels/test_gpu_tiling.py"),
                  results=("gpu_h200_2026-11-30.md",)),
-        "fused": E("Fused expert path", "The expert type's own whole-layer path (SwiGLU: SonicMoE's memory-efficient block loop).",
+        "fused": E("Fused expert path", "The expert type's own whole-layer path (SwiGLU: "
+                                        "SonicMoE's memory-efficient block loop).",
                    "sonicmoe", tests=("tests/dispatch/test_memeff.py",), results=("moe_layer_2026-12-02_cpu.md",)),
-        "gather": E("Token-gather grouped matmul", "No sort: each (token, slot) row times its own expert's weight slice, gathered; for decode-sized calls.",
+        "gather": E("Token-gather grouped matmul", "No sort: each (token, slot) row times its "
+                                                   "own expert's weight slice, gathered; for "
+                                                   "decode-sized calls.",
                     tests=("tests/dispatch/test_token_gather.py",), results=("generate_cpu.md",)),
-        "auto": E("Automatic grouped matmul", "gather for decode-sized calls; else gmm on TPU/GPU, and on CPU fused (if the expert type has it) or loop.",
+        "auto": E("Automatic grouped matmul", "gather for decode-sized calls; else gmm on "
+                                              "TPU/GPU, and on CPU fused (if the expert type "
+                                              "has it) or loop.",
                   tests=("tests/dispatch/test_token_gather.py", "tests/contract/test_expert_contract.py")),
     },
     "post-training method": {
-        "schur_astar": E("SCHUR-A* expert pruning", "A* over include/exclude decisions on the Gram of routed expert contributions, with an admissible Schur-complement bound; optimal kept set per layer.",
-                         "schur_astar", guess="All of it (abstract only): the objective, the bound and the knee budget are reconstructed.",
+        "schur_astar": E("SCHUR-A* expert pruning", "A* over include/exclude decisions on the "
+                                                    "Gram of routed expert contributions, with "
+                                                    "an admissible Schur-complement bound; "
+                                                    "optimal kept set per layer.",
+                         "schur_astar", guess="All of it (abstract only): the objective, the "
+                                              "bound and the knee budget are reconstructed.",
                          tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning", "pruning_knee"), page="schur_astar"),
-        "greedy": E("Greedy expert selection", "Forward selection on the same objective as SCHUR-A*.",
+        "greedy": E("Greedy expert selection", "Forward selection on the same objective as "
+                                               "SCHUR-A*.",
                     tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
-        "step": E("Step expert pruning (with merge)", "Token-selective Taylor scores on the highest-loss calibration tokens; the pruned experts merged into the most similar kept ones.",
-                  "step", guess="All of it (abstract only): token selection, the score and the merge rule.",
+        "step": E("Step expert pruning (with merge)", "Token-selective Taylor scores on the "
+                                                      "highest-loss calibration tokens; the "
+                                                      "pruned experts merged into the most "
+                                                      "similar kept ones.",
+                  "step", guess="All of it (abstract only): token selection, the score and the "
+                                "merge rule.",
                   tests=("tests/posttrain/test_taylor.py", "tests/posttrain/test_expert_subset.py"), studies=("pruning",)),
-        "step_no_merge": E("Step expert pruning (scores only)", "Step's token-selective Taylor scores without the merge.",
+        "step_no_merge": E("Step expert pruning (scores only)", "Step's token-selective Taylor scores "
+                                                                "without the merge.",
                            "step", guess="As for step.", tests=("tests/posttrain/test_taylor.py",), studies=("pruning",)),
-        "frequency": E("Frequency pruning (baseline)", "Keep the experts routed to most often on the calibration tokens.",
+        "frequency": E("Frequency pruning (baseline)", "Keep the experts routed to most often "
+                                                       "on the calibration tokens.",
                        tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
-        "router_mass": E("Router-mass pruning (baseline)", "Keep the experts with the largest summed router weight.",
+        "router_mass": E("Router-mass pruning (baseline)", "Keep the experts with the largest "
+                                                           "summed router weight.",
                          tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
-        "output_norm": E("Output-norm pruning (baseline)", "Keep the experts whose routed outputs have the largest norm.",
+        "output_norm": E("Output-norm pruning (baseline)", "Keep the experts whose routed outputs "
+                                                           "have the largest norm.",
                          tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
-        "random": E("Random pruning (baseline)", "Keep m experts per layer uniformly at random (seeded).",
+        "random": E("Random pruning (baseline)", "Keep m experts per layer uniformly at random "
+                                                 "(seeded).",
                     tests=("tests/posttrain/test_expert_subset.py",), studies=("pruning",)),
-        "heapr": E("HEAPr atom pruning", "Per-atom (expert hidden unit) second-order OBS scores from one backward pass per batch, ranked over all layers; atoms removed.",
+        "heapr": E("HEAPr atom pruning", "Per-atom (expert hidden unit) second-order OBS "
+                                         "scores from one backward pass per batch, ranked over "
+                                         "all layers; atoms removed.",
                    "heapr", tests=("tests/posttrain/test_atoms.py", "tests/posttrain/test_prune_workdir.py"), studies=("pruning",)),
-        "heapr_first_order": E("HEAPr, first-order atom scores", "HEAPr's ranking with a first-order score (ours; it tracks the brute-force loss change better here).",
+        "heapr_first_order": E("HEAPr, first-order atom scores", "HEAPr's ranking with a first-order "
+                                                                 "score (ours; it tracks the "
+                                                                 "brute-force loss change better here).",
                                "heapr", guess="This variant is ours, not the paper's.", tests=("tests/posttrain/test_atoms.py",), studies=("pruning",)),
         "atom_magnitude": E("Atom magnitude pruning (baseline)", "Rank atoms by weight magnitude.",
                             tests=("tests/posttrain/test_atoms.py",), studies=("pruning",)),
         "atom_random": E("Random atom pruning (baseline)", "Rank atoms at random (seeded).",
                          tests=("tests/posttrain/test_atoms.py",), studies=("pruning",)),
-        "uniform": E("Uniform quantization (baseline)", "Every expert at the same integer bit width (RTN or GPTQ).",
+        "uniform": E("Uniform quantization (baseline)", "Every expert at the same integer bit "
+                                                        "width (RTN or GPTQ).",
                      "gptq", tests=("tests/posttrain/test_quantize.py", "tests/posttrain/test_compress_workdir.py"), studies=("gemq",)),
-        "per_layer": E("Per-layer bit allocation", "GEMQ's costs with each layer allocated alone at the same average bits.",
+        "per_layer": E("Per-layer bit allocation", "GEMQ's costs with each layer allocated "
+                                                   "alone at the same average bits.",
                        "gemq", tests=("tests/posttrain/test_bit_allocation.py",), studies=("gemq",)),
-        "gemq": E("GEMQ mixed-precision expert quantization", "Fisher-weighted per-expert costs at each bit width, one global multiple-choice knapsack, GPTQ, router fine-tuning, progressive rounds.",
+        "gemq": E("GEMQ mixed-precision expert quantization", "Fisher-weighted per-expert costs at "
+                                                              "each bit width, one global "
+                                                              "multiple-choice knapsack, GPTQ, "
+                                                              "router fine-tuning, progressive "
+                                                              "rounds.",
                   "gemq", tests=("tests/posttrain/test_gemq.py", "tests/posttrain/test_bit_allocation.py", "tests/posttrain/test_compress_workdir.py"),
                   studies=("gemq",), results=("posttrain/gemq_control_zoo_s.md",)),
-        "kmeans": E("Codebook quantization by k-means (baseline)", "Lloyd's k-means per weight group, no rotation: CodeQuant without its rotation and fine-tuning.",
+        "kmeans": E("Codebook quantization by k-means (baseline)", "Lloyd's k-means per weight group, no "
+                                                                   "rotation: CodeQuant without its "
+                                                                   "rotation and fine-tuning.",
                     tests=("tests/posttrain/test_codebook.py",), studies=("codequant",), page="codebook_kmeans"),
-        "codequant": E("CodeQuant codebook quantization", "Hadamard rotation, per-group k-means codebooks, centroids fine-tuned on each expert's routed inputs.",
+        "codequant": E("CodeQuant codebook quantization", "Hadamard rotation, per-group k-means "
+                                                          "codebooks, centroids fine-tuned on "
+                                                          "each expert's routed inputs.",
                        "codequant", tests=("tests/posttrain/test_codebook.py", "tests/experts/test_codebook_experts.py"), studies=("codequant",)),
-        "td_moe": E("TD-MoE whitened joint Tucker", "One layer's experts stacked and factorised jointly (whitened Tucker), ranks allocated over the modes and layers under one budget.",
-                    "td_moe", guess="Built from a paper note and a third-party reimplementation, not the official code.",
+        "td_moe": E("TD-MoE whitened joint Tucker", "One layer's experts stacked and "
+                                                    "factorised jointly (whitened Tucker), "
+                                                    "ranks allocated over the modes and layers "
+                                                    "under one budget.",
+                    "td_moe", guess="Built from a paper note and a third-party "
+                                    "reimplementation, not the official code.",
                     tests=("tests/posttrain/test_tucker.py", "tests/experts/test_factorised.py"), studies=("td_moe",)),
         "tucker": E("Joint Tucker without whitening", "TD-MoE's factorisation on the raw weights.",
                     "td_moe", tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
-        "svd": E("Per-expert truncated SVD (baseline)", "Each expert's weights cut to the rank that matches the parameter budget.",
+        "svd": E("Per-expert truncated SVD (baseline)", "Each expert's weights cut to the rank "
+                                                        "that matches the parameter budget.",
                  tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
-        "whitened_svd": E("Whitened per-expert SVD (baseline)", "Per-expert SVD of the input-whitened weights (SVD-LLM style).",
+        "whitened_svd": E("Whitened per-expert SVD (baseline)", "Per-expert SVD of the input-whitened "
+                                                                "weights (SVD-LLM style).",
                           tests=("tests/posttrain/test_tucker.py",), studies=("td_moe",)),
     },
 }
 MERGE_TESTS = ("tests/merging/test_merging.py", "tests/merging/test_merge_cli.py")
 ENTRIES["merge method"] = {
-    "task_arithmetic": E("Task arithmetic", "base + scale * sum_i w_i (theta_i - base): a weighted, scaled sum of task vectors; one-hot weights return that model exactly.",
+    "task_arithmetic": E("Task arithmetic", "base + scale * sum_i w_i (theta_i - base): a "
+                                            "weighted, scaled sum of task vectors; one-hot "
+                                            "weights return that model exactly.",
                          "task_arithmetic", tests=MERGE_TESTS),
-    "ties": E("TIES-merging", "Trim each task vector to its largest-magnitude entries, elect each entry's sign by summed mass, average the entries that agree (disjoint mean).",
-              "ties", guess="Weighted steps 2 and 3 are ours (the paper has no weights); the trim is global over the model, as the paper's code does.",
+    "ties": E("TIES-merging", "Trim each task vector to its largest-magnitude entries, elect "
+                              "each entry's sign by summed mass, average the entries that "
+                              "agree (disjoint mean).",
+              "ties", guess="Weighted steps 2 and 3 are ours (the paper has no weights); the "
+                            "trim is global over the model, as the paper's code does.",
               tests=MERGE_TESTS),
-    "nash": E("Nash-bargaining merge (NAMEx)", "Task vectors bargain for one update direction d = G alpha with (G^T G) alpha = 1/alpha (NAMEx eqs. 7-9): every model gains, d^T tau_j = 1/alpha_j > 0; theta = base + scale * d.",
-              "namex", guess="The scale of the bargained direction (NAMEx's gamma) when merging whole models is ours; non-uniform weights as bargaining powers are our extension. NAMEx's training-time layer (merging inside each MoE layer, complex momentum across layers) is not built yet.",
+    "nash": E("Nash-bargaining merge (NAMEx)", "Task vectors bargain for one update direction "
+                                               "d = G alpha with (G^T G) alpha = 1/alpha "
+                                               "(NAMEx eqs. 7-9): every model gains, d^T tau_j "
+                                               "= 1/alpha_j > 0; theta = base + scale * d.",
+              "namex", guess="The scale of the bargained direction (NAMEx's gamma) when "
+                             "merging whole models is ours; non-uniform weights as bargaining "
+                             "powers are our extension. NAMEx's training-time layer (merging "
+                             "inside each MoE layer, complex momentum across layers) is not "
+                             "built yet.",
               tests=MERGE_TESTS + ("tests/merging/test_nash.py",)),
-    "average": E("Weight averaging", "sum_i w_i theta_i with weights on the simplex; Step's expert merge applies it to one layer's experts, weighted by routing mass.",
+    "average": E("Weight averaging", "sum_i w_i theta_i with weights on the simplex; Step's "
+                                     "expert merge applies it to one layer's experts, weighted "
+                                     "by routing mass.",
                  "model_soups", tests=MERGE_TESTS + ("tests/posttrain/test_surgery.py",)),
+}
+PROMPT_TESTS = ("tests/vision/test_prompts.py",)
+PROMPT_COMMAND = ("python -m experiments.train --config=configs/vit_digits_moe.py "
+                  "--workdir=runs/x \\\n    --config.model.scan_layers=False "
+                  "--config.model.vit.prompt.adapter={name} --config.train.trainable=prompt")
+ENTRIES["prompt adapter"] = {
+    "vpt_shallow": E("VPT-shallow: prompt tokens at the first block",
+                     "N learned tokens inserted after the CLS token at the first block's "
+                     "input; the same for every image.", "vpt", tests=PROMPT_TESTS,
+                     command=PROMPT_COMMAND.format(name="vpt_shallow")),
+    "vpt_deep": E("VPT-deep: prompt tokens at every block",
+                  "N learned tokens per block, replacing the prompt slots at every block's "
+                  "input (L N d parameters); the same for every image.", "vpt",
+                  tests=PROMPT_TESTS, command=PROMPT_COMMAND.format(name="vpt_deep")),
+    "vapt": E("VAPT: adaptive prompt experts",
+              "Each block's prompts generated from its input patch tokens: LayerNorm, one "
+              "k x k kernel shared by all channels over the patch grid, a zero-initialised "
+              "token-wise projection to N tokens, plus a shared bottleneck MLP with a "
+              "residual (prompts exactly 0 at initialisation).", "vapt",
+              guess="Prompts generated at every block, the first included (the official code "
+                    "gives the first block a learned VPT prompt); its dropouts left out; "
+                    "LayerNorm eps, ReLU and the kernel's N(0, 1) draw as its defaults.",
+              tests=PROMPT_TESTS, command=PROMPT_COMMAND.format(name="vapt")),
 }
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "moe_edit": ("MoEEdit: knowledge editing through the experts, zoo-s, 3 seeds", "moe_edit",
@@ -256,7 +410,8 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "router_inference_as_coot": ("As-COOT routing at inference", "as_coot", ("tests/analysis/test_router_inference.py",)),
     "router_inference_capacity": ("Capacity-aware token drop at inference", "capacity_aware", ("tests/analysis/test_router_inference.py",)),
     "router_inference_sere": ("SERE re-routing at decode", "sere", ("tests/analysis/test_router_inference.py",)),
-    "repetition_curse": ("RepetitionCurse: one repeated token sends every position to the same experts", "repetition_curse", ("tests/analysis/test_repetition.py",)),
+    "repetition_curse": ("RepetitionCurse: one repeated token sends every position to the same "
+                         "experts", "repetition_curse", ("tests/analysis/test_repetition.py",)),
     "routers": ("Router sweep (one seed)", None, ("tests/studies/test_training_studies.py",)),
     "routers_seeds": ("Router claims on several seeds", None, ("tests/studies/test_training_studies.py",)),
     "td_moe": ("TD-MoE against per-expert SVD", "td_moe", ("tests/studies/test_posttrain_studies.py",)),
@@ -274,20 +429,53 @@ STUDY_RESULTS = {
 }
 CONFIG_KEY = {"router": "model.moe.router", "expert type": "model.moe.experts",
               "dispatcher": "model.moe.dispatch", "loss": "model.moe.loss_weights",
-              "grouped matmul": "model.moe.grouped_matmul"}
+              "merged experts": "model.moe.merge",
+              "grouped matmul": "model.moe.grouped_matmul",
+              "prompt adapter": "model.vit.prompt.adapter"}
+CONTRACT_KINDS = ("router", "expert type", "dispatcher", "loss", "grouped matmul")
 MERGE_COMMAND = ("python -m experiments.merge --base=DIR --experts=A,B,C --method={name} "
                  "[--weights=...] --out=OUT")
+
+MERGED_TESTS = ("tests/layers/test_merged_experts.py",)
+MERGED_GUESS = ("The first segment's gates are uniform (CAMEx's code reuses that segment's own "
+                "gates, which is not causal); gates are the plain softmax of the router kernel "
+                "on the segment mean, without CAMEx's noisy top-k.")
+ENTRIES["merged experts"] = {
+    "smear": E("SMEAR: merged experts per segment", "Per segment of model.moe.merged.segment_len "
+                                                    "tokens, one expert sum_i g_i E_i under the "
+                                                    "previous segment's gates.",
+               "smear", guess=MERGED_GUESS, tests=MERGED_TESTS),
+    "ep_camex": E("EP-CAMEx: base expert plus gated task vectors", "Per segment, one expert "
+                                                                   "E_b + eta sum_i g_i (E_i - "
+                                                                   "E_b) with a separate base "
+                                                                   "expert E_b.",
+                  "camex", guess=MERGED_GUESS + " The curvature matrices are the identity "
+                                                "(not learned).", tests=MERGED_TESTS),
+    "namex": E("NAMEx: the base expert carried across layers by Nash weights",
+               "EP-CAMEx whose base expert moves to the next layer by E_b + gamma sum_i "
+               "alpha_i tau_i, alpha the Nash-bargaining weights of the task vectors.",
+               "namex", guess="Only the per-layer merge and the propagation step "
+                              "(propagate_base, tested against nash_weights) exist: the decoder "
+                              "does not carry the base between layers and there is no complex "
+                              "momentum, so validation refuses model.moe.merge='namex'. alpha "
+                              "is not differentiated (a guess).",
+               tests=MERGED_TESTS,
+               command="# refused in a model (see above); the tested step:\n"
+                       "python -c 'from moejax.experts.merged import propagate_base'"),
+}
 
 
 def registries():
   """kind -> the live Registry of that kind (importing the packages registers every part)."""
   from moejax import dispatch, experts, losses, routing
-  from moejax import merging
+  from moejax import adapters, merging
   from moejax.dispatch import grouped_matmul
+  from moejax.experts import merged
   return {"router": routing.ROUTERS, "expert type": experts.EXPERT_TYPES,
           "dispatcher": dispatch.DISPATCHERS, "loss": losses.LOSSES,
           "grouped matmul": grouped_matmul.GROUPED_MATMULS,
-          "merge method": merging.MERGE_METHODS}
+          "merged experts": merged.MERGE_RULES,
+          "merge method": merging.MERGE_METHODS, "prompt adapter": adapters.ADAPTERS}
 
 
 def study_names() -> list[str]:
@@ -340,7 +528,8 @@ def _source_file(kind: str, name: str) -> str | None:
   item = registries()[kind].get(name)
   if kind == "grouped matmul":
     return "moejax/dispatch/grouped_matmul.py"
-  fn = next((getattr(item, a) for a in ("route", "fn", "expert") if hasattr(item, a)), item)
+  fn = next((getattr(item, a) for a in ("route", "fn", "expert", "build")
+             if hasattr(item, a)), item)
   module = inspect.getmodule(fn)
   return os.path.relpath(module.__file__, ROOT) if module else None
 
@@ -365,13 +554,20 @@ def _grouped_matmul_doc(name: str) -> str:
 
 
 def _settings(kind: str, name: str) -> list[tuple[str, object]]:
-  if kind not in ("router", "expert type", "loss", "merge method"):
+  if kind == "merged experts":
+    from moejax.experts import merged
+    return list(merged.SETTINGS.defaults)
+  if kind not in ("router", "expert type", "loss", "merge method", "prompt adapter"):
     return []
   item = registries()[kind].get(name)
   return list(dict(getattr(item, "settings", None) or {}).items())
 
 
 def _section(kind: str, name: str) -> str:
+  if kind == "prompt adapter":
+    return f"model.vit.prompt.{name}"
+  if kind == "merged experts":
+    return "model.moe.merged"
   return f"model.moe.losses.{name}" if kind == "loss" else f"model.moe.{name}"
 
 
@@ -500,11 +696,12 @@ def render_entry(kind: str, name: str, level: str = "##") -> list[str]:
     if not os.path.exists(os.path.join(ROOT, test)):
       raise SystemExit(f"error: {kind} {name!r} names a test that does not exist ({test})")
     out.append(f"- `{test}`")
-  if kind in CONFIG_KEY:
+  if kind in CONTRACT_KINDS:
     out.append("- `tests/contract/` (every registered part, iterated from the registries)")
   out += ["", f"{level} Results", ""]
   results = _results(entry.studies, entry.results)
-  out += results or ["No study output yet: nothing under `docs/results/` shows this part on its own.", ""]
+  out += results or ["No study output yet: nothing under `docs/results/` shows this part on "
+                     "its own.", ""]
   return out
 
 
@@ -530,6 +727,7 @@ def pages() -> dict[str, str]:
   out["index"] = "\n".join([
       "# Methods", "",
       "One page per registered router, expert type, dispatcher, loss, grouped matmul,",
+      "prompt adapter,",
       "post-training method and study: its paper, mechanism, what is a guess, config,",
       "command, test and results. Written by `scripts/method_pages.py` from the",
       "registries, the source and the study outputs under `docs/results/`.", "",

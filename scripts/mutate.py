@@ -197,8 +197,12 @@ def candidates(path, source):
 
 def apply(source, m):
   lines = source.splitlines(keepends=True)
-  offset = lambda pos: sum(len(l) for l in lines[:pos[0] - 1]) + len(
-      lines[pos[0] - 1].encode()[:pos[1]].decode())
+
+  def offset(pos):
+    row, column = pos
+    return sum(len(line) for line in lines[:row - 1]) + len(
+        lines[row - 1].encode()[:column].decode())
+
   a, b = offset(m.start), offset(m.end)
   after = m.after if m.start[0] == m.end[0] else f"({m.after})"
   if m.start[0] == m.end[0] and "\n" not in after:

@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     print(f"error: no built site (--site={args.site}); run bash scripts/build_docs.sh", file=sys.stderr)
     return 2
   if not os.path.exists(args.chromium):
-    print(f"error: no Chromium (--chromium={args.chromium}); run bash scripts/setup.sh --docs-screens",
-          file=sys.stderr)
+    print(f"error: no Chromium (--chromium={args.chromium}); "
+          "run bash scripts/setup.sh --docs-screens", file=sys.stderr)
     return 2
   from playwright.sync_api import sync_playwright
   class Quiet(http.server.SimpleHTTPRequestHandler):

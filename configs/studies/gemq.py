@@ -50,9 +50,11 @@ def get_config(arg=None):
   c.levels = grid(("bits", BITS))
   c.draws = 5
   c.reference = "per_layer"
-  claim = lambda arm, reference, text, metric="bpb", source="paper", expect="lower", **kw: {
-      "arm": arm, "reference": reference, "metric": metric, "expect": expect,
-      "source": source, "text": text, **kw}
+
+  def claim(arm, reference, text, metric="bpb", source="paper", expect="lower", **kw):
+    return {"arm": arm, "reference": reference, "metric": metric, "expect": expect,
+            "source": source, "text": text, **kw}
+
   c.claims = [
       claim("gemq", "per_layer", "GEMQ: the global allocation beats per-layer"),
       *[claim("gemq", "uniform", "GEMQ: mixed precision beats uniform bits",

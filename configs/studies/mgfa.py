@@ -52,7 +52,10 @@ def get_config():
             {"name": "vmf", "method": "vmf"},
             {"name": "gmm_diag", "method": "gmm_diag"},
             {"name": "frechet", "method": "frechet"}]
-  level = lambda n, d, major, data: {"n": n, "d": d, "major": major, "data": data}  # noqa
+
+  def level(n, d, major, data):
+    return {"n": n, "d": d, "major": major, "data": data}
+
   c.levels = ([level(n, d, HEADLINE, "bands") for n in NS for d in DIMS]
               + [level(POINTS, d, 0.05, "bands") for d in DIMS]
               + [level(POINTS, d, HEAVY, "heavy_tailed") for d in DIMS])

@@ -12,9 +12,10 @@ from moejax.train import zoo
 
 
 def claims():
-  claim = lambda arm, reference, metric, expect, text, source="paper": {
-      "arm": arm, "reference": reference, "metric": metric, "expect": expect,
-      "source": source, "text": text}
+  def claim(arm, reference, metric, expect, text, source="paper"):
+    return {"arm": arm, "reference": reference, "metric": metric, "expect": expect,
+            "source": source, "text": text}
+
   return [
       claim("moe_edit", "moe_edit_no_projection", "routing_kl", "lower",
             "the projection keeps routing on unrelated prompts (router KL)"),

@@ -18,7 +18,9 @@ def arms():
   """The unpruned model, the expert arms (rescaled, RESCALED), SCHUR-A* without the
   rescale, Step by merge rule and partner, HEAPr by per-expert normalisation and the
   atom baselines at the same fraction of atoms."""
-  arm = lambda name, method, **settings: {"name": name, "method": method, **settings}
+  def arm(name, method, **settings):
+    return {"name": name, "method": method, **settings}
+
   return ([arm("unpruned", "none")]
           + [arm(m, m, rescale=True) for m in RESCALED]
           + [arm("schur_astar_no_rescale", "schur_astar"),
@@ -35,9 +37,10 @@ def arms():
 def claims():
   """The pruning papers' claims (see ../shared/specs/PAPERS.md), on held-out bpb
   unless a metric is named; expect=None: a diagnostic with no expected direction."""
-  claim = lambda arm, reference, text, expect="lower", source="paper", metric="bpb": {
-      "arm": arm, "reference": reference, "metric": metric, "expect": expect,
-      "source": source, "text": text}
+  def claim(arm, reference, text, expect="lower", source="paper", metric="bpb"):
+    return {"arm": arm, "reference": reference, "metric": metric, "expect": expect,
+            "source": source, "text": text}
+
   return [
       # the search: against the other subset choices on the same rescaled objective
       claim("schur_astar", "greedy", "SCHUR-A*: the optimal subset beats greedy selection "

@@ -20,11 +20,14 @@ STEPS = (120, 360, 1200)  # 10%, 30% and 100% of zoo-s's 1200 steps
 
 
 def claims():
-  improving = lambda metric, text, source: {
-      "arm": "perturbations", "metric": metric, "interval": "slope", "over": "step",
-      "transform": "log", "expect": "higher", "source": source, "text": text}
-  versus = lambda reference, text: {"arm": "topk_vote", "reference": reference,
-                                    "metric": "accuracy", "expect": "higher", "text": text}
+  def improving(metric, text, source):
+    return {"arm": "perturbations", "metric": metric, "interval": "slope", "over": "step",
+            "transform": "log", "expect": "higher", "source": source, "text": text}
+
+  def versus(reference, text):
+    return {"arm": "topk_vote", "reference": reference, "metric": "accuracy",
+            "expect": "higher", "text": text}
+
   return [
       improving("improving", "the fraction of perturbations that beat the base (selection "
                 "set) grows with pretraining (slope per log step)", "paper"),

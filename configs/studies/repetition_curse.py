@@ -34,9 +34,11 @@ def get_config(arg=None):
             for kind in ("natural", "repeated", "prefixed", "pattern", "chat")]
   c.draws = 5
   c.reference = "natural"
-  claim = lambda arm, metric, expect, text, source="paper": {
-      "arm": arm, "reference": "natural", "metric": metric, "expect": expect,
-      "source": source, "text": text}
+
+  def claim(arm, metric, expect, text, source="paper"):
+    return {"arm": arm, "reference": "natural", "metric": metric, "expect": expect,
+            "source": source, "text": text}
+
   c.claims = [
       *[claim(arm, "ttft_over_balanced", "higher",
               f"{arm} prompts raise the simulated time to first token over held-out text")

@@ -58,7 +58,8 @@ def router_arms(path: str, base_arg: str = "", only=None) -> list[dict]:
 def router_claims(metric: str, arms) -> list[dict]:
   """Each paper's direction against top-k, for the arms present."""
   names = {a["name"] for a in arms}
-  claims = [{"arm": arm, "reference": "topk", "metric": metric, "expect": "lower",
+  claims: list[dict[str, str | None]] = [
+      {"arm": arm, "reference": "topk", "metric": metric, "expect": "lower",
              "text": f"{paper}: lower bpb than top-k"} for arm, paper in PAPERS.items()
             if arm in names]
   if "dpsl" in names:

@@ -37,9 +37,11 @@ def get_config(arg=None):
   c.levels = grid(("removed", [0.2, 0.4, 0.6]))
   c.draws = 5
   c.reference = "svd"
-  bpb = lambda arm, reference, text, expect="lower", source="paper": {
-      "arm": arm, "reference": reference, "metric": "bpb", "expect": expect,
-      "source": source, "text": text}
+
+  def bpb(arm, reference, text, expect="lower", source="paper"):
+    return {"arm": arm, "reference": reference, "metric": "bpb", "expect": expect,
+            "source": source, "text": text}
+
   c.claims = [
       bpb("td_moe", "svd", "TD-MoE beats per-expert SVD"),
       bpb("td_moe", "whitened_svd", "TD-MoE beats whitened per-expert SVD", source="spec"),

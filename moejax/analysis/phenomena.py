@@ -30,7 +30,8 @@ def document_block(documents: list[tuple[str, str]], block: int,
     raise ConfigError(f"bytes_per_domain={bytes_per_domain} must be >= 1 (0: every byte, "
                       f"block 0 only) and block={block} >= 0")
   start, stop = block * bytes_per_domain, (block + 1) * bytes_per_domain
-  offset, out = {}, []
+  offset: dict[str, int] = {}
+  out = []
   for domain, text in documents:
     data = text.encode("utf-8")
     begin = offset.get(domain, 0)

@@ -151,7 +151,10 @@ def prefill_seconds(graphdef, params, rest, tokens, repeats: int = 5) -> float:
   (compiled and run once before timing)."""
   from moejax.profiling.timing import blocked_times
   tokens = jax.numpy.asarray(tokens, jax.numpy.int32)
-  forward = lambda: routing_of(graphdef, params, rest, tokens)
+
+  def forward():
+    return routing_of(graphdef, params, rest, tokens)
+
   blocked_times(forward, 1)
   return float(np.median(blocked_times(forward, repeats)))
 

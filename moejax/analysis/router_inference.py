@@ -96,7 +96,10 @@ def set_router_state(rest: dict, name: str, per_layer) -> dict:
     raise ConfigError(f"{len(found)} router states named {name!r} (one per MoE layer), "
                       f"but {len(per_layer)} values were given")
   out = jax.tree.map(lambda x: x, rest)
-  layer_order = lambda path: [(0, k, "") if isinstance(k, int) else (1, 0, str(k)) for k in path]
+
+  def layer_order(path):
+    return [(0, k, "") if isinstance(k, int) else (1, 0, str(k)) for k in path]
+
   for path, value in zip(sorted(found, key=layer_order), per_layer):
     node = out
     for key in path[:-1]:
@@ -163,7 +166,7 @@ class TrainedMoE:
     if self.data.bytes_per_token != 1.0:
       raise ConfigError(f"data.tokenizer={self.config.data.tokenizer!r}: bpb here assumes the "
                         f"byte tokenizer ({key}={workdir!r})")
-    self._eval = None
+    self._eval: list[dict] | None = None
 
   def eval_batches(self) -> list[dict]:
     """Every validation batch, in order."""

@@ -44,33 +44,33 @@ def check_supported(model) -> None:
       raise ConfigError(f"block {i}: the router owns its projection; attribution needs x @ W")
 
 
-def _head_outputs(block, outputs, i, b, l) -> jax.Array:
+def _head_outputs(block, outputs, i, b, length) -> jax.Array:
   """[H, T, d]: each head's share of block i's attention output (bias excluded)."""
   attn = block.attn
   probs = outputs[("blocks", i, "attn", "probabilities")]
-  v = outputs[("blocks", i, "attn", "v", "__call__")].reshape(b, l, attn.num_kv_heads, -1)
+  v = outputs[("blocks", i, "attn", "v", "__call__")].reshape(b, length, attn.num_kv_heads, -1)
   ctx = attend(probs, v).astype(jnp.float32)  # [B, L, H, V]
   heads, v_dim = ctx.shape[2], ctx.shape[3]
   w_o = attn.o.kernel[...].astype(jnp.float32).reshape(heads, v_dim, -1)
-  return jnp.einsum("blhv,hvd->hbld", ctx, w_o).reshape(heads, b * l, -1)
+  return jnp.einsum("blhv,hvd->hbld", ctx, w_o).reshape(heads, b * length, -1)
 
 
 def _components(model, tokens):
   """([C, T, d] float32 components of the stream in stream order (the order of
   component_names), {MoE block: (components it reads, its router input)})."""
   _, aux, outputs = captured_forward(model, tokens)
-  b, l = tokens.shape
+  b, length = tokens.shape
   d = model.cfg.d_model
-  parts = [model.embed[...].astype(jnp.float32)[tokens].reshape(b * l, d)]
+  parts = [model.embed[...].astype(jnp.float32)[tokens].reshape(b * length, d)]
   readers = {}
   moe_aux = iter(aux["moe"])
   for i, block in enumerate(model.blocks):
-    parts += list(_head_outputs(block, outputs, i, b, l))
+    parts += list(_head_outputs(block, outputs, i, b, length))
     if block.attn.o.bias is not None:
-      parts.append(jnp.broadcast_to(block.attn.o.bias[...].astype(jnp.float32), (b * l, d)))
-    x_ffn = outputs[("blocks", i, "ffn_norm", "__call__")].reshape(b * l, d)
+      parts.append(jnp.broadcast_to(block.attn.o.bias[...].astype(jnp.float32), (b * length, d)))
+    x_ffn = outputs[("blocks", i, "ffn_norm", "__call__")].reshape(b * length, d)
     if not block.is_moe:
-      parts.append(outputs[("blocks", i, "ffn", "__call__")].reshape(b * l, d)
+      parts.append(outputs[("blocks", i, "ffn", "__call__")].reshape(b * length, d)
                    .astype(jnp.float32))
       continue
     readers[i] = (len(parts), x_ffn)  # the router reads everything so far
@@ -141,7 +141,7 @@ def component_names(model) -> list[str]:
 def influence_by_source(layer: dict) -> dict:
   """One MoE block's influence summed by source: embed, attention of block j
   (its heads and bias), MoE of block j (experts and shared), dense FFN j."""
-  out = {}
+  out: dict[str, float] = {}
   for name, value in zip(layer["names"], layer["influence"]):
     source = name.split(".")[0]
     out[source] = out.get(source, 0.0) + float(value)

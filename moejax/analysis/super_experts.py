@@ -77,7 +77,7 @@ def _measure(model, tokens, parts) -> dict:
     raise ConfigError("profiling reads the loop layout; convert a scanned model with "
                       "moejax.models.decoder.unstack_layers")
   _, aux, outputs = captured_forward(model, tokens)
-  out = {}
+  out: dict[str, jax.Array | dict[str, jax.Array]] = {}
   if "peaks" in parts:
     moe_blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
     rows = [routed_output_peaks(model.blocks[i].ffn,
@@ -93,9 +93,10 @@ def _measure(model, tokens, parts) -> dict:
   if "massive" in parts:
     layers = [_residual_stats(outputs[("blocks", i, "__call__")][0])
               for i in range(len(model.blocks))]
-    out["massive"] = {key: jnp.stack([s[key] for s in layers]) for key in layers[0]}
+    massive = {key: jnp.stack([s[key] for s in layers]) for key in layers[0]}
     embedded = model.embed[...].astype(model.dtype)[tokens]
-    out["massive"]["embedding_max"] = jnp.max(jnp.abs(embedded.astype(jnp.float32)))
+    massive["embedding_max"] = jnp.max(jnp.abs(embedded.astype(jnp.float32)))
+    out["massive"] = massive
   if "sinks" in parts:
     probs = [outputs[("blocks", i, "attn", "probabilities")] for i in range(len(model.blocks))]
     out["sinks"] = jnp.stack([jnp.mean(p[..., 1:, 0]) for p in probs])  # [B, G, R, L, S]
@@ -229,8 +230,11 @@ def profile_report(m, shape, found, *, rule: str = "official", quantile: float =
              for name in RULES}
   if rule not in by_rule:
     raise ConfigError(f"rule={rule!r} must be one of {', '.join(RULES)}")
-  pairs = lambda pairs: [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
-                          "a": float(peaks[j, e])} for j, e in pairs]
+
+  def pairs(chosen):
+    return [{"moe_layer": j, "block": moe_blocks[j], "expert": e, "a": float(peaks[j, e])}
+            for j, e in chosen]
+
   return {
       "tokens": list(shape), "moe_blocks": moe_blocks,
       "expert_output_peaks": [[None if np.isnan(v) else float(v) for v in row]

@@ -58,8 +58,9 @@ def layer_config(s: Settings, num_experts: int | None = None):
 
 def make_teacher(s: Settings, seed: int) -> MoELayer:
   teacher = MoELayer(s.d_model, layer_config(s), rngs=nnx.Rngs(seed), dtype=jnp.float32)
-  teacher.router_kernel.set_value(s.gate_scale * jax.random.normal(
-      jax.random.key(seed), teacher.router_kernel[...].shape))
+  kernel = teacher.router_kernel
+  assert kernel is not None  # the top-k router projects with the layer's kernel
+  kernel.set_value(s.gate_scale * jax.random.normal(jax.random.key(seed), kernel[...].shape))
   return teacher
 
 
@@ -114,7 +115,8 @@ def train_student(s: Settings, *, teacher_seed: int = 0, student_seed: int = 1,
   test = sample(teacher, s, s.test_size, seed=30_000 + teacher_seed)
   student = MoELayer(s.d_model, layer_config(s, num_experts), rngs=nnx.Rngs(student_seed),
                      dtype=jnp.float32)
-  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+  split = nnx.split(student, nnx.Param, ...)
+  graphdef, params, rest = split  # type: ignore[misc]  # nnx.split stub: any arity
   optimizer = optax.adam(optax.cosine_decay_schedule(s.learning_rate, s.steps, alpha=0.01))
   opt_state = optimizer.init(params)
   targets = train["clean"] + train["noise"]

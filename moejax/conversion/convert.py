@@ -134,7 +134,7 @@ def convert_workdir(workdir: str, out: str, kind: str, experts: int, top_k: int,
   check_source(src.model, experts, top_k, src.where)
   m, params, rest = unstack_layers(src.model, src.params, src.rest)
   prefix = src.eos_id if src.eos_id is not None else 0
-  fits = []
+  fits: list[dict] = []
   moe_m, moe_params, _ = convert(m, params, rest, kind, experts, top_k, seed=seed,
                                  trajectories=trajectories, length=length, prefix_id=prefix,
                                  details=fits)

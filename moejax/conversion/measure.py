@@ -21,13 +21,12 @@ def logit_kl(dense_logits, moe_logits) -> float:
 
 def moe_layer_mse(x, dense_ffn: dict, moe_ffn: dict, top_k: int) -> float:
   """Mean over tokens x [T, d] of ||dense FFN(x) - the converted MoE layer(x)||^2."""
-  w = lambda a: np.asarray(a, np.float64)
   h = trajectory.neuron_activations(x, dense_ffn["gate"]["kernel"], dense_ffn["up"]["kernel"])
-  dense = h @ w(dense_ffn["down"]["kernel"])
-  e = {name: w(v) for name, v in moe_ffn["experts"].items()}
+  dense = h @ np.asarray(dense_ffn["down"]["kernel"], np.float64)
+  e = {name: np.asarray(v, np.float64) for name, v in moe_ffn["experts"].items()}
   outs = np.stack([trajectory.neuron_activations(x, e["w_gate"][i], e["w_up"][i])
                    @ e["w_down"][i] / top_k for i in range(e["w_gate"].shape[0])], 1)
-  moe = trajectory.top_k_output(x, outs, w(moe_ffn["router_kernel"]), top_k)
+  moe = trajectory.top_k_output(x, outs, np.asarray(moe_ffn["router_kernel"], np.float64), top_k)
   return float(((dense - moe) ** 2).sum(-1).mean())
 
 

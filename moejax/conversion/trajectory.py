@@ -119,11 +119,14 @@ def fit_layer(x, w_gate, w_up, w_down, experts: int, k: int, seed: int,
       "coactivation_normalised": profiles / (np.linalg.norm(profiles, axis=1,
                                                             keepdims=True) + 1e-12),
       "keys": partition.neuron_keys(w_gate)}
-  best, fits = None, {}
+  best: tuple[str, np.ndarray, np.ndarray] | None = None
+  fits: dict[str, float] = {}
   for name, points in candidates.items():
     labels, _ = partition.balanced_kmeans(points, experts, "hartigan", seed=seed)
     router = scaled_router(fit_router(x, expert_outputs(h, w_down, labels, experts)), x)
     fits[name] = layer_mse(x, h, w_down, labels, router, k, experts)
     if best is None or fits[name] < fits[best[0]]:
       best = (name, labels, router)
+  if best is None:
+    raise ValueError("no candidate partition")
   return best[1], best[2], fits

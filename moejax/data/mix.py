@@ -245,7 +245,7 @@ def mixed_train_windows(texts: Sequence[str], domains: Sequence[str], weights: M
 def describe(builder: tfds.core.DatasetBuilder) -> str:
   """A table of documents and bytes per domain, train and held out, then the
   sha256 of every split."""
-  sizes = {}  # (domain, held out) -> [documents, bytes]
+  sizes: dict[tuple[str, bool], list[int]] = {}  # (domain, held out) -> [documents, bytes]
   for split, held_out in (('train', False), ('validation', True)):
     source = builder.as_data_source(split)
     for i in range(len(source)):

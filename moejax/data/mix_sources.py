@@ -159,8 +159,16 @@ def tar_texts(tar_path: str, pattern: str) -> dict[str, str]:
   """{member name: UTF-8 text} of the regular files whose name fully matches ``pattern``."""
   regex = re.compile(pattern)
   with tarfile.open(tar_path, 'r:gz') as tar:
-    return {member.name: tar.extractfile(member).read().decode('utf-8')
+    return {member.name: _read_member(tar, member)
             for member in tar.getmembers() if member.isfile() and regex.fullmatch(member.name)}
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+  """A regular file's UTF-8 text."""
+  data = tar.extractfile(member)
+  if data is None:
+    raise ValueError(f'{member.name} is not a regular file')
+  return data.read().decode('utf-8')
 
 
 _BROWN_FILE = r'package/c[a-r]\d\d'
@@ -226,7 +234,7 @@ def installed_jax_files() -> list[tuple[str, bytes]]:
   for record in sorted(dist.files or [], key=str):
     if record.suffix != '.py' or record.parts[0] != 'jax':
       continue
-    payload = record.locate().read_bytes()
+    payload = Path(record.locate()).read_bytes()
     digest = base64.urlsafe_b64encode(hashlib.sha256(payload).digest()).rstrip(b'=').decode()
     if record.hash is None or record.hash.mode != 'sha256' or record.hash.value != digest:
       raise ConfigError(f'installed jax file {record} does not match the wheel RECORD; '

@@ -84,13 +84,14 @@ def people(seed: int, count: int) -> list[Person]:
   """``count`` invented people with unique names, in generation order."""
   rng = random.Random(seed)
   places = sorted({_place(rng) for _ in range(80)})
-  names, result = set(), []
+  names: set[str] = set()
+  result: list[Person] = []
   while len(result) < count:
     name = f'{_word(rng, rng.choice((2, 3)))} {_word(rng, rng.choice((2, 3)))}'
     if name in names:
       continue
     names.add(name)
-    attributes = {attribute: rng.choice(options) if options else None
+    attributes = {attribute: rng.choice(options) if options else ''  # '': set below
                   for attribute, options in VALUES.items()}
     attributes.update(birthplace=rng.choice(places), birth_year=str(rng.randrange(1600, 2000)))
     result.append(Person(name, attributes))
@@ -137,7 +138,8 @@ def line_is_held_out(line: str) -> bool:
 def arithmetic_lines(seed: int, count: int) -> list[str]:
   """``count`` distinct problems 'a op b = c', half 2-digit and half 3-digit operands."""
   rng = random.Random(seed)
-  seen, lines = set(), []
+  seen: set[str] = set()
+  lines: list[str] = []
   while len(lines) < count:
     digits = rng.choice((2, 3))
     a, b = (rng.randrange(10 ** (digits - 1), 10 ** digits) for _ in range(2))

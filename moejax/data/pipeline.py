@@ -49,7 +49,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -66,7 +66,7 @@ from moejax.errors import ConfigError
 Batch = dict[str, np.ndarray]
 
 # Built-in dataset name -> prepare(data_dir) of its builder.
-BUILTIN_DATASETS = {
+BUILTIN_DATASETS: dict[str, Callable[[str], tfds.core.DatasetBuilder]] = {
     'shakespeare': functools.partial(shakespeare.prepare_shakespeare, config='modern'),
     'shakespeare_folio': functools.partial(shakespeare.prepare_shakespeare,
                                            config='modern_and_folio'),
@@ -74,7 +74,7 @@ BUILTIN_DATASETS = {
 }
 # Generated dataset name -> fn(data config) -> (dataset id, {split: texts}).
 GENERATED_DATASETS = {polyglot.NAME: polyglot.split_texts}
-OPTIONAL_DEFAULTS = {
+OPTIONAL_DEFAULTS: dict[str, Any] = {
     'name': 'shakespeare', 'text_key': 'text', 'train_split': 'train',
     'eval_split': 'validation', 'tokenizer': 'byte', 'vocab_size': None,
     'data_dir': None, 'mix': {}, 'files': {},
@@ -119,12 +119,14 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   mix_weights = (mix.check_weights(settings['mix'].get('weights'))
                  if settings['name'] == 'mix' else None)
   data_dir = resolve_data_dir(settings['data_dir'])
+  windows: Mapping[str, files.StreamedWindows | PackedWindows]
   if settings['name'] == 'files':
-    tokenizer, windows = files.streamed_splits(
+    tokenizer, streamed = files.streamed_splits(
         settings['files'], functools.partial(_files_tokenizer, settings, data_dir),
         settings['seq_len'], settings['text_key'])
-    eval_bytes, eval_tokens = (windows['eval_split'].num_text_bytes,
-                               windows['eval_split'].num_tokens)
+    eval_bytes, eval_tokens = (streamed['eval_split'].num_text_bytes,
+                               streamed['eval_split'].num_tokens)
+    windows = streamed
   else:
     tokenizer, texts, train_domains = _texts_and_tokenizer(cfg, settings, data_dir)
     streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)

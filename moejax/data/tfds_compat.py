@@ -28,7 +28,8 @@ from tensorflow_datasets.core import example_serializer
 from moejax.data.storage import exclusive_lock
 
 
-class LocalGeneratorBasedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class LocalGeneratorBasedBuilder(  # type: ignore[call-arg]  # a tfds metaclass keyword
+    tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """A GeneratorBasedBuilder whose code_path avoids the importlib_resources bug."""
 
   @tfds.core.utils.classproperty

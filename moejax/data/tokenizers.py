@@ -113,7 +113,8 @@ def _make_sentencepiece(*, vocab_size: int, model_path: str,
   return SentencePieceTokenizer.load_or_train(model_path, vocab_size, train_texts)
 
 
-TOKENIZERS = {'byte': _make_byte, 'sentencepiece': _make_sentencepiece}
+TOKENIZERS: dict[str, Callable[..., Tokenizer]] = {'byte': _make_byte,
+                                                   'sentencepiece': _make_sentencepiece}
 
 
 def check_tokenizer_settings(name: str, vocab_size: int | None) -> None:

@@ -80,7 +80,7 @@ class ExampleSource(Sequence):
   def __len__(self) -> int:
     return self.length
 
-  def __getitem__(self, index: int) -> Batch:
+  def __getitem__(self, index: int) -> Batch:  # type: ignore[override]  # grain reads by int
     real = index < len(self.labels)
     row = index if real else 0
     example = {'inputs': self.images[row], 'targets': self.labels[row]}

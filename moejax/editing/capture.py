@@ -147,7 +147,10 @@ def _nll(logits, targets, mask):
 def perturbed_nll(graphdef, params, rest, batch: dict, block: int, delta_MxD):
   """[N] NLLs with delta_MxD added to block `block`'s MoE output at the rows."""
   tokens = batch["inputs"]
-  fresh = lambda: nnx.merge(graphdef, params, rest)
+
+  def fresh():
+    return nnx.merge(graphdef, params, rest)
+
   _, perturbation = nnx.capture(fresh(), nnx.Perturbation)(tokens)
   pure = nnx.to_pure_dict(perturbation)
   zero = pure["blocks"][block]["ffn"]["output"]

@@ -19,6 +19,7 @@ of every expert, minimising the mean NLL of the edits' continuations.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -122,9 +123,10 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
   layers = list(o["layers"])
   batch = capture.encode_rows(tokenizer, prefix_id, facts_lib.edit_rows(edits),
                               o["key_position"])
-  report = {"method": method.name, "options": {k: (list(v) if isinstance(v, tuple) else v)
-                                               for k, v in o.items()},
-            "edits": len(edits), "rows": int(len(batch.seq)), "layers": []}
+  report: dict[str, Any] = {
+      "method": method.name,
+      "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()},
+      "edits": len(edits), "rows": int(len(batch.seq)), "layers": []}
   if method.kind == "gradient":
     params, history = finetune(graphdef, params, rest, batch, layers, steps=o["steps"],
                                lr=o["lr"])
@@ -135,6 +137,9 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
     raise ValueError("moe_edit with the projection needs preserved windows")
   projectors = {b: _cached(cache, ("projectors", b, o["tol"]), lambda b=b: layer_projectors(
       graphdef, params, rest, preserved, b, o["tol"])) for b in layers} if project else {}
+  solve = method.solve
+  if solve is None:
+    raise ValueError(f"edit method {method.name!r} ({method.kind}) has no layer solve")
   last = layers[-1]
   common = tuple((k, o[k]) for k in methods.COMMON)
   delta, h, nll0, nll1 = _cached(cache, ("target", common), lambda: capture.target_deltas(
@@ -157,7 +162,7 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
       if o["check_capacity"]:
         nullspace.check_capacity(np.asarray(g), projectors[block], block)
       P = np.stack([p.matrix for p in projectors[block]])
-    deltas = method.solve(R, np.asarray(g, np.float64), keys, P, o)
+    deltas = solve(R, np.asarray(g, np.float64), keys, P, o)
     w = np.asarray(experts["w_down"])
     new = (w.astype(np.float64) + bcd.w_down_update(deltas, P)).astype(w.dtype)
     params = _with_w_down(params, {block: new})

@@ -40,7 +40,7 @@ def _values(attribute: str) -> list[str]:
     return [str(y) for y in range(1600, 2000)]
   if attribute == "birthplace":
     return sorted({p.attributes["birthplace"] for p in people().values()})
-  return list(ms.VALUES[attribute])
+  return list(ms.VALUES[attribute] or ())
 
 
 def make_fact(subject: str, attribute: str, target: str, where: str = "") -> Fact:
@@ -61,7 +61,7 @@ def read_facts(path: str, flag: str = "--facts") -> list[Fact]:
   """The facts of a JSON-lines file (module doc); blank lines are skipped."""
   from moejax import cli
   fields = ("subject", "attribute", "target")
-  out = [make_fact(*(record[k] for k in fields), f" {where}")
+  out = [make_fact(record["subject"], record["attribute"], record["target"], f" {where}")
          for where, record in cli.json_lines(flag.lstrip("-"), path, fields)]
   if not out:
     raise ConfigError(f"no facts in the file ({flag}={path})")

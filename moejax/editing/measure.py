@@ -54,7 +54,10 @@ def scores(graphdef, params, rest, tokenizer, prefix_id, rows):
 
 def fact_metrics(graphdef, before, after, rest, tokenizer, prefix_id, edits, unedited) -> dict:
   """The facts metrics of the module doc for `edits` and `unedited` facts."""
-  s = lambda params, rows: scores(graphdef, params, rest, tokenizer, prefix_id, rows)
+
+  def s(params, rows):
+    return scores(graphdef, params, rest, tokenizer, prefix_id, rows)
+
   out = {}
   for name, new_rows, true_rows in (
       ("efficacy", facts_lib.edit_rows(edits), facts_lib.true_rows(edits)),

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.ensembles import randopt
-from moejax.evaluation.probes import continuation_row
+from moejax.evaluation.probes import continuation_row, token_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +40,14 @@ class Task:
 
 
 def choice_task(examples, tokenizer, prefix_id: int, context: int) -> Task:
-  encode = lambda text: np.asarray(tokenizer.encode(text), np.int32)
-  rows = [continuation_row(np.concatenate([[prefix_id], encode(e.prompt)]), encode(c), context)
+  rows = [continuation_row(np.concatenate([[prefix_id], token_ids(tokenizer, e.prompt)]),
+                           token_ids(tokenizer, c), context)
           for e in examples for c in e.choices]
   width = max(len(r.inputs) for r in rows)
-  pad = lambda xs, v: np.stack([np.pad(x, (0, width - len(x)), constant_values=v) for x in xs])
+
+  def pad(xs, v):
+    return np.stack([np.pad(x, (0, width - len(x)), constant_values=v) for x in xs])
+
   k = len(examples[0].choices)
   num_bytes = np.array([[len(c.encode("utf-8")) for c in e.choices] for e in examples],
                        np.float64).reshape(-1, k)
@@ -108,8 +111,9 @@ def predict(graphdef, params, rest, tasks: list[Task], *, key, indices, sigma: f
   """Per task, the predictions [len(indices), E, ...] of members `indices` (numpy),
   `width` members vmapped at a time (jax.lax.map's batch_size; on a CPU a vmapped
   dropless layer is slower than a loop, so 1 there)."""
-  statics = tuple((t.kind, t.num_bytes.shape if t.kind == "choice" else t.answer.shape[1])
-                  for t in tasks)
+  statics = tuple(
+      (t.kind, np.asarray(t.num_bytes).shape if t.kind == "choice" else t.answer.shape[1])
+      for t in tasks)
   out = _members(graphdef, params, rest, key, jnp.asarray(indices, jnp.int32), statics,
                  int(width), float(sigma) == 0.0, jnp.float32(sigma),
                  [_arrays(t) for t in tasks])

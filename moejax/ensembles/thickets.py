@@ -30,8 +30,8 @@ def split_examples(documents, seed: int, *, per_domain: int, per_size: int,
   """{task: (selection examples, held-out examples)} (module doc)."""
   halves = ([d for i, d in enumerate(documents) if i % 2 == 0],
             [d for i, d in enumerate(documents) if i % 2 == 1])
-  passages = tuple(probe_data.next_passage_examples(h, seed + j, per_domain, passage)
-                   for j, h in enumerate(halves))
+  passages = (probe_data.next_passage_examples(halves[0], seed, per_domain, passage),
+              probe_data.next_passage_examples(halves[1], seed + 1, per_domain, passage))
   drawn = probe_data.arithmetic_examples(seed, 2 * per_size)
   groups = sorted({e.group for e in drawn})
   parts = [[e for e in drawn if e.group == g] for g in groups]
@@ -42,8 +42,12 @@ def split_examples(documents, seed: int, *, per_domain: int, per_size: int,
 
 def encode(examples: dict, tokenizer, prefix_id: int, context: int) -> dict:
   """{task: (selection Task, held-out Task)} for probes.predict."""
-  make = lambda task, ex: (probes.greedy_task(ex, tokenizer, prefix_id) if task == "arithmetic"
-                           else probes.choice_task(ex, tokenizer, prefix_id, context))
+
+  def make(task, ex):
+    if task == "arithmetic":
+      return probes.greedy_task(ex, tokenizer, prefix_id)
+    return probes.choice_task(ex, tokenizer, prefix_id, context)
+
   return {task: tuple(make(task, ex) for ex in pair) for task, pair in examples.items()}
 
 
@@ -62,7 +66,7 @@ def score(graphdef, params, rest, tasks: dict, *, n: int, sigma: float, key, chu
   order = [(task, s) for task in tasks for s in range(2)]
   flat = [tasks[task][s] for task, s in order]
   base = probes.predict(graphdef, params, rest, flat, key=key, indices=[0], sigma=0.0)
-  found = [[] for _ in flat]
+  found: list[list] = [[] for _ in flat]
   for i, idx in enumerate(randopt.chunks(n, chunk)):
     out = probes.predict(graphdef, params, rest, flat, key=key, indices=idx, sigma=sigma,
                          width=width)
@@ -79,13 +83,19 @@ def score(graphdef, params, rest, tasks: dict, *, n: int, sigma: float, key, chu
 def outcome(tasks: dict, scored: Scored, task: str, k: int) -> dict[str, dict[str, float]]:
   """{arm: {metric: value}} for arms base, perturbations, best_single, topk_vote."""
   selection, held_out = tasks[task]
-  acc = lambda t, p: probes.correct(t, p).mean(-1)
+
+  def acc(t, p):
+    return probes.correct(t, p).mean(-1)
+
   sel = acc(selection, scored.members[(task, "selection")])
   held = acc(held_out, scored.members[(task, "held_out")])
   base_sel = float(acc(selection, scored.base[(task, "selection")]))
   base_held = float(acc(held_out, scored.base[(task, "held_out")]))
   top = randopt.top_k(sel, k)
-  vote = lambda t, s: float(acc(t, randopt.majority_vote(scored.members[(task, s)][top])))
+
+  def vote(t, s):
+    return float(acc(t, randopt.majority_vote(scored.members[(task, s)][top])))
+
   return {
       "base": {"accuracy": base_held, "selection_accuracy": base_sel},
       "perturbations": {"accuracy": float(held.mean()), "selection_accuracy": float(sel.mean()),

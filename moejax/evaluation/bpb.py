@@ -44,7 +44,7 @@ def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[
                                                                                    dict]:
   """(int32 [N, context] windows, {domain: windows}): each domain's documents as one
   stream of [prefix_id] + tokens, cut into whole windows (the remainder left out)."""
-  streams = {}
+  streams: dict[str, list] = {}
   for doc in encode_documents(documents, tokenizer):
     streams.setdefault(doc.domain, []).extend([[prefix_id], doc.tokens])
   windows, counts = [np.zeros((0, context), np.int32)], {}
@@ -101,14 +101,14 @@ def score_documents(lm: LM, docs: list[Document], prefix_id: int, *, context: in
     rows += doc_rows
     owner += [d] * len(doc_rows)
   scored = score_rows(lm, rows, context, batch_size, pad_id=prefix_id)
-  owner = np.asarray(owner, np.int64)
+  row_doc = np.asarray(owner, np.int64)
   nats = np.zeros(len(docs), np.float64)
-  np.add.at(nats, owner, [-s.logprob.sum() for s in scored])
+  np.add.at(nats, row_doc, [-s.logprob.sum() for s in scored])
   counts = np.array([len(s.logprob) for s in scored], np.int64)
-  num_tokens = np.bincount(owner, weights=counts, minlength=len(docs)).astype(np.int64)
+  num_tokens = np.bincount(row_doc, weights=counts, minlength=len(docs)).astype(np.int64)
   layers = len(scored[0].routing) if scored else 0
   routing = [np.concatenate([s.routing[j] for s in scored]) for j in range(layers)]
-  return DocumentScores(nats, num_tokens, routing, np.repeat(owner, counts))
+  return DocumentScores(nats, num_tokens, routing, np.repeat(row_doc, counts))
 
 
 def bpb_by_domain(docs: list[Document], nats: np.ndarray) -> dict[str, float]:

@@ -7,6 +7,8 @@ bpb difference per domain and, when both models read the same tokens, the
 top-k set change per MoE layer.
 """
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +47,8 @@ def sample_documents(documents: list[tuple[str, str]],
     raise ConfigError(f"bytes_per_domain={bytes_per_domain} must be >= 0 (0: every byte)")
   if bytes_per_domain == 0:
     return list(documents)
-  used, out = {}, []
+  used: dict[str, int] = {}
+  out = []
   for domain, text in documents:
     left = bytes_per_domain - used.get(domain, 0)
     if left <= 0:
@@ -69,7 +72,7 @@ class Evaluation:
 
 
 def evaluate(lm: LM, tokenizer, prefix_id: int, documents: list[tuple[str, str]],
-             settings: Settings, num_experts: list[int] = ()) -> Evaluation:
+             settings: Settings, num_experts: Sequence[int] = ()) -> Evaluation:
   """bpb per domain, probe accuracies and (num_experts per MoE layer) routing."""
   settings.check()
   if not documents:
@@ -79,7 +82,7 @@ def evaluate(lm: LM, tokenizer, prefix_id: int, documents: list[tuple[str, str]]
   docs = bpb.encode_documents(documents, tokenizer)
   scores = bpb.score_documents(lm, docs, prefix_id, context=settings.context,
                                stride=settings.stride, batch_size=settings.batch_size)
-  report = {"bpb": bpb.bpb_by_domain(docs, scores.nats),
+  report: dict[str, Any] = {"bpb": bpb.bpb_by_domain(docs, scores.nats),
             "documents": {d: sum(doc.domain == d for doc in docs)
                           for d in sorted({doc.domain for doc in docs})},
             "tokens": int(scores.num_tokens.sum()),
@@ -100,10 +103,10 @@ def evaluate(lm: LM, tokenizer, prefix_id: int, documents: list[tuple[str, str]]
 
 
 def compare(model: Evaluation, reference: Evaluation, settings: Settings,
-            num_experts: list[int] = ()) -> dict:
+            num_experts: Sequence[int] = ()) -> dict:
   """bpb(model) - bpb(reference): paired bootstrap per domain and overall; top-k set
   change per MoE layer when both read the same tokens and have the same MoE layers."""
-  out = {"difference": {}}
+  out: dict[str, Any] = {"difference": {}}
   for domain in model.report["bpb"]:
     pick = [i for i, d in enumerate(model.docs) if domain in ("all", d.domain)]
     out["difference"][domain] = stats.paired_bootstrap(

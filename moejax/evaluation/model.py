@@ -54,8 +54,9 @@ def _decoder_forward(graphdef, params, rest, inputs, targets, mask):
   logits, aux, _ = nnx.merge(graphdef, params, rest)(inputs, token_mask_BxL=mask)
   logp = jax.nn.log_softmax(logits, axis=-1)
   picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-  b, l = inputs.shape
-  routing = [jnp.where(a["valid"], a["expert_index"], -1).reshape(b, l, -1) for a in aux["moe"]]
+  b, length = inputs.shape
+  routing = [jnp.where(a["valid"], a["expert_index"], -1).reshape(b, length, -1)
+             for a in aux["moe"]]
   return picked, jnp.argmax(logits, -1).astype(jnp.int32), routing
 
 

@@ -32,7 +32,10 @@ def nmi(labels_a, labels_b) -> float:
     return 1.0
   nz = joint > 0
   mi = max(float((joint[nz] * np.log(joint[nz] / np.outer(pa, pb)[nz])).sum()), 0.0)
-  entropy = lambda p: float(-(p[p > 0] * np.log(p[p > 0])).sum())  # noqa: E731
+
+  def entropy(p):
+    return float(-(p[p > 0] * np.log(p[p > 0])).sum())
+
   return min(mi / ((entropy(pa) + entropy(pb)) / 2), 1.0) if mi > 0 else 0.0
 
 
@@ -40,7 +43,10 @@ def adjusted_rand_index(truth, pred) -> float:
   """ARI (Hubert and Arabie 1985): pair-counting agreement corrected for chance,
   from the contingency table; 1 for equal partitions up to renaming."""
   table = contingency(truth, pred)
-  pairs = lambda m: m * (m - 1) / 2  # noqa: E731
+
+  def pairs(m):
+    return m * (m - 1) / 2
+
   n = table.sum()
   index, rows, cols = pairs(table).sum(), pairs(table.sum(1)).sum(), pairs(table.sum(0)).sum()
   expected = rows * cols / pairs(n) if n > 1 else 0.0

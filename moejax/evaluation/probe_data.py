@@ -65,18 +65,17 @@ def next_passage_examples(documents, seed: int, per_domain: int, size: int = 200
   """Per domain up to per_domain examples from (domain, text) documents; each needs
   two passages in one document and three from other documents of its domain."""
   rng, out = random.Random(seed), []
-  by_domain = {}
+  by_domain: dict[str, list[list[str]]] = {}
   for domain, text in documents:
     by_domain.setdefault(domain, []).append(passages(text, size))
   for domain in sorted(by_domain):
     docs = by_domain[domain]
     usable = [i for i, p in enumerate(docs) if len(p) >= 2]
-    others = lambda i: [p for j, ps in enumerate(docs) if j != i for p in ps]
     for _ in range(per_domain):
       if not usable:
         break
       i = rng.choice(usable)
-      pool = others(i)
+      pool = [p for j, ps in enumerate(docs) if j != i for p in ps]
       if len(pool) < CHOICES - 1:
         break
       k = rng.randrange(len(docs[i]) - 1)
@@ -90,7 +89,7 @@ def last_word_examples(documents, seed: int, per_domain: int, size: int = 200) -
   """Per domain up to per_domain passages of about `size` characters that end in a
   word of 3+ letters; the prompt stops before the space that precedes it."""
   rng, out = random.Random(seed), []
-  by_domain = {}
+  by_domain: dict[str, list[Example]] = {}
   for domain, text in documents:
     for match in re.finditer(r"(?<=\S) ([A-Za-z]{3,})(?=[.,;:!?\n])", text):
       if match.start() >= size:

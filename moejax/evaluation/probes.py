@@ -34,6 +34,11 @@ class Example:
   group: str = "all"
 
 
+def token_ids(tokenizer, text: str) -> np.ndarray:
+  """int32 [N]: `text` encoded by `tokenizer`."""
+  return np.asarray(tokenizer.encode(text), np.int32)
+
+
 def continuation_row(prompt: np.ndarray, continuation: np.ndarray, context: int) -> Row:
   """A row scoring `continuation` after `prompt` (prompt cut from the left to fit)."""
   if not 1 <= len(continuation) <= context:
@@ -47,8 +52,8 @@ def continuation_row(prompt: np.ndarray, continuation: np.ndarray, context: int)
 def score_continuations(lm: LM, tokenizer, prefix_id: int, pairs: Sequence[tuple[str, str]], *,
                         context: int, batch_size: int = 8):
   """(total log-likelihood float64 [N], greedy match bool [N]) of each (prompt, continuation)."""
-  encode = lambda text: np.asarray(tokenizer.encode(text), np.int32)
-  rows = [continuation_row(np.concatenate([[prefix_id], encode(p)]), encode(c), context)
+  rows = [continuation_row(np.concatenate([[prefix_id], token_ids(tokenizer, p)]),
+                           token_ids(tokenizer, c), context)
           for p, c in pairs]
   scored = score_rows(lm, rows, context, batch_size, pad_id=prefix_id)
   return (np.array([s.logprob.sum() for s in scored], np.float64),
@@ -65,10 +70,10 @@ def choose(logprob: np.ndarray, num_bytes: np.ndarray, normalize: str = "bytes")
 
 def accuracy_by_group(correct: np.ndarray, groups: Sequence[str]) -> dict[str, dict]:
   """{group: {"accuracy" (None when n is 0), "n"}, ..., "all": ...}."""
-  correct, groups = np.asarray(correct, bool), np.asarray(groups)
+  correct, group_of = np.asarray(correct, bool), np.asarray(groups)
   out = {}
-  for group in sorted(set(groups.tolist()) - {"all"}) + ["all"]:
-    pick = correct if group == "all" else correct[groups == group]
+  for group in sorted(set(group_of.tolist()) - {"all"}) + ["all"]:
+    pick = correct if group == "all" else correct[group_of == group]
     out[group] = {"accuracy": float(pick.mean()) if pick.size else None,
                   "n": int(pick.size)}
   return out

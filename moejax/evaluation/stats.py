@@ -219,7 +219,7 @@ def verdict(interval: Interval, expect: str | None, *, null: float = 0.0,
     raise ConfigError(f"expect={expect!r} must be 'lower', 'higher' or None")
   if interval.exact_zero:
     return f"identical on all {interval.n} {unit}"
-  if interval.lo is None:
+  if interval.lo is None or interval.hi is None:
     return f"interval undefined (n={interval.n})"
   side = "lower" if interval.hi < null else "higher" if interval.lo > null else None
   if side is None:
@@ -243,7 +243,10 @@ def markdown_table(header, rows) -> str:
   """A GitHub markdown table: `header` a list of column names, `rows` lists of cells
   (each turned to text with str; '|' inside a cell is escaped)."""
   header = [str(h) for h in header]
-  cell = lambda value: str(value).replace("|", "\\|").replace("\n", " ")
+
+  def cell(value):
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
   lines = ["| " + " | ".join(map(cell, header)) + " |",
            "|" + "---|" * len(header)]
   for row in rows:

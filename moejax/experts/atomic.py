@@ -15,9 +15,9 @@ The atomic type's weights are u [N, d, 1] and d [N, 1, d], a 'hidden width'
 of 1, so every dispatcher and grouped matmul runs it.
 
 Two schedules, the same function, chosen by model.moe.grouped_matmul:
-  naive          ('fused', and 'auto' on CPU) token-centric: gather u, d per (token, slot), [T, k, d] each,
-                 then two batched contractions (the reference; the code's
-                 OmniMoE_Pytorch).
+  naive          ('fused', and 'auto' on CPU) token-centric: gather u, d per (token,
+                 slot), [T, k, d] each, then two batched contractions (the reference; the
+                 code's OmniMoE_Pytorch).
   expert_centric the paper's Expert-Centric Scheduling: (token,
                  expert) pairs sorted by expert, each expert's rows computed
                  together against its own u_e, d_e. This reuses the dropless

@@ -234,7 +234,7 @@ def pack(arrays: dict) -> dict:
   """The bit-packed form: bits uint8 [E], and per expert and matrix its indices
   at its own bits (uint8 vector) and its used centroids [G, 2^bits[e]] float32."""
   bits = np.asarray(arrays["bits"]).astype(np.uint8)
-  out = {"bits": bits}
+  out: dict[str, np.ndarray | list[np.ndarray]] = {"bits": bits}
   for m in cz.MATRICES:
     centroids = np.asarray(arrays[f"{m}_centroids"], np.float32)
     out[f"{m}_centroids"] = [centroids[e, :, :2 ** int(b)] for e, b in enumerate(bits)]

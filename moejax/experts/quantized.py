@@ -149,7 +149,7 @@ def pack(arrays: dict, symmetric: bool) -> dict:
   """The bit-packed form: bits uint8 [E], scales as they are, and per expert a
   uint8 vector of its codes (and asymmetric zero points) at its own bits."""
   bits = np.asarray(arrays["bits"]).astype(np.uint8)
-  out = {"bits": bits}
+  out: dict[str, np.ndarray | list[np.ndarray]] = {"bits": bits}
   for m in cz.MATRICES:
     out[f"{m}_scales"] = np.asarray(arrays[f"{m}_scales"], np.float32)
     for part in ("codes",) if symmetric else ("codes", "zeros"):

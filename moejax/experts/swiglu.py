@@ -43,8 +43,10 @@ class SwiGLUExperts(nnx.Module):
                rngs: nnx.Rngs, init_scale: float = 1.0):
     init = jax.nn.initializers.variance_scaling(init_scale, "fan_in", "truncated_normal",
                                                 in_axis=-2, out_axis=-1, batch_axis=(0,))
-    param = lambda name, shape: nnx.Param(init(rngs.params(), shape),
-                                          logical_axes=self.LOGICAL_AXES[name])
+
+    def param(name, shape):
+      return nnx.Param(init(rngs.params(), shape), logical_axes=self.LOGICAL_AXES[name])
+
     self.w_gate = param("w_gate", (num_experts, d_model, d_ff))
     self.w_up = param("w_up", (num_experts, d_model, d_ff))
     self.w_down = param("w_down", (num_experts, d_ff, d_model))

@@ -19,6 +19,8 @@ the memory-bound cost of MoE decoding).
 """
 import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -175,19 +177,19 @@ class DecodePrograms:
   Sampling settings and n are static: one program per value."""
   config: ml_collections.ConfigDict
   graphdef: object
-  forward: callable
-  prefill: callable
-  step: callable
-  steps: callable
+  forward: Callable[..., Any]
+  prefill: Callable[..., Any]
+  step: Callable[..., Any]
+  steps: Callable[..., Any]
 
   @classmethod
   def build(cls, m) -> "DecodePrograms":
     graphdef = abstract_model(m)[0]
-    close = lambda fn: functools.partial(fn, graphdef)
-    return cls(m, graphdef, jax.jit(close(_forward)),
+    return cls(m, graphdef, jax.jit(functools.partial(_forward, graphdef)),
                jax.jit(functools.partial(_prefill, m, graphdef), static_argnums=4),
-               jax.jit(close(sample_and_forward), static_argnums=(5, 6, 7)),
-               jax.jit(close(_sample_and_forward_steps), static_argnums=(6, 7, 8, 9)))
+               jax.jit(functools.partial(sample_and_forward, graphdef), static_argnums=(5, 6, 7)),
+               jax.jit(functools.partial(_sample_and_forward_steps, graphdef),
+                       static_argnums=(6, 7, 8, 9)))
 
 
 _PROGRAMS: dict = {}  # (generation?, config JSON) -> DecodePrograms; 8 most recent kept
@@ -237,7 +239,9 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
     out.append(token)
   out, distinct, prefill_distinct = jax.device_get((out, distinct, prefill_distinct))
   prefill_distinct = np.asarray(prefill_distinct)
-  rows = lambda arrays, width: np.concatenate(
-      [np.reshape(a, (-1, width)) for a in arrays] or [np.zeros((0, width))])
+
+  def rows(arrays, width):
+    return np.concatenate([np.reshape(a, (-1, width)) for a in arrays] or [np.zeros((0, width))])
+
   return Generated(rows(out, len(prompts)).T.astype(np.int32),
                    rows(distinct, prefill_distinct.size).astype(np.int32), prefill_distinct)

@@ -94,14 +94,14 @@ def import_hf(hf_dir: str, param_dtype: str = "float32") -> Loaded:
   _, params, rest = abstract_model(m)
   trees = {"params": params, "rest": rest}
   reader = SafetensorsReader(hf_dir)
-  used = set()
+  used: set[str] = set()
   for tm in tensor_maps(m):
     target = _get(trees[tm.collection], tm.path)
     hf_shape = tm.hf_shape(target.shape)
     if tm.stacked:
       array = np.empty(target.shape, dtype)
-      for e, name in enumerate(tm.hf_names):
-        array[e] = _orient(reader.read(name, hf_shape, dtype), tm.transpose)
+      for expert, name in enumerate(tm.hf_names):
+        array[expert] = _orient(reader.read(name, hf_shape, dtype), tm.transpose)
     else:
       array = _orient(reader.read(tm.hf_names[0], hf_shape, dtype), tm.transpose)
     state_dtype = target.dtype if tm.collection == "rest" else dtype
@@ -221,7 +221,7 @@ def load_workdir(workdir: str) -> Loaded:
   trees = {"params": params, "rest": rest}
   reader = SafetensorsReader(directory, index_file="params.index.json")
   for collection, tree in trees.items():
-    for path, spec in nnx.traversals.flatten_mapping(tree).items():
-      name = f"{collection}/{'.'.join(map(str, path))}"
-      _set(tree, path, jnp.asarray(reader.read(name, spec.shape, spec.dtype)))
+    for key, spec in nnx.traversals.flatten_mapping(tree).items():
+      name = f"{collection}/{'.'.join(map(str, key))}"
+      _set(tree, key, jnp.asarray(reader.read(name, spec.shape, spec.dtype)))
   return Loaded(m, params, rest, saved.get("hf_config"))

@@ -29,7 +29,7 @@ from moejax.models.decoder import abstract_model
 EXPORT_RECORD = "moejax_export.json"
 
 
-def _bits_text(arrays: dict, what: str) -> str:
+def _bits_text(arrays: list[dict], what: str) -> str:
   """'4-bit codes', or '2/3/4-bit codes (per expert)' when experts differ."""
   bits = sorted({int(b) for a in arrays for b in np.asarray(a["bits"]).ravel()})
   return ("/".join(map(str, bits)) + f"-bit {what}" + (" (per expert)" if len(bits) > 1 else ""))

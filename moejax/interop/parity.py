@@ -56,8 +56,8 @@ def moejax_forward(loaded, tokens, mask):
 def require_transformers() -> None:
   """A clear error, before any work, where the comparison cannot run."""
   try:
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    import torch  # noqa: F401  (imported only to test that it is installed)
+    import transformers  # noqa: F401  (the same)
   except ImportError as error:
     raise ConfigError(f"--check_logits needs torch and transformers ({error}); install "
                       "them with `bash scripts/setup.sh --test`") from None

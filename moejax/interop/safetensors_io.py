@@ -20,6 +20,7 @@ import json
 import math
 import os
 import struct
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -80,7 +81,8 @@ def read_header(path: str) -> tuple[int, dict]:
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
   """Fill the contiguous array `out` with the file's bytes from `offset`; bytes read."""
-  view, done = memoryview(out.reshape(-1).view(np.uint8)), 0
+  flat = out.reshape(-1).view(np.uint8)
+  view, done = memoryview(flat), 0  # type: ignore[arg-type]  # numpy stub: __buffer__ 3.12+
   while done < len(view):
     n = os.preadv(fd, [view[done:]], offset + done)
     if n <= 0:
@@ -105,7 +107,9 @@ class SafetensorsReader:
         self.file_of = {name: single_file for name in f.keys()}
     else:
       raise ConfigError(f"{directory} has neither {index_file} nor {single_file}")
-    self._open, self._headers, self._fds = {}, {}, {}
+    self._open: dict[str, Any] = {}  # file -> an open safetensors handle
+    self._headers: dict[str, tuple[int, dict]] = {}  # file -> (data start, entries)
+    self._fds: dict[str, int] = {}
 
   def __contains__(self, name: str) -> bool:
     return name in self.file_of
@@ -197,7 +201,9 @@ class ShardedWriter:
     os.makedirs(directory, exist_ok=True)
     self.directory, self.max_shard_bytes = directory, max_shard_bytes
     self.prefix, self.index_file = prefix, index_file
-    self._buffer, self._buffer_bytes, self._shards, self._total = {}, 0, [], 0
+    self._buffer: dict[str, np.ndarray] = {}
+    self._shards: list[tuple[str, list[str]]] = []  # (temporary file, tensor names)
+    self._buffer_bytes, self._total = 0, 0
     self.file_of: dict[str, str] = {}
 
   def add(self, name: str, array: np.ndarray) -> None:
@@ -241,7 +247,8 @@ class PlannedWriter:
                prefix: str = "model", index_file: str = INDEX_FILE):
     os.makedirs(directory, exist_ok=True)
     self.directory, self.index_file = directory, index_file
-    shards, size = [[]], 0
+    shards: list[list[tuple[str, tuple[int, ...], np.dtype, int]]] = [[]]
+    size = 0
     for name, shape, dtype in specs:
       nbytes = math.prod(shape) * np.dtype(dtype).itemsize
       if shards[-1] and size + nbytes > max_shard_bytes:
@@ -249,10 +256,14 @@ class PlannedWriter:
         size = 0
       shards[-1].append((name, tuple(shape), np.dtype(dtype), nbytes))
       size += nbytes
-    self._total, self._where, self._files, self._todo = 0, {}, [], {}
+    self._where: dict[str, tuple[int, int, tuple[int, ...], np.dtype]] = {}
+    self._todo: dict[str, int] = {}
+    self._files: list[tuple[int, str, str, int]] = []  # (fd, temporary, final, data start)
+    self._total = 0
     for i, shard in enumerate(shards):
       final = f"{prefix}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      header, offset = {"__metadata__": {"format": "pt"}}, 0
+      header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+      offset = 0
       for name, shape, dtype, nbytes in shard:
         if name in self._where:
           raise ValueError(f"tensor {name!r} planned twice")
@@ -292,7 +303,8 @@ class PlannedWriter:
     rows = array.reshape(-1) if array.ndim < 2 else array
     step = max(1, WRITE_CHUNK_BYTES // max(1, rows[:1].nbytes))
     for i in range(0, len(rows), step):
-      view = memoryview(np.ascontiguousarray(rows[i:i + step]).reshape(-1).view(np.uint8))
+      chunk = np.ascontiguousarray(rows[i:i + step]).reshape(-1).view(np.uint8)
+      view = memoryview(chunk)  # type: ignore[arg-type]  # numpy stub: __buffer__ 3.12+
       done = 0
       while done < len(view):
         done += os.pwrite(fd, view[done:], at + done)

@@ -94,7 +94,7 @@ def import_to_workdir(hf_dir: str, workdir: str, param_dtype: str = "float32", *
   directory = os.path.join(workdir, WORKDIR_MODEL)
   writer = PlannedWriter(directory, _workdir_specs(trees, dtype), max_shard_bytes,
                          prefix="params", index_file="params.index.json")
-  used = set()
+  used: set[str] = set()
   for tm in maps:
     target = _leaf(trees, tm)
     hf_shape = tm.hf_shape(target.shape)
@@ -144,7 +144,7 @@ def export_workdir(workdir: str, out_dir: str, *, family: str | None = None,
   trees = {"params": params, "rest": rest}
   for collection, tree in trees.items():  # every array present, with its shape, first
     for path, spec in nnx.traversals.flatten_mapping(tree).items():
-      reader._checked_shape(f"{collection}/{'.'.join(map(str, path))}",  # noqa: SLF001
+      reader._checked_shape(f"{collection}/{'.'.join(map(str, path))}",  # noqa: SLF001 - own check
                             spec.shape)
   m = config_for_params(m, params)
   check_shapes(m, params, rest)
@@ -276,8 +276,9 @@ def import_to_orbax(hf_dir: str, directory: str, layout=None, param_dtype: str =
   reader = SafetensorsReader(hf_dir)
   for tm in maps:  # every tensor present, of its shape and a readable dtype, before writing
     for name in tm.hf_names:
-      reader._checked_shape(name, tm.hf_shape(_leaf(target, tm).shape))  # noqa: SLF001
-  groups, size = [[]], 0  # consecutive TensorMaps, up to max_group_bytes a save
+      reader._checked_shape(name, tm.hf_shape(_leaf(target, tm).shape))  # noqa: SLF001 - own check
+  groups: list[list] = [[]]  # consecutive TensorMaps, up to max_group_bytes a save
+  size = 0
   for tm in maps:
     spec = _leaf(target, tm)
     nbytes = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
@@ -289,7 +290,7 @@ def import_to_orbax(hf_dir: str, directory: str, layout=None, param_dtype: str =
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(os.path.abspath(directory), ORBAX_STATE)
   for group in groups:
-    update = {}
+    update: dict = {}
     for tm in group:
       node = update.setdefault(tm.collection, {})
       for key in tm.path[:-1]:

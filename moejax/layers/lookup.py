@@ -114,7 +114,8 @@ def lzw_phrase_counts(stream, vocab_size: int) -> np.ndarray:
   ids = np.asarray(stream).tolist()
   if not ids:
     return counts
-  table, next_code, code = {}, vocab_size, ids[0]
+  table: dict[tuple[int, int], int] = {}
+  next_code, code = vocab_size, ids[0]
   for tok in ids[1:]:
     found = table.get((code, tok))
     if found is None:

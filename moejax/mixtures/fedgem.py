@@ -44,8 +44,8 @@ from moejax.mixtures.gmm import GMM
 SERVER_STEPS = ("intersection", "pooled")
 
 
-def q_ball_radius(old_means: jax.Array, maximisers: jax.Array,
-                  variances: jax.Array) -> jax.Array:
+def q_ball_radius(old_means: jax.Array | np.ndarray, maximisers: jax.Array | np.ndarray,
+                  variances: jax.Array | np.ndarray) -> jax.Array:
   """[K] the largest eps with Q_k(mu) >= Q_k(mu_old) on B(xM_k, eps), at fixed variances.
 
   Q_k(mu) = c - sum_j (N_k / 2 sigma_kj^2)(mu_j - xM_kj)^2, so the set where Q_k does

@@ -25,9 +25,9 @@ MIN_VARIANCE = 1e-6  # a floor on sigma^2 so that a component on one point stays
 
 class GMM(NamedTuple):
   """Mixing weights pi [K], means mu [K, d], variances [K] or [K, d]."""
-  weights: jax.Array
-  means: jax.Array
-  variances: jax.Array
+  weights: jax.Array | np.ndarray  # jax arrays, or host float64 ones (fedgem.py)
+  means: jax.Array | np.ndarray
+  variances: jax.Array | np.ndarray
 
 
 def check_num_components(k: int, n: int) -> None:
@@ -36,7 +36,7 @@ def check_num_components(k: int, n: int) -> None:
     raise ConfigError(f"number of mixture components K={k} must be in [1, n={n}]")
 
 
-def per_dim_variances(variances: jax.Array, dim: int) -> jax.Array:
+def per_dim_variances(variances: jax.Array | np.ndarray, dim: int) -> jax.Array | np.ndarray:
   """[K] isotropic or [K, d] diagonal variances as [K, d]."""
   return variances if variances.ndim == 2 else jnp.repeat(variances[:, None], dim, axis=1)
 

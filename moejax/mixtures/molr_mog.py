@@ -91,8 +91,11 @@ def fit_and_score(name: str, mix: sm.MoLRMoG, data: jax.Array, seed: int, sigmas
   dim = mix.bases.shape[1]
   model = build(name, seed, data, dim=dim, subspaces=subspaces, latent_dim=latent_dim,
                 components=components)
-  errors = lambda: {s: sm.score_error(model, mix, float(s), num_samples=eval_samples,  # noqa: E731
-                                      seed=4000 + seed) for s in sigmas}
+
+  def errors():
+    return {s: sm.score_error(model, mix, float(s), num_samples=eval_samples, seed=4000 + seed)
+            for s in sigmas}
+
   start = errors()
   rows = max(len(data), 4096)  # tile n | rows points: uniform batches, one compile for all n
   tiled = jnp.tile(data, (rows // len(data), 1)) if rows % len(data) == 0 else data
@@ -105,10 +108,13 @@ def fit_and_score(name: str, mix: sm.MoLRMoG, data: jax.Array, seed: int, sigmas
   sigma = jnp.exp(jax.random.uniform(keys[0], (len(held),), minval=np.log(sigma_min),
                                      maxval=np.log(sigma_max)))
   noise = jax.random.normal(keys[1], held.shape)
-  true_fn = lambda x, s: sm.molr_mog_score(x, s, mix)  # noqa: E731
+
+  def true_fn(x, s):
+    return sm.molr_mog_score(x, s, mix)
+
   out["dsm_excess"] = float(sn.dsm_loss(model, held, sigma, noise)
                             - sn.dsm_loss(true_fn, held, sigma, noise))
-  if name.startswith(("mog", "gaussian")):
+  if isinstance(model, (sn.MoELatentMoG, sn.MoELatentGaussian)):
     out["max_angle_deg"] = subspace_angle(np.asarray(mix.bases),
                                           np.asarray(sn.orthonormal(model.bases_raw[...])))
   return out

@@ -45,8 +45,9 @@ def check_mixture(mix: MoLRMoG) -> None:
     raise ConfigError(f"bases of shape {mix.bases.shape} must be [K, D, d] with d <= D")
   k, _, d = mix.bases.shape
   lc = mix.component_weights.shape[-1] if mix.component_weights.ndim == 2 else -1
-  want = {"weights": [(k,)], "component_weights": [(k, lc)], "means": [(k, lc, d)],
-          "covariances": [(k, lc, d, d), (k, lc, d)]}
+  want: dict[str, list[tuple[int, ...]]] = {
+      "weights": [(k,)], "component_weights": [(k, lc)], "means": [(k, lc, d)],
+      "covariances": [(k, lc, d, d), (k, lc, d)]}
   for name, shapes in want.items():
     if getattr(mix, name).shape not in shapes:
       raise ConfigError(f"{name} of shape {getattr(mix, name).shape} must be "

@@ -57,6 +57,8 @@ def _latent_kmeans(y: np.ndarray, comps: int, seed, steps: int = 20, restarts: i
       variances = np.stack([y[label == j].var(0) if np.sum(label == j) > 1
                             else np.ones(y.shape[1]) for j in range(comps)])
       best = sq.min(1).sum(), means, variances, np.bincount(label, minlength=comps) / len(y)
+  if best is None:
+    raise ValueError(f"restarts={restarts} must be >= 1")
   return best[1:]
 
 
@@ -79,7 +81,10 @@ def init_from_data(model, data: jax.Array, *, seed: int = 0) -> None:
     if np.sum(owner == k) >= comps:
       means[k], variances[k], weights[k] = _latent_kmeans(x[owner == k] @ u, comps, [seed, k])
   squeeze = (lambda a: a) if model.means.ndim == 3 else (lambda a: a[:, 0])
-  as_param = lambda a: jnp.asarray(a, model.means[...].dtype)  # noqa: E731
+
+  def as_param(a):
+    return jnp.asarray(a, model.means[...].dtype)
+
   model.bases_raw[...] = as_param(bases)
   model.means[...] = as_param(squeeze(means))
   model.log_variances[...] = as_param(squeeze(np.log(np.maximum(variances, 1e-2))))
@@ -203,7 +208,8 @@ def train_dsm(model: nnx.Module, data: jax.Array, *, steps: int, batch_size: int
     raise ConfigError(f"noise range sigma_range={tuple(sigma_range)} must have 0 < low <= high")
   if data.ndim != 2 or data.shape[0] < 1:
     raise ConfigError(f"training data of shape {data.shape} must be [n >= 1, D]")
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  split = nnx.split(model, nnx.Param, ...)
+  graphdef, params, rest = split  # type: ignore[misc]  # nnx.split stub: any arity
   params, losses = _train_scan(graphdef, params, rest, jnp.asarray(data),
                                jax.random.split(jax.random.key(seed), steps),
                                jnp.log(jnp.asarray([low, high], data.dtype)),

@@ -95,7 +95,10 @@ def frechet_mean(x, weights=None, *, init=None, steps: int = 200) -> jax.Array:
   init = jnp.asarray(init, x.dtype)
   checked_points(init.reshape(-1, x.shape[1]))
   init = jnp.broadcast_to(init, w.shape[:-1] + x.shape[1:])
-  run = lambda wk, mk: _karcher(x, wk, mk, steps)  # noqa: E731
+
+  def run(wk, mk):
+    return _karcher(x, wk, mk, steps)
+
   return run(w, init) if w.ndim == 1 else jax.vmap(run)(w, init)
 
 
@@ -149,7 +152,10 @@ def _mgfa_component_m_step(x, gamma, mean, factors, noise):
   candidate = _karcher(x, gamma / jnp.where(count > 0, count, 1.0), mean, FRECHET_STEPS)
   w_old, s_old, q_old = _ppca(x, gamma, mean, factors.shape[-1])
   w_new, s_new, q_new = _ppca(x, gamma, candidate, factors.shape[-1])
-  pick = lambda a, b, old: jnp.where(count > 0, jnp.where(q_new >= q_old, a, b), old)  # noqa
+
+  def pick(a, b, old):
+    return jnp.where(count > 0, jnp.where(q_new >= q_old, a, b), old)
+
   return pick(candidate, mean, mean), pick(w_new, w_old, factors), pick(s_new, s_old, noise)
 
 
@@ -243,7 +249,10 @@ def vmf_m_step(x: jax.Array, resp: jax.Array, old: VMF, newton_steps: int = 0) -
   rbar = np.asarray(norms / jnp.maximum(counts, jnp.finfo(x.dtype).tiny), np.float64)
   d, prev = x.shape[-1], np.asarray(old.kappas, np.float64)
   new = banerjee_kappa(rbar, d, newton_steps)
-  q = lambda kappa: log_vmf_normaliser(kappa, d) + kappa * rbar  # noqa: E731
+
+  def q(kappa):
+    return log_vmf_normaliser(kappa, d) + kappa * rbar
+
   better = (q(new) >= q(prev)) & (np.asarray(counts) > 0)
   return vmf_mixture(counts / x.shape[0], means, np.where(better, new, prev))
 

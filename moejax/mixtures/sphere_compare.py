@@ -30,6 +30,7 @@ def fit_best(method: str, x, k: int, seeds, *, factors: int = 1, max_steps: int 
   if init is not None and method == "gmm_diag":
     raise ConfigError("init is for methods 'mgfa' and 'vmf' (method='gmm_diag')")
   fits = []
+  model: gmm.GMM | sphere.VMF | sphere.MGFA
   for seed in [*seeds, *([None] if init is not None else [])]:
     start = {} if seed is None else {"seed": seed}
     if method == "gmm_diag":
@@ -53,7 +54,10 @@ def mean_direction_error(true_means, fitted_means) -> float:
   if true_means.shape != fitted_means.shape or true_means.ndim != 2:
     raise ConfigError(f"need true and fitted means of one shape [K, d] (shapes "
                       f"{true_means.shape}, {fitted_means.shape})")
-  unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
+
+  def unit(m):
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
   t, f = unit(true_means), unit(fitted_means)
   cos = t @ f.T
   sin = np.linalg.norm(t[:, None] - cos[..., None] * f[None], axis=-1)

@@ -254,12 +254,20 @@ def unseen_domain_errors(rng: np.random.Generator, shots, taus=(), *, dim: int =
   models = train_world_models(data)
   pooled = fit_expert(np.concatenate([x for x, _ in data]), np.concatenate([y for _, y in data]))
   out: dict = {}
-  add = lambda key, k, v: out.setdefault((key, k), []).append(float(v))  # noqa: E731
+
+  def add(key, k, v):
+    out.setdefault((key, k), []).append(float(v))
+
   for _ in range(unseen):
     alpha = rng.dirichlet(np.full(domains, concentration))
     truth = mixture_matrix(a, alpha)
-    err = lambda m: excess_mse(m, truth, noise_std)  # noqa: E731
-    mix = lambda w, experts=models.experts: mixture_matrix(experts, w)  # noqa: E731
+
+    def err(m, truth=truth):
+      return excess_mse(m, truth, noise_std)
+
+    def mix(w, experts=models.experts):
+      return mixture_matrix(experts, w)
+
     for k in shots:
       x, y = transitions(rng, truth, k, noise_std)
       z = features(x, y)

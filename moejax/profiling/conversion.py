@@ -60,7 +60,10 @@ def conversion_report(r: dict) -> str:
   rows = []
   for (kind, cache), x in runs.items():
     copy = runs.get(("copy", cache))
-    f = lambda k, fmt: format(x[k], fmt) if x.get(k) is not None else "-"
+
+    def f(k, fmt, x=x):
+      return format(x[k], fmt) if x.get(k) is not None else "-"
+
     rate = x.get("convert_gbps", x.get("gbps")) if kind != "floor" else None
     rows.append([kind, cache if kind != "floor" else "-", f("seconds", ".1f"), f("gbps", ".3f"),
                  f("convert_seconds", ".1f"), f("convert_gbps", ".3f"),

@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +19,10 @@ from moejax.profiling.torch_parts import hf_parts, transformers_run
 from moejax.profiling.xla_parts import add_loop_rest, median_profile, scoped_profile
 
 FAMILIES = ("qwen3_moe", "deepseek_v3")
-SIZE = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-            num_key_value_heads=4, max_position_embeddings=1024, bos_token_id=1,
-            eos_token_id=2, pad_token_id=0)
+SIZE: dict[str, Any] = dict(
+    vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+    num_key_value_heads=4, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0)
 
 
 def hf_config(family: str):
@@ -28,7 +30,8 @@ def hf_config(family: str):
   4 layers, 16 routed experts of width 256, top-4, vocab 4096."""
   import transformers as tf
   if family == "qwen3_moe":
-    return tf.Qwen3MoeConfig(**SIZE, head_dim=32, intermediate_size=1024,
+    return tf.Qwen3MoeConfig(  # type: ignore[call-arg]  # head_dim: a PreTrainedConfig kwarg
+        **SIZE, head_dim=32, intermediate_size=1024,
                              moe_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
                              norm_topk_prob=True)
   return tf.DeepseekV3Config(**{**SIZE, "num_key_value_heads": SIZE["num_attention_heads"]},
@@ -187,7 +190,8 @@ def weight_bytes_per_step(params, distinct_per_layer, batch: int) -> float:
   stacks and the embedding table, the experts each MoE layer activated (measured),
   and the batch's embedding rows."""
   import jax
-  total, layer_experts, embed = 0.0, [], 0.0
+  total, embed = 0.0, 0.0
+  layer_experts: list[list] = []  # [MoE layer, bytes per expert]
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     key = jax.tree_util.keystr(path)
     nbytes = float(np.asarray(leaf).nbytes)
@@ -265,7 +269,8 @@ def profile_decode(pair, family: str, batches, prompt_len: int, new_tokens: int,
                         max_new_tokens=new_tokens).distinct_experts.mean(axis=0)
     timers, profile = moejax_step(loaded, prompts.tolist(), new_tokens, calls)
     hf_run = transformers_run(hf_model, prompts.tolist(), new_tokens)
-    samples, hooked, profiles = {}, [], []
+    samples: dict[str, list[float]] = {}
+    hooked, profiles = [], []
     for _ in range(reps):
       once = {(name, n): blocked_times(lambda: fn(n), 1)[0]
               for n in (1, new_tokens) for name, fn in (("ours", ours), ("theirs", theirs))}
@@ -316,7 +321,8 @@ def profile_prefill(pair, family: str, batches, prompt_len: int, new_tokens: int
     hf_run(False)  # warm up
     ours(1)  # compile
     timers, profile = moejax_prefill(loaded, prompts.tolist(), 1, calls)
-    samples, hooked, profiles = {}, [], []
+    samples: dict[str, list[float]] = {}
+    hooked, profiles = [], []
     for _ in range(reps):
       samples.setdefault("ours_ttft", []).extend(blocked_times(lambda: ours(1), 1))
       start = time.perf_counter()

@@ -42,7 +42,7 @@ def interleaved_times(fns: dict, reps, inner=None) -> dict:
   names = list(fns)
   reps_of = reps if isinstance(reps, dict) else dict.fromkeys(names, reps)
   inner = inner or {}
-  times = {name: [] for name in names}
+  times: dict[str, list[float]] = {name: [] for name in names}
   for round_ in range(max(reps_of.values(), default=0)):
     shift = round_ % len(names)
     for name in names[shift:] + names[:shift]:
@@ -74,6 +74,7 @@ def compile_pass(fn, params, x, which: str):
   the forward alone, else forward + backward (`with_backward`, dy = 1 / x.size)."""
   import jax
   import jax.numpy as jnp
+  args: tuple
   if which == "fwd":
     jitted, args = jax.jit(fn), (params, x)
   else:

@@ -51,7 +51,8 @@ def transformers_run(hf_model, prompts, new_tokens: int):
   import torch
 
   def run(hooked: bool):
-    totals, spans, prefill_parts = {}, [], {}
+    totals: dict[str, float] = {}
+    spans, prefill_parts = [], {}
     handles = hf_hooks(hf_model, totals) if hooked else []
 
     def pre(module, args, kwargs):

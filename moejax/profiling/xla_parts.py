@@ -54,12 +54,21 @@ PARAM_PARTS = {"___attn_": "attention", "___head__": "lm_head", "_router": "moe_
                "___embed__": "embedding"}
 
 
+def _int_field(pattern: str, text: str) -> int:
+  """The integer group 1 of `pattern` in the HLO line `text`; ValueError where it lacks it."""
+  match = re.search(pattern, text)
+  if match is None:
+    raise ValueError(f"no {pattern!r} in the HLO line {text!r}")
+  return int(match[1])
+
+
 def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
   """From the compiled HLO text: ({entry instruction: part}, {instruction inside the
   MoE expert loop's body: kind}). A part comes from the op_name's scopes and the
   innermost source frame (file, function, line); an instruction XLA made without
   metadata takes its consumer's part (else its operand's)."""
-  tables, section = {}, None
+  tables: dict[str, dict[int, str]] = {}
+  section: dict[int, str] | None = None
   for line in hlo_text.splitlines():
     if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
       section = tables.setdefault(line, {})
@@ -70,10 +79,10 @@ def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
       section = None
   files = {k: v.strip('"') for k, v in tables.get("FileNames", {}).items()}
   functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
-  locations = {k: tuple(int(re.search(f"{f}=(\\d+)", v)[1]) for f in
+  locations = {k: tuple(_int_field(f"{f}=(\\d+)", v) for f in
                         ("file_name_id", "function_name_id", "line"))
                for k, v in tables.get("FileLocations", {}).items()}
-  frames = {k: int(re.search(r"file_location_id=(\d+)", v)[1])
+  frames = {k: _int_field(r"file_location_id=(\d+)", v)
             for k, v in tables.get("StackFrames", {}).items()}
 
   def source_of(line):
@@ -116,7 +125,7 @@ def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
         loop_body[name] = "row gather, scatter-add, slices"
       else:
         loop_body[name] = "elementwise, loop conditions"
-  users = {}
+  users: dict[str, list[str]] = {}
   for name, args in operands.items():
     for arg in args:
       if arg in entry:
@@ -182,7 +191,8 @@ def trace_thunks(fn, calls: int, parts: dict, loop_body: dict):
   call, and the median span of a call's thunks (first start to last end: the
   executable's time, without the host before or after it)."""
   import jax
-  by_part, by_kind, count = dict.fromkeys(PARTS, 0.0), {}, 0
+  by_part, count = dict.fromkeys(PARTS, 0.0), 0
+  by_kind: dict[str, float] = {}
   options = jax.profiler.ProfileOptions()
   options.python_tracer_level = 0
   with tempfile.TemporaryDirectory() as directory:
@@ -193,7 +203,8 @@ def trace_thunks(fn, calls: int, parts: dict, loop_body: dict):
     (path,) = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
     with gzip.open(path) as f:
       events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-  durations, top = {}, []
+  durations: dict[str, list[float]] = {}
+  top = []
   for event in events:
     if event["name"] in parts or event["name"] in loop_body:
       durations.setdefault(event["name"], []).append(event["dur"])
@@ -220,7 +231,10 @@ def scoped_profile(fn, args: tuple, static_argnums: tuple, calls: int):
   import jax
   with named_scopes():
     compiled = jax.jit(fn, static_argnums=static_argnums).lower(*args).compile()
-  parts, loop_body = hlo_parts(compiled.as_text())
+  hlo_text = compiled.as_text()
+  if hlo_text is None:
+    raise ValueError("the compiled program gives no HLO text")
+  parts, loop_body = hlo_parts(hlo_text)
   cost = compiled.cost_analysis() or {}
   dynamic = [a for i, a in enumerate(args) if i not in static_argnums]
 

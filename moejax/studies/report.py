@@ -262,7 +262,8 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
   import matplotlib.pyplot as plt
   by_key = index_runs(runs)
   metrics = claimed_metrics(spec)[:4]
-  numeric = [a for a in spec.axes if all(isinstance(l[a], (int, float)) for l in spec.levels)]
+  numeric = [a for a in spec.axes
+             if all(isinstance(level[a], (int, float)) for level in spec.levels)]
   fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
   for ax, metric in zip(axes[0], metrics):
     x_axis = numeric[0] if numeric else None
@@ -290,13 +291,13 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
                 label=label)
         ax.fill_between(xs, lows, highs, color=f"C{a % 10}", alpha=0.15)
     ax.set(xlabel=x_axis or "level", ylabel=metric, title=metric)
-    if x_axis and all(l[x_axis] > 0 for l in spec.levels):
-      values_x = sorted({l[x_axis] for l in spec.levels})
+    if x_axis and all(level[x_axis] > 0 for level in spec.levels):
+      values_x = sorted({level[x_axis] for level in spec.levels})
       if values_x[-1] / values_x[0] >= 50:
         ax.set_xscale("log")
     ax.legend(fontsize=7)
-  runs = f"{spec.draws} draws" + (f" x {len(spec.models)} models" if spec.nested else "")
-  fig.suptitle(f"{spec.name}: mean over {runs}, 95% t-interval")
+  replicates = f"{spec.draws} draws" + (f" x {len(spec.models)} models" if spec.nested else "")
+  fig.suptitle(f"{spec.name}: mean over {replicates}, 95% t-interval")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -1,8 +1,8 @@
 """Run a study: every (arm, level, draw) once, resumable, with its outputs in one directory.
 
-    spec, scorer = prepare(config)            # every check, before any run
-    check_output(spec, out)                   # refuses another study's or other settings' results
-    results = run(spec, scorer, out)          # results.json, results.md, results.png, provenance.json
+    spec, scorer = prepare(config)    # every check, before any run
+    check_output(spec, out)           # refuses another study's or other settings' results
+    results = run(spec, scorer, out)  # results.json, results.md, results.png, provenance.json
 
 Runs go draw by draw (every level and arm of draw 0 first), so a stopped study
 has its early draws complete and paired. results.json is rewritten atomically
@@ -21,6 +21,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+
+import ml_collections
 
 from moejax.errors import ConfigError
 from moejax.studies import report, scoring, spec as spec_lib
@@ -30,7 +33,7 @@ RESULTS, MARKDOWN, PLOT, PROVENANCE = ("results.json", "results.md", "results.pn
 OUTPUTS = (RESULTS, MARKDOWN, PLOT, PROVENANCE)
 
 
-def prepare(config) -> tuple[spec_lib.StudySpec, scoring.Scorer]:
+def prepare(config: ml_collections.ConfigDict) -> tuple[spec_lib.StudySpec, scoring.Scorer]:
   """The parsed study and its scorer; ConfigError for an unknown scorer, setting, arm
   setting, arm or metric, before anything runs."""
   first = spec_lib.load(config)
@@ -115,7 +118,8 @@ def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = Fal
   return stored
 
 
-def planned(spec: spec_lib.StudySpec, scorer: scoring.Scorer):
+def planned(spec: spec_lib.StudySpec,
+            scorer: scoring.Scorer) -> list[tuple[int, int, dict, list[str]]]:
   """[(draw, model, level, [arm, ...])] in run order: draws outermost, then models."""
   return [(draw, model, level, [a for a in spec.arm_names if scorer.applies(a, level)])
           for draw in range(spec.draws) for model in range(len(spec.models))
@@ -164,7 +168,7 @@ def provenance_entry(runs: int, seconds: float, *, stopped: bool) -> dict:
 
 
 def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
-        stored: dict | None = None, plot: bool = True, log=print,
+        stored: dict | None = None, plot: bool = True, log: Callable[..., None] = print,
         save_every_s: float = 10.0) -> dict:
   """Run what `stored` (check_output's) lacks; the results. Progress is saved to
   results.json at most every `save_every_s` seconds (0: after every (level, draw))."""

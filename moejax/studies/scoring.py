@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from moejax.registry import Registry, import_package_modules
+from moejax.studies.spec import StudySpec
 
 SCORERS: Registry[type["Scorer"]] = Registry("study.scorer")
 PAIRING = "pairing"
@@ -33,8 +34,9 @@ PAIRING = "pairing"
 class Scorer:
   settings: dict[str, Any] = {}  # class attribute: declared settings (defaults)
   arm_settings: dict[str, Any] = {}  # class attribute: declared arm settings (defaults)
+  models: list["Scorer"]  # a nested study's per-model scorers (set by runner.run)
 
-  def __init__(self, spec):
+  def __init__(self, spec: StudySpec) -> None:
     self.spec = spec
     self.settings = dict(spec.settings)
 

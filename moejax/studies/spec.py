@@ -25,6 +25,8 @@ import itertools
 import json
 from typing import Any
 
+import ml_collections
+
 from moejax.errors import ConfigError
 from moejax.evaluation.stats import DIRECTIONS
 
@@ -136,7 +138,7 @@ KEYS = ("name", "description", "scorer", "settings", "arms", "levels", "draws", 
 CLAIM_KEYS = tuple(f.name for f in dataclasses.fields(Claim))
 
 
-def load(config, *, scorer_defaults: dict | None = None, arm_defaults: dict | None = None,
+def load(config: ml_collections.ConfigDict, *, scorer_defaults: dict | None = None, arm_defaults: dict | None = None,
          metrics: tuple[str, ...] | None = None) -> StudySpec:
   """The parsed study; ConfigError (naming the key) for anything the runner cannot use.
 

@@ -131,7 +131,8 @@ class Placement:
 def make_placement(config, layout, build_model) -> Placement:
   """Shardings from the parameters' logical axes, found without building the model."""
   abstract = nnx.eval_shape(lambda: build_model(config))
-  graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+  split = nnx.split(abstract, nnx.Param, ...)
+  graphdef, params, rest = split  # type: ignore[misc]  # nnx.split stub: any arity
   optimizer = step_lib.make_optimizer(config.train)
 
   def init():

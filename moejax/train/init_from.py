@@ -98,8 +98,8 @@ def initial_state(config, state: step_lib.TrainState, optimizer, placement=None)
     params, rest = upcycle.upcycled(config, jax.device_get(state.params), jax.device_get(state.rest))
   else:
     params, rest = pretrained(config)
-  cast = lambda tree, like: jax.tree.map(lambda x, s: np.asarray(x).astype(s.dtype), tree, like)
-  params, rest = cast(params, state.params), cast(rest, state.rest)
+  params, rest = jax.tree.map(lambda x, s: np.asarray(x).astype(s.dtype), (params, rest),
+                              (state.params, state.rest))
 
   def fresh(p, r):
     return step_lib.TrainState(np.int32(0), p, r, optimizer.init(p))

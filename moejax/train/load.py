@@ -60,6 +60,7 @@ def load_model(workdir: str | None = None, hf_dir: str | None = None):
   if hf_dir is not None:
     loaded = import_hf(hf_dir)
     return loaded, hf_tokenizer(hf_dir), eos_token_id(loaded.hf_config, hf_dir)
+  assert workdir is not None  # exactly one of the two, checked above
   if is_converted_workdir(workdir):
     directory = os.path.join(workdir, "model")
     loaded = load_workdir(workdir)

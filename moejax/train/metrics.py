@@ -2,6 +2,7 @@
 import json
 import math
 import os
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class MetricWriter:
   def __init__(self, workdir: str, enabled: bool = True, start_step: int | None = None):
     self.enabled = enabled
     self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
-    self.tb = None
+    self.tb: Any = None  # tensorboardX.SummaryWriter (imported only when enabled)
     if enabled:
       tb_dir = os.path.join(workdir, "tensorboard")
       purge, suffix = None, ""
@@ -61,7 +62,7 @@ class MetricWriter:
     if not self.enabled:
       return
     for key, value in scalars.items():
-      if math.isfinite(value):
+      if math.isfinite(value) and self.tb is not None:
         self.tb.add_scalar(key, value, step)
     with open(self.jsonl_path, "a") as f:
       f.write(json.dumps({"step": step, **scalars}) + "\n")

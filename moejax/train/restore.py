@@ -63,13 +63,13 @@ def restore(workdir: str, step: int | None = None, *, for_generation=False) -> R
     state, data_state = ckpt.restore(step, jax.tree.map(np.asarray, state))
   finally:
     ckpt.close()
-  host = lambda tree: jax.tree.map(np.asarray, tree)
-  return Restored(config, graphdef, host(state.params), host(state.rest), data_state, step)
+  params, rest = jax.tree.map(np.asarray, (state.params, state.rest))
+  return Restored(config, graphdef, params, rest, data_state, step)
 
 
 def load_from_workdir(workdir: str, step: int | None = None, *, for_generation=False):
   """(config, graphdef, params, rest, tokenizer) of the checkpoint at `step` (latest
   by default), params and rest as device arrays (`restore`)."""
   r = restore(workdir, step, for_generation=for_generation)
-  device = lambda tree: jax.tree.map(jnp.asarray, tree)
-  return r.config, r.graphdef, device(r.params), device(r.rest), r.tokenizer
+  params, rest = jax.tree.map(jnp.asarray, (r.params, r.rest))
+  return r.config, r.graphdef, params, rest, r.tokenizer

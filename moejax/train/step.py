@@ -145,14 +145,24 @@ def with_state_dtype(inner: optax.GradientTransformation,
   return optax.GradientTransformation(init, update)
 
 
-def router_only(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`inner` on the router parameters (is_router_path), zero updates and no
-  optimizer state for every other parameter (train.trainable='router')."""
+TRAINED_PATHS = {  # train.trainable -> path (keys) -> whether the optimizer updates it
+    "router": is_router_path,
+    "prompt": lambda path: str(path[0]) in ("prompt", "head"),  # ViT prompt tuning
+    "head": lambda path: str(path[0]) == "head",  # linear probe
+}
+
+
+def trained_only(inner: optax.GradientTransformation,
+                 trainable: str) -> optax.GradientTransformation:
+  """`inner` on the parameters TRAINED_PATHS[trainable] selects, zero updates and no
+  optimizer state for every other parameter (train.trainable other than 'all')."""
+  is_trained = TRAINED_PATHS[trainable]
+
   def labels(params):
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "router" if is_router_path(
+        lambda path, _: "trained" if is_trained(
             [getattr(k, "key", getattr(k, "name", k)) for k in path]) else "frozen", params)
-  return optax.multi_transform({"router": inner, "frozen": optax.set_to_zero()}, labels)
+  return optax.multi_transform({"trained": inner, "frozen": optax.set_to_zero()}, labels)
 
 
 def make_optimizer(t) -> optax.GradientTransformation:
@@ -165,14 +175,17 @@ def make_optimizer(t) -> optax.GradientTransformation:
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
       decay_steps=max(t.steps, t.warmup_steps + 1), end_value=t.learning_rate * t.min_lr_ratio)
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+
+  def decay_mask(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
   chain = [optax.adamw(schedule, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
                        mask=decay_mask)]
   if t.grad_clip > 0:
     chain.insert(0, optax.clip_by_global_norm(t.grad_clip))
   optimizer = optax.chain(*chain)
-  if t.get("trainable", "all") == "router":
-    optimizer = router_only(optimizer)
+  if t.get("trainable", "all") != "all":
+    optimizer = trained_only(optimizer, t.trainable)
   param_dtype = t.get("param_dtype", "float32")
   opt_state_dtype = t.get("opt_state_dtype", "float32")
   if param_dtype != "float32" or opt_state_dtype != "float32":

@@ -49,6 +49,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     raise ConfigError(f"config file {path!r} (from {spec!r}) does not exist")
   module_spec = importlib.util.spec_from_file_location(
       f"moejax_sweep_config_{abs(hash(path))}", path)
+  if module_spec is None or module_spec.loader is None:
+    raise ConfigError(f"config file {path!r} (from {spec!r}) cannot be imported")
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   return module.get_config(arg) if arg else module.get_config()
@@ -178,7 +180,7 @@ def fingerprint(config: dict) -> dict:
 def same_config(saved_fingerprint: dict, config) -> bool:
   """Whether a result.json's fingerprint is `config`'s; keys added to the schema
   since it was written count at their defaults (moejax.migrate.with_defaults)."""
-  nested = {}
+  nested: dict = {}
   for key, value in saved_fingerprint.items():
     *parents, leaf = key.split(".")
     node = nested
@@ -227,7 +229,7 @@ def plot_curves(runs: list[tuple[str, str]], png_path: str) -> bool:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
-  colours = {}
+  colours: dict[str, str] = {}
   for label, run_dir in runs:
     first = label not in colours
     colours.setdefault(label, f"C{len(colours) % 10}")

@@ -95,6 +95,5 @@ def upcycled(config, moe_params: dict, moe_rest: dict):
   """(params, rest) of the MoE of `config` upcycled from init.upcycle_from."""
   _, step = source_config(config)
   _, _, dense_params, _, _ = load_from_workdir(config.init.upcycle_from, step)
-  to_host = lambda tree: jax.tree.map(np.asarray, tree)
-  return upcycle_params(to_host(dense_params), to_host(moe_params),
-                        config.model.moe.top_k), moe_rest
+  dense_params, moe_params = jax.tree.map(np.asarray, (dense_params, moe_params))
+  return upcycle_params(dense_params, moe_params, config.model.moe.top_k), moe_rest

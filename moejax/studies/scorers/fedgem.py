@@ -73,7 +73,10 @@ class FedGEMStudy(Scorer):
         rng, sep, clusters=s["clusters"], clients=s["clients"],
         held=(s["min_held"], s["max_held"]), dim=s["dim"], points=s["points"])
     truth, pairing, seed = np.concatenate(labels), digest(*data), s["seed"] + draw
-    ari = lambda pred: adjusted_rand_index(truth, np.concatenate(pred))  # noqa: E731
+
+    def ari(pred):
+      return adjusted_rand_index(truth, np.concatenate(pred))
+
     out = {}
     for name, arm in arms.items():
       method = arm["method"]

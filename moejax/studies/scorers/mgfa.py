@@ -202,8 +202,10 @@ class MGFAStudy(Scorer):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     by_key, spec = report.index_runs(results["runs"]), self.spec
-    value = lambda arm, level, metric: list(  # noqa: E731
-        report.values(spec, by_key, arm, level, metric).values())
+
+    def value(arm, level, metric):
+      return list(report.values(spec, by_key, arm, level, metric).values())
+
     arms = [a for a, arm in spec.arms if arm["method"] != "frechet"]
     levels = [lv for lv in spec.levels if lv["n"] == self.settings["points"]]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))

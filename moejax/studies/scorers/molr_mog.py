@@ -38,7 +38,10 @@ POSITIVE = ("mean_scale", "learning_rate", "sigma_min", "sigma_max", "report_sig
 def _squared(cells):
   """(mean, low, high) of exp(2 x) for t-intervals of x = ln sqrt(score_error): the
   geometric mean of the score error over draws and its interval."""
-  value = lambda c, v: math.exp(2 * (c.mean if v is None else v))  # noqa: E731
+
+  def value(c, v):
+    return math.exp(2 * (c.mean if v is None else v))
+
   return ([value(c, c.mean) for c in cells], [value(c, c.lo) for c in cells],
           [value(c, c.hi) for c in cells])
 
@@ -151,12 +154,18 @@ class MoLRMoG(Scorer):
     n, report_sigma = self.full_n(), self.settings["report_sigma"]
     error, sigmas = self.cells(results, "score_error"), self.axis("sigma")
     extra = {k: self.cells(results, k) for k in ("start_score_error", *PER_MODEL)}
-    fmt = lambda c: "—" if c is None else f"{c.mean:.2e} ± {(c.std or 0):.1e}"  # noqa: E731
+
+    def fmt(c):
+      return "—" if c is None else f"{c.mean:.2e} ± {(c.std or 0):.1e}"
+
     rows = []
     for arm in self.spec.arm_names:
       if (arm, n, report_sigma) not in error:
         continue
-      get = lambda k: extra[k].get((arm, n, report_sigma))  # noqa: E731
+
+      def get(k, arm=arm):
+        return extra[k].get((arm, n, report_sigma))
+
       rows.append([arm, molr_mog.MODELS[self.model(arm)],
                    f"{get('params').mean:.0f}" if get("params") else "—",
                    *(fmt(error.get((arm, n, s))) for s in sigmas), fmt(get("start_score_error")),

@@ -149,7 +149,10 @@ class PhenomenaAblation(Scorer):
       p = self.profile(draw)
       report = p["report"]
       ratio = max(layer["ratio"] for layer in report["massive_activations"]["layers"])
-      experts = lambda kind: ", ".join(f"{j}:{e}" for j, e in p["arms"][kind][1]) or "—"
+
+      def experts(kind, p=p):
+        return ", ".join(f"{j}:{e}" for j, e in p["arms"][kind][1]) or "—"
+
       rows.append([draw, f"{p['tokens'].shape[0]} x {p['tokens'].shape[1]}",
                    p["arms"]["super_experts"][0], experts("super_experts"),
                    experts("most_frequent"), experts("random"),

@@ -144,11 +144,11 @@ class RandOpt(Scorer):
       means, spans = [], []
       for s in steps:
         level = {"step": s, "task": "next_passage"}
-        found = report.values(self.spec, by_key, arm, level, "accuracy")
-        per_model = report.model_means(self.spec, list(found), list(found.values()))
+        by_unit = report.values(self.spec, by_key, arm, level, "accuracy")
+        per_model = report.model_means(self.spec, list(by_unit), list(by_unit.values()))
         interval = stats.t_interval(per_model) if len(per_model) else None
         means.append(np.nan if interval is None else interval.mean)
-        spans.append(0.0 if interval is None or interval.lo is None
+        spans.append(0.0 if interval is None or interval.hi is None
                      else interval.hi - interval.mean)
       right.errorbar(np.array(steps) * (1 + 0.03 * a), means, yerr=spans, marker="o",
                      capsize=3, color=f"C{a}", label=arm)

@@ -87,7 +87,10 @@ class RepetitionCurse(Scorer):
     if len(windows) < count:
       raise ConfigError(f"study.settings.num_prompts={count} must be at most the "
                         f"{len(windows)} held-out windows of block {draw}")
-    encode = lambda text: list(h.tokenizer.encode(text))
+
+    def encode(text):
+      return list(h.tokenizer.encode(text))
+
     prefix = [h.separator, *encode(s["prefix_text"])]
     chat = (encode(s["chat_open"]), encode(s["chat_close"]))
     ids = np.random.default_rng(draw).integers(32, 127, count * s["pattern"])
@@ -114,7 +117,10 @@ class RepetitionCurse(Scorer):
                                  s["capacity_factor"], moe.min_capacity)
       layers = rep.kind_report(routing, len(tokens), moe.num_experts, s["expert_shards"],
                                capacity, span)
-      mean = lambda key: float(np.mean([layer[key] for layer in layers]))
+
+      def mean(key, layers=layers):
+        return float(np.mean([layer[key] for layer in layers]))
+
       out[name] = {"same_set_fraction": mean("same_set_fraction"),
                    "forced_identical": rep.forced_identical(tokens),
                    "max_over_mean_load": mean("max_over_mean_load"),

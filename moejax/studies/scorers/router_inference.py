@@ -108,8 +108,11 @@ class Capacity(_TrainedModel):
                          [m.eval_batches()[draw]], m.config.model.moe.top_k)
 
   def score(self, level, draw, arms):
-    key = lambda a: (a["router"], 0.0, 0.0) if a["router"] == "model" else (
-        a["router"], level["gamma"], a["expand_r"])
+    def key(arm):
+      if arm["router"] == "model":
+        return arm["router"], 0.0, 0.0
+      return arm["router"], level["gamma"], arm["expand_r"]
+
     return {name: self._score(*key(arm), draw) for name, arm in arms.items()}
 
 

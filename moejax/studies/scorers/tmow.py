@@ -114,8 +114,13 @@ class TMoW(Scorer):
   def notes(self, results):
     m, k = self.means(results), self.settings["headline_shots"]
     last = max(self.shots)
-    mean = lambda arm, s=k: m[(arm, s)].mean if (arm, s) in m else float("nan")  # noqa: E731
-    than = lambda a, b, s=k: "below" if mean(a, s) < mean(b, s) else "not below"  # noqa: E731
+
+    def mean(arm, s=k):
+      return m[(arm, s)].mean if (arm, s) in m else float("nan")
+
+    def than(a, b, s=k):
+      return "below" if mean(a, s) < mean(b, s) else "not below"
+
     taus = [(a["tau"], name) for name, a in self.spec.arms if a["tau"] is not None]
     good = [f"{t:g}" for t, name in sorted(taus) if mean(name) < mean("global")]
     lines = ["## Notes", "",
@@ -156,8 +161,11 @@ class TMoW(Scorer):
     import matplotlib.pyplot as plt
     m, k, shots = self.means(results), self.settings["headline_shots"], sorted(self.shots)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    band = lambda cells: ([c.mean if c.lo is None else c.lo for c in cells],  # noqa: E731
-                          [c.mean if c.hi is None else c.hi for c in cells])
+
+    def band(cells):
+      return ([c.mean if c.lo is None else c.lo for c in cells],
+              [c.mean if c.hi is None else c.hi for c in cells])
+
     for c, name in enumerate(n for n in self.spec.arm_names if self.spec.arm(n)["tau"] is None):
       xs = [s for s in shots if (name, s) in m]
       if not xs:
