@@ -67,8 +67,8 @@ def test_supervision_reaches_the_routers_not_the_experts_and_descends(dense):
   _, log0 = finetune.finetune(config, m, params, rest, moe_params, rest, batches, 0.0)
   assert [s for _, s in log0] == [0.0, 0.0]
   loss = finetune.make_loss(m, moe_m, 1.0)
-  sup = lambda p: loss(p, rest, params, rest, batches[0])[1][1]
-  g = jax.grad(sup)(moe_params)
+  sup = jax.jit(lambda p: loss(p, rest, params, rest, batches[0])[1][1])  # one program, not
+  g = jax.jit(jax.grad(sup))(moe_params)  # one per operation
   last = g["blocks"][max(g["blocks"])]["ffn"]["experts"]
   assert all(float(np.abs(w).max()) == 0 for w in last.values())
   for block in g["blocks"].values():
