@@ -9,7 +9,7 @@ are upgraded by moejax/migrate.py.
 """
 import ml_collections
 
-from moejax import experts, losses, routing, sharding
+from moejax import adapters, experts, losses, routing, sharding
 from moejax.errors import ConfigError, choice_error
 from moejax.registry import PartSettings
 
@@ -19,7 +19,7 @@ ATTENTION_KINDS = ("gqa", "mla")
 QK_NORMS = ("none", "per_head", "across_heads")
 ROPE_SCALINGS = ("default", "yarn")
 BALANCE_STATISTICS = ("step", "micro_batch")  # train.balance_statistics
-TRAINABLE = ("all", "router")  # train.trainable
+TRAINABLE = ("all", "router", "prompt", "head")  # train.trainable
 TASKS = ("lm", "classification")  # task
 VIT_POOLINGS = ("cls", "mean")  # model.vit.pooling
 
@@ -134,6 +134,13 @@ def base_config() -> ml_collections.ConfigDict:
   # pooled by the CLS token or the mean over patches into num_classes logits.
   m.vit = ml_collections.ConfigDict(dict(
       image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling="cls"))
+  # Prompt tuning (moejax/adapters/): adapter 'none' or a registered one (vpt_shallow,
+  # vpt_deep, vapt) with num_tokens prompt slots after the CLS token; an adapter's own
+  # settings in model.vit.prompt.<name>, defaults declared in its file.
+  m.vit.prompt = ml_collections.ConfigDict(dict(adapter=adapters.NO_ADAPTER, num_tokens=4))
+  for name, spec in adapters.ADAPTERS.items():
+    if spec.settings:
+      m.vit.prompt[name] = ml_collections.ConfigDict(dict(spec.settings))
 
   c.data = d = ml_collections.ConfigDict()
   d.name = "shakespeare"
@@ -206,7 +213,8 @@ def base_config() -> ml_collections.ConfigDict:
   t.opt_state_dtype = "float32"
   # Which parameters the optimizer updates (moejax/train/step.py): 'all', or
   # 'router' (router parameters only, every other update zero: GEMQ's router
-  # fine-tuning of a quantized model, moejax/posttrain/compress_pipeline.py).
+  # fine-tuning of a quantized model, moejax/posttrain/compress_pipeline.py), or for
+  # the ViT 'prompt' (the prompt adapter and the head) or 'head' (a linear probe).
   t.trainable = "all"
 
   # Device mesh (moejax/sharding.py): axis sizes, -1 = the devices left over.
