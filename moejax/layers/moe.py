@@ -18,7 +18,6 @@ parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
 """
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +26,6 @@ from jax.ad_checkpoint import checkpoint_name
 
 from moejax import dispatch, experts, losses, routing, sharding
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
-from moejax.experts import merged
 from moejax.layers.dense import SwiGLU
 
 
@@ -114,10 +112,6 @@ class MoELayer(nnx.Module):
                                                              cfg.num_experts)
     self.expert_type = experts.get_expert_type(cfg.get("experts", "swiglu"))
     self.experts = self.expert_type.build(cfg.num_experts, d_model, cfg, rngs=rngs)
-    self.merge_rule = merged.rule_of(cfg)  # model.moe.merge (moejax/experts/merged.py)
-    self.merge_base = nnx.data(None)
-    if self.merge_rule is not None and self.merge_rule.needs_base:
-      self.merge_base = self.expert_type.build(1, d_model, cfg, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
     if cfg.num_shared_experts > 0:
@@ -135,8 +129,6 @@ class MoELayer(nnx.Module):
     step_stats {loss name: stats}: the step's statistics of the losses that declare
     them (moejax/losses/base.py), used instead of this call's; aux["step_stats"]
     holds this call's (gradient accumulation sums them, moejax/train/step.py)."""
-    if self.merge_rule is not None:
-      return self.merged_call(x_BxLxD, token_mask)
     cfg = self.cfg
     b, length, d = x_BxLxD.shape
     x_TxD = sharding.constrain(x_BxLxD.reshape(b * length, d), ("batch", "act_embed"))
@@ -196,22 +188,6 @@ class MoELayer(nnx.Module):
     if not hasattr(self, "__captures__"):
       return y_BxLxD
     return self.perturb("output", y_BxLxD)
-
-  def merged_call(self, x_BxLxD, token_mask=None):
-    """model.moe.merge: per segment, one expert merged from all under the previous
-    segment's gates (moejax/experts/merged.py); (y, aux) as __call__."""
-    settings = merged.SETTINGS.options(self.cfg)
-    router_dtype = jnp.promote_types(jnp.float32, self.dtype)
-    gates, _ = merged.segment_gates(x_BxLxD.astype(router_dtype), self.router_logits,
-                                    settings["segment_len"], token_mask)
-    base = None if self.merge_base is None else {
-        name: w[0] for name, w in self.merge_base.weights(self.dtype).items()}
-    expert = functools.partial(self.expert_type.expert, **self.expert_type.options(self.cfg))
-    y = merged.merged_forward(x_BxLxD.astype(self.dtype), gates, expert,
-                              self.experts.weights(self.dtype), base, self.merge_rule,
-                              settings["segment_len"], settings["eta"])
-    return self.gradient_probe(y), merged.layer_aux(gates, x_BxLxD.shape[1],
-                                                    settings["segment_len"], token_mask)
 
   def router_logits(self, x_TxD):
     """What the router's `route` receives: x W, or its own projection of x."""
