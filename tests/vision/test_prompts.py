@@ -25,9 +25,10 @@ from tests.helpers import set_key
 BATCH, GRID = 3, 4  # 8x8 images in 2x2 patches: a 4x4 patch grid
 
 
-def prompted_cfg(adapter, *, d=16, layers=2, tokens=3, pooling="cls", hidden=4):
+def prompted_cfg(adapter, *, d=16, layers=2, tokens=3, pooling="cls", hidden=4, scan=False):
   """A dense ViT of width d on 8x8x1 images with `tokens` prompt slots of `adapter`."""
   m = base_config().model
+  m.scan_layers = scan
   m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim = d, layers, 4, 2, 8
   m.d_ff, m.ffn_type = 24, "dense"
   m.vit.pooling = pooling
@@ -127,6 +128,14 @@ def test_the_prompted_vit_is_the_plain_vit_on_the_sequence_built_by_hand(adapter
   # The slots take part in the attention: even prompts of 0 change the logits.
   plain = by_hand(model, images(), [None, None], prefix)
   assert np.abs(np.asarray(logits - plain)).max() > 1e-4
+
+
+def test_vpt_shallow_over_scanned_blocks_computes_the_loop_model():
+  """Scanned blocks from the same seed hold the loop model's parameters (the decoder's
+  scale skeleton); the first block's prompts enter before the scan."""
+  loop, scanned = (build(prompted_cfg("vpt_shallow", scan=scan)) for scan in (False, True))
+  np.testing.assert_array_equal(loop.prompt.tokens[...], scanned.prompt.tokens[...])
+  np.testing.assert_allclose(scanned(images())[0], loop(images())[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel, padding", [(2, 0), (3, 0), (3, 1)])
