@@ -13,12 +13,15 @@ Variants by arg (comma-separated key=value):
   :size=tiny                a seconds-long smoke run
   :shared=1                 one shared expert beside the routed ones
   :experts=16,top_k=4       more, finer experts
+  :merge=smear              merge expert weights per segment of `segment` tokens instead of
+                            dispatching tokens (SMEAR; ep_camex: CAMEx with a base expert;
+                            moejax/experts/merged.py), no routing loss
 e.g. --config=configs/lm_shakespeare_moe.py:router=sigmoid_bias,size=tiny
 """
 from moejax.config import apply_size, base_config, parse_config_arg
 
 DEFAULTS = dict(router="topk", dispatch="dropless", size="small", shared=0,
-                experts=8, top_k=2, dense=False)
+                experts=8, top_k=2, dense=False, merge="none", segment=16)
 
 
 def get_config(arg=None):
@@ -37,6 +40,10 @@ def get_config(arg=None):
     # renormalised top-k weights scales the expert output up (~2x at top-2 of 8)
     # and cost +7% val bpb in the router sweep (2.65 vs 2.47). Keep both alike.
     c.model.moe.renormalize = False
+  c.model.moe.merge = a.merge
+  c.model.moe.merged.segment_len = a.segment
+  if a.merge != "none":  # segments are merged, no token is dispatched: no routing loss
+    c.model.moe.loss_weights = {}
   apply_size(c, a.size)
   if a.dense:
     c.model.ffn_type = "dense"

@@ -10,6 +10,7 @@ are upgraded by moejax/migrate.py.
 import ml_collections
 
 from moejax import adapters, experts, losses, routing, sharding
+from moejax.experts import merged
 from moejax.errors import ConfigError, choice_error
 from moejax.registry import PartSettings
 
@@ -94,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Expert type (moejax/experts): swiglu | atomic; its own settings: model.moe.<type>.
   e.experts = "swiglu"
   e.dispatch = "dropless"
+  # none | smear | ep_camex: merge expert parameters per segment instead of dispatching
+  # tokens (moejax/experts/merged.py; settings model.moe.merged.segment_len, eta, gamma).
+  e.merge = "none"
   # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
   e.grouped_matmul = "auto"
   # grouped_matmul 'gmm' (also 'auto' on TPU/GPU): kernels.BACKENDS, checked when gmm is used
@@ -232,7 +236,7 @@ def parts_with_settings() -> list[PartSettings]:
   declares settings (moejax/registry.py, PartSettings)."""
   return [spec.config_section
           for registry in (routing.ROUTERS, experts.EXPERT_TYPES, losses.LOSSES)
-          for _, spec in registry.items() if spec.settings]
+          for _, spec in registry.items() if spec.settings] + [merged.SETTINGS]
 
 
 def add_part_sections(e) -> None:

@@ -1,6 +1,6 @@
 """Writes docs/reference/config.md: every key of moejax.config.base_config() with
 its default and the comment beside it in moejax/config.py, then every registered
-router's, expert type's and loss's own settings section, and the names each
+router's, expert type's, loss's and merge rule's own settings section, and the names each
 choosing key accepts.
 
     .venv/bin/python scripts/config_reference.py           # write the page
@@ -95,6 +95,7 @@ def render() -> str:
   from moejax import config as cfg_module
   from moejax import dispatch, experts, losses, routing
   from moejax.dispatch import grouped_matmul
+  from moejax.experts import merged
   from moejax.models import MODELS
   base = cfg_module.base_config()
   comments = source_comments()
@@ -124,6 +125,7 @@ def render() -> str:
                 ("Losses", losses.LOSSES, "model.moe.losses.{}"),
                 ("Dispatchers", dispatch.DISPATCHERS, None),
                 ("Grouped matmuls", grouped_matmul.GROUPED_MATMULS, None),
+                ("Merged experts", merged.MERGE_RULES, "model.moe.merged"),
                 ("Models", MODELS, None)]
   out += ["## Registered parts and their settings", "",
           "A part is chosen by name; its own settings live in its section, created at the",
