@@ -61,16 +61,21 @@ def test_score_batches_reports_loss_and_top_k_load(tiny):
 def test_calibration_captures_moe_inputs_and_finds_duplicate_experts(tiny):
   config, graphdef, params, rest, windows = tiny
   from flax import nnx
-  model = nnx.merge(graphdef, params, rest)
-  inputs = moe_layer_inputs(model, jnp.asarray(windows[:, :-1]))
+
+  @jax.jit  # one program each, not one per operation
+  def inputs_and_by_hand(params, rest, tokens):
+    model = nnx.merge(graphdef, params, rest)
+    # Oracle for the first layer's input: ffn_norm(x + attn(attn_norm(x))) by hand.
+    block, x = model.blocks[0], model.embed[...][tokens]
+    positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+    causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))[None]
+    attended, _ = block.attn(block.attn_norm(x), positions, causal)
+    return moe_layer_inputs(model, tokens), block.ffn_norm(x + attended)
+
+  inputs, by_hand = inputs_and_by_hand(params, rest, jnp.asarray(windows[:, :-1]))
   assert len(inputs) == config.model.num_layers
-  # Oracle for the first layer's input: ffn_norm(x + attn(attn_norm(x))) by hand.
-  block, x = model.blocks[0], model.embed[...][windows[:, :-1]]
-  positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-  causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))[None]
-  attended, _ = block.attn(block.attn_norm(x), positions, causal)
-  by_hand = block.ffn_norm(x + attended)
-  np.testing.assert_allclose(inputs[0], by_hand.reshape(-1, x.shape[-1]), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(inputs[0], by_hand.reshape(-1, by_hand.shape[-1]), rtol=1e-6,
+                             atol=1e-6)
   # Make expert 3 a copy of expert 1 in every layer: CKA(1, 3) = 1, others < 1.
   params = jax.tree.map(lambda v: v, params)
   for block_params in params["blocks"].values():
