@@ -11,6 +11,7 @@ the learning rate (a fine-tuning 3e-4 with a short warmup) and the data.
 Args: family (mixtral | qwen2_moe | qwen3_moe | olmoe | deepseek_v3 | moejax),
 steps, seq_len, batch_size.
 """
+
 from moejax.config import base_config, parse_config_arg
 
 DEFAULTS = dict(family="qwen3_moe", steps=200, seq_len=64, batch_size=8)

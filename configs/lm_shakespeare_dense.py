@@ -5,6 +5,7 @@ top_k * expert_d_ff, i.e. equal active parameters per token (the router aside).
 
 Args as configs/lm_shakespeare_moe.py (size=tiny, ...).
 """
+
 from moejax.configs import lm_shakespeare_moe
 
 

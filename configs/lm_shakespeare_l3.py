@@ -26,6 +26,7 @@ Args (comma-separated key=value): size=tiny|small, budget=, cap=,
 allocation=, l3_layers= (block indices joined by '+', e.g. 1+3).
 e.g. --config=configs/lm_shakespeare_l3.py:size=tiny,allocation=frequency
 """
+
 from moejax.config import parse_config_arg
 from moejax.configs import lm_shakespeare_moe
 
@@ -42,8 +43,7 @@ def l3_flops(d_model: int, cap: int, d_emb: int, d_up: int) -> int:
 def moe_active_flops(m) -> int:
   """FFN FLOPs per token of the default MoE (top_k experts + router), all layers."""
   e = m.moe
-  return m.num_layers * (e.top_k * 6 * m.d_model * e.expert_d_ff
-                         + 2 * m.d_model * e.num_experts)
+  return m.num_layers * (e.top_k * 6 * m.d_model * e.expert_d_ff + 2 * m.d_model * e.num_experts)
 
 
 def get_config(arg=None):

@@ -18,10 +18,20 @@ Variants by arg (comma-separated key=value):
                             moejax/experts/merged.py), no routing loss
 e.g. --config=configs/lm_shakespeare_moe.py:router=sigmoid_bias,size=tiny
 """
+
 from moejax.config import apply_size, base_config, parse_config_arg
 
-DEFAULTS = dict(router="topk", dispatch="dropless", size="small", shared=0,
-                experts=8, top_k=2, dense=False, merge="none", segment=16)
+DEFAULTS = dict(
+  router="topk",
+  dispatch="dropless",
+  size="small",
+  shared=0,
+  experts=8,
+  top_k=2,
+  dense=False,
+  merge="none",
+  segment=16,
+)
 
 
 def get_config(arg=None):

@@ -29,6 +29,7 @@ Variants by arg (comma-separated key=value):
                              on CPU the token-centric gather is ~2x faster)
   :experts=1024,top_k=64     other grid / sparsity (f_s re-derived)
 """
+
 from moejax.config import apply_size, base_config, parse_config_arg
 
 DEFAULTS = dict(size="small", schedule="naive", experts=0, top_k=0)
@@ -49,10 +50,11 @@ def get_config(arg=None):
   e.top_k = a.top_k or preset_k
   if a.schedule not in SCHEDULES:
     from moejax.errors import choice_error
+
     raise choice_error("config arg schedule", a.schedule, SCHEDULES)
   e.grouped_matmul, e.dropless_tile = SCHEDULES[a.schedule], TILE
   e.loss_weights = {}
-  n = int(round(e.num_experts ** 0.5))  # validate_config checks n * n = N
+  n = int(round(e.num_experts**0.5))  # validate_config checks n * n = N
   e.num_shared_experts = 1
   e.shared_d_ff = max(1, round((3 * active - 2 * n - 2 * e.top_k) / 3))
   return c

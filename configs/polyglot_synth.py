@@ -11,6 +11,7 @@ top-2, dropless; evaluation every 50 steps on all 512 held-out documents.
 Args: the MoE args of configs/lm_shakespeare_moe.py (router=..., experts=..., top_k=...)
 except size; e.g. --config=configs/polyglot_synth.py:router=expert_choice
 """
+
 from moejax.configs import lm_shakespeare_moe
 
 

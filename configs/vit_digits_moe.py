@@ -16,6 +16,7 @@ Variants by arg (comma-separated key=value):
   :steps=100          shorter training
 e.g. --config=configs/vit_digits_moe.py:moe=0
 """
+
 from moejax.config import base_config, parse_config_arg
 
 DEFAULTS = dict(moe=True, experts=4, top_k=2, router="topk", pooling="cls", steps=400)
@@ -28,8 +29,7 @@ def get_config(arg=None):
   c.model_name = "vit"
   c.task = "classification"
   m = c.model
-  m.vit.update(dict(image_size=8, patch_size=2, num_channels=1, num_classes=10,
-                    pooling=a.pooling))
+  m.vit.update(dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling=a.pooling))
   m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim = 64, 4, 4, 4, 16
   m.ffn_type = "moe" if a.moe else "dense"
   m.moe.num_experts, m.moe.top_k, m.moe.router = a.experts, a.top_k, a.router

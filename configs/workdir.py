@@ -7,6 +7,7 @@ experiments.compress), whose model no config file describes.
 
 Args: path (the workdir). Overrides (--config.train.steps=...) apply on top.
 """
+
 from moejax.config import parse_config_arg
 from moejax.errors import ConfigError
 
@@ -16,4 +17,5 @@ def get_config(arg=None):
   if not a.path:
     raise ConfigError("configs/workdir.py needs the workdir: configs/workdir.py:path=DIR")
   from moejax.train.checkpoint import latest_config
+
   return latest_config(a.path)[0]

@@ -21,6 +21,7 @@ Args: model=xs|s|s_dense|s_upcycled, seed=N, and the MoE args of
 configs/lm_shakespeare_moe.py (router=..., dispatch=...), so a sweep can vary
 the router on a zoo model: configs/zoo.py:model=xs,router=probmoe.
 """
+
 from moejax.config import parse_config_arg
 from moejax.configs import lm_shakespeare_moe
 from moejax.train.zoo import workdir_of
@@ -28,13 +29,14 @@ from moejax.train.zoo import workdir_of
 # name: (d_model, num_layers, num_heads, num_kv_heads, head_dim, experts, top_k,
 #        expert_d_ff, seq_len, batch_size, steps)
 SIZES = {
-    "xs": (64, 4, 4, 2, 16, 8, 2, 128, 128, 16, 600),
-    "s": (128, 6, 4, 2, 32, 16, 4, 128, 128, 32, 1200),
+  "xs": (64, 4, 4, 2, 16, 8, 2, 128, 128, 16, 600),
+  "s": (128, 6, 4, 2, 32, 16, 4, 128, 128, 32, 1200),
 }
 MODELS = ("xs", "s", "s_dense", "s_upcycled")
 UPCYCLE_SOURCE, UPCYCLE_AT = "s_dense", 0.3  # s_upcycled starts from s_dense's 30% snapshot
-MOE_ARGS = {k: v for k, v in lm_shakespeare_moe.DEFAULTS.items()
-            if k in ("router", "dispatch", "shared")}
+MOE_ARGS = {
+  k: v for k, v in lm_shakespeare_moe.DEFAULTS.items() if k in ("router", "dispatch", "shared")
+}
 
 
 def size_of(model: str) -> str:
@@ -45,16 +47,23 @@ def get_config(arg=None):
   a = parse_config_arg(arg, dict(model="xs", seed=0, **MOE_ARGS))
   if a.model not in MODELS:
     from moejax.errors import choice_error
+
     raise choice_error("config arg model", a.model, MODELS)
-  (d, layers, heads, kv_heads, head_dim, experts, top_k, width, seq_len, batch,
-   steps) = SIZES[size_of(a.model)]
+  (d, layers, heads, kv_heads, head_dim, experts, top_k, width, seq_len, batch, steps) = SIZES[
+    size_of(a.model)
+  ]
   c = lm_shakespeare_moe.get_config(
-      f"router={a.router},dispatch={a.dispatch},shared={a.shared},experts={experts},"
-      f"top_k={top_k}")
+    f"router={a.router},dispatch={a.dispatch},shared={a.shared},experts={experts},top_k={top_k}"
+  )
   c.seed = a.seed
   m = c.model
   m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim = (
-      d, layers, heads, kv_heads, head_dim)
+    d,
+    layers,
+    heads,
+    kv_heads,
+    head_dim,
+  )
   m.moe.expert_d_ff = m.moe.shared_d_ff = width
   m.d_ff = top_k * width  # the dense twin's width: the MoE's active FFN width
   if a.model == "s_dense":

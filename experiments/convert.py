@@ -23,6 +23,7 @@ gives a float ('swiglu') model.
 Import refuses a workdir that holds a training run (--allow_mixed overrides);
 export refuses an --out_hf_dir that exists and is not empty.
 """
+
 import os
 
 from absl import flags
@@ -35,24 +36,40 @@ from moejax.interop.hf_config import FAMILIES
 from moejax.train.load import load_model
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory to import.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "moejax workdir (written on import, read on export).")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "moejax workdir (written on import, read on export)."
+)
 _OUT_HF_DIR = flags.DEFINE_string("out_hf_dir", None, "HF directory to write (export).")
-_FAMILY = cli.checked(flags.DEFINE_string(
-    "family", None, "Export as this HF model_type (default: the model's own; 'mixtral' for "
-    "training workdirs)."), cli.one_of(*FAMILIES))
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
-                           "Export dtype (default: the parameters' own).")
-_PARAM_DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"],
-                                 "Dtype of the imported parameters.")
-_MAX_SHARD_MB = cli.checked(flags.DEFINE_integer("max_shard_mb", 2048, "Largest safetensors "
-                                                 "shard written (export)."), cli.at_least(1))
-_CHECK_LOGITS = flags.DEFINE_bool("check_logits", False, "After export, load it in "
-                                   "transformers and compare logits with moejax's.")
-_CHECK_ATOL = cli.checked(flags.DEFINE_float("check_atol", 1e-4, "Largest logit difference "
-                                             "--check_logits accepts."),
-                          cli.in_range(0, 1e3, low_open=True))
-_ALLOW_MIXED = flags.DEFINE_bool("allow_mixed", False, "Import into a workdir that already "
-                                 "holds a training run (experiments.train).")
+_FAMILY = cli.checked(
+  flags.DEFINE_string(
+    "family",
+    None,
+    "Export as this HF model_type (default: the model's own; 'mixtral' for training workdirs).",
+  ),
+  cli.one_of(*FAMILIES),
+)
+_DTYPE = flags.DEFINE_enum(
+  "dtype", None, ["float32", "bfloat16", "float16"], "Export dtype (default: the parameters' own)."
+)
+_PARAM_DTYPE = flags.DEFINE_enum(
+  "param_dtype", "float32", ["float32", "bfloat16"], "Dtype of the imported parameters."
+)
+_MAX_SHARD_MB = cli.checked(
+  flags.DEFINE_integer("max_shard_mb", 2048, "Largest safetensors shard written (export)."),
+  cli.at_least(1),
+)
+_CHECK_LOGITS = flags.DEFINE_bool(
+  "check_logits", False, "After export, load it in transformers and compare logits with moejax's."
+)
+_CHECK_ATOL = cli.checked(
+  flags.DEFINE_float("check_atol", 1e-4, "Largest logit difference --check_logits accepts."),
+  cli.in_range(0, 1e3, low_open=True),
+)
+_ALLOW_MIXED = flags.DEFINE_bool(
+  "allow_mixed",
+  False,
+  "Import into a workdir that already holds a training run (experiments.train).",
+)
 
 EXPORT_ONLY = (_FAMILY, _DTYPE, _MAX_SHARD_MB, _CHECK_LOGITS, _CHECK_ATOL)
 IMPORT_ONLY = (_PARAM_DTYPE, _ALLOW_MIXED)
@@ -72,12 +89,15 @@ def import_main() -> None:
     raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
   # tensor by tensor (moejax/interop/streaming.py): every tensor's presence, shape and
   # dtype checked before the first write, memory bounded by the largest tensor
-  m, unused = streaming.import_to_workdir(_HF_DIR.value, _WORKDIR.value, _PARAM_DTYPE.value,
-                                          extra_files_from=_HF_DIR.value)
+  m, unused = streaming.import_to_workdir(
+    _HF_DIR.value, _WORKDIR.value, _PARAM_DTYPE.value, extra_files_from=_HF_DIR.value
+  )
   directory = os.path.join(_WORKDIR.value, WORKDIR_MODEL)
-  print(f"imported {m.family} ({m.num_layers} layers, {m.moe.num_experts} experts) into "
-        f"{directory}" + (f"; {len(unused)} checkpoint tensors unused, e.g. {unused[0]}"
-                          if unused else ""))
+  print(
+    f"imported {m.family} ({m.num_layers} layers, {m.moe.num_experts} experts) into "
+    f"{directory}"
+    + (f"; {len(unused)} checkpoint tensors unused, e.g. {unused[0]}" if unused else "")
+  )
 
 
 def export_main() -> None:
@@ -92,10 +112,17 @@ def export_main() -> None:
   loaded, _, _ = load_model(workdir=_WORKDIR.value)
   family = _FAMILY.value or ("mixtral" if loaded.config.family == "moejax" else None)
   extra = os.path.join(_WORKDIR.value, "model")
-  hf = export_hf(loaded.config, loaded.params, loaded.rest, out,
-                 family=family, dtype=_DTYPE.value, base_hf_config=loaded.hf_config,
-                 max_shard_bytes=_MAX_SHARD_MB.value << 20,
-                 extra_files_from=extra if os.path.isdir(extra) else None)
+  hf = export_hf(
+    loaded.config,
+    loaded.params,
+    loaded.rest,
+    out,
+    family=family,
+    dtype=_DTYPE.value,
+    base_hf_config=loaded.hf_config,
+    max_shard_bytes=_MAX_SHARD_MB.value << 20,
+    extra_files_from=extra if os.path.isdir(extra) else None,
+  )
   print(f"exported {hf['architectures'][0]} to {out}")
   record = dense_experts.read_record(out)
   if record is not None:
@@ -103,8 +130,10 @@ def export_main() -> None:
   if _CHECK_LOGITS.value:
     diff, scale = parity.export_logit_difference(loaded, out)
     verdict = "matches" if diff <= _CHECK_ATOL.value else "DIFFERS"
-    print(f"transformers {verdict}: max |logit difference| {diff:.2e} "
-          f"(--check_atol={_CHECK_ATOL.value:g}; largest |logit| {scale:.2f})")
+    print(
+      f"transformers {verdict}: max |logit difference| {diff:.2e} "
+      f"(--check_atol={_CHECK_ATOL.value:g}; largest |logit| {scale:.2f})"
+    )
     if diff > _CHECK_ATOL.value:
       raise SystemExit(1)
 
@@ -117,9 +146,11 @@ def main(argv):
   elif given == (False, True, True):
     export_main()
   else:
-    raise ConfigError("give --hf_dir and --workdir (import) or --workdir and --out_hf_dir "
-                      f"(export) (--hf_dir={_HF_DIR.value}, --workdir={_WORKDIR.value}, "
-                      f"--out_hf_dir={_OUT_HF_DIR.value})")
+    raise ConfigError(
+      "give --hf_dir and --workdir (import) or --workdir and --out_hf_dir "
+      f"(export) (--hf_dir={_HF_DIR.value}, --workdir={_WORKDIR.value}, "
+      f"--out_hf_dir={_OUT_HF_DIR.value})"
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ load, and the latency model's busiest device (experts in --expert_shards
 contiguous blocks) over the balanced count, without and with capacity
 dropping at --capacity_factor (moejax/analysis/repetition.py).
 """
+
 import json
 
 from absl import flags
@@ -20,31 +21,40 @@ from moejax import cli
 from moejax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
-_LENGTH = cli.checked(flags.DEFINE_integer("length", 0, "Tokens per prompt; 0 = the "
-                                           "training seq_len."), cli.at_least(0))
-_NUM_PROMPTS = cli.checked(flags.DEFINE_integer("num_prompts", 8, "Prompts of each kind."),
-                           cli.at_least(1))
-_EXPERT_SHARDS = cli.checked(flags.DEFINE_integer("expert_shards", 8, "Devices the experts "
-                                                  "are split over."), cli.at_least(1))
-_CAPACITY_FACTOR = cli.checked(flags.DEFINE_float("capacity_factor", 1.25, "Capacity of the "
-                                                  "defence."),
-                               cli.in_range(0, float("inf"), low_open=True))
-_SEED = cli.checked(flags.DEFINE_integer("seed", 0, "Draw of the repeated tokens."),
-                    cli.in_range(0, 2**32 - 1))
+_LENGTH = cli.checked(
+  flags.DEFINE_integer("length", 0, "Tokens per prompt; 0 = the training seq_len."), cli.at_least(0)
+)
+_NUM_PROMPTS = cli.checked(
+  flags.DEFINE_integer("num_prompts", 8, "Prompts of each kind."), cli.at_least(1)
+)
+_EXPERT_SHARDS = cli.checked(
+  flags.DEFINE_integer("expert_shards", 8, "Devices the experts are split over."), cli.at_least(1)
+)
+_CAPACITY_FACTOR = cli.checked(
+  flags.DEFINE_float("capacity_factor", 1.25, "Capacity of the defence."),
+  cli.in_range(0, float("inf"), low_open=True),
+)
+_SEED = cli.checked(
+  flags.DEFINE_integer("seed", 0, "Draw of the repeated tokens."), cli.in_range(0, 2**32 - 1)
+)
 _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
 flags.mark_flag_as_required("workdir")
 
 
 def table(report: dict) -> str:
-  lines = [f"{report['prompts']} prompts of {report['length']} tokens; experts over "
-           f"{report['expert_shards']} devices; capacity {report['capacity']} rows per expert",
-           "layer | same top-k set: repeated / natural | max/mean load: repeated / natural | "
-           "busiest device: repeated / natural | repeated with capacity"]
+  lines = [
+    f"{report['prompts']} prompts of {report['length']} tokens; experts over "
+    f"{report['expert_shards']} devices; capacity {report['capacity']} rows per expert",
+    "layer | same top-k set: repeated / natural | max/mean load: repeated / natural | "
+    "busiest device: repeated / natural | repeated with capacity",
+  ]
   for i, (r, n) in enumerate(zip(report["repeated"], report["natural"])):
-    lines.append(f"{i} | {r['same_set_fraction']:.3f} / {n['same_set_fraction']:.3f} | "
-                 f"{r['max_over_mean_load']:.2f} / {n['max_over_mean_load']:.2f} | "
-                 f"{r['busiest_device']:.2f} / {n['busiest_device']:.2f} | "
-                 f"{r['busiest_device_capped']:.2f}")
+    lines.append(
+      f"{i} | {r['same_set_fraction']:.3f} / {n['same_set_fraction']:.3f} | "
+      f"{r['max_over_mean_load']:.2f} / {n['max_over_mean_load']:.2f} | "
+      f"{r['busiest_device']:.2f} / {n['busiest_device']:.2f} | "
+      f"{r['busiest_device_capped']:.2f}"
+    )
   return "\n".join(lines)
 
 
@@ -58,8 +68,8 @@ def main(argv):
   from moejax.evaluation.bpb import domain_windows
   from moejax.dispatch.capacity import expert_capacity
   from moejax.train.restore import load_from_workdir
-  config, graphdef, params, rest, tokenizer = load_from_workdir(_WORKDIR.value,
-                                                                for_generation=True)
+
+  config, graphdef, params, rest, tokenizer = load_from_workdir(_WORKDIR.value, for_generation=True)
   moe = config.model.moe
   if config.model.ffn_type != "moe" or config.model.moe.expert_counts:
     raise ConfigError(f"needs an MoE model with one expert count (--workdir={_WORKDIR.value})")
@@ -75,15 +85,20 @@ def main(argv):
   if len(windows) < count:
     raise cli.flag_error(_NUM_PROMPTS, f"expected at most the {len(windows)} held-out windows")
   natural = windows[np.linspace(0, len(windows) - 1, count).astype(int)]
-  capacity = expert_capacity(count * length, moe.num_experts, moe.top_k,
-                             _CAPACITY_FACTOR.value, moe.min_capacity)
-  report = {"model": _WORKDIR.value, "prompts": count, "length": length,
-            "expert_shards": _EXPERT_SHARDS.value, "capacity": capacity,
-            "repeated_tokens": ids.tolist()}
+  capacity = expert_capacity(
+    count * length, moe.num_experts, moe.top_k, _CAPACITY_FACTOR.value, moe.min_capacity
+  )
+  report = {
+    "model": _WORKDIR.value,
+    "prompts": count,
+    "length": length,
+    "expert_shards": _EXPERT_SHARDS.value,
+    "capacity": capacity,
+    "repeated_tokens": ids.tolist(),
+  }
   for kind, tokens in (("repeated", repeated), ("natural", natural)):
     routing = rep.routing_of(graphdef, params, rest, jnp.asarray(tokens))
-    report[kind] = rep.kind_report(routing, count, moe.num_experts, _EXPERT_SHARDS.value,
-                                   capacity)
+    report[kind] = rep.kind_report(routing, count, moe.num_experts, _EXPERT_SHARDS.value, capacity)
   print(table(report))
   if _OUT.value:
     with open(_OUT.value, "w") as f:

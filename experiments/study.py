@@ -6,6 +6,7 @@ Outputs go to --out (default docs/results/studies/<name>): results.json (setting
 runs, claims), results.md (tables), results.png, provenance.json (every invocation).
 Re-running the same command resumes: finished (arm, level, draw) runs are skipped.
 """
+
 import os
 
 from absl import flags
@@ -14,8 +15,7 @@ from ml_collections import config_flags
 from moejax import cli
 from moejax.studies import runner
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A study config file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A study config file.", lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "Output directory (default docs/results/studies/NAME).")
 _PLOT = flags.DEFINE_bool("plot", True, "Write results.png.")
 flags.mark_flag_as_required("config")
@@ -32,8 +32,9 @@ def main(argv):
   results = runner.run(spec, scorer, out, stored=stored, plot=_PLOT.value)
   for row in results["claims"]:
     print(f"{row['text']} [{runner.report.level_label(row['level'])}]: {row['verdict']}")
-  print(f"wrote {out}/{runner.RESULTS}, {runner.MARKDOWN}"
-        + (f", {runner.PLOT}" if _PLOT.value else ""))
+  print(
+    f"wrote {out}/{runner.RESULTS}, {runner.MARKDOWN}" + (f", {runner.PLOT}" if _PLOT.value else "")
+  )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ and, on GPU nodes, --coordinator_address=HOST:PORT --num_processes=N
 --process_id=I on every process; on TPU VMs and under SLURM (srun) JAX finds
 its peers itself. See docs/scale_out.md.
 """
+
 import os
 
 import jax
@@ -24,35 +25,52 @@ from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.init_from import resolve_config
 from moejax.train.loop import train_and_evaluate
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Experiment config file[:arg].", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
-_STOP_AT = cli.checked(flags.DEFINE_integer(
-    "stop_at_step", None, "Stop after this step with a checkpoint (resume later)."),
-    cli.at_least(1))
-_COORDINATOR = cli.checked(flags.DEFINE_string(
-    "coordinator_address", None, "HOST:PORT of process 0 (multi-process runs)."),
-    cli.host_port())
-_NUM_PROCESSES = cli.checked(flags.DEFINE_integer("num_processes", None, "Processes in the job."),
-                             cli.at_least(1))
-_PROCESS_ID = cli.checked(flags.DEFINE_integer("process_id", None, "This process's index."),
-                          cli.at_least(0))
-_ALLOW_MIXED = flags.DEFINE_bool("allow_mixed", False, "Train into a workdir that already "
-                                 "holds an imported model (experiments.convert).")
+_STOP_AT = cli.checked(
+  flags.DEFINE_integer(
+    "stop_at_step", None, "Stop after this step with a checkpoint (resume later)."
+  ),
+  cli.at_least(1),
+)
+_COORDINATOR = cli.checked(
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (multi-process runs)."),
+  cli.host_port(),
+)
+_NUM_PROCESSES = cli.checked(
+  flags.DEFINE_integer("num_processes", None, "Processes in the job."), cli.at_least(1)
+)
+_PROCESS_ID = cli.checked(
+  flags.DEFINE_integer("process_id", None, "This process's index."), cli.at_least(0)
+)
+_ALLOW_MIXED = flags.DEFINE_bool(
+  "allow_mixed",
+  False,
+  "Train into a workdir that already holds an imported model (experiments.convert).",
+)
 _DISTRIBUTED = flags.DEFINE_enum(
-    "distributed", "auto", distributed.DISTRIBUTED_MODES,
-    "auto: join a multi-process job when the flags above are set or a SLURM job step or "
-    "TPU VM is detected; on: always call jax.distributed.initialize(); off: never.")
+  "distributed",
+  "auto",
+  distributed.DISTRIBUTED_MODES,
+  "auto: join a multi-process job when the flags above are set or a SLURM job step or "
+  "TPU VM is detected; on: always call jax.distributed.initialize(); off: never.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def check_process_flags() -> None:
   """The multi-process flags, checked before jax.distributed.initialize (which must
   come before any JAX call, device counts included)."""
-  if (_PROCESS_ID.value is not None and _NUM_PROCESSES.value is not None
-      and _PROCESS_ID.value >= _NUM_PROCESSES.value):
-    raise cli.flag_error(_PROCESS_ID, f"expected an index below --num_processes="
-                         f"{_NUM_PROCESSES.value}")
+  if (
+    _PROCESS_ID.value is not None
+    and _NUM_PROCESSES.value is not None
+    and _PROCESS_ID.value >= _NUM_PROCESSES.value
+  ):
+    raise cli.flag_error(
+      _PROCESS_ID, f"expected an index below --num_processes={_NUM_PROCESSES.value}"
+    )
 
 
 def check_inputs(config, workdir: str) -> None:
@@ -65,7 +83,8 @@ def check_inputs(config, workdir: str) -> None:
   cli.writable_workdir("workdir", workdir, "training", allow_mixed=_ALLOW_MIXED.value)
   cli.output_dir("workdir", workdir, not_inside=[("init.hf_dir", config.init.get("hf_dir"))])
   if cli.workdir_kind(workdir) in ("training", "mixed") and os.path.isdir(
-      os.path.join(workdir, "checkpoints")):
+    os.path.join(workdir, "checkpoints")
+  ):
     ckpt = Checkpointer(workdir, read_only=True)
     latest = ckpt.latest_step()
     if latest is not None:
@@ -76,8 +95,9 @@ def check_inputs(config, workdir: str) -> None:
 def main(argv):
   del argv
   check_process_flags()
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                         _DISTRIBUTED.value)
+  distributed.initialize(
+    _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _DISTRIBUTED.value
+  )
   check_inputs(_CONFIG.value, _WORKDIR.value)
   before = cli.workdir_kind(_WORKDIR.value)
   try:
@@ -90,8 +110,11 @@ def main(argv):
   if jax.process_index() == 0:
     # lm: val_loss, val_bpb; classification: val_loss, val_accuracy (moejax/train/tasks.py)
     scores = run.eval or {"val_loss": float("nan"), "val_bpb": float("nan")}
-    print("final: " + " ".join(f"{key}={value:.4f}" for key, value in scores.items())
-          + f" tokens/s={run.tokens_per_second:.0f}")
+    print(
+      "final: "
+      + " ".join(f"{key}={value:.4f}" for key, value in scores.items())
+      + f" tokens/s={run.tokens_per_second:.0f}"
+    )
 
 
 if __name__ == "__main__":

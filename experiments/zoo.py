@@ -11,6 +11,7 @@ zoo.json (snapshot digests, training time, evaluation) and ZOO_DIR/zoo.md (the
 tables of every model given). s_upcycled needs s_dense first (give both, in
 that order). See moejax/train/zoo.py.
 """
+
 import json
 import os
 import tempfile
@@ -23,16 +24,27 @@ from moejax.train import zoo
 
 _MODELS = flags.DEFINE_list("models", ["xs"], f"Zoo models, in order: {', '.join(MODELS)}.")
 _ZOO_DIR = flags.DEFINE_string("zoo_dir", "runs/zoo", "Where the zoo lives.")
-_SEEDS = flags.DEFINE_list("seeds", ["0"], "Training seeds of every model (initialisation "
-                           "and data order); seed 0 is ZOO_DIR/<model>.")
-_VERIFY = flags.DEFINE_bool("verify", False, "Retrain each (cached) model in a temporary "
-                            "directory and compare every snapshot's digest.")
-_TIME_STEPS = cli.checked(flags.DEFINE_integer("time_steps", 0, "Only time this many steps "
-                                               "of each model (nothing kept)."), cli.at_least(0))
-_BYTES = cli.checked(flags.DEFINE_integer("bytes_per_domain", 65536, "Held-out bytes per "
-                                          "domain for the evaluation."), cli.at_least(1))
-_PROBE_COUNT = cli.checked(flags.DEFINE_integer("probe_count", 32, "Examples per probe group."),
-                           cli.at_least(1))
+_SEEDS = flags.DEFINE_list(
+  "seeds",
+  ["0"],
+  "Training seeds of every model (initialisation and data order); seed 0 is ZOO_DIR/<model>.",
+)
+_VERIFY = flags.DEFINE_bool(
+  "verify",
+  False,
+  "Retrain each (cached) model in a temporary directory and compare every snapshot's digest.",
+)
+_TIME_STEPS = cli.checked(
+  flags.DEFINE_integer("time_steps", 0, "Only time this many steps of each model (nothing kept)."),
+  cli.at_least(0),
+)
+_BYTES = cli.checked(
+  flags.DEFINE_integer("bytes_per_domain", 65536, "Held-out bytes per domain for the evaluation."),
+  cli.at_least(1),
+)
+_PROBE_COUNT = cli.checked(
+  flags.DEFINE_integer("probe_count", 32, "Examples per probe group."), cli.at_least(1)
+)
 
 
 def check_models(names):
@@ -61,6 +73,7 @@ def check_seeds(values) -> list[int]:
 
 def time_steps(names, steps):
   from moejax.train.loop import train_and_evaluate
+
   for name in names:
     config = model_config(name, _ZOO_DIR.value)
     config.train.steps, config.train.eval_every = steps, 10 * steps
@@ -78,9 +91,12 @@ def main(argv):
   if _TIME_STEPS.value:
     return time_steps(names, _TIME_STEPS.value)
   if _VERIFY.value:
-    missing = [zoo.workdir_of(n, _ZOO_DIR.value, s) for n in names for s in seeds
-               if not os.path.exists(os.path.join(zoo.workdir_of(n, _ZOO_DIR.value, s),
-                                                  zoo.ZOO_JSON))]
+    missing = [
+      zoo.workdir_of(n, _ZOO_DIR.value, s)
+      for n in names
+      for s in seeds
+      if not os.path.exists(os.path.join(zoo.workdir_of(n, _ZOO_DIR.value, s), zoo.ZOO_JSON))
+    ]
     if missing:
       raise cli.flag_error(_ZOO_DIR, f"expected a built zoo holding {', '.join(missing)}")
     for name in names:
@@ -90,9 +106,11 @@ def main(argv):
         if not result["bit_exact"]:
           raise SystemExit(1)
     return None
-  entries = [zoo.build(model_config, n, _ZOO_DIR.value, _BYTES.value, _PROBE_COUNT.value,
-                       seed=s)
-             for n in names for s in seeds]
+  entries = [
+    zoo.build(model_config, n, _ZOO_DIR.value, _BYTES.value, _PROBE_COUNT.value, seed=s)
+    for n in names
+    for s in seeds
+  ]
   text = zoo.table(entries)
   with open(os.path.join(_ZOO_DIR.value, "zoo.md"), "w") as f:
     f.write(text)

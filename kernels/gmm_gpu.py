@@ -34,12 +34,12 @@ MIN_TRITON_DOT_TILE = 16
 
 def check_gpu_tiling(tiling) -> None:
   """Raise ValueError for tiles Triton cannot compile (interpret mode is lax)."""
-  bad = [t for t in tiling
-         if t < MIN_TRITON_DOT_TILE or t != gmm_tiles.next_power_of_2(t)]
+  bad = [t for t in tiling if t < MIN_TRITON_DOT_TILE or t != gmm_tiles.next_power_of_2(t)]
   if bad:
     raise ValueError(
-        f"Triton gmm needs power-of-two tiles >= {MIN_TRITON_DOT_TILE}, got "
-        f"effective tiling {tuple(tiling)}; pick other tiles or interpret=True")
+      f"Triton gmm needs power-of-two tiles >= {MIN_TRITON_DOT_TILE}, got "
+      f"effective tiling {tuple(tiling)}; pick other tiles or interpret=True"
+    )
 
 
 # Triton keeps NUM_STAGES copies of both operand tiles in shared memory. An
@@ -62,8 +62,9 @@ def fit_shared_memory(tiling, itemsize: int, contraction_axis: int) -> tuple[int
     other = a * c if contraction_axis == 0 else b * c
     return (a * b + other) * itemsize * NUM_STAGES
 
-  while (operand_bytes(tiling) > SHARED_MEMORY_BUDGET
-         and tiling[contraction_axis] > MIN_TRITON_DOT_TILE):
+  while (
+    operand_bytes(tiling) > SHARED_MEMORY_BUDGET and tiling[contraction_axis] > MIN_TRITON_DOT_TILE
+  ):
     tiling[contraction_axis] //= 2
   return tuple(tiling)
 
@@ -84,8 +85,7 @@ def gmm_gpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):
   m, k = lhs.shape
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   tiles_m, tiles_k = m // tm, k // tk
-  group_lo, group_hi = gmm_metadata.tile_group_ranges(
-      offsets, num_tiles=tiles_m, tm=tm)
+  group_lo, group_hi = gmm_metadata.tile_group_ranges(offsets, num_tiles=tiles_m, tm=tm)
 
   def kernel(offsets_ref, group_lo_ref, group_hi_ref, lhs_ref, rhs_ref, out_ref):
     t, j = pl.program_id(0), pl.program_id(1)
@@ -103,34 +103,34 @@ def gmm_gpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):
           w = rhs_ref[group, pl.ds(first_col, tn), pl.ds(first_k, tk)]
         else:
           w = rhs_ref[group, pl.ds(first_k, tk), pl.ds(first_col, tn)]
-        return acc + gmm_tiles.masked_tile_dot(
-            x, w, in_group, transpose_w=transpose_rhs)
+        return acc + gmm_tiles.masked_tile_dot(x, w, in_group, transpose_w=transpose_rhs)
 
       # A static k loop inside a cond that skips empty groups. A traced trip count
       # (fori_loop(0, where(end > start, tiles_k, 0))) failed to compile on an H200
       # (jax 0.11.2: "'scf.for' op failed to verify that all of {lowerBound,
       # upperBound, step} have same type").
       return jax.lax.cond(
-          end > start,
-          lambda acc: jax.lax.fori_loop(0, tiles_k, add_k_tile, acc),
-          lambda acc: acc,
-          acc)
+        end > start,
+        lambda acc: jax.lax.fori_loop(0, tiles_k, add_k_tile, acc),
+        lambda acc: acc,
+        acc,
+      )
 
     acc = jax.lax.fori_loop(
-        group_lo_ref[t], group_hi_ref[t], add_group,
-        jnp.zeros((tm, tn), jnp.float32))
+      group_lo_ref[t], group_hi_ref[t], add_group, jnp.zeros((tm, tn), jnp.float32)
+    )
     out_ref[...] = acc.astype(out_ref.dtype)
 
   whole = pl.no_block_spec
   return pl.pallas_call(
-      kernel,
-      grid=(tiles_m, n // tn),
-      in_specs=[whole] * 5,
-      out_specs=pl.BlockSpec((tm, tn), lambda t, j: (t, j)),
-      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-      compiler_params=_compiler_params(interpret),
-      interpret=interpret,
-      name="gmm_gpu",
+    kernel,
+    grid=(tiles_m, n // tn),
+    in_specs=[whole] * 5,
+    out_specs=pl.BlockSpec((tm, tn), lambda t, j: (t, j)),
+    out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+    compiler_params=_compiler_params(interpret),
+    interpret=interpret,
+    name="gmm_gpu",
   )(offsets, group_lo, group_hi, lhs, rhs)
 
 
@@ -158,18 +158,18 @@ def tgmm_gpu(lhs, grad, offsets, *, num_groups, tiling, out_dtype, interpret):
       return acc + gmm_tiles.masked_tile_tdot(x, dy, in_group)
 
     acc = jax.lax.fori_loop(
-        tile_lo_ref[group], tile_hi_ref[group], add_row_tile,
-        jnp.zeros((tk, tn), jnp.float32))
+      tile_lo_ref[group], tile_hi_ref[group], add_row_tile, jnp.zeros((tk, tn), jnp.float32)
+    )
     out_ref[...] = acc.astype(out_ref.dtype)
 
   whole = pl.no_block_spec
   return pl.pallas_call(
-      kernel,
-      grid=(num_groups, k // tk, n // tn),
-      in_specs=[whole] * 5,
-      out_specs=pl.BlockSpec((None, tk, tn), lambda g, kt, j: (g, kt, j)),
-      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-      compiler_params=_compiler_params(interpret),
-      interpret=interpret,
-      name="tgmm_gpu",
+    kernel,
+    grid=(num_groups, k // tk, n // tn),
+    in_specs=[whole] * 5,
+    out_specs=pl.BlockSpec((None, tk, tn), lambda g, kt, j: (g, kt, j)),
+    out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+    compiler_params=_compiler_params(interpret),
+    interpret=interpret,
+    name="tgmm_gpu",
   )(offsets, tile_lo, tile_hi, lhs, grad)

@@ -54,12 +54,12 @@ class RowTileSchedule(NamedTuple):
 
 
 def row_tile_schedule(
-    offsets: jnp.ndarray,
-    *,
-    padded_rows: int,
-    tm: int,
-    visit_empty_groups: bool,
-    cover_padding_rows: bool,
+  offsets: jnp.ndarray,
+  *,
+  padded_rows: int,
+  tm: int,
+  visit_empty_groups: bool,
+  cover_padding_rows: bool,
 ) -> RowTileSchedule:
   """Ordered (group, row tile) work items, one per tile a group touches.
 
@@ -99,7 +99,7 @@ def row_tile_schedule(
 
 
 def tile_group_ranges(
-    offsets: jnp.ndarray, *, num_tiles: int, tm: int
+  offsets: jnp.ndarray, *, num_tiles: int, tm: int
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """For each row tile, the half-open range [lo, hi) of groups touching it.
 
@@ -115,9 +115,7 @@ def tile_group_ranges(
   return lo.astype(jnp.int32), jnp.maximum(hi, lo).astype(jnp.int32)
 
 
-def group_tile_ranges(
-    offsets: jnp.ndarray, *, tm: int
-) -> tuple[jnp.ndarray, jnp.ndarray]:
+def group_tile_ranges(offsets: jnp.ndarray, *, tm: int) -> tuple[jnp.ndarray, jnp.ndarray]:
   """For each group, the half-open range [lo, hi) of row tiles it touches.
 
   Empty groups get an empty range.

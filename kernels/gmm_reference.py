@@ -31,8 +31,7 @@ def gmm_reference(lhs, rhs, group_sizes, *, preferred_element_type=None):
   def add_group(acc, group):
     weights, start, end = group
     x = jnp.where((rows >= start) & (rows < end), lhs, 0)
-    return acc + jnp.dot(x, weights, precision=_HIGHEST,
-                         preferred_element_type=jnp.float32), None
+    return acc + jnp.dot(x, weights, precision=_HIGHEST, preferred_element_type=jnp.float32), None
 
   init = jnp.zeros((lhs.shape[0], rhs.shape[2]), jnp.float32)
   out, _ = jax.lax.scan(add_group, init, (rhs, starts, ends))
@@ -48,8 +47,7 @@ def tgmm_reference(lhs, grad, group_sizes, *, preferred_element_type=None):
   def group_product(_, bounds):
     start, end = bounds
     x = jnp.where((rows >= start) & (rows < end), lhs, 0)
-    return None, jnp.dot(x.T, grad, precision=_HIGHEST,
-                         preferred_element_type=jnp.float32)
+    return None, jnp.dot(x.T, grad, precision=_HIGHEST, preferred_element_type=jnp.float32)
 
   _, out = jax.lax.scan(group_product, None, (starts, ends))
   return out.astype(out_dtype)

@@ -57,12 +57,11 @@ def masked_tile_dot(x, w, in_group, *, transpose_w: bool) -> jnp.ndarray:
   x = jnp.where(in_group, x, jnp.zeros_like(x))
   contract_w = 1 if transpose_w else 0
   return jax.lax.dot_general(
-      x, w, (((1,), (contract_w,)), ((), ())),
-      preferred_element_type=jnp.float32)
+    x, w, (((1,), (contract_w,)), ((), ())), preferred_element_type=jnp.float32
+  )
 
 
 def masked_tile_tdot(x, dy, in_group) -> jnp.ndarray:
   """float32 ``where(in_group, x, 0).T @ dy`` for x [tm, tk], dy [tm, tn]."""
   x = jnp.where(in_group, x, jnp.zeros_like(x))
-  return jax.lax.dot_general(
-      x, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(x, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)

@@ -54,12 +54,11 @@ def gmm_tpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   tiles_k = k // tk
   schedule = gmm_metadata.row_tile_schedule(
-      offsets, padded_rows=m, tm=tm,
-      visit_empty_groups=False, cover_padding_rows=True)
+    offsets, padded_rows=m, tm=tm, visit_empty_groups=False, cover_padding_rows=True
+  )
   num_slots = schedule.item_group.shape[0]
 
-  def kernel(offsets_ref, group_ref, tile_ref, num_items_ref,
-             lhs_ref, rhs_ref, out_ref, acc_ref):
+  def kernel(offsets_ref, group_ref, tile_ref, num_items_ref, lhs_ref, rhs_ref, out_ref, acc_ref):
     i, kk = pl.program_id(1), pl.program_id(2)
     first, last = _run_boundaries(tile_ref, i, num_slots)
     group = group_ref[i]
@@ -72,9 +71,11 @@ def gmm_tpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):
     @pl.when((i < num_items_ref[0]) & (group < num_groups))
     def _accumulate():
       in_group = gmm_tiles.rows_in_group(
-          (tm, tk), tile_ref[i] * tm, offsets_ref[group], offsets_ref[group + 1])
+        (tm, tk), tile_ref[i] * tm, offsets_ref[group], offsets_ref[group + 1]
+      )
       acc_ref[...] += gmm_tiles.masked_tile_dot(
-          lhs_ref[...], rhs_ref[...], in_group, transpose_w=transpose_rhs)
+        lhs_ref[...], rhs_ref[...], in_group, transpose_w=transpose_rhs
+      )
 
     @pl.when(last & (kk == tiles_k - 1))
     def _store():
@@ -86,25 +87,23 @@ def gmm_tpu(lhs, rhs, offsets, *, tiling, out_dtype, transpose_rhs, interpret):
 
   rhs_tile = (tn, tk) if transpose_rhs else (tk, tn)
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=4,
-      grid=(n // tn, num_slots, tiles_k),
-      in_specs=[
-          pl.BlockSpec((tm, tk), lambda j, i, kk, o, g, t, c: (t[i], kk)),
-          pl.BlockSpec((None, *rhs_tile), rhs_block),
-      ],
-      out_specs=pl.BlockSpec((tm, tn), lambda j, i, kk, o, g, t, c: (t[i], j)),
-      scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+    num_scalar_prefetch=4,
+    grid=(n // tn, num_slots, tiles_k),
+    in_specs=[
+      pl.BlockSpec((tm, tk), lambda j, i, kk, o, g, t, c: (t[i], kk)),
+      pl.BlockSpec((None, *rhs_tile), rhs_block),
+    ],
+    out_specs=pl.BlockSpec((tm, tn), lambda j, i, kk, o, g, t, c: (t[i], j)),
+    scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
   )
   return pl.pallas_call(
-      kernel,
-      grid_spec=grid_spec,
-      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-      compiler_params=_compiler_params(
-          interpret, ("parallel", "arbitrary", "arbitrary")),
-      interpret=interpret,
-      name="gmm_tpu",
-  )(schedule.offsets, schedule.item_group, schedule.item_tile,
-    schedule.num_items[None], lhs, rhs)
+    kernel,
+    grid_spec=grid_spec,
+    out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+    compiler_params=_compiler_params(interpret, ("parallel", "arbitrary", "arbitrary")),
+    interpret=interpret,
+    name="gmm_tpu",
+  )(schedule.offsets, schedule.item_group, schedule.item_tile, schedule.num_items[None], lhs, rhs)
 
 
 def tgmm_tpu(lhs, grad, offsets, *, num_groups, tiling, out_dtype, interpret):
@@ -119,12 +118,11 @@ def tgmm_tpu(lhs, grad, offsets, *, num_groups, tiling, out_dtype, interpret):
   m, k = lhs.shape
   n = grad.shape[1]
   schedule = gmm_metadata.row_tile_schedule(
-      offsets, padded_rows=m, tm=tm,
-      visit_empty_groups=True, cover_padding_rows=False)
+    offsets, padded_rows=m, tm=tm, visit_empty_groups=True, cover_padding_rows=False
+  )
   num_slots = schedule.item_group.shape[0]
 
-  def kernel(offsets_ref, group_ref, tile_ref, num_items_ref,
-             lhs_ref, grad_ref, out_ref, acc_ref):
+  def kernel(offsets_ref, group_ref, tile_ref, num_items_ref, lhs_ref, grad_ref, out_ref, acc_ref):
     i = pl.program_id(2)
     first, last = _run_boundaries(group_ref, i, num_slots)
     group = group_ref[i]
@@ -136,32 +134,29 @@ def tgmm_tpu(lhs, grad, offsets, *, num_groups, tiling, out_dtype, interpret):
     @pl.when(i < num_items_ref[0])
     def _accumulate():
       in_group = gmm_tiles.rows_in_group(
-          (tm, tk), tile_ref[i] * tm, offsets_ref[group], offsets_ref[group + 1])
-      acc_ref[...] += gmm_tiles.masked_tile_tdot(
-          lhs_ref[...], grad_ref[...], in_group)
+        (tm, tk), tile_ref[i] * tm, offsets_ref[group], offsets_ref[group + 1]
+      )
+      acc_ref[...] += gmm_tiles.masked_tile_tdot(lhs_ref[...], grad_ref[...], in_group)
 
     @pl.when(last)
     def _store():
       out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=4,
-      grid=(k // tk, n // tn, num_slots),
-      in_specs=[
-          pl.BlockSpec((tm, tk), lambda kk, j, i, o, g, t, c: (t[i], kk)),
-          pl.BlockSpec((tm, tn), lambda kk, j, i, o, g, t, c: (t[i], j)),
-      ],
-      out_specs=pl.BlockSpec(
-          (None, tk, tn), lambda kk, j, i, o, g, t, c: (g[i], kk, j)),
-      scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
+    num_scalar_prefetch=4,
+    grid=(k // tk, n // tn, num_slots),
+    in_specs=[
+      pl.BlockSpec((tm, tk), lambda kk, j, i, o, g, t, c: (t[i], kk)),
+      pl.BlockSpec((tm, tn), lambda kk, j, i, o, g, t, c: (t[i], j)),
+    ],
+    out_specs=pl.BlockSpec((None, tk, tn), lambda kk, j, i, o, g, t, c: (g[i], kk, j)),
+    scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
   )
   return pl.pallas_call(
-      kernel,
-      grid_spec=grid_spec,
-      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-      compiler_params=_compiler_params(
-          interpret, ("parallel", "parallel", "arbitrary")),
-      interpret=interpret,
-      name="tgmm_tpu",
-  )(schedule.offsets, schedule.item_group, schedule.item_tile,
-    schedule.num_items[None], lhs, grad)
+    kernel,
+    grid_spec=grid_spec,
+    out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+    compiler_params=_compiler_params(interpret, ("parallel", "parallel", "arbitrary")),
+    interpret=interpret,
+    name="tgmm_tpu",
+  )(schedule.offsets, schedule.item_group, schedule.item_tile, schedule.num_items[None], lhs, grad)

@@ -56,8 +56,11 @@ class _Plan(NamedTuple):
 def _make_plan(backend, interpret, tiling) -> _Plan:
   if backend not in BACKENDS:
     raise ValueError(f"unknown gmm backend {backend!r}; valid backends: {BACKENDS}")
-  if (not isinstance(tiling, (tuple, list)) or len(tiling) != 3
-      or not all(isinstance(t, int) and t > 0 for t in tiling)):
+  if (
+    not isinstance(tiling, (tuple, list))
+    or len(tiling) != 3
+    or not all(isinstance(t, int) and t > 0 for t in tiling)
+  ):
     raise ValueError(f"tiling must be three positive ints (tm, tk, tn), got {tiling!r}")
   platform = jax.default_backend()
   native = platform if platform in _KERNEL_PLATFORM else None
@@ -72,8 +75,9 @@ def _make_plan(backend, interpret, tiling) -> _Plan:
     interpret = not runs_natively
   if not interpret and not runs_natively:
     raise ValueError(
-        f"backend {backend!r} compiles a {kernel} kernel, but the default "
-        f"platform is {platform!r}; pass interpret=True")
+      f"backend {backend!r} compiles a {kernel} kernel, but the default "
+      f"platform is {platform!r}; pass interpret=True"
+    )
   return _Plan(kernel, interpret, tuple(tiling))
 
 
@@ -82,7 +86,8 @@ def _check_operands(name, lhs, other, group_sizes):
     raise ValueError(f"{name}: lhs must be 2-D [m, k], got lhs.shape={lhs.shape}")
   if group_sizes.ndim != 1:
     raise ValueError(
-        f"{name}: group_sizes must be 1-D [E], got group_sizes.shape={group_sizes.shape}")
+      f"{name}: group_sizes must be 1-D [E], got group_sizes.shape={group_sizes.shape}"
+    )
   if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
     raise ValueError(f"{name}: group_sizes must be integer, got {group_sizes.dtype}")
   if group_sizes.shape[0] < 1:
@@ -98,20 +103,23 @@ def _check_gmm_shapes(lhs, rhs, group_sizes):
     raise ValueError(f"gmm: rhs must be 3-D [E, k, n], got rhs.shape={rhs.shape}")
   if lhs.shape[1] != rhs.shape[1]:
     raise ValueError(
-        f"gmm: contraction dims differ: lhs.shape={lhs.shape} has k={lhs.shape[1]}, "
-        f"rhs.shape={rhs.shape} has k={rhs.shape[1]}")
+      f"gmm: contraction dims differ: lhs.shape={lhs.shape} has k={lhs.shape[1]}, "
+      f"rhs.shape={rhs.shape} has k={rhs.shape[1]}"
+    )
   if group_sizes.shape != (rhs.shape[0],):
     raise ValueError(
-        f"gmm: group_sizes.shape={group_sizes.shape} must be ({rhs.shape[0]},) "
-        f"to match rhs.shape={rhs.shape}")
+      f"gmm: group_sizes.shape={group_sizes.shape} must be ({rhs.shape[0]},) "
+      f"to match rhs.shape={rhs.shape}"
+    )
 
 
 def _check_tgmm_shapes(lhs, grad, group_sizes):
   _check_operands("tgmm", lhs, grad, group_sizes)
   if grad.ndim != 2 or grad.shape[0] != lhs.shape[0]:
     raise ValueError(
-        f"tgmm: grad must be [m, n] with the rows of lhs: lhs.shape={lhs.shape}, "
-        f"grad.shape={grad.shape}")
+      f"tgmm: grad must be [m, n] with the rows of lhs: lhs.shape={lhs.shape}, "
+      f"grad.shape={grad.shape}"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -138,8 +146,15 @@ def _gmm_forward(lhs, rhs, group_sizes, *, plan, out_dtype, transpose_rhs):
   rhs = gmm_tiles.pad_axes(rhs, rhs_axes)
   offsets = gmm_metadata.group_offsets(group_sizes, m)
   kernel = gmm_tpu.gmm_tpu if plan.kernel == "tpu" else gmm_gpu.gmm_gpu
-  out = kernel(lhs, rhs, offsets, tiling=tiling, out_dtype=out_dtype,
-               transpose_rhs=transpose_rhs, interpret=plan.interpret)
+  out = kernel(
+    lhs,
+    rhs,
+    offsets,
+    tiling=tiling,
+    out_dtype=out_dtype,
+    transpose_rhs=transpose_rhs,
+    interpret=plan.interpret,
+  )
   return out[:m, :n]
 
 
@@ -161,8 +176,15 @@ def _tgmm_forward(lhs, grad, group_sizes, *, plan, out_dtype):
   grad = gmm_tiles.pad_axes(grad, {0: m_pad, 1: n_pad})
   offsets = gmm_metadata.group_offsets(group_sizes, m)
   kernel = gmm_tpu.tgmm_tpu if plan.kernel == "tpu" else gmm_gpu.tgmm_gpu
-  out = kernel(lhs, grad, offsets, num_groups=num_groups, tiling=tiling,
-               out_dtype=out_dtype, interpret=plan.interpret)
+  out = kernel(
+    lhs,
+    grad,
+    offsets,
+    num_groups=num_groups,
+    tiling=tiling,
+    out_dtype=out_dtype,
+    interpret=plan.interpret,
+  )
   return out[:, :k, :n]
 
 
@@ -173,8 +195,9 @@ def _tgmm_forward(lhs, grad, group_sizes, *, plan, out_dtype):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _gmm(lhs, rhs, group_sizes, plan, out_dtype, transpose_rhs):
-  return _gmm_forward(lhs, rhs, group_sizes, plan=plan, out_dtype=out_dtype,
-                      transpose_rhs=transpose_rhs)
+  return _gmm_forward(
+    lhs, rhs, group_sizes, plan=plan, out_dtype=out_dtype, transpose_rhs=transpose_rhs
+  )
 
 
 def _gmm_fwd(lhs, rhs, group_sizes, plan, out_dtype, transpose_rhs):
@@ -228,8 +251,16 @@ def _common_dtype(a, b, preferred):
   return dtype, (dtype if preferred is None else jnp.dtype(preferred))
 
 
-def gmm(lhs, rhs, group_sizes, *, preferred_element_type=None,
-        tiling=DEFAULT_TILING, backend="auto", interpret=None):
+def gmm(
+  lhs,
+  rhs,
+  group_sizes,
+  *,
+  preferred_element_type=None,
+  tiling=DEFAULT_TILING,
+  backend="auto",
+  interpret=None,
+):
   """Grouped matmul: lhs [m, k], rhs [E, k, n], group_sizes [E] -> [m, n].
 
   out[rows of group e] = lhs[rows of group e] @ rhs[e], accumulated in
@@ -246,12 +277,21 @@ def gmm(lhs, rhs, group_sizes, *, preferred_element_type=None,
   _check_gmm_shapes(lhs, rhs, group_sizes)
   plan = _make_plan(backend, interpret, tiling)
   dtype, out_dtype = _common_dtype(lhs, rhs, preferred_element_type)
-  return _gmm(lhs.astype(dtype), rhs.astype(dtype),
-              group_sizes.astype(jnp.int32), plan, out_dtype, False)
+  return _gmm(
+    lhs.astype(dtype), rhs.astype(dtype), group_sizes.astype(jnp.int32), plan, out_dtype, False
+  )
 
 
-def tgmm(lhs, grad, group_sizes, *, preferred_element_type=None,
-         tiling=DEFAULT_TILING, backend="auto", interpret=None):
+def tgmm(
+  lhs,
+  grad,
+  group_sizes,
+  *,
+  preferred_element_type=None,
+  tiling=DEFAULT_TILING,
+  backend="auto",
+  interpret=None,
+):
   """Transposed grouped matmul: lhs [m, k], grad [m, n], group_sizes [E] -> [E, k, n].
 
   out[e] = lhs[rows of e]^T @ grad[rows of e] (the gmm weight gradient);
@@ -262,5 +302,6 @@ def tgmm(lhs, grad, group_sizes, *, preferred_element_type=None,
   _check_tgmm_shapes(lhs, grad, group_sizes)
   plan = _make_plan(backend, interpret, tiling)
   dtype, out_dtype = _common_dtype(lhs, grad, preferred_element_type)
-  return _tgmm(lhs.astype(dtype), grad.astype(dtype),
-               group_sizes.astype(jnp.int32), plan, out_dtype)
+  return _tgmm(
+    lhs.astype(dtype), grad.astype(dtype), group_sizes.astype(jnp.int32), plan, out_dtype
+  )

@@ -14,6 +14,7 @@ parsing, which runs the validators attached here). Anything else is a bug and
 keeps its traceback. Entry points check their flags and workdirs (the
 `*_workdir` helpers below) before they create, write or compile anything.
 """
+
 import dataclasses
 import json
 import math
@@ -105,8 +106,9 @@ def _flag_message(error: Exception, argv: list[str]) -> str:
     text = re.sub(r"^[\w.]*(ConfigError|Error): ", "", text)
     config_flag = next((a for a in argv if re.match(r"--?config=", a)), None)
     return f"{text} ({config_flag})" if config_flag else text
-  required = re.match(r"flag --([\w.]+)=None: Flag --[\w.]+ must have a value other than None",
-                      text)
+  required = re.match(
+    r"flag --([\w.]+)=None: Flag --[\w.]+ must have a value other than None", text
+  )
   if required:
     return f"a required flag is missing (--{required.group(1)})"
   match = re.match(r"flag --([\w.]+)=(.*?): (.*)$", text, re.S)
@@ -119,12 +121,15 @@ def _flag_message(error: Exception, argv: list[str]) -> str:
 
 def _config_file_message(error: OSError, flag: str) -> str:
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  reason = next((line for line in reversed(lines) if "No such file" in line
-                 or "Error" in line), lines[-1] if lines else "")
+  reason = next(
+    (line for line in reversed(lines) if "No such file" in line or "Error" in line),
+    lines[-1] if lines else "",
+  )
   return f"cannot load the config file: {reason} ({flag})"
 
 
 # ---- flag validators: attached to a flag, run by parse_flags -------------------------------
+
 
 def checked(holder, check, expected: str | None = None):
   """Attach `check` (a predicate, e.g. at_least(1)) to a flag; returns the flag holder.
@@ -136,10 +141,12 @@ def checked(holder, check, expected: str | None = None):
   def ok(value):
     values = value if isinstance(value, list) else [value]
     return value is None or all(_safe(check, v) for v in values)
+
   flag = FLAGS[holder.name]
   if isinstance(flag, flags.MultiFlag) or isinstance(flag.parser, flags.ListParser):
-    flags.register_validator(holder.name, lambda v: v is None or len(v) > 0,
-                             message="expected at least one value")
+    flags.register_validator(
+      holder.name, lambda v: v is None or len(v) > 0, message="expected at least one value"
+    )
   flags.register_validator(holder.name, ok, message=f"expected {expected}")
   return holder
 
@@ -158,17 +165,25 @@ def _predicate(fn, expected: str):
 
 def at_least(low, kind=int):
   """A number >= low; list elements (strings) are read with `kind`."""
-  return _predicate(lambda v: math.isfinite(kind(v)) and kind(v) >= low,
-                    f"{'an integer' if kind is int else 'a finite number'} >= {low}")
+  return _predicate(
+    lambda v: math.isfinite(kind(v)) and kind(v) >= low,
+    f"{'an integer' if kind is int else 'a finite number'} >= {low}",
+  )
 
 
 def in_range(low, high, *, low_open=False):
   """A number in [low, high] (or (low, high] with low_open)."""
   lo = "(" if low_open else "["
-  return _predicate(lambda v: math.isfinite(float(v)) and float(v) <= high and
-                    (low < float(v) if low_open else low <= float(v)),
-                    f"a finite number {'>' if low_open else '>='} {low}" if math.isinf(high)
-                    else f"a number in {lo}{low}, {high}]")
+  return _predicate(
+    lambda v: (
+      math.isfinite(float(v))
+      and float(v) <= high
+      and (low < float(v) if low_open else low <= float(v))
+    ),
+    f"a finite number {'>' if low_open else '>='} {low}"
+    if math.isinf(high)
+    else f"a number in {lo}{low}, {high}]",
+  )
 
 
 def one_of(*names):
@@ -201,6 +216,7 @@ def flag_error(holder, expected: str) -> ConfigError:
 
 # ---- files and workdirs --------------------------------------------------------------------
 
+
 def workdir_kind(path: str) -> str:
   """'missing', 'file', 'empty', 'training', 'converted', 'mixed' or 'foreign'."""
   if not os.path.exists(path):
@@ -217,9 +233,11 @@ def workdir_kind(path: str) -> str:
   return "training" if training else "converted" if converted else "foreign"
 
 
-KIND_WORDS = {"training": "a training run (checkpoints/)",
-              "converted": "an imported model (model/config.json)",
-              "mixed": "a training run and an imported model"}
+KIND_WORDS = {
+  "training": "a training run (checkpoints/)",
+  "converted": "an imported model (model/config.json)",
+  "mixed": "a training run and an imported model",
+}
 
 
 def existing_workdir(flag: str, path: str, kinds=("training", "converted", "mixed")) -> str:
@@ -247,9 +265,11 @@ def one_source(workdir_flag, hf_flag) -> str:
   """Exactly one of a --workdir-like and an --hf_dir-like flag, naming an existing
   source; returns the workdir's kind (workdir_kind) or 'hf'."""
   if (workdir_flag.value is None) == (hf_flag.value is None):
-    raise ConfigError(f"give exactly one of --{workdir_flag.name} and --{hf_flag.name} "
-                      f"(--{workdir_flag.name}={workdir_flag.value}, "
-                      f"--{hf_flag.name}={hf_flag.value})")
+    raise ConfigError(
+      f"give exactly one of --{workdir_flag.name} and --{hf_flag.name} "
+      f"(--{workdir_flag.name}={workdir_flag.value}, "
+      f"--{hf_flag.name}={hf_flag.value})"
+    )
   if workdir_flag.value is not None:
     return existing_workdir(workdir_flag.name, workdir_flag.value)
   if not os.path.isdir(hf_flag.value):
@@ -267,16 +287,20 @@ def writable_workdir(flag: str, path: str, kind: str, *, allow_mixed: bool = Fal
   if found == "file":
     raise ConfigError(f"workdir is a file, not a directory {where}")
   if found == "foreign":
-    raise ConfigError(f"directory is not empty and not a moejax workdir; use a new or empty "
-                      f"one {where}")
+    raise ConfigError(
+      f"directory is not empty and not a moejax workdir; use a new or empty one {where}"
+    )
   if found in ("missing", "empty", kind) or allow_mixed:
     return
-  raise ConfigError(f"workdir already holds {KIND_WORDS[found]}; writing "
-                    f"{KIND_WORDS[kind]} there too needs --allow_mixed {where}")
+  raise ConfigError(
+    f"workdir already holds {KIND_WORDS[found]}; writing "
+    f"{KIND_WORDS[kind]} there too needs --allow_mixed {where}"
+  )
 
 
-def output_file(flag: str, path: str | None, *, suffixes=(), not_inside=(),
-                key: str | None = None) -> None:
+def output_file(
+  flag: str, path: str | None, *, suffixes=(), not_inside=(), key: str | None = None
+) -> None:
   """Refuse an output file that cannot be written as asked, before any work: a directory,
   a directory that is missing or not writable, a name not ending in one of `suffixes`
   (e.g. plot_suffixes()), or a path inside one of `not_inside` (input paths)."""
@@ -286,16 +310,24 @@ def output_file(flag: str, path: str | None, *, suffixes=(), not_inside=(),
   if path == "" or os.path.isdir(path):
     raise ConfigError(f"expected a file name, not a directory {where}")
   if suffixes and not path.lower().endswith(tuple(suffixes)):
-    raise ConfigError(f"cannot write this format; expected a name ending in "
-                      f"{', '.join(suffixes)} {where}")
+    raise ConfigError(
+      f"cannot write this format; expected a name ending in {', '.join(suffixes)} {where}"
+    )
   _writable(os.path.dirname(os.path.abspath(path)), where, parents=False)
   if os.path.exists(path) and not os.access(path, os.W_OK):
     raise ConfigError(f"output file is not writable {where}")
   _not_inside(path, not_inside, where)
 
 
-def output_dir(flag: str, path: str | None, *, empty: bool = False, parents: bool = True,
-               not_inside=(), key: str | None = None) -> None:
+def output_dir(
+  flag: str,
+  path: str | None,
+  *,
+  empty: bool = False,
+  parents: bool = True,
+  not_inside=(),
+  key: str | None = None,
+) -> None:
   """Refuse an output directory that cannot be written as asked, before any work: a file,
   not empty (with `empty`), a parent that is missing (unless `parents`: the command
   creates it) or not writable, or a path inside one of `not_inside` (input paths)."""
@@ -329,13 +361,13 @@ def _not_inside(path: str, inputs, where: str) -> None:
   real = os.path.realpath(path)
   for name, source in inputs:
     if source and (real + os.sep).startswith(os.path.realpath(source) + os.sep):
-      raise ConfigError(f"output is inside the input {name}={source}; write it elsewhere "
-                        f"{where}")
+      raise ConfigError(f"output is inside the input {name}={source}; write it elsewhere {where}")
 
 
 def plot_suffixes() -> tuple[str, ...]:
   """The file name endings matplotlib can write (its savefig formats)."""
   from matplotlib.backend_bases import FigureCanvasBase
+
   return tuple(sorted("." + s for s in FigureCanvasBase.get_supported_filetypes()))
 
 
@@ -372,8 +404,7 @@ def json_lines(flag: str, path: str, fields: tuple[str, ...]):
         record = json.loads(line)
       except json.JSONDecodeError as e:
         raise ConfigError(f"not a JSON line: {e} {where}") from None
-      if not isinstance(record, dict) or not all(
-          isinstance(record.get(k), str) for k in fields):
+      if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
         shape = ", ".join(f'"{k}": str' for k in fields)
         raise ConfigError(f"expected {{{shape}}} {where}")
       yield where, record
@@ -383,6 +414,7 @@ def json_lines(flag: str, path: str, fields: tuple[str, ...]):
 class StudyOutputs:
   """A study or benchmark CLI's --json, --markdown and --plot (None: no --plot):
   checked before any work (`check`), written at the end (`write`)."""
+
   json: Any
   markdown: Any
   plot: Any = None
@@ -408,6 +440,7 @@ class StudyOutputs:
 def study_outputs(plot: bool = True) -> StudyOutputs:
   """Define --json, --markdown and (plot=True) --plot; a module calls this once."""
   return StudyOutputs(
-      flags.DEFINE_string("json", None, "Write the settings and results here (JSON)."),
-      flags.DEFINE_string("markdown", None, "Write the tables here."),
-      flags.DEFINE_string("plot", None, "Write the figure here (PNG).") if plot else None)
+    flags.DEFINE_string("json", None, "Write the settings and results here (JSON)."),
+    flags.DEFINE_string("markdown", None, "Write the tables here."),
+    flags.DEFINE_string("plot", None, "Write the figure here (PNG).") if plot else None,
+  )

@@ -7,6 +7,7 @@ raises a ConfigError naming the bad key and value; the layer structure a config
 describes is read by moejax/models/structure.py, and configs saved by older moejax
 are upgraded by moejax/migrate.py.
 """
+
 import ml_collections
 
 from moejax import adapters, experts, losses, routing, sharding
@@ -57,17 +58,30 @@ def base_config() -> ml_collections.ConfigDict:
   m.remat = "none"
   # Rotary embeddings (moejax/layers/rope.py): 'default' or 'yarn' frequencies;
   # interleave pairs 2i with 2i+1 (DeepSeek) instead of rotate-half.
-  m.rope = ml_collections.ConfigDict(dict(
-      theta=10000.0, scaling="default", interleave=False, factor=1.0,
-      original_max_position=4096, beta_fast=32.0, beta_slow=1.0, mscale=0.0,
-      mscale_all_dim=0.0, attention_factor=0.0, truncate=True))
+  m.rope = ml_collections.ConfigDict(
+    dict(
+      theta=10000.0,
+      scaling="default",
+      interleave=False,
+      factor=1.0,
+      original_max_position=4096,
+      beta_fast=32.0,
+      beta_slow=1.0,
+      mscale=0.0,
+      mscale_all_dim=0.0,
+      attention_factor=0.0,
+      truncate=True,
+    )
+  )
   # Attention (moejax/layers/attention.py): 'gqa' or 'mla' (DeepSeek latent);
   # qk_norm none | per_head (Qwen3) | across_heads (OLMoE); clip_qkv 0 = off;
   # windows: per-layer sliding window, [] or 0 = full causal.
-  m.attention = ml_collections.ConfigDict(dict(
-      kind="gqa", qkv_bias=False, out_bias=False, qk_norm="none", clip_qkv=0.0, windows=[]))
-  m.attention.mla = ml_collections.ConfigDict(dict(
-      q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0))
+  m.attention = ml_collections.ConfigDict(
+    dict(kind="gqa", qkv_bias=False, out_bias=False, qk_norm="none", clip_qkv=0.0, windows=[])
+  )
+  m.attention.mla = ml_collections.ConfigDict(
+    dict(q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0)
+  )
 
   m.moe = e = ml_collections.ConfigDict()
   e.num_experts = 8
@@ -136,8 +150,9 @@ def base_config() -> ml_collections.ConfigDict:
   # heads, ffn_type and the moe section, attention; not rope, vocab or windows)
   # and these: square images of image_size pixels cut into patch_size patches,
   # pooled by the CLS token or the mean over patches into num_classes logits.
-  m.vit = ml_collections.ConfigDict(dict(
-      image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling="cls"))
+  m.vit = ml_collections.ConfigDict(
+    dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling="cls")
+  )
   # Prompt tuning (moejax/adapters/): adapter 'none' or a registered one (vpt_shallow,
   # vpt_deep, vapt) with num_tokens prompt slots after the CLS token; an adapter's own
   # settings in model.vit.prompt.<name>, defaults declared in its file.
@@ -159,19 +174,36 @@ def base_config() -> ml_collections.ConfigDict:
   # data.name="mix" (moejax/data/mix.py): training interleaves the domains in
   # these proportions (a domain left out or at 0 is not trained on); eval_split
   # "validation" is every held-out document, "validation_<domain>" one domain's.
-  d.mix = ml_collections.ConfigDict(dict(weights=ml_collections.ConfigDict(dict(
-      drama=1.0, prose=1.0, speeches=1.0, code=1.0, facts=0.5, arithmetic=0.5))))
+  d.mix = ml_collections.ConfigDict(
+    dict(
+      weights=ml_collections.ConfigDict(
+        dict(drama=1.0, prose=1.0, speeches=1.0, code=1.0, facts=0.5, arithmetic=0.5)
+      )
+    )
+  )
   # data.name=polyglot_synth: the planted task's settings; the defaults
   # are moejax.data.polyglot.DEFAULTS (a test keeps the two equal).
-  d.polyglot = ml_collections.ConfigDict(dict(
-      num_languages=4, pool_size=24, alphabet_size=12, branching=3, doc_len=128,
-      train_docs=4096, eval_docs=512, seed=0))
+  d.polyglot = ml_collections.ConfigDict(
+    dict(
+      num_languages=4,
+      pool_size=24,
+      alphabet_size=12,
+      branching=3,
+      doc_len=128,
+      train_docs=4096,
+      eval_docs=512,
+      seed=0,
+    )
+  )
   # data.name="files" (moejax/data/files.py): globs of .txt / .jsonl files (.jsonl:
   # one document per line, under text_key), streamed from disk. eval unset: every
   # 10th train file (sorted) is held out whole.
-  d.files = ml_collections.ConfigDict(dict(
+  d.files = ml_collections.ConfigDict(
+    dict(
       train=ml_collections.config_dict.placeholder(str),
-      eval=ml_collections.config_dict.placeholder(str)))
+      eval=ml_collections.config_dict.placeholder(str),
+    )
+  )
 
   # Start from pretrained weights (moejax/train/init_from.py): an HF checkpoint
   # directory or a converted workdir. The model section then comes from it
@@ -234,9 +266,12 @@ def base_config() -> ml_collections.ConfigDict:
 def parts_with_settings() -> list[PartSettings]:
   """The settings section of every registered router, expert type and loss that
   declares settings (moejax/registry.py, PartSettings)."""
-  return [spec.config_section
-          for registry in (routing.ROUTERS, experts.EXPERT_TYPES, losses.LOSSES)
-          for _, spec in registry.items() if spec.settings] + [merged.SETTINGS]
+  return [
+    spec.config_section
+    for registry in (routing.ROUTERS, experts.EXPERT_TYPES, losses.LOSSES)
+    for _, spec in registry.items()
+    if spec.settings
+  ] + [merged.SETTINGS]
 
 
 def add_part_sections(e) -> None:
@@ -254,18 +289,17 @@ def parse_config_arg(arg: str | None, defaults: dict) -> ml_collections.ConfigDi
   for item in filter(None, (arg or "").split(",")):
     key, sep, value = item.partition("=")
     if not sep or key not in defaults:
-      raise ConfigError(f"config arg {item!r} is not key=value with key in "
-                        f"{sorted(defaults)}")
+      raise ConfigError(f"config arg {item!r} is not key=value with key in {sorted(defaults)}")
     kind = type(defaults[key])
     out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
   return out
 
 
 SIZES = {
-    # name: (d_model, num_layers, num_heads, num_kv_heads, head_dim, expert_d_ff,
-    #        seq_len, batch_size, steps)
-    "tiny": (32, 2, 2, 1, 16, 32, 32, 8, 30),
-    "small": (128, 4, 4, 2, 32, 256, 128, 32, 600),
+  # name: (d_model, num_layers, num_heads, num_kv_heads, head_dim, expert_d_ff,
+  #        seq_len, batch_size, steps)
+  "tiny": (32, 2, 2, 1, 16, 32, 32, 8, 30),
+  "small": (128, 4, 4, 2, 32, 256, 128, 32, 600),
 }
 
 
@@ -273,9 +307,17 @@ def apply_size(c: ml_collections.ConfigDict, size: str) -> None:
   """Set model width/depth, data shape and steps from a named size."""
   if size not in SIZES:
     raise choice_error("config arg size", size, SIZES)
-  (c.model.d_model, c.model.num_layers, c.model.num_heads, c.model.num_kv_heads,
-   c.model.head_dim, c.model.moe.expert_d_ff, c.data.seq_len, c.data.batch_size,
-   c.train.steps) = SIZES[size]
+  (
+    c.model.d_model,
+    c.model.num_layers,
+    c.model.num_heads,
+    c.model.num_kv_heads,
+    c.model.head_dim,
+    c.model.moe.expert_d_ff,
+    c.data.seq_len,
+    c.data.batch_size,
+    c.train.steps,
+  ) = SIZES[size]
   c.model.moe.shared_d_ff = c.model.moe.expert_d_ff
   # The dense FFN has the active width of the MoE: top_k experts.
   c.model.d_ff = c.model.moe.top_k * c.model.moe.expert_d_ff

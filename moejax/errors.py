@@ -7,5 +7,4 @@ class ConfigError(ValueError):
 
 def choice_error(key: str, value, valid) -> ConfigError:
   """`key=value` is not one of `valid`; the message lists the valid names."""
-  return ConfigError(
-      f"{key}={value!r} is not known; valid: {', '.join(sorted(valid))}")
+  return ConfigError(f"{key}={value!r} is not known; valid: {', '.join(sorted(valid))}")

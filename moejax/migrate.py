@@ -2,6 +2,7 @@
 their defaults, flat part settings moved into their sections, the old OmniMoE
 layout; and flattening a config to dotted keys. Below interop and train, which
 both read stored configs."""
+
 import ml_collections
 
 from moejax.config import base_config, parts_with_settings
@@ -16,12 +17,14 @@ def with_defaults(saved: dict) -> dict:
   """A config dict saved by an older moejax, with the keys added since at their
   defaults (new sections default to off), so its checkpoint still restores and
   compares equal to the config that made it."""
+
   def merge(default, value):
     out = dict(default)
     for key, v in value.items():
       nested = isinstance(v, dict) and isinstance(out.get(key), dict)
       out[key] = merge(out[key], v) if nested and key not in OPEN_DICTS else v
     return out
+
   return merge(base_config().to_dict(), migrate_part_settings(migrate_legacy(saved)))
 
 
@@ -53,20 +56,40 @@ def migrate_omnimoe(model: dict) -> dict:
   omni = {**OMNI_DEFAULTS, **model.pop("omni", {})}
   fused = omni["schedule"] == "naive"  # the atomic type's fused path is that schedule
   model["ffn_type"] = "moe"
-  model["moe"] = {**model.get("moe", {}), **dict(
-      router="product_key", experts="atomic", num_experts=omni["num_atomic_experts"],
-      top_k=omni["top_k"], product_key={"per_axis_k": omni["per_axis_k"]},
-      atomic={"activation": omni["activation"]}, num_shared_experts=1,
-      shared_d_ff=omni["shared_d_ff"], shared_expert_gate=False, loss_weights={},
-      dispatch="dropless", grouped_matmul="fused" if fused else omni["grouped_matmul"],
-      dropless_tile=omni["tile"], dropless_block=omni["block_rows"])}
+  model["moe"] = {
+    **model.get("moe", {}),
+    **dict(
+      router="product_key",
+      experts="atomic",
+      num_experts=omni["num_atomic_experts"],
+      top_k=omni["top_k"],
+      product_key={"per_axis_k": omni["per_axis_k"]},
+      atomic={"activation": omni["activation"]},
+      num_shared_experts=1,
+      shared_d_ff=omni["shared_d_ff"],
+      shared_expert_gate=False,
+      loss_weights={},
+      dispatch="dropless",
+      grouped_matmul="fused" if fused else omni["grouped_matmul"],
+      dropless_tile=omni["tile"],
+      dropless_block=omni["block_rows"],
+    ),
+  }
   return model
 
 
 # model.omni as the last moejax with it saved it (for migrate_omnimoe).
-OMNI_DEFAULTS = dict(num_atomic_experts=4096, top_k=32, per_axis_k=0, shared_d_ff=448,
-                     activation="silu", schedule="naive", grouped_matmul="tiled", tile=8,
-                     block_rows=512)
+OMNI_DEFAULTS = dict(
+  num_atomic_experts=4096,
+  top_k=32,
+  per_axis_k=0,
+  shared_d_ff=448,
+  activation="silu",
+  schedule="naive",
+  grouped_matmul="tiled",
+  tile=8,
+  block_rows=512,
+)
 
 
 def model_config_from_dict(saved_model: dict) -> ml_collections.ConfigDict:

@@ -6,6 +6,7 @@ the bad value and every valid name. Tests iterate a registry (`items()`) to
 check every registered part against one contract (tests/contract/), and
 `temporarily` registers a part for the duration of a `with` block only.
 """
+
 import contextlib
 import dataclasses
 import importlib
@@ -20,7 +21,6 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-
   def __init__(self, config_key: str):
     self.config_key = config_key
     self._items: dict[str, T] = {}
@@ -77,6 +77,7 @@ class Registry(Generic[T]):
 #   loss <name>:                  model.moe.losses.<name>    (model.moe.losses.dpsl.alpha)
 # Losses have a namespace of their own, so a loss may share a router's name.
 
+
 def section_of(cfg, path: str):
   """cfg.<path> for a dotted `path` ('sere', 'losses.dpsl'), or None where missing."""
   node = cfg
@@ -89,8 +90,10 @@ def settings_of(cfg, path: str, defaults) -> dict:
   """The part's settings: `cfg.<path>` over its declared defaults (a default
   wherever the section or a key is missing, e.g. a hand-built cfg)."""
   section = None if cfg is None else section_of(cfg, path)
-  return {key: (default if section is None else section.get(key, default))
-          for key, default in dict(defaults).items()}
+  return {
+    key: (default if section is None else section.get(key, default))
+    for key, default in dict(defaults).items()
+  }
 
 
 def check_section(cfg, path: str, defaults, what: str) -> None:
@@ -100,8 +103,10 @@ def check_section(cfg, path: str, defaults, what: str) -> None:
     return
   unknown = set(section) - set(dict(defaults))
   if unknown:
-    raise ConfigError(f"model.moe.{path} has unknown keys {sorted(unknown)}; {what} has "
-                      f"settings {sorted(dict(defaults))}")
+    raise ConfigError(
+      f"model.moe.{path} has unknown keys {sorted(unknown)}; {what} has "
+      f"settings {sorted(dict(defaults))}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +119,7 @@ class PartSettings:
   validate: moe cfg -> None, ConfigError naming model.moe.<path>.<key> and the
   value; it runs whether or not the part is in use.
   """
+
   path: str
   what: str  # "router 'sere'", for messages
   defaults: tuple[tuple[str, Any], ...]
@@ -131,8 +137,10 @@ class PartSettings:
       return
     for old, key in self.legacy_keys:
       if old in cfg:
-        raise ConfigError(f"model.moe.{old}={cfg[old]!r} is a flat key of older configs; "
-                          f"{self.what} reads model.moe.{self.path}.{key}")
+        raise ConfigError(
+          f"model.moe.{old}={cfg[old]!r} is a flat key of older configs; "
+          f"{self.what} reads model.moe.{self.path}.{key}"
+        )
 
   def check(self, cfg) -> None:
     """ConfigError for unknown keys, old flat keys or bad values (`validate`)."""

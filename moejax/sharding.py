@@ -22,6 +22,7 @@ used by an earlier dimension of the same array is skipped.
 With one device there is no Layout: nothing here runs, and the model is the
 plain single-device program.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,21 +40,21 @@ MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # logical axis -> mesh axes it is split over (in this order).
 RULES: dict[str, tuple[str, ...]] = {
-    # activations
-    "batch": ("data", "fsdp", "expert"),
-    "length": (),
-    "act_embed": (),
-    "act_vocab": ("tensor",),
-    # parameters
-    "vocab": ("tensor",),
-    "embed": ("fsdp",),
-    "heads": ("tensor",),  # query heads x head_dim (q out, o in)
-    "kv_heads": ("tensor",),  # key/value heads x head_dim; set "" if num_kv_heads < tensor
-    "mlp": ("tensor",),  # dense and expert FFN width
-    "expert": ("expert",),
-    # L3 key/value table rows (moejax/layers/lookup.py): replicated, kept out of
-    # the dense params' FSDP split (a host-offload candidate, see that module).
-    "lookup_rows": (),
+  # activations
+  "batch": ("data", "fsdp", "expert"),
+  "length": (),
+  "act_embed": (),
+  "act_vocab": ("tensor",),
+  # parameters
+  "vocab": ("tensor",),
+  "embed": ("fsdp",),
+  "heads": ("tensor",),  # query heads x head_dim (q out, o in)
+  "kv_heads": ("tensor",),  # key/value heads x head_dim; set "" if num_kv_heads < tensor
+  "mlp": ("tensor",),  # dense and expert FFN width
+  "expert": ("expert",),
+  # L3 key/value table rows (moejax/layers/lookup.py): replicated, kept out of
+  # the dense params' FSDP split (a host-offload candidate, see that module).
+  "lookup_rows": (),
 }
 ALL_TO_ALLS = ("auto", "ragged", "fixed")
 
@@ -72,19 +73,25 @@ def parse_rules(rules: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     axes = tuple(a.strip() for a in str(value or "").split(",") if a.strip())
     for axis in axes:
       if axis not in MESH_AXES:
-        raise ConfigError(f"sharding.rules.{name}={value!r}: {axis!r} is not a mesh axis; "
-                          f"mesh axes: {', '.join(MESH_AXES)}")
+        raise ConfigError(
+          f"sharding.rules.{name}={value!r}: {axis!r} is not a mesh axis; "
+          f"mesh axes: {', '.join(MESH_AXES)}"
+        )
     out[name] = axes
   if not set(out["expert"]) <= set(out["batch"]):
-    raise ConfigError(f"sharding.rules.expert={','.join(out['expert'])!r} must be among the "
-                      f"batch axes (sharding.rules.batch={','.join(out['batch'])!r}): tokens "
-                      "are split over the expert axes outside the MoE layers")
+    raise ConfigError(
+      f"sharding.rules.expert={','.join(out['expert'])!r} must be among the "
+      f"batch axes (sharding.rules.batch={','.join(out['batch'])!r}): tokens "
+      "are split over the expert axes outside the MoE layers"
+    )
   for token_rule in ("batch", "expert"):
     shared = set(out[token_rule]) & set(out["mlp"])
     if shared:
-      raise ConfigError(f"sharding.rules.mlp={','.join(out['mlp'])!r} shares mesh axes "
-                        f"{sorted(shared)} with sharding.rules.{token_rule}; the expert "
-                        "FFN width must be split over axes that hold the same tokens")
+      raise ConfigError(
+        f"sharding.rules.mlp={','.join(out['mlp'])!r} shares mesh axes "
+        f"{sorted(shared)} with sharding.rules.{token_rule}; the expert "
+        "FFN width must be split over axes that hold the same tokens"
+      )
   return out
 
 
@@ -101,8 +108,10 @@ def validate_sharding_config(c) -> None:
   if c.sharding.all_to_all not in ALL_TO_ALLS:
     raise choice_error("sharding.all_to_all", c.sharding.all_to_all, ALL_TO_ALLS)
   if c.sharding.a2a_capacity_factor < 0:
-    raise ConfigError(f"sharding.a2a_capacity_factor={c.sharding.a2a_capacity_factor} "
-                      "must be >= 0 (0: a buffer that never overflows)")
+    raise ConfigError(
+      f"sharding.a2a_capacity_factor={c.sharding.a2a_capacity_factor} "
+      "must be >= 0 (0: a buffer that never overflows)"
+    )
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
@@ -113,18 +122,23 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
   rest = [a for a, s in sizes.items() if s == -1]
   if rest:
     if num_devices % fixed:
-      raise ConfigError(f"mesh.{rest[0]}=-1 cannot fill the {num_devices} devices: the other "
-                        f"axes ({described}) multiply to {fixed}, which does not divide it")
+      raise ConfigError(
+        f"mesh.{rest[0]}=-1 cannot fill the {num_devices} devices: the other "
+        f"axes ({described}) multiply to {fixed}, which does not divide it"
+      )
     sizes[rest[0]] = num_devices // fixed
   elif fixed != num_devices:
-    raise ConfigError(f"the mesh ({described}) has {fixed} devices but {num_devices} are "
-                      "available; make the product match or set one axis to -1")
+    raise ConfigError(
+      f"the mesh ({described}) has {fixed} devices but {num_devices} are "
+      "available; make the product match or set one axis to -1"
+    )
   return sizes
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """A mesh plus the rules that place logical axes on it, and the EP settings."""
+
   mesh: Mesh
   rules: Mapping[str, tuple[str, ...]]
   all_to_all: str = "fixed"  # 'ragged' | 'fixed' (resolved from 'auto')
@@ -159,8 +173,9 @@ class Layout:
 def make_mesh(sizes: Mapping[str, int], devices=None) -> Mesh:
   """A mesh over `devices` (default: all), axes in MESH_AXES order, Auto axis types."""
   shape = tuple(sizes[a] for a in MESH_AXES)
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+  )
 
 
 def make_layout(config, devices=None) -> Layout | None:
@@ -179,14 +194,18 @@ def make_layout(config, devices=None) -> Layout | None:
   expert_size = math.prod(sizes[a] for a in rules["expert"])
   num_experts = config.model.moe.num_experts
   if config.model.ffn_type == "moe" and num_experts % expert_size:
-    raise ConfigError(f"model.moe.num_experts={num_experts} is not divisible by the expert "
-                      f"axis ({'x'.join(rules['expert'])}={expert_size})")
+    raise ConfigError(
+      f"model.moe.num_experts={num_experts} is not divisible by the expert "
+      f"axis ({'x'.join(rules['expert'])}={expert_size})"
+    )
   batch_shards = math.prod(sizes[a] for a in rules["batch"])
   if config.data.batch_size % batch_shards:
-    raise ConfigError(f"data.batch_size={config.data.batch_size} is not divisible by the "
-                      f"{batch_shards} batch shards (mesh axes "
-                      f"{'x'.join(rules['batch'])} = "
-                      f"{'x'.join(str(sizes[a]) for a in rules['batch'])})")
+    raise ConfigError(
+      f"data.batch_size={config.data.batch_size} is not divisible by the "
+      f"{batch_shards} batch shards (mesh axes "
+      f"{'x'.join(rules['batch'])} = "
+      f"{'x'.join(str(sizes[a]) for a in rules['batch'])})"
+    )
   kind = config.sharding.all_to_all
   if kind == "auto":
     kind = "fixed" if devices[0].platform == "cpu" else "ragged"
@@ -224,20 +243,28 @@ def logical_axes_of(state: nnx.State) -> dict:
 
   Variables without `logical_axes` metadata get all-None axes (replicated).
   """
+
   def axes(variable):
     names = variable.get_metadata().get("logical_axes")
     return LogicalAxes(tuple(names) if names else (None,) * variable.get_value().ndim)
-  return nnx.to_pure_dict(jax.tree.map(
-      lambda v: v.replace(axes(v)), state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+  return nnx.to_pure_dict(
+    jax.tree.map(lambda v: v.replace(axes(v)), state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class LogicalAxes:
   """A pytree leaf holding one array's logical axis names (a tuple would be a node)."""
+
   names: tuple
 
 
 def tree_shardings(layout: Layout, axes_tree, shapes_tree):
   """NamedShardings for a tree of arrays (or ShapeDtypeStructs) from its logical axes."""
-  return jax.tree.map(lambda axes, x: layout.named(axes.names, x.shape), axes_tree, shapes_tree,
-                      is_leaf=lambda x: isinstance(x, LogicalAxes))
+  return jax.tree.map(
+    lambda axes, x: layout.named(axes.names, x.shape),
+    axes_tree,
+    shapes_tree,
+    is_leaf=lambda x: isinstance(x, LogicalAxes),
+  )

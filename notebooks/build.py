@@ -11,6 +11,7 @@ first imported (notebook 05 sets XLA_FLAGS there). The .ipynb files are what
 Colab opens; tests/notebooks checks that they equal this script's output and
 executes them.
 """
+
 import difflib
 import glob
 import json
@@ -39,7 +40,7 @@ def find_checkout():
   """The moejax checkout: above the working directory, else the installed package's."""
   here = os.path.abspath(os.getcwd())
   while True:
-    if os.path.isdir(os.path.join(here, "moejax")) and os.path.isdir(os.path.join(here, "experiments")):
+    if all(os.path.isdir(os.path.join(here, name)) for name in ("moejax", "experiments")):
       return here
     if os.path.dirname(here) == here:
       break
@@ -78,14 +79,18 @@ def cells_of(source: str) -> list[dict]:
   def flush():
     text = "\n".join(lines).strip("\n")
     if kind == "markdown":
-      text = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
-                       for line in text.split("\n"))
+      text = "\n".join(
+        line[2:] if line.startswith("# ") else line.lstrip("#") for line in text.split("\n")
+      )
     if kind == "setup":
       pre = (text + "\n") if text else ""
       text = SETUP.format(repo_url=REPO_URL, pre_jax=pre)
     if kind is not None and (text or kind == "setup"):
-      cell = {"cell_type": "markdown" if kind == "markdown" else "code",
-              "metadata": {}, "source": text}
+      cell = {
+        "cell_type": "markdown" if kind == "markdown" else "code",
+        "metadata": {},
+        "source": text,
+      }
       if cell["cell_type"] == "code":
         cell.update(execution_count=None, outputs=[])
       cells.append(cell)
@@ -109,10 +114,17 @@ def notebook_of(source: str) -> dict:
   cells = cells_of(source)
   for i, cell in enumerate(cells):
     cell["id"] = f"cell-{i:02d}"
-  return {"cells": cells, "metadata": {
+  return {
+    "cells": cells,
+    "metadata": {
       "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-      "language_info": {"name": "python"}, "accelerator": "TPU",
-      "colab": {"provenance": []}}, "nbformat": 4, "nbformat_minor": 5}
+      "language_info": {"name": "python"},
+      "accelerator": "TPU",
+      "colab": {"provenance": []},
+    },
+    "nbformat": 4,
+    "nbformat_minor": 5,
+  }
 
 
 def text_of(source_path: str) -> str:
@@ -122,8 +134,10 @@ def text_of(source_path: str) -> str:
 
 def pairs() -> list[tuple[str, str]]:
   """(source, notebook) paths, in notebook order."""
-  return [(src, os.path.join(HERE, os.path.basename(src)[:-3] + ".ipynb"))
-          for src in sorted(glob.glob(os.path.join(HERE, "src", "[0-9]*.py")))]
+  return [
+    (src, os.path.join(HERE, os.path.basename(src)[:-3] + ".ipynb"))
+    for src in sorted(glob.glob(os.path.join(HERE, "src", "[0-9]*.py")))
+  ]
 
 
 def main(argv) -> int:
@@ -135,8 +149,9 @@ def main(argv) -> int:
       continue
     if "--check" in argv:
       stale.append(dst)
-      sys.stdout.writelines(difflib.unified_diff(current.splitlines(True),
-                                                 text.splitlines(True), dst, src, n=1))
+      sys.stdout.writelines(
+        difflib.unified_diff(current.splitlines(True), text.splitlines(True), dst, src, n=1)
+      )
     else:
       with open(dst, "w") as f:
         f.write(text)

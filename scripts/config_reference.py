@@ -8,6 +8,7 @@ choosing key accepts.
 
 tests/docs/test_config_reference.py runs --check, so the page cannot go stale.
 """
+
 import argparse
 import ast
 import os
@@ -25,6 +26,7 @@ CONFIG_PY = os.path.join(ROOT, "moejax", "config.py")
 def flatten(node, prefix=""):
   """(dotted key, value) for every leaf of a ConfigDict, in insertion order."""
   import ml_collections
+
   for key, value in node.items(preserve_field_references=True) if hasattr(node, "items") else []:
     path = f"{prefix}{key}"
     if isinstance(value, ml_collections.ConfigDict):
@@ -70,7 +72,9 @@ def source_comments() -> dict[str, str]:
       above.insert(0, lines[i].strip().lstrip("#").strip())
       i -= 1
     # '<' and '>' in a comment ("validation_<domain>") are text, not HTML.
-    text = " ".join(above + ([comment] if comment else [])).replace("<", "&lt;").replace(">", "&gt;")
+    text = (
+      " ".join(above + ([comment] if comment else [])).replace("<", "&lt;").replace(">", "&gt;")
+    )
     for key in keys:
       if key:
         out[key] = text
@@ -79,8 +83,9 @@ def source_comments() -> dict[str, str]:
 
 def section_notes(keys, comments: dict[str, str]) -> list[str]:
   """One bullet per section among `keys`' parents that has a comment in the source."""
-  parents = dict.fromkeys(".".join(k.split(".")[:n]) for k in keys
-                          for n in range(1, len(k.split("."))))
+  parents = dict.fromkeys(
+    ".".join(k.split(".")[:n]) for k in keys for n in range(1, len(k.split(".")))
+  )
   return [f"- `{p}`: {comments[p]}" for p in parents if comments.get(p)]
 
 
@@ -97,39 +102,50 @@ def render() -> str:
   from moejax.dispatch import grouped_matmul
   from moejax.experts import merged
   from moejax.models import MODELS
+
   base = cfg_module.base_config()
   comments = source_comments()
   part_paths = {f"model.moe.{p.path}" for p in cfg_module.parts_with_settings()}
   sections, rows = {}, []
   for key, value in flatten(base):
-    top = ("model.moe" if key.startswith("model.moe.") else
-           key.split(".")[0] if "." in key else "")
+    top = "model.moe" if key.startswith("model.moe.") else key.split(".")[0] if "." in key else ""
     if any(key.startswith(p + ".") for p in part_paths):
       continue  # a part's own settings: listed with the part below
     sections.setdefault(top, []).append([f"`{key}`", fmt(value), comments.get(key, "")])
-  out = ["# Config reference", "",
-         "Every key of `moejax/config.py: base_config()`, the one config schema every",
-         "config in `configs/` starts from. Override any of them with `--config.KEY=VALUE`;",
-         "`moejax/validation.py` refuses unknown keys and bad values before anything is",
-         "built. Written by `scripts/config_reference.py` from the code (the defaults,",
-         "the comments beside them, the registries); a test fails when this page is stale.", "",
-         f"{sum(len(v) for v in sections.values())} keys in the schema, and "
-         f"{len(part_paths)} part sections below.", ""]
+  out = [
+    "# Config reference",
+    "",
+    "Every key of `moejax/config.py: base_config()`, the one config schema every",
+    "config in `configs/` starts from. Override any of them with `--config.KEY=VALUE`;",
+    "`moejax/validation.py` refuses unknown keys and bad values before anything is",
+    "built. Written by `scripts/config_reference.py` from the code (the defaults,",
+    "the comments beside them, the registries); a test fails when this page is stale.",
+    "",
+    f"{sum(len(v) for v in sections.values())} keys in the schema, and "
+    f"{len(part_paths)} part sections below.",
+    "",
+  ]
   for top, rows in sorted(sections.items()):
     notes = section_notes([r[0].strip("`") for r in rows], comments)
     out += [f"## `{top}`" if top else "## Top level", ""]
     out += notes + [""] if notes else []
     out += [markdown_table(["key", "default", "what"], rows), ""]
-  registries = [("Routers", routing.ROUTERS, "model.moe.{}"),
-                ("Expert types", experts.EXPERT_TYPES, "model.moe.{}"),
-                ("Losses", losses.LOSSES, "model.moe.losses.{}"),
-                ("Dispatchers", dispatch.DISPATCHERS, None),
-                ("Grouped matmuls", grouped_matmul.GROUPED_MATMULS, None),
-                ("Merged experts", merged.MERGE_RULES, "model.moe.merged"),
-                ("Models", MODELS, None)]
-  out += ["## Registered parts and their settings", "",
-          "A part is chosen by name; its own settings live in its section, created at the",
-          "defaults the part declares (moejax/registry.py). Each name links to its method page.", ""]
+  registries = [
+    ("Routers", routing.ROUTERS, "model.moe.{}"),
+    ("Expert types", experts.EXPERT_TYPES, "model.moe.{}"),
+    ("Losses", losses.LOSSES, "model.moe.losses.{}"),
+    ("Dispatchers", dispatch.DISPATCHERS, None),
+    ("Grouped matmuls", grouped_matmul.GROUPED_MATMULS, None),
+    ("Merged experts", merged.MERGE_RULES, "model.moe.merged"),
+    ("Models", MODELS, None),
+  ]
+  out += [
+    "## Registered parts and their settings",
+    "",
+    "A part is chosen by name; its own settings live in its section, created at the",
+    "defaults the part declares (moejax/registry.py). Each name links to its method page.",
+    "",
+  ]
   for title, registry, section in registries:
     rows = []
     for name, item in registry.items():
@@ -138,8 +154,12 @@ def render() -> str:
       values = ", ".join(f"`{k}={v!r}`" for k, v in settings.items()) or "-"
       link = f"[`{name}`](../methods/{name}.md)" if title != "Models" else f"`{name}`"
       rows.append([link, where, values])
-    out += [f"### {title} (`{registry.config_key}`)", "",
-            markdown_table(["name", "settings section", "settings (defaults)"], rows), ""]
+    out += [
+      f"### {title} (`{registry.config_key}`)",
+      "",
+      markdown_table(["name", "settings section", "settings (defaults)"], rows),
+      "",
+    ]
   return "\n".join(out).rstrip() + "\n"
 
 
@@ -151,7 +171,9 @@ def main(argv=None) -> int:
   old = open(OUT).read() if os.path.exists(OUT) else None
   if args.check:
     if old != text:
-      print(f"stale: {os.path.relpath(OUT, ROOT)} (run scripts/config_reference.py)", file=sys.stderr)
+      print(
+        f"stale: {os.path.relpath(OUT, ROOT)} (run scripts/config_reference.py)", file=sys.stderr
+      )
       return 1
     print("docs/reference/config.md is current")
     return 0

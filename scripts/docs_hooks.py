@@ -8,6 +8,7 @@ markdown reads as a reference link and mkdocs-autorefs then reports as an
 unknown cross-reference. A target with a comma or a space is a shape, never a
 Python name: that report becomes info; any other unknown target stays a warning.
 """
+
 import logging
 import os
 import re
@@ -16,7 +17,6 @@ SHAPE_REF = re.compile(r"Could not find cross-reference target '[^']*[, ][^']*'"
 
 
 class _ShapesAreNotReferences(logging.Filter):
-
   def filter(self, record):
     if record.levelno == logging.WARNING and SHAPE_REF.search(record.getMessage()):
       record.levelno, record.levelname = logging.INFO, "INFO"
@@ -28,6 +28,7 @@ def on_config(config):
   if not any(isinstance(f, _ShapesAreNotReferences) for f in logger.filters):
     logger.addFilter(_ShapesAreNotReferences())
   return config
+
 
 LINK = re.compile(r"(?<!!)\[([^\]\n]+)\]\(([^)\s#]+)(#[^)\s]*)?\)")
 

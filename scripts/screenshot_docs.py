@@ -8,6 +8,7 @@ architecture page, the config reference and one method page.
 Serves site/ on a local port and drives the system Chromium (/usr/bin/chromium)
 through playwright; the PNGs are for looking at, not for committing.
 """
+
 import argparse
 import functools
 import http.server
@@ -16,8 +17,12 @@ import sys
 import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = {"architecture": "architecture/", "config_reference": "reference/config/",
-         "method_sere": "methods/sere/", "home": ""}
+PAGES = {
+  "architecture": "architecture/",
+  "config_reference": "reference/config/",
+  "method_sere": "methods/sere/",
+  "home": "",
+}
 
 
 def main(argv=None) -> int:
@@ -27,19 +32,27 @@ def main(argv=None) -> int:
   parser.add_argument("--chromium", default="/usr/bin/chromium")
   parser.add_argument("--width", type=int, default=1280)
   parser.add_argument("--height", type=int, default=900)
-  parser.add_argument("--full_page", action="store_true", help="the whole page, not the first screen")
+  parser.add_argument(
+    "--full_page", action="store_true", help="the whole page, not the first screen"
+  )
   args = parser.parse_args(argv)
   if not os.path.exists(os.path.join(args.site, "index.html")):
-    print(f"error: no built site (--site={args.site}); run bash scripts/build_docs.sh", file=sys.stderr)
+    print(
+      f"error: no built site (--site={args.site}); run bash scripts/build_docs.sh", file=sys.stderr
+    )
     return 2
   if not os.path.exists(args.chromium):
-    print(f"error: no Chromium (--chromium={args.chromium}); "
-          "run bash scripts/setup.sh --docs-screens", file=sys.stderr)
+    print(
+      f"error: no Chromium (--chromium={args.chromium}); run bash scripts/setup.sh --docs-screens",
+      file=sys.stderr,
+    )
     return 2
   from playwright.sync_api import sync_playwright
+
   class Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
       pass
+
   handler = functools.partial(Quiet, directory=args.site)
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
   threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -2,6 +2,7 @@
 the fixtures every area builds on: `data_dir` (one TFDS directory per session),
 `tiny_config(arg="", **train)` (the tiny MoE LM's config), `tiny_model` (it built
 and initialised) and `tiny_workdir` (it trained for a few steps)."""
+
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -44,6 +45,7 @@ def tiny_model(tiny_config):
   """(config, graphdef, TrainState) of the tiny MoE LM at initialisation. Shared by
   the session: read it, copy before changing (its arrays are immutable jax arrays)."""
   from moejax.train.build import init_state
+
   config = tiny_config()
   graphdef, state, _ = init_state(config)
   return config, graphdef, state
@@ -53,8 +55,10 @@ def tiny_model(tiny_config):
 def tiny_workdir(tiny_config, tmp_path_factory):
   """(config, workdir) of the tiny MoE LM after TINY_WORKDIR_STEPS steps, checkpointed."""
   from moejax.train.loop import train_and_evaluate
-  config = tiny_config(steps=TINY_WORKDIR_STEPS, checkpoint_every=TINY_WORKDIR_STEPS,
-                       eval_batches=1)
+
+  config = tiny_config(
+    steps=TINY_WORKDIR_STEPS, checkpoint_every=TINY_WORKDIR_STEPS, eval_batches=1
+  )
   workdir = str(tmp_path_factory.mktemp("tiny_workdir"))
   train_and_evaluate(config, workdir, write_metrics=False)
   return config, workdir
@@ -64,13 +68,21 @@ def tiny_workdir(tiny_config, tmp_path_factory):
 # from a JUnit report of the whole suite), run first so that the two workers
 # (--dist loadfile --no-loadscope-reorder) finish together instead of one idling
 # while the other runs the 8-device sessions at the end.
-SLOW_FIRST = ("tests/sharding/test_on_8_devices.py", "tests/train/test_grad_accumulation.py",
-              "tests/train/test_training.py", "tests/inference/test_kv_cache.py",
-              "tests/sharding/test_multi_process.py", "tests/dispatch/test_memeff.py",
-              "tests/layers/test_moe_layer.py", "tests/experts/test_omnimoe.py",
-              "tests/kernels/test_gmm_grad.py", "tests/dispatch/test_dispatch.py",
-              "tests/models/test_scale_skeleton.py", "tests/layers/test_lookup.py",
-              "tests/train/test_finetune_hf.py")
+SLOW_FIRST = (
+  "tests/sharding/test_on_8_devices.py",
+  "tests/train/test_grad_accumulation.py",
+  "tests/train/test_training.py",
+  "tests/inference/test_kv_cache.py",
+  "tests/sharding/test_multi_process.py",
+  "tests/dispatch/test_memeff.py",
+  "tests/layers/test_moe_layer.py",
+  "tests/experts/test_omnimoe.py",
+  "tests/kernels/test_gmm_grad.py",
+  "tests/dispatch/test_dispatch.py",
+  "tests/models/test_scale_skeleton.py",
+  "tests/layers/test_lookup.py",
+  "tests/train/test_finetune_hf.py",
+)
 
 
 def pytest_collection_modifyitems(items):

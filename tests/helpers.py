@@ -1,4 +1,5 @@
 """Small builders shared by tests (configs, random routing inputs)."""
+
 import ml_collections
 import numpy as np
 
@@ -11,8 +12,11 @@ def moe_cfg(**overrides) -> ml_collections.FrozenConfigDict:
   for a part's section (probmoe={"k_min": 1}) changes only the keys it names."""
   c = base_config().model.moe
   for key, value in overrides.items():
-    if isinstance(value, dict) and key not in OPEN_DICTS and isinstance(
-        c.get(key), ml_collections.ConfigDict):
+    if (
+      isinstance(value, dict)
+      and key not in OPEN_DICTS
+      and isinstance(c.get(key), ml_collections.ConfigDict)
+    ):
       c[key].update(value)
     else:
       c[key] = value

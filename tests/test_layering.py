@@ -11,6 +11,7 @@ Routing and row layouts) imports no part; the parts (routing, dispatch, losses,
 experts) import no layer, model or tool; layers import no model; models import
 no trainer or tool; inference and interop do not import each other.
 """
+
 import ast
 import os
 
@@ -20,14 +21,14 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "moejax")
 PARTS = ("routing", "dispatch", "losses", "experts")
 TOOLS = ("train", "inference", "interop", "analysis", "posttrain", "evaluation", "cli", "data")
 FORBIDDEN = {
-    # the Routing and row layouts below every part
-    "assignment": PARTS + ("layers", "models") + TOOLS,
-    **{part: ("layers", "models") + TOOLS for part in PARTS},
-    # L3 (layers/lookup.py) reads the corpus to allocate its table rows
-    "layers": ("models",) + tuple(t for t in TOOLS if t != "data"),
-    "models": TOOLS,
-    "inference": ("interop",),
-    "interop": ("inference",),
+  # the Routing and row layouts below every part
+  "assignment": PARTS + ("layers", "models") + TOOLS,
+  **{part: ("layers", "models") + TOOLS for part in PARTS},
+  # L3 (layers/lookup.py) reads the corpus to allocate its table rows
+  "layers": ("models",) + tuple(t for t in TOOLS if t != "data"),
+  "models": TOOLS,
+  "inference": ("interop",),
+  "interop": ("inference",),
 }
 
 
@@ -58,7 +59,7 @@ def imported_names(path: str, module: str, is_package: bool) -> list[str]:
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ""
       if node.level:
-        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
         base = ".".join(anchor + ([base] if base else []))
       names += [f"{base}.{a.name}" for a in node.names]
   return names
@@ -88,7 +89,8 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
   out = {}
   for module, targets in graph.items():
     out.setdefault(package_of(module), set()).update(
-        package_of(t) for t in targets if package_of(t) != package_of(module))
+      package_of(t) for t in targets if package_of(t) != package_of(module)
+    )
   return out
 
 
@@ -138,8 +140,10 @@ def check_acyclic(root: str = ROOT) -> None:
         a, b = package_of(module), package_of(target)
         if a != b and a in component and b in component:
           pairs.setdefault((a, b), []).append(f"{module} -> {target}")
-    edges = [f"{a} -> {b} ({found[0]}{f', +{len(found) - 1}' if len(found) > 1 else ''})"
-             for (a, b), found in sorted(pairs.items())]
+    edges = [
+      f"{a} -> {b} ({found[0]}{f', +{len(found) - 1}' if len(found) > 1 else ''})"
+      for (a, b), found in sorted(pairs.items())
+    ]
     problems.append(f"cycle between packages {component}: " + "; ".join(edges))
   assert not problems, "\n".join(problems)
 
@@ -150,8 +154,10 @@ def test_no_import_cycle():
 
 def test_a_planted_cycle_fails(tmp_path):
   root = tmp_path / "moejax"
-  for package, source in (("a", "def f():\n  from moejax.b.y import g\n"),
-                          ("b", "from moejax.a import x\n")):
+  for package, source in (
+    ("a", "def f():\n  from moejax.b.y import g\n"),
+    ("b", "from moejax.a import x\n"),
+  ):
     (root / package).mkdir(parents=True)
     (root / package / "__init__.py").write_text("")
     (root / package / ("x.py" if package == "a" else "y.py")).write_text(source)
@@ -166,9 +172,12 @@ def test_a_planted_cycle_fails(tmp_path):
 def test_the_graph_resolves_submodules_and_relative_imports(tmp_path):
   root = tmp_path / "moejax"
   (root / "p").mkdir(parents=True)
-  for path, source in (("__init__.py", ""), ("p/__init__.py", "from .q import name\n"),
-                       ("p/q.py", "name = 1\n"),
-                       ("r.py", "from moejax.p import q, name\nimport moejax.p.q\n")):
+  for path, source in (
+    ("__init__.py", ""),
+    ("p/__init__.py", "from .q import name\n"),
+    ("p/q.py", "name = 1\n"),
+    ("r.py", "from moejax.p import q, name\nimport moejax.p.q\n"),
+  ):
     (root / path).write_text(source)
   graph = import_graph(str(root))
   assert graph["moejax.p"] == {"moejax.p.q"}
@@ -189,11 +198,18 @@ def top_level_linked_imports(root: str) -> list[str]:
         with open(path) as f:
           tree = ast.parse(f.read())
         for node in ast.walk(tree):
-          names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                   else [node.module] if isinstance(node, ast.ImportFrom) and not node.level
-                   else [])
-          bad += [f"{os.path.relpath(path, root)}:{node.lineno} imports {n}" for n in names
-                  if n and n.split(".")[0] in LINKED]
+          names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+          )
+          bad += [
+            f"{os.path.relpath(path, root)}:{node.lineno} imports {n}"
+            for n in names
+            if n and n.split(".")[0] in LINKED
+          ]
   return bad
 
 
@@ -214,8 +230,13 @@ def moejax_imports(path: str) -> set[str]:
     tree = ast.parse(f.read())
   found = set()
   for node in ast.walk(tree):
-    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-             else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+    names = (
+      [a.name for a in node.names]
+      if isinstance(node, ast.Import)
+      else [node.module]
+      if isinstance(node, ast.ImportFrom) and node.module
+      else []
+    )
     for name in names:
       parts = name.split(".")
       if parts[0] == "moejax" and len(parts) > 1:
@@ -237,8 +258,11 @@ def edges(package: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_upward_import(package):
-  bad = [f"{module} imports moejax.{target}" for module, target in edges(package)
-         if target in FORBIDDEN[package]]
+  bad = [
+    f"{module} imports moejax.{target}"
+    for module, target in edges(package)
+    if target in FORBIDDEN[package]
+  ]
   assert not bad, bad
 
 

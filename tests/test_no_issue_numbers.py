@@ -1,5 +1,6 @@
 """Docstrings and comments cite papers and equations, not the issue that asked for a
 feature: an issue number means nothing to a reader of the code."""
+
 import os
 import re
 

@@ -1,5 +1,6 @@
 """The README's promises: its Python example runs as written, and every relative
 link points at a file or directory of the repository."""
+
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ def test_the_python_example_runs(tmp_path):
   code += "\nassert y.shape == (2, 16, 32) and aux['expert_index'].shape[0] == 32\n"
   code += "assert run.eval['val_bpb'] > 0 and len(out.row(0)) == 32\n"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+  result = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+  )
   assert result.returncode == 0, result.stderr[-3000:]

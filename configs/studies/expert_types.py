@@ -16,6 +16,7 @@ has the arithmetic; dense is 0.5% under, its d_ff being 2 x 256).
   l3_iso_params  dense (d_ff 448) + one L3 layer: 12288 rows, <= 256 per byte id, so its
                  total parameters match the MoE's (the paper's iso-sparse comparison)
 """
+
 import ml_collections
 
 
@@ -23,26 +24,50 @@ def get_config():
   c = ml_collections.ConfigDict()
   c.name = "expert_types"
   c.description = (
-      "Dense, top-k MoE, OmniMoE and L3 (arXiv 2601.21461) at the default MoE's active "
-      "FLOPs, 600 steps on the Shakespeare plays. L3 claims lower loss than dense and than "
-      "the iso-sparse MoE at equal active FLOPs; compared on the final validation bpb.")
+    "Dense, top-k MoE, OmniMoE and L3 (arXiv 2601.21461) at the default MoE's active "
+    "FLOPs, 600 steps on the Shakespeare plays. L3 claims lower loss than dense and than "
+    "the iso-sparse MoE at equal active FLOPs; compared on the final validation bpb."
+  )
   c.scorer = "training"
-  c.settings = {"workdir": "runs/routers", "steps": 600, "seeds": (),
-                "common": ("train.eval_every=100",), "heldout_bytes_per_domain": 0, "domains": ()}
-  c.arms = [{"name": "dense", "config": "configs/lm_shakespeare_dense.py"},
-            {"name": "topk", "config": "configs/lm_shakespeare_moe.py"},
-            {"name": "omnimoe", "config": "configs/lm_shakespeare_omnimoe.py"},
-            {"name": "l3", "config": "configs/lm_shakespeare_l3.py"},
-            {"name": "l3_iso_params",
-             "config": "configs/lm_shakespeare_l3.py:budget=12288,cap=256"}]
+  c.settings = {
+    "workdir": "runs/routers",
+    "steps": 600,
+    "seeds": (),
+    "common": ("train.eval_every=100",),
+    "heldout_bytes_per_domain": 0,
+    "domains": (),
+  }
+  c.arms = [
+    {"name": "dense", "config": "configs/lm_shakespeare_dense.py"},
+    {"name": "topk", "config": "configs/lm_shakespeare_moe.py"},
+    {"name": "omnimoe", "config": "configs/lm_shakespeare_omnimoe.py"},
+    {"name": "l3", "config": "configs/lm_shakespeare_l3.py"},
+    {"name": "l3_iso_params", "config": "configs/lm_shakespeare_l3.py:budget=12288,cap=256"},
+  ]
   c.draws = 1
   c.reference = "dense"
   c.claims = [
-      {"arm": "l3", "reference": "dense", "metric": "val_bpb", "expect": "lower",
-       "text": "L3: lower bpb than dense at equal active FLOPs"},
-      {"arm": "l3_iso_params", "reference": "topk", "metric": "val_bpb", "expect": "lower",
-       "text": "L3: lower bpb than the iso-sparse MoE"},
-      {"arm": "topk", "reference": "dense", "metric": "val_bpb", "expect": "lower",
-       "source": "ours", "text": "the top-k MoE beats dense at equal active FLOPs"},
+    {
+      "arm": "l3",
+      "reference": "dense",
+      "metric": "val_bpb",
+      "expect": "lower",
+      "text": "L3: lower bpb than dense at equal active FLOPs",
+    },
+    {
+      "arm": "l3_iso_params",
+      "reference": "topk",
+      "metric": "val_bpb",
+      "expect": "lower",
+      "text": "L3: lower bpb than the iso-sparse MoE",
+    },
+    {
+      "arm": "topk",
+      "reference": "dense",
+      "metric": "val_bpb",
+      "expect": "lower",
+      "source": "ours",
+      "text": "the top-k MoE beats dense at equal active FLOPs",
+    },
   ]
   return c

@@ -23,6 +23,7 @@ training split in sentencepiece ids (model.l3.corpus='train_split'). Its 8192 x 
 than the MoE, so it is not penalised on size (the paper's iso-sparse comparison).
 Committed result of the old runner: docs/results/ablations/l3_sentencepiece_zoo_xs.md.
 """
+
 import ml_collections
 
 from moejax.config import parse_config_arg
@@ -37,37 +38,75 @@ L3 = dict(budget=8192, cap=32, d_emb=32, d_up=64)
 def get_config(arg=None):
   a = parse_config_arg(arg, dict(seeds=3))
   xs = zoo_config("model=xs").model
-  d_ff = (moe_active_flops(xs) - l3_flops(xs.d_model, L3["cap"], L3["d_emb"], L3["d_up"])
-          ) // (6 * xs.d_model * xs.num_layers) // 16 * 16
+  d_ff = (
+    (moe_active_flops(xs) - l3_flops(xs.d_model, L3["cap"], L3["d_emb"], L3["d_up"]))
+    // (6 * xs.d_model * xs.num_layers)
+    // 16
+    * 16
+  )
   base = "configs/zoo.py:model=xs"
   c = ml_collections.ConfigDict()
   c.name = "l3_sentencepiece"
   c.description = (
-      f"L3 (arXiv 2601.21461) claims lower loss than dense and than the iso-sparse MoE at "
-      f"equal active FLOPs, with a subword vocabulary. zoo-xs on mix with a {VOCAB}-piece "
-      "sentencepiece vocabulary, 600 steps, every arm on the same seeds, compared on the "
-      "harness's bpb of the first 32 KiB of every held-out domain.")
+    f"L3 (arXiv 2601.21461) claims lower loss than dense and than the iso-sparse MoE at "
+    f"equal active FLOPs, with a subword vocabulary. zoo-xs on mix with a {VOCAB}-piece "
+    "sentencepiece vocabulary, 600 steps, every arm on the same seeds, compared on the "
+    "harness's bpb of the first 32 KiB of every held-out domain."
+  )
   c.scorer = "training"
-  c.settings = {"workdir": "runs/l3_sentencepiece", "steps": 600, "seeds": (),
-                "common": ("train.eval_every=100", "data.tokenizer=sentencepiece",
-                           f"data.vocab_size={VOCAB}", f"model.vocab_size={VOCAB}"),
-                "heldout_bytes_per_domain": 32768, "domains": DOMAINS}
+  c.settings = {
+    "workdir": "runs/l3_sentencepiece",
+    "steps": 600,
+    "seeds": (),
+    "common": (
+      "train.eval_every=100",
+      "data.tokenizer=sentencepiece",
+      f"data.vocab_size={VOCAB}",
+      f"model.vocab_size={VOCAB}",
+    ),
+    "heldout_bytes_per_domain": 32768,
+    "domains": DOMAINS,
+  }
   c.arms = [
-      {"name": "topk", "config": base},
-      {"name": "dense", "config": base, "overrides": ["model.ffn_type=dense"]},
-      {"name": "l3", "config": base, "overrides": [
-          "model.ffn_type=dense", f"model.d_ff={d_ff}", "model.l3.enabled=True",
-          "model.l3.corpus=train_split", "model.l3.allocation=lzw",
-          *(f"model.l3.{key}={value}" for key, value in L3.items())]},
+    {"name": "topk", "config": base},
+    {"name": "dense", "config": base, "overrides": ["model.ffn_type=dense"]},
+    {
+      "name": "l3",
+      "config": base,
+      "overrides": [
+        "model.ffn_type=dense",
+        f"model.d_ff={d_ff}",
+        "model.l3.enabled=True",
+        "model.l3.corpus=train_split",
+        "model.l3.allocation=lzw",
+        *(f"model.l3.{key}={value}" for key, value in L3.items()),
+      ],
+    },
   ]
   c.draws = a.seeds
   c.reference = "topk"
   c.claims = [
-      {"arm": "l3", "reference": "topk", "metric": "heldout_bpb", "expect": "lower",
-       "text": "L3: lower bpb than the iso-sparse MoE"},
-      {"arm": "l3", "reference": "dense", "metric": "heldout_bpb", "expect": "lower",
-       "text": "L3: lower bpb than dense at equal active FLOPs"},
-      {"arm": "dense", "reference": "topk", "metric": "heldout_bpb", "expect": "higher",
-       "source": "ours", "text": "the MoE beats dense at equal active FLOPs"},
+    {
+      "arm": "l3",
+      "reference": "topk",
+      "metric": "heldout_bpb",
+      "expect": "lower",
+      "text": "L3: lower bpb than the iso-sparse MoE",
+    },
+    {
+      "arm": "l3",
+      "reference": "dense",
+      "metric": "heldout_bpb",
+      "expect": "lower",
+      "text": "L3: lower bpb than dense at equal active FLOPs",
+    },
+    {
+      "arm": "dense",
+      "reference": "topk",
+      "metric": "heldout_bpb",
+      "expect": "higher",
+      "source": "ours",
+      "text": "the MoE beats dense at equal active FLOPs",
+    },
   ]
   return c

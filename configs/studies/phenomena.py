@@ -13,6 +13,7 @@ seed d. Where a rule names no super expert the super_experts arm ablates the exp
 largest a instead (`top_a`); super_experts_found says which. The profile alone
 (a_{l,e}, massive activations, sinks): experiments/profile_phenomena.py.
 """
+
 import ml_collections
 
 from moejax.train import zoo
@@ -22,39 +23,87 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "phenomena"
   c.description = (
-      "Su et al. (arXiv 2507.23279) find a handful of super experts, whose largest outputs "
-      "make the massive activations behind attention sinks; ablating them (zeroing the down "
-      "projection, the router untouched) collapses the sinks and breaks the model, while "
-      "ablating as many random or most frequently used experts does little. Every arm "
-      "ablates n experts of a trained MoE LM (n = the number of super experts, 1 when "
-      "none); draw d is the d-th block of 4096 held-out bytes per domain.")
+    "Su et al. (arXiv 2507.23279) find a handful of super experts, whose largest outputs "
+    "make the massive activations behind attention sinks; ablating them (zeroing the down "
+    "projection, the router untouched) collapses the sinks and breaks the model, while "
+    "ablating as many random or most frequently used experts does little. Every arm "
+    "ablates n experts of a trained MoE LM (n = the number of super experts, 1 when "
+    "none); draw d is the d-th block of 4096 held-out bytes per domain."
+  )
   c.scorer = "phenomena_ablation"
-  c.settings = {"workdir": "runs/zoo/s", "bytes_per_domain": 4096, "context": 0, "n": 0,
-                "rule": "official", "quantile": 99.5, "fraction_of_max": 0.1,
-                "include_layers": 0.75, "min_ratio": 100.0, "growth": 2.0, "batch_rows": 32,
-                "probes": "auto", "probe_count": 32}
-  c.arms = [{"name": "none", "ablate": "none"},
-            {"name": "super_experts", "ablate": "super_experts"},
-            {"name": "most_frequent", "ablate": "most_frequent"},
-            {"name": "random", "ablate": "random"}]
+  c.settings = {
+    "workdir": "runs/zoo/s",
+    "bytes_per_domain": 4096,
+    "context": 0,
+    "n": 0,
+    "rule": "official",
+    "quantile": 99.5,
+    "fraction_of_max": 0.1,
+    "include_layers": 0.75,
+    "min_ratio": 100.0,
+    "growth": 2.0,
+    "batch_rows": 32,
+    "probes": "auto",
+    "probe_count": 32,
+  }
+  c.arms = [
+    {"name": "none", "ablate": "none"},
+    {"name": "super_experts", "ablate": "super_experts"},
+    {"name": "most_frequent", "ablate": "most_frequent"},
+    {"name": "random", "ablate": "random"},
+  ]
   c.draws = 5
   c.reference = "none"
   c.claims = [
-      {"arm": "super_experts", "reference": "none", "metric": "bpb", "expect": "higher",
-       "text": "ablating the super experts raises bpb"},
-      {"arm": "super_experts", "reference": "random", "metric": "bpb", "expect": "higher",
-       "text": "super experts matter more than random experts"},
-      {"arm": "super_experts", "reference": "most_frequent", "metric": "bpb",
-       "expect": "higher", "text": "super experts matter more than the most used experts"},
-      {"arm": "super_experts", "reference": "none", "metric": "mean_mass_on_position_0",
-       "expect": "lower", "text": "ablating the super experts collapses the attention sinks"},
-      {"arm": "super_experts", "reference": "random", "metric": "probe/arithmetic",
-       "expect": "lower", "text": "arithmetic suffers more from the super experts than from "
-       "random experts"},
-      {"arm": "super_experts", "reference": "most_frequent", "metric": "probe/arithmetic",
-       "expect": "lower", "text": "arithmetic suffers more from the super experts than from "
-       "the most used experts"},
-      {"arm": "super_experts", "reference": "none", "metric": "super_experts_found",
-       "expect": None, "source": "ours", "text": "super experts the rule names per draw"},
+    {
+      "arm": "super_experts",
+      "reference": "none",
+      "metric": "bpb",
+      "expect": "higher",
+      "text": "ablating the super experts raises bpb",
+    },
+    {
+      "arm": "super_experts",
+      "reference": "random",
+      "metric": "bpb",
+      "expect": "higher",
+      "text": "super experts matter more than random experts",
+    },
+    {
+      "arm": "super_experts",
+      "reference": "most_frequent",
+      "metric": "bpb",
+      "expect": "higher",
+      "text": "super experts matter more than the most used experts",
+    },
+    {
+      "arm": "super_experts",
+      "reference": "none",
+      "metric": "mean_mass_on_position_0",
+      "expect": "lower",
+      "text": "ablating the super experts collapses the attention sinks",
+    },
+    {
+      "arm": "super_experts",
+      "reference": "random",
+      "metric": "probe/arithmetic",
+      "expect": "lower",
+      "text": "arithmetic suffers more from the super experts than from random experts",
+    },
+    {
+      "arm": "super_experts",
+      "reference": "most_frequent",
+      "metric": "probe/arithmetic",
+      "expect": "lower",
+      "text": "arithmetic suffers more from the super experts than from the most used experts",
+    },
+    {
+      "arm": "super_experts",
+      "reference": "none",
+      "metric": "super_experts_found",
+      "expect": None,
+      "source": "ours",
+      "text": "super experts the rule names per draw",
+    },
   ]
   return zoo.over_seeds(c, arg)

@@ -7,6 +7,7 @@ top-3 (37.5% active), fine-tuned for 10% of s_dense's steps
   python -m experiments.zoo --models=s_dense --seeds=0,1,2
   python -m experiments.study --config=configs/studies/prism_moe.py:seeds=3
 """
+
 import ml_collections
 
 from moejax.train import zoo
@@ -19,27 +20,68 @@ def arms():
   out = []
   for kind in PARTITIONS:
     out.append({"name": kind, "partition": kind, "supervision": 0.0})
-    out.append({"name": f"{kind}_supervised", "partition": kind,
-                "supervision": SUPERVISION})
+    out.append({"name": f"{kind}_supervised", "partition": kind, "supervision": SUPERVISION})
   return out
 
 
 # (arm, reference, metric, expected direction, text, source)
 CLAIMS = (
-    ("trajectory", "random", "kl0", "lower", "the trajectory-fitted init is closer to the "
-     "dense model than a random partition at step 0", "paper"),
-    ("trajectory", "kmeans_hartigan", "kl0", "lower",
-     "... and than MoEfication's balanced k-means (Hartigan)", "paper"),
-    ("trajectory", "kmeans_lloyd", "kl0", "lower",
-     "... and than MoEfication's balanced k-means (Lloyd)", "paper"),
-    ("kmeans_hartigan", "kmeans_lloyd", "kl0", "lower",
-     "Hartigan's k-means gives a better MoEfication init than Lloyd's", "ours"),
-    ("trajectory_supervised", "random", "bpb", "lower", "Prism-MoE (fitted init + "
-     "supervision) beats a random conversion after 10% of the dense budget", "paper"),
-    ("trajectory_supervised", "trajectory", "bpb", "lower",
-     "confidence-adaptive supervision lowers bpb after fine-tuning", "paper"),
-    ("random_supervised", "random", "bpb", None,
-     "supervision on a random partition (no expected direction)", "ours"),
+  (
+    "trajectory",
+    "random",
+    "kl0",
+    "lower",
+    "the trajectory-fitted init is closer to the dense model than a random partition at step 0",
+    "paper",
+  ),
+  (
+    "trajectory",
+    "kmeans_hartigan",
+    "kl0",
+    "lower",
+    "... and than MoEfication's balanced k-means (Hartigan)",
+    "paper",
+  ),
+  (
+    "trajectory",
+    "kmeans_lloyd",
+    "kl0",
+    "lower",
+    "... and than MoEfication's balanced k-means (Lloyd)",
+    "paper",
+  ),
+  (
+    "kmeans_hartigan",
+    "kmeans_lloyd",
+    "kl0",
+    "lower",
+    "Hartigan's k-means gives a better MoEfication init than Lloyd's",
+    "ours",
+  ),
+  (
+    "trajectory_supervised",
+    "random",
+    "bpb",
+    "lower",
+    "Prism-MoE (fitted init + supervision) beats a random conversion after 10% of the dense budget",
+    "paper",
+  ),
+  (
+    "trajectory_supervised",
+    "trajectory",
+    "bpb",
+    "lower",
+    "confidence-adaptive supervision lowers bpb after fine-tuning",
+    "paper",
+  ),
+  (
+    "random_supervised",
+    "random",
+    "bpb",
+    None,
+    "supervision on a random partition (no expected direction)",
+    "ours",
+  ),
 )
 KEYS = ("arm", "reference", "metric", "expect", "text", "source")
 
@@ -48,22 +90,32 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.name = "prism_moe"
   c.description = (
-      "zoo s_dense (a byte-level 6-block dense LM, d_ff 512, mix corpus) converted into an "
-      "MoE of 8 experts of 64 neurons per layer, top-3 (37.5% of the FFN active): "
-      "random partition; MoEfication's balanced k-means of the neurons' gate columns "
-      "(Lloyd, Hartigan; equal groups by an optimal assignment and a balanced refinement); "
-      "Prism-MoE's partition and router fitted to 16 sequences of 64 tokens the dense "
-      "model samples itself (our reading of an abstract: co-activation clustering and a "
-      "ridge-regressed router, chosen by top-k output error). Then fine-tuned for 10% of "
-      "s_dense's steps (the run's AdamW schedule), with (weight 1) or without the routing "
-      "KL weighted by 1 - the dense model's max next-token probability. kl0 / mse0: KL "
-      "to the dense model and FFN output error at step 0 on 16 held-out trajectories; kl, "
-      "bpb: after fine-tuning.")
+    "zoo s_dense (a byte-level 6-block dense LM, d_ff 512, mix corpus) converted into an "
+    "MoE of 8 experts of 64 neurons per layer, top-3 (37.5% of the FFN active): "
+    "random partition; MoEfication's balanced k-means of the neurons' gate columns "
+    "(Lloyd, Hartigan; equal groups by an optimal assignment and a balanced refinement); "
+    "Prism-MoE's partition and router fitted to 16 sequences of 64 tokens the dense "
+    "model samples itself (our reading of an abstract: co-activation clustering and a "
+    "ridge-regressed router, chosen by top-k output error). Then fine-tuned for 10% of "
+    "s_dense's steps (the run's AdamW schedule), with (weight 1) or without the routing "
+    "KL weighted by 1 - the dense model's max next-token probability. kl0 / mse0: KL "
+    "to the dense model and FFN output error at step 0 on 16 held-out trajectories; kl, "
+    "bpb: after fine-tuning."
+  )
   c.scorer = "prism_moe"
-  c.settings = {"workdir": zoo.workdir_of("s_dense", "runs/zoo"), "num_windows": 16,
-                "bytes_per_domain": 4096, "probes": "", "probe_count": 1, "experts": 8,
-                "top_k": 3, "trajectories": 16, "length": 64, "held_out": 16,
-                "budget": 0.1}
+  c.settings = {
+    "workdir": zoo.workdir_of("s_dense", "runs/zoo"),
+    "num_windows": 16,
+    "bytes_per_domain": 4096,
+    "probes": "",
+    "probe_count": 1,
+    "experts": 8,
+    "top_k": 3,
+    "trajectories": 16,
+    "length": 64,
+    "held_out": 16,
+    "budget": 0.1,
+  }
   c.arms = arms()
   c.draws = 1
   c.reference = "random"

@@ -13,6 +13,7 @@ direction and report the interval for what it is.
   rounded_tile16    the same with tile 16
 Committed result of the old runner: docs/results/ablations/token_rounding_zoo_xs.md.
 """
+
 import ml_collections
 
 from moejax.configs.studies.routers_seeds import base_settings
@@ -20,26 +21,47 @@ from moejax.configs.studies.routers_seeds import base_settings
 
 def get_config(arg=None):
   a, (path, base_arg, draws, heldout, _, title), name, settings = base_settings(
-      arg, "token_rounding")
+    arg, "token_rounding"
+  )
   metric = "heldout_bpb" if heldout else "val_bpb"
   rounded = f"{path}:" + ",".join(filter(None, [base_arg, "router=topk_rounded"]))
   c = ml_collections.ConfigDict()
   c.name = name
   c.description = (
-      f"Token rounding (SonicMoE) rounds every expert's token count to a tile multiple, "
-      f"so no tile is padded; the paper claims top-k quality at zero padding. {title}, 600 "
-      f"steps, every arm on the same seeds, compared on {metric}.")
+    f"Token rounding (SonicMoE) rounds every expert's token count to a tile multiple, "
+    f"so no tile is padded; the paper claims top-k quality at zero padding. {title}, 600 "
+    f"steps, every arm on the same seeds, compared on {metric}."
+  )
   c.scorer = "training"
   c.settings = settings
   c.arms = [{"name": "topk", "config": f"{path}:{base_arg}" if base_arg else path}] + [
-      {"name": f"rounded_tile{tile}", "config": rounded,
-       "overrides": [f"model.moe.topk_rounded.tile={tile}", f"model.moe.dropless_tile={tile}"]}
-      for tile in ((32, 16) if a.arms == "all" else ())]
+    {
+      "name": f"rounded_tile{tile}",
+      "config": rounded,
+      "overrides": [f"model.moe.topk_rounded.tile={tile}", f"model.moe.dropless_tile={tile}"],
+    }
+    for tile in ((32, 16) if a.arms == "all" else ())
+  ]
   c.draws = a.seeds or draws
   c.reference = "topk"
-  c.claims = [claim for tile in ((32, 16) if a.arms == "all" else ()) for claim in (
-      {"arm": f"rounded_tile{tile}", "reference": "topk", "metric": metric, "expect": None,
-       "text": f"SonicMoE: token rounding (tile {tile}) matches top-k's bpb"},
-      {"arm": f"rounded_tile{tile}", "reference": "topk", "metric": "padding_waste",
-       "expect": "lower", "text": f"SonicMoE: token rounding (tile {tile}) pads less"})]
+  c.claims = [
+    claim
+    for tile in ((32, 16) if a.arms == "all" else ())
+    for claim in (
+      {
+        "arm": f"rounded_tile{tile}",
+        "reference": "topk",
+        "metric": metric,
+        "expect": None,
+        "text": f"SonicMoE: token rounding (tile {tile}) matches top-k's bpb",
+      },
+      {
+        "arm": f"rounded_tile{tile}",
+        "reference": "topk",
+        "metric": "padding_waste",
+        "expect": "lower",
+        "text": f"SonicMoE: token rounding (tile {tile}) pads less",
+      },
+    )
+  ]
   return c

@@ -48,6 +48,7 @@ the untimed call so that a repetition lasts about --min_rep_ms; repetitions are
 interleaved (round r runs every variant once, order rotated by r) and the
 median per call taken: the machine is shared and noisy (moejax/profiling/timing.py).
 """
+
 import datetime
 import os
 import time
@@ -67,35 +68,56 @@ from moejax.evaluation.stats import markdown_table
 from moejax.experts.factorised import tucker_count
 from moejax.inference.generate import generation_config
 from moejax.layers.moe import MoELayer
-from moejax.profiling.timing import (calls_per_round, compile_pass, compiled_figures, cpu_model,
-                                     interleaved_times, medians)
+from moejax.profiling.timing import (
+  calls_per_round,
+  compile_pass,
+  compiled_figures,
+  cpu_model,
+  interleaved_times,
+  medians,
+)
 
 # d, f, E, k; zoo_s from moejax/configs/zoo.py (d, ..., experts, top_k, expert_d_ff, ...)
 _S = zoo.SIZES["s"]
 PRESETS = {"zoo_s": (_S[0], _S[7], _S[5], _S[6]), "large": (512, 1024, 8, 2)}
-VARIANTS = ("swiglu", "quantized_4bit", "quantized_2bit", "codebook_4bit",
-            "codebook_4bit_hadamard", "factorised_50pct")
+VARIANTS = (
+  "swiglu",
+  "quantized_4bit",
+  "quantized_2bit",
+  "codebook_4bit",
+  "codebook_4bit_hadamard",
+  "factorised_50pct",
+)
 REFERENCE = "swiglu"
 
 _SIZES = flags.DEFINE_list("sizes", ["zoo_s", "large"], f"Presets {sorted(PRESETS)} or d:f:E:k.")
-_TOKENS = cli.checked(flags.DEFINE_list("tokens", ["1", "256", "2048"], "Tokens T per call."),
-                      cli.at_least(1))
-_VARIANTS = cli.checked(flags.DEFINE_list("variants", list(VARIANTS),
-                                          "Variants to run (swiglu is always run)."),
-                        cli.one_of(*VARIANTS))
-_GROUP = cli.checked(flags.DEFINE_integer("group_size", 32,
-                                          "Quantized and codebook group size (input rows)."),
-                     cli.at_least(1))
-_FRACTION = cli.checked(flags.DEFINE_float("factorised_fraction", 0.5,
-                                           "factorised_50pct: Tucker parameters / fp32 ones."),
-                        cli.in_range(0.0, 1.0, low_open=True))
-_MIN_REP_MS = cli.checked(flags.DEFINE_float("min_rep_ms", 20.0,
-                                             "A repetition repeats the call to last about this."),
-                          cli.at_least(0.0, float))
-_MAX_INNER = cli.checked(flags.DEFINE_integer("max_inner", 200, "Most calls per repetition."),
-                         cli.at_least(1))
-_REPS = cli.checked(flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median)."),
-                    cli.at_least(1))
+_TOKENS = cli.checked(
+  flags.DEFINE_list("tokens", ["1", "256", "2048"], "Tokens T per call."), cli.at_least(1)
+)
+_VARIANTS = cli.checked(
+  flags.DEFINE_list("variants", list(VARIANTS), "Variants to run (swiglu is always run)."),
+  cli.one_of(*VARIANTS),
+)
+_GROUP = cli.checked(
+  flags.DEFINE_integer("group_size", 32, "Quantized and codebook group size (input rows)."),
+  cli.at_least(1),
+)
+_FRACTION = cli.checked(
+  flags.DEFINE_float(
+    "factorised_fraction", 0.5, "factorised_50pct: Tucker parameters / fp32 ones."
+  ),
+  cli.in_range(0.0, 1.0, low_open=True),
+)
+_MIN_REP_MS = cli.checked(
+  flags.DEFINE_float("min_rep_ms", 20.0, "A repetition repeats the call to last about this."),
+  cli.at_least(0.0, float),
+)
+_MAX_INNER = cli.checked(
+  flags.DEFINE_integer("max_inner", 200, "Most calls per repetition."), cli.at_least(1)
+)
+_REPS = cli.checked(
+  flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median)."), cli.at_least(1)
+)
 OUTPUTS = cli.study_outputs(plot=False)
 
 
@@ -121,11 +143,12 @@ def factorised_ranks(dims, fraction: float) -> dict:
   nearest `fraction` of the projection's E d_in d_out fp32 parameters."""
   d, f, e, _ = dims
   out = {}
-  for key, (d_in, d_out) in (("ranks_gate", (d, f)), ("ranks_up", (d, f)),
-                             ("ranks_down", (f, d))):
+  for key, (d_in, d_out) in (("ranks_gate", (d, f)), ("ranks_up", (d, f)), ("ranks_down", (f, d))):
     target = fraction * e * d_in * d_out
-    r = min(range(1, min(d_in, d_out) + 1),
-            key=lambda r: abs(tucker_count((e, d_in, d_out), (e, r, r)) - target))
+    r = min(
+      range(1, min(d_in, d_out) + 1),
+      key=lambda r: abs(tucker_count((e, d_in, d_out), (e, r, r)) - target),
+    )
     out[key] = (e, r, r)
   return out
 
@@ -135,13 +158,12 @@ def variant_settings(name: str, dims) -> tuple[str, dict]:
   d, f, _, _ = dims
   g = group_size(d, f)
   return {
-      "swiglu": ("swiglu", {}),
-      "quantized_4bit": ("quantized", {"bits": 4, "group_size": g, "symmetric": False}),
-      "quantized_2bit": ("quantized", {"bits": 2, "group_size": g, "symmetric": False}),
-      "codebook_4bit": ("codebook", {"bits": 4, "group_size": g, "rotation": "none"}),
-      "codebook_4bit_hadamard": ("codebook", {"bits": 4, "group_size": g,
-                                              "rotation": "hadamard"}),
-      "factorised_50pct": ("factorised", factorised_ranks(dims, _FRACTION.value)),
+    "swiglu": ("swiglu", {}),
+    "quantized_4bit": ("quantized", {"bits": 4, "group_size": g, "symmetric": False}),
+    "quantized_2bit": ("quantized", {"bits": 2, "group_size": g, "symmetric": False}),
+    "codebook_4bit": ("codebook", {"bits": 4, "group_size": g, "rotation": "none"}),
+    "codebook_4bit_hadamard": ("codebook", {"bits": 4, "group_size": g, "rotation": "hadamard"}),
+    "factorised_50pct": ("factorised", factorised_ranks(dims, _FRACTION.value)),
   }[name]
 
 
@@ -159,8 +181,10 @@ def build_layer(name: str, dims) -> tuple[MoELayer, dict]:
   validate_config(c)
   m = generation_config(m)  # as inference runs the layer: dropless, tile min(tile, 8)
   layer = MoELayer(m.d_model, layer_moe_config(m, 0), rngs=nnx.Rngs(0), dtype=jnp.float32)
-  return layer, {"experts": expert_type, **{k_: list(v) if isinstance(v, tuple) else v
-                                            for k_, v in settings.items()}}
+  return layer, {
+    "experts": expert_type,
+    **{k_: list(v) if isinstance(v, tuple) else v for k_, v in settings.items()},
+  }
 
 
 def expert_bytes(layer: MoELayer) -> tuple[int, int]:
@@ -182,10 +206,17 @@ def prepare(name, dims, x):
   compiled, args, _ = compile_pass(forward, state, x, "fwd")
   held, packed = expert_bytes(layer)
   d, f, e, _ = dims
-  return compiled, args, {
-      "settings": settings, **compiled_figures(compiled),
-      "expert_bytes_in_memory": held, "expert_bytes_packed": packed,
-      "expert_bytes_fp32": 4 * 3 * e * d * f}
+  return (
+    compiled,
+    args,
+    {
+      "settings": settings,
+      **compiled_figures(compiled),
+      "expert_bytes_in_memory": held,
+      "expert_bytes_packed": packed,
+      "expert_bytes_fp32": 4 * 3 * e * d * f,
+    },
+  )
 
 
 def bench(label, dims, tokens, variants):
@@ -197,26 +228,45 @@ def bench(label, dims, tokens, variants):
     for name in variants:
       compiled, args, figures[name] = prepare(name, dims, x)
       calls[name] = lambda compiled=compiled, args=args: compiled(*args)
-    inner = {name: calls_per_round(fn, _MIN_REP_MS.value / 1e3, _MAX_INNER.value)
-             for name, fn in calls.items()}
+    inner = {
+      name: calls_per_round(fn, _MIN_REP_MS.value / 1e3, _MAX_INNER.value)
+      for name, fn in calls.items()
+    }
     per_call = medians(interleaved_times(calls, _REPS.value, inner))
     for name in variants:
       median = per_call[name]
-      records.append({"size": label, "d": d, "f": f, "E": e, "k": k, "T": t, "variant": name,
-                      "time_ms": 1e3 * median, "ratio_to_swiglu": per_call[REFERENCE] / median,
-                      "reps": _REPS.value, "calls_per_rep": inner[name], **figures[name],
-                      "temp_over_swiglu_bytes": (figures[name]["temp_bytes"]
-                                                 - figures[REFERENCE]["temp_bytes"]),
-                      "flops_over_swiglu": figures[name]["flops"] - figures[REFERENCE]["flops"]})
-    print(f"{label} T={t}: " + ", ".join(f"{n} {1e3 * per_call[n]:.2f} ms" for n in variants),
-          flush=True)
+      records.append(
+        {
+          "size": label,
+          "d": d,
+          "f": f,
+          "E": e,
+          "k": k,
+          "T": t,
+          "variant": name,
+          "time_ms": 1e3 * median,
+          "ratio_to_swiglu": per_call[REFERENCE] / median,
+          "reps": _REPS.value,
+          "calls_per_rep": inner[name],
+          **figures[name],
+          "temp_over_swiglu_bytes": (
+            figures[name]["temp_bytes"] - figures[REFERENCE]["temp_bytes"]
+          ),
+          "flops_over_swiglu": figures[name]["flops"] - figures[REFERENCE]["flops"],
+        }
+      )
+    print(
+      f"{label} T={t}: " + ", ".join(f"{n} {1e3 * per_call[n]:.2f} ms" for n in variants),
+      flush=True,
+    )
   return records
 
 
 def describe(settings: dict) -> str:
   if settings["experts"] == "factorised":
-    return "ranks " + " / ".join(f"({', '.join(map(str, settings[key]))})"
-                                 for key in ("ranks_gate", "ranks_up", "ranks_down"))
+    return "ranks " + " / ".join(
+      f"({', '.join(map(str, settings[key]))})" for key in ("ranks_gate", "ranks_up", "ranks_down")
+    )
   if settings["experts"] == "swiglu":
     return "fp32"
   extra = f", {settings['rotation']}" if "rotation" in settings else ""
@@ -224,37 +274,74 @@ def describe(settings: dict) -> str:
 
 
 def markdown(records, command: str) -> str:
-  mib = lambda b: f"{b / 2**20:.2f}"
+  def mib(b):
+    return f"{b / 2**20:.2f}"
+
   load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-  lines = [f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), jax "
-           f"{jax.__version__}, backend {jax.default_backend()}; "
-           f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}; load average at the end "
-           f"{load}.", "", f"    {command}", "",
-           "MoE layer forward (router topk + dropless dispatch + experts, train=False) as "
-           "inference builds it (generation_config: dropless, tile 8), fp32, x [1, T, d]; "
-           f"medians of {_REPS.value} interleaved repetitions, each the "
-           f"mean of `calls` calls (about {_MIN_REP_MS.value:g} ms). ratio = swiglu time / "
-           "path time (1.0 = as fast as fp32). arg and temp: compiled memory_analysis(); "
-           "temp - swiglu: this row's temp minus swiglu's at the same T; GFLOP: "
-           "cost_analysis() (static: the block loops' bodies count once, so GFLOP - swiglu is "
-           "the per-call work outside them: dequantize, decode, rotate). expert MiB: held in "
-           "memory (uint8 codes) / bit-packed (the swiglu row: fp32 experts).", ""]
+  lines = [
+    f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), jax "
+    f"{jax.__version__}, backend {jax.default_backend()}; "
+    f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}; load average at the end "
+    f"{load}.",
+    "",
+    f"    {command}",
+    "",
+    "MoE layer forward (router topk + dropless dispatch + experts, train=False) as "
+    "inference builds it (generation_config: dropless, tile 8), fp32, x [1, T, d]; "
+    f"medians of {_REPS.value} interleaved repetitions, each the "
+    f"mean of `calls` calls (about {_MIN_REP_MS.value:g} ms). ratio = swiglu time / "
+    "path time (1.0 = as fast as fp32). arg and temp: compiled memory_analysis(); "
+    "temp - swiglu: this row's temp minus swiglu's at the same T; GFLOP: "
+    "cost_analysis() (static: the block loops' bodies count once, so GFLOP - swiglu is "
+    "the per-call work outside them: dequantize, decode, rotate). expert MiB: held in "
+    "memory (uint8 codes) / bit-packed (the swiglu row: fp32 experts).",
+    "",
+  ]
   for size in dict.fromkeys(r["size"] for r in records):
     rows = [r for r in records if r["size"] == size]
     r0 = rows[0]
-    lines += [f"### {size}: d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32 expert "
-              f"weights {mib(r0['expert_bytes_fp32'])} MiB", "",
-              markdown_table(
-                  ["T", "variant", "settings", "ms", "ratio", "calls", "arg MiB", "temp MiB",
-                   "temp - swiglu MiB", "arg + temp MiB", "GFLOP", "GFLOP - swiglu",
-                   "expert MiB held / packed", "packed / fp32"],
-                  [[r["T"], r["variant"], describe(r["settings"]), f"{r['time_ms']:.3f}",
-                    f"{r['ratio_to_swiglu']:.2f}", r["calls_per_rep"], mib(r["argument_bytes"]),
-                    mib(r["temp_bytes"]), mib(r["temp_over_swiglu_bytes"]),
-                    mib(r["argument_bytes"] + r["temp_bytes"]), f"{r['flops'] / 1e9:.3f}",
-                    f"{r['flops_over_swiglu'] / 1e9:.3f}",
-                    f"{mib(r['expert_bytes_in_memory'])} / {mib(r['expert_bytes_packed'])}",
-                    f"{r['expert_bytes_packed'] / r['expert_bytes_fp32']:.3f}"] for r in rows])]
+    lines += [
+      f"### {size}: d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32 expert "
+      f"weights {mib(r0['expert_bytes_fp32'])} MiB",
+      "",
+      markdown_table(
+        [
+          "T",
+          "variant",
+          "settings",
+          "ms",
+          "ratio",
+          "calls",
+          "arg MiB",
+          "temp MiB",
+          "temp - swiglu MiB",
+          "arg + temp MiB",
+          "GFLOP",
+          "GFLOP - swiglu",
+          "expert MiB held / packed",
+          "packed / fp32",
+        ],
+        [
+          [
+            r["T"],
+            r["variant"],
+            describe(r["settings"]),
+            f"{r['time_ms']:.3f}",
+            f"{r['ratio_to_swiglu']:.2f}",
+            r["calls_per_rep"],
+            mib(r["argument_bytes"]),
+            mib(r["temp_bytes"]),
+            mib(r["temp_over_swiglu_bytes"]),
+            mib(r["argument_bytes"] + r["temp_bytes"]),
+            f"{r['flops'] / 1e9:.3f}",
+            f"{r['flops_over_swiglu'] / 1e9:.3f}",
+            f"{mib(r['expert_bytes_in_memory'])} / {mib(r['expert_bytes_packed'])}",
+            f"{r['expert_bytes_packed'] / r['expert_bytes_fp32']:.3f}",
+          ]
+          for r in rows
+        ],
+      ),
+    ]
     lines.append("")
   return "\n".join(lines)
 
@@ -277,15 +364,36 @@ def main(argv):
   records = []
   for label, dims in sizes:
     records += bench(label, dims, tokens, variants)
-  command = " ".join(["python -m experiments.benchmarks.compressed_experts"] + [
-      f"--{name}={flag_text(name)}" for name in ("sizes", "tokens", "variants", "group_size",
-                                                 "factorised_fraction", "reps", "min_rep_ms")])
+  command = " ".join(
+    ["python -m experiments.benchmarks.compressed_experts"]
+    + [
+      f"--{name}={flag_text(name)}"
+      for name in (
+        "sizes",
+        "tokens",
+        "variants",
+        "group_size",
+        "factorised_fraction",
+        "reps",
+        "min_rep_ms",
+      )
+    ]
+  )
   text = markdown(records, command)
   print(text, flush=True)
-  OUTPUTS.write({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
-                 "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                 "loadavg": os.getloadavg(), "command": command,
-                 "wall_s": time.perf_counter() - started, "records": records}, text)
+  OUTPUTS.write(
+    {
+      "machine": cpu_model(),
+      "cores": os.cpu_count(),
+      "jax": jax.__version__,
+      "date": datetime.datetime.now().isoformat(timespec="seconds"),
+      "loadavg": os.getloadavg(),
+      "command": command,
+      "wall_s": time.perf_counter() - started,
+      "records": records,
+    },
+    text,
+  )
 
 
 if __name__ == "__main__":

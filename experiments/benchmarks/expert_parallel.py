@@ -16,11 +16,13 @@ rows routed there on average (T_local * k), and the fraction of assignments
 the exchange dropped. The 8 "devices" share this machine's cores, so the
 ratio shows the cost of partitioning and exchange, not a speed-up.
 """
+
 import os
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8").strip()
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  ).strip()
 
 import functools  # noqa: E402
 import re  # noqa: E402
@@ -42,15 +44,19 @@ from moejax.experts.swiglu import SwiGLUExperts  # noqa: E402
 from moejax.profiling.timing import interleaved_times, medians, with_backward  # noqa: E402
 from moejax.routing import get_router  # noqa: E402
 
-MESHES = {"data2_expert4": dict(data=2, expert=4), "expert8": dict(expert=8),
-          "fsdp2_expert2_tensor2": dict(fsdp=2, expert=2, tensor=2)}
+MESHES = {
+  "data2_expert4": dict(data=2, expert=4),
+  "expert8": dict(expert=8),
+  "fsdp2_expert2_tensor2": dict(fsdp=2, expert=2, tensor=2),
+}
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1}
 
 _SHAPE = flags.DEFINE_string("shape", "4096:128:256:8:2", "T:d:f:E:k (default: the LM's layer).")
 _DISPATCH = flags.DEFINE_list("dispatch", ["dropless", "capacity"], "Dispatch paths.")
 _MESHES = flags.DEFINE_list("meshes", ["data2_expert4", "expert8"], f"Of {sorted(MESHES)}.")
-_FACTORS = flags.DEFINE_list("a2a_capacity_factors", ["0", "2"],
-                             "sharding.a2a_capacity_factor values (0: never overflows).")
+_FACTORS = flags.DEFINE_list(
+  "a2a_capacity_factors", ["0", "2"], "sharding.a2a_capacity_factor values (0: never overflows)."
+)
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 OUTPUTS = cli.study_outputs(plot=False)
 
@@ -71,13 +77,15 @@ def layer_fn(cfg, layout):
 
   def layer(params, x):
     logits = x.astype(jnp.float32) @ params["router"]
-    routing = get_router("topk").route(logits, cfg=cfg, state={}, rng=None,
-                                       train=True).routing
+    routing = get_router("topk").route(logits, cfg=cfg, state={}, rng=None, train=True).routing
     if layout is None:
       return get_dispatcher(cfg.dispatch)(
-          x, routing, functools.partial(swiglu_experts, params["experts"]), cfg)
-    return expert_parallel_dispatch(x, routing, params["experts"], SwiGLUExperts.LOGICAL_AXES,
-                                    swiglu_experts, cfg, layout)
+        x, routing, functools.partial(swiglu_experts, params["experts"]), cfg
+      )
+    return expert_parallel_dispatch(
+      x, routing, params["experts"], SwiGLUExperts.LOGICAL_AXES, swiglu_experts, cfg, layout
+    )
+
   return layer
 
 
@@ -88,11 +96,16 @@ def compile_step(cfg, layout, params, x):
   if layout is None:
     device = jax.devices()[0]
     return jax.jit(fwd_bwd).lower(*jax.device_put(args, device)).compile(), args
-  put = lambda tree, axes: jax.tree.map(lambda a: jax.device_put(
-      a, layout.named(axes(a), a.shape)), tree)
-  params = {"router": put(params["router"], lambda a: ("embed", None)),
-            "experts": {k: put(w, lambda a, k=k: SwiGLUExperts.LOGICAL_AXES[k])
-                        for k, w in params["experts"].items()}}
+
+  def put(tree, axes):
+    return jax.tree.map(lambda a: jax.device_put(a, layout.named(axes(a), a.shape)), tree)
+
+  params = {
+    "router": put(params["router"], lambda a: ("embed", None)),
+    "experts": {
+      k: put(w, lambda a, k=k: SwiGLUExperts.LOGICAL_AXES[k]) for k, w in params["experts"].items()
+    },
+  }
   x, d_out = (put(a, lambda a: ("batch", None)) for a in args[1:])
   jitted = jax.jit(lambda *a: _traced(layout, fwd_bwd, *a))
   return jitted.lower(params, x, d_out).compile(), (params, x, d_out)
@@ -109,9 +122,14 @@ def rows(dims, mesh, factor, dispatch):
   cfg.num_experts, cfg.top_k, cfg.expert_d_ff, cfg.dispatch = e, k, f, dispatch
   cfg = cfg.lock()
   rng = np.random.default_rng(0)
-  normal = lambda *s: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2]), jnp.float32)
-  params = {"router": normal(d, e), "experts": {
-      "w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)}}
+
+  def normal(*s):
+    return jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2]), jnp.float32)
+
+  params = {
+    "router": normal(d, e),
+    "experts": {"w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)},
+  }
   x = jnp.asarray(rng.standard_normal((t, d)), jnp.float32)
   layout = None
   if mesh is not None:
@@ -131,46 +149,87 @@ def bench(dims, dispatch_paths, meshes, factors, reps):
   outputs = {}
   for key, (compiled, args, _) in runs.items():
     outputs[key] = jax.block_until_ready(compiled(*args))  # warm-up
-  times = medians(interleaved_times(
-      {key: lambda c=c, a=a: c(*a) for key, (c, a, _) in runs.items()}, reps))
+  times = medians(
+    interleaved_times({key: lambda c=c, a=a: c(*a) for key, (c, a, _) in runs.items()}, reps)
+  )
   records = []
   for (dispatch, mesh, factor), (compiled, _, cfg) in runs.items():
     metrics = outputs[dispatch, mesh, factor][1]
     median, single = times[dispatch, mesh, factor], times[dispatch, "1 device", None]
     sizes = MESHES.get(mesh, {})
     n_ep, shards = sizes.get("expert", 1), int(np.prod(list(sizes.values()) or [1]))
-    capacity = (expert_capacity(t, e, k, cfg.capacity_factor, cfg.min_capacity)
-                if dispatch == "capacity" else None)
+    capacity = (
+      expert_capacity(t, e, k, cfg.capacity_factor, cfg.min_capacity)
+      if dispatch == "capacity"
+      else None
+    )
     buffer_rows = n_ep * rows_per_peer(cfg, t // shards, k, n_ep, factor or 0.0, capacity)
-    records.append({
-        "dispatch": dispatch, "mesh": mesh, "a2a_capacity_factor": factor, "T": t, "d": d,
-        "f": f, "E": e, "k": k, "time_ms": 1e3 * median, "ratio_to_1_device": single / median,
+    records.append(
+      {
+        "dispatch": dispatch,
+        "mesh": mesh,
+        "a2a_capacity_factor": factor,
+        "T": t,
+        "d": d,
+        "f": f,
+        "E": e,
+        "k": k,
+        "time_ms": 1e3 * median,
+        "ratio_to_1_device": single / median,
         "a2a_bytes_per_step": all_to_all_bytes(compiled.as_text()),
         "a2a_rows_per_exchange": buffer_rows if mesh else 0,
         "routed_rows_per_device": t // shards * k if mesh else 0,
         "a2a_overflow_fraction": float(metrics.get("a2a_overflow_fraction", 0.0)),
-        "dropped_fraction": float(metrics["dropped_fraction"]), "n_ep": n_ep})
+        "dropped_fraction": float(metrics["dropped_fraction"]),
+        "n_ep": n_ep,
+      }
+    )
   return records
 
 
 def markdown(records) -> str:
   r0 = records[0]
-  lines = ["# One MoE layer: expert parallel on 8 simulated CPU devices vs one device", "",
-           "`python -m experiments.benchmarks.expert_parallel`", "",
-           f"T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32, fwd+bwd; "
-           f"8 simulated devices on {os.cpu_count()} cores (jax {jax.__version__}); load "
-           f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}.", "",
-           markdown_table(
-               ["dispatch", "layout", "a2a factor", "ms", "ratio to 1 device",
-                "all_to_all MiB/step/device", "rows per exchange (buffer / routed)",
-                "a2a overflow", "dropped"],
-               [[r["dispatch"], r["mesh"] or "1 device", r["a2a_capacity_factor"] or "-",
-                 f"{r['time_ms']:.1f}", f"{r['ratio_to_1_device']:.2f}",
-                 f"{r['a2a_bytes_per_step'] / 2**20:.2f}",
-                 (f"{r['a2a_rows_per_exchange']} / {r['routed_rows_per_device']}"
-                  if r["mesh"] and r["n_ep"] > 1 else "-"),
-                 f"{r['a2a_overflow_fraction']:.3f}", f"{r['dropped_fraction']:.3f}"]
-                for r in records])]
+  lines = [
+    "# One MoE layer: expert parallel on 8 simulated CPU devices vs one device",
+    "",
+    "`python -m experiments.benchmarks.expert_parallel`",
+    "",
+    f"T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}; fp32, fwd+bwd; "
+    f"8 simulated devices on {os.cpu_count()} cores (jax {jax.__version__}); load "
+    f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}.",
+    "",
+    markdown_table(
+      [
+        "dispatch",
+        "layout",
+        "a2a factor",
+        "ms",
+        "ratio to 1 device",
+        "all_to_all MiB/step/device",
+        "rows per exchange (buffer / routed)",
+        "a2a overflow",
+        "dropped",
+      ],
+      [
+        [
+          r["dispatch"],
+          r["mesh"] or "1 device",
+          r["a2a_capacity_factor"] or "-",
+          f"{r['time_ms']:.1f}",
+          f"{r['ratio_to_1_device']:.2f}",
+          f"{r['a2a_bytes_per_step'] / 2**20:.2f}",
+          (
+            f"{r['a2a_rows_per_exchange']} / {r['routed_rows_per_device']}"
+            if r["mesh"] and r["n_ep"] > 1
+            else "-"
+          ),
+          f"{r['a2a_overflow_fraction']:.3f}",
+          f"{r['dropped_fraction']:.3f}",
+        ]
+        for r in records
+      ],
+    ),
+  ]
   return "\n".join(lines)
 
 
@@ -183,8 +242,9 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"unknown --meshes {sorted(unknown)}; valid: {sorted(MESHES)}")
   OUTPUTS.check()
-  records = bench(dims, _DISPATCH.value, _MESHES.value,
-                  [float(f) for f in _FACTORS.value], _REPS.value)
+  records = bench(
+    dims, _DISPATCH.value, _MESHES.value, [float(f) for f in _FACTORS.value], _REPS.value
+  )
   text = markdown(records)
   print(text)
   OUTPUTS.write(records, text)

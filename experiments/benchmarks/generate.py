@@ -51,6 +51,7 @@ matmul of the prompt's rows. --profile_torch_threads=1 on a busy shared machine
 (see the flag). The measurements are moejax/profiling/generation.py's, the tables
 moejax/profiling/report.py's.
 """
+
 import datetime
 import os
 import platform
@@ -60,29 +61,49 @@ from absl import flags
 from moejax import cli
 from moejax.profiling import generation, report
 
-_FAMILIES = cli.checked(flags.DEFINE_list("families", list(generation.FAMILIES), "HF families."),
-                        cli.one_of(*generation.FAMILIES))
-_BATCHES = cli.checked(flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes."),
-                       cli.at_least(1))
+_FAMILIES = cli.checked(
+  flags.DEFINE_list("families", list(generation.FAMILIES), "HF families."),
+  cli.one_of(*generation.FAMILIES),
+)
+_BATCHES = cli.checked(
+  flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes."), cli.at_least(1)
+)
 _PROMPT = cli.checked(flags.DEFINE_integer("prompt_len", 32, "Prompt tokens."), cli.at_least(1))
 _NEW = cli.checked(flags.DEFINE_integer("new_tokens", 32, "Generated tokens."), cli.at_least(2))
 _REPS = cli.checked(flags.DEFINE_integer("reps", 3, "Timed repetitions."), cli.at_least(1))
 OUTPUTS = cli.study_outputs(plot=False)
 _PROFILE = flags.DEFINE_bool(
-    "profile", False, "Instead of the speed table: where a decode step's time goes, per "
-    "family and batch (moejax: the compiled step's device time split by part from the XLA "
-    "profiler, its dispatch, the host loop; transformers: the forward split by module hooks, "
-    "generate's loop). --json/--markdown get these figures.")
+  "profile",
+  False,
+  "Instead of the speed table: where a decode step's time goes, per "
+  "family and batch (moejax: the compiled step's device time split by part from the XLA "
+  "profiler, its dispatch, the host loop; transformers: the forward split by module hooks, "
+  "generate's loop). --json/--markdown get these figures.",
+)
 _PHASE = flags.DEFINE_enum(
-    "profile_phase", "decode", ["decode", "prefill"], "--profile: a decode step, or the "
-    "prefill (time to first token: moejax's prefill program by part and the host around it; "
-    "transformers' first forward by part and generate's set-up).")
-_CALLS = cli.checked(flags.DEFINE_integer("profile_calls", 30, "--profile: timed calls of the "
-                                          "moejax step per round (median)."), cli.at_least(1))
-_TORCH_THREADS = cli.checked(flags.DEFINE_integer(
-    "profile_torch_threads", 0, "--profile: torch.set_num_threads (0: torch's default). On a "
+  "profile_phase",
+  "decode",
+  ["decode", "prefill"],
+  "--profile: a decode step, or the "
+  "prefill (time to first token: moejax's prefill program by part and the host around it; "
+  "transformers' first forward by part and generate's set-up).",
+)
+_CALLS = cli.checked(
+  flags.DEFINE_integer(
+    "profile_calls", 30, "--profile: timed calls of the moejax step per round (median)."
+  ),
+  cli.at_least(1),
+)
+_TORCH_THREADS = cli.checked(
+  flags.DEFINE_integer(
+    "profile_torch_threads",
+    0,
+    "--profile: torch.set_num_threads (0: torch's default). On a "
     "shared, busy machine torch's two threads wait on each other (5x slower decode here "
-    "under a load of 6); one thread measures its work instead."), cli.at_least(0))
+    "under a load of 6); one thread measures its work instead.",
+  ),
+  cli.at_least(0),
+)
 
 
 def main(argv):
@@ -100,18 +121,37 @@ def main(argv):
     extra = (_CALLS.value, _TORCH_THREADS.value)
   rows = []
   for family in _FAMILIES.value:
-    rows += measure(generation.model_pair(family), family, [int(b) for b in _BATCHES.value],
-                    _PROMPT.value, _NEW.value, _REPS.value, *extra)
+    rows += measure(
+      generation.model_pair(family),
+      family,
+      [int(b) for b in _BATCHES.value],
+      _PROMPT.value,
+      _NEW.value,
+      _REPS.value,
+      *extra,
+    )
   text = table(rows)
   print(text)
-  meta = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
-          "cpus": os.cpu_count(), "prompt_len": _PROMPT.value, "new_tokens": _NEW.value,
-          "reps": _REPS.value, "loadavg": os.getloadavg()}
+  meta = {
+    "date": datetime.date.today().isoformat(),
+    "machine": platform.machine(),
+    "cpus": os.cpu_count(),
+    "prompt_len": _PROMPT.value,
+    "new_tokens": _NEW.value,
+    "reps": _REPS.value,
+    "loadavg": os.getloadavg(),
+  }
   if _PROFILE.value:
     import jax
     import torch
-    meta.update(profile_calls=_CALLS.value, jax=jax.__version__, backend=jax.default_backend(),
-                torch=torch.__version__, torch_threads=torch.get_num_threads())
+
+    meta.update(
+      profile_calls=_CALLS.value,
+      jax=jax.__version__,
+      backend=jax.default_backend(),
+      torch=torch.__version__,
+      torch_threads=torch.get_num_threads(),
+    )
   OUTPUTS.write({"meta": meta, "rows": rows}, f"{meta}\n\n{text}\n")
 
 

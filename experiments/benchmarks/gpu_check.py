@@ -25,6 +25,7 @@ short by a timeout still leaves its figures in the log
 (scripts/accelerator_check.sh reads them from there). --cases, --max_cases
 and --shapes trim the run to a lease's budget.
 """
+
 import json
 import platform
 import statistics
@@ -43,23 +44,35 @@ from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 
 # name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
 SPEED_SHAPES = {
-    "coarse": (16384, 2048, 1024, 8, 2),
-    "fine": (16384, 2048, 256, 64, 8),
-    "finer": (16384, 2048, 128, 128, 8),
+  "coarse": (16384, 2048, 1024, 8, 2),
+  "fine": (16384, 2048, 256, 64, 8),
+  "finer": (16384, 2048, 128, 128, 8),
 }
 
 OUTPUTS = cli.study_outputs(plot=False)
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per path (median).")
 _PARTS = flags.DEFINE_list("parts", ["correctness", "speed"], "Parts to run.")
-_TILINGS = flags.DEFINE_list("tilings", ["128:128:128", "128:64:128", "64:64:64"],
-                             "Triton tilings tm:tk:tn timed in the speed part.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "CPU rehearsal: interpret the kernels, tiny "
-                             "speed shapes, edge layouts only (checks the script, not the GPU).")
-_CASES = flags.DEFINE_list("cases", ["edge", "random"], "Correctness case sets, run in this "
-                           "order: edge (8 layouts x 3 (k, n) x tilings 128 and 16), random "
-                           "(4 larger random layouts; not in --dry_run).")
-_MAX_CASES = flags.DEFINE_integer("max_cases", 0, "Stop the correctness part after this many "
-                                  "cases (0: all).")
+_TILINGS = flags.DEFINE_list(
+  "tilings",
+  ["128:128:128", "128:64:128", "64:64:64"],
+  "Triton tilings tm:tk:tn timed in the speed part.",
+)
+_DRY_RUN = flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "CPU rehearsal: interpret the kernels, tiny "
+  "speed shapes, edge layouts only (checks the script, not the GPU).",
+)
+_CASES = flags.DEFINE_list(
+  "cases",
+  ["edge", "random"],
+  "Correctness case sets, run in this "
+  "order: edge (8 layouts x 3 (k, n) x tilings 128 and 16), random "
+  "(4 larger random layouts; not in --dry_run).",
+)
+_MAX_CASES = flags.DEFINE_integer(
+  "max_cases", 0, "Stop the correctness part after this many cases (0: all)."
+)
 _SHAPES = flags.DEFINE_list("shapes", list(SPEED_SHAPES), "Speed shapes (SPEED_SHAPES) by name.")
 CASE_SETS = ("edge", "random")
 
@@ -85,8 +98,9 @@ def edge_cases():
 
 def random_cases():
   rng = np.random.default_rng(0)
-  for i, (groups, m, k, n) in enumerate(((8, 1000, 256, 512), (64, 4096, 128, 256),
-                                          (128, 3000, 256, 128), (3, 129, 300, 70))):
+  for i, (groups, m, k, n) in enumerate(
+    ((8, 1000, 256, 512), (64, 4096, 128, 256), (128, 3000, 256, 128), (3, 129, 300, 70))
+  ):
     sizes, m = random_layout(rng, groups, m)
     if _DRY_RUN.value:
       return
@@ -117,30 +131,47 @@ def check_correctness(records):
     try:
       lb, rb, gb = (jnp.asarray(a, jnp.bfloat16) for a in (lhs, rhs, grad))
       exact = [np.asarray(a.astype(jnp.float32)) for a in (lb, rb, gb)]
-      rec["gmm_bf16"] = rel_err(gmm(lb, rb, gs, preferred_element_type=jnp.float32, **kw),
-                                numpy_gmm(exact[0], exact[1], sizes))
-      rec["tgmm_bf16"] = rel_err(tgmm(lb, gb, gs, preferred_element_type=jnp.float32, **kw),
-                                 numpy_tgmm(exact[0], exact[2], sizes))
+      rec["gmm_bf16"] = rel_err(
+        gmm(lb, rb, gs, preferred_element_type=jnp.float32, **kw),
+        numpy_gmm(exact[0], exact[1], sizes),
+      )
+      rec["tgmm_bf16"] = rel_err(
+        tgmm(lb, gb, gs, preferred_element_type=jnp.float32, **kw),
+        numpy_tgmm(exact[0], exact[2], sizes),
+      )
       rec["gmm_f32"] = rel_err(gmm(lhs, rhs, gs, **kw), numpy_gmm(lhs, rhs, sizes))
       rec["tgmm_f32"] = rel_err(tgmm(lhs, grad, gs, **kw), numpy_tgmm(lhs, grad, sizes))
 
       def loss(a, b, fn):
         return jnp.sum(fn(a, b) * grad)
-      kernel_fn = lambda a, b: gmm(a, b, gs, **kw)
-      ref_fn = lambda a, b: gmm_reference(a, b, gs)
+
+      def kernel_fn(a, b):
+        return gmm(a, b, gs, **kw)
+
+      def ref_fn(a, b):
+        return gmm_reference(a, b, gs)
+
       g_kernel = jax.grad(loss, argnums=(0, 1))(lhs, rhs, kernel_fn)
       g_ref = jax.grad(loss, argnums=(0, 1))(lhs, rhs, ref_fn)
       rec["grad_f32"] = max(rel_err(a, b) for a, b in zip(g_kernel, g_ref))
-      ok = (rec["gmm_bf16"] < 1e-5 and rec["tgmm_bf16"] < 1e-5 and rec["gmm_f32"] < 2e-3
-            and rec["tgmm_f32"] < 2e-3 and rec["grad_f32"] < 2e-3)
+      ok = (
+        rec["gmm_bf16"] < 1e-5
+        and rec["tgmm_bf16"] < 1e-5
+        and rec["gmm_f32"] < 2e-3
+        and rec["tgmm_f32"] < 2e-3
+        and rec["grad_f32"] < 2e-3
+      )
       rec["ok"] = bool(ok)
     except Exception as e:  # report and go on: one lease, many checks
       rec["ok"], rec["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
     failures += not rec["ok"]
     records.append(rec)
     print(json.dumps(rec), flush=True)
-  print(f"correctness: {sum(r['ok'] for r in records if r['part'] == 'correctness')} ok, "
-        f"{failures} failed", flush=True)
+  print(
+    f"correctness: {sum(r['ok'] for r in records if r['part'] == 'correctness')} ok, "
+    f"{failures} failed",
+    flush=True,
+  )
 
 
 def timed(fn, *args, reps):
@@ -157,8 +188,11 @@ def balanced_sizes(rng, num_groups, m):
 
 def check_speed(records):
   rng = np.random.default_rng(2)
-  shapes = ({"dry_run": (64, 32, 32, 4, 2)} if _DRY_RUN.value else
-            {name: SPEED_SHAPES[name] for name in _SHAPES.value})
+  shapes = (
+    {"dry_run": (64, 32, 32, 4, 2)}
+    if _DRY_RUN.value
+    else {name: SPEED_SHAPES[name] for name in _SHAPES.value}
+  )
   for shape, (tokens, d, f, experts, top_k) in shapes.items():
     m = tokens * top_k
     flops = 2.0 * m * d * f
@@ -168,47 +202,70 @@ def check_speed(records):
     dense_w = w[0]
     gs = balanced_sizes(rng, experts, m)
     paths = {
-        "dense": (jax.jit(lambda a, b, g: jnp.dot(a, b, preferred_element_type=jnp.float32)
-                          .astype(jnp.bfloat16)), (x, dense_w, gs)),
-        "ragged_dot": (jax.jit(lambda a, b, g: jax.lax.ragged_dot(
-            a, b, g, preferred_element_type=jnp.float32).astype(jnp.bfloat16)), (x, w, gs)),
+      "dense": (
+        jax.jit(
+          lambda a, b, g: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+        ),
+        (x, dense_w, gs),
+      ),
+      "ragged_dot": (
+        jax.jit(
+          lambda a, b, g: jax.lax.ragged_dot(a, b, g, preferred_element_type=jnp.float32).astype(
+            jnp.bfloat16
+          )
+        ),
+        (x, w, gs),
+      ),
     }
     fwd_bwd = {
-        "dense": lambda a, b, g: jnp.sum(
-            (jnp.dot(a, b, preferred_element_type=jnp.float32) * dy.astype(jnp.float32))),
-        "ragged_dot": lambda a, b, g: jnp.sum(jax.lax.ragged_dot(
-            a, b, g, preferred_element_type=jnp.float32) * dy.astype(jnp.float32)),
+      "dense": lambda a, b, g: jnp.sum(
+        (jnp.dot(a, b, preferred_element_type=jnp.float32) * dy.astype(jnp.float32))
+      ),
+      "ragged_dot": lambda a, b, g: jnp.sum(
+        jax.lax.ragged_dot(a, b, g, preferred_element_type=jnp.float32) * dy.astype(jnp.float32)
+      ),
     }
     for spec in _TILINGS.value:
       tiling = tuple(int(v) for v in spec.split(":"))
-      kw = dict(backend="pallas_gpu", interpret=_DRY_RUN.value, tiling=tiling,
-                preferred_element_type=jnp.bfloat16)
+      kw = dict(
+        backend="pallas_gpu",
+        interpret=_DRY_RUN.value,
+        tiling=tiling,
+        preferred_element_type=jnp.bfloat16,
+      )
       paths[f"gmm{spec}"] = (jax.jit(lambda a, b, g, kw=kw: gmm(a, b, g, **kw)), (x, w, gs))
       paths[f"tgmm{spec}"] = (jax.jit(lambda a, b, g, kw=kw: tgmm(a, b, g, **kw)), (x, dy, gs))
       fwd_bwd[f"gmm{spec}"] = lambda a, b, g, kw=kw: jnp.sum(
-          gmm(a, b, g, **kw).astype(jnp.float32) * dy.astype(jnp.float32))
+        gmm(a, b, g, **kw).astype(jnp.float32) * dy.astype(jnp.float32)
+      )
     results = {}
     for name, (fn, args) in paths.items():
       try:
         results[("fwd", name)] = timed(fn, *args, reps=_REPS.value)
       except Exception as e:
-        print(f"speed {shape} fwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}",
-              flush=True)
+        print(f"speed {shape} fwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
     for name, fn in fwd_bwd.items():
       b = dense_w if name == "dense" else w
       try:
         step = jax.jit(jax.grad(fn, argnums=(0, 1)))
         results[("fwd+bwd", name)] = timed(step, x, b, gs, reps=_REPS.value)
       except Exception as e:
-        print(f"speed {shape} fwd+bwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}",
-              flush=True)
+        print(
+          f"speed {shape} fwd+bwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True
+        )
     for (pass_, name), seconds in sorted(results.items()):
       dense = results.get((pass_, "dense"))
       factor = 3.0 if pass_ == "fwd+bwd" else 1.0
-      rec = {"part": "speed", "shape": shape, "dims": [tokens, d, f, experts, top_k],
-             "pass": pass_, "path": name, "median_ms": seconds * 1e3,
-             "tflops": factor * flops / seconds / 1e12,
-             "dense_over_path": (dense / seconds) if dense else None}
+      rec = {
+        "part": "speed",
+        "shape": shape,
+        "dims": [tokens, d, f, experts, top_k],
+        "pass": pass_,
+        "path": name,
+        "median_ms": seconds * 1e3,
+        "tflops": factor * flops / seconds / 1e12,
+        "dense_over_path": (dense / seconds) if dense else None,
+      }
       records.append(rec)
       print(json.dumps(rec), flush=True)
 
@@ -217,21 +274,36 @@ def markdown(records):
   lines = [f"# GPU check ({jax.devices()[0].device_kind}, jax {jax.__version__})", ""]
   corr = [r for r in records if r["part"] == "correctness"]
   if corr:
-    worst = {key: max((r.get(key, 0.0) for r in corr if r["ok"]), default=float("nan"))
-             for key in ("gmm_bf16", "tgmm_bf16", "gmm_f32", "tgmm_f32", "grad_f32")}
-    lines += [f"Correctness of the compiled Triton kernels: {sum(r['ok'] for r in corr)}/"
-              f"{len(corr)} cases pass. Worst relative error (max|diff|/max|oracle|): "
-              + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()), ""]
+    worst = {
+      key: max((r.get(key, 0.0) for r in corr if r["ok"]), default=float("nan"))
+      for key in ("gmm_bf16", "tgmm_bf16", "gmm_f32", "tgmm_f32", "grad_f32")
+    }
+    lines += [
+      f"Correctness of the compiled Triton kernels: {sum(r['ok'] for r in corr)}/"
+      f"{len(corr)} cases pass. Worst relative error (max|diff|/max|oracle|): "
+      + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()),
+      "",
+    ]
     lines += [f"- FAILED {r['case']}: {r.get('error', r)}" for r in corr if not r["ok"]]
     lines.append("")
   speed = [r for r in records if r["part"] == "speed"]
   if speed:
-    lines.append(markdown_table(
+    lines.append(
+      markdown_table(
         ["shape (T, d, f, E, k)", "pass", "path", "median ms", "TFLOP/s", "dense / path"],
-        [[f"{r['shape']} {tuple(r['dims'])}", r["pass"], r["path"], f"{r['median_ms']:.3f}",
-          f"{r['tflops']:.0f}",
-          "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}"]
-         for r in speed]))
+        [
+          [
+            f"{r['shape']} {tuple(r['dims'])}",
+            r["pass"],
+            r["path"],
+            f"{r['median_ms']:.3f}",
+            f"{r['tflops']:.0f}",
+            "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}",
+          ]
+          for r in speed
+        ],
+      )
+    )
   return "\n".join(lines) + "\n"
 
 

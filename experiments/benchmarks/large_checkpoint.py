@@ -33,6 +33,7 @@ r"""Converting a checkpoint larger than the memory it may use.
 --keep leaves the files (several times --gb) under --out_dir; by default they
 are deleted at the end.
 """
+
 import json
 import os
 import re
@@ -47,10 +48,15 @@ from absl import app, flags
 
 from moejax import cli
 from moejax.interop.synthetic import (
-    checkpoint_files, compare_exports, compare_orbax_sample, compare_sample, layers_for,
-    make_checkpoint, qwen3_config)
-from moejax.profiling.conversion import (conversion_report, drop_cache, gbps, tree_bytes,
-                                         warm_cache)
+  checkpoint_files,
+  compare_exports,
+  compare_orbax_sample,
+  compare_sample,
+  layers_for,
+  make_checkpoint,
+  qwen3_config,
+)
+from moejax.profiling.conversion import conversion_report, drop_cache, gbps, tree_bytes, warm_cache
 from moejax.profiling.timing import machine
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/large_ckpt", "Where the checkpoints are written.")
@@ -61,15 +67,23 @@ _SAMPLE = flags.DEFINE_integer("sample", 20, "Tensors checked against the conver
 _BASELINE = flags.DEFINE_bool("baseline", True, "Also measure the in-memory conversion.")
 _WARM = flags.DEFINE_bool("warm", True, "Repeat copy/import/export with warm caches.")
 _KEEP = flags.DEFINE_bool("keep", False, "Keep the checkpoints (default: delete them).")
-_ORBAX_MESH = flags.DEFINE_string("orbax_mesh", "fsdp=2,expert=4", "Mesh of the sharded orbax "
-                                   "import, over 8 simulated CPU devices ('' to skip it).")
-_CHILD = flags.DEFINE_enum("child", None, ["import", "export", "baseline", "floor", "orbax"],
-                           "Internal: run one conversion (this process is the measured child).")
+_ORBAX_MESH = flags.DEFINE_string(
+  "orbax_mesh",
+  "fsdp=2,expert=4",
+  "Mesh of the sharded orbax import, over 8 simulated CPU devices ('' to skip it).",
+)
+_CHILD = flags.DEFINE_enum(
+  "child",
+  None,
+  ["import", "export", "baseline", "floor", "orbax"],
+  "Internal: run one conversion (this process is the measured child).",
+)
 _SRC = flags.DEFINE_string("src", None, "Internal: the child's input.")
 _DST = flags.DEFINE_string("dst", None, "Internal: the child's output.")
 OUTPUTS = cli.study_outputs()
 
 # ---------------------------------------------------------------- measuring
+
 
 def plain_copy(src: str, dst: str) -> float:
   os.makedirs(dst)
@@ -100,15 +114,26 @@ def measured_child(kind: str, src: str, dst: str) -> dict:
   and its peak memory (MB, 1e6 bytes). The peak RSS is time's "Maximum resident set
   size" (the kernel's ru_maxrss of the child; taken through `time`, a small process,
   since a child forked from this one starts with this one's resident set in it)."""
-  cmd = [sys.executable, "-m", "experiments.benchmarks.large_checkpoint", f"--child={kind}",
-         f"--src={src}", f"--dst={dst}", f"--orbax_mesh={_ORBAX_MESH.value}"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.benchmarks.large_checkpoint",
+    f"--child={kind}",
+    f"--src={src}",
+    f"--dst={dst}",
+    f"--orbax_mesh={_ORBAX_MESH.value}",
+  ]
   use_time = os.access(TIME, os.X_OK)
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   if kind == "orbax":
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   start = time.perf_counter()
-  proc = subprocess.Popen(([TIME, "-v"] if use_time else []) + cmd, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(
+    ([TIME, "-v"] if use_time else []) + cmd,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+  )
   peaks, done = {}, threading.Event()
 
   def poll():
@@ -134,16 +159,20 @@ def measured_child(kind: str, src: str, dst: str) -> dict:
   if use_time:
     maxrss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", output).group(1))
   inner = re.search(r"^converted in ([0-9.]+) s", output, re.M)
-  return {"seconds": seconds, "convert_seconds": float(inner.group(1)) if inner else None,
-          "peak_rss_mb": maxrss_kb * 1024 / 1e6, "peak_rss_source": (
-              "/usr/bin/time -v" if use_time else "os.wait4 ru_maxrss"),
-          "peak_rss_mb_polled": peaks.get("VmRSS", 0) * 1024 / 1e6,
-          "peak_anon_mb_polled": peaks.get("RssAnon", 0) * 1024 / 1e6,
-          "peak_file_mb_polled": peaks.get("RssFile", 0) * 1024 / 1e6}
+  return {
+    "seconds": seconds,
+    "convert_seconds": float(inner.group(1)) if inner else None,
+    "peak_rss_mb": maxrss_kb * 1024 / 1e6,
+    "peak_rss_source": ("/usr/bin/time -v" if use_time else "os.wait4 ru_maxrss"),
+    "peak_rss_mb_polled": peaks.get("VmRSS", 0) * 1024 / 1e6,
+    "peak_anon_mb_polled": peaks.get("RssAnon", 0) * 1024 / 1e6,
+    "peak_file_mb_polled": peaks.get("RssFile", 0) * 1024 / 1e6,
+  }
 
 
 def run_child(kind: str, src: str, dst: str) -> None:
   from moejax.interop import convert, streaming  # noqa: F401 - the floor imports them too
+
   start = time.perf_counter()
   if kind == "import":
     streaming.import_to_workdir(src, dst, "bfloat16")
@@ -159,26 +188,48 @@ def run_child(kind: str, src: str, dst: str) -> None:
 def orbax_mesh() -> dict:
   return {k: int(v) for k, v in (item.split("=") for item in _ORBAX_MESH.value.split(","))}
 
+
 # ---------------------------------------------------------------- the run
+
 
 def bench(out_dir: str, gb: float, seed: int, shard_bytes: int) -> dict:
   if os.path.exists(out_dir) and os.listdir(out_dir):
     raise app.UsageError(f"--out_dir={out_dir} exists and is not empty")
   hf_dir, copy_dir = os.path.join(out_dir, "hf"), os.path.join(out_dir, "copy")
   work, export = os.path.join(out_dir, "workdir"), os.path.join(out_dir, "export")
-  record = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
-            "command": " ".join(["python -m experiments.benchmarks.large_checkpoint"] +
-                                sys.argv[1:]),
-            "model": {k: v for k, v in qwen3_config(layers_for(gb)).items()
-                      if k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
-                               "num_attention_heads", "num_key_value_heads", "head_dim",
-                               "num_experts", "num_experts_per_tok", "moe_intermediate_size")}}
+  record = {
+    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    "machine": machine(),
+    "command": " ".join(["python -m experiments.benchmarks.large_checkpoint"] + sys.argv[1:]),
+    "model": {
+      k: v
+      for k, v in qwen3_config(layers_for(gb)).items()
+      if k
+      in (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+      )
+    },
+  }
   made = make_checkpoint(hf_dir, gb, seed, shard_bytes)
   size = made["bytes"]
-  record["checkpoint"] = {**made, "bytes_on_disk": tree_bytes(hf_dir),
-                          "write_gbps": gbps(tree_bytes(hf_dir), made["seconds"])}
-  print(f"checkpoint: {made['num_layers']} layers, {made['num_tensors']} tensors, "
-        f"{size / 1e9:.2f} GB in {made['files']} files, {made['seconds']:.0f} s")
+  record["checkpoint"] = {
+    **made,
+    "bytes_on_disk": tree_bytes(hf_dir),
+    "write_gbps": gbps(tree_bytes(hf_dir), made["seconds"]),
+  }
+  print(
+    f"checkpoint: {made['num_layers']} layers, {made['num_tensors']} tensors, "
+    f"{size / 1e9:.2f} GB in {made['files']} files, {made['seconds']:.0f} s"
+  )
   runs = []
 
   def step(kind, cache, fn, src, dst_dir):
@@ -195,8 +246,15 @@ def bench(out_dir: str, gb: float, seed: int, shard_bytes: int) -> dict:
         result["convert_gbps"] = gbps(size, result["convert_seconds"])
     result["load_average"] = os.getloadavg()[0]
     runs.append(result)
-    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                      for k, v in result.items() if k != "output"}))
+    print(
+      json.dumps(
+        {
+          k: (round(v, 3) if isinstance(v, float) else v)
+          for k, v in result.items()
+          if k != "output"
+        }
+      )
+    )
     return result
 
   step("floor", "cold", None, hf_dir, None)

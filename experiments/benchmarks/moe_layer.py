@@ -41,6 +41,7 @@ path once, order rotated by r) and medians taken: the machine is shared and
 noisy. Paths that cost E x the FLOPs on CPU (ragged_dot, gmm reference,
 one-hot einsum) skip the untimed call and run --slow_reps times.
 """
+
 import datetime
 import functools
 import os
@@ -63,15 +64,25 @@ from moejax.profiling.timing import compile_pass, cpu_model, interleaved_times
 from moejax.routing import get_router
 
 PRESETS = {  # T, d, f, E, k
-    "coarse": (4096, 512, 1024, 8, 2),
-    "fine": (4096, 512, 256, 64, 8),
-    "finer": (4096, 512, 128, 128, 8),
-    "lm": (4096, 128, 256, 8, 2),  # the default LM's MoE layer (32 x 128 tokens)
-    "omni": (4096, 128, 14, 4096, 32),  # configs/lm_shakespeare_omnimoe.py (omnimoe paths)
+  "coarse": (4096, 512, 1024, 8, 2),
+  "fine": (4096, 512, 256, 64, 8),
+  "finer": (4096, 512, 128, 128, 8),
+  "lm": (4096, 128, 256, 8, 2),  # the default LM's MoE layer (32 x 128 tokens)
+  "omni": (4096, 128, 14, 4096, 32),  # configs/lm_shakespeare_omnimoe.py (omnimoe paths)
 }
 OMNI_PATHS = ("omnimoe/naive", "omnimoe/expert_centric", "omnimoe/expert_centric_loop")
-PATHS = ("dense", "routing_layout", "capacity", "dropless/loop", "dropless/tiled", "dropless/ragged_dot",
-         "dropless/gmm", "dropless_memeff", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
+PATHS = (
+  "dense",
+  "routing_layout",
+  "capacity",
+  "dropless/loop",
+  "dropless/tiled",
+  "dropless/ragged_dot",
+  "dropless/gmm",
+  "dropless_memeff",
+  "anchor/gshard_einsum",
+  "anchor/sort_ragged_dot",
+)
 SLOW = ("dropless/ragged_dot", "dropless/gmm", "anchor/gshard_einsum", "anchor/sort_ragged_dot")
 PLAIN_SORT_GATHER = "dropless/loop"  # the autodiff twin of dropless_memeff
 
@@ -80,21 +91,31 @@ _PATHS = flags.DEFINE_list("paths", list(PATHS), "Paths to run (dense is always 
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
-_TILE = cli.checked(flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile."),
-                    cli.at_least(1))
-_MIN_BLOCK = cli.checked(flags.DEFINE_integer(
-    "min_block", 128, "model.moe.dropless_min_block (loop paths; 64 for fine-grained "
-    "shapes)."), cli.at_least(1))
-_BLOCK = cli.checked(flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths)."),
-                     cli.at_least(1))
-_ROUTER = flags.DEFINE_string("router", "topk", "model.moe.router of the MoE paths, e.g. "
-                              "topk_rounded (token rounding, train mode) with --rounding_*.")
+_TILE = cli.checked(flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile."), cli.at_least(1))
+_MIN_BLOCK = cli.checked(
+  flags.DEFINE_integer(
+    "min_block", 128, "model.moe.dropless_min_block (loop paths; 64 for fine-grained shapes)."
+  ),
+  cli.at_least(1),
+)
+_BLOCK = cli.checked(
+  flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths)."), cli.at_least(1)
+)
+_ROUTER = flags.DEFINE_string(
+  "router",
+  "topk",
+  "model.moe.router of the MoE paths, e.g. "
+  "topk_rounded (token rounding, train mode) with --rounding_*.",
+)
 _ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.topk_rounded.tile.")
 _ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.topk_rounded.mode.")
 _CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
-_MAX_TEMP = flags.DEFINE_float("max_temp_gib", 6.0,
-                                "Skip (and report) a path whose compiled temp memory is larger.")
-_OMNI_TILE = flags.DEFINE_integer("omni_tile", 8, "model.moe.dropless_tile of omnimoe/expert_centric*.")
+_MAX_TEMP = flags.DEFINE_float(
+  "max_temp_gib", 6.0, "Skip (and report) a path whose compiled temp memory is larger."
+)
+_OMNI_TILE = flags.DEFINE_integer(
+  "omni_tile", 8, "model.moe.dropless_tile of omnimoe/expert_centric*."
+)
 OUTPUTS = cli.study_outputs(plot=False)  # --json: one record per shape, path and pass
 
 
@@ -110,7 +131,11 @@ def parse_shape(spec: str):
 def moe_cfg(num_experts, top_k, **overrides):
   c = base_config().model.moe
   c.num_experts, c.top_k, c.dropless_tile, c.capacity_factor = (
-      num_experts, top_k, _TILE.value, _CF.value)
+    num_experts,
+    top_k,
+    _TILE.value,
+    _CF.value,
+  )
   c.dropless_min_block, c.dropless_block = _MIN_BLOCK.value, _BLOCK.value
   c.router = _ROUTER.value
   c.topk_rounded.tile, c.topk_rounded.mode = _ROUNDING_TILE.value, _ROUNDING_MODE.value
@@ -129,8 +154,9 @@ def gshard_einsum(x, routing, expert_fn, cfg):
   """GShard (Lepikhin et al. 2020) one-hot dispatch/combine tensors [T, E, C] and einsums."""
   num_tokens, num_slots = routing.expert_index.shape
   num_experts = cfg.num_experts
-  capacity = expert_capacity(num_tokens, num_experts, cfg.top_k, cfg.capacity_factor,
-                             cfg.min_capacity)
+  capacity = expert_capacity(
+    num_tokens, num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
+  )
   one_hot = jax.nn.one_hot(routing.expert_index.T, num_experts) * routing.valid.T[..., None]
   # position of each assignment in its expert's buffer, slot-major priority
   position = jnp.cumsum(one_hot.reshape(-1, num_experts), 0).reshape(one_hot.shape) - 1
@@ -156,7 +182,10 @@ def make_path(name, dims):
   """fn(params, x) -> (y, padding_waste), and its parameters."""
   t, d, f, e, k = dims
   rng = np.random.default_rng(0)
-  normal = lambda *s: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2]), jnp.float32)
+
+  def normal(*s):
+    return jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-2]), jnp.float32)
+
   if name == "dense":
     params = {"w_gate": normal(d, k * f), "w_up": normal(d, k * f), "w_down": normal(k * f, d)}
 
@@ -167,8 +196,10 @@ def make_path(name, dims):
     return dense, params
   if name in OMNI_PATHS:
     return make_omni_path(name, dims, normal)
-  params = {"router": normal(d, e), "experts": {
-      "w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)}}
+  params = {
+    "router": normal(d, e),
+    "experts": {"w_gate": normal(e, d, f), "w_up": normal(e, d, f), "w_down": normal(e, f, d)},
+  }
   if name == "routing_layout":
     return routing_layout_path(moe_cfg(e, k)), {"router": params["router"]}
   kind, _, matmul = name.partition("/")
@@ -179,16 +210,21 @@ def make_path(name, dims):
     dispatch = get_dispatcher(kind)
     cfg = moe_cfg(e, k, grouped_matmul=matmul or "auto")
   # the loop paths compute each group up to the granule, not the tile (blocks.py)
-  loops = kind == "dropless_memeff" or (kind == "dropless" and get_grouped_matmul(
-      cfg.grouped_matmul, functools.partial(swiglu_experts, params["experts"])) in ("fused", "loop"))
+  loops = kind == "dropless_memeff" or (
+    kind == "dropless"
+    and get_grouped_matmul(cfg.grouped_matmul, functools.partial(swiglu_experts, params["experts"]))
+    in ("fused", "loop")
+  )
   unit = granule(cfg.dropless_tile, cfg.dropless_min_block) if loops else cfg.dropless_tile
 
   def moe(params, x):
     routing = route(params, x, cfg)
     y, metrics = dispatch(x, routing, functools.partial(swiglu_experts, params["experts"]), cfg)
     if "padding_waste" in metrics:
-      counts = jnp.sum(jax.nn.one_hot(routing.expert_index, e, dtype=jnp.int32)
-                       * routing.valid[..., None], axis=(0, 1))
+      counts = jnp.sum(
+        jax.nn.one_hot(routing.expert_index, e, dtype=jnp.int32) * routing.valid[..., None],
+        axis=(0, 1),
+      )
       return y, padding_waste(counts, unit)
     return y, capacity_waste(metrics, t, k, e)
 
@@ -206,10 +242,12 @@ def routing_layout_path(cfg):
     routing = route(params, x, cfg)
     layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
     row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))
-    used = sum(jnp.sum(p.start) + jnp.sum(p.expert) + p.count
-               for p in schedule_of(layout, cfg)) + jnp.sum(layout.row_token)
+    used = sum(
+      jnp.sum(p.start) + jnp.sum(p.expert) + p.count for p in schedule_of(layout, cfg)
+    ) + jnp.sum(layout.row_token)
     y = x * jnp.sum(routing.masked_weight(), axis=1, keepdims=True)
     return y, (jax.lax.stop_gradient(jnp.sum(row_gate)) + used.astype(jnp.float32)) * 0.0
+
   return overhead
 
 
@@ -217,18 +255,33 @@ def make_omni_path(name, dims, normal):
   """Router + atomic experts of OmniMoE over E = N = n^2 experts (no shared SwiGLU)."""
   from moejax.experts.atomic import ATOMIC, atomic_naive
   from moejax.routing.product_key import grid_size, route_product_key
+
   t, d, f, e, k = dims
   n = grid_size(e)
-  params = {"router_x": normal(d, n), "router_y": normal(d, n), "u": normal(e, d) * np.sqrt(e / d),
-            "d": normal(e, d) * np.sqrt(e / d)}  # std 1/sqrt(d), as the layer's init
-  stats = {"mean_x": jnp.zeros(n), "var_x": jnp.ones(n), "mean_y": jnp.zeros(n),
-           "var_y": jnp.ones(n)}
+  params = {
+    "router_x": normal(d, n),
+    "router_y": normal(d, n),
+    "u": normal(e, d) * np.sqrt(e / d),
+    "d": normal(e, d) * np.sqrt(e / d),
+  }  # std 1/sqrt(d), as the layer's init
+  stats = {
+    "mean_x": jnp.zeros(n),
+    "var_x": jnp.ones(n),
+    "mean_y": jnp.zeros(n),
+    "var_y": jnp.ones(n),
+  }
   matmul = "loop" if name.endswith("_loop") else "tiled"
   cfg = moe_cfg(e, k, grouped_matmul=matmul, dropless_tile=_OMNI_TILE.value)
 
   def omni(params, x):
-    routing, _, _ = route_product_key(x @ params["router_x"], x @ params["router_y"], stats,
-                                      top_k=k, per_axis_k=min(k, n), train=True)
+    routing, _, _ = route_product_key(
+      x @ params["router_x"],
+      x @ params["router_y"],
+      stats,
+      top_k=k,
+      per_axis_k=min(k, n),
+      train=True,
+    )
     if name == "omnimoe/naive":
       return atomic_naive(x, params["u"], params["d"], routing, "silu"), jnp.zeros(())
     experts = ATOMIC.bind({"u": params["u"][:, :, None], "d": params["d"][:, None, :]})
@@ -258,37 +311,74 @@ def bench_shape(label, dims, paths, passes):
   def call(key):
     last[key] = runs[key][0](*runs[key][1])
     return last[key]
-  times = interleaved_times({key: functools.partial(call, key) for key in runs},
-                            {key: _SLOW_REPS.value if key[0] in SLOW else _REPS.value
-                             for key in runs})
+
+  times = interleaved_times(
+    {key: functools.partial(call, key) for key in runs},
+    {key: _SLOW_REPS.value if key[0] in SLOW else _REPS.value for key in runs},
+  )
   records = []
   for (name, which), (_, _, temp) in runs.items():
     median, dense = np.median(times[name, which]), np.median(times["dense", which])
-    records.append({"shape": label, "T": t, "d": d, "f": f, "E": e, "k": k, "path": name,
-                    "pass": which, "time_ms": 1e3 * float(median),
-                    "ratio_to_dense": float(dense / median), "temp_bytes": temp,
-                    "padding_waste": float(last[name, which][1]),
-                    "reps": len(times[name, which]), "dropless_tile": _TILE.value})
+    records.append(
+      {
+        "shape": label,
+        "T": t,
+        "d": d,
+        "f": f,
+        "E": e,
+        "k": k,
+        "path": name,
+        "pass": which,
+        "time_ms": 1e3 * float(median),
+        "ratio_to_dense": float(dense / median),
+        "temp_bytes": temp,
+        "padding_waste": float(last[name, which][1]),
+        "reps": len(times[name, which]),
+        "dropless_tile": _TILE.value,
+      }
+    )
   for (name, which), temp in skipped.items():
-    records.append({"shape": label, "T": t, "d": d, "f": f, "E": e, "k": k, "path": name,
-                    "pass": which, "time_ms": None, "ratio_to_dense": None, "temp_bytes": temp,
-                    "padding_waste": None, "reps": 0, "dropless_tile": _TILE.value,
-                    "skipped": f"temp {temp / 2**30:.1f} GiB > --max_temp_gib"})
+    records.append(
+      {
+        "shape": label,
+        "T": t,
+        "d": d,
+        "f": f,
+        "E": e,
+        "k": k,
+        "path": name,
+        "pass": which,
+        "time_ms": None,
+        "ratio_to_dense": None,
+        "temp_bytes": temp,
+        "padding_waste": None,
+        "reps": 0,
+        "dropless_tile": _TILE.value,
+        "skipped": f"temp {temp / 2**30:.1f} GiB > --max_temp_gib",
+      }
+    )
   return records
 
 
 def markdown(records) -> str:
   load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-  lines = [f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
-           f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}; "
-           f"load average at the end {load} (the machine is shared).",
-           f"fp32; router {_ROUTER.value}"
-           + (f" ({_ROUNDING_MODE.value}, tile {_ROUNDING_TILE.value})"
-              if _ROUTER.value == "topk_rounded" else "")
-           + f"; dropless_tile={_TILE.value}, dropless_min_block={_MIN_BLOCK.value}, "
-           f"dropless_block={_BLOCK.value}, capacity_factor={_CF.value}; "
-           f"medians of {_REPS.value} interleaved reps ({_SLOW_REPS.value} for "
-           "the E x FLOPs paths). ratio = dense time / path time.", ""]
+  lines = [
+    f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+    f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}; "
+    f"load average at the end {load} (the machine is shared).",
+    f"fp32; router {_ROUTER.value}"
+    + (
+      f" ({_ROUNDING_MODE.value}, tile {_ROUNDING_TILE.value})"
+      if _ROUTER.value == "topk_rounded"
+      else ""
+    )
+    + f"; dropless_tile={_TILE.value}, dropless_min_block={_MIN_BLOCK.value}, "
+    f"dropless_block={_BLOCK.value}, capacity_factor={_CF.value}; "
+    f"medians of {_REPS.value} interleaved reps ({_SLOW_REPS.value} for "
+    "the E x FLOPs paths). ratio = dense time / path time.",
+    "",
+  ]
+
   def fmt(r, key, spec):
     if not r:
       return "-"
@@ -297,6 +387,7 @@ def markdown(records) -> str:
     if key == "ratio_to_dense" and r["path"] == "routing_layout":  # an overhead, not a path
       return f"{1 / r[key]:.0%} of dense"
     return format(r[key], spec)
+
   for shape in dict.fromkeys(r["shape"] for r in records):
     by = {(r["path"], r["pass"]): r for r in records if r["shape"] == shape}
     r0 = next(iter(by.values()))
@@ -304,21 +395,46 @@ def markdown(records) -> str:
     rows = []
     for path in dict.fromkeys(p for p, _ in by):
       fwd, bwd = by.get((path, "fwd")), by.get((path, "fwd+bwd"))
-      rows.append([path, fmt(fwd, "time_ms", ".1f"), fmt(fwd, "ratio_to_dense", ".2f"),
-                   fmt(bwd, "time_ms", ".1f"), fmt(bwd, "ratio_to_dense", ".2f"),
-                   f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-",
-                   f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-",
-                   fmt(fwd or bwd, "padding_waste", ".3f")])
-    lines += [f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}", "",
-              markdown_table(["path", "fwd ms", "fwd ratio", "fwd+bwd ms", "fwd+bwd ratio",
-                              "fwd+bwd temp MiB", f"temp / {PLAIN_SORT_GATHER}",
-                              "padding waste"], rows)]
+      rows.append(
+        [
+          path,
+          fmt(fwd, "time_ms", ".1f"),
+          fmt(fwd, "ratio_to_dense", ".2f"),
+          fmt(bwd, "time_ms", ".1f"),
+          fmt(bwd, "ratio_to_dense", ".2f"),
+          f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-",
+          f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-",
+          fmt(fwd or bwd, "padding_waste", ".3f"),
+        ]
+      )
+    lines += [
+      f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}",
+      "",
+      markdown_table(
+        [
+          "path",
+          "fwd ms",
+          "fwd ratio",
+          "fwd+bwd ms",
+          "fwd+bwd ratio",
+          "fwd+bwd temp MiB",
+          f"temp / {PLAIN_SORT_GATHER}",
+          "padding waste",
+        ],
+        rows,
+      ),
+    ]
     naive = {w: by.get(("omnimoe/naive", w)) for w in ("fwd", "fwd+bwd")}
     for path in (p for p in OMNI_PATHS[1:] if any((p, w) in by for w in naive)):
-      ratios = [f"{w} {naive[w]['time_ms'] / by[path, w]['time_ms']:.2f}" for w in naive
-                if naive[w] and by.get((path, w)) and by[path, w]["time_ms"]]
-      lines += ["", f"omnimoe/naive time / {path} time (tile {_OMNI_TILE.value}): "
-                + ", ".join(ratios)]
+      ratios = [
+        f"{w} {naive[w]['time_ms'] / by[path, w]['time_ms']:.2f}"
+        for w in naive
+        if naive[w] and by.get((path, w)) and by[path, w]["time_ms"]
+      ]
+      lines += [
+        "",
+        f"omnimoe/naive time / {path} time (tile {_OMNI_TILE.value}): " + ", ".join(ratios),
+      ]
     lines.append("")
   return "\n".join(lines)
 
@@ -335,9 +451,17 @@ def main(argv):
     label, dims = parse_shape(spec)
     records += bench_shape(label, dims, paths, _PASSES.value)
     print(markdown([r for r in records if r["shape"] == label]), flush=True)
-  OUTPUTS.write({"machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
-                 "date": datetime.date.today().isoformat(), "loadavg": os.getloadavg(),
-                 "records": records}, markdown(records))
+  OUTPUTS.write(
+    {
+      "machine": cpu_model(),
+      "cores": os.cpu_count(),
+      "jax": jax.__version__,
+      "date": datetime.date.today().isoformat(),
+      "loadavg": os.getloadavg(),
+      "records": records,
+    },
+    markdown(records),
+  )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ compile seconds = lower + compile of jax.grad of the loss (median of --repeats
 fresh tracings); temp bytes = compiled.memory_analysis().temp_size_in_bytes,
 which is deterministic for a given program.
 """
+
 import statistics
 import time
 
@@ -37,8 +38,9 @@ def compiled_step(scan: bool, remat: str):
   tokens = jax.ShapeDtypeStruct((_BATCH.value, _SEQ.value + 1), "int32")
 
   def loss(params, rest, tokens):
-    logits, aux, _ = nnx.merge(graphdef, params, rest)(tokens[:, :-1], train=True,
-                                                        rng=jax.random.key(0))
+    logits, aux, _ = nnx.merge(graphdef, params, rest)(
+      tokens[:, :-1], train=True, rng=jax.random.key(0)
+    )
     return cross_entropy(logits, tokens[:, 1:]) + aux["aux_loss"]
 
   start = time.perf_counter()
@@ -49,16 +51,20 @@ def compiled_step(scan: bool, remat: str):
 def main(argv):
   del argv
   rows = []
-  for scan, remat in [(False, "none"), (True, "none")] + [(True, p) for p in REMAT_POLICIES
-                                                          if p != "none"]:
+  for scan, remat in [(False, "none"), (True, "none")] + [
+    (True, p) for p in REMAT_POLICIES if p != "none"
+  ]:
     times = []
     for _ in range(_REPEATS.value):
       seconds, compiled = compiled_step(scan, remat)
       times.append(seconds)
-    rows.append((scan, remat, statistics.median(times),
-                 compiled.memory_analysis().temp_size_in_bytes))
-  print(f"{_LAYERS.value} layers, batch {_BATCH.value} x {_SEQ.value}, jax {jax.__version__}, "
-        f"{jax.devices()[0].platform}")
+    rows.append(
+      (scan, remat, statistics.median(times), compiled.memory_analysis().temp_size_in_bytes)
+    )
+  print(
+    f"{_LAYERS.value} layers, batch {_BATCH.value} x {_SEQ.value}, jax {jax.__version__}, "
+    f"{jax.devices()[0].platform}"
+  )
   print(table(rows))
 
 
@@ -67,9 +73,19 @@ def table(rows) -> str:
   and the second scan without remat (the ratios' denominators)."""
   loop_seconds, base_temp = rows[0][2], rows[1][3]
   return markdown_table(
-      ["layers", "remat", "compile s", "vs loop", "temp MiB", "vs scan, no remat"],
-      [["scan" if scan else "loop", remat, f"{seconds:.1f}", f"{seconds / loop_seconds:.2f}",
-        f"{temp / 2**20:.1f}", f"{temp / base_temp:.2f}"] for scan, remat, seconds, temp in rows])
+    ["layers", "remat", "compile s", "vs loop", "temp MiB", "vs scan, no remat"],
+    [
+      [
+        "scan" if scan else "loop",
+        remat,
+        f"{seconds:.1f}",
+        f"{seconds / loop_seconds:.2f}",
+        f"{temp / 2**20:.1f}",
+        f"{temp / base_temp:.2f}",
+      ]
+      for scan, remat, seconds, temp in rows
+    ],
+  )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ timed windows of --window steps, the two arms' windows interleaved. Totals for
 
 The figures, and why the vmapped step is slower on CPU: docs/results/seed_batched_cpu.md.
 """
+
 import statistics
 import time
 
@@ -40,7 +41,8 @@ from moejax.train.sweep import apply_overrides, load_config_file
 
 _CONFIG = flags.DEFINE_string("config", "configs/zoo.py:model=xs", "Config file[:arg].")
 _OVERRIDE = flags.DEFINE_multi_string(
-    "override", [], "key=value config overrides (sweep syntax), e.g. model.moe.dispatch=capacity.")
+  "override", [], "key=value config overrides (sweep syntax), e.g. model.moe.dispatch=capacity."
+)
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds S trained together.")
 _STEPS = flags.DEFINE_integer("steps", 600, "Run length per seed for the totals.")
 _WINDOW = flags.DEFINE_integer("window", 10, "Steps per timed window.")
@@ -68,8 +70,7 @@ def setup(seeds):
     rng = np.random.default_rng(1000 + seed)
     shape = (config.data.batch_size, config.data.seq_len + 1)
     tokens = rng.integers(0, config.model.vocab_size, (_POOL, *shape), dtype=np.int32)
-    batches = [{"inputs": jnp.asarray(t[:, :-1]), "targets": jnp.asarray(t[:, 1:])}
-               for t in tokens]
+    batches = [{"inputs": jnp.asarray(t[:, :-1]), "targets": jnp.asarray(t[:, 1:])} for t in tokens]
     runs.append((config, graphdef, jax.device_get(state), optimizer, batches))
   return runs
 
@@ -82,23 +83,42 @@ def timed(fn):
 
 def totals(S, n, compile_separate, t_sep, compile_vmapped, t_vmap):
   """Seconds for n steps per seed: (S processes, one process sequential, vmapped)."""
-  return (S * (compile_separate + n * t_sep), compile_separate + S * n * t_sep,
-          compile_vmapped + n * t_vmap)
+  return (
+    S * (compile_separate + n * t_sep),
+    compile_separate + S * n * t_sep,
+    compile_vmapped + n * t_vmap,
+  )
 
 
 def table(S, n, compile_separate, t_sep, compile_vmapped, t_vmap) -> str:
   """Markdown: each arm's compile and step seconds and its total for n steps per seed."""
-  processes, sequential, vmapped = totals(S, n, compile_separate, t_sep, compile_vmapped,
-                                          t_vmap)
+  processes, sequential, vmapped = totals(S, n, compile_separate, t_sep, compile_vmapped, t_vmap)
   return markdown_table(
-      ["arm", "compile s", "step s (S seeds)", f"total s, {n} steps",
-       "vs one process, sequential"],
-      [[f"{S} processes", f"{S} x {compile_separate:.1f}", f"{S} x {t_sep:.4f}",
-        f"{processes:.1f}", f"{processes / sequential:.2f}"],
-       ["one process, sequential", f"{compile_separate:.1f}", f"{S} x {t_sep:.4f}",
-        f"{sequential:.1f}", "1.00"],
-       ["vmapped", f"{compile_vmapped:.1f}", f"{t_vmap:.4f}", f"{vmapped:.1f}",
-        f"{vmapped / sequential:.2f}"]])
+    ["arm", "compile s", "step s (S seeds)", f"total s, {n} steps", "vs one process, sequential"],
+    [
+      [
+        f"{S} processes",
+        f"{S} x {compile_separate:.1f}",
+        f"{S} x {t_sep:.4f}",
+        f"{processes:.1f}",
+        f"{processes / sequential:.2f}",
+      ],
+      [
+        "one process, sequential",
+        f"{compile_separate:.1f}",
+        f"{S} x {t_sep:.4f}",
+        f"{sequential:.1f}",
+        "1.00",
+      ],
+      [
+        "vmapped",
+        f"{compile_vmapped:.1f}",
+        f"{t_vmap:.4f}",
+        f"{vmapped:.1f}",
+        f"{vmapped / sequential:.2f}",
+      ],
+    ],
+  )
 
 
 def main(argv):
@@ -109,9 +129,10 @@ def main(argv):
   t = config.train
 
   # (a) separate: one jitted step per seed (its key is a constant of its program).
-  separate = [step_lib.make_train_step(graphdef, opt, cfg.seed, None, t.micro_batches,
-                                       t.balance_statistics)
-              for cfg, _, _, opt, _ in runs]
+  separate = [
+    step_lib.make_train_step(graphdef, opt, cfg.seed, None, t.micro_batches, t.balance_statistics)
+    for cfg, _, _, opt, _ in runs
+  ]
   state0, batch0 = fresh(runs[0][2]), runs[0][4][0]
   compile_separate, first = timed(lambda: separate[0].lower(state0, batch0).compile())
   compiled_separate = [first] + [s.lower(state0, batch0).compile() for s in separate[1:]]
@@ -123,7 +144,8 @@ def main(argv):
   stacked_batches = [stack([run[4][i] for run in runs]) for i in range(_POOL)]
   host_stacked = jax.device_get(stack([run[2] for run in runs]))
   compile_vmapped, compiled_vmapped = timed(
-      lambda: vmapped.lower(fresh(host_stacked), stacked_batches[0], keys).compile())
+    lambda: vmapped.lower(fresh(host_stacked), stacked_batches[0], keys).compile()
+  )
 
   # Same new state per seed: 3 steps of each arm from the same start.
   states = [fresh(run[2]) for run in runs]
@@ -131,10 +153,15 @@ def main(argv):
   for i in range(3):
     states = [compiled_separate[s](states[s], runs[s][4][i])[0] for s in range(len(seeds))]
     stacked = compiled_vmapped(stacked, stacked_batches[i], keys)[0]
-  diffs = [max(float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
-               for a, b in zip(jax.tree.leaves(states[s]),
-                               jax.tree.leaves(jax.tree.map(lambda x: x[s], stacked))))
-           for s in range(len(seeds))]
+  diffs = [
+    max(
+      float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+      for a, b in zip(
+        jax.tree.leaves(states[s]), jax.tree.leaves(jax.tree.map(lambda x: x[s], stacked))
+      )
+    )
+    for s in range(len(seeds))
+  ]
   scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(states[0].params))
 
   # Steady state: interleaved windows of each arm.
@@ -158,22 +185,31 @@ def main(argv):
   t_sep, t_vmap = statistics.median(per_separate), statistics.median(per_vmapped)
 
   n, S = _STEPS.value, len(seeds)
-  total_processes, _, total_vmapped = totals(S, n, compile_separate, t_sep, compile_vmapped,
-                                             t_vmap)
+  total_processes, _, total_vmapped = totals(S, n, compile_separate, t_sep, compile_vmapped, t_vmap)
   m, d = config.model, config.data
-  print(f"{_CONFIG.value} {' '.join(_OVERRIDE.value)}: d {m.d_model}, {m.num_layers} layers, {m.moe.num_experts} experts "
-        f"top-{m.moe.top_k}, router {m.moe.router}, dispatch {m.moe.dispatch} "
-        f"({m.moe.grouped_matmul}); batch "
-        f"{d.batch_size} x {d.seq_len}; S={S} seeds; jax {jax.__version__}, "
-        f"{jax.devices()[0].platform}")
-  print(f"vmapped vs separate after 3 steps, max abs diff per seed: "
-        + ", ".join(f"{x:.2e}" for x in diffs) + f" (largest |param| {scale:.2f})")
-  print(f"per-step windows (s): separate {', '.join(f'{x:.4f}' for x in per_separate)}; "
-        f"vmapped {', '.join(f'{x:.4f}' for x in per_vmapped)}")
+  print(
+    f"{_CONFIG.value} {' '.join(_OVERRIDE.value)}: d {m.d_model}, {m.num_layers} layers, "
+    f"{m.moe.num_experts} experts "
+    f"top-{m.moe.top_k}, router {m.moe.router}, dispatch {m.moe.dispatch} "
+    f"({m.moe.grouped_matmul}); batch "
+    f"{d.batch_size} x {d.seq_len}; S={S} seeds; jax {jax.__version__}, "
+    f"{jax.devices()[0].platform}"
+  )
+  print(
+    "vmapped vs separate after 3 steps, max abs diff per seed: "
+    + ", ".join(f"{x:.2e}" for x in diffs)
+    + f" (largest |param| {scale:.2f})"
+  )
+  print(
+    f"per-step windows (s): separate {', '.join(f'{x:.4f}' for x in per_separate)}; "
+    f"vmapped {', '.join(f'{x:.4f}' for x in per_vmapped)}"
+  )
   print(table(S, n, compile_separate, t_sep, compile_vmapped, t_vmap))
-  print(f"steady-state step ratio vmapped / (S x separate): {t_vmap / (S * t_sep):.2f}; "
-        f"compile ratio vmapped / separate: {compile_vmapped / compile_separate:.2f}; "
-        f"total ratio vmapped / S processes: {total_vmapped / total_processes:.2f}")
+  print(
+    f"steady-state step ratio vmapped / (S x separate): {t_vmap / (S * t_sep):.2f}; "
+    f"compile ratio vmapped / separate: {compile_vmapped / compile_separate:.2f}; "
+    f"total ratio vmapped / S processes: {total_vmapped / total_processes:.2f}"
+  )
 
 
 if __name__ == "__main__":

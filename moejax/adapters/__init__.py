@@ -4,11 +4,26 @@ slots after the CLS token, chosen by model.vit.prompt.adapter (see base.py).
 Importing this package imports every module in it, so an adapter is one file here
 that calls `ADAPTERS.add` with an AdapterSpec.
 """
-from moejax.adapters.base import (ADAPTERS, NO_ADAPTER, AdapterSpec, build_adapter,
-                                  drop_prompts, place_prompts, validate_prompt)
+
+from moejax.adapters.base import (
+  ADAPTERS,
+  NO_ADAPTER,
+  AdapterSpec,
+  build_adapter,
+  drop_prompts,
+  place_prompts,
+  validate_prompt,
+)
 from moejax.registry import import_package_modules
 
 import_package_modules(__name__, __path__)
 
-__all__ = ["ADAPTERS", "NO_ADAPTER", "AdapterSpec", "build_adapter", "drop_prompts",
-           "place_prompts", "validate_prompt"]
+__all__ = [
+  "ADAPTERS",
+  "NO_ADAPTER",
+  "AdapterSpec",
+  "build_adapter",
+  "drop_prompts",
+  "place_prompts",
+  "validate_prompt",
+]

@@ -16,6 +16,7 @@ returning [B, N, d] prompts for block `layer` or None (keep the slots). Its
 settings live in model.vit.prompt.<name> (defaults declared in its AdapterSpec,
 unknown keys refused); model.vit.prompt.num_tokens is N for every adapter.
 """
+
 import dataclasses
 from typing import Any, Callable
 
@@ -35,6 +36,7 @@ class AdapterSpec:
   ...) in model.vit.prompt.<name>. validate(settings, model_cfg) -> None or a
   ConfigError naming the key. per_block: the adapter writes the slots of blocks
   after the first, so the blocks run one by one (model.scan_layers=False)."""
+
   build: Callable[..., Any]
   settings: tuple[tuple[str, Any], ...] = ()
   validate: Callable[[dict, Any], None] | None = None
@@ -58,8 +60,10 @@ def settings_of(m, name: str) -> dict:
   """Adapter `name`'s settings: model.vit.prompt.<name> over its declared defaults."""
   section = prompt_section(m)
   own = None if section is None else section.get(name)
-  return {key: default if own is None else own.get(key, default)
-          for key, default in ADAPTERS.get(name).settings}
+  return {
+    key: default if own is None else own.get(key, default)
+    for key, default in ADAPTERS.get(name).settings
+  }
 
 
 def build_adapter(m, *, rngs):
@@ -80,8 +84,7 @@ def validate_prompt(c) -> None:
     allowed = set(COMMON_KEYS) | {n for n, _ in ADAPTERS.items()}
     unknown = sorted(set(section) - allowed)
     if unknown:
-      raise ConfigError(f"model.vit.prompt has unknown keys {unknown}; it has "
-                        f"{sorted(allowed)}")
+      raise ConfigError(f"model.vit.prompt has unknown keys {unknown}; it has {sorted(allowed)}")
     if name != NO_ADAPTER and name not in ADAPTERS:
       raise choice_error("model.vit.prompt.adapter", name, [NO_ADAPTER, *ADAPTERS])
     n = section.num_tokens
@@ -91,17 +94,21 @@ def validate_prompt(c) -> None:
       own = section.get(other)
       extra = sorted(set(own if own is not None else ()) - {k for k, _ in spec.settings})
       if extra:
-        raise ConfigError(f"model.vit.prompt.{other} has unknown keys {extra}; adapter "
-                          f"{other!r} has settings {sorted(k for k, _ in spec.settings)}")
+        raise ConfigError(
+          f"model.vit.prompt.{other} has unknown keys {extra}; adapter "
+          f"{other!r} has settings {sorted(k for k, _ in spec.settings)}"
+        )
   if name == NO_ADAPTER:
     if c.train.get("trainable") == "prompt":
-      raise ConfigError("train.trainable='prompt' trains a prompt adapter: set "
-                        "model.vit.prompt.adapter")
+      raise ConfigError(
+        "train.trainable='prompt' trains a prompt adapter: set model.vit.prompt.adapter"
+      )
     return
   spec = ADAPTERS.get(name)
   if spec.per_block and m.scan_layers:
-    raise ConfigError(f"model.vit.prompt.adapter={name!r} writes every block's prompts: "
-                      "set model.scan_layers=False")
+    raise ConfigError(
+      f"model.vit.prompt.adapter={name!r} writes every block's prompts: set model.scan_layers=False"
+    )
   if spec.validate is not None:
     spec.validate(settings_of(m, name), m)
 
@@ -110,18 +117,18 @@ def place_prompts(adapter, layer: int, x_BxLxD, num_prefix: int):
   """Block `layer`'s input with the adapter's prompts in the slots after the first
   `num_prefix` tokens (the CLS token): inserted at block 0, replaced after it."""
   n = adapter.num_tokens
-  patches = x_BxLxD[:, num_prefix + (n if layer > 0 else 0):]
+  patches = x_BxLxD[:, num_prefix + (n if layer > 0 else 0) :]
   prompts = adapter(layer, patches)
   if prompts is None:
     return x_BxLxD
-  return jnp.concatenate([x_BxLxD[:, :num_prefix], prompts.astype(x_BxLxD.dtype), patches],
-                         axis=1)
+  return jnp.concatenate([x_BxLxD[:, :num_prefix], prompts.astype(x_BxLxD.dtype), patches], axis=1)
 
 
 def drop_prompts(adapter, x_BxLxD, num_prefix: int):
   """The sequence without its prompt slots (before the final norm and the pooling)."""
-  return jnp.concatenate([x_BxLxD[:, :num_prefix],
-                          x_BxLxD[:, num_prefix + adapter.num_tokens:]], axis=1)
+  return jnp.concatenate(
+    [x_BxLxD[:, :num_prefix], x_BxLxD[:, num_prefix + adapter.num_tokens :]], axis=1
+  )
 
 
 def xavier_uniform(key, shape, fan_in: int, fan_out: int):

@@ -24,6 +24,7 @@ gives the first block a learned VPT prompt (VPT_DEPTH = 1). Its dropout after th
 convolution (Dropout2d) and on the prompts is left out; the kernel is drawn N(0, 1)
 as there; LayerNorm eps 1e-5 (torch's default); the MLP's activation is ReLU.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -50,8 +51,12 @@ def depthwise_conv(grid_BxGxGxD, kernel_KxK, padding: int):
   b, g, _, d = grid_BxGxGxD.shape
   per_channel = grid_BxGxGxD.transpose(0, 3, 1, 2).reshape(b * d, g, g, 1)
   out = jax.lax.conv_general_dilated(
-      per_channel, kernel_KxK[:, :, None, None].astype(per_channel.dtype), (1, 1),
-      [(padding, padding)] * 2, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    per_channel,
+    kernel_KxK[:, :, None, None].astype(per_channel.dtype),
+    (1, 1),
+    [(padding, padding)] * 2,
+    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+  )
   side = out.shape[1]
   return out.reshape(b, d, side, side).transpose(0, 2, 3, 1)
 
@@ -75,15 +80,14 @@ class AdaptivePrompts(nnx.Module):
     self.kernel = nnx.Param(jax.random.normal(rngs.params(), (layers, s["kernel"], s["kernel"])))
     self.token_proj = nnx.Param(jnp.zeros((layers, cells, n), jnp.float32))
     self.token_bias = nnx.Param(jnp.zeros((layers, n), jnp.float32))
-    self.mlp_in = nnx.Param(jax.random.normal(rngs.params(), (d, h)) / d ** 0.5)
-    self.mlp_out = nnx.Param(jax.random.normal(rngs.params(), (h, d)) / h ** 0.5)
+    self.mlp_in = nnx.Param(jax.random.normal(rngs.params(), (d, h)) / d**0.5)
+    self.mlp_out = nnx.Param(jax.random.normal(rngs.params(), (h, d)) / h**0.5)
 
   def generated(self, layer: int, patches_BxPxD):
     """G [B, N, d]: the token-wise projection of the convolved, normalised grid."""
     b, p, d = patches_BxPxD.shape
-    side = round(p ** 0.5)
-    z = layer_norm(patches_BxPxD.astype(jnp.float32), self.norm_scale[layer],
-                   self.norm_bias[layer])
+    side = round(p**0.5)
+    z = layer_norm(patches_BxPxD.astype(jnp.float32), self.norm_scale[layer], self.norm_bias[layer])
     z = depthwise_conv(z.reshape(b, side, side, d), self.kernel[layer], self.padding)
     z = z.reshape(b, -1, d)
     return jnp.einsum("bcd,cn->bnd", z, self.token_proj[layer]) + self.token_bias[layer][:, None]
@@ -99,10 +103,18 @@ def validate(s: dict, m) -> None:
     if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < low:
       raise ConfigError(f"model.vit.prompt.vapt.{key}={s[key]!r} must be an int >= {low}")
   if conv_side(m, s) < 1:
-    raise ConfigError(f"model.vit.prompt.vapt.kernel={s['kernel']} is larger than the "
-                      f"{grid_side(m)}x{grid_side(m)} patch grid padded by {s['padding']}")
+    raise ConfigError(
+      f"model.vit.prompt.vapt.kernel={s['kernel']} is larger than the "
+      f"{grid_side(m)}x{grid_side(m)} patch grid padded by {s['padding']}"
+    )
 
 
-ADAPTERS.add("vapt", AdapterSpec(
+ADAPTERS.add(
+  "vapt",
+  AdapterSpec(
     build=lambda m, settings, rngs: AdaptivePrompts(m, settings, rngs=rngs),
-    settings=SETTINGS, validate=validate, per_block=True))
+    settings=SETTINGS,
+    validate=validate,
+    per_block=True,
+  ),
+)

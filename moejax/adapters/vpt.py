@@ -9,6 +9,7 @@ The tokens are the same for every input (VPT's prompt experts W_V^T p are consta
 the point VAPT makes). Initialised Xavier-uniform over (P * P * C, d), as VPT's
 code does for its patch embedding's fan-in.
 """
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -21,9 +22,15 @@ class StaticPrompts(nnx.Module):
   def __init__(self, m, num_blocks: int, *, rngs: nnx.Rngs):
     v = m.vit
     self.num_tokens = v.prompt.num_tokens
-    self.tokens = nnx.Param(xavier_uniform(
-        rngs.params(), (num_blocks, self.num_tokens, m.d_model),
-        v.patch_size ** 2 * v.num_channels, m.d_model), logical_axes=(None, None, "embed"))
+    self.tokens = nnx.Param(
+      xavier_uniform(
+        rngs.params(),
+        (num_blocks, self.num_tokens, m.d_model),
+        v.patch_size**2 * v.num_channels,
+        m.d_model,
+      ),
+      logical_axes=(None, None, "embed"),
+    )
 
   def __call__(self, layer: int, patches_BxPxD):
     """[B, N, d]: block `layer`'s tokens, the same for every image; None past the last."""
@@ -33,7 +40,12 @@ class StaticPrompts(nnx.Module):
     return jnp.broadcast_to(tokens, (patches_BxPxD.shape[0], *tokens.shape))
 
 
-ADAPTERS.add("vpt_shallow", AdapterSpec(
-    build=lambda m, settings, rngs: StaticPrompts(m, 1, rngs=rngs)))
-ADAPTERS.add("vpt_deep", AdapterSpec(
-    build=lambda m, settings, rngs: StaticPrompts(m, m.num_layers, rngs=rngs), per_block=True))
+ADAPTERS.add(
+  "vpt_shallow", AdapterSpec(build=lambda m, settings, rngs: StaticPrompts(m, 1, rngs=rngs))
+)
+ADAPTERS.add(
+  "vpt_deep",
+  AdapterSpec(
+    build=lambda m, settings, rngs: StaticPrompts(m, m.num_layers, rngs=rngs), per_block=True
+  ),
+)

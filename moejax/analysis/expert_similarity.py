@@ -11,6 +11,7 @@ outputs. The official calibration script defaults to a Frobenius similarity
 (1 - d / d_max) and also offers cosine; only linear CKA is implemented here.
 Every expert's outputs on the same tokens: moejax.models.capture.expert_outputs_on_tokens.
 """
+
 import jax
 import jax.numpy as jnp
 

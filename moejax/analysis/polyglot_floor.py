@@ -4,6 +4,7 @@ excess over the floor, the first evaluated step within 5% (and 10%) of the floor
 per MoE layer NMI(document language, top-1 expert) over the evaluated windows' input
 tokens (expert_index[:, 0] of the latest checkpoint's routing).
 """
+
 import os
 
 import jax
@@ -20,8 +21,9 @@ from moejax.train.restore import load_from_workdir
 
 def top1_experts(graphdef, params, rest, batches) -> list[np.ndarray]:
   """Per MoE layer, the top-1 expert of every input token, batches in order, [N*L]."""
-  forward = jax.jit(lambda p, r, x: [a["expert_index"][:, 0]
-                                     for a in nnx.merge(graphdef, p, r)(x)[1]["moe"]])
+  forward = jax.jit(
+    lambda p, r, x: [a["expert_index"][:, 0] for a in nnx.merge(graphdef, p, r)(x)[1]["moe"]]
+  )
   per_batch = [jax.device_get(forward(params, rest, b["inputs"])) for b in batches]
   return [np.concatenate(layer) for layer in zip(*per_batch)]
 
@@ -30,8 +32,9 @@ def run_report(workdir: str) -> dict:
   """The figures of the module doc for one polyglot_synth training workdir."""
   config, graphdef, params, rest, _ = load_from_workdir(workdir)
   if config.data.name != polyglot.NAME:
-    raise ConfigError(f"trained on data.name={config.data.name!r}, not {polyglot.NAME!r} "
-                      f"({workdir})")
+    raise ConfigError(
+      f"trained on data.name={config.data.name!r}, not {polyglot.NAME!r} ({workdir})"
+    )
   data = build_lm_data(config.data, seed=config.seed)
   num_batches = min(config.train.eval_batches, data.num_eval_batches)
   windows = num_batches * config.data.batch_size
@@ -42,13 +45,18 @@ def run_report(workdir: str) -> dict:
   evals = [r for r in history if "val_bpb" in r]
   if not evals:
     raise ConfigError(f"{workdir}/metrics.jsonl holds no evaluation")
-  languages = polyglot.token_languages(labels, polyglot.settings_of(config.data)["doc_len"],
-                                       config.data.seq_len, windows).reshape(-1)
+  languages = polyglot.token_languages(
+    labels, polyglot.settings_of(config.data)["doc_len"], config.data.seq_len, windows
+  ).reshape(-1)
   experts = top1_experts(graphdef, params, rest, data.eval_batches(num_batches))
-  out = {"floor_bpb": floor, "step": evals[-1]["step"], "val_bpb": evals[-1]["val_bpb"],
-         "excess": evals[-1]["val_bpb"] / floor - 1,
-         "steps_to_5pct": polyglot.steps_to_within(evals, floor, tolerance=0.05),
-         "steps_to_10pct": polyglot.steps_to_within(evals, floor, tolerance=0.10),
-         "nmi_language_top1_expert": [nmi(languages, e) for e in experts],
-         "eval_windows": windows}
+  out = {
+    "floor_bpb": floor,
+    "step": evals[-1]["step"],
+    "val_bpb": evals[-1]["val_bpb"],
+    "excess": evals[-1]["val_bpb"] / floor - 1,
+    "steps_to_5pct": polyglot.steps_to_within(evals, floor, tolerance=0.05),
+    "steps_to_10pct": polyglot.steps_to_within(evals, floor, tolerance=0.10),
+    "nmi_language_top1_expert": [nmi(languages, e) for e in experts],
+    "eval_windows": windows,
+  }
   return out

@@ -36,6 +36,7 @@ so a prompt of one repeated token with no BOS has same_set_fraction 1 by constru
 text prefix, a multi-token repeated pattern, a chat-style wrapper), and the figures are
 read over the repeated span only (`span`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,8 +56,9 @@ def routing_of(graphdef, params, rest, tokens):
   return [(layer["expert_index"], layer["valid"]) for layer in aux["moe"]]
 
 
-def attack_prompts(ids, length: int, *, prefix=(), pattern: int = 1, chat=((), ())
-                   ) -> tuple[np.ndarray, slice]:
+def attack_prompts(
+  ids, length: int, *, prefix=(), pattern: int = 1, chat=((), ())
+) -> tuple[np.ndarray, slice]:
   """(int32 [len(ids) // pattern, length] prompts, the repeated span's positions):
   row i is prefix + chat[0] + the unit ids[i p:(i + 1) p] repeated (cut to fill) +
   chat[1], p = pattern. prefix: token ids before everything (a BOS id, or a text
@@ -68,8 +70,10 @@ def attack_prompts(ids, length: int, *, prefix=(), pattern: int = 1, chat=((), (
     raise ValueError(f"{len(ids)} ids do not make units of pattern={pattern}")
   if body < pattern:
     raise ValueError(f"length={length} leaves {body} positions for a unit of {pattern}")
-  rows = [prefix + opening + (ids[i:i + pattern] * (body // pattern + 1))[:body] + closing
-          for i in range(0, len(ids), pattern)]
+  rows = [
+    prefix + opening + (ids[i : i + pattern] * (body // pattern + 1))[:body] + closing
+    for i in range(0, len(ids), pattern)
+  ]
   return np.asarray(rows, np.int32), slice(start, start + body)
 
 
@@ -101,15 +105,18 @@ def max_over_mean_load(load: np.ndarray) -> float:
   return float(load.max() / max(load.mean(), 1e-12))
 
 
-def device_rows(expert_index, valid, num_experts: int, expert_shards: int,
-                token_groups: int = 1) -> np.ndarray:
+def device_rows(
+  expert_index, valid, num_experts: int, expert_shards: int, token_groups: int = 1
+) -> np.ndarray:
   """[token_groups, expert_shards] routed rows each device processes: tokens (the
   first axis of expert_index, in order) in contiguous groups, experts in
   contiguous blocks (the latency model of the module doc)."""
   index, valid = np.asarray(expert_index), np.asarray(valid)
   if index.shape[0] % token_groups or num_experts % expert_shards:
-    raise ValueError(f"{index.shape[0]} tokens / {token_groups} groups or {num_experts} "
-                     f"experts / {expert_shards} shards do not divide")
+    raise ValueError(
+      f"{index.shape[0]} tokens / {token_groups} groups or {num_experts} "
+      f"experts / {expert_shards} shards do not divide"
+    )
   per_block = num_experts // expert_shards
   rows = np.zeros((token_groups, expert_shards), np.int64)
   for g, (gi, gv) in enumerate(zip(np.split(index, token_groups), np.split(valid, token_groups))):
@@ -139,9 +146,12 @@ def simulated_ttft(routing, num_experts: int, expert_shards: int = 8) -> dict:
   sum_l rows_l / expert_shards}."""
   busiest = balanced = 0.0
   for index, valid in routing:
-    rows = device_rows(np.asarray(index).reshape(-1, np.shape(index)[-1]),
-                       np.asarray(valid).reshape(-1, np.shape(index)[-1]), num_experts,
-                       expert_shards)
+    rows = device_rows(
+      np.asarray(index).reshape(-1, np.shape(index)[-1]),
+      np.asarray(valid).reshape(-1, np.shape(index)[-1]),
+      num_experts,
+      expert_shards,
+    )
     busiest, balanced = busiest + rows.max(), balanced + rows.sum() / expert_shards
   return {"rows": float(busiest), "over_balanced": float(busiest / max(balanced, 1e-12))}
 
@@ -150,6 +160,7 @@ def prefill_seconds(graphdef, params, rest, tokens, repeats: int = 5) -> float:
   """Measured prefill: the median wall time of one compiled forward on tokens [B, L]
   (compiled and run once before timing)."""
   from moejax.profiling.timing import blocked_times
+
   tokens = jax.numpy.asarray(tokens, jax.numpy.int32)
 
   def forward():
@@ -159,22 +170,37 @@ def prefill_seconds(graphdef, params, rest, tokens, repeats: int = 5) -> float:
   return float(np.median(blocked_times(forward, repeats)))
 
 
-def layer_report(expert_index_TxK, valid_TxK, batch: int, num_experts: int,
-                 expert_shards: int, token_groups: int = 1, span: slice = slice(None)) -> dict:
+def layer_report(
+  expert_index_TxK,
+  valid_TxK,
+  batch: int,
+  num_experts: int,
+  expert_shards: int,
+  token_groups: int = 1,
+  span: slice = slice(None),
+) -> dict:
   """The module doc's figures for one MoE layer's routing of `batch` equal rows
   (same_set_fraction over the positions in `span`; the loads over every position)."""
   index, valid = np.asarray(expert_index_TxK), np.asarray(valid_TxK)
   load = expert_load(index, valid, num_experts)
-  return {"same_set_fraction": same_set_fraction(index.reshape(batch, -1, index.shape[-1]),
-                                                 span),
-          "max_over_mean_load": max_over_mean_load(load),
-          "busiest_device": busiest_device(device_rows(index, valid, num_experts,
-                                                       expert_shards, token_groups)),
-          "load": load.tolist()}
+  return {
+    "same_set_fraction": same_set_fraction(index.reshape(batch, -1, index.shape[-1]), span),
+    "max_over_mean_load": max_over_mean_load(load),
+    "busiest_device": busiest_device(
+      device_rows(index, valid, num_experts, expert_shards, token_groups)
+    ),
+    "load": load.tolist(),
+  }
 
 
-def kind_report(routing, batch: int, num_experts: int, expert_shards: int, capacity: int,
-                span: slice = slice(None)) -> list[dict]:
+def kind_report(
+  routing,
+  batch: int,
+  num_experts: int,
+  expert_shards: int,
+  capacity: int,
+  span: slice = slice(None),
+) -> list[dict]:
   """Per MoE layer of `routing` ((expert_index, valid) pairs): layer_report over
   `expert_shards` devices, the busiest device over the balanced count once each
   expert keeps at most `capacity` rows (busiest_device_capped) and the fraction of

@@ -12,6 +12,7 @@ loads a trained MoE LM with its data and cuts the held-out inputs the three stud
 score (moejax/studies/scorers/router_inference.py): validation batches, decode windows
 and batches of one held-out play at a time.
 """
+
 import functools
 import math
 
@@ -58,9 +59,14 @@ def score_batches(graphdef, params, rest, batches, top_k: int) -> dict:
     for m in jax.device_get(layers):
       num_experts = m["load_fraction"].shape[0]
       per_token = float(m["experts_per_token"])
-      figures.append({"max_over_mean_load": float(m["max_over_mean_load"]),
-                      "max_load": float(m["max_over_mean_load"]) * per_token * tokens / num_experts,
-                      "experts_per_token": per_token, "kept_fraction": per_token / top_k})
+      figures.append(
+        {
+          "max_over_mean_load": float(m["max_over_mean_load"]),
+          "max_load": float(m["max_over_mean_load"]) * per_token * tokens / num_experts,
+          "experts_per_token": per_token,
+          "kept_fraction": per_token / top_k,
+        }
+      )
   out = {key: float(np.mean([f[key] for f in figures])) for key in figures[0]}
   return {"bpb": float(np.mean(losses)) / math.log(2), **out}
 
@@ -73,11 +79,18 @@ def calibrate_similarity(graphdef, params, rest, tokens) -> jax.Array:
   model = nnx.merge(graphdef, params, rest)
   inputs = moe_layer_inputs(model, tokens)
   layers = [b.ffn for b in model.blocks if b.is_moe]
-  return jnp.stack([
-      linear_cka_matrix(expert_outputs_on_tokens(
-          functools.partial(swiglu_experts, layer.experts.weights(jnp.float32)), x,
-          layer.cfg.num_experts))
-      for layer, x in zip(layers, inputs)])
+  return jnp.stack(
+    [
+      linear_cka_matrix(
+        expert_outputs_on_tokens(
+          functools.partial(swiglu_experts, layer.experts.weights(jnp.float32)),
+          x,
+          layer.cfg.num_experts,
+        )
+      )
+      for layer, x in zip(layers, inputs)
+    ]
+  )
 
 
 def set_router_state(rest: dict, name: str, per_layer) -> dict:
@@ -91,10 +104,13 @@ def set_router_state(rest: dict, name: str, per_layer) -> dict:
         visit(value, path + (key,))
       elif key == name:
         found.append(path + (key,))
+
   visit(rest, ())
   if len(found) != len(per_layer):
-    raise ConfigError(f"{len(found)} router states named {name!r} (one per MoE layer), "
-                      f"but {len(per_layer)} values were given")
+    raise ConfigError(
+      f"{len(found)} router states named {name!r} (one per MoE layer), "
+      f"but {len(per_layer)} values were given"
+    )
   out = jax.tree.map(lambda x: x, rest)
 
   def layer_order(path):
@@ -105,8 +121,10 @@ def set_router_state(rest: dict, name: str, per_layer) -> dict:
     for key in path[:-1]:
       node = node[key]
     if np.shape(value) != np.shape(node[path[-1]]):
-      raise ConfigError(f"router state {name!r} at {'/'.join(map(str, path[:-1]))} has shape "
-                        f"{np.shape(node[path[-1]])}; the value given has {np.shape(value)}")
+      raise ConfigError(
+        f"router state {name!r} at {'/'.join(map(str, path[:-1]))} has shape "
+        f"{np.shape(node[path[-1]])}; the value given has {np.shape(value)}"
+      )
     node[path[-1]] = jnp.asarray(value, node[path[-1]].dtype)
   return out
 
@@ -120,9 +138,13 @@ def with_sere(m, rest: dict, similarity, rho: float, primary_slots: int = 1):
   _, _, abstract_rest = abstract_model(m)
 
   def fill(abstract, values):
-    return {key: fill(value, values.get(key, {})) if isinstance(value, dict)
-            else values.get(key, np.zeros(value.shape, value.dtype))
-            for key, value in abstract.items()}
+    return {
+      key: fill(value, values.get(key, {}))
+      if isinstance(value, dict)
+      else values.get(key, np.zeros(value.shape, value.dtype))
+      for key, value in abstract.items()
+    }
+
   return m, set_router_state(fill(abstract_rest, rest), "expert_similarity", list(similarity))
 
 
@@ -136,10 +158,10 @@ def decode_score(m, params, rest, windows: np.ndarray, batch: int) -> dict:
   ones = np.ones((batch, 1), bool)
   nll, count, distinct = 0.0, 0, []
   for start in range(0, len(windows) - batch + 1, batch):
-    rows = windows[start:start + batch]
+    rows = windows[start : start + batch]
     cache = init_cache(m, batch, rows.shape[1] - 1)
     for t in range(rows.shape[1] - 1):
-      logits, step_distinct, cache = step(params, rest, rows[:, t:t + 1], ones, cache)
+      logits, step_distinct, cache = step(params, rest, rows[:, t : t + 1], ones, cache)
       logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
       nll -= float(jnp.sum(jnp.take_along_axis(logp, rows[:, t + 1, None], axis=-1)))
       count += batch
@@ -156,16 +178,22 @@ class TrainedMoE:
   def __init__(self, workdir: str, key: str = "workdir"):
     from moejax.data.pipeline import build_lm_data
     from moejax.train.restore import load_from_workdir
+
     self.workdir = workdir
-    (self.config, self.graphdef, self.params, self.rest,
-     self.tokenizer) = load_from_workdir(workdir)
+    (self.config, self.graphdef, self.params, self.rest, self.tokenizer) = load_from_workdir(
+      workdir
+    )
     if self.config.model.ffn_type != "moe":
-      raise ConfigError(f"model.ffn_type={self.config.model.ffn_type!r}: these studies need "
-                        f"an MoE model ({key}={workdir!r})")
+      raise ConfigError(
+        f"model.ffn_type={self.config.model.ffn_type!r}: these studies need "
+        f"an MoE model ({key}={workdir!r})"
+      )
     self.data = build_lm_data(self.config.data, seed=self.config.seed)
     if self.data.bytes_per_token != 1.0:
-      raise ConfigError(f"data.tokenizer={self.config.data.tokenizer!r}: bpb here assumes the "
-                        f"byte tokenizer ({key}={workdir!r})")
+      raise ConfigError(
+        f"data.tokenizer={self.config.data.tokenizer!r}: bpb here assumes the "
+        f"byte tokenizer ({key}={workdir!r})"
+      )
     self._eval: list[dict] | None = None
 
   def eval_batches(self) -> list[dict]:
@@ -176,17 +204,21 @@ class TrainedMoE:
 
   def decode_windows(self, start: int, count: int, length: int) -> np.ndarray:
     """Validation windows start..start+count-1, their first length + 1 tokens [count, L+1]."""
-    windows = np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
-                              for b in self.eval_batches()])
+    windows = np.concatenate(
+      [np.concatenate([b["inputs"], b["targets"][:, -1:]], 1) for b in self.eval_batches()]
+    )
     if start + count > len(windows) or length + 1 > windows.shape[1]:
-      raise ConfigError(f"the validation split has {len(windows)} windows of "
-                        f"{windows.shape[1] - 1} tokens; asked for windows {start}.."
-                        f"{start + count - 1} of {length} tokens")
-    return windows[start:start + count, :length + 1]
+      raise ConfigError(
+        f"the validation split has {len(windows)} windows of "
+        f"{windows.shape[1] - 1} tokens; asked for windows {start}.."
+        f"{start + count - 1} of {length} tokens"
+      )
+    return windows[start : start + count, : length + 1]
 
   def calibration_tokens(self, num_batches: int) -> np.ndarray:
     """The first num_batches training batches' inputs (the run's own data order)."""
     from moejax.data.pipeline import build_lm_data
+
     train = build_lm_data(self.config.data, seed=self.config.seed).train_iter
     return np.concatenate([next(train)["inputs"] for _ in range(num_batches)])
 
@@ -194,14 +226,18 @@ class TrainedMoE:
     """[(play, batches)] of consecutive windows from one held-out play each (a shifted
     batch: every token of a call from the same text), plays in validation order."""
     from moejax.data.shakespeare import shakespeare_sources
+
     if not self.config.data.name.startswith("shakespeare"):
-      raise ConfigError(f"data.name={self.config.data.name!r}: play batches need the "
-                        f"Shakespeare plays ({self.workdir})")
+      raise ConfigError(
+        f"data.name={self.config.data.name!r}: play batches need the "
+        f"Shakespeare plays ({self.workdir})"
+      )
     b, length = self.config.data.batch_size, self.config.data.seq_len
     out = []
     for example in shakespeare_sources(self.config.data.data_dir)["validation"]:
       tokens = np.asarray(self.tokenizer.encode(example["text"].decode()), np.int32)
-      windows = tokens[:num_batches * b * (length + 1)].reshape(num_batches, b, length + 1)
-      out.append((example["title"].decode(), [{"inputs": w[:, :-1], "targets": w[:, 1:]}
-                                              for w in windows]))
+      windows = tokens[: num_batches * b * (length + 1)].reshape(num_batches, b, length + 1)
+      out.append(
+        (example["title"].decode(), [{"inputs": w[:, :-1], "targets": w[:, 1:]} for w in windows])
+      )
     return out

@@ -16,6 +16,7 @@ Scope: the loop layout with the standard attention (GQA with RoPE; no q/k/v
 clipping) and routers that read x @ W (router_kernel); no L3 lookup layers.
 Guesses: the variance-over-tokens influence and the per-head split of W_o.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,9 @@ def check_supported(model) -> None:
     raise ConfigError("routing attribution does not cover L3 lookup layers")
   for i, block in enumerate(model.blocks):
     if not isinstance(block.attn, GroupedQueryAttention) or block.attn.clip:
-      raise ConfigError(f"block {i}: routing attribution needs the standard attention "
-                        "without q/k/v clipping")
+      raise ConfigError(
+        f"block {i}: routing attribution needs the standard attention without q/k/v clipping"
+      )
     if block.is_moe and block.ffn.router_kernel is None:
       raise ConfigError(f"block {i}: the router owns its projection; attribution needs x @ W")
 
@@ -70,8 +72,9 @@ def _components(model, tokens):
       parts.append(jnp.broadcast_to(block.attn.o.bias[...].astype(jnp.float32), (b * length, d)))
     x_ffn = outputs[("blocks", i, "ffn_norm", "__call__")].reshape(b * length, d)
     if not block.is_moe:
-      parts.append(outputs[("blocks", i, "ffn", "__call__")].reshape(b * length, d)
-                   .astype(jnp.float32))
+      parts.append(
+        outputs[("blocks", i, "ffn", "__call__")].reshape(b * length, d).astype(jnp.float32)
+      )
       continue
     readers[i] = (len(parts), x_ffn)  # the router reads everything so far
     layer = block.ffn
@@ -79,8 +82,9 @@ def _components(model, tokens):
     if layer.shared is not None:
       shared = layer.shared(x_ffn).astype(jnp.float32)
       if layer.shared_gate is not None:
-        shared = shared * jax.nn.sigmoid(x_ffn.astype(jnp.float32)
-                                         @ layer.shared_gate[...].astype(jnp.float32))
+        shared = shared * jax.nn.sigmoid(
+          x_ffn.astype(jnp.float32) @ layer.shared_gate[...].astype(jnp.float32)
+        )
       parts.append(shared)
   return jnp.stack(parts), readers
 
@@ -96,9 +100,12 @@ def _attribute(graphdef, params, rest, tokens):
     x = jnp.sum(stream, axis=0)
     r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + block.ffn_norm.eps)  # frozen
     w = block.ffn.router_kernel[...].astype(jnp.float32)
-    out.append({"contributions": jnp.einsum("ctd,d,de->cte", stream * r,
-                                            block.ffn_norm.scale[...], w),
-                "logits": block.ffn.router_logits(router_input.astype(jnp.float32))})
+    out.append(
+      {
+        "contributions": jnp.einsum("ctd,d,de->cte", stream * r, block.ffn_norm.scale[...], w),
+        "logits": block.ffn.router_logits(router_input.astype(jnp.float32)),
+      }
+    )
   return out
 
 
@@ -110,15 +117,23 @@ def attribute(graphdef, params, rest, tokens) -> list[dict]:
   check_supported(model)
   names = component_names(model)
   out = []
-  for block, layer in zip([i for i, b in enumerate(model.blocks) if b.is_moe],
-                          _attribute(graphdef, params, rest, jnp.asarray(tokens))):
+  for block, layer in zip(
+    [i for i, b in enumerate(model.blocks) if b.is_moe],
+    _attribute(graphdef, params, rest, jnp.asarray(tokens)),
+  ):
     contributions = np.asarray(layer["contributions"])
     first_own = names[contributions.shape[0]]
     assert first_own == f"moe{block}.expert0", (block, first_own)  # names follow the parts
-    out.append({"block": block, "names": names[:contributions.shape[0]],
-                "contributions": contributions, "logits": np.asarray(layer["logits"]),
-                "top_k": model.blocks[block].ffn.cfg.top_k,
-                "influence": contributions.var(axis=1).sum(axis=-1)})
+    out.append(
+      {
+        "block": block,
+        "names": names[: contributions.shape[0]],
+        "contributions": contributions,
+        "logits": np.asarray(layer["logits"]),
+        "top_k": model.blocks[block].ffn.cfg.top_k,
+        "influence": contributions.var(axis=1).sum(axis=-1),
+      }
+    )
   return out
 
 
@@ -157,10 +172,15 @@ def source_shares(layers) -> list[dict]:
     by_source = influence_by_source(layer)
     total = sum(by_source.values())
     frac = {k: v / total for k, v in by_source.items()}
-    out.append({"block": layer["block"], "share": frac,
-                "attention": sum(v for k, v in frac.items() if k.startswith("attn")),
-                "moe": sum(v for k, v in frac.items() if k.startswith("moe")),
-                "embed": frac.get("embed", 0.0)})
+    out.append(
+      {
+        "block": layer["block"],
+        "share": frac,
+        "attention": sum(v for k, v in frac.items() if k.startswith("attn")),
+        "moe": sum(v for k, v in frac.items() if k.startswith("moe")),
+        "embed": frac.get("embed", 0.0),
+      }
+    )
   return out
 
 
@@ -191,7 +211,7 @@ def ablate_component(model_cfg, params, name: str) -> dict:
   if source.startswith("attn") and part.startswith("head"):
     head, kernel = int(part[4:]), weights["attn"]["o"]["kernel"]
     size = kernel.shape[0] // model_cfg.num_heads
-    weights["attn"]["o"]["kernel"] = kernel.at[head * size:(head + 1) * size].set(0.0)
+    weights["attn"]["o"]["kernel"] = kernel.at[head * size : (head + 1) * size].set(0.0)
   elif source.startswith("moe") and part.startswith("expert"):
     w = weights["ffn"]["experts"]
     w["w_down"] = w["w_down"].at[int(part[6:])].set(0.0)

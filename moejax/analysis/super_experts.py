@@ -30,6 +30,7 @@ ranking, ties to the lower (layer, expert)), by attention mass on position 0, re
 max |h| and loss. When the rule names no SE the study ablates the experts of largest a
 (`top_a`).
 """
+
 import functools
 
 import jax
@@ -52,15 +53,19 @@ def routed_output_peaks(layer, x_TxD, aux) -> jax.Array:
   num_experts = layer.cfg.num_experts
   routed = routed_rows(layer, x_TxD, aux)
   row_peak = jnp.max(jnp.abs(routed["rows"]), axis=-1)
-  return (jnp.zeros(num_experts + 1, jnp.float32)
-          .at[routed["expert"]].max(row_peak)[:num_experts])  # padding rows: expert E
+  return (
+    jnp.zeros(num_experts + 1, jnp.float32).at[routed["expert"]].max(row_peak)[:num_experts]
+  )  # padding rows: expert E
 
 
 def _stack_layers(rows) -> jax.Array:
   """Per-MoE-layer vectors [E_l] -> [layers, max E_l], NaN past a layer's own count."""
   width = max((r.shape[0] for r in rows), default=0)
-  return jnp.stack([jnp.pad(r, (0, width - r.shape[0]), constant_values=jnp.nan)
-                    for r in rows]) if rows else jnp.zeros((0, 0), jnp.float32)
+  return (
+    jnp.stack([jnp.pad(r, (0, width - r.shape[0]), constant_values=jnp.nan) for r in rows])
+    if rows
+    else jnp.zeros((0, 0), jnp.float32)
+  )
 
 
 def _residual_stats(h_BxLxD) -> dict:
@@ -68,31 +73,47 @@ def _residual_stats(h_BxLxD) -> dict:
   magnitude = jnp.abs(h_BxLxD.astype(jnp.float32))
   row, position, channel = jnp.unravel_index(jnp.argmax(magnitude), magnitude.shape)
   peak, median = jnp.max(magnitude), jnp.median(magnitude)
-  return {"max": peak, "row": row, "position": position, "channel": channel,
-          "median": median, "ratio": peak / jnp.maximum(median, 1e-30)}
+  return {
+    "max": peak,
+    "row": row,
+    "position": position,
+    "channel": channel,
+    "median": median,
+    "ratio": peak / jnp.maximum(median, 1e-30),
+  }
 
 
 def _measure(model, tokens, parts) -> dict:
   if model.cfg.scan_layers:
-    raise ConfigError("profiling reads the loop layout; convert a scanned model with "
-                      "moejax.models.decoder.unstack_layers")
+    raise ConfigError(
+      "profiling reads the loop layout; convert a scanned model with "
+      "moejax.models.decoder.unstack_layers"
+    )
   _, aux, outputs = captured_forward(model, tokens)
   out: dict[str, jax.Array | dict[str, jax.Array]] = {}
   if "peaks" in parts:
     moe_blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
-    rows = [routed_output_peaks(model.blocks[i].ffn,
-                                outputs[("blocks", i, "ffn_norm", "__call__")]
-                                .reshape(-1, model.cfg.d_model), layer_aux)
-            for i, layer_aux in zip(moe_blocks, aux["moe"])]
+    rows = [
+      routed_output_peaks(
+        model.blocks[i].ffn,
+        outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model),
+        layer_aux,
+      )
+      for i, layer_aux in zip(moe_blocks, aux["moe"])
+    ]
     out["peaks"] = _stack_layers(rows)
   if "counts" in parts:  # the model's own routing frequency: valid slots per expert
     sizes = [block.ffn.cfg.num_experts for block in model.blocks if block.is_moe]
-    out["counts"] = _stack_layers([
-        jnp.zeros(n + 1, jnp.float32).at[jnp.where(a["valid"], a["expert_index"], n)]
-        .add(1.0)[:n] for n, a in zip(sizes, aux["moe"])])
+    out["counts"] = _stack_layers(
+      [
+        jnp.zeros(n + 1, jnp.float32).at[jnp.where(a["valid"], a["expert_index"], n)].add(1.0)[:n]
+        for n, a in zip(sizes, aux["moe"])
+      ]
+    )
   if "massive" in parts:
-    layers = [_residual_stats(outputs[("blocks", i, "__call__")][0])
-              for i in range(len(model.blocks))]
+    layers = [
+      _residual_stats(outputs[("blocks", i, "__call__")][0]) for i in range(len(model.blocks))
+    ]
     massive = {key: jnp.stack([s[key] for s in layers]) for key in layers[0]}
     embedded = model.embed[...].astype(model.dtype)[tokens]
     massive["embedding_max"] = jnp.max(jnp.abs(embedded.astype(jnp.float32)))
@@ -141,8 +162,9 @@ def uniform_sink_mass(length: int) -> float:
 RULES = ("official", "massive_layers")
 
 
-def super_experts(peaks, quantile: float = 99.5, fraction_of_max: float = 0.1,
-                  layers=None, *, within: bool = False) -> list[tuple[int, int]]:
+def super_experts(
+  peaks, quantile: float = 99.5, fraction_of_max: float = 0.1, layers=None, *, within: bool = False
+) -> list[tuple[int, int]]:
   """(layer, expert) with a > P_quantile(A) and a > fraction_of_max * max(A) of
   `peaks` [layers, E] (NaN ignored), in the rows `layers` (None: every row).
   within=False: A is all of peaks (the massive_layers rule); True: A is the rows
@@ -154,8 +176,10 @@ def super_experts(peaks, quantile: float = 99.5, fraction_of_max: float = 0.1,
   if pool.size == 0 or np.all(np.isnan(pool)):
     return []
   top = np.nanmax(pool)
-  threshold = max(np.nanpercentile(pool, quantile),
-                  top // (1 / fraction_of_max) if within else fraction_of_max * top)
+  threshold = max(
+    np.nanpercentile(pool, quantile),
+    top // (1 / fraction_of_max) if within else fraction_of_max * top,
+  )
   found = np.argwhere(np.nan_to_num(a, nan=-np.inf) > threshold)
   return [(int(layer), int(expert)) for layer, expert in found if layer in allowed]
 
@@ -167,13 +191,28 @@ def official_layers(moe_blocks, num_layers: int, include_layers: float = 0.75) -
   return [j for j, block in enumerate(moe_blocks) if block < keep]
 
 
-def select(rule: str, peaks, massive: dict, moe_blocks, num_layers: int, *,
-           quantile: float = 99.5, fraction_of_max: float = 0.1, include_layers: float = 0.75,
-           min_ratio: float = 100.0, growth: float = 2.0) -> list[tuple[int, int]]:
+def select(
+  rule: str,
+  peaks,
+  massive: dict,
+  moe_blocks,
+  num_layers: int,
+  *,
+  quantile: float = 99.5,
+  fraction_of_max: float = 0.1,
+  include_layers: float = 0.75,
+  min_ratio: float = 100.0,
+  growth: float = 2.0,
+) -> list[tuple[int, int]]:
   """The SEs (MoE layer, expert) of `peaks` by `rule` (RULES; module doc)."""
   if rule == "official":
-    return super_experts(peaks, quantile, fraction_of_max,
-                         official_layers(moe_blocks, num_layers, include_layers), within=True)
+    return super_experts(
+      peaks,
+      quantile,
+      fraction_of_max,
+      official_layers(moe_blocks, num_layers, include_layers),
+      within=True,
+    )
   if rule == "massive_layers":
     formed = massive_layers(massive, min_ratio, growth)
     rows = [j for j, block in enumerate(moe_blocks) if block in formed]
@@ -196,6 +235,7 @@ def model_of(source):
   (config or model config, params, rest)."""
   if isinstance(source, str):
     from moejax.train.load import load_model
+
     loaded, _, _ = load_model(source)
     m, params, rest = loaded.config, loaded.params, loaded.rest
   else:
@@ -214,9 +254,18 @@ def profile(source, tokens, **criterion) -> dict:
   return profile_report(m, tokens.shape, found, **criterion)
 
 
-def profile_report(m, shape, found, *, rule: str = "official", quantile: float = 99.5,
-                   fraction_of_max: float = 0.1, include_layers: float = 0.75,
-                   min_ratio: float = 100.0, growth: float = 2.0) -> dict:
+def profile_report(
+  m,
+  shape,
+  found,
+  *,
+  rule: str = "official",
+  quantile: float = 99.5,
+  fraction_of_max: float = 0.1,
+  include_layers: float = 0.75,
+  min_ratio: float = 100.0,
+  growth: float = 2.0,
+) -> dict:
   """profile's JSON from measure's PARTS (found, on the host) for tokens of `shape`:
   super_experts by `rule`, super_experts_by_rule by each of RULES, and
   super_experts_unfiltered by the two thresholds over every layer alone."""
@@ -224,37 +273,55 @@ def profile_report(m, shape, found, *, rule: str = "official", quantile: float =
   massive = {k: np.asarray(v) for k, v in found["massive"].items()}
   formed = massive_layers(massive, min_ratio, growth)
   peaks = np.asarray(found["peaks"], np.float64)
-  criterion = {"quantile": quantile, "fraction_of_max": fraction_of_max,
-               "include_layers": include_layers, "min_ratio": min_ratio, "growth": growth}
-  by_rule = {name: select(name, peaks, massive, moe_blocks, m.num_layers, **criterion)
-             for name in RULES}
+  criterion = {
+    "quantile": quantile,
+    "fraction_of_max": fraction_of_max,
+    "include_layers": include_layers,
+    "min_ratio": min_ratio,
+    "growth": growth,
+  }
+  by_rule = {
+    name: select(name, peaks, massive, moe_blocks, m.num_layers, **criterion) for name in RULES
+  }
   if rule not in by_rule:
     raise ConfigError(f"rule={rule!r} must be one of {', '.join(RULES)}")
 
   def pairs(chosen):
-    return [{"moe_layer": j, "block": moe_blocks[j], "expert": e, "a": float(peaks[j, e])}
-            for j, e in chosen]
+    return [
+      {"moe_layer": j, "block": moe_blocks[j], "expert": e, "a": float(peaks[j, e])}
+      for j, e in chosen
+    ]
 
   return {
-      "tokens": list(shape), "moe_blocks": moe_blocks,
-      "expert_output_peaks": [[None if np.isnan(v) else float(v) for v in row]
-                              for row in peaks],
-      "super_experts": pairs(by_rule[rule]),
-      "super_experts_by_rule": {name: pairs(found) for name, found in by_rule.items()},
-      "super_experts_unfiltered": pairs(super_experts(peaks, quantile, fraction_of_max)),
-      "criterion": {"rule": rule, **criterion},
-      "massive_activations": {
-          "layers": [{key: (float(massive[key][i]) if key in ("max", "median", "ratio")
-                            else int(massive[key][i]))
-                      for key in ("max", "row", "position", "channel", "median", "ratio")}
-                     for i in range(len(massive["max"]))],
-          "embedding_max": float(massive["embedding_max"]), "massive_layers": formed},
-      "attention_sinks": {"mass_on_position_0": [float(v) for v in found["sinks"]],
-                          "uniform_baseline": uniform_sink_mass(int(shape[1]))},
+    "tokens": list(shape),
+    "moe_blocks": moe_blocks,
+    "expert_output_peaks": [[None if np.isnan(v) else float(v) for v in row] for row in peaks],
+    "super_experts": pairs(by_rule[rule]),
+    "super_experts_by_rule": {name: pairs(found) for name, found in by_rule.items()},
+    "super_experts_unfiltered": pairs(super_experts(peaks, quantile, fraction_of_max)),
+    "criterion": {"rule": rule, **criterion},
+    "massive_activations": {
+      "layers": [
+        {
+          key: (
+            float(massive[key][i]) if key in ("max", "median", "ratio") else int(massive[key][i])
+          )
+          for key in ("max", "row", "position", "channel", "median", "ratio")
+        }
+        for i in range(len(massive["max"]))
+      ],
+      "embedding_max": float(massive["embedding_max"]),
+      "massive_layers": formed,
+    },
+    "attention_sinks": {
+      "mass_on_position_0": [float(v) for v in found["sinks"]],
+      "uniform_baseline": uniform_sink_mass(int(shape[1])),
+    },
   }
 
 
 # ---- ablation (arXiv 2507.23279) -------------------------------------------------------------
+
 
 def ablate_experts(m, params, pairs) -> dict:
   """A copy of params (loop layout) in which each (MoE layer, expert) of `pairs`
@@ -263,24 +330,30 @@ def ablate_experts(m, params, pairs) -> dict:
   ConfigError, naming the pair, for a pair outside the model or an expert type
   without a w_down."""
   if m.scan_layers:
-    raise ConfigError("ablation edits the loop layout; convert a scanned model with "
-                      "moejax.models.decoder.unstack_layers")
+    raise ConfigError(
+      "ablation edits the loop layout; convert a scanned model with "
+      "moejax.models.decoder.unstack_layers"
+    )
   moe_blocks = moe_layer_indices(m)
   out = jax.tree.map(lambda v: v, params)
   for layer, expert in pairs:
     where = f"(pair=({layer}, {expert}))"
     if not 0 <= layer < len(moe_blocks):
-      raise ConfigError(f"MoE layer {layer} is not in the model, which has {len(moe_blocks)} "
-                        f"MoE layers {where}")
+      raise ConfigError(
+        f"MoE layer {layer} is not in the model, which has {len(moe_blocks)} MoE layers {where}"
+      )
     weights = out["blocks"][moe_blocks[layer]]["ffn"]["experts"]
     kind = m.moe.get("experts", "swiglu")
     if kind != "swiglu" or "w_down" not in weights:
-      raise ConfigError(f"cannot ablate model.moe.experts={kind!r}: ablation zeroes "
-                        f"a SwiGLU expert's w_down {where}")
+      raise ConfigError(
+        f"cannot ablate model.moe.experts={kind!r}: ablation zeroes "
+        f"a SwiGLU expert's w_down {where}"
+      )
     count = weights["w_down"].shape[0]
     if not 0 <= expert < count:
-      raise ConfigError(f"expert {expert} is not in MoE layer {layer}, which has {count} "
-                        f"experts {where}")
+      raise ConfigError(
+        f"expert {expert} is not in MoE layer {layer}, which has {count} experts {where}"
+      )
     weights["w_down"] = weights["w_down"].at[expert].set(0.0)
   return out
 
@@ -324,10 +397,10 @@ def next_token_loss(graphdef, params, rest, tokens, batch_rows: int = 32) -> flo
   tokens = np.asarray(tokens, np.int32)
   total = 0.0
   for start in range(0, len(tokens), batch_rows):
-    chunk = tokens[start:start + batch_rows]
+    chunk = tokens[start : start + batch_rows]
     padded = np.concatenate([chunk, np.repeat(tokens[:1], batch_rows - len(chunk), 0)])
     nats = np.asarray(_row_nats(graphdef, params, rest, jnp.asarray(padded)), np.float64)
-    total += float(np.sum(nats[:len(chunk)]))
+    total += float(np.sum(nats[: len(chunk)]))
   return total / (tokens.shape[0] * (tokens.shape[1] - 1))
 
 
@@ -338,36 +411,59 @@ def ablation_arms(report: dict, peaks, counts, n: int | None, seeds=()):
   chosen = [(p["moe_layer"], p["expert"]) for p in report["super_experts"]]
   n = n if n is not None else max(len(chosen), 1)
   _check_count(np.asarray(peaks, np.float64), n)
-  return n, [("none", []),
-             ("super_experts", chosen) if chosen else ("top_a", top_pairs(peaks, n)),
-             ("most_frequent", top_pairs(counts, n)),
-             *[(f"random_seed{s}", random_pairs(peaks, n, s)) for s in seeds]]
+  return n, [
+    ("none", []),
+    ("super_experts", chosen) if chosen else ("top_a", top_pairs(peaks, n)),
+    ("most_frequent", top_pairs(counts, n)),
+    *[(f"random_seed{s}", random_pairs(peaks, n, s)) for s in seeds],
+  ]
 
 
-def ablation_effect(m, graphdef, params, rest, tokens, found: dict, pairs, *, score=None,
-                    batch_rows: int = 32) -> dict:
+def ablation_effect(
+  m, graphdef, params, rest, tokens, found: dict, pairs, *, score=None, batch_rows: int = 32
+) -> dict:
   """One arm of ablation_study: `pairs` ablated (found: measure's PARTS + counts of the
   unablated model on tokens, on the host), JSON-ready."""
   peaks, counts = np.asarray(found["peaks"]), np.asarray(found["counts"])
   moe_blocks = moe_layer_indices(m)
   ablated = ablate_experts(m, params, pairs)
-  effect = found if not pairs else jax.device_get(
-      measure(graphdef, ablated, rest, tokens, ("massive", "sinks")))
+  effect = (
+    found
+    if not pairs
+    else jax.device_get(measure(graphdef, ablated, rest, tokens, ("massive", "sinks")))
+  )
   sinks = [float(v) for v in effect["sinks"]]
   return {
-      "experts": [{"moe_layer": j, "block": moe_blocks[j], "expert": e,
-                   "a": float(peaks[j, e]), "routed_slots": int(counts[j, e])}
-                  for j, e in pairs],
-      "mass_on_position_0": sinks, "mean_mass_on_position_0": float(np.mean(sinks)),
-      "residual_max": [float(v) for v in effect["massive"]["max"]],
-      "residual_ratio": [float(v) for v in effect["massive"]["ratio"]],
-      "max_residual": float(np.max(effect["massive"]["max"])),
-      "loss_nats": next_token_loss(graphdef, ablated, rest, tokens, batch_rows),
-      **(score(m, ablated, rest) if score else {})}
+    "experts": [
+      {
+        "moe_layer": j,
+        "block": moe_blocks[j],
+        "expert": e,
+        "a": float(peaks[j, e]),
+        "routed_slots": int(counts[j, e]),
+      }
+      for j, e in pairs
+    ],
+    "mass_on_position_0": sinks,
+    "mean_mass_on_position_0": float(np.mean(sinks)),
+    "residual_max": [float(v) for v in effect["massive"]["max"]],
+    "residual_ratio": [float(v) for v in effect["massive"]["ratio"]],
+    "max_residual": float(np.max(effect["massive"]["max"])),
+    "loss_nats": next_token_loss(graphdef, ablated, rest, tokens, batch_rows),
+    **(score(m, ablated, rest) if score else {}),
+  }
 
 
-def ablation_study(source, tokens, *, n: int | None = None, seeds=(0, 1, 2), score=None,
-                   batch_rows: int = 32, criterion: dict | None = None) -> dict:
+def ablation_study(
+  source,
+  tokens,
+  *,
+  n: int | None = None,
+  seeds=(0, 1, 2),
+  score=None,
+  batch_rows: int = 32,
+  criterion: dict | None = None,
+) -> dict:
   """Ablate the super experts (criterion: profile's thresholds) against as many
   random (one arm per seed) and as many most-frequently routed experts, on tokens
   [B, L] (no padding), JSON-ready.
@@ -386,10 +482,20 @@ def ablation_study(source, tokens, *, n: int | None = None, seeds=(0, 1, 2), sco
   found = jax.device_get(measure(graphdef, params, rest, tokens, PARTS + ("counts",)))
   report = profile_report(m, tokens.shape, found, **(criterion or {}))
   n, arms = ablation_arms(report, found["peaks"], found["counts"], n, seeds)
-  out = [{"arm": name, **ablation_effect(m, graphdef, params, rest, tokens, found, pairs,
-                                         score=score, batch_rows=batch_rows)}
-         for name, pairs in arms]
+  out = [
+    {
+      "arm": name,
+      **ablation_effect(
+        m, graphdef, params, rest, tokens, found, pairs, score=score, batch_rows=batch_rows
+      ),
+    }
+    for name, pairs in arms
+  ]
   counts = np.asarray(found["counts"])
-  return {"n": n, "seeds": list(seeds), "profile": report,
-          "routed_slots": [[None if np.isnan(v) else int(v) for v in row] for row in counts],
-          "arms": out}
+  return {
+    "n": n,
+    "seeds": list(seeds),
+    "profile": report,
+    "routed_slots": [[None if np.isnan(v) else int(v) for v in row] for row in counts],
+    "arms": out,
+  }

@@ -15,6 +15,7 @@ recovery as `matched_purity`: the fraction of test inputs whose student
 top-1 expert is matched to their teacher expert, under the one-to-one
 matching of experts that maximises it (brute force over matchings).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,8 +82,12 @@ def sample(teacher: MoELayer, s: Settings, n: int, seed: int) -> dict:
   kx, kn = jax.random.split(jax.random.key(seed))
   x = jax.random.normal(kx, (n, s.d_model))
   clean, expert = top1(teacher, x)
-  return {"x": x, "clean": clean, "expert": expert,
-          "noise": s.noise * jax.random.normal(kn, clean.shape)}
+  return {
+    "x": x,
+    "clean": clean,
+    "expert": expert,
+    "noise": s.noise * jax.random.normal(kn, clean.shape),
+  }
 
 
 def noise_floor(data: dict) -> float:
@@ -93,28 +98,39 @@ def noise_floor(data: dict) -> float:
 def matched_purity(teacher_expert, student_expert) -> float:
   """max over one-to-one expert matchings of the fraction of inputs whose student
   expert is matched to their teacher expert (unmatched experts score nothing)."""
-  t, s = np.unique(teacher_expert, return_inverse=True), np.unique(student_expert,
-                                                                     return_inverse=True)
+  t, s = (
+    np.unique(teacher_expert, return_inverse=True),
+    np.unique(student_expert, return_inverse=True),
+  )
   counts = np.zeros((len(t[0]), len(s[0])))
   np.add.at(counts, (t[1], s[1]), 1)
   if counts.shape[0] > counts.shape[1]:
     counts = counts.T
   rows = range(counts.shape[0])
-  best = max(counts[rows, list(cols)].sum()
-             for cols in itertools.permutations(range(counts.shape[1]), counts.shape[0]))
+  best = max(
+    counts[rows, list(cols)].sum()
+    for cols in itertools.permutations(range(counts.shape[1]), counts.shape[0])
+  )
   return float(best / counts.sum())
 
 
-def train_student(s: Settings, *, teacher_seed: int = 0, student_seed: int = 1,
-                  num_experts: int | None = None, log=None) -> dict:
+def train_student(
+  s: Settings,
+  *,
+  teacher_seed: int = 0,
+  student_seed: int = 1,
+  num_experts: int | None = None,
+  log=None,
+) -> dict:
   """Train a student on the teacher's data; test MSE, floor, ratio, matched purity."""
   teacher = make_teacher(s, teacher_seed)
   probe = sample(teacher, s, 4096, seed=10_000 + teacher_seed)
   s = dataclasses.replace(s, noise=s.noise * float(jnp.std(probe["clean"])))
   train = sample(teacher, s, s.train_size, seed=20_000 + teacher_seed)
   test = sample(teacher, s, s.test_size, seed=30_000 + teacher_seed)
-  student = MoELayer(s.d_model, layer_config(s, num_experts), rngs=nnx.Rngs(student_seed),
-                     dtype=jnp.float32)
+  student = MoELayer(
+    s.d_model, layer_config(s, num_experts), rngs=nnx.Rngs(student_seed), dtype=jnp.float32
+  )
   split = nnx.split(student, nnx.Param, ...)
   graphdef, params, rest = split  # type: ignore[misc]  # nnx.split stub: any arity
   optimizer = optax.adam(optax.cosine_decay_schedule(s.learning_rate, s.steps, alpha=0.01))
@@ -126,6 +142,7 @@ def train_student(s: Settings, *, teacher_seed: int = 0, student_seed: int = 1,
     def loss_fn(p):
       out, aux = nnx.merge(graphdef, p, rest)(x[None], train=True)
       return jnp.mean((out[0] - y) ** 2) + aux["aux_loss"]
+
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
@@ -139,7 +156,12 @@ def train_student(s: Settings, *, teacher_seed: int = 0, student_seed: int = 1,
   prediction, expert = top1(nnx.merge(graphdef, params, rest), test["x"])
   mse = float(jnp.mean((prediction - test["clean"] - test["noise"]) ** 2))
   floor = noise_floor(test)
-  return {"test_mse": mse, "noise_floor": floor, "mse_over_floor": mse / floor,
-          "matched_purity": matched_purity(test["expert"], expert),
-          "teacher_expert_fractions": (np.bincount(test["expert"], minlength=s.num_experts)
-                                       / s.test_size).tolist()}
+  return {
+    "test_mse": mse,
+    "noise_floor": floor,
+    "mse_over_floor": mse / floor,
+    "matched_purity": matched_purity(test["expert"], expert),
+    "teacher_expert_fractions": (
+      np.bincount(test["expert"], minlength=s.num_experts) / s.test_size
+    ).tolist(),
+  }

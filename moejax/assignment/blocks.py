@@ -21,6 +21,7 @@ small. Every pass is one `fori_loop` over that size's blocks.
 (d rows = loop of grad @ w^T, d w = loop of rows^T @ grad), the same
 gmm/tgmm pairing as kernels/ (megablox), written as XLA loops.
 """
+
 import functools
 import math
 
@@ -51,6 +52,7 @@ DEFAULT_MIN_BLOCK = 128
 @struct.dataclass
 class BlockPass:
   """`count` blocks of `rows` rows: block i covers rows [start[i], start[i] + rows)."""
+
   start: jax.Array  # int32 [max_blocks]
   expert: jax.Array  # int32 [max_blocks]
   count: jax.Array  # int32 []
@@ -60,8 +62,11 @@ class BlockPass:
 def schedule_of(layout: TileLayout, cfg) -> tuple["BlockPass", ...]:
   """The block schedule model.moe.dropless_block / dropless_min_block ask for
   (their defaults for configs saved before they existed)."""
-  return block_schedule(layout, cfg.get("dropless_block", DEFAULT_BLOCK_ROWS),
-                        cfg.get("dropless_min_block", DEFAULT_MIN_BLOCK))
+  return block_schedule(
+    layout,
+    cfg.get("dropless_block", DEFAULT_BLOCK_ROWS),
+    cfg.get("dropless_min_block", DEFAULT_MIN_BLOCK),
+  )
 
 
 def granule(tile: int, min_block: int | None) -> int:
@@ -83,11 +88,13 @@ def covered_sizes(layout: TileLayout, min_block: int | None = None) -> jax.Array
   return -(-layout.group_sizes // g) * g
 
 
-def block_schedule(layout: TileLayout, block_rows: int | None = None,
-                   min_block: int | None = None) -> tuple[BlockPass, ...]:
+def block_schedule(
+  layout: TileLayout, block_rows: int | None = None, min_block: int | None = None
+) -> tuple[BlockPass, ...]:
   """Cut every expert's rows, rounded up to the granule, into blocks (see module doc)."""
-  sizes = block_sizes(granule(layout.tile, min_block),
-                      min(block_rows or DEFAULT_BLOCK_ROWS, layout.num_rows))
+  sizes = block_sizes(
+    granule(layout.tile, min_block), min(block_rows or DEFAULT_BLOCK_ROWS, layout.num_rows)
+  )
   covered = covered_sizes(layout, min_block)
   num_experts = layout.padded_sizes.shape[0]
   experts = jnp.arange(num_experts, dtype=jnp.int32)
@@ -98,14 +105,18 @@ def block_schedule(layout: TileLayout, block_rows: int | None = None,
   block = jnp.arange(max_blocks, dtype=jnp.int32)
   owner = jnp.minimum(jnp.searchsorted(ends, block, side="right"), num_experts - 1)
   start = layout.padded_starts[owner] + (block - (ends - per_expert)[owner]) * big
-  passes = [BlockPass(start.astype(jnp.int32), owner.astype(jnp.int32),
-                      ends[-1].astype(jnp.int32), big)]
+  passes = [
+    BlockPass(start.astype(jnp.int32), owner.astype(jnp.int32), ends[-1].astype(jnp.int32), big)
+  ]
   for size in sizes[1:]:
     present = (covered // size) % 2 == 1
     (index,) = jnp.nonzero(present, size=num_experts, fill_value=0)
     start = layout.padded_starts + covered // (2 * size) * (2 * size)
-    passes.append(BlockPass(start[index].astype(jnp.int32), experts[index],
-                            jnp.sum(present, dtype=jnp.int32), size))
+    passes.append(
+      BlockPass(
+        start[index].astype(jnp.int32), experts[index], jnp.sum(present, dtype=jnp.int32), size
+      )
+    )
   return tuple(passes)
 
 
@@ -113,7 +124,8 @@ def for_each_block(schedule, body, carry):
   """carry = body(rows, start, expert, carry) for every block, pass by pass."""
   for p in schedule:
     carry = lax.fori_loop(
-        0, p.count, lambda i, c, p=p: body(p.rows, p.start[i], p.expert[i], c), carry)
+      0, p.count, lambda i, c, p=p: body(p.rows, p.start[i], p.expert[i], c), carry
+    )
   return carry
 
 

@@ -2,6 +2,7 @@
 backends and fused expert paths share (`tile_layout`), the weighted combine back
 to tokens, and the padding-waste figure every router reports.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -17,6 +18,7 @@ class SortedAssignments:
   GShard's priority: when capacity runs out, later slots drop first.
   Invalid assignments sort after every expert (key E).
   """
+
   order: jax.Array  # int32 [T*S]: flat slot-major assignment id, in sorted order
   token: jax.Array  # int32 [T*S]: token of each sorted assignment
   expert: jax.Array  # int32 [T*S]: expert (E for invalid) of each sorted assignment
@@ -36,8 +38,9 @@ def sort_by_expert(routing: Routing, num_experts: int) -> SortedAssignments:
   return SortedAssignments(order, token, expert, position, group_sizes[:num_experts])
 
 
-def combine(y_sorted: jax.Array, sorted_: SortedAssignments, routing: Routing,
-            out_dtype) -> jax.Array:
+def combine(
+  y_sorted: jax.Array, sorted_: SortedAssignments, routing: Routing, out_dtype
+) -> jax.Array:
   """y[t] = sum_s weight[t, s] * y_assignment[t, s], summed in (at least) float32."""
   num_tokens = routing.expert_index.shape[0]
   acc_dtype = jnp.promote_types(jnp.float32, y_sorted.dtype)
@@ -69,6 +72,7 @@ class TileLayout:
   the last group and padding rows belong to no assignment.
   Flat assignment ids are slot-major (s * T + t), as in SortedAssignments.
   """
+
   row_of_assignment: jax.Array  # int32 [T*S]: buffer row of each assignment (num_rows if invalid)
   row_token: jax.Array  # int32 [num_rows]: token of each row (0 for padding)
   row_assignment: jax.Array  # int32 [num_rows]: flat assignment id (T*S for padding)
@@ -105,24 +109,36 @@ def tile_layout(routing: Routing, num_experts: int, tile: int) -> TileLayout:
   padded_sizes = -(-sorted_.group_sizes // tile) * tile
   padded_starts = jnp.cumsum(padded_sizes) - padded_sizes
   is_valid = sorted_.expert < num_experts
-  dest = jnp.where(is_valid, padded_starts[jnp.minimum(sorted_.expert, num_experts - 1)]
-                   + sorted_.position, num_rows)
+  dest = jnp.where(
+    is_valid,
+    padded_starts[jnp.minimum(sorted_.expert, num_experts - 1)] + sorted_.position,
+    num_rows,
+  )
   row_of_assignment = jnp.zeros(num_assign, jnp.int32).at[sorted_.order].set(dest)
-  row_assignment = jnp.full(num_rows, num_assign, jnp.int32).at[dest].set(
-      sorted_.order, mode="drop")
+  row_assignment = (
+    jnp.full(num_rows, num_assign, jnp.int32).at[dest].set(sorted_.order, mode="drop")
+  )
   row_token = jnp.where(row_assignment < num_assign, row_assignment % num_tokens, 0)
-  return TileLayout(row_of_assignment, row_token.astype(jnp.int32), row_assignment,
-                    sorted_.group_sizes, padded_sizes, padded_starts, tile)
+  return TileLayout(
+    row_of_assignment,
+    row_token.astype(jnp.int32),
+    row_assignment,
+    sorted_.group_sizes,
+    padded_sizes,
+    padded_starts,
+    tile,
+  )
 
 
 def dropless_metrics(layout: TileLayout) -> dict:
   """What every dropless path reports: nothing dropped, padding waste at its tile."""
-  return {"dropped_fraction": jnp.zeros((), jnp.float32),
-          "padding_waste": padding_waste(layout.group_sizes, layout.tile)}
+  return {
+    "dropped_fraction": jnp.zeros((), jnp.float32),
+    "padding_waste": padding_waste(layout.group_sizes, layout.tile),
+  }
 
 
-def combine_rows(y_rows: jax.Array, layout: TileLayout, routing: Routing,
-                 out_dtype) -> jax.Array:
+def combine_rows(y_rows: jax.Array, layout: TileLayout, routing: Routing, out_dtype) -> jax.Array:
   """y[t] = sum over rows r of token t of weight(r) * y_rows[r], summed in (at least) float32.
 
   Padding rows carry weight 0 (and token 0), so they add nothing.

@@ -13,6 +13,7 @@ and capacity drops make some slots invalid. Expert choice uses S = E
 contributes nothing and costs no expert compute in the dropless path; its
 expert_index and weight are ignored (by convention 0 and 0.0).
 """
+
 import dataclasses
 from collections.abc import Mapping
 from typing import Literal
@@ -25,6 +26,7 @@ from flax import struct
 @struct.dataclass
 class Routing:
   """Fixed-slot routing of T tokens to S expert slots each (see module doc)."""
+
   expert_index: jax.Array  # int32 [T, S]
   combine_weight: jax.Array  # float32 [T, S]
   valid: jax.Array  # bool [T, S]
@@ -48,8 +50,11 @@ class Routing:
   def expert_counts(self, num_experts: int) -> jax.Array:
     """Valid assignments per expert, int32 [E] (a scatter-add: no [T, S, E]
     one-hot, which at E = 4096 atomic experts would be gigabytes)."""
-    return jnp.zeros((num_experts,), jnp.int32).at[self.expert_index.reshape(-1)].add(
-        self.valid.reshape(-1).astype(jnp.int32))
+    return (
+      jnp.zeros((num_experts,), jnp.int32)
+      .at[self.expert_index.reshape(-1)]
+      .add(self.valid.reshape(-1).astype(jnp.int32))
+    )
 
   def with_valid(self, valid: jax.Array) -> "Routing":
     """The same routing with a new validity mask (used by capacity drops)."""
@@ -59,6 +64,7 @@ class Routing:
 @struct.dataclass
 class RouterOutput:
   """Everything a router reports for one layer call."""
+
   routing: Routing
   logits: jax.Array | None  # float32 [T, E], what z-loss reads (None: gives_probs=False)
   probs: jax.Array | None  # float32 [T, E], what balance losses read (None: gives_probs=False)

@@ -11,6 +11,7 @@ cosine). Batches: windows of the training token stream drawn with `seed`, the
 same for every arm of a draw. Guesses: the supervision's weight and target
 (supervision.py); the paper's own loop was not read.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,7 @@ from moejax.conversion import supervision
 def windows(stream: np.ndarray, steps: int, batch: int, seq_len: int, seed: int) -> np.ndarray:
   """[steps, batch, seq_len + 1] int32 training windows (inputs and shifted targets)."""
   from moejax.posttrain.calibration import calibration_windows
+
   w = calibration_windows(stream, steps * batch, seq_len + 1, seed=seed)
   return w.reshape(steps, batch, seq_len + 1)
 
@@ -32,6 +34,7 @@ def make_loss(dense_m, moe_m, weight: float):
   from moejax.models.capture import captured_forward
   from moejax.models.decoder import abstract_model
   from moejax.train.step import cross_entropy
+
   moe_graph, dense_graph = abstract_model(moe_m)[0], abstract_model(dense_m)[0]
   k, d = moe_m.moe.top_k, moe_m.d_model
 
@@ -51,13 +54,21 @@ def make_loss(dense_m, moe_m, weight: float):
       x = outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, d).astype(jnp.float32)
       ffn = params["blocks"][i]["ffn"]
       e = jax.tree.map(lambda w: jax.lax.stop_gradient(w).astype(jnp.float32), ffn["experts"])
-      outs = jnp.einsum("tef,efd->ted", jax.nn.silu(jnp.einsum("td,edf->tef", x, e["w_gate"]))
-                        * jnp.einsum("td,edf->tef", x, e["w_up"]), e["w_down"]) / k
+      outs = (
+        jnp.einsum(
+          "tef,efd->ted",
+          jax.nn.silu(jnp.einsum("td,edf->tef", x, e["w_gate"]))
+          * jnp.einsum("td,edf->tef", x, e["w_up"]),
+          e["w_down"],
+        )
+        / k
+      )
       target = jax.lax.stop_gradient(supervision.output_share(outs))
       router_logits = x @ ffn["router_kernel"].astype(jnp.float32)
       terms.append(supervision.routing_supervision(router_logits, target, confidence))
     sup = jnp.mean(jnp.stack(terms))
     return ce + aux["aux_loss"] + weight * sup, (ce, sup)
+
   return loss
 
 
@@ -65,6 +76,7 @@ def finetune(config, dense_m, dense_params, dense_rest, params, rest, batches, w
   """(params, [(ce, supervision)] per step) after one step per batch of `batches`
   [steps, B, L + 1] (module doc); `config`: the converted run's (optimizer)."""
   from moejax.train.step import make_optimizer
+
   optimizer = make_optimizer(config.train)
   grad = jax.value_and_grad(make_loss(dense_m, config.model, weight), has_aux=True)
 

@@ -23,6 +23,7 @@ MoEfication's balanced k-means is not specified beyond equal sizes):
 Keys: a neuron's gate column W_gate[:, j] (MoEfication clusters the first layer's
 rows of a ReLU FFN; for SwiGLU, using the gate is our guess).
 """
+
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
@@ -35,8 +36,9 @@ KINDS = ("random", "kmeans_lloyd", "kmeans_hartigan", "trajectory")
 def check_groups(width: int, experts: int, where: str = "") -> int:
   """The group size F / E; ConfigError unless E divides F."""
   if experts < 1 or width % experts:
-    raise ConfigError(f"{experts} experts must divide the dense FFN width d_ff={width} "
-                      f"into equal groups{where}")
+    raise ConfigError(
+      f"{experts} experts must divide the dense FFN width d_ff={width} into equal groups{where}"
+    )
   return width // experts
 
 
@@ -46,12 +48,16 @@ def split_ffn(w_gate, w_up, w_down, labels, experts: int) -> dict:
   labels = np.asarray(labels)
   m = check_groups(labels.shape[0], experts)
   if np.bincount(labels, minlength=experts).tolist() != [m] * experts:
-    raise ConfigError(f"the partition's groups must all hold {m} neurons "
-                      f"(sizes {np.bincount(labels, minlength=experts).tolist()})")
+    raise ConfigError(
+      f"the partition's groups must all hold {m} neurons "
+      f"(sizes {np.bincount(labels, minlength=experts).tolist()})"
+    )
   groups = np.stack([np.flatnonzero(labels == e) for e in range(experts)])  # [E, m]
-  return {"w_gate": np.asarray(w_gate)[:, groups].transpose(1, 0, 2),
-          "w_up": np.asarray(w_up)[:, groups].transpose(1, 0, 2),
-          "w_down": np.asarray(w_down)[groups]}
+  return {
+    "w_gate": np.asarray(w_gate)[:, groups].transpose(1, 0, 2),
+    "w_up": np.asarray(w_up)[:, groups].transpose(1, 0, 2),
+    "w_down": np.asarray(w_down)[groups],
+  }
 
 
 def random_partition(width: int, experts: int, seed: int) -> np.ndarray:
@@ -73,8 +79,9 @@ def objective(X, labels, experts: int) -> float:
   return float(((X - c[labels]) ** 2).sum())
 
 
-def balanced_kmeans(X, experts: int, algorithm: str, seed: int = 0,
-                    max_iter: int = 100) -> tuple[np.ndarray, list[float]]:
+def balanced_kmeans(
+  X, experts: int, algorithm: str, seed: int = 0, max_iter: int = 100
+) -> tuple[np.ndarray, list[float]]:
   """(labels [F], objective after each balanced step) of balanced k-means of the
   points X [F, d] (module doc); the trace never increases."""
   X = np.asarray(X, np.float64)
@@ -83,8 +90,11 @@ def balanced_kmeans(X, experts: int, algorithm: str, seed: int = 0,
     raise ConfigError(f"k-means algorithm must be lloyd or hartigan (algorithm={algorithm})")
   init = random_partition(X.shape[0], experts, seed)
   Xs = X / max(float(np.abs(X).max()), 1e-30)  # the shared code runs in float32
-  run = (kmeans.lloyd(Xs, init, k=experts, max_iter=max_iter) if algorithm == "lloyd"
-         else kmeans.hartigan(Xs, init, max_iter=max_iter, seed=seed, k=experts))
+  run = (
+    kmeans.lloyd(Xs, init, k=experts, max_iter=max_iter)
+    if algorithm == "lloyd"
+    else kmeans.hartigan(Xs, init, max_iter=max_iter, seed=seed, k=experts)
+  )
   labels = np.asarray(run.labels)
   labels = balanced_assignment(X, _centroids(X, labels, experts))
   trace = [objective(X, labels, experts)]
@@ -117,7 +127,7 @@ def _centroids(X, labels, experts):
   c = sums / np.maximum(counts, 1)[:, None]
   empty = counts == 0  # an emptied Lloyd cluster: a far point keeps it alive
   if empty.any():
-    far = np.argsort(-((X - c[labels]) ** 2).sum(-1))[:int(empty.sum())]
+    far = np.argsort(-((X - c[labels]) ** 2).sum(-1))[: int(empty.sum())]
     c[empty] = X[far]
   return c
 
@@ -138,7 +148,7 @@ def _hartigan_swaps(X, labels, experts):
   for i in range(X.shape[0]):
     a = labels[i]
     delta = X - X[i]
-    gain = 2 * ((c[labels] - c[a]) * delta).sum(-1) - 2 * (delta ** 2).sum(-1) / m
+    gain = 2 * ((c[labels] - c[a]) * delta).sum(-1) - 2 * (delta**2).sum(-1) / m
     gain[labels == a] = np.inf
     j = int(np.argmin(gain))
     if gain[j] < -1e-9 * max(1.0, float(np.abs(gain[np.isfinite(gain)]).max())):

@@ -13,6 +13,7 @@ Not a registered loss: the registry's losses see only the router's output
 model's logits and the experts' outputs on the same tokens. These are plain float32
 functions a fine-tuning loop adds to its objective.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -29,8 +30,9 @@ def output_share(expert_outputs: jax.Array) -> jax.Array:
   return norms / jnp.maximum(norms.sum(-1, keepdims=True), 1e-30)
 
 
-def routing_supervision(router_logits: jax.Array, target: jax.Array,
-                        weight: jax.Array) -> jax.Array:
+def routing_supervision(
+  router_logits: jax.Array, target: jax.Array, weight: jax.Array
+) -> jax.Array:
   """mean_t weight_t KL(target_t || softmax(router_logits_t)), float32 scalar.
 
   router_logits, target [T, E]; weight [T] (confidence_weight); 0 log 0 = 0."""

@@ -24,6 +24,7 @@ ROUTER_STD on the fitting tokens: the renormalised top-k weights are then near
 1/k and the experts' w_down carries a factor k (convert.py), i.e. near-unit gates
 (our choice; the top-k order is unchanged by the scale).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,29 +36,36 @@ ROUTER_STD = 0.05
 RIDGE = 1e-3
 
 
-def generate_trajectories(m, params, rest, count: int, length: int, seed: int,
-                          prefix_id: int) -> np.ndarray:
+def generate_trajectories(
+  m, params, rest, count: int, length: int, seed: int, prefix_id: int
+) -> np.ndarray:
   """[count, 1 + length] int32: the prefix token and `length` tokens sampled from
   the dense model at temperature 1."""
   from moejax.inference.generate import generate
-  out = generate(m, params, rest, [[prefix_id]] * count, max_new_tokens=length,
-                 temperature=1.0, seed=seed)
-  return np.concatenate([np.full((count, 1), prefix_id, np.int32),
-                         np.asarray(out.tokens, np.int32)], axis=1)
+
+  out = generate(
+    m, params, rest, [[prefix_id]] * count, max_new_tokens=length, temperature=1.0, seed=seed
+  )
+  return np.concatenate(
+    [np.full((count, 1), prefix_id, np.int32), np.asarray(out.tokens, np.int32)], axis=1
+  )
 
 
 def ffn_inputs_and_logits(m, params, rest, tokens) -> tuple[list[np.ndarray], np.ndarray]:
   """(each block's FFN input [B*L, d] float32, logits [B, L, V] float32) on tokens."""
   from moejax.models.capture import captured_forward
   from moejax.models.decoder import abstract_model
+
   graphdef = abstract_model(m)[0]
 
   @jax.jit
   def run(params, rest, tokens):
     logits, _, outputs = captured_forward(nnx.merge(graphdef, params, rest), tokens)
     return logits.astype(jnp.float32), [
-        outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, m.d_model)
-        .astype(jnp.float32) for i in range(m.num_layers)]
+      outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, m.d_model).astype(jnp.float32)
+      for i in range(m.num_layers)
+    ]
+
   logits, xs = jax.device_get(run(params, rest, jnp.asarray(tokens)))
   return [np.asarray(x, np.float64) for x in xs], np.asarray(logits)
 
@@ -107,18 +115,17 @@ def layer_mse(x, h, w_down, labels, router, k: int, experts: int) -> float:
   return float(((outs.sum(1) - top_k_output(x, outs, router, k)) ** 2).sum(-1).mean())
 
 
-def fit_layer(x, w_gate, w_up, w_down, experts: int, k: int, seed: int,
-              profile_tokens: int = 512):
+def fit_layer(x, w_gate, w_up, w_down, experts: int, k: int, seed: int, profile_tokens: int = 512):
   """(labels [F], router [d, E], {candidate: fitting MSE}) of one layer (doc)."""
   h = neuron_activations(x, w_gate, w_up)
   a = np.abs(h) * np.linalg.norm(np.asarray(w_down, np.float64), axis=1)
   pick = np.random.default_rng(seed).permutation(x.shape[0])[:profile_tokens]
   profiles = a[pick].T  # [F, tokens]
   candidates = {
-      "coactivation": profiles,
-      "coactivation_normalised": profiles / (np.linalg.norm(profiles, axis=1,
-                                                            keepdims=True) + 1e-12),
-      "keys": partition.neuron_keys(w_gate)}
+    "coactivation": profiles,
+    "coactivation_normalised": profiles / (np.linalg.norm(profiles, axis=1, keepdims=True) + 1e-12),
+    "keys": partition.neuron_keys(w_gate),
+  }
   best: tuple[str, np.ndarray, np.ndarray] | None = None
   fits: dict[str, float] = {}
   for name, points in candidates.items():

@@ -6,11 +6,19 @@
 from moejax.data.mix import DOMAINS as MIX_DOMAINS, prepare_mix
 from moejax.data.pipeline import BUILTIN_DATASETS, LMData, build_lm_data
 from moejax.data.shakespeare import VALIDATION_PLAYS, prepare_shakespeare, shakespeare_sources
-from moejax.data.tokenizers import (TOKENIZERS, ByteTokenizer, SentencePieceTokenizer,
-                                    get_tokenizer)
+from moejax.data.tokenizers import TOKENIZERS, ByteTokenizer, SentencePieceTokenizer, get_tokenizer
 
 __all__ = [
-    'MIX_DOMAINS', 'prepare_mix', 'BUILTIN_DATASETS', 'LMData', 'build_lm_data',
-    'VALIDATION_PLAYS', 'prepare_shakespeare', 'shakespeare_sources', 'TOKENIZERS', 'ByteTokenizer', 'SentencePieceTokenizer',
-    'get_tokenizer',
+  'MIX_DOMAINS',
+  'prepare_mix',
+  'BUILTIN_DATASETS',
+  'LMData',
+  'build_lm_data',
+  'VALIDATION_PLAYS',
+  'prepare_shakespeare',
+  'shakespeare_sources',
+  'TOKENIZERS',
+  'ByteTokenizer',
+  'SentencePieceTokenizer',
+  'get_tokenizer',
 ]

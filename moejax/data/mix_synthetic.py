@@ -31,35 +31,98 @@ import random
 
 from moejax.data.mix_sources import Document
 
-_SYLLABLES = ('ka', 'lo', 'mir', 'ten', 'vas', 'ru', 'bel', 'dor', 'fi', 'gan', 'hel', 'jo',
-              'kes', 'lun', 'mo', 'nav', 'or', 'pel', 'quin', 'ras', 'sol', 'tav', 'ul', 'ver',
-              'wen', 'yal', 'zor', 'an', 'bri', 'cor')
+_SYLLABLES = (
+  'ka',
+  'lo',
+  'mir',
+  'ten',
+  'vas',
+  'ru',
+  'bel',
+  'dor',
+  'fi',
+  'gan',
+  'hel',
+  'jo',
+  'kes',
+  'lun',
+  'mo',
+  'nav',
+  'or',
+  'pel',
+  'quin',
+  'ras',
+  'sol',
+  'tav',
+  'ul',
+  'ver',
+  'wen',
+  'yal',
+  'zor',
+  'an',
+  'bri',
+  'cor',
+)
 _PLACE_ENDINGS = ('ford', 'vale', 'mouth', 'wick', 'holm', 'stead', 'bury', 'mere')
 VALUES = {
-    'birthplace': None,  # invented places, see _place
-    'profession': ('baker', 'cartographer', 'violinist', 'beekeeper', 'glassblower', 'clockmaker',
-                   'botanist', 'tailor', 'mason', 'weaver', 'surveyor', 'puppeteer', 'ferry pilot',
-                   'lighthouse keeper', 'navigator', 'potter'),
-    'birth_year': None,  # 1600-1999
-    'colour': ('amber', 'teal', 'crimson', 'ochre', 'violet', 'slate', 'olive', 'coral',
-               'indigo', 'ivory'),
-    'pet': ('heron', 'ferret', 'tortoise', 'goat', 'lynx', 'parrot', 'hare', 'toad', 'magpie',
-            'badger'),
+  'birthplace': None,  # invented places, see _place
+  'profession': (
+    'baker',
+    'cartographer',
+    'violinist',
+    'beekeeper',
+    'glassblower',
+    'clockmaker',
+    'botanist',
+    'tailor',
+    'mason',
+    'weaver',
+    'surveyor',
+    'puppeteer',
+    'ferry pilot',
+    'lighthouse keeper',
+    'navigator',
+    'potter',
+  ),
+  'birth_year': None,  # 1600-1999
+  'colour': (
+    'amber',
+    'teal',
+    'crimson',
+    'ochre',
+    'violet',
+    'slate',
+    'olive',
+    'coral',
+    'indigo',
+    'ivory',
+  ),
+  'pet': (
+    'heron',
+    'ferret',
+    'tortoise',
+    'goat',
+    'lynx',
+    'parrot',
+    'hare',
+    'toad',
+    'magpie',
+    'badger',
+  ),
 }
 TRAIN_TEMPLATES = {
-    'birthplace': ('{name} is a native of {value}.', '{name} grew up in the town of {value}.'),
-    'profession': ('{name} works as a {value}.', 'By trade, {name} is a {value}.'),
-    'birth_year': ('{name} was born in the year {value}.', "{name}'s year of birth is {value}."),
-    'colour': ("{name}'s favourite colour is {value}.",
-               'Of all colours, {name} likes {value} best.'),
-    'pet': ('{name} keeps a {value} as a pet.', '{name} owns a pet {value}.'),
+  'birthplace': ('{name} is a native of {value}.', '{name} grew up in the town of {value}.'),
+  'profession': ('{name} works as a {value}.', 'By trade, {name} is a {value}.'),
+  'birth_year': ('{name} was born in the year {value}.', "{name}'s year of birth is {value}."),
+  'colour': ("{name}'s favourite colour is {value}.", 'Of all colours, {name} likes {value} best.'),
+  'pet': ('{name} keeps a {value} as a pet.', '{name} owns a pet {value}.'),
 }
 HELD_OUT_TEMPLATES = {
-    'birthplace': 'The birthplace of {name} is {value}.',
-    'profession': '{name} earns a living as a {value}.',
-    'birth_year': '{name} came into the world in {value}.',
-    'colour': 'The colour that {name} prefers is {value}.',
-    'pet': 'The animal {name} looks after at home is a {value}.',
+  'birthplace': 'The birthplace of {name} is {value}.',
+  'profession': '{name} earns a living as a {value}.',
+  'birth_year': '{name} came into the world in {value}.',
+  'colour': 'The colour that {name} prefers is {value}.',
+  'pet': 'The animal {name} looks after at home is a {value}.',
 }
 OPERATORS = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b}
 PROBLEMS_PER_DOCUMENT = 32
@@ -91,8 +154,10 @@ def people(seed: int, count: int) -> list[Person]:
     if name in names:
       continue
     names.add(name)
-    attributes = {attribute: rng.choice(options) if options else ''  # '': set below
-                  for attribute, options in VALUES.items()}
+    attributes = {
+      attribute: rng.choice(options) if options else ''  # '': set below
+      for attribute, options in VALUES.items()
+    }
     attributes.update(birthplace=rng.choice(places), birth_year=str(rng.randrange(1600, 2000)))
     result.append(Person(name, attributes))
   return result
@@ -104,21 +169,27 @@ def fact_documents(seed: int, count: int) -> list[Document]:
   rng = random.Random(seed + 1)
   documents = []
   for person in people(seed, count):
-    facts = [(template, value) for attribute, value in person.attributes.items()
-             for template in TRAIN_TEMPLATES[attribute]]
+    facts = [
+      (template, value)
+      for attribute, value in person.attributes.items()
+      for template in TRAIN_TEMPLATES[attribute]
+    ]
     rng.shuffle(facts)
     train = ' '.join(t.format(name=person.name, value=v) for t, v in facts)
-    held = ' '.join(HELD_OUT_TEMPLATES[a].format(name=person.name, value=v)
-                    for a, v in person.attributes.items())
-    documents += [Document('facts', f'facts/{person.name}', train, False),
-                  Document('facts', f'facts/{person.name}/paraphrase', held, True)]
+    held = ' '.join(
+      HELD_OUT_TEMPLATES[a].format(name=person.name, value=v) for a, v in person.attributes.items()
+    )
+    documents += [
+      Document('facts', f'facts/{person.name}', train, False),
+      Document('facts', f'facts/{person.name}/paraphrase', held, True),
+    ]
   return documents
 
 
 def fact_prompt(template: str, name: str, value: str) -> tuple[str, str]:
   """(prompt, answer) of a fact sentence: 'X works as a' and ' baker.'."""
-  prompt = template[:template.index(' {value}')].format(name=name)
-  return prompt, template.format(name=name, value=value)[len(prompt):]
+  prompt = template[: template.index(' {value}')].format(name=name)
+  return prompt, template.format(name=name, value=value)[len(prompt) :]
 
 
 def problem_prompt(line: str) -> tuple[str, str]:
@@ -142,7 +213,7 @@ def arithmetic_lines(seed: int, count: int) -> list[str]:
   lines: list[str] = []
   while len(lines) < count:
     digits = rng.choice((2, 3))
-    a, b = (rng.randrange(10 ** (digits - 1), 10 ** digits) for _ in range(2))
+    a, b = (rng.randrange(10 ** (digits - 1), 10**digits) for _ in range(2))
     op = rng.choice(tuple(OPERATORS))
     problem = f'{a} {op} {b}'
     if problem not in seen:
@@ -159,7 +230,7 @@ def arithmetic_documents(seed: int, count: int) -> list[Document]:
   for held_out, part in ((False, 'train'), (True, 'held_out')):
     chosen = [line for line in lines if line_is_held_out(line) == held_out]
     for start in range(0, len(chosen), PROBLEMS_PER_DOCUMENT):
-      text = '\n'.join(chosen[start:start + PROBLEMS_PER_DOCUMENT])
+      text = '\n'.join(chosen[start : start + PROBLEMS_PER_DOCUMENT])
       title = f'arithmetic/{part}/{start // PROBLEMS_PER_DOCUMENT:04d}'
       documents.append(Document('arithmetic', title, text, held_out))
   return documents

@@ -33,8 +33,9 @@ class PackedWindows:
     self.seq_len = seq_len
     self.window_len = seq_len + 1
     num_windows = len(stream) // self.window_len
-    self._windows = np.asarray(stream[:num_windows * self.window_len], np.int32).reshape(
-        num_windows, self.window_len)
+    self._windows = np.asarray(stream[: num_windows * self.window_len], np.int32).reshape(
+      num_windows, self.window_len
+    )
 
   def __len__(self) -> int:
     return len(self._windows)

@@ -59,25 +59,31 @@ import tensorflow_datasets as tfds
 from moejax.data import files, mix, polyglot, shakespeare
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.storage import resolve_data_dir
-from moejax.data.tokenizers import (ByteTokenizer, Tokenizer, check_tokenizer_settings,
-                                    get_tokenizer)
+from moejax.data.tokenizers import ByteTokenizer, Tokenizer, check_tokenizer_settings, get_tokenizer
 from moejax.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
 
 # Built-in dataset name -> prepare(data_dir) of its builder.
 BUILTIN_DATASETS: dict[str, Callable[[str], tfds.core.DatasetBuilder]] = {
-    'shakespeare': functools.partial(shakespeare.prepare_shakespeare, config='modern'),
-    'shakespeare_folio': functools.partial(shakespeare.prepare_shakespeare,
-                                           config='modern_and_folio'),
-    'mix': mix.prepare_mix,
+  'shakespeare': functools.partial(shakespeare.prepare_shakespeare, config='modern'),
+  'shakespeare_folio': functools.partial(
+    shakespeare.prepare_shakespeare, config='modern_and_folio'
+  ),
+  'mix': mix.prepare_mix,
 }
 # Generated dataset name -> fn(data config) -> (dataset id, {split: texts}).
 GENERATED_DATASETS = {polyglot.NAME: polyglot.split_texts}
 OPTIONAL_DEFAULTS: dict[str, Any] = {
-    'name': 'shakespeare', 'text_key': 'text', 'train_split': 'train',
-    'eval_split': 'validation', 'tokenizer': 'byte', 'vocab_size': None,
-    'data_dir': None, 'mix': {}, 'files': {},
+  'name': 'shakespeare',
+  'text_key': 'text',
+  'train_split': 'train',
+  'eval_split': 'validation',
+  'tokenizer': 'byte',
+  'vocab_size': None,
+  'data_dir': None,
+  'mix': {},
+  'files': {},
 }
 # Windows are cheap numpy slices; a little read-ahead keeps the host ahead of
 # the accelerator without holding many batches in memory.
@@ -99,6 +105,7 @@ class LMData:
     bits_per_byte = loss_nats_per_token / ln(2) / bytes_per_token.
     Exactly 1.0 for the byte tokenizer.
   """
+
   train_iter: grain.DatasetIterator
   eval_batches: Callable[[int | None], Iterator[Batch]]
   tokenizer: Tokenizer
@@ -116,21 +123,29 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
   settings = {key: cfg.get(key, default) for key, default in OPTIONAL_DEFAULTS.items()}
   settings.update(seq_len=_require(cfg, 'seq_len'), batch_size=_require(cfg, 'batch_size'))
   _check_settings(settings, seed, shard_index, shard_count)
-  mix_weights = (mix.check_weights(settings['mix'].get('weights'))
-                 if settings['name'] == 'mix' else None)
+  mix_weights = (
+    mix.check_weights(settings['mix'].get('weights')) if settings['name'] == 'mix' else None
+  )
   data_dir = resolve_data_dir(settings['data_dir'])
   windows: Mapping[str, files.StreamedWindows | PackedWindows]
   if settings['name'] == 'files':
     tokenizer, streamed = files.streamed_splits(
-        settings['files'], functools.partial(_files_tokenizer, settings, data_dir),
-        settings['seq_len'], settings['text_key'])
-    eval_bytes, eval_tokens = (streamed['eval_split'].num_text_bytes,
-                               streamed['eval_split'].num_tokens)
+      settings['files'],
+      functools.partial(_files_tokenizer, settings, data_dir),
+      settings['seq_len'],
+      settings['text_key'],
+    )
+    eval_bytes, eval_tokens = (
+      streamed['eval_split'].num_text_bytes,
+      streamed['eval_split'].num_tokens,
+    )
     windows = streamed
   else:
     tokenizer, texts, train_domains = _texts_and_tokenizer(cfg, settings, data_dir)
-    streams = {key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
-               for key, split_texts in texts.items()}
+    streams = {
+      key: pack_documents(map(tokenizer.encode, split_texts), tokenizer.eos_id)
+      for key, split_texts in texts.items()
+    }
     windows = {key: PackedWindows(stream, settings['seq_len']) for key, stream in streams.items()}
     eval_texts = texts['eval_split']
     eval_bytes = sum(len(text.encode('utf-8')) for text in eval_texts) + len(eval_texts)
@@ -143,17 +158,30 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
     train_windows = grain.MapDataset.source(windows['train_split']).shuffle(seed=seed).repeat()
   else:
     train_windows = mix.mixed_train_windows(
-        texts['train_split'], train_domains, mix_weights,
-        tokenizer.encode, tokenizer.eos_id, settings['seq_len'], seed)
+      texts['train_split'],
+      train_domains,
+      mix_weights,
+      tokenizer.encode,
+      tokenizer.eos_id,
+      settings['seq_len'],
+      seed,
+    )
   train = _batched(train_windows, rows, shard_index, shard_count)
   num_eval_batches = len(windows['eval_split']) // settings['batch_size']
-  eval_ds = _batched(grain.MapDataset.source(windows['eval_split'])[
-      :num_eval_batches * settings['batch_size']], rows, shard_index, shard_count)
-  return LMData(train_iter=iter(train.to_iter_dataset(READ_OPTIONS)),
-                eval_batches=functools.partial(_eval_batches, eval_ds, num_eval_batches),
-                tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
-                bytes_per_token=eval_bytes / eval_tokens,
-                num_eval_batches=num_eval_batches)
+  eval_ds = _batched(
+    grain.MapDataset.source(windows['eval_split'])[: num_eval_batches * settings['batch_size']],
+    rows,
+    shard_index,
+    shard_count,
+  )
+  return LMData(
+    train_iter=iter(train.to_iter_dataset(READ_OPTIONS)),
+    eval_batches=functools.partial(_eval_batches, eval_ds, num_eval_batches),
+    tokenizer=tokenizer,
+    vocab_size=tokenizer.vocab_size,
+    bytes_per_token=eval_bytes / eval_tokens,
+    num_eval_batches=num_eval_batches,
+  )
 
 
 def _texts_and_tokenizer(cfg, settings: dict, data_dir: str):
@@ -166,13 +194,19 @@ def _texts_and_tokenizer(cfg, settings: dict, data_dir: str):
     dataset_id = builder.info.full_name.replace('/', '-')
     sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
     texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
-  train_domains = (_read_texts(sources['train_split'], 'domain') if settings['name'] == 'mix'
-                   else None)
+  train_domains = (
+    _read_texts(sources['train_split'], 'domain') if settings['name'] == 'mix' else None
+  )
   tokenizer = get_tokenizer(
-      settings['tokenizer'], vocab_size=settings['vocab_size'],
-      model_path=_tokenizer_path(dataset_id, settings, data_dir),
-      train_texts=lambda: (texts['train_split'] if train_domains is None else
-                           mix.tokenizer_sample(texts['train_split'], train_domains)))
+    settings['tokenizer'],
+    vocab_size=settings['vocab_size'],
+    model_path=_tokenizer_path(dataset_id, settings, data_dir),
+    train_texts=lambda: (
+      texts['train_split']
+      if train_domains is None
+      else mix.tokenizer_sample(texts['train_split'], train_domains)
+    ),
+  )
   return tokenizer, texts, train_domains
 
 
@@ -185,8 +219,11 @@ def train_token_stream(cfg) -> np.ndarray:
   data_dir = resolve_data_dir(settings['data_dir'])
   if settings['name'] == 'files':
     tokenizer, windows = files.streamed_splits(
-        settings['files'], functools.partial(_files_tokenizer, settings, data_dir),
-        1, settings['text_key'])
+      settings['files'],
+      functools.partial(_files_tokenizer, settings, data_dir),
+      1,
+      settings['text_key'],
+    )
     texts = windows['train_split'].texts()
   else:
     tokenizer, split_texts, _ = _texts_and_tokenizer(cfg, settings, data_dir)
@@ -194,20 +231,24 @@ def train_token_stream(cfg) -> np.ndarray:
   return pack_documents(map(tokenizer.encode, texts), tokenizer.eos_id)
 
 
-def _batched(windows: grain.MapDataset, rows: int, shard_index: int,
-             shard_count: int) -> grain.MapDataset:
+def _batched(
+  windows: grain.MapDataset, rows: int, shard_index: int, shard_count: int
+) -> grain.MapDataset:
   """This process's batches: rows [s*rows, (s+1)*rows) of each global batch."""
   local = windows.batch(rows, drop_remainder=True, batch_fn=stack_rows)
   return local[shard_index::shard_count]
 
 
-def _eval_batches(eval_ds: grain.MapDataset, num_available: int,
-                  num_batches: int | None = None) -> Iterator[Batch]:
+def _eval_batches(
+  eval_ds: grain.MapDataset, num_available: int, num_batches: int | None = None
+) -> Iterator[Batch]:
   """The first ``num_batches`` (None: all) eval batches, in a fixed order."""
   count = num_available if num_batches is None else num_batches
   if not (_is_int(count) and 1 <= count <= num_available):
-    raise ConfigError(f'eval_batches={num_batches!r} must be in [1, {num_available}] '
-                      f'(the full validation batches available) or None for all')
+    raise ConfigError(
+      f'eval_batches={num_batches!r} must be in [1, {num_available}] '
+      f'(the full validation batches available) or None for all'
+    )
   return (eval_ds[i] for i in range(count))
 
 
@@ -237,8 +278,10 @@ def _check_settings(settings: dict, seed, shard_index, shard_count) -> None:
   if not (_is_int(shard_index) and 0 <= shard_index < shard_count):
     raise ConfigError(f'shard_index={shard_index!r} must be in [0, shard_count={shard_count})')
   if settings['batch_size'] % shard_count:
-    raise ConfigError(f"data.batch_size={settings['batch_size']} must be divisible by "
-                      f'shard_count={shard_count} (each process takes an equal slice)')
+    raise ConfigError(
+      f"data.batch_size={settings['batch_size']} must be divisible by "
+      f'shard_count={shard_count} (each process takes an equal slice)'
+    )
   if not (_is_int(seed) and 0 <= seed < 2**32):
     raise ConfigError(f'seed={seed!r} must be an int in [0, 2**32)')
 
@@ -247,21 +290,28 @@ def _open_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   """The prepared, array_record-backed builder for ``data.name``."""
   if name in BUILTIN_DATASETS:
     return BUILTIN_DATASETS[name](data_dir)
-  hint = (f"built-in names: {', '.join(BUILTIN_DATASETS)}, files; any TFDS dataset name also "
-          f"works once prepared with file_format='array_record' in data.data_dir")
+  hint = (
+    f"built-in names: {', '.join(BUILTIN_DATASETS)}, files; any TFDS dataset name also "
+    f"works once prepared with file_format='array_record' in data.data_dir"
+  )
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    raise ConfigError(f'data.name={name!r} is not a known dataset in '
-                      f'data.data_dir={data_dir!r} ({hint})') from None
+    raise ConfigError(
+      f'data.name={name!r} is not a known dataset in data.data_dir={data_dir!r} ({hint})'
+    ) from None
   if not builder.is_prepared():
-    raise ConfigError(f'data.name={name!r} is a TFDS builder but is not prepared in '
-                      f'data.data_dir={data_dir!r} ({hint})')
+    raise ConfigError(
+      f'data.name={name!r} is a TFDS builder but is not prepared in '
+      f'data.data_dir={data_dir!r} ({hint})'
+    )
   formats = {builder.info.file_format, *builder.info.alternative_file_formats}
   if tfds.core.FileFormat.ARRAY_RECORD not in formats:
-    raise ConfigError(f'data.name={name!r} in data.data_dir={data_dir!r} is stored as '
-                      f'{builder.info.file_format.value}, but reading without TensorFlow '
-                      f"needs file_format='array_record'; prepare it again with that")
+    raise ConfigError(
+      f'data.name={name!r} in data.data_dir={data_dir!r} is stored as '
+      f'{builder.info.file_format.value}, but reading without TensorFlow '
+      f"needs file_format='array_record'; prepare it again with that"
+    )
   return builder
 
 
@@ -269,11 +319,15 @@ def _open_split(builder, settings: dict, key: str) -> Sequence[dict]:
   """A random-access source for the split named by ``settings[key]``."""
   split, text_key = settings[key], settings['text_key']
   if split.split('[')[0] not in builder.info.splits:  # 'train[:90%]' slices are fine.
-    raise ConfigError(f'data.{key}={split!r} is not a split of data.name='
-                      f"{settings['name']!r}; splits: {', '.join(builder.info.splits)}")
+    raise ConfigError(
+      f'data.{key}={split!r} is not a split of data.name='
+      f"{settings['name']!r}; splits: {', '.join(builder.info.splits)}"
+    )
   if text_key not in builder.info.features:
-    raise ConfigError(f'data.text_key={text_key!r} is not a feature of data.name='
-                      f"{settings['name']!r}; features: {', '.join(builder.info.features)}")
+    raise ConfigError(
+      f'data.text_key={text_key!r} is not a feature of data.name='
+      f"{settings['name']!r}; features: {', '.join(builder.info.features)}"
+    )
   return builder.as_data_source(split, file_format=tfds.core.FileFormat.ARRAY_RECORD)
 
 
@@ -287,8 +341,10 @@ def _generated_texts(cfg, settings: dict) -> tuple[str, dict[str, list[str]]]:
   dataset_id, splits = GENERATED_DATASETS[settings['name']](cfg)
   for key in ('train_split', 'eval_split'):
     if settings[key] not in splits:
-      raise ConfigError(f'data.{key}={settings[key]!r} is not a split of data.name='
-                        f"{settings['name']!r}; splits: {', '.join(splits)}")
+      raise ConfigError(
+        f'data.{key}={settings[key]!r} is not a split of data.name='
+        f"{settings['name']!r}; splits: {', '.join(splits)}"
+      )
   return dataset_id, {key: splits[settings[key]] for key in ('train_split', 'eval_split')}
 
 
@@ -296,31 +352,45 @@ def _tokenizer_path(dataset_id: str, settings: dict, data_dir: str) -> str:
   """Cache file of a learned tokenizer: keyed by dataset, split, key and vocab (and,
   for mix, the per-domain bytes of ``mix.tokenizer_sample``)."""
   sample = f'-sample{mix.TOKENIZER_SAMPLE_BYTES}' if settings['name'] == 'mix' else ''
-  return os.path.join(data_dir, 'moejax_tokenizers',
-                      f"{dataset_id}-{settings['train_split']}-{settings['text_key']}"
-                      f"-{settings['tokenizer']}{settings['vocab_size']}{sample}.model")
+  return os.path.join(
+    data_dir,
+    'moejax_tokenizers',
+    f"{dataset_id}-{settings['train_split']}-{settings['text_key']}"
+    f"-{settings['tokenizer']}{settings['vocab_size']}{sample}.model",
+  )
 
 
 def _files_tokenizer(settings: dict, data_dir: str, train_texts) -> Tokenizer:
   """The tokenizer of data.name=files; a learned one is cached per set of train files."""
   paths = files.resolve_files(settings['files'])['train']
-  key = hashlib.sha256(json.dumps(
-      [(p, os.path.getsize(p), os.path.getmtime(p)) for p in paths]).encode()).hexdigest()[:16]
-  model_path = os.path.join(data_dir, 'moejax_tokenizers', f"files-{key}-{settings['text_key']}"
-                            f"-{settings['tokenizer']}{settings['vocab_size']}.model")
-  return get_tokenizer(settings['tokenizer'], vocab_size=settings['vocab_size'],
-                       model_path=model_path, train_texts=train_texts)
+  key = hashlib.sha256(
+    json.dumps([(p, os.path.getsize(p), os.path.getmtime(p)) for p in paths]).encode()
+  ).hexdigest()[:16]
+  model_path = os.path.join(
+    data_dir,
+    'moejax_tokenizers',
+    f"files-{key}-{settings['text_key']}-{settings['tokenizer']}{settings['vocab_size']}.model",
+  )
+  return get_tokenizer(
+    settings['tokenizer'],
+    vocab_size=settings['vocab_size'],
+    model_path=model_path,
+    train_texts=train_texts,
+  )
 
 
 def _check_fits_one_batch(settings: dict, key: str, num_windows: int) -> None:
   if num_windows < settings['batch_size']:
-    split = (f"data.files.{key.split('_')[0]}={settings['files'].get(key.split('_')[0])!r}"
-             if settings['name'] == 'files' else
-             f"data.{key}={settings[key]!r} of data.name={settings['name']!r}")
+    split = (
+      f"data.files.{key.split('_')[0]}={settings['files'].get(key.split('_')[0])!r}"
+      if settings['name'] == 'files'
+      else f"data.{key}={settings[key]!r} of data.name={settings['name']!r}"
+    )
     raise ConfigError(
-        f"{split} is too small: "
-        f"{num_windows} windows of data.seq_len+1={settings['seq_len'] + 1} tokens, "
-        f"fewer than one batch of data.batch_size={settings['batch_size']}")
+      f"{split} is too small: "
+      f"{num_windows} windows of data.seq_len+1={settings['seq_len'] + 1} tokens, "
+      f"fewer than one batch of data.batch_size={settings['batch_size']}"
+    )
 
 
 def split_documents(cfg, split_key: str = 'eval_split') -> list[tuple[str, str]]:
@@ -331,13 +401,16 @@ def split_documents(cfg, split_key: str = 'eval_split') -> list[tuple[str, str]]
   check_tokenizer_settings(settings['tokenizer'], settings['vocab_size'])
   if settings['name'] == 'files':
     paths = files.resolve_files(settings['files'])[split_key.split('_')[0]]
-    return [('files', text) for text in files.StreamedWindows(
-        paths, ByteTokenizer(), 1, settings['text_key']).texts()]
+    return [
+      ('files', text)
+      for text in files.StreamedWindows(paths, ByteTokenizer(), 1, settings['text_key']).texts()
+    ]
   builder = _open_builder(settings['name'], resolve_data_dir(settings['data_dir']))
   source = _open_split(builder, settings, split_key)
   texts = _read_texts(source, settings['text_key'])
   if 'domain' not in builder.info.features:
     return [(settings['name'], text) for text in texts]
   domains = (source[i]['domain'] for i in range(len(source)))
-  return [(d.decode('utf-8') if isinstance(d, bytes) else str(d), text)
-          for d, text in zip(domains, texts)]
+  return [
+    (d.decode('utf-8') if isinstance(d, bytes) else str(d), text) for d, text in zip(domains, texts)
+  ]

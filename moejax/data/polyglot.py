@@ -29,6 +29,7 @@ Report helpers: `moejax.evaluation.partitions.nmi` (language vs a model's top-1
 expert), `steps_to_within`
 (first logged step within 5% of the floor) and `token_languages`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,14 +43,23 @@ from moejax.errors import ConfigError
 
 NAME = "polyglot_synth"
 SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-DEFAULTS = dict(num_languages=4, pool_size=24, alphabet_size=12, branching=3,
-                doc_len=128, train_docs=4096, eval_docs=512, seed=0)
+DEFAULTS = dict(
+  num_languages=4,
+  pool_size=24,
+  alphabet_size=12,
+  branching=3,
+  doc_len=128,
+  train_docs=4096,
+  eval_docs=512,
+  seed=0,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Languages:
   """K bigram chains over a pool of V symbols: prior [K], init [K, V], trans [K, V, V]
   (rows of symbols outside a language's alphabet are zero), symbols: V chars."""
+
   prior: np.ndarray
   init: np.ndarray
   trans: np.ndarray
@@ -61,22 +71,25 @@ def settings_of(cfg) -> dict:
   given = dict(cfg.get("polyglot", None) or {}) if cfg is not None else {}
   unknown = sorted(set(given) - set(DEFAULTS))
   if unknown:
-    raise ConfigError(f"data.polyglot.{unknown[0]} is not a setting; valid: "
-                      f"{', '.join(DEFAULTS)}")
+    raise ConfigError(f"data.polyglot.{unknown[0]} is not a setting; valid: {', '.join(DEFAULTS)}")
   s = {**DEFAULTS, **given}
   for key, value in s.items():
     low = 0 if key == "seed" else 1
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
       raise ConfigError(f"data.polyglot.{key}={value!r} must be an int >= {low}")
-  for small, big in (("pool_size", len(SYMBOLS)), ("alphabet_size", s["pool_size"]),
-                     ("branching", s["alphabet_size"])):
+  for small, big in (
+    ("pool_size", len(SYMBOLS)),
+    ("alphabet_size", s["pool_size"]),
+    ("branching", s["alphabet_size"]),
+  ):
     if s[small] > big:
       raise ConfigError(f"data.polyglot.{small}={s[small]} must be <= {big}")
   return s
 
 
-def make_languages(num_languages: int, pool_size: int, alphabet_size: int, branching: int,
-                   rng: np.random.Generator) -> Languages:
+def make_languages(
+  num_languages: int, pool_size: int, alphabet_size: int, branching: int, rng: np.random.Generator
+) -> Languages:
   """Random sparse bigram chains (see module doc), as float64 tables."""
   k, v = num_languages, pool_size
   init, trans = np.zeros((k, v)), np.zeros((k, v, v))
@@ -89,8 +102,9 @@ def make_languages(num_languages: int, pool_size: int, alphabet_size: int, branc
   return Languages(np.full(k, 1 / k), init, trans, SYMBOLS[:v])
 
 
-def sample_documents(langs: Languages, num_docs: int, doc_len: int,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def sample_documents(
+  langs: Languages, num_docs: int, doc_len: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
   """(documents int[N, doc_len] of symbol ids, their languages int[N])."""
   labels = rng.choice(len(langs.prior), num_docs, p=langs.prior)
   docs = np.zeros((num_docs, doc_len), np.int64)
@@ -122,8 +136,9 @@ def predictive_losses(langs: Languages, docs) -> np.ndarray:
     log_w = np.broadcast_to(np.log(langs.prior), (len(docs), len(langs.prior))).copy()
   losses = np.zeros(docs.shape)
   for t in range(docs.shape[1]):
-    step = (log_init[:, docs[:, 0]] if t == 0
-            else log_trans[:, docs[:, t - 1], docs[:, t]]).T  # [N, K]
+    step = (
+      log_init[:, docs[:, 0]] if t == 0 else log_trans[:, docs[:, t - 1], docs[:, t]]
+    ).T  # [N, K]
     losses[:, t] = _logsumexp(log_w) - _logsumexp(log_w + step)
     log_w = log_w + step
   return losses
@@ -139,7 +154,7 @@ def stream_floor(langs: Languages, docs, seq_len: int, num_windows: int | None =
   count = available if num_windows is None else num_windows
   if not 1 <= count <= available:
     raise ValueError(f"num_windows={num_windows} must be in [1, {available}]")
-  targets = stream[:count * window].reshape(count, window)[:, 1:]
+  targets = stream[: count * window].reshape(count, window)[:, 1:]
   nats = float(targets.mean())
   return {"floor_nats": nats, "floor_bpb": nats / math.log(2)}
 
@@ -149,11 +164,12 @@ def token_languages(labels, doc_len: int, seq_len: int, num_windows: int) -> np.
   (a separator counts for the document it ends), aligned with the model's inputs."""
   stream = np.repeat(np.asarray(labels), doc_len + 1)
   window = seq_len + 1
-  return stream[:num_windows * window].reshape(num_windows, window)[:, :-1]
+  return stream[: num_windows * window].reshape(num_windows, window)[:, :-1]
 
 
-def steps_to_within(history, floor: float, key: str = "val_bpb",
-                    tolerance: float = 0.05) -> int | None:
+def steps_to_within(
+  history, floor: float, key: str = "val_bpb", tolerance: float = 0.05
+) -> int | None:
   """The first logged step whose `key` is within `tolerance` (relative) of the floor."""
   for record in sorted((r for r in history if key in r), key=lambda r: r["step"]):
     if record[key] <= floor * (1 + tolerance):
@@ -164,12 +180,16 @@ def steps_to_within(history, floor: float, key: str = "val_bpb",
 def build(cfg) -> tuple[Languages, dict]:
   """(languages, {split: (docs, labels)}) for config `data` (splits train, validation)."""
   s = settings_of(cfg)
-  lang_rng, train_rng, eval_rng = (np.random.default_rng(seq) for seq in
-                                   np.random.SeedSequence(s["seed"]).spawn(3))
-  langs = make_languages(s["num_languages"], s["pool_size"], s["alphabet_size"],
-                         s["branching"], lang_rng)
-  return langs, {"train": sample_documents(langs, s["train_docs"], s["doc_len"], train_rng),
-                 "validation": sample_documents(langs, s["eval_docs"], s["doc_len"], eval_rng)}
+  lang_rng, train_rng, eval_rng = (
+    np.random.default_rng(seq) for seq in np.random.SeedSequence(s["seed"]).spawn(3)
+  )
+  langs = make_languages(
+    s["num_languages"], s["pool_size"], s["alphabet_size"], s["branching"], lang_rng
+  )
+  return langs, {
+    "train": sample_documents(langs, s["train_docs"], s["doc_len"], train_rng),
+    "validation": sample_documents(langs, s["eval_docs"], s["doc_len"], eval_rng),
+  }
 
 
 def split_texts(cfg) -> tuple[str, dict[str, list[str]]]:

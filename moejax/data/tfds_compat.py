@@ -29,7 +29,8 @@ from moejax.data.storage import exclusive_lock
 
 
 class LocalGeneratorBasedBuilder(  # type: ignore[call-arg]  # a tfds metaclass keyword
-    tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  tfds.core.GeneratorBasedBuilder, skip_registration=True
+):
   """A GeneratorBasedBuilder whose code_path avoids the importlib_resources bug."""
 
   @tfds.core.utils.classproperty
@@ -38,8 +39,9 @@ class LocalGeneratorBasedBuilder(  # type: ignore[call-arg]  # a tfds metaclass 
     return epath.Path(inspect.getfile(cls))
 
 
-def prepare_once(make_builder: Callable[[], tfds.core.DatasetBuilder],
-                 lock_path: str) -> tfds.core.DatasetBuilder:
+def prepare_once(
+  make_builder: Callable[[], tfds.core.DatasetBuilder], lock_path: str
+) -> tfds.core.DatasetBuilder:
   """Prepares ``make_builder()`` as array_record unless already prepared; returns
   the builder. Idempotent and safe when several processes race: preparation
   runs under a file lock and re-checks ``is_prepared`` once the lock is held."""
@@ -50,8 +52,9 @@ def prepare_once(make_builder: Callable[[], tfds.core.DatasetBuilder],
       if not builder.is_prepared():
         with deterministic_serialization():
           builder.download_and_prepare(
-              file_format='array_record',
-              download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+            file_format='array_record',
+            download_config=tfds.download.DownloadConfig(try_download_gcs=False),
+          )
         builder = make_builder()  # Reload so info reflects the files on disk.
   return builder
 

@@ -71,19 +71,29 @@ class SentencePieceTokenizer:
     model = io.BytesIO()
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=lines, model_writer=model, model_type='bpe',
-          vocab_size=vocab_size, byte_fallback=True, character_coverage=1.0,
-          normalization_rule_name='identity', add_dummy_prefix=False,
-          remove_extra_whitespaces=False, user_defined_symbols=['\n'],
-          num_threads=4, minloglevel=2)  # Fixed: the file records it.
+        sentence_iterator=lines,
+        model_writer=model,
+        model_type='bpe',
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        character_coverage=1.0,
+        normalization_rule_name='identity',
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        user_defined_symbols=['\n'],
+        num_threads=4,
+        minloglevel=2,
+      )  # Fixed: the file records it.
     except RuntimeError as e:
-      raise ConfigError(f'data.vocab_size={vocab_size} does not suit sentencepiece '
-                        f'on this corpus: {e}') from e
+      raise ConfigError(
+        f'data.vocab_size={vocab_size} does not suit sentencepiece on this corpus: {e}'
+      ) from e
     return cls(model.getvalue())
 
   @classmethod
-  def load_or_train(cls, model_path: str, vocab_size: int,
-                    train_texts: Callable[[], Iterable[str]]) -> SentencePieceTokenizer:
+  def load_or_train(
+    cls, model_path: str, vocab_size: int, train_texts: Callable[[], Iterable[str]]
+  ) -> SentencePieceTokenizer:
     """Loads ``model_path``, training and writing it first if it is missing.
 
     Training runs under a file lock and the model is always read back from the
@@ -108,13 +118,16 @@ def _make_byte(**unused) -> ByteTokenizer:
   return ByteTokenizer()
 
 
-def _make_sentencepiece(*, vocab_size: int, model_path: str,
-                        train_texts: Callable[[], Iterable[str]]) -> SentencePieceTokenizer:
+def _make_sentencepiece(
+  *, vocab_size: int, model_path: str, train_texts: Callable[[], Iterable[str]]
+) -> SentencePieceTokenizer:
   return SentencePieceTokenizer.load_or_train(model_path, vocab_size, train_texts)
 
 
-TOKENIZERS: dict[str, Callable[..., Tokenizer]] = {'byte': _make_byte,
-                                                   'sentencepiece': _make_sentencepiece}
+TOKENIZERS: dict[str, Callable[..., Tokenizer]] = {
+  'byte': _make_byte,
+  'sentencepiece': _make_sentencepiece,
+}
 
 
 def check_tokenizer_settings(name: str, vocab_size: int | None) -> None:
@@ -122,14 +135,21 @@ def check_tokenizer_settings(name: str, vocab_size: int | None) -> None:
   if name not in TOKENIZERS:
     raise choice_error('data.tokenizer', name, TOKENIZERS)
   if name == 'sentencepiece' and not (
-      isinstance(vocab_size, int) and vocab_size >= SENTENCEPIECE_MIN_VOCAB):
-    raise ConfigError(f'data.vocab_size={vocab_size!r} must be an int >= '
-                      f'{SENTENCEPIECE_MIN_VOCAB} for data.tokenizer=sentencepiece')
+    isinstance(vocab_size, int) and vocab_size >= SENTENCEPIECE_MIN_VOCAB
+  ):
+    raise ConfigError(
+      f'data.vocab_size={vocab_size!r} must be an int >= '
+      f'{SENTENCEPIECE_MIN_VOCAB} for data.tokenizer=sentencepiece'
+    )
 
 
-def get_tokenizer(name: str, *, vocab_size: int | None = None,
-                  model_path: str | None = None,
-                  train_texts: Callable[[], Iterable[str]] | None = None) -> Tokenizer:
+def get_tokenizer(
+  name: str,
+  *,
+  vocab_size: int | None = None,
+  model_path: str | None = None,
+  train_texts: Callable[[], Iterable[str]] | None = None,
+) -> Tokenizer:
   """The tokenizer registered as ``name``.
 
   ``sentencepiece`` needs ``vocab_size``, ``model_path`` (cache file) and
@@ -137,5 +157,4 @@ def get_tokenizer(name: str, *, vocab_size: int | None = None,
   ignores them.
   """
   check_tokenizer_settings(name, vocab_size)
-  return TOKENIZERS[name](vocab_size=vocab_size, model_path=model_path,
-                          train_texts=train_texts)
+  return TOKENIZERS[name](vocab_size=vocab_size, model_path=model_path, train_texts=train_texts)

@@ -40,6 +40,7 @@ from moejax.errors import ConfigError, choice_error
 @dataclasses.dataclass(frozen=True)
 class VisionDataset:
   """A built-in image dataset: its builder and what a model must match."""
+
   prepare: Callable  # data_dir -> the prepared tfds builder
   image_shape: tuple[int, int, int]  # H, W, C
   num_classes: int
@@ -47,8 +48,12 @@ class VisionDataset:
 
 
 VISION_DATASETS = {
-    'digits': VisionDataset(vision_digits.prepare_digits, vision_digits.IMAGE_SHAPE,
-                            vision_digits.NUM_CLASSES, vision_digits.PIXEL_MAX),
+  'digits': VisionDataset(
+    vision_digits.prepare_digits,
+    vision_digits.IMAGE_SHAPE,
+    vision_digits.NUM_CLASSES,
+    vision_digits.PIXEL_MAX,
+  ),
 }
 
 
@@ -60,6 +65,7 @@ class ImageData:
     min(num_batches, num_eval_batches) eval batches (None: all), the same on
     every call; all of them hold every example of the eval split once.
   """
+
   train_iter: grain.DatasetIterator
   eval_batches: Callable[[int | None], Iterator[Batch]]
   num_classes: int
@@ -71,8 +77,9 @@ class ExampleSource(Sequence):
   """Random access to {'inputs', 'targets'[, 'weights']} of in-memory arrays; rows past
   the data (eval padding) repeat row 0 with weight 0."""
 
-  def __init__(self, images: np.ndarray, labels: np.ndarray, length: int | None = None,
-               weighted: bool = False):
+  def __init__(
+    self, images: np.ndarray, labels: np.ndarray, length: int | None = None, weighted: bool = False
+  ):
     self.images, self.labels = images, labels
     self.length = len(labels) if length is None else length
     self.weighted = weighted
@@ -103,8 +110,10 @@ def read_split(builder, cfg, key: str, pixel_max: int) -> tuple[np.ndarray, np.n
   """(images float32 [N, H, W, C] in [0, 1], labels int32 [N]) of the split ``cfg[key]``."""
   split = cfg[key]
   if split not in builder.info.splits:
-    raise ConfigError(f'data.{key}={split!r} is not a split of data.name={cfg.name!r}; '
-                      f"splits: {', '.join(builder.info.splits)}")
+    raise ConfigError(
+      f'data.{key}={split!r} is not a split of data.name={cfg.name!r}; '
+      f"splits: {', '.join(builder.info.splits)}"
+    )
   source = builder.as_data_source(split)
   records = [source[i] for i in range(len(source))]
   images = np.stack([r['image'] for r in records]).astype(np.float32) / pixel_max
@@ -115,29 +124,40 @@ def build_image_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int =
   """Train and eval image batches for this process (see the module doc)."""
   dataset = check_data_settings(cfg)
   if cfg.batch_size % shard_count:
-    raise ConfigError(f'data.batch_size={cfg.batch_size} must be divisible by '
-                      f'shard_count={shard_count} (each process takes an equal slice)')
+    raise ConfigError(
+      f'data.batch_size={cfg.batch_size} must be divisible by '
+      f'shard_count={shard_count} (each process takes an equal slice)'
+    )
   builder = dataset.prepare(resolve_data_dir(cfg.get('data_dir')))
   train = read_split(builder, cfg, 'train_split', dataset.pixel_max)
   test = read_split(builder, cfg, 'eval_split', dataset.pixel_max)
   if len(train[1]) < cfg.batch_size:
-    raise ConfigError(f'data.train_split={cfg.train_split!r} of data.name={cfg.name!r} has '
-                      f'{len(train[1])} examples, fewer than data.batch_size={cfg.batch_size}')
+    raise ConfigError(
+      f'data.train_split={cfg.train_split!r} of data.name={cfg.name!r} has '
+      f'{len(train[1])} examples, fewer than data.batch_size={cfg.batch_size}'
+    )
   rows = cfg.batch_size // shard_count
   train_ds = grain.MapDataset.source(ExampleSource(*train)).shuffle(seed=seed).repeat()
   num_eval_batches = math.ceil(len(test[1]) / cfg.batch_size)
-  eval_ds = _batched(grain.MapDataset.source(
-      ExampleSource(*test, num_eval_batches * cfg.batch_size, weighted=True)),
-      rows, shard_index, shard_count)
+  eval_ds = _batched(
+    grain.MapDataset.source(ExampleSource(*test, num_eval_batches * cfg.batch_size, weighted=True)),
+    rows,
+    shard_index,
+    shard_count,
+  )
   return ImageData(
-      train_iter=iter(_batched(train_ds, rows, shard_index, shard_count)
-                      .to_iter_dataset(READ_OPTIONS)),
-      eval_batches=functools.partial(_eval_batches, eval_ds, num_eval_batches),
-      num_classes=dataset.num_classes, num_eval_batches=num_eval_batches,
-      num_eval_examples=len(test[1]))
+    train_iter=iter(
+      _batched(train_ds, rows, shard_index, shard_count).to_iter_dataset(READ_OPTIONS)
+    ),
+    eval_batches=functools.partial(_eval_batches, eval_ds, num_eval_batches),
+    num_classes=dataset.num_classes,
+    num_eval_batches=num_eval_batches,
+    num_eval_examples=len(test[1]),
+  )
 
 
-def _eval_batches(eval_ds: grain.MapDataset, num_available: int,
-                  num_batches: int | None = None) -> Iterator[Batch]:
+def _eval_batches(
+  eval_ds: grain.MapDataset, num_available: int, num_batches: int | None = None
+) -> Iterator[Batch]:
   count = num_available if num_batches is None else min(num_batches, num_available)
   return (eval_ds[i] for i in range(count))

@@ -54,12 +54,16 @@ def source_path() -> str:
   try:
     path = str(importlib.resources.files('sklearn.datasets') / 'data' / 'digits.csv.gz')
   except ModuleNotFoundError:
-    raise ConfigError(f'data.name=digits reads the digits file of {SOURCE_PACKAGE}, which is '
-                      'not installed: run `bash scripts/setup.sh`') from None
+    raise ConfigError(
+      f'data.name=digits reads the digits file of {SOURCE_PACKAGE}, which is '
+      'not installed: run `bash scripts/setup.sh`'
+    ) from None
   digest = sha256_file(path)
   if digest != SOURCE_SHA256:
-    raise ConfigError(f'data.name=digits: {path} has sha256 {digest}, not the pinned '
-                      f'{SOURCE_SHA256} of {SOURCE_PACKAGE}; run `bash scripts/setup.sh`')
+    raise ConfigError(
+      f'data.name=digits: {path} has sha256 {digest}, not the pinned '
+      f'{SOURCE_SHA256} of {SOURCE_PACKAGE}; run `bash scripts/setup.sh`'
+    )
   return path
 
 
@@ -87,22 +91,29 @@ class MoejaxDigits(LocalGeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            'title': tfds.features.Text(),
-            'image': tfds.features.Tensor(shape=IMAGE_SHAPE, dtype=np.uint8),
-            'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES)}),
-        supervised_keys=('image', 'label'),
-        disable_shuffling=True,  # Keep the row order.
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict(
+        {
+          'title': tfds.features.Text(),
+          'image': tfds.features.Tensor(shape=IMAGE_SHAPE, dtype=np.uint8),
+          'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+        }
+      ),
+      supervised_keys=('image', 'label'),
+      disable_shuffling=True,  # Keep the row order.
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Everything is local.
     images, labels = read_digits(source_path())
     splits = split_of_rows(labels)
-    return {split: self._generate_examples(
-        images, labels, [i for i, s in enumerate(splits) if s == split]) for split in SPLITS}
+    return {
+      split: self._generate_examples(
+        images, labels, [i for i, s in enumerate(splits) if s == split]
+      )
+      for split in SPLITS
+    }
 
   def _generate_examples(self, images, labels, rows) -> Iterator[tuple[str, dict]]:
     for i in rows:
@@ -113,5 +124,7 @@ class MoejaxDigits(LocalGeneratorBasedBuilder):
 def prepare_digits(data_dir: str | os.PathLike | None = None) -> tfds.core.DatasetBuilder:
   """Writes the dataset into ``data_dir`` unless already there; returns the builder."""
   data_dir = resolve_data_dir(data_dir)
-  return prepare_once(lambda: MoejaxDigits(data_dir=data_dir, file_format='array_record'),
-                      os.path.join(data_dir, f'{BUILDER_NAME}.lock'))
+  return prepare_once(
+    lambda: MoejaxDigits(data_dir=data_dir, file_format='array_record'),
+    os.path.join(data_dir, f'{BUILDER_NAME}.lock'),
+  )

@@ -6,6 +6,7 @@ C are dropped (their slot contributes nothing) and counted. Experts run as one
 batched matmul over [E, C, d]. Rows are scattered by index rather than a
 one-hot einsum: same result, O(T k d) instead of O(T E C d) work.
 """
+
 import math
 
 import jax
@@ -15,8 +16,9 @@ from moejax.assignment.layout import combine, sort_by_expert
 from moejax.dispatch.base import register_dispatcher
 
 
-def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
-                    capacity_factor: float, min_capacity: int) -> int:
+def expert_capacity(
+  num_tokens: int, num_experts: int, top_k: int, capacity_factor: float, min_capacity: int
+) -> int:
   return max(min_capacity, math.ceil(capacity_factor * num_tokens * top_k / num_experts))
 
 
@@ -29,8 +31,9 @@ def batched_matmul(rows: jax.Array, w: jax.Array) -> jax.Array:
 def dispatch_capacity(x, routing, expert_fn, cfg):
   num_tokens, d = x.shape
   num_experts = cfg.num_experts
-  capacity = expert_capacity(num_tokens, num_experts, cfg.top_k,
-                             cfg.capacity_factor, cfg.min_capacity)
+  capacity = expert_capacity(
+    num_tokens, num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
+  )
   sorted_ = sort_by_expert(routing, num_experts)
   kept = (sorted_.expert < num_experts) & (sorted_.position < capacity)
   out_of_range = num_experts * capacity
@@ -38,11 +41,12 @@ def dispatch_capacity(x, routing, expert_fn, cfg):
   buffer = jnp.zeros((num_experts * capacity, d), x.dtype)
   buffer = buffer.at[slot].set(x[sorted_.token], mode="drop")
   out = expert_fn(buffer.reshape(num_experts, capacity, d), batched_matmul)
-  y_sorted = out.reshape(num_experts * capacity, -1).at[slot].get(
-      mode="fill", fill_value=0)
+  y_sorted = out.reshape(num_experts * capacity, -1).at[slot].get(mode="fill", fill_value=0)
   num_valid = jnp.sum(sorted_.group_sizes)
   dropped = num_valid - jnp.sum(kept)
-  metrics = {"dropped_fraction": dropped / jnp.maximum(num_valid, 1),
-             "capacity": jnp.asarray(capacity, jnp.float32)}
+  metrics = {
+    "dropped_fraction": dropped / jnp.maximum(num_valid, 1),
+    "capacity": jnp.asarray(capacity, jnp.float32),
+  }
   # A dropped assignment must not count in the combine: its slot gets weight 0.
   return combine(y_sorted, sorted_, routing, x.dtype), metrics

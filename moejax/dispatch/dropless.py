@@ -15,12 +15,15 @@ slot) its own row, token_gather.py; 'auto'). Nothing here knows an expert type:
 what an expert computes and whether it has a fused path is what its
 registered ExpertType declares (moejax/experts/base.py).
 """
+
 import jax.numpy as jnp
 
 from moejax.assignment.layout import combine_rows, dropless_metrics, tile_layout
 from moejax.dispatch.base import register_dispatcher
-from moejax.dispatch.grouped_matmul import (GROUPED_MATMULS,  # noqa: F401  (re-exported)
-                                            resolve_grouped_matmul)
+from moejax.dispatch.grouped_matmul import (
+  GROUPED_MATMULS,  # noqa: F401  (re-exported)
+  resolve_grouped_matmul,
+)
 from moejax.dispatch.memeff import dispatch_dropless_memeff
 from moejax.dispatch.token_gather import token_gather_dispatch
 from moejax.experts.base import experts_of
@@ -29,15 +32,19 @@ from moejax.experts.base import experts_of
 def get_grouped_matmul(name: str, expert_fn=None) -> str:
   """The grouped matmul `name` stands for ('auto' resolved for this platform and
   expert_fn); ConfigError naming model.moe.grouped_matmul if unknown."""
-  return resolve_grouped_matmul(name, experts_of(expert_fn),
-                                config_key="model.moe.grouped_matmul").name
+  return resolve_grouped_matmul(
+    name, experts_of(expert_fn), config_key="model.moe.grouped_matmul"
+  ).name
 
 
 @register_dispatcher("dropless")
 def dispatch_dropless(x, routing, expert_fn, cfg):
-  spec = resolve_grouped_matmul(cfg.grouped_matmul, experts_of(expert_fn),
-                                config_key="model.moe.grouped_matmul",
-                                few_rows=routing.expert_index.size <= cfg.num_experts)
+  spec = resolve_grouped_matmul(
+    cfg.grouped_matmul,
+    experts_of(expert_fn),
+    config_key="model.moe.grouped_matmul",
+    few_rows=routing.expert_index.size <= cfg.num_experts,
+  )
   if spec.fused:
     return dispatch_dropless_memeff(x, routing, expert_fn, cfg)
   if spec.per_token:

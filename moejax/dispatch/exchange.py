@@ -13,6 +13,7 @@ goes, where it lands and which local expert it is for.
 Rows past a buffer are not sent: `Exchange.sent` says which arrived, so the
 caller counts them as dropped. R comes from `rows_per_peer` (see there).
 """
+
 import math
 
 import jax
@@ -34,8 +35,9 @@ def exclusive_cumsum(x, axis=0):
   return jnp.cumsum(x, axis=axis) - x
 
 
-def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
-                               recv_sizes, *, axis_name):
+def emulated_ragged_all_to_all(
+  operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name
+):
   """jax.lax.ragged_all_to_all's semantics from a dense all_to_all (tests on CPU).
 
   Every chunk is padded to operand's length, so it moves n_ep x the rows;
@@ -59,8 +61,15 @@ class Exchange:
   dest[p] at position pos[p] of that peer's group; it is sent if sent[p].
   """
 
-  def __init__(self, sorted_: SortedAssignments, num_experts: int, expert_axes: tuple,
-               num_peers: int, rows_per_peer: int, kind: str):
+  def __init__(
+    self,
+    sorted_: SortedAssignments,
+    num_experts: int,
+    expert_axes: tuple,
+    num_peers: int,
+    rows_per_peer: int,
+    kind: str,
+  ):
     self.sorted, self.kind, self.axis = sorted_, kind, axis_name(expert_axes)
     self.num_peers, self.rows_per_peer = num_peers, rows_per_peer
     self.local_experts = num_experts // num_peers
@@ -79,8 +88,9 @@ class Exchange:
     valid = sorted_.expert < num_experts
     self.dest = jnp.where(valid, sorted_.expert // self.local_experts, num_peers)
     safe_dest = jnp.minimum(self.dest, num_peers - 1)
-    self.pos = jnp.arange(sorted_.expert.shape[0], dtype=jnp.int32) - self.send_starts[
-        self.me, safe_dest]
+    self.pos = (
+      jnp.arange(sorted_.expert.shape[0], dtype=jnp.int32) - self.send_starts[self.me, safe_dest]
+    )
     self.sent = valid & (self.pos < self.kept[self.me, safe_dest])
 
   @property
@@ -95,8 +105,15 @@ class Exchange:
       buffer = buffer.at[slot].set(rows_sorted, mode="drop")
       return self._all_to_all(buffer)
     output = jnp.zeros((self.num_recv_rows, rows_sorted.shape[-1]), rows_sorted.dtype)
-    return ragged_all_to_all(rows_sorted, output, self.send_starts[self.me], self.kept[self.me],
-                             self.landing[self.me], self.kept[:, self.me], axis_name=self.axis)
+    return ragged_all_to_all(
+      rows_sorted,
+      output,
+      self.send_starts[self.me],
+      self.kept[self.me],
+      self.landing[self.me],
+      self.kept[:, self.me],
+      axis_name=self.axis,
+    )
 
   def send_back(self, rows_recv: jax.Array) -> jax.Array:
     """Received rows' outputs -> outputs in this device's sorted order (0 if not sent)."""
@@ -105,8 +122,15 @@ class Exchange:
       slot = jnp.where(self.sent, self.dest * self.rows_per_peer + self.pos, self.num_recv_rows)
       return back.at[slot].get(mode="fill", fill_value=0)
     output = jnp.zeros((self.sorted.expert.shape[0], rows_recv.shape[-1]), rows_recv.dtype)
-    back = ragged_all_to_all(rows_recv, output, self.recv_offsets, self.kept[:, self.me],
-                             self.send_starts[:, self.me], self.kept[self.me], axis_name=self.axis)
+    back = ragged_all_to_all(
+      rows_recv,
+      output,
+      self.recv_offsets,
+      self.kept[:, self.me],
+      self.send_starts[:, self.me],
+      self.kept[self.me],
+      axis_name=self.axis,
+    )
     return jnp.where(self.sent[:, None], back, 0)
 
   def received_routing(self) -> Routing:
@@ -117,18 +141,21 @@ class Exchange:
     valid = q < self.kept[src, self.me]
     bounds = jnp.cumsum(self.per_expert[:, self.me, :], axis=-1)[src]  # [rows, E_local]
     local_expert = jnp.minimum(jnp.sum(bounds <= q[:, None], axis=1), self.local_experts - 1)
-    return Routing(jnp.where(valid, local_expert, 0).astype(jnp.int32)[:, None],
-                   valid.astype(jnp.float32)[:, None], valid[:, None])
+    return Routing(
+      jnp.where(valid, local_expert, 0).astype(jnp.int32)[:, None],
+      valid.astype(jnp.float32)[:, None],
+      valid[:, None],
+    )
 
   def _all_to_all(self, buffer):
     d = buffer.shape[-1]
-    out = jax.lax.all_to_all(buffer.reshape(self.num_peers, self.rows_per_peer, d),
-                             self.axis, 0, 0)
+    out = jax.lax.all_to_all(buffer.reshape(self.num_peers, self.rows_per_peer, d), self.axis, 0, 0)
     return out.reshape(self.num_recv_rows, d)
 
 
-def rows_per_peer(cfg, num_tokens: int, num_slots: int, num_peers: int, factor: float,
-                  capacity: int | None) -> int:
+def rows_per_peer(
+  cfg, num_tokens: int, num_slots: int, num_peers: int, factor: float, capacity: int | None
+) -> int:
   """R, the static receive rows per expert-axis peer (`sharding.a2a_capacity_factor`).
 
   factor 0: R = T_local * min(S, E_local), which no routing overflows (a
@@ -144,5 +171,3 @@ def rows_per_peer(cfg, num_tokens: int, num_slots: int, num_peers: int, factor: 
   if capacity is not None:
     rows = min(rows, local_experts * capacity)
   return max(rows, 1)
-
-

@@ -33,6 +33,7 @@ not depend on the mesh: a checkpoint resumes identically on any layout.
 (Real EP systems often use per-shard capacity, GShard's "groups"; that
 trades this invariance for one tiny all_gather.)
 """
+
 import functools
 
 import jax
@@ -47,8 +48,9 @@ from moejax.dispatch.exchange import Exchange, axis_name, exclusive_cumsum, rows
 from moejax.routing.base import Routing
 
 
-def global_capacity_keep(routing: Routing, num_experts: int, capacity: int,
-                         token_axes: tuple) -> jax.Array:
+def global_capacity_keep(
+  routing: Routing, num_experts: int, capacity: int, token_axes: tuple
+) -> jax.Array:
   """valid & (rank in GShard's slot-major priority over the global batch < capacity).
 
   Global token order is the order of the token shards along `token_axes`
@@ -59,8 +61,9 @@ def global_capacity_keep(routing: Routing, num_experts: int, capacity: int,
   slot = sorted_.order // num_tokens
   expert = jnp.minimum(sorted_.expert, num_experts - 1)
   is_valid = sorted_.expert < num_experts
-  counts = jnp.zeros((num_slots, num_experts), jnp.int32).at[slot, expert].add(
-      is_valid.astype(jnp.int32))  # [S, E]
+  counts = (
+    jnp.zeros((num_slots, num_experts), jnp.int32).at[slot, expert].add(is_valid.astype(jnp.int32))
+  )  # [S, E]
   if token_axes:
     all_counts = jax.lax.all_gather(counts, axis_name(token_axes))  # [n_shards, S, E]
     before_shards = exclusive_cumsum(all_counts)[jax.lax.axis_index(axis_name(token_axes))]
@@ -96,8 +99,9 @@ def _split_axes(spec: P, logical_axes, name: str) -> set[str]:
   return out
 
 
-def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: dict,
-                             expert_apply, cfg, layout):
+def expert_parallel_dispatch(
+  x, routing: Routing, weights: dict, weight_axes: dict, expert_apply, cfg, layout
+):
   """The dispatcher contract `(x [T, d], routing, ...) -> (y [T, d], metrics)` across the mesh.
 
   weights: {name: [E, ...]} expert weights in the compute dtype; weight_axes:
@@ -114,8 +118,9 @@ def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: di
   expert_axes = active(layout.mesh_axes("expert"))
   all_axes = active(mesh.axis_names)
   w_specs = {k: weight_spec(layout, weight_axes[k], w.shape) for k, w in weights.items()}
-  width_axes = active(sorted(set().union(*(_split_axes(w_specs[k], weight_axes[k], "mlp")
-                                           for k in weights))))
+  width_axes = active(
+    sorted(set().union(*(_split_axes(w_specs[k], weight_axes[k], "mlp") for k in weights)))
+  )
   num_peers, num_shards = layout.size(expert_axes), layout.size(token_axes)
   local_cfg = local_config(cfg, cfg.num_experts // num_peers)
   local_dispatch = get_dispatcher("dropless" if cfg.dispatch == "capacity" else cfg.dispatch)
@@ -134,31 +139,39 @@ def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: di
     routing = Routing(index, weight, valid)
     capacity = None
     if cfg.dispatch == "capacity":
-      capacity = expert_capacity(num_tokens * num_shards, cfg.num_experts, cfg.top_k,
-                                 cfg.capacity_factor, cfg.min_capacity)
+      capacity = expert_capacity(
+        num_tokens * num_shards, cfg.num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
+      )
       routing = routing.with_valid(
-          global_capacity_keep(routing, cfg.num_experts, capacity, token_axes))
+        global_capacity_keep(routing, cfg.num_experts, capacity, token_axes)
+      )
     if num_peers == 1:
       y, local_metrics = run_local_experts(x, routing, local_weights)
       delivered = processed = routing.valid
     else:
       sorted_ = sort_by_expert(routing, cfg.num_experts)
-      exchange = Exchange(sorted_, cfg.num_experts, expert_axes, num_peers,
-                          rows_per_peer(cfg, num_tokens, num_slots, num_peers,
-                                        layout.a2a_capacity_factor, capacity),
-                          layout.all_to_all)
+      exchange = Exchange(
+        sorted_,
+        cfg.num_experts,
+        expert_axes,
+        num_peers,
+        rows_per_peer(cfg, num_tokens, num_slots, num_peers, layout.a2a_capacity_factor, capacity),
+        layout.all_to_all,
+      )
       received = exchange.received_routing()
-      y_rows, local_metrics = run_local_experts(exchange.send(x[sorted_.token]), received,
-                                                local_weights)
+      y_rows, local_metrics = run_local_experts(
+        exchange.send(x[sorted_.token]), received, local_weights
+      )
       processed = received.valid
       y = combine(exchange.send_back(y_rows), sorted_, routing, x.dtype)
       delivered = exchange.sent
     num_valid = jnp.maximum(total(valid), 1.0)
     rows_here = jnp.sum(processed, dtype=jnp.float32)  # rows this device's experts run
-    metrics = {"dropped_fraction": 1.0 - total(delivered) / num_valid,
-               "a2a_overflow_fraction": (total(routing.valid) - total(delivered)) / num_valid,
-               "busiest_device_rows": (jax.lax.pmax(rows_here, all_axes) if all_axes
-                                       else rows_here)}
+    metrics = {
+      "dropped_fraction": 1.0 - total(delivered) / num_valid,
+      "a2a_overflow_fraction": (total(routing.valid) - total(delivered)) / num_valid,
+      "busiest_device_rows": (jax.lax.pmax(rows_here, all_axes) if all_axes else rows_here),
+    }
     if capacity is not None:
       metrics["capacity"] = jnp.asarray(capacity, jnp.float32)
     for name, value in local_metrics.items():  # e.g. padding_waste, averaged over devices
@@ -167,6 +180,11 @@ def expert_parallel_dispatch(x, routing: Routing, weights: dict, weight_axes: di
     return y, metrics
 
   tokens = P(axis_name(token_axes) if token_axes else None, None)
-  fn = jax.shard_map(body, mesh=mesh, in_specs=(tokens, tokens, tokens, tokens, w_specs),
-                     out_specs=(tokens, P()), check_vma=False)
+  fn = jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(tokens, tokens, tokens, tokens, w_specs),
+    out_specs=(tokens, P()),
+    check_vma=False,
+  )
   return fn(x, routing.expert_index, routing.combine_weight, routing.valid, weights)

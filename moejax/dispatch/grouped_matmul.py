@@ -45,6 +45,7 @@ Registered:
 'fused', 'loop' and 'gmm' are custom VJPs: reverse-mode only (no jax.jvp /
 jacfwd); force 'tiled' or 'gather' for forward-mode differentiation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,6 +65,7 @@ Matmul = Callable[[jax.Array, jax.Array], jax.Array]
 @dataclasses.dataclass(frozen=True)
 class GroupedMatmulSpec:
   """A registered grouped matmul: exactly one of make, fused, per_token, resolve (module doc)."""
+
   name: str
   make: Callable[[TileLayout, Any], Matmul] | None = None
   fused: bool = False
@@ -74,40 +76,49 @@ class GroupedMatmulSpec:
   def build(self, layout: TileLayout, cfg: Any) -> Matmul:
     """`make(layout, cfg)`; ValueError for an entry without one (fused, per-token, alias)."""
     if self.make is None:
-      raise ValueError(f"grouped matmul {self.name!r} builds no matmul (fused, per-token or "
-                       "an alias: resolve_grouped_matmul first)")
+      raise ValueError(
+        f"grouped matmul {self.name!r} builds no matmul (fused, per-token or "
+        "an alias: resolve_grouped_matmul first)"
+      )
     return self.make(layout, cfg)
 
   def __post_init__(self):
     if (self.make is not None) + self.fused + self.per_token + (self.resolve is not None) != 1:
-      raise ValueError(f"grouped matmul {self.name!r}: give exactly one of make, fused, "
-                       "per_token, resolve")
+      raise ValueError(
+        f"grouped matmul {self.name!r}: give exactly one of make, fused, per_token, resolve"
+      )
 
 
 GROUPED_MATMULS: Registry[GroupedMatmulSpec] = Registry("model.moe.grouped_matmul")
 
 
-def register_grouped_matmul(name: str, *, make=None, fused=False, resolve=None, validate=None,
-                            per_token=False):
+def register_grouped_matmul(
+  name: str, *, make=None, fused=False, resolve=None, validate=None, per_token=False
+):
   """Register a grouped matmul; as a decorator of `make` when no make/fused/per_token/resolve
   is given."""
   if make is None and not fused and resolve is None and not per_token:
+
     def wrap(fn):
       register_grouped_matmul(name, make=fn, validate=validate)
       return fn
+
     return wrap
-  return GROUPED_MATMULS.add(name, GroupedMatmulSpec(name, make, fused, resolve, validate,
-                                                     per_token))
+  return GROUPED_MATMULS.add(
+    name, GroupedMatmulSpec(name, make, fused, resolve, validate, per_token)
+  )
 
 
-def resolve_grouped_matmul(name: str, experts=None, *, config_key=None,
-                           few_rows: bool = False) -> GroupedMatmulSpec:
+def resolve_grouped_matmul(
+  name: str, experts=None, *, config_key=None, few_rows: bool = False
+) -> GroupedMatmulSpec:
   """The entry `name` stands for (aliases such as 'auto' followed) for these experts;
   few_rows: the call has no more (token, slot) assignments than experts."""
   seen = []
   while True:
     if name not in GROUPED_MATMULS and config_key is not None:
       from moejax.errors import choice_error
+
       raise choice_error(config_key, name, GROUPED_MATMULS)
     spec = GROUPED_MATMULS.get(name)
     if spec.resolve is None:
@@ -149,6 +160,7 @@ def validate_gmm(cfg) -> None:
   """model.moe.gmm_backend is one of kernels.BACKENDS (imported only when gmm is used)."""
   from moejax.kernels import BACKENDS
   from moejax.errors import choice_error
+
   if gmm_backend_of(cfg) not in BACKENDS:
     raise choice_error("model.moe.gmm_backend", gmm_backend_of(cfg), BACKENDS)
 
@@ -156,6 +168,7 @@ def validate_gmm(cfg) -> None:
 @register_grouped_matmul("gmm", validate=validate_gmm)
 def make_gmm(layout, cfg):
   from moejax.kernels import gmm  # Pallas: imported only when used
+
   backend = gmm_backend_of(cfg)
   return lambda rows, w: gmm(rows, w, layout.padded_sizes, backend=backend)
 

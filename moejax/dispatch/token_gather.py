@@ -15,6 +15,7 @@ dropless layout pays a loop iteration, a weight-slice copy and the sort per
 expert hit (docs/results/generate_cpu.md, "Where the time goes"). Plain
 autodiff: the weight gradient is a scatter-add over the gathered slices.
 """
+
 import jax.numpy as jnp
 
 
@@ -39,4 +40,3 @@ def token_gather_dispatch(x, routing, expert_fn):
   y = jnp.sum((out.astype(acc_dtype) * weight).reshape(num_slots, num_tokens, -1), axis=0)
   zero = jnp.zeros((), jnp.float32)
   return y.astype(x.dtype), {"dropped_fraction": zero, "padding_waste": zero}
-

@@ -22,6 +22,7 @@ min sum_t g_tj ||Delta_j k_tj + R_t||^2 + lam ||Delta_j||^2 (with gates that
 sum to 1 the combined change is -R_t). Guess: the paper names the baseline,
 not this weighting.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,10 @@ def _checked(R, gates, keys, projectors, lam):
   R, gates, keys = (np.asarray(a, np.float64) for a in (R, gates, keys))
   t, d = R.shape
   if gates.ndim != 2 or gates.shape[0] != t or keys.shape[:2] != gates.shape:
-    raise ConfigError(f"edit rows: R {R.shape}, gates {gates.shape} and keys {keys.shape} "
-                      "must be [T, d], [T, E] and [T, E, f]")
+    raise ConfigError(
+      f"edit rows: R {R.shape}, gates {gates.shape} and keys {keys.shape} "
+      "must be [T, d], [T, E] and [T, E, f]"
+    )
   if not lam >= 0:
     raise ConfigError(f"lambda={lam} must be >= 0")
   f = keys.shape[2]
@@ -52,11 +55,20 @@ def objective(R, gates, keys, deltas, lam: float, projectors=None) -> float:
   """J(Delta) of the module doc; deltas [E, d, f]."""
   R, gates, v = _checked(R, gates, keys, projectors, lam)
   out = R + np.einsum("tj,jdf,tjf->td", gates, np.asarray(deltas, np.float64), v)
-  return float(np.sum(out ** 2) + lam * np.sum(np.asarray(deltas, np.float64) ** 2))
+  return float(np.sum(out**2) + lam * np.sum(np.asarray(deltas, np.float64) ** 2))
 
 
-def bcd_edit(R, gates, keys, *, lam: float, projectors=None, passes: int = 2, seed: int = 0,
-             trace: bool = False):
+def bcd_edit(
+  R,
+  gates,
+  keys,
+  *,
+  lam: float,
+  projectors=None,
+  passes: int = 2,
+  seed: int = 0,
+  trace: bool = False,
+):
   """Deltas [E, d, f] float64 of randomised BCD on J (module doc); with `trace`
   also J after every block update (its first entry: J at Delta = 0).
 
@@ -68,26 +80,27 @@ def bcd_edit(R, gates, keys, *, lam: float, projectors=None, passes: int = 2, se
     raise ConfigError(f"passes={passes} must be >= 1")
   (t, d), (_, e, f) = R.shape, v.shape
   deltas = np.zeros((e, d, f))
-  contrib = np.zeros((t, e, d))           # g_tj Delta_j v_tj
-  total = R.copy()                         # R + sum_j contrib
+  contrib = np.zeros((t, e, d))  # g_tj Delta_j v_tj
+  total = R.copy()  # R + sum_j contrib
   used = np.flatnonzero(np.any(gates > 0, axis=0))
-  history = [float(np.sum(total ** 2))]
+  history = [float(np.sum(total**2))]
   rng = np.random.default_rng(seed)
   for _ in range(passes):
     for j in rng.permutation(used):
       rows = gates[:, j] > 0
       g, vj = gates[rows, j], v[rows, j]
       s = total[rows] - contrib[rows, j]
-      b = s.T @ (g[:, None] * vj)                              # [d, f]
-      m = vj.T @ ((g ** 2)[:, None] * vj) + lam * np.eye(f)    # [f, f]
-      deltas[j] = -np.linalg.lstsq(m.T, b.T, rcond=None)[0].T if lam == 0 else (
-          -np.linalg.solve(m, b.T).T)                          # m symmetric
+      b = s.T @ (g[:, None] * vj)  # [d, f]
+      m = vj.T @ ((g**2)[:, None] * vj) + lam * np.eye(f)  # [f, f]
+      deltas[j] = (
+        -np.linalg.lstsq(m.T, b.T, rcond=None)[0].T if lam == 0 else (-np.linalg.solve(m, b.T).T)
+      )  # m symmetric
       new = np.zeros((t, d))
       new[rows] = g[:, None] * (vj @ deltas[j].T)
       total += new - contrib[:, j]
       contrib[:, j] = new
       if trace:
-        history.append(float(np.sum(total ** 2) + lam * np.sum(deltas ** 2)))
+        history.append(float(np.sum(total**2) + lam * np.sum(deltas**2)))
   return (deltas, history) if trace else deltas
 
 

@@ -22,6 +22,7 @@ last byte barely reaches the answer).
                  settings and the decay's form follow the MoEEdit code's config.
   routing        per MoE block, router softmax [T, E] (float32) and top-k sets.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,13 @@ KEY_POSITIONS = ("subject_last", "prompt_last", "continuation")
 @dataclasses.dataclass
 class EditBatch:
   """N sequences and M edit rows (a sequence and a position in it)."""
-  inputs: np.ndarray    # int32 [N, L]
-  targets: np.ndarray   # int32 [N, L]
-  mask: np.ndarray      # float32 [N, L]: 1 on the continuation's predictions
-  seq: np.ndarray       # int32 [M]: each row's sequence
+
+  inputs: np.ndarray  # int32 [N, L]
+  targets: np.ndarray  # int32 [N, L]
+  mask: np.ndarray  # float32 [N, L]: 1 on the continuation's predictions
+  seq: np.ndarray  # int32 [M]: each row's sequence
   position: np.ndarray  # int32 [M]: each row's position in it
-  edit: np.ndarray      # int32 [M]: the edit each row belongs to
+  edit: np.ndarray  # int32 [M]: the edit each row belongs to
 
   @property
   def flat(self) -> np.ndarray:
@@ -54,8 +56,9 @@ class EditBatch:
     return self.seq * self.inputs.shape[1] + self.position
 
 
-def encode_rows(tokenizer, prefix_id: int, rows, key_position: str = "subject_last",
-                width: int | None = None) -> EditBatch:
+def encode_rows(
+  tokenizer, prefix_id: int, rows, key_position: str = "subject_last", width: int | None = None
+) -> EditBatch:
   """rows: (prompt, continuation, subject, edit index), one sequence each. The
   subject's last token is the last token of encode(prompt up to the subject's
   end) (exact for byte tokenizers; for others a prompt's prefix may tokenize
@@ -67,12 +70,15 @@ def encode_rows(tokenizer, prefix_id: int, rows, key_position: str = "subject_la
   for i, (prompt, continuation, subject, edit) in enumerate(rows):
     if subject not in prompt:
       raise ConfigError(f"the subject {subject!r} is not in the prompt {prompt!r}")
-    head = tokenizer.encode(prompt[:prompt.index(subject) + len(subject)])
+    head = tokenizer.encode(prompt[: prompt.index(subject) + len(subject)])
     body = tokenizer.encode(prompt)
     seq = [prefix_id] + list(body) + list(tokenizer.encode(continuation))
     seqs.append((seq, len(body)))
-    positions = (range(len(body), len(seq) - 1) if key_position == "continuation" else
-                 [len(head) if key_position == "subject_last" else len(body)])
+    positions = (
+      range(len(body), len(seq) - 1)
+      if key_position == "continuation"
+      else [len(head) if key_position == "subject_last" else len(body)]
+    )
     out += [(i, p, edit) for p in positions]
   longest = max(len(s) for s, _ in seqs) - 1
   width = width or longest
@@ -82,8 +88,8 @@ def encode_rows(tokenizer, prefix_id: int, rows, key_position: str = "subject_la
   inputs, targets = np.full((n, width), prefix_id, np.int32), np.zeros((n, width), np.int32)
   mask = np.zeros((n, width), np.float32)
   for i, (seq, first) in enumerate(seqs):
-    inputs[i, :len(seq) - 1], targets[i, :len(seq) - 1] = seq[:-1], seq[1:]
-    mask[i, first:len(seq) - 1] = 1.0
+    inputs[i, : len(seq) - 1], targets[i, : len(seq) - 1] = seq[:-1], seq[1:]
+    mask[i, first : len(seq) - 1] = 1.0
   seq_, pos, edit = (np.asarray(c, np.int32) for c in zip(*out))
   return EditBatch(inputs, targets, mask, seq_, pos, edit)
 
@@ -92,8 +98,9 @@ def captured(model, tokens, init=None):
   """(logits, aux, {module path + method: first output}) of one forward pass;
   `init`: MoE output perturbations (MoELayer.gradient_probe)."""
   extra = {} if init is None else {"init": init}
-  (logits, aux, _), state = nnx.capture(model, nnx.Intermediate,
-                                        method_outputs=nnx.Intermediate, **extra)(tokens)
+  (logits, aux, _), state = nnx.capture(
+    model, nnx.Intermediate, method_outputs=nnx.Intermediate, **extra
+  )(tokens)
   return logits, aux, {path: v.get_value()[0] for path, v in nnx.to_flat_state(state)}
 
 
@@ -105,9 +112,11 @@ def dense_gates(aux, num_experts: int) -> jax.Array:
   """float32 [T, E]: each token's combine weight per expert (0: not routed)."""
   index, weight, valid = aux["expert_index"], aux["combine_weight"], aux["valid"]
   rows = jnp.arange(index.shape[0])[:, None]
-  return jnp.zeros((index.shape[0], num_experts + 1), jnp.float32).at[
-      rows, jnp.where(valid, index, num_experts)].add(
-          jnp.where(valid, weight, 0).astype(jnp.float32))[:, :num_experts]
+  return (
+    jnp.zeros((index.shape[0], num_experts + 1), jnp.float32)
+    .at[rows, jnp.where(valid, index, num_experts)]
+    .add(jnp.where(valid, weight, 0).astype(jnp.float32))[:, :num_experts]
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
@@ -154,8 +163,9 @@ def perturbed_nll(graphdef, params, rest, batch: dict, block: int, delta_MxD):
   _, perturbation = nnx.capture(fresh(), nnx.Perturbation)(tokens)
   pure = nnx.to_pure_dict(perturbation)
   zero = pure["blocks"][block]["ffn"]["output"]
-  pure["blocks"][block]["ffn"]["output"] = jnp.zeros_like(zero).at[
-      batch["seq"], batch["position"]].set(delta_MxD.astype(zero.dtype))
+  pure["blocks"][block]["ffn"]["output"] = (
+    jnp.zeros_like(zero).at[batch["seq"], batch["position"]].set(delta_MxD.astype(zero.dtype))
+  )
   nnx.replace_by_pure_dict(perturbation, pure)
   logits, _, _ = captured(fresh(), tokens, init=perturbation)
   return _nll(logits, batch["targets"], batch["mask"])
@@ -163,36 +173,48 @@ def perturbed_nll(graphdef, params, rest, batch: dict, block: int, delta_MxD):
 
 def _target_loss(graphdef, params, rest, arrays, block, delta, h_norm, decay):
   nll = perturbed_nll(graphdef, params, rest, arrays, block, delta)
-  return jnp.sum(nll) + decay * jnp.sum(jnp.sum(delta ** 2, -1) / h_norm ** 2), nll
+  return jnp.sum(nll) + decay * jnp.sum(jnp.sum(delta**2, -1) / h_norm**2), nll
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _target_step(graphdef, params, rest, arrays, block, delta, state, h_norm, lr, decay, clamp):
   (_, nll), grad = jax.value_and_grad(_target_loss, argnums=5, has_aux=True)(
-      graphdef, params, rest, arrays, block, delta, h_norm, decay)
+    graphdef, params, rest, arrays, block, delta, h_norm, decay
+  )
   updates, state = optax.adam(lr).update(grad, state)
   delta = optax.apply_updates(delta, updates)
   scale = jnp.minimum(1.0, clamp * h_norm / jnp.maximum(jnp.linalg.norm(delta, axis=-1), 1e-12))
   return delta * scale[:, None], state, nll
 
 
-def target_deltas(graphdef, params, rest, batch: EditBatch, block: int, *, steps: int,
-                  lr: float, decay: float, clamp: float):
+def target_deltas(
+  graphdef,
+  params,
+  rest,
+  batch: EditBatch,
+  block: int,
+  *,
+  steps: int,
+  lr: float,
+  decay: float,
+  clamp: float,
+):
   """(delta [M, d] float32, the block outputs h [M, d] at the rows, NLL [N] of the
   sequences before and after): ROME's target at block `block`, one delta per row,
   all of a sequence's rows optimised together (module doc; ROME shares one delta
   across an edit's prompts: a difference, a guess)."""
-  arrays = {k: jnp.asarray(getattr(batch, k))
-            for k in ("inputs", "targets", "mask", "seq", "position")}
-  h = rows_at(graphdef, params, rest, arrays["inputs"], jnp.asarray(batch.flat),
-              (block,))[block][2]
+  arrays = {
+    k: jnp.asarray(getattr(batch, k)) for k in ("inputs", "targets", "mask", "seq", "position")
+  }
+  h = rows_at(graphdef, params, rest, arrays["inputs"], jnp.asarray(batch.flat), (block,))[block][2]
   h_norm = jnp.linalg.norm(h, axis=-1)
   delta = jnp.zeros_like(h)
   state = optax.adam(lr).init(delta)
   nlls = []
   for _ in range(steps + 1):  # the last call only measures
-    new, new_state, nll = _target_step(graphdef, params, rest, arrays, block, delta, state,
-                                       h_norm, lr, decay, clamp)
+    new, new_state, nll = _target_step(
+      graphdef, params, rest, arrays, block, delta, state, h_norm, lr, decay, clamp
+    )
     nlls.append(nll)
     if len(nlls) <= steps:
       delta, state = new, new_state

@@ -16,6 +16,7 @@ blocks' preserved keys, unchanged. Guess: MEMIT's 1/(blocks left) share
 finetune: `steps` Adam steps (learning rate `lr`) on the edited blocks' w_down
 of every expert, minimising the mean NLL of the edits' continuations.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,7 +38,8 @@ def _layer_inputs(graphdef, params, rest, tokens, block: int):
   layer = model.blocks[block].ffn
   x = outputs[("blocks", block, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model)
   return x.astype(jnp.float32), capture.dense_gates(
-      aux["moe"][capture.moe_blocks(model).index(block)], layer.cfg.num_experts)
+    aux["moe"][capture.moe_blocks(model).index(block)], layer.cfg.num_experts
+  )
 
 
 def preserved_keys(graphdef, params, rest, windows, block: int, batch_size: int = 8):
@@ -45,12 +47,13 @@ def preserved_keys(graphdef, params, rest, windows, block: int, batch_size: int 
   experts = _experts(params, block)
   keys, owner = [], []
   for i in range(0, len(windows), batch_size):
-    x, g = jax.device_get(_layer_inputs(graphdef, params, rest,
-                                        jnp.asarray(windows[i:i + batch_size]), block))
+    x, g = jax.device_get(
+      _layer_inputs(graphdef, params, rest, jnp.asarray(windows[i : i + batch_size]), block)
+    )
     for e in range(g.shape[1]):
       rows = g[:, e] > 0
       if rows.any():
-        one = {k: experts[k][e:e + 1] for k in ("w_gate", "w_up")}
+        one = {k: experts[k][e : e + 1] for k in ("w_gate", "w_up")}
         keys.append(capture.expert_keys(one, x[rows])[:, 0])
         owner.append(np.full(int(rows.sum()), e))
   return np.concatenate(keys), np.concatenate(owner)
@@ -83,8 +86,7 @@ def _finetune_step(w, graphdef, params, rest, arrays, state, lr):
   return optax.apply_updates(w, updates), state, value
 
 
-def finetune(graphdef, params, rest, batch: capture.EditBatch, layers, *, steps: int,
-             lr: float):
+def finetune(graphdef, params, rest, batch: capture.EditBatch, layers, *, steps: int, lr: float):
   """(params, NLL [steps]) after Adam on the blocks' w_down (module doc)."""
   arrays = {k: jnp.asarray(getattr(batch, k)) for k in ("inputs", "targets", "mask")}
   w = {b: jnp.asarray(_experts(params, b)["w_down"]) for b in layers}
@@ -107,8 +109,17 @@ def layer_projectors(graphdef, params, rest, windows, block: int, tol: float):
   return nullspace.layer_projectors(keys, owner, e, tol)
 
 
-def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods.Bound,
-               preserved: np.ndarray | None = None, cache: dict | None = None):
+def edit_model(
+  m,
+  params,
+  rest,
+  tokenizer,
+  prefix_id: int,
+  edits,
+  bound: methods.Bound,
+  preserved: np.ndarray | None = None,
+  cache: dict | None = None,
+):
   """(edited params, report) of the model config `m` (loop layout) with host
   params: `edits` (facts.Fact) by the bound method; `preserved` int32 [N, L]
   windows for the null-space projectors (moe_edit with project=True). `cache`:
@@ -117,42 +128,71 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
   edits and model (a study's arms)."""
   cache = {} if cache is None else cache
   from moejax.models.decoder import abstract_model
+
   methods.check_model(bound, m)
   graphdef = abstract_model(m)[0]
   method, o = bound.method, bound.options
   layers = list(o["layers"])
-  batch = capture.encode_rows(tokenizer, prefix_id, facts_lib.edit_rows(edits),
-                              o["key_position"])
+  batch = capture.encode_rows(tokenizer, prefix_id, facts_lib.edit_rows(edits), o["key_position"])
   report: dict[str, Any] = {
-      "method": method.name,
-      "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()},
-      "edits": len(edits), "rows": int(len(batch.seq)), "layers": []}
+    "method": method.name,
+    "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()},
+    "edits": len(edits),
+    "rows": int(len(batch.seq)),
+    "layers": [],
+  }
   if method.kind == "gradient":
-    params, history = finetune(graphdef, params, rest, batch, layers, steps=o["steps"],
-                               lr=o["lr"])
+    params, history = finetune(graphdef, params, rest, batch, layers, steps=o["steps"], lr=o["lr"])
     report["nll"] = {"before": history[0], "after_last_step": history[-1]}
     return params, report
   project = method.needs_projectors and o.get("project", False)
   if project and preserved is None:
     raise ValueError("moe_edit with the projection needs preserved windows")
-  projectors = {b: _cached(cache, ("projectors", b, o["tol"]), lambda b=b: layer_projectors(
-      graphdef, params, rest, preserved, b, o["tol"])) for b in layers} if project else {}
+  projectors = (
+    {
+      b: _cached(
+        cache,
+        ("projectors", b, o["tol"]),
+        lambda b=b: layer_projectors(graphdef, params, rest, preserved, b, o["tol"]),
+      )
+      for b in layers
+    }
+    if project
+    else {}
+  )
   solve = method.solve
   if solve is None:
     raise ValueError(f"edit method {method.name!r} ({method.kind}) has no layer solve")
   last = layers[-1]
   common = tuple((k, o[k]) for k in methods.COMMON)
-  delta, h, nll0, nll1 = _cached(cache, ("target", common), lambda: capture.target_deltas(
-      graphdef, params, rest, batch, last, steps=o["target_steps"],
-      lr=o["target_lr"], decay=o["target_decay"], clamp=o["clamp"]))
-  report["target"] = {"nll_before": float(nll0.mean()), "nll_with_delta": float(nll1.mean()),
-                      "delta_over_h": float(np.mean(np.linalg.norm(delta, axis=-1)) /
-                                            np.mean(np.linalg.norm(h, axis=-1)))}
+  delta, h, nll0, nll1 = _cached(
+    cache,
+    ("target", common),
+    lambda: capture.target_deltas(
+      graphdef,
+      params,
+      rest,
+      batch,
+      last,
+      steps=o["target_steps"],
+      lr=o["target_lr"],
+      decay=o["target_decay"],
+      clamp=o["clamp"],
+    ),
+  )
+  report["target"] = {
+    "nll_before": float(nll0.mean()),
+    "nll_with_delta": float(nll1.mean()),
+    "delta_over_h": float(
+      np.mean(np.linalg.norm(delta, axis=-1)) / np.mean(np.linalg.norm(h, axis=-1))
+    ),
+  }
   z = h.astype(np.float64) + delta
   tokens, flat = jnp.asarray(batch.inputs), jnp.asarray(batch.flat)
   for i, block in enumerate(layers):
-    got = jax.device_get(capture.rows_at(graphdef, params, rest, tokens, flat,
-                                         tuple(sorted({block, last}))))
+    got = jax.device_get(
+      capture.rows_at(graphdef, params, rest, tokens, flat, tuple(sorted({block, last})))
+    )
     x, g, _ = got[block]
     R = -(z - got[last][2]) / (len(layers) - i)
     experts = _experts(params, block)
@@ -167,12 +207,23 @@ def edit_model(m, params, rest, tokenizer, prefix_id: int, edits, bound: methods
     new = (w.astype(np.float64) + bcd.w_down_update(deltas, P)).astype(w.dtype)
     params = _with_w_down(params, {block: new})
     g64 = np.asarray(g, np.float64)
-    report["layers"].append({
-        "block": int(block), "experts_used": int(np.sum(np.any(g64 > 0, axis=0))),
+    report["layers"].append(
+      {
+        "block": int(block),
+        "experts_used": int(np.sum(np.any(g64 > 0, axis=0))),
         "residual_norm": float(np.linalg.norm(R)),
-        "objective": [bcd.objective(R, g64, keys, np.zeros_like(deltas), 0.0, P),
-                      bcd.objective(R, g64, keys, deltas, 0.0, P)],
-        **({"free_dims_min": min(p.free for p in projectors[block]),
-            "free_dims_mean": float(np.mean([p.free for p in projectors[block]]))}
-           if project else {})})
+        "objective": [
+          bcd.objective(R, g64, keys, np.zeros_like(deltas), 0.0, P),
+          bcd.objective(R, g64, keys, deltas, 0.0, P),
+        ],
+        **(
+          {
+            "free_dims_min": min(p.free for p in projectors[block]),
+            "free_dims_mean": float(np.mean([p.free for p in projectors[block]])),
+          }
+          if project
+          else {}
+        ),
+      }
+    )
   return params, report

@@ -12,6 +12,7 @@ Prompts, as the probes split a fact sentence (mix_synthetic.fact_prompt):
   paraphrase_rows the HELD_OUT_TEMPLATES paraphrase, never seen in training
   true_rows       the true value in the training templates (unedited facts)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,8 @@ from moejax.errors import ConfigError
 class Fact:
   subject: str
   attribute: str
-  target: str   # the new value
-  true: str     # the value in the corpus
+  target: str  # the new value
+  true: str  # the value in the corpus
 
 
 @functools.cache
@@ -47,11 +48,14 @@ def make_fact(subject: str, attribute: str, target: str, where: str = "") -> Fac
   """A Fact checked against the corpus; ConfigError naming `where` (file and line)."""
   person = people().get(subject)
   if person is None:
-    raise ConfigError(f"the subject {subject!r} is missing from the model's facts (the facts "
-                      f"domain's {ms.NUM_PEOPLE} people){where}")
+    raise ConfigError(
+      f"the subject {subject!r} is missing from the model's facts (the facts "
+      f"domain's {ms.NUM_PEOPLE} people){where}"
+    )
   if attribute not in ms.TRAIN_TEMPLATES:
-    raise ConfigError(f"attribute {attribute!r} is not known; valid: "
-                      f"{', '.join(ms.TRAIN_TEMPLATES)}{where}")
+    raise ConfigError(
+      f"attribute {attribute!r} is not known; valid: {', '.join(ms.TRAIN_TEMPLATES)}{where}"
+    )
   if not isinstance(target, str) or not target.strip() or "." in target:
     raise ConfigError(f"target {target!r} must be a non-empty value without '.'{where}")
   return Fact(subject, attribute, target, person.attributes[attribute])
@@ -60,9 +64,12 @@ def make_fact(subject: str, attribute: str, target: str, where: str = "") -> Fac
 def read_facts(path: str, flag: str = "--facts") -> list[Fact]:
   """The facts of a JSON-lines file (module doc); blank lines are skipped."""
   from moejax import cli
+
   fields = ("subject", "attribute", "target")
-  out = [make_fact(record["subject"], record["attribute"], record["target"], f" {where}")
-         for where, record in cli.json_lines(flag.lstrip("-"), path, fields)]
+  out = [
+    make_fact(record["subject"], record["attribute"], record["target"], f" {where}")
+    for where, record in cli.json_lines(flag.lstrip("-"), path, fields)
+  ]
   if not out:
     raise ConfigError(f"no facts in the file ({flag}={path})")
   return out
@@ -103,6 +110,9 @@ def paraphrase_rows(facts):
 
 def true_rows(facts, paraphrase: bool = False):
   """The true values (training templates, or the held-out paraphrase)."""
-  templates = ((lambda f: (ms.HELD_OUT_TEMPLATES[f.attribute],)) if paraphrase else
-               (lambda f: ms.TRAIN_TEMPLATES[f.attribute]))
+  templates = (
+    (lambda f: (ms.HELD_OUT_TEMPLATES[f.attribute],))
+    if paraphrase
+    else (lambda f: ms.TRAIN_TEMPLATES[f.attribute])
+  )
   return _rows(facts, templates, lambda f: f.true)

@@ -1,19 +1,20 @@
 """What an edit did (the MoEEdit paper's axes, measured on the facts domain):
 
-  efficacy          greedy decoding of each edit prompt (both training templates)
-                    gives the new value's continuation exactly (teacher forced,
-                    as the probes score: evaluation/probes.py)
-  efficacy_score    log p(new continuation) > log p(true continuation) (CounterFact's
-                    efficacy score)
-  target_prob       the new continuation's per-token geometric-mean probability
-  paraphrase(_score) the same on the held-out paraphrase template, never edited on
-  unedited_accuracy greedy accuracy of other people's true facts (specificity)
-  unedited_nll_change their per-token NLL after minus before
-  routing_kl        KL(router softmax before || after), mean over tokens of
-                    unrelated windows and the MoE blocks after the first edited
-                    one (the earlier blocks cannot change), float32
-  topk_change       the fraction of those (token, block) pairs whose top-k set changed
+efficacy          greedy decoding of each edit prompt (both training templates)
+                  gives the new value's continuation exactly (teacher forced,
+                  as the probes score: evaluation/probes.py)
+efficacy_score    log p(new continuation) > log p(true continuation) (CounterFact's
+                  efficacy score)
+target_prob       the new continuation's per-token geometric-mean probability
+paraphrase(_score) the same on the held-out paraphrase template, never edited on
+unedited_accuracy greedy accuracy of other people's true facts (specificity)
+unedited_nll_change their per-token NLL after minus before
+routing_kl        KL(router softmax before || after), mean over tokens of
+                  unrelated windows and the MoE blocks after the first edited
+                  one (the earlier blocks cannot change), float32
+topk_change       the fraction of those (token, block) pairs whose top-k set changed
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,8 @@ from flax import nnx
 
 from moejax.editing import capture, facts as facts_lib
 
-ROWS = 32    # rows per scored batch (one compiled shape)
-WIDTH = 96   # tokens per row
+ROWS = 32  # rows per scored batch (one compiled shape)
+WIDTH = 96  # tokens per row
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -43,12 +44,12 @@ def scores(graphdef, params, rest, tokenizer, prefix_id, rows):
   batch = capture.encode_rows(tokenizer, prefix_id, rows, "prompt_last", width=WIDTH)
   logp, hit = [], []
   for i in range(0, len(batch.inputs), ROWS):
-    part = [getattr(batch, k)[i:i + ROWS] for k in ("inputs", "targets", "mask")]
+    part = [getattr(batch, k)[i : i + ROWS] for k in ("inputs", "targets", "mask")]
     pad = ROWS - len(part[0])
     part = [np.pad(a, ((0, pad), (0, 0))) for a in part]
     lp, h = _score(graphdef, params, rest, *(jnp.asarray(a) for a in part))
-    logp.append(np.asarray(lp)[:ROWS - pad])
-    hit.append(np.asarray(h)[:ROWS - pad])
+    logp.append(np.asarray(lp)[: ROWS - pad])
+    hit.append(np.asarray(h)[: ROWS - pad])
   return np.concatenate(logp), np.concatenate(hit), batch.mask.sum(1)
 
 
@@ -60,8 +61,9 @@ def fact_metrics(graphdef, before, after, rest, tokenizer, prefix_id, edits, une
 
   out = {}
   for name, new_rows, true_rows in (
-      ("efficacy", facts_lib.edit_rows(edits), facts_lib.true_rows(edits)),
-      ("paraphrase", facts_lib.paraphrase_rows(edits), facts_lib.true_rows(edits, True))):
+    ("efficacy", facts_lib.edit_rows(edits), facts_lib.true_rows(edits)),
+    ("paraphrase", facts_lib.paraphrase_rows(edits), facts_lib.true_rows(edits, True)),
+  ):
     lp_new, hit, n = s(after, new_rows)
     lp_true, _, _ = s(after, true_rows)
     out[name] = float(hit.mean())
@@ -76,15 +78,17 @@ def fact_metrics(graphdef, before, after, rest, tokenizer, prefix_id, edits, une
   return out
 
 
-def routing_shift(graphdef, before, after, rest, windows, first_block: int,
-                  batch_size: int = 8, reference=None) -> dict:
+def routing_shift(
+  graphdef, before, after, rest, windows, first_block: int, batch_size: int = 8, reference=None
+) -> dict:
   """routing_kl and topk_change (module doc) on int32 windows [N, L]; `reference`:
   the unedited model's routing on them (routing_reference), computed if None."""
   reference = reference or routing_reference(graphdef, before, rest, windows, batch_size)
   kls, changed = [], []
   for i, ref in zip(range(0, len(windows), batch_size), reference):
-    now = jax.device_get(capture.routing(graphdef, after, rest,
-                                         jnp.asarray(windows[i:i + batch_size])))
+    now = jax.device_get(
+      capture.routing(graphdef, after, rest, jnp.asarray(windows[i : i + batch_size]))
+    )
     for (p, p_set, block), (q, q_set) in zip(ref, now):
       if block <= first_block:
         continue
@@ -93,17 +97,21 @@ def routing_shift(graphdef, before, after, rest, windows, first_block: int,
       changed.append(np.any(p_set != q_set, axis=-1))
   if not kls:
     return {"routing_kl": 0.0, "topk_change": 0.0}
-  return {"routing_kl": float(np.mean(np.concatenate(kls))),
-          "topk_change": float(np.mean(np.concatenate(changed)))}
+  return {
+    "routing_kl": float(np.mean(np.concatenate(kls))),
+    "topk_change": float(np.mean(np.concatenate(changed))),
+  }
 
 
 def routing_reference(graphdef, params, rest, windows, batch_size: int = 8) -> list:
   """Per batch of windows, per MoE block (softmax, top-k set, block index)."""
   from moejax.models.structure import moe_layer_indices
+
   out = []
   for i in range(0, len(windows), batch_size):
-    got = jax.device_get(capture.routing(graphdef, params, rest,
-                                         jnp.asarray(windows[i:i + batch_size])))
+    got = jax.device_get(
+      capture.routing(graphdef, params, rest, jnp.asarray(windows[i : i + batch_size]))
+    )
     out.append(got)
   blocks = [i for i, b in enumerate(nnx.merge(graphdef, params, rest).blocks) if b.is_moe]
   del moe_layer_indices

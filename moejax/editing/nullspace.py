@@ -12,6 +12,7 @@ Guess: the tolerance is relative to the largest eigenvalue (AlphaEdit and the
 MoEEdit code threshold the un-normalised eigenvalue at an absolute 2e-2), so
 it does not depend on the scale of the keys.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ from moejax.errors import ConfigError
 class Projector:
   """P [f, f] float64 onto the null space of one expert's preserved keys; `rank`
   of those keys (f - rank is the room left for edits) and how many there were."""
+
   matrix: np.ndarray
   rank: int
   num_keys: int
@@ -49,14 +51,15 @@ def null_space_projector(K0: np.ndarray, tol: float) -> Projector:
   # the right singular vectors of K0 are C's eigenvectors; s^2 / n its eigenvalues
   _, s, vt = np.linalg.svd(K0, full_matrices=True)
   eig = np.zeros(f)
-  eig[:len(s)] = s ** 2 / K0.shape[0]
+  eig[: len(s)] = s**2 / K0.shape[0]
   kept = eig > max(tol, np.finfo(np.float64).eps * f) * eig[0]
   null = vt[~kept]
   return Projector(null.T @ null, int(kept.sum()), K0.shape[0])
 
 
-def layer_projectors(hidden: np.ndarray, expert: np.ndarray, num_experts: int,
-                     tol: float) -> list[Projector]:
+def layer_projectors(
+  hidden: np.ndarray, expert: np.ndarray, num_experts: int, tol: float
+) -> list[Projector]:
   """One Projector per expert of a layer from its routed rows: hidden [R, f] (the
   down-projection inputs) and expert [R] (posttrain/expert_inputs.LayerInputs)."""
   return [null_space_projector(hidden[expert == e], tol) for e in range(num_experts)]
@@ -69,10 +72,12 @@ def check_capacity(gates: np.ndarray, projectors: list[Projector], block: int) -
   used = np.flatnonzero(np.any(gates > 0, axis=0))
   room = sum(projectors[e].free for e in used)
   if gates.shape[0] > room:
-    detail = ", ".join(f"expert {e}: rank {projectors[e].rank} of "
-                       f"{projectors[e].matrix.shape[0]}" for e in used[:4])
+    detail = ", ".join(
+      f"expert {e}: rank {projectors[e].rank} of {projectors[e].matrix.shape[0]}" for e in used[:4]
+    )
     raise ConfigError(
-        f"block {block}: {gates.shape[0]} edit rows need more room than the null spaces of "
-        f"the {len(used)} experts they route to hold ({room} free dimensions in all; the "
-        f"preserved keys have {detail}{', ...' if len(used) > 4 else ''}); edit fewer facts "
-        "or raise the null-space tolerance")
+      f"block {block}: {gates.shape[0]} edit rows need more room than the null spaces of "
+      f"the {len(used)} experts they route to hold ({room} free dimensions in all; the "
+      f"preserved keys have {detail}{', ...' if len(used) > 4 else ''}); edit fewer facts "
+      "or raise the null-space tolerance"
+    )

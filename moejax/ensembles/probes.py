@@ -11,6 +11,7 @@ Two tasks, as the probes score them:
           a real position); the prediction is the decoded tokens (-1 past the answer's
           length), correct when they equal the answer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,7 @@ class Task:
   """Examples encoded for one scoring. choice: rows [R, L] of E examples x C
   candidates, `score` their scored positions, `num_bytes` [E, C], `label` [E]. greedy:
   prompts [E, L] right padded with `length` [E], `answer` [E, T] (-1 padded)."""
+
   kind: str
   inputs: np.ndarray
   targets: np.ndarray | None
@@ -40,32 +42,47 @@ class Task:
 
 
 def choice_task(examples, tokenizer, prefix_id: int, context: int) -> Task:
-  rows = [continuation_row(np.concatenate([[prefix_id], token_ids(tokenizer, e.prompt)]),
-                           token_ids(tokenizer, c), context)
-          for e in examples for c in e.choices]
+  rows = [
+    continuation_row(
+      np.concatenate([[prefix_id], token_ids(tokenizer, e.prompt)]),
+      token_ids(tokenizer, c),
+      context,
+    )
+    for e in examples
+    for c in e.choices
+  ]
   width = max(len(r.inputs) for r in rows)
 
   def pad(xs, v):
     return np.stack([np.pad(x, (0, width - len(x)), constant_values=v) for x in xs])
 
   k = len(examples[0].choices)
-  num_bytes = np.array([[len(c.encode("utf-8")) for c in e.choices] for e in examples],
-                       np.float64).reshape(-1, k)
-  return Task("choice", pad([r.inputs for r in rows], prefix_id),
-              pad([r.targets for r in rows], 0), pad([r.score for r in rows], False),
-              num_bytes, None, np.array([e.label for e in examples], np.int32))
+  num_bytes = np.array(
+    [[len(c.encode("utf-8")) for c in e.choices] for e in examples], np.float64
+  ).reshape(-1, k)
+  return Task(
+    "choice",
+    pad([r.inputs for r in rows], prefix_id),
+    pad([r.targets for r in rows], 0),
+    pad([r.score for r in rows], False),
+    num_bytes,
+    None,
+    np.array([e.label for e in examples], np.int32),
+  )
 
 
 def greedy_task(examples, tokenizer, prefix_id: int) -> Task:
-  prompts = [np.concatenate([[prefix_id], tokenizer.encode(e.prompt)]).astype(np.int32)
-             for e in examples]
+  prompts = [
+    np.concatenate([[prefix_id], tokenizer.encode(e.prompt)]).astype(np.int32) for e in examples
+  ]
   answers = [np.asarray(tokenizer.encode(e.choices[0]), np.int32) for e in examples]
   steps = max(len(a) for a in answers)
   width = max(len(p) for p in prompts) + steps
   inputs = np.stack([np.pad(p, (0, width - len(p)), constant_values=prefix_id) for p in prompts])
   answer = np.stack([np.pad(a, (0, steps - len(a)), constant_values=-1) for a in answers])
-  return Task("greedy", inputs, None, None, None,
-              np.array([len(p) for p in prompts], np.int32), answer)
+  return Task(
+    "greedy", inputs, None, None, None, np.array([len(p) for p in prompts], np.int32), answer
+  )
 
 
 def _logits(graphdef, params, rest, tokens):
@@ -88,6 +105,7 @@ def _greedy(graphdef, params, rest, task: dict, steps: int):
     logits = _logits(graphdef, params, rest, buf)
     nxt = jnp.argmax(logits[rows, length - 1 + t], axis=-1).astype(buf.dtype)
     return buf.at[rows, length + t].set(nxt)
+
   buf = jax.lax.fori_loop(0, steps, step, tokens)
   return buf[rows[:, None], length[:, None] + jnp.arange(steps)[None]]
 
@@ -101,22 +119,36 @@ def _arrays(task: Task) -> dict:
 def _members(graphdef, params, rest, key, indices, statics, width, zero, sigma, arrays):
   def one(index):
     member = params if zero else randopt.perturb(params, key, index, sigma)
-    return [(_choice if kind == "choice" else _greedy)(graphdef, member, rest, task, static)
-            for (kind, static), task in zip(statics, arrays)]
+    return [
+      (_choice if kind == "choice" else _greedy)(graphdef, member, rest, task, static)
+      for (kind, static), task in zip(statics, arrays)
+    ]
+
   return jax.lax.map(one, indices, batch_size=width)
 
 
-def predict(graphdef, params, rest, tasks: list[Task], *, key, indices, sigma: float,
-            width: int = 1):
+def predict(
+  graphdef, params, rest, tasks: list[Task], *, key, indices, sigma: float, width: int = 1
+):
   """Per task, the predictions [len(indices), E, ...] of members `indices` (numpy),
   `width` members vmapped at a time (jax.lax.map's batch_size; on a CPU a vmapped
   dropless layer is slower than a loop, so 1 there)."""
   statics = tuple(
-      (t.kind, np.asarray(t.num_bytes).shape if t.kind == "choice" else t.answer.shape[1])
-      for t in tasks)
-  out = _members(graphdef, params, rest, key, jnp.asarray(indices, jnp.int32), statics,
-                 int(width), float(sigma) == 0.0, jnp.float32(sigma),
-                 [_arrays(t) for t in tasks])
+    (t.kind, np.asarray(t.num_bytes).shape if t.kind == "choice" else t.answer.shape[1])
+    for t in tasks
+  )
+  out = _members(
+    graphdef,
+    params,
+    rest,
+    key,
+    jnp.asarray(indices, jnp.int32),
+    statics,
+    int(width),
+    float(sigma) == 0.0,
+    jnp.float32(sigma),
+    [_arrays(t) for t in tasks],
+  )
   return [mask_answers(t, np.asarray(p)) for t, p in zip(tasks, out)]
 
 

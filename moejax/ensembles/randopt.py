@@ -15,6 +15,7 @@ answer by majority vote of their greedy predictions.
                goes to the tied prediction of the best-ranked member (the paper's
                collections.Counter order does the same).
 """
+
 from __future__ import annotations
 
 import collections
@@ -34,11 +35,14 @@ def check(n: int, k: int, sigma: float, keys: dict | None = None) -> None:
   if not isinstance(k, int) or k < 1:
     raise ConfigError(f"{keys['k']}={k!r} must be an integer >= 1 (members of the vote)")
   if k > n:
-    raise ConfigError(f"{keys['k']}={k} is larger than {keys['n']}={n}: the vote keeps the "
-                      "top K of N perturbations")
+    raise ConfigError(
+      f"{keys['k']}={k} is larger than {keys['n']}={n}: the vote keeps the top K of N perturbations"
+    )
   if not np.isfinite(sigma) or sigma < 0:
-    raise ConfigError(f"{keys['sigma']}={sigma!r} must be a finite number >= 0 (the "
-                      "perturbation scale, relative to each tensor's RMS)")
+    raise ConfigError(
+      f"{keys['sigma']}={sigma!r} must be a finite number >= 0 (the "
+      "perturbation scale, relative to each tensor's RMS)"
+    )
 
 
 def perturb(params, key, index, sigma: float):
@@ -80,8 +84,9 @@ def majority_vote(predictions) -> np.ndarray:
   token sequence); ties to the best-ranked member's prediction."""
   predictions = np.asarray(predictions)
   if predictions.ndim < 2 or predictions.shape[0] < 1:
-    raise ConfigError(f"majority_vote needs predictions [K >= 1, M, ...], got shape "
-                      f"{predictions.shape}")
+    raise ConfigError(
+      f"majority_vote needs predictions [K >= 1, M, ...], got shape {predictions.shape}"
+    )
   out = np.empty(predictions.shape[1:], predictions.dtype)
   for m in range(predictions.shape[1]):
     rows = [predictions[k, m].tobytes() for k in range(predictions.shape[0])]

@@ -13,6 +13,7 @@ documents are split by position (even: selection, odd: held-out) before next-pas
 examples are drawn from each half; arithmetic examples are drawn once, twice as many,
 and split in halves per operand size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,18 +26,25 @@ from moejax.evaluation import probe_data
 TASKS = ("arithmetic", "next_passage")
 
 
-def split_examples(documents, seed: int, *, per_domain: int, per_size: int,
-                   passage: int) -> dict[str, tuple[list, list]]:
+def split_examples(
+  documents, seed: int, *, per_domain: int, per_size: int, passage: int
+) -> dict[str, tuple[list, list]]:
   """{task: (selection examples, held-out examples)} (module doc)."""
-  halves = ([d for i, d in enumerate(documents) if i % 2 == 0],
-            [d for i, d in enumerate(documents) if i % 2 == 1])
-  passages = (probe_data.next_passage_examples(halves[0], seed, per_domain, passage),
-              probe_data.next_passage_examples(halves[1], seed + 1, per_domain, passage))
+  halves = (
+    [d for i, d in enumerate(documents) if i % 2 == 0],
+    [d for i, d in enumerate(documents) if i % 2 == 1],
+  )
+  passages = (
+    probe_data.next_passage_examples(halves[0], seed, per_domain, passage),
+    probe_data.next_passage_examples(halves[1], seed + 1, per_domain, passage),
+  )
   drawn = probe_data.arithmetic_examples(seed, 2 * per_size)
   groups = sorted({e.group for e in drawn})
   parts = [[e for e in drawn if e.group == g] for g in groups]
-  arithmetic = ([e for p in parts for e in p[:len(p) // 2]],
-                [e for p in parts for e in p[len(p) // 2:]])
+  arithmetic = (
+    [e for p in parts for e in p[: len(p) // 2]],
+    [e for p in parts for e in p[len(p) // 2 :]],
+  )
   return {"arithmetic": arithmetic, "next_passage": passages}
 
 
@@ -55,12 +63,24 @@ def encode(examples: dict, tokenizer, prefix_id: int, context: int) -> dict:
 class Scored:
   """Per task and set ('selection', 'held_out'): the base's predictions [E, ...] and
   the N members' [N, E, ...]."""
+
   base: dict
   members: dict
 
 
-def score(graphdef, params, rest, tasks: dict, *, n: int, sigma: float, key, chunk: int,
-          width: int = 1, log=None) -> Scored:
+def score(
+  graphdef,
+  params,
+  rest,
+  tasks: dict,
+  *,
+  n: int,
+  sigma: float,
+  key,
+  chunk: int,
+  width: int = 1,
+  log=None,
+) -> Scored:
   """The base and members 0..n-1 (randopt.perturb with `key`) on every task and set,
   `chunk` members per call."""
   order = [(task, s) for task in tasks for s in range(2)]
@@ -68,16 +88,19 @@ def score(graphdef, params, rest, tasks: dict, *, n: int, sigma: float, key, chu
   base = probes.predict(graphdef, params, rest, flat, key=key, indices=[0], sigma=0.0)
   found: list[list] = [[] for _ in flat]
   for i, idx in enumerate(randopt.chunks(n, chunk)):
-    out = probes.predict(graphdef, params, rest, flat, key=key, indices=idx, sigma=sigma,
-                         width=width)
+    out = probes.predict(
+      graphdef, params, rest, flat, key=key, indices=idx, sigma=sigma, width=width
+    )
     keep = min(chunk, n - i * chunk)
     for j, p in enumerate(out):
       found[j].append(p[:keep])
     if log:
       log(f"  members {i * chunk + keep}/{n}")
   names = ("selection", "held_out")
-  return Scored({(t, names[s]): b[0] for (t, s), b in zip(order, base)},
-                {(t, names[s]): np.concatenate(f) for (t, s), f in zip(order, found)})
+  return Scored(
+    {(t, names[s]): b[0] for (t, s), b in zip(order, base)},
+    {(t, names[s]): np.concatenate(f) for (t, s), f in zip(order, found)},
+  )
 
 
 def outcome(tasks: dict, scored: Scored, task: str, k: int) -> dict[str, dict[str, float]]:
@@ -97,11 +120,16 @@ def outcome(tasks: dict, scored: Scored, task: str, k: int) -> dict[str, dict[st
     return float(acc(t, randopt.majority_vote(scored.members[(task, s)][top])))
 
   return {
-      "base": {"accuracy": base_held, "selection_accuracy": base_sel},
-      "perturbations": {"accuracy": float(held.mean()), "selection_accuracy": float(sel.mean()),
-                        "improving": float(np.mean(sel > base_sel)),
-                        "improving_held_out": float(np.mean(held > base_held))},
-      "best_single": {"accuracy": float(held[top[0]]), "selection_accuracy": float(sel[top[0]])},
-      "topk_vote": {"accuracy": vote(held_out, "held_out"),
-                    "selection_accuracy": vote(selection, "selection")},
+    "base": {"accuracy": base_held, "selection_accuracy": base_sel},
+    "perturbations": {
+      "accuracy": float(held.mean()),
+      "selection_accuracy": float(sel.mean()),
+      "improving": float(np.mean(sel > base_sel)),
+      "improving_held_out": float(np.mean(held > base_held)),
+    },
+    "best_single": {"accuracy": float(held[top[0]]), "selection_accuracy": float(sel[top[0]])},
+    "topk_vote": {
+      "accuracy": vote(held_out, "held_out"),
+      "selection_accuracy": vote(selection, "selection"),
+    },
   }

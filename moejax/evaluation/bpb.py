@@ -13,6 +13,7 @@ bpb = total nats / ln 2 / total UTF-8 bytes of the documents' text, so it
 does not depend on the tokenizer (the separator is neither scored nor
 counted).
 """
+
 import dataclasses
 import math
 from collections.abc import Iterable
@@ -35,13 +36,13 @@ def encode_documents(items: Iterable[tuple[str, str | bytes]], tokenizer) -> lis
   docs = []
   for domain, text in items:
     text = text.decode("utf-8") if isinstance(text, bytes) else text
-    docs.append(Document(domain, np.asarray(tokenizer.encode(text), np.int32),
-                         len(text.encode("utf-8"))))
+    docs.append(
+      Document(domain, np.asarray(tokenizer.encode(text), np.int32), len(text.encode("utf-8")))
+    )
   return docs
 
 
-def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[np.ndarray,
-                                                                                   dict]:
+def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[np.ndarray, dict]:
   """(int32 [N, context] windows, {domain: windows}): each domain's documents as one
   stream of [prefix_id] + tokens, cut into whole windows (the remainder left out)."""
   streams: dict[str, list] = {}
@@ -52,7 +53,7 @@ def domain_windows(documents, tokenizer, prefix_id: int, context: int) -> tuple[
     stream = np.concatenate(parts).astype(np.int32)
     n = len(stream) // context
     counts[domain] = n
-    windows.append(stream[:n * context].reshape(n, context))
+    windows.append(stream[: n * context].reshape(n, context))
   return np.concatenate(windows), counts
 
 
@@ -75,7 +76,7 @@ def document_rows(tokens: np.ndarray, prefix_id: int, context: int, stride: int)
   rows = []
   for begin, end, first in windows(len(tokens), context, stride):
     score = np.arange(begin, end) >= first
-    rows.append(Row(seq[begin:end], seq[begin + 1:end + 1], score))
+    rows.append(Row(seq[begin:end], seq[begin + 1 : end + 1], score))
   return rows
 
 
@@ -87,8 +88,15 @@ class DocumentScores:
   token_doc: np.ndarray  # int64 [N]: the document of each scored token
 
 
-def score_documents(lm: LM, docs: list[Document], prefix_id: int, *, context: int,
-                    stride: int | None = None, batch_size: int = 8) -> DocumentScores:
+def score_documents(
+  lm: LM,
+  docs: list[Document],
+  prefix_id: int,
+  *,
+  context: int,
+  stride: int | None = None,
+  batch_size: int = 8,
+) -> DocumentScores:
   """Every token of every document scored once (module doc); float64 sums."""
   stride = context if stride is None else stride
   if context < 1:
@@ -116,6 +124,5 @@ def bpb_by_domain(docs: list[Document], nats: np.ndarray) -> dict[str, float]:
   out = {}
   for domain in sorted({d.domain for d in docs}) + ["all"]:
     pick = [i for i, d in enumerate(docs) if domain in ("all", d.domain)]
-    out[domain] = float(np.sum(nats[pick]) / math.log(2) / sum(docs[i].num_bytes
-                                                                 for i in pick))
+    out[domain] = float(np.sum(nats[pick]) / math.log(2) / sum(docs[i].num_bytes for i in pick))
   return out

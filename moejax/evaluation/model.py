@@ -7,6 +7,7 @@ input token ([B, L, S], -1 for an invalid slot). `DecoderLM` wraps the one
 Decoder; `LogitsLM` wraps any function returning logits (hand-written
 models in tests).
 """
+
 import dataclasses
 import functools
 from typing import Callable, Protocol
@@ -29,13 +30,13 @@ class TokenScores:
 class LM(Protocol):
   vocab_size: int
 
-  def __call__(self, inputs: np.ndarray, targets: np.ndarray,
-               mask: np.ndarray) -> TokenScores: ...
+  def __call__(self, inputs: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> TokenScores: ...
 
 
 @dataclasses.dataclass
 class LogitsLM:
   """An LM from fn(inputs [B, L]) -> logits [B, L, V]; log-softmax in float64."""
+
   fn: Callable[[np.ndarray], np.ndarray]
   vocab_size: int
 
@@ -55,8 +56,9 @@ def _decoder_forward(graphdef, params, rest, inputs, targets, mask):
   logp = jax.nn.log_softmax(logits, axis=-1)
   picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
   b, length = inputs.shape
-  routing = [jnp.where(a["valid"], a["expert_index"], -1).reshape(b, length, -1)
-             for a in aux["moe"]]
+  routing = [
+    jnp.where(a["valid"], a["expert_index"], -1).reshape(b, length, -1) for a in aux["moe"]
+  ]
   return picked, jnp.argmax(logits, -1).astype(jnp.int32), routing
 
 
@@ -70,15 +72,23 @@ class DecoderLM:
     self._params, self._rest = params, rest
 
   def __call__(self, inputs, targets, mask) -> TokenScores:
-    picked, argmax, routing = jax.device_get(_decoder_forward(
-        self._graphdef, self._params, self._rest, jnp.asarray(inputs, jnp.int32),
-        jnp.asarray(targets, jnp.int32), jnp.asarray(mask, bool)))
+    picked, argmax, routing = jax.device_get(
+      _decoder_forward(
+        self._graphdef,
+        self._params,
+        self._rest,
+        jnp.asarray(inputs, jnp.int32),
+        jnp.asarray(targets, jnp.int32),
+        jnp.asarray(mask, bool),
+      )
+    )
     return TokenScores(picked, argmax, list(routing))
 
 
 @dataclasses.dataclass
 class Row:
   """One model row: inputs and targets (same length), scored where `score` is set."""
+
   inputs: np.ndarray
   targets: np.ndarray
   score: np.ndarray  # bool
@@ -91,15 +101,16 @@ class RowScores:
   routing: list  # per MoE layer int32 [n, S]
 
 
-def score_rows(lm: LM, rows: list[Row], width: int, batch_size: int,
-               pad_id: int = 0) -> list[RowScores]:
+def score_rows(
+  lm: LM, rows: list[Row], width: int, batch_size: int, pad_id: int = 0
+) -> list[RowScores]:
   """Every row's scored positions, rows run in batches of [batch_size, width].
 
   Rows are right padded (mask marks real tokens); the last batch is filled
   with one-token rows, so every call has one shape (one compilation)."""
   out = []
   for start in range(0, len(rows), batch_size):
-    chunk = rows[start:start + batch_size]
+    chunk = rows[start : start + batch_size]
     inputs = np.full((batch_size, width), pad_id, np.int32)
     targets = np.zeros((batch_size, width), np.int32)
     mask = np.zeros((batch_size, width), bool)
@@ -107,14 +118,20 @@ def score_rows(lm: LM, rows: list[Row], width: int, batch_size: int,
     for i, row in enumerate(chunk):
       n = len(row.inputs)
       if n > width or len(row.targets) != n or len(row.score) != n:
-        raise ValueError(f"row of {n} inputs, {len(row.targets)} targets, {len(row.score)} "
-                         f"flags does not fit width {width}")
+        raise ValueError(
+          f"row of {n} inputs, {len(row.targets)} targets, {len(row.score)} "
+          f"flags does not fit width {width}"
+        )
       inputs[i, :n], targets[i, :n], mask[i, :n] = row.inputs, row.targets, True
     scores = lm(inputs, targets, mask)
     for i, row in enumerate(chunk):
       keep = np.zeros(width, bool)
-      keep[:len(row.score)] = row.score
-      out.append(RowScores(np.asarray(scores.logprob[i][keep], np.float64),
-                           scores.argmax[i][keep] == targets[i][keep],
-                           [np.asarray(r[i][keep]) for r in scores.routing]))
+      keep[: len(row.score)] = row.score
+      out.append(
+        RowScores(
+          np.asarray(scores.logprob[i][keep], np.float64),
+          scores.argmax[i][keep] == targets[i][keep],
+          [np.asarray(r[i][keep]) for r in scores.routing],
+        )
+      )
   return out

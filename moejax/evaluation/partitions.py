@@ -2,6 +2,7 @@
 names): normalised mutual information and the adjusted Rand index. Used by the
 routing reports (language vs top-1 expert) and the clustering studies
 (moejax/mixtures/)."""
+
 import numpy as np
 
 from moejax.errors import ConfigError
@@ -12,8 +13,10 @@ def contingency(labels_a, labels_b) -> np.ndarray:
   non-empty [n] arrays of one length."""
   a, b = np.ravel(labels_a), np.ravel(labels_b)
   if np.ndim(labels_a) != 1 or np.shape(labels_a) != np.shape(labels_b) or a.size == 0:
-    raise ConfigError(f"expected two non-empty [n] labelings of one length "
-                      f"(shapes={np.shape(labels_a)}, {np.shape(labels_b)})")
+    raise ConfigError(
+      f"expected two non-empty [n] labelings of one length "
+      f"(shapes={np.shape(labels_a)}, {np.shape(labels_b)})"
+    )
   _, ia = np.unique(a, return_inverse=True)
   _, ib = np.unique(b, return_inverse=True)
   counts = np.zeros((ia.max() + 1, ib.max() + 1))

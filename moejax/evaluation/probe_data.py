@@ -16,6 +16,7 @@ Same seed, same examples. facts and arithmetic probe what a model trained on
 ``data.name=mix`` saw (or, held out, did not); DEFAULT_PROBES says which
 probes suit a model by the data it trained on.
 """
+
 import random
 import re
 
@@ -26,28 +27,41 @@ from moejax.evaluation.probes import Example
 CHOICES = 4
 
 
-def fact_examples(seed: int, count: int, corpus_seed: int = mix_synthetic.SEED,
-                  num_people: int = mix_synthetic.NUM_PEOPLE) -> list[Example]:
+def fact_examples(
+  seed: int,
+  count: int,
+  corpus_seed: int = mix_synthetic.SEED,
+  num_people: int = mix_synthetic.NUM_PEOPLE,
+) -> list[Example]:
   """Every fact of `count` of the corpus's people (drawn with `seed`) in every
   training template and in its held-out paraphrase."""
   everyone = mix_synthetic.people(corpus_seed, num_people)
   out = []
   for person in random.Random(seed).sample(everyone, min(count, len(everyone))):
     for attribute, value in person.attributes.items():
-      for group, templates in (("train_template", mix_synthetic.TRAIN_TEMPLATES[attribute]),
-                               ("heldout_template", (mix_synthetic.HELD_OUT_TEMPLATES[attribute],))):
+      for group, templates in (
+        ("train_template", mix_synthetic.TRAIN_TEMPLATES[attribute]),
+        ("heldout_template", (mix_synthetic.HELD_OUT_TEMPLATES[attribute],)),
+      ):
         for template in templates:
           prompt, answer = mix_synthetic.fact_prompt(template, person.name, value)
           out.append(Example(prompt, (answer,), 0, group))
   return out
 
 
-def arithmetic_examples(seed: int, per_size: int, corpus_seed: int = mix_synthetic.SEED,
-                        num_problems: int = mix_synthetic.NUM_PROBLEMS) -> list[Example]:
+def arithmetic_examples(
+  seed: int,
+  per_size: int,
+  corpus_seed: int = mix_synthetic.SEED,
+  num_problems: int = mix_synthetic.NUM_PROBLEMS,
+) -> list[Example]:
   """per_size of the corpus's held-out problems with 2-digit and with 3-digit operands."""
   rng, out = random.Random(seed), []
-  held = [line for line in mix_synthetic.arithmetic_lines(corpus_seed, num_problems)
-          if mix_synthetic.line_is_held_out(line)]
+  held = [
+    line
+    for line in mix_synthetic.arithmetic_lines(corpus_seed, num_problems)
+    if mix_synthetic.line_is_held_out(line)
+  ]
   for digits in (2, 3):
     sized = [line for line in held if len(line.split()[0]) == digits]
     for line in rng.sample(sized, min(per_size, len(sized))):
@@ -58,7 +72,7 @@ def arithmetic_examples(seed: int, per_size: int, corpus_seed: int = mix_synthet
 
 def passages(text: str, size: int) -> list[str]:
   """Consecutive pieces of `size` characters (the last shorter piece dropped)."""
-  return [text[i:i + size] for i in range(0, len(text) - size + 1, size)]
+  return [text[i : i + size] for i in range(0, len(text) - size + 1, size)]
 
 
 def next_passage_examples(documents, seed: int, per_domain: int, size: int = 200) -> list[Example]:
@@ -94,15 +108,20 @@ def last_word_examples(documents, seed: int, per_domain: int, size: int = 200) -
     for match in re.finditer(r"(?<=\S) ([A-Za-z]{3,})(?=[.,;:!?\n])", text):
       if match.start() >= size:
         by_domain.setdefault(domain, []).append(
-            Example(text[match.start() - size:match.start()], (match.group(0),), 0, domain))
+          Example(text[match.start() - size : match.start()], (match.group(0),), 0, domain)
+        )
   for domain in sorted(by_domain):
     found = by_domain[domain]
     out += rng.sample(found, min(per_domain, len(found)))
   return out
 
 
-PROBES = {"facts": "greedy", "arithmetic": "greedy", "next_passage": "choice",
-          "last_word": "greedy"}
+PROBES = {
+  "facts": "greedy",
+  "arithmetic": "greedy",
+  "next_passage": "choice",
+  "last_word": "greedy",
+}
 MIX_PROBES = ("facts", "arithmetic")  # the mix corpus's own facts and problems
 
 
@@ -112,8 +131,9 @@ def default_probes(dataset: str | None) -> tuple[str, ...]:
   return tuple(p for p in PROBES if dataset == "mix" or p not in MIX_PROBES)
 
 
-def probe_examples(name: str, documents, seed: int, count: int,
-                   context: int = 400) -> list[Example]:
+def probe_examples(
+  name: str, documents, seed: int, count: int, context: int = 400
+) -> list[Example]:
   """The examples of probe `name` (PROBES): count per group (facts: count people),
   from (domain, text) documents; passages are up to context // 2 characters (200 at most)."""
   size = max(1, min(200, context // 2))

@@ -14,6 +14,7 @@ Prompt and continuation are encoded separately and joined ([prefix_id] +
 prompt + continuation), as the byte tokenizer would; a prompt longer than the
 context loses its oldest tokens.
 """
+
 import dataclasses
 from collections.abc import Sequence
 
@@ -42,22 +43,35 @@ def token_ids(tokenizer, text: str) -> np.ndarray:
 def continuation_row(prompt: np.ndarray, continuation: np.ndarray, context: int) -> Row:
   """A row scoring `continuation` after `prompt` (prompt cut from the left to fit)."""
   if not 1 <= len(continuation) <= context:
-    raise ConfigError(f"a continuation of {len(continuation)} tokens does not fit the "
-                      f"context of {context}")
-  seq = np.concatenate([prompt, continuation]).astype(np.int32)[-(context + 1):]
+    raise ConfigError(
+      f"a continuation of {len(continuation)} tokens does not fit the context of {context}"
+    )
+  seq = np.concatenate([prompt, continuation]).astype(np.int32)[-(context + 1) :]
   score = np.arange(len(seq) - 1) >= len(seq) - 1 - len(continuation)
   return Row(seq[:-1], seq[1:], score)
 
 
-def score_continuations(lm: LM, tokenizer, prefix_id: int, pairs: Sequence[tuple[str, str]], *,
-                        context: int, batch_size: int = 8):
+def score_continuations(
+  lm: LM,
+  tokenizer,
+  prefix_id: int,
+  pairs: Sequence[tuple[str, str]],
+  *,
+  context: int,
+  batch_size: int = 8,
+):
   """(total log-likelihood float64 [N], greedy match bool [N]) of each (prompt, continuation)."""
-  rows = [continuation_row(np.concatenate([[prefix_id], token_ids(tokenizer, p)]),
-                           token_ids(tokenizer, c), context)
-          for p, c in pairs]
+  rows = [
+    continuation_row(
+      np.concatenate([[prefix_id], token_ids(tokenizer, p)]), token_ids(tokenizer, c), context
+    )
+    for p, c in pairs
+  ]
   scored = score_rows(lm, rows, context, batch_size, pad_id=prefix_id)
-  return (np.array([s.logprob.sum() for s in scored], np.float64),
-          np.array([bool(s.correct.all()) for s in scored], bool))
+  return (
+    np.array([s.logprob.sum() for s in scored], np.float64),
+    np.array([bool(s.correct.all()) for s in scored], bool),
+  )
 
 
 def choose(logprob: np.ndarray, num_bytes: np.ndarray, normalize: str = "bytes") -> np.ndarray:
@@ -74,13 +88,21 @@ def accuracy_by_group(correct: np.ndarray, groups: Sequence[str]) -> dict[str, d
   out = {}
   for group in sorted(set(group_of.tolist()) - {"all"}) + ["all"]:
     pick = correct if group == "all" else correct[group_of == group]
-    out[group] = {"accuracy": float(pick.mean()) if pick.size else None,
-                  "n": int(pick.size)}
+    out[group] = {"accuracy": float(pick.mean()) if pick.size else None, "n": int(pick.size)}
   return out
 
 
-def probe_correct(lm: LM, tokenizer, prefix_id: int, examples: Sequence[Example], scoring: str,
-                  *, context: int, batch_size: int = 8, normalize: str = "bytes") -> np.ndarray:
+def probe_correct(
+  lm: LM,
+  tokenizer,
+  prefix_id: int,
+  examples: Sequence[Example],
+  scoring: str,
+  *,
+  context: int,
+  batch_size: int = 8,
+  normalize: str = "bytes",
+) -> np.ndarray:
   """bool [N]: whether the model gets each example right under `scoring` (module doc)."""
   if scoring not in SCORINGS:
     raise choice_error("scoring", scoring, SCORINGS)
@@ -89,18 +111,25 @@ def probe_correct(lm: LM, tokenizer, prefix_id: int, examples: Sequence[Example]
   if scoring == "greedy":
     if any(len(e.choices) != 1 for e in examples):
       raise ConfigError("greedy scoring takes examples with exactly one continuation")
-    _, greedy = score_continuations(lm, tokenizer, prefix_id,
-                                    [(e.prompt, e.choices[0]) for e in examples],
-                                    context=context, batch_size=batch_size)
+    _, greedy = score_continuations(
+      lm,
+      tokenizer,
+      prefix_id,
+      [(e.prompt, e.choices[0]) for e in examples],
+      context=context,
+      batch_size=batch_size,
+    )
     return greedy
   widths = {len(e.choices) for e in examples}
   if len(widths) != 1:
-    raise ConfigError(f"choice scoring needs the same number of candidates per example, "
-                      f"found {sorted(widths)}")
+    raise ConfigError(
+      f"choice scoring needs the same number of candidates per example, found {sorted(widths)}"
+    )
   k = widths.pop()
   pairs = [(e.prompt, c) for e in examples for c in e.choices]
-  logprob, _ = score_continuations(lm, tokenizer, prefix_id, pairs, context=context,
-                                   batch_size=batch_size)
+  logprob, _ = score_continuations(
+    lm, tokenizer, prefix_id, pairs, context=context, batch_size=batch_size
+  )
   num_bytes = np.array([len(c.encode("utf-8")) for _, c in pairs], np.float64)
   chosen = choose(logprob.reshape(-1, k), num_bytes.reshape(-1, k), normalize)
   return chosen == np.array([e.label for e in examples])

@@ -12,13 +12,15 @@ its valid slots; every assignment counts once (a top-2 token counts twice).
   topk_set_changed      fraction of tokens whose set of experts differs from a
                         reference model's on the same tokens
 """
+
 import numpy as np
 
 from moejax.errors import ConfigError
 
 
-def domain_expert_counts(experts: np.ndarray, token_domain: np.ndarray, num_domains: int,
-                         num_experts: int) -> np.ndarray:
+def domain_expert_counts(
+  experts: np.ndarray, token_domain: np.ndarray, num_domains: int, num_experts: int
+) -> np.ndarray:
   """float64 [D, E]: valid assignments by domain of the token and expert."""
   experts = np.asarray(experts)
   domain = np.broadcast_to(np.asarray(token_domain)[:, None], experts.shape)
@@ -70,25 +72,31 @@ def expert_sets(experts: np.ndarray, num_experts: int) -> np.ndarray:
 def topk_set_changed(experts: np.ndarray, reference: np.ndarray, num_experts: int) -> float:
   """Fraction of tokens whose expert set differs between two models' routings."""
   if np.shape(experts)[0] != np.shape(reference)[0]:
-    raise ConfigError(f"top-k set change needs the same tokens: {np.shape(experts)[0]} "
-                      f"against {np.shape(reference)[0]} in the reference")
+    raise ConfigError(
+      f"top-k set change needs the same tokens: {np.shape(experts)[0]} "
+      f"against {np.shape(reference)[0]} in the reference"
+    )
   changed = np.any(expert_sets(experts, num_experts) != expert_sets(reference, num_experts), 1)
   return float(changed.mean())
 
 
-def routing_report(routing: list, token_domain: np.ndarray, domains: list[str],
-                   num_experts: list[int]) -> list[dict]:
+def routing_report(
+  routing: list, token_domain: np.ndarray, domains: list[str], num_experts: list[int]
+) -> list[dict]:
   """Per MoE layer: usage per domain, MI (bits), H(domain), max/mean load overall and
   per domain."""
   report = []
   for experts, e in zip(routing, num_experts):
     counts = domain_expert_counts(experts, token_domain, len(domains), e)
-    report.append({
+    report.append(
+      {
         "mutual_information_bits": mutual_information(counts),
         "domain_entropy_bits": entropy_bits(counts.sum(1) / counts.sum()),
         "max_over_mean_load": max_over_mean_load(counts),
         "usage": {d: usage(counts)[i].tolist() for i, d in enumerate(domains)},
-        "max_over_mean_load_by_domain": {d: max_over_mean_load(counts[i])
-                                         for i, d in enumerate(domains) if counts[i].sum()},
-    })
+        "max_over_mean_load_by_domain": {
+          d: max_over_mean_load(counts[i]) for i, d in enumerate(domains) if counts[i].sum()
+        },
+      }
+    )
   return report

@@ -18,6 +18,7 @@ Intervals (each at `confidence`, 95% by default):
   interval undefined (n=1)                  one value: no spread to estimate
   differs (lower|higher)                    no expected direction, and the interval excludes `null`
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +37,7 @@ class Interval:
   """A point estimate with its interval; lo/hi (and std, p) None where undefined (n = 1).
 
   `exact_zero`: every paired difference was exactly 0 (verdict: identical)."""
+
   n: int
   mean: float
   std: float | None
@@ -73,27 +75,29 @@ def t_interval(values, *, confidence: float = 0.95, null: float = 0.0) -> Interv
     p = 1.0 if mean == null else 0.0
   else:
     p = float(2 * scipy.stats.t.sf(abs(mean - null) / (std / math.sqrt(d.size)), df))
-  return Interval(int(d.size), mean, std, mean - half, mean + half, p,
-                  exact_zero=bool(np.all(d == 0)))
+  return Interval(
+    int(d.size), mean, std, mean - half, mean + half, p, exact_zero=bool(np.all(d == 0))
+  )
 
 
 def paired_difference(arm, reference, *, confidence: float = 0.95) -> Interval:
   """t_interval of arm[i] - reference[i] (the same draws, in the same order)."""
   arm, reference = np.asarray(arm, np.float64), np.asarray(reference, np.float64)
   if arm.shape != reference.shape or arm.ndim != 1:
-    raise ValueError(f"need one value per draw in each arm, got shapes {arm.shape} and "
-                     f"{reference.shape}")
+    raise ValueError(
+      f"need one value per draw in each arm, got shapes {arm.shape} and {reference.shape}"
+    )
   return t_interval(arm - reference, confidence=confidence)
 
 
-def wilson(successes: int, total: int, *, confidence: float = 0.95, null: float | None = None
-           ) -> Interval:
+def wilson(
+  successes: int, total: int, *, confidence: float = 0.95, null: float | None = None
+) -> Interval:
   """Wilson score interval of successes / total; p: exact two-sided binomial test
   against `null` (None when no null is given)."""
   _check_confidence(confidence)
   if total < 1 or not 0 <= successes <= total:
-    raise ValueError(f"wilson needs 0 <= successes <= total, total >= 1; got {successes}, "
-                     f"{total}")
+    raise ValueError(f"wilson needs 0 <= successes <= total, total >= 1; got {successes}, {total}")
   z = float(scipy.stats.norm.ppf(0.5 + confidence / 2))
   p_hat = successes / total
   denominator = 1 + z * z / total
@@ -104,8 +108,9 @@ def wilson(successes: int, total: int, *, confidence: float = 0.95, null: float 
   return Interval(total, p_hat, std, max(centre - half, 0.0), min(centre + half, 1.0), p)
 
 
-def bootstrap_mean(values, *, resamples: int = 2000, seed: int = 0,
-                   confidence: float = 0.95, null: float = 0.0) -> Interval:
+def bootstrap_mean(
+  values, *, resamples: int = 2000, seed: int = 0, confidence: float = 0.95, null: float = 0.0
+) -> Interval:
   """Percentile bootstrap interval of the mean; std of the values (ddof 1); p: twice
   the smaller fraction of resampled means on either side of `null`."""
   _check_confidence(confidence)
@@ -126,6 +131,7 @@ def bootstrap_mean(values, *, resamples: int = 2000, seed: int = 0,
 @dataclasses.dataclass(frozen=True)
 class BootstrapDifference:
   """Paired per-document bootstrap of bpb_a - bpb_b (`paired_bootstrap`)."""
+
   difference: float  # on all documents: bpb_a - bpb_b
   mean: float  # of the resampled differences
   std: float  # of the resampled differences (ddof 0)
@@ -150,9 +156,16 @@ def resampled_differences(nats_a, nats_b, num_bytes, indices: np.ndarray) -> np.
   return diff[indices].sum(1) / np.asarray(num_bytes, np.float64)[indices].sum(1)
 
 
-def paired_bootstrap(nats_a, nats_b, num_bytes, *, num_resamples: int = 1000, seed: int = 0,
-                     confidence: float = 0.95, indices: np.ndarray | None = None
-                     ) -> BootstrapDifference:
+def paired_bootstrap(
+  nats_a,
+  nats_b,
+  num_bytes,
+  *,
+  num_resamples: int = 1000,
+  seed: int = 0,
+  confidence: float = 0.95,
+  indices: np.ndarray | None = None,
+) -> BootstrapDifference:
   """The paired bootstrap of bpb_a - bpb_b = sum(bits_a - bits_b) / sum(bytes) over documents.
 
   One resample draws n documents with replacement; both models are scored on that
@@ -161,8 +174,10 @@ def paired_bootstrap(nats_a, nats_b, num_bytes, *, num_resamples: int = 1000, se
   for an exact check). The interval is the percentile interval."""
   n = len(num_bytes)
   if not (len(nats_a) == len(nats_b) == n) or n == 0:
-    raise ConfigError(f"paired bootstrap needs the same documents for both models, "
-                      f"got {len(nats_a)} and {len(nats_b)} scores for {n} documents")
+    raise ConfigError(
+      f"paired bootstrap needs the same documents for both models, "
+      f"got {len(nats_a)} and {len(nats_b)} scores for {n} documents"
+    )
   _check_confidence(confidence)
   if indices is None:
     if num_resamples < 1:
@@ -172,8 +187,16 @@ def paired_bootstrap(nats_a, nats_b, num_bytes, *, num_resamples: int = 1000, se
   point = resampled_differences(nats_a, nats_b, num_bytes, np.arange(n)[None])[0]
   tail = 100 * (1 - confidence) / 2
   low, high = np.percentile(samples, [tail, 100 - tail])
-  return BootstrapDifference(float(point), float(samples.mean()), float(samples.std()),
-                             float(low), float(high), confidence, len(samples), n)
+  return BootstrapDifference(
+    float(point),
+    float(samples.mean()),
+    float(samples.std()),
+    float(low),
+    float(high),
+    confidence,
+    len(samples),
+    n,
+  )
 
 
 def slope(x, y, *, confidence: float = 0.95, null: float = 0.0) -> Interval:
@@ -182,8 +205,9 @@ def slope(x, y, *, confidence: float = 0.95, null: float = 0.0) -> Interval:
   _check_confidence(confidence)
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   if x.shape != y.shape or x.ndim != 1 or np.unique(x).size < 2:
-    raise ValueError(f"slope needs matching 1-d x and y with >= 2 distinct x, got shapes "
-                     f"{x.shape}, {y.shape}")
+    raise ValueError(
+      f"slope needs matching 1-d x and y with >= 2 distinct x, got shapes {x.shape}, {y.shape}"
+    )
   fit = scipy.stats.linregress(x, y)
   if x.size == 2:
     return Interval(2, float(fit.slope), None, None, None)
@@ -195,8 +219,9 @@ def slope(x, y, *, confidence: float = 0.95, null: float = 0.0) -> Interval:
     p = 1.0 if fit.slope == null else 0.0
   else:
     p = float(2 * scipy.stats.t.sf(abs(fit.slope - null) / stderr, df))
-  return Interval(int(x.size), float(fit.slope), stderr, float(fit.slope) - half,
-                  float(fit.slope) + half, p)
+  return Interval(
+    int(x.size), float(fit.slope), stderr, float(fit.slope) - half, float(fit.slope) + half, p
+  )
 
 
 def holm(p_values) -> list[float | None]:
@@ -212,8 +237,14 @@ def holm(p_values) -> list[float | None]:
   return adjusted
 
 
-def verdict(interval: Interval, expect: str | None, *, null: float = 0.0,
-            fmt: str = "{:.3g}", unit: str = "draws") -> str:
+def verdict(
+  interval: Interval,
+  expect: str | None,
+  *,
+  null: float = 0.0,
+  fmt: str = "{:.3g}",
+  unit: str = "draws",
+) -> str:
   """The verdict words for one interval (module doc)."""
   if expect not in DIRECTIONS:
     raise ConfigError(f"expect={expect!r} must be 'lower', 'higher' or None")
@@ -223,8 +254,10 @@ def verdict(interval: Interval, expect: str | None, *, null: float = 0.0,
     return f"interval undefined (n={interval.n})"
   side = "lower" if interval.hi < null else "higher" if interval.lo > null else None
   if side is None:
-    return (f"no detectable difference (|delta| < "
-            f"{fmt.format(max(null - interval.lo, interval.hi - null))})")
+    return (
+      f"no detectable difference (|delta| < "
+      f"{fmt.format(max(null - interval.lo, interval.hi - null))})"
+    )
   if expect is None:
     return f"differs ({side})"
   return "reproduces" if side == expect else "opposite direction"
@@ -235,8 +268,9 @@ def format_interval(interval: Interval, fmt: str = "{:+.4f}") -> str:
   if interval.lo is None:
     return fmt.format(interval.mean)
   spread = fmt.replace("+", "").format(interval.std)
-  return f"{fmt.format(interval.mean)} ± {spread} [{fmt.format(interval.lo)}, " \
-         f"{fmt.format(interval.hi)}]"
+  return (
+    f"{fmt.format(interval.mean)} ± {spread} [{fmt.format(interval.lo)}, {fmt.format(interval.hi)}]"
+  )
 
 
 def markdown_table(header, rows) -> str:
@@ -247,8 +281,7 @@ def markdown_table(header, rows) -> str:
   def cell(value):
     return str(value).replace("|", "\\|").replace("\n", " ")
 
-  lines = ["| " + " | ".join(map(cell, header)) + " |",
-           "|" + "---|" * len(header)]
+  lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
   for row in rows:
     row = list(row)
     if len(row) != len(header):

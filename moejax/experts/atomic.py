@@ -55,6 +55,7 @@ none applies). Metrics over the N atomic experts: max_over_mean_load,
 distinct_experts (used by some assignment of the batch), the padding waste at
 dropless_tile, routing entropy over all N.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -98,14 +99,17 @@ def atomic_fused(weights: dict, x, routing, cfg, *, activation: str = "silu"):
   """The naive (token-centric) schedule as this type's fused path; returns (y, metrics)."""
   y = atomic_naive(x, weights["u"][:, :, 0], weights["d"][:, 0, :], routing, activation)
   counts = routing.expert_counts(weights["u"].shape[0])
-  return y, {"dropped_fraction": jnp.zeros((), jnp.float32),
-             "padding_waste": padding_waste(counts, cfg.get("dropless_tile", 1))}
+  return y, {
+    "dropped_fraction": jnp.zeros((), jnp.float32),
+    "padding_waste": padding_waste(counts, cfg.get("dropless_tile", 1)),
+  }
 
 
 def atomic_init(rngs: nnx.Rngs, num_experts: int, d_model: int):
   """u or d [N, d_model], truncated normal with variance 1 / d_model (see module doc)."""
-  init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                              in_axis=-1, out_axis=-2)
+  init = jax.nn.initializers.variance_scaling(
+    1.0, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2
+  )
   return init(rngs.params(), (num_experts, d_model))
 
 
@@ -115,17 +119,26 @@ class AtomicExperts(nnx.Module):
   LOGICAL_AXES = {"u": ("expert", "embed", None), "d": ("expert", None, "embed")}
 
   def __init__(self, num_experts: int, d_model: int, *, rngs: nnx.Rngs):
-    self.u = nnx.Param(atomic_init(rngs, num_experts, d_model)[:, :, None],
-                       logical_axes=self.LOGICAL_AXES["u"])
-    self.d = nnx.Param(atomic_init(rngs, num_experts, d_model)[:, None, :],
-                       logical_axes=self.LOGICAL_AXES["d"])
+    self.u = nnx.Param(
+      atomic_init(rngs, num_experts, d_model)[:, :, None], logical_axes=self.LOGICAL_AXES["u"]
+    )
+    self.d = nnx.Param(
+      atomic_init(rngs, num_experts, d_model)[:, None, :], logical_axes=self.LOGICAL_AXES["d"]
+    )
 
   def weights(self, dtype) -> dict:
     return {"u": self.u[...].astype(dtype), "d": self.d[...].astype(dtype)}
 
 
-ATOMIC = register_expert_type(ExpertType(
-    "atomic", build=lambda num_experts, d_model, cfg, *, rngs: AtomicExperts(
-        num_experts, d_model, rngs=rngs),
-    logical_axes=AtomicExperts.LOGICAL_AXES, expert=atomic_expert, apply=atomic_experts,
-    fused=atomic_fused, settings={"activation": "silu"}, validate=validate_atomic_settings))
+ATOMIC = register_expert_type(
+  ExpertType(
+    "atomic",
+    build=lambda num_experts, d_model, cfg, *, rngs: AtomicExperts(num_experts, d_model, rngs=rngs),
+    logical_axes=AtomicExperts.LOGICAL_AXES,
+    expert=atomic_expert,
+    apply=atomic_experts,
+    fused=atomic_fused,
+    settings={"activation": "silu"},
+    validate=validate_atomic_settings,
+  )
+)

@@ -44,6 +44,7 @@ and also carries the fused path. For older callers,
 too (`experts_of`), looked up in the registry, not by identity with any one
 type.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,6 +62,7 @@ GroupedMatmul = Callable[[jax.Array, jax.Array], jax.Array]
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (static in nnx graphs)
 class ExpertType:
   """A registered expert type (see module doc for each field's contract)."""
+
   name: str
   build: Callable[..., Any]
   logical_axes: Mapping[str, tuple]
@@ -73,8 +75,12 @@ class ExpertType:
   @property
   def config_section(self) -> PartSettings:
     """Its settings section, model.moe.<name> (`validate` gets the section itself)."""
-    return PartSettings(self.name, f"expert type {self.name!r}", tuple(self.settings.items()),
-                        validate=self._validate_section)
+    return PartSettings(
+      self.name,
+      f"expert type {self.name!r}",
+      tuple(self.settings.items()),
+      validate=self._validate_section,
+    )
 
   def options(self, cfg=None) -> dict:
     """This type's settings from model.moe.<name> of `cfg` (defaults where absent)."""
@@ -84,8 +90,10 @@ class ExpertType:
     """These experts with their weights; options from `cfg`, overridden by keywords."""
     unknown = set(options) - set(self.settings)
     if unknown:
-      raise TypeError(f"expert type {self.name!r} has no settings {sorted(unknown)}; "
-                      f"its settings: {sorted(self.settings)}")
+      raise TypeError(
+        f"expert type {self.name!r} has no settings {sorted(unknown)}; "
+        f"its settings: {sorted(self.settings)}"
+      )
     return BoundExperts(self, weights, {**self.options(cfg), **options})
 
   def validate_settings(self, moe_cfg) -> None:
@@ -101,6 +109,7 @@ class ExpertType:
 @dataclasses.dataclass(frozen=True, eq=False)
 class BoundExperts:
   """An expert type with its weights and options: the `expert_fn` of dispatch."""
+
   type: ExpertType
   weights: dict
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)

@@ -46,6 +46,7 @@ matrix ceil(bits_e n / 8) bytes of indices and 4 bytes for each of the
 2^bits_e used centroids per group (the tail is implied), one byte of bits per
 expert, nothing for the rotation.
 """
+
 from __future__ import annotations
 
 import jax
@@ -64,8 +65,9 @@ SETTINGS = {"bits": 4, "group_size": 0, "rotation": "none"}
 ROTATIONS = ("none", "hadamard")
 HIGHEST = jax.lax.Precision.HIGHEST
 LOGICAL_AXES = {
-    **{f"{m}_indices": cz.CODE_AXES[m] for m in cz.MATRICES},
-    **{f"{m}_centroids": ("expert", None, None) for m in cz.MATRICES}}
+  **{f"{m}_indices": cz.CODE_AXES[m] for m in cz.MATRICES},
+  **{f"{m}_centroids": ("expert", None, None) for m in cz.MATRICES},
+}
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -148,8 +150,7 @@ def dense_weights(weights: dict, dtype, rotation: str) -> dict:
     group_size = indices.shape[1] // centroids.shape[1]
     w = jax.vmap(lambda i, c: decode(i, c, group_size))(indices, centroids)
     R = rotation_matrix(rotation, w.shape[-2], w.dtype)
-    out[m] = (w if R is None else jnp.einsum("ab,ebo->eao", R, w, precision=HIGHEST)
-              ).astype(dtype)
+    out[m] = (w if R is None else jnp.einsum("ab,ebo->eao", R, w, precision=HIGHEST)).astype(dtype)
   return out
 
 
@@ -170,9 +171,10 @@ def quantile_codebook(w, bits: int, group_size: int):
   each group of w [..., d_in, d_out] and uint8 indices of the nearest one."""
   *lead, d_in, d_out = w.shape
   values = w.reshape(*lead, d_in // group_size, group_size * d_out)
-  levels = 2 ** bits
-  centroids = jnp.moveaxis(jnp.quantile(values, (jnp.arange(levels) + 0.5) / levels,
-                                        axis=-1), 0, -1)
+  levels = 2**bits
+  centroids = jnp.moveaxis(
+    jnp.quantile(values, (jnp.arange(levels) + 0.5) / levels, axis=-1), 0, -1
+  )
   middle = (centroids[..., 1:] + centroids[..., :-1]) / 2
   indices = jnp.sum(values[..., None] > middle[..., None, :], axis=-1)
   return indices.reshape(w.shape).astype(jnp.uint8), centroids.astype(jnp.float32)
@@ -198,25 +200,38 @@ def check_arrays(arrays: dict) -> None:
   for m in cz.MATRICES:
     indices, centroids = np.asarray(arrays[f"{m}_indices"]), np.asarray(arrays[f"{m}_centroids"])
     if indices.dtype != np.uint8 or centroids.dtype != np.float32:
-      raise ValueError(f"{m}: indices must be uint8, centroids float32; got {indices.dtype}, "
-                       f"{centroids.dtype}")
+      raise ValueError(
+        f"{m}: indices must be uint8, centroids float32; got {indices.dtype}, {centroids.dtype}"
+      )
     levels = centroids.shape[-1]
     cz.check_bits(f"{m} centroids per group: log2", int(np.log2(levels)))
-    if (2 ** int(np.log2(levels)) != levels or centroids.ndim != 3 or indices.ndim != 3
-        or not centroids.shape[0] == indices.shape[0] == bits.shape[0]
-        or indices.shape[1] % centroids.shape[1]):
-      raise ValueError(f"{m}: indices {indices.shape}, centroids {centroids.shape}, bits "
-                       f"{bits.shape} do not fit together")
+    if (
+      2 ** int(np.log2(levels)) != levels
+      or centroids.ndim != 3
+      or indices.ndim != 3
+      or not centroids.shape[0] == indices.shape[0] == bits.shape[0]
+      or indices.shape[1] % centroids.shape[1]
+    ):
+      raise ValueError(
+        f"{m}: indices {indices.shape}, centroids {centroids.shape}, bits "
+        f"{bits.shape} do not fit together"
+      )
     for e, b in enumerate(bits.astype(int)):
-      if 2 ** b > levels:
-        raise ValueError(f"{m}: expert {e} has bits={b} but its codebooks hold {levels} "
-                         f"centroids (at most {int(np.log2(levels))} bits)")
-      if np.any(indices[e] >= 2 ** b):
-        raise ValueError(f"{m}: expert {e} has indices outside [0, 2^bits) = [0, {2 ** b}) "
-                         f"(max {int(indices[e].max())})")
-      if not np.array_equal(centroids[e], pad_centroids(centroids[e, :, :2 ** b], levels)):
-        raise ValueError(f"{m}: expert {e} at {b} bits: its centroids beyond the first "
-                         f"{2 ** b} must repeat the last used one")
+      if 2**b > levels:
+        raise ValueError(
+          f"{m}: expert {e} has bits={b} but its codebooks hold {levels} "
+          f"centroids (at most {int(np.log2(levels))} bits)"
+        )
+      if np.any(indices[e] >= 2**b):
+        raise ValueError(
+          f"{m}: expert {e} has indices outside [0, 2^bits) = [0, {2**b}) "
+          f"(max {int(indices[e].max())})"
+        )
+      if not np.array_equal(centroids[e], pad_centroids(centroids[e, :, : 2**b], levels)):
+        raise ValueError(
+          f"{m}: expert {e} at {b} bits: its centroids beyond the first "
+          f"{2**b} must repeat the last used one"
+        )
 
 
 def packed_bytes(arrays: dict) -> int:
@@ -226,7 +241,7 @@ def packed_bytes(arrays: dict) -> int:
   for m in cz.MATRICES:
     indices, centroids = np.shape(arrays[f"{m}_indices"]), np.shape(arrays[f"{m}_centroids"])
     for b in bits:
-      total += cz.packed_nbytes(int(np.prod(indices[1:])), b) + 4 * centroids[1] * 2 ** b
+      total += cz.packed_nbytes(int(np.prod(indices[1:])), b) + 4 * centroids[1] * 2**b
   return total
 
 
@@ -237,7 +252,7 @@ def pack(arrays: dict) -> dict:
   out: dict[str, np.ndarray | list[np.ndarray]] = {"bits": bits}
   for m in cz.MATRICES:
     centroids = np.asarray(arrays[f"{m}_centroids"], np.float32)
-    out[f"{m}_centroids"] = [centroids[e, :, :2 ** int(b)] for e, b in enumerate(bits)]
+    out[f"{m}_centroids"] = [centroids[e, :, : 2 ** int(b)] for e, b in enumerate(bits)]
     out[f"{m}_indices"] = [cz.pack_bits(a, int(b)) for a, b in zip(arrays[f"{m}_indices"], bits)]
   return out
 
@@ -248,10 +263,15 @@ def unpack(packed: dict, shapes: dict) -> dict:
   out = {"bits": bits}
   for m in cz.MATRICES:
     levels = shapes[f"{m}_centroids"][-1]
-    out[f"{m}_centroids"] = np.stack([pad_centroids(c, levels)
-                                      for c in packed[f"{m}_centroids"]]).astype(np.float32)
-    out[f"{m}_indices"] = np.stack([cz.unpack_bits(p, int(b), shapes[f"{m}_indices"][1:])
-                                    for p, b in zip(packed[f"{m}_indices"], bits)])
+    out[f"{m}_centroids"] = np.stack(
+      [pad_centroids(c, levels) for c in packed[f"{m}_centroids"]]
+    ).astype(np.float32)
+    out[f"{m}_indices"] = np.stack(
+      [
+        cz.unpack_bits(p, int(b), shapes[f"{m}_indices"][1:])
+        for p, b in zip(packed[f"{m}_indices"], bits)
+      ]
+    )
   return out
 
 
@@ -260,20 +280,32 @@ class CodebookExperts(nnx.Module):
 
   LOGICAL_AXES = LOGICAL_AXES
 
-  def __init__(self, num_experts: int, d_model: int, d_ff: int, *, bits: int, group_size: int,
-               rotation: str, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    num_experts: int,
+    d_model: int,
+    d_ff: int,
+    *,
+    bits: int,
+    group_size: int,
+    rotation: str,
+    rngs: nnx.Rngs,
+  ):
     dims = {"d_model": d_model, "expert_d_ff": d_ff}
     groups = cz.group_size_for(f"model.moe.{NAME}.group_size", group_size, dims)
     if rotation == "hadamard" and any(n & (n - 1) for n in dims.values()):
-      raise ConfigError(f"model.moe.{NAME}.rotation='hadamard' needs power-of-two input "
-                        f"dims; d_model={d_model}, expert_d_ff={d_ff}")
+      raise ConfigError(
+        f"model.moe.{NAME}.rotation='hadamard' needs power-of-two input "
+        f"dims; d_model={d_model}, expert_d_ff={d_ff}"
+      )
     weights = cz.float_init(num_experts, d_model, d_ff, rngs)
     for m in cz.MATRICES:
       w = weights[m]
       R = rotation_matrix(rotation, w.shape[-2], w.dtype)
       w = w if R is None else jnp.einsum("ba,ebo->eao", R, w, precision=HIGHEST)  # R^T W
       indices, centroids = quantile_codebook(
-          w, bits, groups["expert_d_ff" if m == "w_down" else "d_model"])
+        w, bits, groups["expert_d_ff" if m == "w_down" else "d_model"]
+      )
       setattr(self, f"{m}_indices", cz.variable(indices, LOGICAL_AXES[f"{m}_indices"]))
       setattr(self, f"{m}_centroids", cz.variable(centroids, LOGICAL_AXES[f"{m}_centroids"]))
     self.bits = cz.variable(jnp.full((num_experts,), bits, jnp.uint8), ("expert",))
@@ -322,7 +354,15 @@ def build_codebook(num_experts: int, d_model: int, cfg, *, rngs) -> CodebookExpe
   return CodebookExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
 
 
-CODEBOOK = register_expert_type(ExpertType(
-    NAME, build=build_codebook, logical_axes=LOGICAL_AXES, expert=codebook_expert,
-    apply=codebook_experts, fused=codebook_fused, settings=SETTINGS,
-    validate=validate_codebook))
+CODEBOOK = register_expert_type(
+  ExpertType(
+    NAME,
+    build=build_codebook,
+    logical_axes=LOGICAL_AXES,
+    expert=codebook_expert,
+    apply=codebook_experts,
+    fused=codebook_fused,
+    settings=SETTINGS,
+    validate=validate_codebook,
+  )
+)

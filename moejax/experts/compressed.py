@@ -11,6 +11,7 @@ The weights dict an expert type hands to dispatch holds every array as a
 float (moejax/experts/base.py: weights(float32) is float32); integer codes and
 indices travel as exact floats and are read back with `as_index`.
 """
+
 from __future__ import annotations
 
 import jax
@@ -28,8 +29,11 @@ MATRICES = ("w_gate", "w_up", "w_down")  # SwiGLU: x @ w_gate, x @ w_up [d, f]; 
 # input rotation need whole rows, so under tensor parallelism each tensor shard
 # holds and runs whole experts (redundantly); experts split over the expert
 # axis, d_model over fsdp (gathered inside expert parallelism, as for SwiGLU).
-CODE_AXES = {"w_gate": ("expert", "embed", None), "w_up": ("expert", "embed", None),
-             "w_down": ("expert", None, "embed")}
+CODE_AXES = {
+  "w_gate": ("expert", "embed", None),
+  "w_up": ("expert", "embed", None),
+  "w_down": ("expert", None, "embed"),
+}
 
 
 class CompressedWeight(nnx.Variable):
@@ -46,10 +50,15 @@ def check_bits(key: str, bits) -> None:
 
 def check_group_size(key: str, group_size) -> None:
   """ConfigError naming `key` unless group_size is an int >= 0 (0: one group per column)."""
-  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or (
-      group_size < 0):
-    raise ConfigError(f"{key}={group_size!r} must be an integer >= 0 (0: one group "
-                      "spanning the whole input dimension)")
+  if (
+    isinstance(group_size, bool)
+    or not isinstance(group_size, (int, np.integer))
+    or (group_size < 0)
+  ):
+    raise ConfigError(
+      f"{key}={group_size!r} must be an integer >= 0 (0: one group "
+      "spanning the whole input dimension)"
+    )
 
 
 def check_bool(key: str, value) -> None:
@@ -63,8 +72,10 @@ def group_size_for(key: str, group_size: int, dims: dict) -> dict:
   bad = {name: n for name, n in dims.items() if group_size and n % group_size}
   if bad:
     sizes = ", ".join(f"{name}={n}" for name, n in bad.items())
-    raise ConfigError(f"{key}={group_size} must divide the input dimension of every expert "
-                      f"matrix; it does not divide {sizes}")
+    raise ConfigError(
+      f"{key}={group_size} must divide the input dimension of every expert "
+      f"matrix; it does not divide {sizes}"
+    )
   return {name: group_size or n for name, n in dims.items()}
 
 
@@ -96,7 +107,7 @@ def float_init(num_experts: int, d_model: int, d_ff: int, rngs: nnx.Rngs) -> dic
 def pack_bits(codes, bits: int) -> np.ndarray:
   """uint8 [ceil(n bits / 8)]: the n = codes.size codes (< 2^bits), `bits` bits each."""
   codes = np.asarray(codes)
-  if codes.size and (codes.min() < 0 or codes.max() >= 2 ** bits):
+  if codes.size and (codes.min() < 0 or codes.max() >= 2**bits):
     raise ValueError(f"codes outside [0, 2^{bits}) cannot be packed in {bits} bits")
   planes = np.unpackbits(codes.astype(np.uint8).reshape(-1, 1), axis=1, bitorder="little")
   return np.packbits(planes[:, :bits].ravel(), bitorder="little")

@@ -43,6 +43,7 @@ Guess (no paper init for training from scratch): U_E ~ 1/r_E, G ~ 1/r_in,
 U_in ~ 1/d_in, U_out ~ 1/r_out (variances, truncated normal), so each W_e
 entry has SwiGLU's fan-in variance 1/d_in.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -60,9 +61,14 @@ SHORT = {"w_gate": "gate", "w_up": "up", "w_down": "down"}
 # (input, output) logical axes of each projection, as SwiGLU's.
 MODE_AXES = {"w_gate": ("embed", "mlp"), "w_up": ("embed", "mlp"), "w_down": ("mlp", "embed")}
 LOGICAL_AXES = {
-    f"{SHORT[p]}_{part}": axes for p, (a_in, a_out) in MODE_AXES.items()
-    for part, axes in (("in", ("expert", a_in, None)), ("core", ("expert", None, None)),
-                       ("out", ("expert", None, a_out)))}
+  f"{SHORT[p]}_{part}": axes
+  for p, (a_in, a_out) in MODE_AXES.items()
+  for part, axes in (
+    ("in", ("expert", a_in, None)),
+    ("core", ("expert", None, None)),
+    ("out", ("expert", None, a_out)),
+  )
+}
 
 
 def _key(projection: str) -> str:
@@ -73,11 +79,16 @@ def validate_factorised_settings(section) -> None:
   """Each ranks_* is 3 ints >= 0 (ConfigError naming the key and value)."""
   for projection in PROJECTIONS:
     value = section[RANK_KEYS[projection]]
-    ok = isinstance(value, (tuple, list)) and len(value) == 3 and all(
-        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in value)
+    ok = (
+      isinstance(value, (tuple, list))
+      and len(value) == 3
+      and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in value)
+    )
     if not ok:
-      raise ConfigError(f"{_key(projection)}={value!r} must be 3 ranks "
-                        f"({', '.join(RANK_NAMES)}), ints >= 0 (0: the full size)")
+      raise ConfigError(
+        f"{_key(projection)}={value!r} must be 3 ranks "
+        f"({', '.join(RANK_NAMES)}), ints >= 0 (0: the full size)"
+      )
 
 
 def projection_ranks(cfg, num_experts: int, d_model: int, d_ff: int) -> dict:
@@ -90,13 +101,16 @@ def projection_ranks(cfg, num_experts: int, d_model: int, d_ff: int) -> dict:
   out = {}
   for projection in PROJECTIONS:
     value = tuple(settings[RANK_KEYS[projection]])
-    modes = ("num_experts", *(("expert_d_ff", "d_model") if projection == "w_down"
-                              else ("d_model", "expert_d_ff")))
+    modes = (
+      "num_experts",
+      *(("expert_d_ff", "d_model") if projection == "w_down" else ("d_model", "expert_d_ff")),
+    )
     ranks = []
     for name, rank, mode in zip(RANK_NAMES, value, modes):
       if rank > sizes[mode]:
-        raise ConfigError(f"{_key(projection)}={value!r}: {name}={rank} exceeds "
-                          f"{mode}={sizes[mode]}")
+        raise ConfigError(
+          f"{_key(projection)}={value!r}: {name}={rank} exceeds {mode}={sizes[mode]}"
+        )
       ranks.append(rank or sizes[mode])
     out[projection] = tuple(ranks)
   return out
@@ -118,41 +132,40 @@ def factorised_expert(weights_e: dict, x: jax.Array, **ranks) -> jax.Array:
   return project("down", jax.nn.silu(project("gate", x)) * project("up", x))
 
 
-def factorised_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul,
-                       **ranks) -> jax.Array:
+def factorised_experts(weights: dict, rows: jax.Array, matmul: GroupedMatmul, **ranks) -> jax.Array:
   """The same on rows grouped by expert: three grouped matmuls per projection."""
   del ranks
 
   def project(p, h):
-    return matmul(matmul(matmul(h, weights[f"{p}_in"]), weights[f"{p}_core"]),
-                  weights[f"{p}_out"])
+    return matmul(matmul(matmul(h, weights[f"{p}_in"]), weights[f"{p}_core"]), weights[f"{p}_out"])
 
   return project("down", jax.nn.silu(project("gate", rows)) * project("up", rows))
 
 
 def _init(rngs, shape, in_axis, out_axis, batch_axis=()):
   """Truncated normal of variance 1 / shape[in_axis]."""
-  init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                              in_axis=in_axis, out_axis=out_axis,
-                                              batch_axis=batch_axis)
+  init = jax.nn.initializers.variance_scaling(
+    1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis, batch_axis=batch_axis
+  )
   return init(rngs.params(), shape, jnp.float32)
 
 
 class TuckerFactors(nnx.Module):
   """One projection of E experts: W_e = U_in (sum_k U_E[e, k] G[k]) U_out^T."""
 
-  def __init__(self, num_experts: int, d_in: int, d_out: int, ranks, axes, *,
-               rngs: nnx.Rngs):
+  def __init__(self, num_experts: int, d_in: int, d_out: int, ranks, axes, *, rngs: nnx.Rngs):
     r_e, r_in, r_out = ranks
     self.shape, self.ranks = (num_experts, d_in, d_out), tuple(ranks)
-    self.core = nnx.Param(_init(rngs, (r_e, r_in, r_out), -2, -1, (0,)),
-                          logical_axes=(None, None, None))
-    self.expert_factor = nnx.Param(_init(rngs, (num_experts, r_e), -1, -2),
-                                   logical_axes=("expert", None))
-    self.input_factor = nnx.Param(_init(rngs, (d_in, r_in), -2, -1),
-                                  logical_axes=(axes[0], None))
-    self.output_factor = nnx.Param(_init(rngs, (d_out, r_out), -1, -2),
-                                   logical_axes=(axes[1], None))
+    self.core = nnx.Param(
+      _init(rngs, (r_e, r_in, r_out), -2, -1, (0,)), logical_axes=(None, None, None)
+    )
+    self.expert_factor = nnx.Param(
+      _init(rngs, (num_experts, r_e), -1, -2), logical_axes=("expert", None)
+    )
+    self.input_factor = nnx.Param(_init(rngs, (d_in, r_in), -2, -1), logical_axes=(axes[0], None))
+    self.output_factor = nnx.Param(
+      _init(rngs, (d_out, r_out), -1, -2), logical_axes=(axes[1], None)
+    )
 
   @property
   def parameters(self) -> int:
@@ -166,13 +179,17 @@ class TuckerFactors(nnx.Module):
     """(U_in, G_e, U_out^T), expert-major [E, ...] in `dtype` (module doc)."""
     e, _, d_out = self.shape
     u_in, u_out = self.input_factor[...].astype(dtype), self.output_factor[...].astype(dtype)
-    return (jnp.broadcast_to(u_in, (e, *u_in.shape)), self.expert_cores().astype(dtype),
-            jnp.broadcast_to(u_out.T, (e, u_out.shape[1], d_out)))
+    return (
+      jnp.broadcast_to(u_in, (e, *u_in.shape)),
+      self.expert_cores().astype(dtype),
+      jnp.broadcast_to(u_out.T, (e, u_out.shape[1], d_out)),
+    )
 
   def dense(self) -> jax.Array:
     """W [E, d_in, d_out] (float32; for analysis and tests, not the runtime)."""
-    return jnp.einsum("ia,eab,ob->eio", self.input_factor[...], self.expert_cores(),
-                      self.output_factor[...])
+    return jnp.einsum(
+      "ia,eab,ob->eio", self.input_factor[...], self.expert_cores(), self.output_factor[...]
+    )
 
 
 class FactorisedExperts(nnx.Module):
@@ -180,8 +197,7 @@ class FactorisedExperts(nnx.Module):
 
   LOGICAL_AXES = LOGICAL_AXES
 
-  def __init__(self, num_experts: int, d_model: int, d_ff: int, ranks: dict, *,
-               rngs: nnx.Rngs):
+  def __init__(self, num_experts: int, d_model: int, d_ff: int, ranks: dict, *, rngs: nnx.Rngs):
     dims = {"w_gate": (d_model, d_ff), "w_up": (d_model, d_ff), "w_down": (d_ff, d_model)}
     for p in PROJECTIONS:
       setattr(self, p, TuckerFactors(num_experts, *dims[p], ranks[p], MODE_AXES[p], rngs=rngs))
@@ -208,7 +224,14 @@ def build_factorised(num_experts: int, d_model: int, cfg, *, rngs: nnx.Rngs):
   return FactorisedExperts(num_experts, d_model, cfg.expert_d_ff, ranks, rngs=rngs)
 
 
-FACTORISED = register_expert_type(ExpertType(
-    "factorised", build=build_factorised, logical_axes=LOGICAL_AXES,
-    expert=factorised_expert, apply=factorised_experts, settings=SETTINGS,
-    validate=validate_factorised_settings))
+FACTORISED = register_expert_type(
+  ExpertType(
+    "factorised",
+    build=build_factorised,
+    logical_axes=LOGICAL_AXES,
+    expert=factorised_expert,
+    apply=factorised_experts,
+    settings=SETTINGS,
+    validate=validate_factorised_settings,
+  )
+)

@@ -33,6 +33,7 @@ type qualify (MERGEABLE_EXPERT_TYPES: 'swiglu'). The routing losses do not apply
 with a KV cache is not covered: one decode step is one token, whose segment
 context the layer does not keep.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,6 +56,7 @@ HALVINGS = 40  # candidate step sizes 1, 1/2, ..., 2^-39 of the twin's line sear
 class MergeRule:
   """merge(expert_weights {name: [E, ...]}, base {name: [...]} or None, gates [..., E],
   eta) -> {name: [..., ...]}: one merged expert per leading index of `gates`."""
+
   name: str
   merge: Callable[..., dict]
   needs_base: bool
@@ -82,8 +84,10 @@ def smear(expert_weights, base, gates, eta):
 
 def ep_camex(expert_weights, base, gates, eta):
   """E_b + eta sum_i g_i (E_i - E_b) (NAMEx eq. 2: CAMEx with identity curvature)."""
-  return {name: base[name] + eta * gate_sum(gates, w - base[name][None])
-          for name, w in expert_weights.items()}
+  return {
+    name: base[name] + eta * gate_sum(gates, w - base[name][None])
+    for name, w in expert_weights.items()
+  }
 
 
 MERGE_RULES.add("smear", MergeRule("smear", smear, needs_base=False))
@@ -117,8 +121,9 @@ def segment_gates(x_BxLxD, gate_logits, segment_len: int, token_mask=None):
   return jnp.concatenate([uniform, probs[:, :-1]], axis=1), probs
 
 
-def merged_forward(x_BxLxD, gates_BxNxE, expert, expert_weights, base, rule: MergeRule,
-                   segment_len: int, eta: float):
+def merged_forward(
+  x_BxLxD, gates_BxNxE, expert, expert_weights, base, rule: MergeRule, segment_len: int, eta: float
+):
   """y [B, L, d]: segment s of every row through expert(merge(gates[:, s]), x_s)."""
   b, length, d = x_BxLxD.shape
   n = gates_BxNxE.shape[1]
@@ -132,9 +137,11 @@ def gate_metrics(gates_BxNxE) -> dict:
   """Mean gate per expert (the layer's `load_fraction`), its max/mean, gate entropy."""
   fraction = jnp.mean(gates_BxNxE.reshape(-1, gates_BxNxE.shape[-1]), axis=0)
   entropy = -jnp.sum(gates_BxNxE * jnp.log(jnp.maximum(gates_BxNxE, 1e-30)), -1)
-  return {"load_fraction": fraction,
-          "max_over_mean_load": jnp.max(fraction) / jnp.maximum(jnp.mean(fraction), 1e-9),
-          "gate_entropy": jnp.mean(entropy)}
+  return {
+    "load_fraction": fraction,
+    "max_over_mean_load": jnp.max(fraction) / jnp.maximum(jnp.mean(fraction), 1e-9),
+    "gate_entropy": jnp.mean(entropy),
+  }
 
 
 def layer_aux(gates_BxNxE, length: int, segment_len: int, token_mask=None) -> dict:
@@ -145,9 +152,14 @@ def layer_aux(gates_BxNxE, length: int, segment_len: int, token_mask=None) -> di
   valid = jnp.ones((per_token.shape[0], 1), bool)
   if token_mask is not None:
     valid = valid & token_mask.reshape(-1, 1)
-  return {"aux_loss": jnp.zeros((), jnp.float32), "metrics": gate_metrics(gates_BxNxE),
-          "step_stats": {}, "expert_index": jnp.argmax(per_token, -1)[:, None].astype(jnp.int32),
-          "combine_weight": jnp.max(per_token, -1, keepdims=True), "valid": valid}
+  return {
+    "aux_loss": jnp.zeros((), jnp.float32),
+    "metrics": gate_metrics(gates_BxNxE),
+    "step_stats": {},
+    "expert_index": jnp.argmax(per_token, -1)[:, None].astype(jnp.int32),
+    "combine_weight": jnp.max(per_token, -1, keepdims=True),
+    "valid": valid,
+  }
 
 
 # ---- NAMEx: the base carried to the next layer
@@ -201,21 +213,35 @@ def _validate(e) -> None:
     return
   name = rule.name
   if not rule.in_models:
-    raise ConfigError(f"model.moe.merge={name!r}: the decoder does not carry the base expert "
-                      "across layers (moejax/experts/merged.py); use 'ep_camex'")
+    raise ConfigError(
+      f"model.moe.merge={name!r}: the decoder does not carry the base expert "
+      "across layers (moejax/experts/merged.py); use 'ep_camex'"
+    )
   if e.get("experts", "swiglu") not in MERGEABLE_EXPERT_TYPES:
-    raise ConfigError(f"model.moe.experts={e.experts!r}: model.moe.merge={name!r} averages "
-                      f"expert parameters, which only {list(MERGEABLE_EXPERT_TYPES)} allow")
+    raise ConfigError(
+      f"model.moe.experts={e.experts!r}: model.moe.merge={name!r} averages "
+      f"expert parameters, which only {list(MERGEABLE_EXPERT_TYPES)} allow"
+    )
   if e.get("router", "topk") != "topk":
-    raise ConfigError(f"model.moe.router={e.router!r}: model.moe.merge={name!r} gates by the "
-                      "softmax of the plain router kernel (router 'topk'; top_k unused)")
+    raise ConfigError(
+      f"model.moe.router={e.router!r}: model.moe.merge={name!r} gates by the "
+      "softmax of the plain router kernel (router 'topk'; top_k unused)"
+    )
   if e.get("num_shared_experts", 0):
-    raise ConfigError(f"model.moe.num_shared_experts={e.num_shared_experts}: model.moe.merge="
-                      f"{name!r} runs no shared expert (set 0)")
+    raise ConfigError(
+      f"model.moe.num_shared_experts={e.num_shared_experts}: model.moe.merge="
+      f"{name!r} runs no shared expert (set 0)"
+    )
   if e.get("loss_weights"):
-    raise ConfigError(f"model.moe.loss_weights={dict(e.loss_weights)}: model.moe.merge="
-                      f"{name!r} dispatches no tokens, so no routing loss applies (set {{}})")
+    raise ConfigError(
+      f"model.moe.loss_weights={dict(e.loss_weights)}: model.moe.merge="
+      f"{name!r} dispatches no tokens, so no routing loss applies (set {{}})"
+    )
 
 
-SETTINGS = PartSettings("merged", "merged experts (model.moe.merge)",
-                        (("segment_len", 16), ("eta", 1.0), ("gamma", 1.0)), validate=_validate)
+SETTINGS = PartSettings(
+  "merged",
+  "merged experts (model.moe.merge)",
+  (("segment_len", 16), ("eta", 1.0), ("gamma", 1.0)),
+  validate=_validate,
+)

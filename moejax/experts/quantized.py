@@ -37,6 +37,7 @@ Bytes: codes are held one per uint8 byte in memory and in checkpoints.
 matrix ceil(bits_e n / 8) bytes of codes, the same for asymmetric zero points
 (symmetric ones are implied), 4 per scale, one byte of bits per expert.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -51,9 +52,13 @@ from moejax.registry import settings_of
 NAME = "quantized"
 SETTINGS = {"bits": 4, "group_size": 0, "symmetric": False}
 LOGICAL_AXES = {
-    **{f"{m}_codes": cz.CODE_AXES[m] for m in cz.MATRICES},
-    **{f"{m}_{part}": ("expert", None, cz.CODE_AXES[m][2])
-       for m in cz.MATRICES for part in ("scales", "zeros")}}
+  **{f"{m}_codes": cz.CODE_AXES[m] for m in cz.MATRICES},
+  **{
+    f"{m}_{part}": ("expert", None, cz.CODE_AXES[m][2])
+    for m in cz.MATRICES
+    for part in ("scales", "zeros")
+  },
+}
 
 
 def dequantize(codes, scales, zeros=None):
@@ -69,8 +74,12 @@ def dequantize(codes, scales, zeros=None):
 
 def dense_weights(weights: dict, dtype) -> dict:
   """{w_gate, w_up, w_down} dequantized, in `dtype`, from this type's weights."""
-  return {m: dequantize(weights[f"{m}_codes"], weights[f"{m}_scales"],
-                        weights[f"{m}_zeros"]).astype(dtype) for m in cz.MATRICES}
+  return {
+    m: dequantize(weights[f"{m}_codes"], weights[f"{m}_scales"], weights[f"{m}_zeros"]).astype(
+      dtype
+    )
+    for m in cz.MATRICES
+  }
 
 
 def quantized_expert(weights_e: dict, x, **settings):
@@ -102,13 +111,17 @@ def rtn(w, bits: int, group_size: int, symmetric: bool):
     scale = jnp.max(jnp.abs(blocks), axis=-2) / (2 ** (bits - 1) - 1)
   else:
     low = jnp.minimum(blocks.min(axis=-2), 0.0)
-    scale = (jnp.maximum(blocks.max(axis=-2), 0.0) - low) / (2 ** bits - 1)
+    scale = (jnp.maximum(blocks.max(axis=-2), 0.0) - low) / (2**bits - 1)
   scale = jnp.where(scale > 0, scale, 1.0)
   zero = jnp.full_like(scale, 2 ** (bits - 1)) if symmetric else jnp.round(-low / scale)
-  codes = jnp.clip(jnp.round(blocks / scale[..., None, :]) + zero[..., None, :],
-                   1 if symmetric else 0, 2 ** bits - 1)
-  return (codes.reshape(w.shape).astype(jnp.uint8), scale.astype(jnp.float32),
-          zero.astype(jnp.uint8))
+  codes = jnp.clip(
+    jnp.round(blocks / scale[..., None, :]) + zero[..., None, :], 1 if symmetric else 0, 2**bits - 1
+  )
+  return (
+    codes.reshape(w.shape).astype(jnp.uint8),
+    scale.astype(jnp.float32),
+    zero.astype(jnp.uint8),
+  )
 
 
 def check_arrays(arrays: dict) -> None:
@@ -120,13 +133,21 @@ def check_arrays(arrays: dict) -> None:
   for m in cz.MATRICES:
     codes, scales, zeros = (np.asarray(arrays[f"{m}_{p}"]) for p in ("codes", "scales", "zeros"))
     if codes.dtype != np.uint8 or zeros.dtype != np.uint8 or scales.dtype != np.float32:
-      raise ValueError(f"{m}: codes and zeros must be uint8, scales float32; got "
-                       f"{codes.dtype}, {zeros.dtype}, {scales.dtype}")
+      raise ValueError(
+        f"{m}: codes and zeros must be uint8, scales float32; got "
+        f"{codes.dtype}, {zeros.dtype}, {scales.dtype}"
+      )
     E, d_in, _ = codes.shape
-    if scales.shape != zeros.shape or scales.shape[::2] != codes.shape[::2] or (
-        d_in % scales.shape[1]) or bits.shape != (E,):
-      raise ValueError(f"{m}: codes {codes.shape}, scales {scales.shape}, zeros "
-                       f"{zeros.shape}, bits {bits.shape} do not fit together")
+    if (
+      scales.shape != zeros.shape
+      or scales.shape[::2] != codes.shape[::2]
+      or (d_in % scales.shape[1])
+      or bits.shape != (E,)
+    ):
+      raise ValueError(
+        f"{m}: codes {codes.shape}, scales {scales.shape}, zeros "
+        f"{zeros.shape}, bits {bits.shape} do not fit together"
+      )
     top = (2 ** bits.astype(np.int64))[:, None, None]
     if np.any(codes >= top) or np.any(zeros >= top):
       raise ValueError(f"{m}: codes or zero points outside [0, 2^bits) of their expert")
@@ -164,13 +185,21 @@ def unpack(packed: dict, shapes: dict, symmetric: bool) -> dict:
   for m in cz.MATRICES:
     scales = np.asarray(packed[f"{m}_scales"])
     out[f"{m}_scales"] = scales
-    out[f"{m}_codes"] = np.stack([cz.unpack_bits(p, int(b), shapes[f"{m}_codes"][1:])
-                                  for p, b in zip(packed[f"{m}_codes"], bits)])
-    out[f"{m}_zeros"] = (np.stack([cz.unpack_bits(p, int(b), scales.shape[1:])
-                                   for p, b in zip(packed[f"{m}_zeros"], bits)])
-                         if not symmetric else np.broadcast_to(
-                             (2 ** (bits.astype(np.int64) - 1))[:, None, None],
-                             scales.shape).astype(np.uint8))
+    out[f"{m}_codes"] = np.stack(
+      [
+        cz.unpack_bits(p, int(b), shapes[f"{m}_codes"][1:])
+        for p, b in zip(packed[f"{m}_codes"], bits)
+      ]
+    )
+    out[f"{m}_zeros"] = (
+      np.stack(
+        [cz.unpack_bits(p, int(b), scales.shape[1:]) for p, b in zip(packed[f"{m}_zeros"], bits)]
+      )
+      if not symmetric
+      else np.broadcast_to((2 ** (bits.astype(np.int64) - 1))[:, None, None], scales.shape).astype(
+        np.uint8
+      )
+    )
   return out
 
 
@@ -179,16 +208,25 @@ class QuantizedExperts(nnx.Module):
 
   LOGICAL_AXES = LOGICAL_AXES
 
-  def __init__(self, num_experts: int, d_model: int, d_ff: int, *, bits: int, group_size: int,
-               symmetric: bool, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    num_experts: int,
+    d_model: int,
+    d_ff: int,
+    *,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    rngs: nnx.Rngs,
+  ):
     self.symmetric = symmetric
-    groups = cz.group_size_for(f"model.moe.{NAME}.group_size", group_size,
-                               {"d_model": d_model, "expert_d_ff": d_ff})
+    groups = cz.group_size_for(
+      f"model.moe.{NAME}.group_size", group_size, {"d_model": d_model, "expert_d_ff": d_ff}
+    )
     weights = cz.float_init(num_experts, d_model, d_ff, rngs)
     for m in cz.MATRICES:
       group = groups["expert_d_ff" if m == "w_down" else "d_model"]
-      for part, value in zip(("codes", "scales", "zeros"),
-                             rtn(weights[m], bits, group, symmetric)):
+      for part, value in zip(("codes", "scales", "zeros"), rtn(weights[m], bits, group, symmetric)):
         setattr(self, f"{m}_{part}", cz.variable(value, LOGICAL_AXES[f"{m}_{part}"]))
     self.bits = cz.variable(jnp.full((num_experts,), bits, jnp.uint8), ("expert",))
 
@@ -207,10 +245,13 @@ class QuantizedExperts(nnx.Module):
     symmetric layer's zero points must be the implied 2^(bits - 1)."""
     check_arrays(arrays)
     implied = (2 ** (np.asarray(arrays["bits"]).astype(np.int64) - 1))[:, None, None]
-    if self.symmetric and any(np.any(np.asarray(arrays[f"{m}_zeros"]) != implied)
-                              for m in cz.MATRICES):
-      raise ValueError("a symmetric layer (model.moe.quantized.symmetric) holds zero points "
-                       "2^(bits - 1) only; these arrays are asymmetric")
+    if self.symmetric and any(
+      np.any(np.asarray(arrays[f"{m}_zeros"]) != implied) for m in cz.MATRICES
+    ):
+      raise ValueError(
+        "a symmetric layer (model.moe.quantized.symmetric) holds zero points "
+        "2^(bits - 1) only; these arrays are asymmetric"
+      )
     for name, value in arrays.items():
       variable = getattr(self, name)
       if np.shape(value) != variable.shape:
@@ -234,7 +275,15 @@ def build_quantized(num_experts: int, d_model: int, cfg, *, rngs) -> QuantizedEx
   return QuantizedExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
 
 
-QUANTIZED = register_expert_type(ExpertType(
-    NAME, build=build_quantized, logical_axes=LOGICAL_AXES, expert=quantized_expert,
-    apply=quantized_experts, fused=quantized_fused, settings=SETTINGS,
-    validate=validate_quantized))
+QUANTIZED = register_expert_type(
+  ExpertType(
+    NAME,
+    build=build_quantized,
+    logical_axes=LOGICAL_AXES,
+    expert=quantized_expert,
+    apply=quantized_experts,
+    fused=quantized_fused,
+    settings=SETTINGS,
+    validate=validate_quantized,
+  )
+)

@@ -7,6 +7,7 @@ where: it receives rows already grouped by the dispatch backend and a
 (a batched einsum for the capacity layout, a grouped matmul for dropless).
 Fused path: the memory-efficient SonicMoE kernel (swiglu_memeff.py).
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -36,13 +37,18 @@ class SwiGLUExperts(nnx.Module):
 
   # Logical axes (moejax/sharding.py): experts split over the expert axis,
   # the width column- then row-parallel (Megatron), d_model over fsdp.
-  LOGICAL_AXES = {"w_gate": ("expert", "embed", "mlp"), "w_up": ("expert", "embed", "mlp"),
-                  "w_down": ("expert", "mlp", "embed")}
+  LOGICAL_AXES = {
+    "w_gate": ("expert", "embed", "mlp"),
+    "w_up": ("expert", "embed", "mlp"),
+    "w_down": ("expert", "mlp", "embed"),
+  }
 
-  def __init__(self, num_experts: int, d_model: int, d_ff: int, *,
-               rngs: nnx.Rngs, init_scale: float = 1.0):
-    init = jax.nn.initializers.variance_scaling(init_scale, "fan_in", "truncated_normal",
-                                                in_axis=-2, out_axis=-1, batch_axis=(0,))
+  def __init__(
+    self, num_experts: int, d_model: int, d_ff: int, *, rngs: nnx.Rngs, init_scale: float = 1.0
+  ):
+    init = jax.nn.initializers.variance_scaling(
+      init_scale, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,)
+    )
 
     def param(name, shape):
       return nnx.Param(init(rngs.params(), shape), logical_axes=self.LOGICAL_AXES[name])
@@ -52,8 +58,7 @@ class SwiGLUExperts(nnx.Module):
     self.w_down = param("w_down", (num_experts, d_ff, d_model))
 
   def weights(self, dtype) -> dict:
-    return {name: getattr(self, name)[...].astype(dtype)
-            for name in ("w_gate", "w_up", "w_down")}
+    return {name: getattr(self, name)[...].astype(dtype) for name in ("w_gate", "w_up", "w_down")}
 
   def __call__(self, rows, matmul: GroupedMatmul, dtype=jnp.float32):
     return swiglu_experts(self.weights(dtype), rows, matmul)
@@ -64,6 +69,13 @@ def build_swiglu(num_experts: int, d_model: int, cfg, *, rngs: nnx.Rngs) -> SwiG
   return SwiGLUExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs)
 
 
-SWIGLU = register_expert_type(ExpertType(
-    "swiglu", build=build_swiglu, logical_axes=SwiGLUExperts.LOGICAL_AXES,
-    expert=swiglu_expert, apply=swiglu_experts, fused=swiglu_fused))
+SWIGLU = register_expert_type(
+  ExpertType(
+    "swiglu",
+    build=build_swiglu,
+    logical_axes=SwiGLUExperts.LOGICAL_AXES,
+    expert=swiglu_expert,
+    apply=swiglu_experts,
+    fused=swiglu_fused,
+  )
+)

@@ -27,6 +27,7 @@ Gate and up weights stay two matrices (two matmuls per block, the same
 FLOPs as one fused [d, 2f] matmul, without concatenating the weights on
 every call).
 """
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -101,12 +102,23 @@ def _memeff_bwd(res, d_out):
     dx = dx.at[token].add(dx_g.astype(acc_dtype))
     return dx, d_gate_rows, dw_gate, dw_up, dw_down
 
-  init = (jnp.zeros(x.shape, acc_dtype), jnp.zeros(row_gate.shape, acc_dtype),
-          jnp.zeros(w_gate.shape, acc_dtype), jnp.zeros(w_up.shape, acc_dtype),
-          jnp.zeros(w_down.shape, acc_dtype))
+  init = (
+    jnp.zeros(x.shape, acc_dtype),
+    jnp.zeros(row_gate.shape, acc_dtype),
+    jnp.zeros(w_gate.shape, acc_dtype),
+    jnp.zeros(w_up.shape, acc_dtype),
+    jnp.zeros(w_down.shape, acc_dtype),
+  )
   dx, d_gate_rows, dw_gate, dw_up, dw_down = for_each_block(schedule, body, init)
-  return (dx.astype(x.dtype), d_gate_rows.astype(row_gate.dtype), dw_gate.astype(w_gate.dtype),
-          dw_up.astype(w_up.dtype), dw_down.astype(w_down.dtype), None, None)
+  return (
+    dx.astype(x.dtype),
+    d_gate_rows.astype(row_gate.dtype),
+    dw_gate.astype(w_gate.dtype),
+    dw_up.astype(w_up.dtype),
+    dw_down.astype(w_down.dtype),
+    None,
+    None,
+  )
 
 
 swiglu_moe_memeff.defvjp(_memeff_fwd, _memeff_bwd)
@@ -118,6 +130,13 @@ def swiglu_memeff_dispatch(weights: dict, x, routing, cfg):
   layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
   row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))
   weights = jax.tree.map(jnp.asarray, weights)
-  y = swiglu_moe_memeff(x, row_gate, weights["w_gate"], weights["w_up"], weights["w_down"],
-                        layout.row_token, schedule_of(layout, cfg))
+  y = swiglu_moe_memeff(
+    x,
+    row_gate,
+    weights["w_gate"],
+    weights["w_up"],
+    weights["w_down"],
+    layout.row_token,
+    schedule_of(layout, cfg),
+  )
   return y, dropless_metrics(layout)

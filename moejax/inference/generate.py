@@ -17,6 +17,7 @@ Routing during decode: each step's MoE layers see B tokens, one per row;
 in each layer (the number of expert weight sets a decode step must read:
 the memory-bound cost of MoE decoding).
 """
+
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -41,8 +42,9 @@ def prompt_bucket(length: int) -> int:
   return max(PROMPT_BUCKET_MIN, 1 << (length - 1).bit_length())
 
 
-def left_pad(prompts: list[list[int]], pad_id: int = 0,
-             length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def left_pad(
+  prompts: list[list[int]], pad_id: int = 0, length: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
   """tokens int32 [B, L] and mask bool [B, L], each prompt right-aligned; L is the
   longest prompt, or `length` when given (at least that)."""
   if not prompts or any(len(p) == 0 for p in prompts):
@@ -51,8 +53,8 @@ def left_pad(prompts: list[list[int]], pad_id: int = 0,
   tokens = np.full((len(prompts), length), pad_id, np.int32)
   mask = np.zeros((len(prompts), length), bool)
   for row, prompt in enumerate(prompts):
-    tokens[row, length - len(prompt):] = prompt
-    mask[row, length - len(prompt):] = True
+    tokens[row, length - len(prompt) :] = prompt
+    mask[row, length - len(prompt) :] = True
   return tokens, mask
 
 
@@ -84,12 +86,17 @@ def generation_config(m):
   a handful of rows to each expert; capacity drops would depend on the batch and
   make decoding non-causal). ConfigError for a router that is not causal."""
   from moejax import routing
+
   if m.ffn_type == "moe" and not routing.get_router(m.moe.router).causal:
-    raise ConfigError(f"model.moe.router={m.moe.router!r} is not causal: a decoder "
-                      "routes each token from its own state only")
+    raise ConfigError(
+      f"model.moe.router={m.moe.router!r} is not causal: a decoder "
+      "routes each token from its own state only"
+    )
   if m.get("scan_layers", False):
-    raise ConfigError("model.scan_layers=True: decode the loop layout "
-                      "(moejax.models.decoder.unstack_layers; moejax.train.load does it)")
+    raise ConfigError(
+      "model.scan_layers=True: decode the loop layout "
+      "(moejax.models.decoder.unstack_layers; moejax.train.load does it)"
+    )
   m = ml_collections.ConfigDict(m.to_dict())
   m.remat = "none"  # no backward pass here
   m.moe.dispatch = "dropless"
@@ -116,14 +123,16 @@ class Generated:
 
   def row(self, i: int, eos_id: int | None = None) -> list[int]:
     out = [int(t) for t in self.tokens[i]]
-    return out[:out.index(eos_id) + 1] if eos_id is not None and eos_id in out else out
+    return out[: out.index(eos_id) + 1] if eos_id is not None and eos_id in out else out
 
 
 def _forward(graphdef, params, rest, tokens, mask, cache):
-  logits, aux, cache = nnx.merge(graphdef, params, rest)(tokens, token_mask_BxL=mask,
-                                                         cache=cache, last_logits_only=True)
-  distinct = jnp.stack([a["metrics"]["distinct_experts"] for a in aux["moe"]]
-                       or [jnp.zeros((), jnp.int32)])
+  logits, aux, cache = nnx.merge(graphdef, params, rest)(
+    tokens, token_mask_BxL=mask, cache=cache, last_logits_only=True
+  )
+  distinct = jnp.stack(
+    [a["metrics"]["distinct_experts"] for a in aux["moe"]] or [jnp.zeros((), jnp.int32)]
+  )
   return logits[:, -1], distinct, cache
 
 
@@ -135,17 +144,19 @@ def sample_and_forward(graphdef, params, rest, logits, rng, cache, temperature, 
   return token, logits, distinct, cache
 
 
-def _sample_and_forward_steps(graphdef, params, rest, logits, rng, first, cache, steps,
-                              temperature, top_k, top_p):
+def _sample_and_forward_steps(
+  graphdef, params, rest, logits, rng, first, cache, steps, temperature, top_k, top_p
+):
   def one(carry, i):
     logits, cache = carry
     token, logits, distinct, cache = sample_and_forward(
-        graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache, temperature,
-        top_k, top_p)
+      graphdef, params, rest, logits, jax.random.fold_in(rng, i), cache, temperature, top_k, top_p
+    )
     return (logits, cache), (token, distinct)
 
   (logits, cache), (tokens, distinct) = jax.lax.scan(
-      one, (logits, cache), first + jnp.arange(steps, dtype=jnp.int32))
+    one, (logits, cache), first + jnp.arange(steps, dtype=jnp.int32)
+  )
   return tokens, logits, distinct, cache
 
 
@@ -175,6 +186,7 @@ class DecodePrograms:
         (lax.scan), step j drawing with fold_in(rng, first + j) as `step` does at
         that position; `first` is traced, so one program serves every position.
   Sampling settings and n are static: one program per value."""
+
   config: ml_collections.ConfigDict
   graphdef: object
   forward: Callable[..., Any]
@@ -185,11 +197,14 @@ class DecodePrograms:
   @classmethod
   def build(cls, m) -> "DecodePrograms":
     graphdef = abstract_model(m)[0]
-    return cls(m, graphdef, jax.jit(functools.partial(_forward, graphdef)),
-               jax.jit(functools.partial(_prefill, m, graphdef), static_argnums=4),
-               jax.jit(functools.partial(sample_and_forward, graphdef), static_argnums=(5, 6, 7)),
-               jax.jit(functools.partial(_sample_and_forward_steps, graphdef),
-                       static_argnums=(6, 7, 8, 9)))
+    return cls(
+      m,
+      graphdef,
+      jax.jit(functools.partial(_forward, graphdef)),
+      jax.jit(functools.partial(_prefill, m, graphdef), static_argnums=4),
+      jax.jit(functools.partial(sample_and_forward, graphdef), static_argnums=(5, 6, 7)),
+      jax.jit(functools.partial(_sample_and_forward_steps, graphdef), static_argnums=(6, 7, 8, 9)),
+    )
 
 
 _PROGRAMS: dict = {}  # (generation?, config JSON) -> DecodePrograms; 8 most recent kept
@@ -207,16 +222,29 @@ def decode_programs(m, *, generation: bool = True) -> DecodePrograms:
   return _PROGRAMS[key]
 
 
-def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             eos_id: int | None = None, pad_id: int = 0) -> Generated:
+def generate(
+  m,
+  params,
+  rest,
+  prompts: list[list[int]],
+  *,
+  max_new_tokens: int,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  seed: int = 0,
+  eos_id: int | None = None,
+  pad_id: int = 0,
+) -> Generated:
   """Continue each prompt by max_new_tokens tokens (rows that emit eos_id keep
   going but their tail is cut by Generated.row)."""
   validate_sampling(temperature, top_k, top_p, max_new_tokens)
   longest = max((len(p) for p in prompts), default=0)
   if longest + max_new_tokens > m.max_seq_len:
-    raise ConfigError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) "
-                      f"exceeds the model's max_seq_len={m.max_seq_len}")
+    raise ConfigError(
+      f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) "
+      f"exceeds the model's max_seq_len={m.max_seq_len}"
+    )
   tokens, mask = left_pad(prompts, pad_id, prompt_bucket(longest))
   programs = decode_programs(m)
   slots = -(-(tokens.shape[1] + max_new_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE
@@ -225,14 +253,16 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
   rng, out, distinct, i = jax.random.key(seed), [], [], 0
   while max_new_tokens - 1 - i >= DECODE_CHUNK:  # whole chunks, then one step at a time
     tokens, logits, chunk_distinct, cache = programs.steps(
-        params, rest, logits, rng, i, cache, DECODE_CHUNK, temperature, top_k, top_p)
+      params, rest, logits, rng, i, cache, DECODE_CHUNK, temperature, top_k, top_p
+    )
     out.append(tokens)
     distinct.append(chunk_distinct)
     i += DECODE_CHUNK
   for i in range(i, max_new_tokens):
     if i + 1 < max_new_tokens:
       token, logits, step_distinct, cache = programs.step(
-          params, rest, logits, jax.random.fold_in(rng, i), cache, temperature, top_k, top_p)
+        params, rest, logits, jax.random.fold_in(rng, i), cache, temperature, top_k, top_p
+      )
       distinct.append(step_distinct)
     else:  # the last token feeds nothing
       token = sample_tokens(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
@@ -243,5 +273,8 @@ def generate(m, params, rest, prompts: list[list[int]], *, max_new_tokens: int,
   def rows(arrays, width):
     return np.concatenate([np.reshape(a, (-1, width)) for a in arrays] or [np.zeros((0, width))])
 
-  return Generated(rows(out, len(prompts)).T.astype(np.int32),
-                   rows(distinct, prefill_distinct.size).astype(np.int32), prefill_distinct)
+  return Generated(
+    rows(out, len(prompts)).T.astype(np.int32),
+    rows(distinct, prefill_distinct.size).astype(np.int32),
+    prefill_distinct,
+  )

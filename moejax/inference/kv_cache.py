@@ -13,6 +13,7 @@ Per layer, what attention keeps:
        RoPE key are cached; decoding attends over the latent in the absorbed
        form, moejax/layers/attention.py, without re-expanding it)
 """
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -35,8 +36,10 @@ class KVCache:
 def layer_shapes(m, batch: int, max_len: int) -> dict:
   if m.attention.kind == "mla":
     mla = m.attention.mla
-    return {"latent": (batch, max_len, mla.kv_lora_rank),
-            "k_rope": (batch, max_len, mla.qk_rope_head_dim)}
+    return {
+      "latent": (batch, max_len, mla.kv_lora_rank),
+      "k_rope": (batch, max_len, mla.qk_rope_head_dim),
+    }
   kv = (batch, max_len, m.num_kv_heads, m.head_dim)
   return {"k": kv, "v": kv}
 
@@ -44,11 +47,16 @@ def layer_shapes(m, batch: int, max_len: int) -> dict:
 def init_cache(m, batch: int, max_len: int) -> KVCache:
   """An empty cache for `batch` rows of up to `max_len` tokens, in the compute dtype."""
   dtype = DTYPES[m.dtype]
-  layers = tuple({name: jnp.zeros(shape, dtype)
-                  for name, shape in layer_shapes(m, batch, max_len).items()}
-                 for _ in range(m.num_layers))
-  return KVCache(layers, jnp.zeros((batch, max_len), bool), jnp.zeros((batch,), jnp.int32),
-                 jnp.zeros((), jnp.int32))
+  layers = tuple(
+    {name: jnp.zeros(shape, dtype) for name, shape in layer_shapes(m, batch, max_len).items()}
+    for _ in range(m.num_layers)
+  )
+  return KVCache(
+    layers,
+    jnp.zeros((batch, max_len), bool),
+    jnp.zeros((batch,), jnp.int32),
+    jnp.zeros((), jnp.int32),
+  )
 
 
 def cache_bytes(m, batch: int, max_len: int) -> int:

@@ -17,6 +17,7 @@ A converted workdir (save_workdir / load_workdir) holds model/config.json
 (the decoder config and the original HF config), the params as moejax-named
 safetensors, and the checkpoint's other files (tokenizer, generation config).
 """
+
 import dataclasses
 import json
 import os
@@ -113,8 +114,11 @@ def import_hf(hf_dir: str, param_dtype: str = "float32") -> Loaded:
 def config_for_params(m, params) -> ml_collections.ConfigDict:
   """m with each MoE layer's expert count read from its router kernel [d, E]."""
   m = ml_collections.ConfigDict(m.to_dict())
-  counts = [int(params["blocks"][i]["ffn"]["router_kernel"].shape[-1])
-            for i in moe_layer_indices(m) if m.ffn_type == "moe"]
+  counts = [
+    int(params["blocks"][i]["ffn"]["router_kernel"].shape[-1])
+    for i in moe_layer_indices(m)
+    if m.ffn_type == "moe"
+  ]
   m.moe.expert_counts = [] if len(set(counts)) <= 1 else counts
   if counts:
     m.moe.num_experts = max(counts)
@@ -132,13 +136,24 @@ def check_shapes(m, params, rest) -> None:
       if path not in have_flat:
         raise ConfigError(f"{name} {'/'.join(map(str, path))} is missing")
       if tuple(have_flat[path].shape) != tuple(spec.shape):
-        raise ConfigError(f"{name} {'/'.join(map(str, path))} has shape "
-                          f"{tuple(have_flat[path].shape)}; the config expects {tuple(spec.shape)}")
+        raise ConfigError(
+          f"{name} {'/'.join(map(str, path))} has shape "
+          f"{tuple(have_flat[path].shape)}; the config expects {tuple(spec.shape)}"
+        )
 
 
-def export_hf(m, params, rest, out_dir: str, *, family: str | None = None,
-              dtype: str | None = None, base_hf_config: dict | None = None,
-              max_shard_bytes: int = 2 << 30, extra_files_from: str | None = None) -> dict:
+def export_hf(
+  m,
+  params,
+  rest,
+  out_dir: str,
+  *,
+  family: str | None = None,
+  dtype: str | None = None,
+  base_hf_config: dict | None = None,
+  max_shard_bytes: int = 2 << 30,
+  extra_files_from: str | None = None,
+) -> dict:
   """Write params as an HF checkpoint of `family` (default m.family); returns config.json.
 
   dtype: 'float32' | 'bfloat16' | 'float16' (default: each array's own dtype).
@@ -179,14 +194,18 @@ def copy_extra_files(src: str, dst: str) -> None:
   an export's record (which describes that export only)."""
   for name in os.listdir(src):
     path = os.path.join(src, name)
-    if (os.path.isfile(path) and name not in CHECKPOINT_FILES + (dense_experts.EXPORT_RECORD,)
-        and not name.endswith((".safetensors", ".tmp"))):
+    if (
+      os.path.isfile(path)
+      and name not in CHECKPOINT_FILES + (dense_experts.EXPORT_RECORD,)
+      and not name.endswith((".safetensors", ".tmp"))
+    ):
       shutil.copy2(path, os.path.join(dst, name))
 
 
 def _flat_named(tree) -> dict:
-  return {".".join(map(str, path)): value
-          for path, value in nnx.traversals.flatten_mapping(tree).items()}
+  return {
+    ".".join(map(str, path)): value for path, value in nnx.traversals.flatten_mapping(tree).items()
+  }
 
 
 def save_workdir(workdir: str, loaded: Loaded, extra_files_from: str | None = None) -> str:

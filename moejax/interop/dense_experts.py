@@ -12,6 +12,7 @@ experiments.convert prints.
 
     m, params, rest, record = for_export(m, params, rest, dtype)   # record None: swiglu
 """
+
 import json
 import os
 
@@ -32,7 +33,7 @@ EXPORT_RECORD = "moejax_export.json"
 def _bits_text(arrays: list[dict], what: str) -> str:
   """'4-bit codes', or '2/3/4-bit codes (per expert)' when experts differ."""
   bits = sorted({int(b) for a in arrays for b in np.asarray(a["bits"]).ravel()})
-  return ("/".join(map(str, bits)) + f"-bit {what}" + (" (per expert)" if len(bits) > 1 else ""))
+  return "/".join(map(str, bits)) + f"-bit {what}" + (" (per expert)" if len(bits) > 1 else "")
 
 
 def _group_text(group_size: int) -> str:
@@ -45,8 +46,13 @@ def _quantized(layer) -> dict:
 
 def _quantized_details(layers) -> str:
   s = layers[0].expert_type.options(layers[0].cfg)
-  return ", ".join([_bits_text([layer.experts.arrays() for layer in layers], "codes"),
-                    _group_text(s["group_size"])] + (["symmetric"] if s["symmetric"] else []))
+  return ", ".join(
+    [
+      _bits_text([layer.experts.arrays() for layer in layers], "codes"),
+      _group_text(s["group_size"]),
+    ]
+    + (["symmetric"] if s["symmetric"] else [])
+  )
 
 
 def _codebook(layer) -> dict:
@@ -61,8 +67,10 @@ def _codebook_details(layers) -> str:
     bits = _bits_text(arrays, "indices")
   else:  # one width for all: K = 2^bits centroids per group
     bits = f"{int(np.log2(np.shape(arrays[0]['w_gate_centroids'])[-1]))}-bit indices"
-  return ", ".join([bits, _group_text(s["group_size"])] + (
-      [f"{s['rotation']} rotation"] if s["rotation"] != "none" else []))
+  return ", ".join(
+    [bits, _group_text(s["group_size"])]
+    + ([f"{s['rotation']} rotation"] if s["rotation"] != "none" else [])
+  )
 
 
 def _factorised(layer) -> dict:
@@ -72,13 +80,16 @@ def _factorised(layer) -> dict:
 def _factorised_details(layers) -> str:
   experts = layers[0].experts
   return "Tucker ranks (expert, in, out) " + ", ".join(
-      f"{factorised.SHORT[p]} {tuple(getattr(experts, p).ranks)}" for p in factorised.PROJECTIONS)
+    f"{factorised.SHORT[p]} {tuple(getattr(experts, p).ranks)}" for p in factorised.PROJECTIONS
+  )
 
 
 # expert type -> (verb, dense weights of one MoE layer, details of the stored form)
-DENSE = {"quantized": ("dequantized", _quantized, _quantized_details),
-         "codebook": ("dequantized", _codebook, _codebook_details),
-         "factorised": ("reconstructed", _factorised, _factorised_details)}
+DENSE = {
+  "quantized": ("dequantized", _quantized, _quantized_details),
+  "codebook": ("dequantized", _codebook, _codebook_details),
+  "factorised": ("reconstructed", _factorised, _factorised_details),
+}
 
 
 def _copy(tree):
@@ -105,14 +116,20 @@ def for_export(m, params: dict, rest: dict, dtype: str | None):
   for i, layer in zip(layers, moe):
     weights = dense(layer)
     params["blocks"][i]["ffn"]["experts"] = {
-        name: jnp.asarray(weights[name], jnp.float32).astype(cast) for name in MATRICES}
+      name: jnp.asarray(weights[name], jnp.float32).astype(cast) for name in MATRICES
+    }
     rest.get("blocks", {}).get(i, {}).get("ffn", {}).pop("experts", None)
   float_m = ml_collections.ConfigDict(m.to_dict())
   float_m.moe.experts = "swiglu"
   text = details(moe)
-  record = {"stored_as": kind, "exported_as": "swiglu", "dtype": out_dtype, "details": text,
-            "note": f"experts {verb} from {kind!r} ({text}) to {out_dtype} for export: "
-                    "transformers has no such expert type"}
+  record = {
+    "stored_as": kind,
+    "exported_as": "swiglu",
+    "dtype": out_dtype,
+    "details": text,
+    "note": f"experts {verb} from {kind!r} ({text}) to {out_dtype} for export: "
+    "transformers has no such expert type",
+  }
   return float_m, params, rest, record
 
 

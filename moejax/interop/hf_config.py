@@ -8,6 +8,7 @@ does not use (token ids, generation settings) survive a round trip.
 `check_expressible` refuses an export the family cannot represent (e.g. a
 moejax LM with shared experts written as Mixtral), naming the keys.
 """
+
 import ml_collections
 
 from moejax.config import base_config
@@ -19,25 +20,51 @@ from moejax.models.families import FAMILIES
 
 _REQUIRED = object()
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-ROPE_KEYS = {"factor": "factor", "original_max_position": "original_max_position_embeddings",
-             "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale",
-             "mscale_all_dim": "mscale_all_dim", "attention_factor": "attention_factor",
-             "truncate": "truncate"}
+ROPE_KEYS = {
+  "factor": "factor",
+  "original_max_position": "original_max_position_embeddings",
+  "beta_fast": "beta_fast",
+  "beta_slow": "beta_slow",
+  "mscale": "mscale",
+  "mscale_all_dim": "mscale_all_dim",
+  "attention_factor": "attention_factor",
+  "truncate": "truncate",
+}
 # transformers 5.x defaults (each family's configuration_*.py, checked against 5.24)
 # for the keys read below, where they differ from the generic ones: a config.json
 # that leaves a key out means this value (tests/interop/test_config_defaults.py).
 FAMILY_DEFAULTS = {
-    "mixtral": dict(num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=1e6,
-                    max_position_embeddings=131072),
-    "qwen2_moe": dict(num_key_value_heads=16, rms_norm_eps=1e-6, max_position_embeddings=32768,
-                      moe_intermediate_size=1408, shared_expert_intermediate_size=5632),
-    "qwen3_moe": dict(num_key_value_heads=4, rms_norm_eps=1e-6, max_position_embeddings=32768,
-                      moe_intermediate_size=768),
-    "olmoe": dict(rms_norm_eps=1e-5, max_position_embeddings=4096),
-    "deepseek_v3": dict(num_key_value_heads=128, rms_norm_eps=1e-6, max_position_embeddings=4096,
-                        moe_intermediate_size=2048, first_k_dense_replace=3, n_group=8,
-                        topk_group=4, routed_scaling_factor=2.5, n_shared_experts=1,
-                        q_lora_rank=1536, rope_interleave=True, norm_topk_prob=True),
+  "mixtral": dict(
+    num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=131072
+  ),
+  "qwen2_moe": dict(
+    num_key_value_heads=16,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=32768,
+    moe_intermediate_size=1408,
+    shared_expert_intermediate_size=5632,
+  ),
+  "qwen3_moe": dict(
+    num_key_value_heads=4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=32768,
+    moe_intermediate_size=768,
+  ),
+  "olmoe": dict(rms_norm_eps=1e-5, max_position_embeddings=4096),
+  "deepseek_v3": dict(
+    num_key_value_heads=128,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    moe_intermediate_size=2048,
+    first_k_dense_replace=3,
+    n_group=8,
+    topk_group=4,
+    routed_scaling_factor=2.5,
+    n_shared_experts=1,
+    q_lora_rank=1536,
+    rope_interleave=True,
+    norm_topk_prob=True,
+  ),
 }
 
 
@@ -49,8 +76,10 @@ def family_of(hf: dict):
   model_type = hf.get("model_type")
   if model_type not in FAMILIES:
     arch = (hf.get("architectures") or [model_type])[0]
-    raise ConfigError(f"unsupported architecture {arch!r} (model_type={model_type!r}); "
-                      f"supported: {supported_architectures()}")
+    raise ConfigError(
+      f"unsupported architecture {arch!r} (model_type={model_type!r}); "
+      f"supported: {supported_architectures()}"
+    )
   return FAMILIES[model_type]
 
 
@@ -94,14 +123,19 @@ def _windows(hf: dict, family, num_layers: int) -> list[int]:
   if kind == "qwen2_moe":
     use = bool(hf.get("use_sliding_window", False))
     types = hf.get("layer_types") or [
-        "sliding_attention" if use and (i + 1) % 2 and i < hf.get("max_window_layers", 28)
-        else "full_attention" for i in range(num_layers)]
+      "sliding_attention"
+      if use and (i + 1) % 2 and i < hf.get("max_window_layers", 28)
+      else "full_attention"
+      for i in range(num_layers)
+    ]
     window = hf.get("sliding_window", 4096) if use else 0
     if "sliding_attention" in types and not window:
-      raise ConfigError(f"config.json (qwen2_moe) has sliding layers (layer_types={types}) but "
-                        f"no window (use_sliding_window={hf.get('use_sliding_window')}, "
-                        f"sliding_window={hf.get('sliding_window')}): transformers cannot run "
-                        "it either; set use_sliding_window=true and sliding_window > 0")
+      raise ConfigError(
+        f"config.json (qwen2_moe) has sliding layers (layer_types={types}) but "
+        f"no window (use_sliding_window={hf.get('use_sliding_window')}, "
+        f"sliding_window={hf.get('sliding_window')}): transformers cannot run "
+        "it either; set use_sliding_window=true and sliding_window > 0"
+      )
     return [window if t == "sliding_attention" else 0 for t in types]
   if kind == "qwen3_moe":
     window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
@@ -137,8 +171,9 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
   family = family_of(hf)
   hf = {**FAMILY_DEFAULTS.get(family.model_type, {}), **hf}
   if _get(hf, "hidden_act", default="silu") != "silu":
-    raise ConfigError(f"config.json hidden_act={hf['hidden_act']!r}: only silu (SwiGLU) "
-                      "experts are supported")
+    raise ConfigError(
+      f"config.json hidden_act={hf['hidden_act']!r}: only silu (SwiGLU) experts are supported"
+    )
   m = imported_model_config()
   m.family = family.model_type
   m.vocab_size, m.d_model = _get(hf, "vocab_size"), _get(hf, "hidden_size")
@@ -162,7 +197,8 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
   e.router, e.num_experts = family.router, _get(hf, *EXPERT_COUNT_KEYS)
   e.top_k = _get(hf, "num_experts_per_tok")
   e.renormalize = family.always_renormalize or bool(
-      hf.get("norm_topk_prob", family.model_type == "deepseek_v3"))
+    hf.get("norm_topk_prob", family.model_type == "deepseek_v3")
+  )
   e.expert_d_ff = _get(hf, "moe_intermediate_size", "intermediate_size")
   m.d_ff = _get(hf, "intermediate_size")
   set_moe_layers(m, _moe_layers(hf, family, m.num_layers))
@@ -171,16 +207,20 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
     e.shared_expert_gate = True
   if family.model_type == "deepseek_v3":
     if hf.get("scoring_func", "sigmoid") != "sigmoid":
-      raise ConfigError(f"config.json scoring_func={hf['scoring_func']!r}: DeepseekV3 routing "
-                        "here scores experts with a sigmoid only")
+      raise ConfigError(
+        f"config.json scoring_func={hf['scoring_func']!r}: DeepseekV3 routing "
+        "here scores experts with a sigmoid only"
+      )
     e.num_shared_experts, e.shared_d_ff = hf.get("n_shared_experts") or 0, e.expert_d_ff
     e.num_groups, e.topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
     e.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
     mla = a.mla
     mla.q_lora_rank = hf.get("q_lora_rank") or 0
     mla.kv_lora_rank = _get(hf, "kv_lora_rank")
-    mla.qk_nope_head_dim, mla.qk_rope_head_dim = (_get(hf, "qk_nope_head_dim"),
-                                                  _get(hf, "qk_rope_head_dim"))
+    mla.qk_nope_head_dim, mla.qk_rope_head_dim = (
+      _get(hf, "qk_nope_head_dim"),
+      _get(hf, "qk_rope_head_dim"),
+    )
     mla.v_head_dim = _get(hf, "v_head_dim")
     m.rope.interleave = bool(hf.get("rope_interleave", True))
   validate_model(m)
@@ -192,21 +232,32 @@ def _family_keys(m, family) -> dict:
   e, a = m.moe, m.attention
   counts = set(expert_counts(m))
   if len(counts) > 1:
-    raise ConfigError(f"{family.architecture} holds one expert count for every layer; this "
-                      f"model has {expert_counts(m)} per MoE layer. Prune to the same count "
-                      "in every layer to export it.")
+    raise ConfigError(
+      f"{family.architecture} holds one expert count for every layer; this "
+      f"model has {expert_counts(m)} per MoE layer. Prune to the same count "
+      "in every layer to export it."
+    )
   num_experts = counts.pop() if counts else e.num_experts
   moe_layers = moe_layer_indices(m)
   dense_layers = [i for i in range(m.num_layers) if i not in moe_layers]
   windows = layer_windows(m)
   window = max(windows) if any(windows) else None
-  out = {"architectures": [family.architecture], "model_type": family.model_type,
-         "vocab_size": m.vocab_size, "hidden_size": m.d_model,
-         "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
-         "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
-         "rms_norm_eps": m.norm_eps, "tie_word_embeddings": m.tie_embeddings,
-         "max_position_embeddings": m.max_seq_len, "hidden_act": "silu",
-         "num_experts_per_tok": e.top_k, "rope_parameters": _rope_parameters(m.rope)}
+  out = {
+    "architectures": [family.architecture],
+    "model_type": family.model_type,
+    "vocab_size": m.vocab_size,
+    "hidden_size": m.d_model,
+    "num_hidden_layers": m.num_layers,
+    "num_attention_heads": m.num_heads,
+    "num_key_value_heads": m.num_kv_heads,
+    "head_dim": m.head_dim,
+    "rms_norm_eps": m.norm_eps,
+    "tie_word_embeddings": m.tie_embeddings,
+    "max_position_embeddings": m.max_seq_len,
+    "hidden_act": "silu",
+    "num_experts_per_tok": e.top_k,
+    "rope_parameters": _rope_parameters(m.rope),
+  }
   kind = family.model_type
   if kind in ("mixtral", "olmoe"):
     out.update(intermediate_size=e.expert_d_ff)
@@ -217,34 +268,54 @@ def _family_keys(m, family) -> dict:
   if kind == "mixtral":
     out.update(num_local_experts=num_experts, sliding_window=window)
   elif kind in ("qwen2_moe", "qwen3_moe"):
-    out.update(num_experts=num_experts, decoder_sparse_step=1, mlp_only_layers=dense_layers,
-               use_sliding_window=window is not None, sliding_window=window)
+    out.update(
+      num_experts=num_experts,
+      decoder_sparse_step=1,
+      mlp_only_layers=dense_layers,
+      use_sliding_window=window is not None,
+      sliding_window=window,
+    )
     if kind == "qwen2_moe":
-      out.update(qkv_bias=a.qkv_bias, shared_expert_intermediate_size=(
-          e.num_shared_experts * e.shared_d_ff), layer_types=[
-              "sliding_attention" if w else "full_attention" for w in windows])
+      out.update(
+        qkv_bias=a.qkv_bias,
+        shared_expert_intermediate_size=(e.num_shared_experts * e.shared_d_ff),
+        layer_types=["sliding_attention" if w else "full_attention" for w in windows],
+      )
     else:
       out["attention_bias"] = a.qkv_bias
   elif kind == "olmoe":
     out.update(num_experts=num_experts, attention_bias=a.qkv_bias, clip_qkv=a.clip_qkv or None)
   elif kind == "deepseek_v3":
     mla = a.mla
-    out.update(n_routed_experts=num_experts, n_shared_experts=e.num_shared_experts,
-               first_k_dense_replace=min(moe_layers, default=m.num_layers),
-               n_group=e.num_groups, topk_group=e.topk_groups,
-               routed_scaling_factor=e.routed_scaling_factor,
-               q_lora_rank=mla.q_lora_rank or None, kv_lora_rank=mla.kv_lora_rank,
-               qk_nope_head_dim=mla.qk_nope_head_dim, qk_rope_head_dim=mla.qk_rope_head_dim,
-               v_head_dim=mla.v_head_dim, head_dim=mla.qk_rope_head_dim,
-               rope_interleave=m.rope.interleave, attention_bias=a.qkv_bias)
+    out.update(
+      n_routed_experts=num_experts,
+      n_shared_experts=e.num_shared_experts,
+      first_k_dense_replace=min(moe_layers, default=m.num_layers),
+      n_group=e.num_groups,
+      topk_group=e.topk_groups,
+      routed_scaling_factor=e.routed_scaling_factor,
+      q_lora_rank=mla.q_lora_rank or None,
+      kv_lora_rank=mla.kv_lora_rank,
+      qk_nope_head_dim=mla.qk_nope_head_dim,
+      qk_rope_head_dim=mla.qk_rope_head_dim,
+      v_head_dim=mla.v_head_dim,
+      head_dim=mla.qk_rope_head_dim,
+      rope_interleave=m.rope.interleave,
+      attention_bias=a.qkv_bias,
+    )
   return out
 
 
 def _rope_parameters(rope) -> dict:
   out = {"rope_type": rope.scaling, "rope_theta": rope.theta}
   if rope.scaling == "yarn":
-    out.update({theirs: rope[ours] for ours, theirs in ROPE_KEYS.items()
-                if rope[ours] or theirs == "truncate"})
+    out.update(
+      {
+        theirs: rope[ours]
+        for ours, theirs in ROPE_KEYS.items()
+        if rope[ours] or theirs == "truncate"
+      }
+    )
   return out
 
 
@@ -252,10 +323,15 @@ def to_hf_config(m, family: str | None = None, base: dict | None = None) -> dict
   """config.json for `m` as `family` (default m.family), over `base` (the original)."""
   target = FAMILIES.get(family or m.family)
   if target is None:
-    raise ConfigError(f"export family {family or m.family!r} is not supported; supported: "
-                      f"{supported_architectures()}")
-  out = {k: v for k, v in (base or {}).items()
-         if k not in ("rope_theta", "rope_scaling", "torch_dtype") + EXPERT_COUNT_KEYS}
+    raise ConfigError(
+      f"export family {family or m.family!r} is not supported; supported: "
+      f"{supported_architectures()}"
+    )
+  out = {
+    k: v
+    for k, v in (base or {}).items()
+    if k not in ("rope_theta", "rope_scaling", "torch_dtype") + EXPERT_COUNT_KEYS
+  }
   out.update(_family_keys(m, target))
   check_expressible(m, out)
   return out
@@ -263,24 +339,46 @@ def to_hf_config(m, family: str | None = None, base: dict | None = None) -> dict
 
 # The MoE keys that change what a loaded model computes (the rest are training,
 # dispatch or other routers' settings).
-COMPUTE_MOE_KEYS = ("router", "experts", "top_k", "renormalize", "routed_scaling_factor",
-                    "expert_d_ff", "num_shared_experts", "shared_d_ff", "shared_expert_gate",
-                    "num_groups", "topk_groups")
+COMPUTE_MOE_KEYS = (
+  "router",
+  "experts",
+  "top_k",
+  "renormalize",
+  "routed_scaling_factor",
+  "expert_d_ff",
+  "num_shared_experts",
+  "shared_d_ff",
+  "shared_expert_gate",
+  "num_groups",
+  "topk_groups",
+)
 _FREE_KEYS = ("family", "dtype")
 
 
 # Keys that say the same thing another way (compared as moe_layers and windows).
-_LAYOUT_KEYS = ("ffn_type", "moe.first_dense", "moe.every_n", "moe.dense_layers",
-                "attention.windows")
+_LAYOUT_KEYS = (
+  "ffn_type",
+  "moe.first_dense",
+  "moe.every_n",
+  "moe.dense_layers",
+  "attention.windows",
+)
 
 
 def _compute_keys(m) -> dict:
   flat = flatten_config(m.to_dict())
-  out = {k: v for k, v in flat.items()
-         if k not in _LAYOUT_KEYS and not k.startswith("l3.")
-         and (not k.startswith("moe.") or k[len("moe."):] in COMPUTE_MOE_KEYS)}
-  out.update(moe_layers=tuple(moe_layer_indices(m)), windows=tuple(layer_windows(m)),
-             l3=bool(m.get("l3") and m.l3.enabled))
+  out = {
+    k: v
+    for k, v in flat.items()
+    if k not in _LAYOUT_KEYS
+    and not k.startswith("l3.")
+    and (not k.startswith("moe.") or k[len("moe.") :] in COMPUTE_MOE_KEYS)
+  }
+  out.update(
+    moe_layers=tuple(moe_layer_indices(m)),
+    windows=tuple(layer_windows(m)),
+    l3=bool(m.get("l3") and m.l3.enabled),
+  )
   return out
 
 
@@ -297,9 +395,13 @@ def check_expressible(m, hf: dict) -> None:
   if len(moe_layer_indices(m)) in (0, m.num_layers):
     back.pop("d_ff", None)
     ours.pop("d_ff", None)
-  diffs = [f"{k}: model={ours.get(k)!r} {hf['model_type']}={back.get(k)!r}"
-           for k in sorted(set(ours) | set(back))
-           if not k.startswith(_FREE_KEYS) and ours.get(k) != back.get(k)]
+  diffs = [
+    f"{k}: model={ours.get(k)!r} {hf['model_type']}={back.get(k)!r}"
+    for k in sorted(set(ours) | set(back))
+    if not k.startswith(_FREE_KEYS) and ours.get(k) != back.get(k)
+  ]
   if diffs:
-    raise ConfigError(f"{hf['architectures'][0]} cannot express this model "
-                      f"({len(diffs)} difference(s)): " + "; ".join(diffs[:8]))
+    raise ConfigError(
+      f"{hf['architectures'][0]} cannot express this model "
+      f"({len(diffs)} difference(s)): " + "; ".join(diffs[:8])
+    )

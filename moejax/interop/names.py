@@ -9,6 +9,7 @@ The families differ only in a few names: Mixtral's `block_sparse_moe` with
 w1/w3/w2, Qwen2-MoE's `shared_expert` (+ `shared_expert_gate`), DeepSeek-V3's
 `shared_experts` and `gate.e_score_correction_bias`, and MLA's projections.
 """
+
 import dataclasses
 
 from moejax.models.structure import expert_counts, moe_layer_indices
@@ -18,8 +19,14 @@ DEFAULT_EXPERT_NAMES = {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "dow
 MOE_PREFIX = {"mixtral": "block_sparse_moe"}
 SHARED_PREFIX = {"qwen2_moe": "shared_expert", "deepseek_v3": "shared_experts"}
 GQA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
-MLA_NAMES = {"q": "q_proj", "q_a": "q_a_proj", "q_b": "q_b_proj", "kv_a": "kv_a_proj_with_mqa",
-             "kv_b": "kv_b_proj", "o": "o_proj"}
+MLA_NAMES = {
+  "q": "q_proj",
+  "q_a": "q_a_proj",
+  "q_b": "q_b_proj",
+  "kv_a": "kv_a_proj_with_mqa",
+  "kv_b": "kv_b_proj",
+  "o": "o_proj",
+}
 MLA_NORMS = {"q_a_norm": "q_a_layernorm", "kv_a_norm": "kv_a_layernorm"}
 FFN_NAMES = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
@@ -55,13 +62,16 @@ def _attention(m, i) -> list[TensorMap]:
     biases = (("q_a", "kv_a") if a.qkv_bias else ()) + (("o",) if a.out_bias else ())
     out = _projections(path, prefix, names, biases)
     norms = {k: v for k, v in MLA_NORMS.items() if a.mla.q_lora_rank or k == "kv_a_norm"}
-    return out + [TensorMap((*path, ours, "scale"), (f"{prefix}.{theirs}.weight",))
-                  for ours, theirs in norms.items()]
+    return out + [
+      TensorMap((*path, ours, "scale"), (f"{prefix}.{theirs}.weight",))
+      for ours, theirs in norms.items()
+    ]
   biases = (("q", "k", "v") if a.qkv_bias else ()) + (("o",) if a.out_bias else ())
   out = _projections(path, prefix, GQA_NAMES, biases)
   if a.qk_norm != "none":
-    out += [TensorMap((*path, f"{t}_norm", "scale"), (f"{prefix}.{t}_norm.weight",))
-            for t in ("q", "k")]
+    out += [
+      TensorMap((*path, f"{t}_norm", "scale"), (f"{prefix}.{t}_norm.weight",)) for t in ("q", "k")
+    ]
   return out
 
 
@@ -70,18 +80,28 @@ def _routed_ffn(m, i, num_experts) -> list[TensorMap]:
   prefix = f"model.layers.{i}.{MOE_PREFIX.get(family, 'mlp')}"
   expert_names = EXPERT_NAMES.get(family, DEFAULT_EXPERT_NAMES)
   out = [TensorMap((*path, "router_kernel"), (f"{prefix}.gate.weight",), True)]
-  out += [TensorMap((*path, "experts", ours),
-                    tuple(f"{prefix}.experts.{e}.{theirs}.weight" for e in range(num_experts)),
-                    transpose=True, stacked=True) for ours, theirs in expert_names.items()]
+  out += [
+    TensorMap(
+      (*path, "experts", ours),
+      tuple(f"{prefix}.experts.{e}.{theirs}.weight" for e in range(num_experts)),
+      transpose=True,
+      stacked=True,
+    )
+    for ours, theirs in expert_names.items()
+  ]
   if m.moe.router == "group_limited":
-    out.append(TensorMap((*path, "router_state", "bias"),
-                         (f"{prefix}.gate.e_score_correction_bias",), collection="rest"))
+    out.append(
+      TensorMap(
+        (*path, "router_state", "bias"),
+        (f"{prefix}.gate.e_score_correction_bias",),
+        collection="rest",
+      )
+    )
   if m.moe.num_shared_experts:
     shared = SHARED_PREFIX.get(family, "shared_experts")
     out += _projections((*path, "shared"), f"{prefix}.{shared}", FFN_NAMES)
     if m.moe.shared_expert_gate:
-      out.append(TensorMap((*path, "shared_gate"), (f"{prefix}.shared_expert_gate.weight",),
-                           True))
+      out.append(TensorMap((*path, "shared_gate"), (f"{prefix}.shared_expert_gate.weight",), True))
   return out
 
 
@@ -93,8 +113,9 @@ def tensor_maps(m) -> list[TensorMap]:
     layer = f"model.layers.{i}"
     out.append(TensorMap(("blocks", i, "attn_norm", "scale"), (f"{layer}.input_layernorm.weight",)))
     out += _attention(m, i)
-    out.append(TensorMap(("blocks", i, "ffn_norm", "scale"),
-                         (f"{layer}.post_attention_layernorm.weight",)))
+    out.append(
+      TensorMap(("blocks", i, "ffn_norm", "scale"), (f"{layer}.post_attention_layernorm.weight",))
+    )
     if i in counts:
       out += _routed_ffn(m, i, counts[i])
     else:

@@ -8,6 +8,7 @@ transformers and torch are test requirements (requirements-test.txt), imported
 here only when a comparison runs: `experiments.convert --check_logits` and
 tests/interop use this one module.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,13 +32,20 @@ def padded_batch():
 def hf_forward(model, tokens, mask, positions):
   """(logits [B, L, V] float32, per MoE layer top-k indices [B*L, k]) from transformers."""
   import torch
+
   routed = []
-  hooks = [module.register_forward_hook(lambda mod, args, out: routed.append(out[2].numpy()))
-           for module in model.modules() if type(module).__name__.endswith("Router")]
+  hooks = [
+    module.register_forward_hook(lambda mod, args, out: routed.append(out[2].numpy()))
+    for module in model.modules()
+    if type(module).__name__.endswith("Router")
+  ]
   try:
     with torch.no_grad():
-      out = model(input_ids=torch.as_tensor(tokens), attention_mask=torch.as_tensor(mask),
-                  position_ids=torch.as_tensor(positions))
+      out = model(
+        input_ids=torch.as_tensor(tokens),
+        attention_mask=torch.as_tensor(mask),
+        position_ids=torch.as_tensor(positions),
+      )
   finally:
     for hook in hooks:
       hook.remove()
@@ -48,8 +56,9 @@ def moejax_forward(loaded, tokens, mask):
   """(logits [B, L, V], per MoE layer expert indices) of a Loaded model."""
   graphdef, _, _ = abstract_model(loaded.config)
   forward = jax.jit(lambda p, r, t, m: nnx.merge(graphdef, p, r)(t, token_mask_BxL=m)[:2])
-  logits, aux = forward(loaded.params, loaded.rest, jnp.asarray(tokens, jnp.int32),
-                        jnp.asarray(mask, bool))
+  logits, aux = forward(
+    loaded.params, loaded.rest, jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
+  )
   return np.asarray(logits), [np.asarray(layer["expert_index"]) for layer in aux["moe"]]
 
 
@@ -59,19 +68,22 @@ def require_transformers() -> None:
     import torch  # noqa: F401  (imported only to test that it is installed)
     import transformers  # noqa: F401  (the same)
   except ImportError as error:
-    raise ConfigError(f"--check_logits needs torch and transformers ({error}); install "
-                      "them with `bash scripts/setup.sh --test`") from None
+    raise ConfigError(
+      f"--check_logits needs torch and transformers ({error}); install "
+      "them with `bash scripts/setup.sh --test`"
+    ) from None
 
 
 def export_logit_difference(loaded, hf_dir: str) -> tuple[float, float]:
   """(max |moejax - transformers| over real tokens, max |transformers logit|) of
   the export in hf_dir, loaded by transformers in float32 with eager attention."""
   import transformers
+
   theirs = transformers.AutoModelForCausalLM.from_pretrained(
-      hf_dir, attn_implementation="eager", dtype="float32").eval()
+    hf_dir, attn_implementation="eager", dtype="float32"
+  ).eval()
   tokens, mask, positions = padded_batch()
   hf_logits, _ = hf_forward(theirs, tokens, mask, positions)
   ours, _ = moejax_forward(loaded, tokens, mask)
   real = mask.astype(bool)
-  return (float(np.abs(ours - hf_logits)[real].max()),
-          float(np.abs(hf_logits[real]).max()))
+  return (float(np.abs(ours - hf_logits)[real].max()), float(np.abs(hf_logits[real]).max()))

@@ -16,6 +16,7 @@ PlannedWriter: every tensor's name, shape and dtype given up front, so each
 shard's header is written first and each tensor (or one row of axis 0 of it)
 goes straight to its offset: nothing is buffered, tensors arrive in any order.
 """
+
 import json
 import math
 import os
@@ -33,10 +34,16 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # What moejax parameters can hold (cast to the parameter dtype on import).
 READABLE_DTYPES = ("F64", "F32", "F16", "BF16")
-NUMPY_DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32),
-                "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
-                "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I8": np.dtype(np.int8),
-                "U8": np.dtype(np.uint8)}
+NUMPY_DTYPES = {
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I8": np.dtype(np.int8),
+  "U8": np.dtype(np.uint8),
+}
 SAFETENSORS_DTYPES = {v: k for k, v in NUMPY_DTYPES.items()}
 WRITE_CHUNK_BYTES = 16 << 20
 
@@ -75,8 +82,11 @@ def read_header(path: str) -> tuple[int, dict]:
     entries = json.loads(header)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ConfigError(f"not a readable safetensors file: {e} ({path})") from e
-  return 8 + size, {name: (e["dtype"], tuple(e["shape"]), *e["data_offsets"])
-                    for name, e in entries.items() if name != "__metadata__"}
+  return 8 + size, {
+    name: (e["dtype"], tuple(e["shape"]), *e["data_offsets"])
+    for name, e in entries.items()
+    if name != "__metadata__"
+  }
 
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
@@ -92,9 +102,7 @@ def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
 
 
 class SafetensorsReader:
-
-  def __init__(self, directory: str, index_file: str = INDEX_FILE,
-               single_file: str = SINGLE_FILE):
+  def __init__(self, directory: str, index_file: str = INDEX_FILE, single_file: str = SINGLE_FILE):
     self.directory = directory
     index_path = os.path.join(directory, index_file)
     if os.path.exists(index_path):
@@ -124,8 +132,9 @@ class SafetensorsReader:
     if file not in self._open:
       path = os.path.join(self.directory, file)
       if not os.path.exists(path):
-        raise ConfigError(f"tensor {name!r}: its file {file} (named by the index) is missing "
-                          f"from {self.directory}")
+        raise ConfigError(
+          f"tensor {name!r}: its file {file} (named by the index) is missing from {self.directory}"
+        )
       self._open[file] = open_safetensors(path)
     return self._open[file]
 
@@ -141,13 +150,16 @@ class SafetensorsReader:
     stored = view.get_dtype()
     if stored not in READABLE_DTYPES:
       raise ConfigError(
-          f"tensor {name!r} is stored as {stored}; moejax parameters hold "
-          f"{', '.join(READABLE_DTYPES)}. Dequantize the checkpoint first (e.g. FP8 "
-          f"weights with their weight_scale_inv) and convert that ({self._path(name)})")
+        f"tensor {name!r} is stored as {stored}; moejax parameters hold "
+        f"{', '.join(READABLE_DTYPES)}. Dequantize the checkpoint first (e.g. FP8 "
+        f"weights with their weight_scale_inv) and convert that ({self._path(name)})"
+      )
     shape = tuple(view.get_shape())
     if shape != tuple(expected_shape):
-      raise ConfigError(f"tensor {name!r} has shape {shape}; the config expects "
-                        f"{tuple(expected_shape)} ({self._path(name)})")
+      raise ConfigError(
+        f"tensor {name!r} has shape {shape}; the config expects "
+        f"{tuple(expected_shape)} ({self._path(name)})"
+      )
     return shape
 
   def read(self, name: str, expected_shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -179,10 +191,12 @@ class SafetensorsReader:
     stored, _, begin, end = entries[name]
     out = np.empty(shape, NUMPY_DTYPES[stored])
     offset = data_start + begin + start * out.itemsize
-    if (end - begin) // out.itemsize < start + count or \
-        pread_into(self._fds[file], out, offset) != out.nbytes:
-      raise ConfigError(f"tensor {name!r} cannot be read: the file ends before its data "
-                        f"({self._path(name)})")
+    if (end - begin) // out.itemsize < start + count or pread_into(
+      self._fds[file], out, offset
+    ) != out.nbytes:
+      raise ConfigError(
+        f"tensor {name!r} cannot be read: the file ends before its data ({self._path(name)})"
+      )
     return out
 
   def close(self) -> None:
@@ -195,9 +209,13 @@ class SafetensorsReader:
 
 
 class ShardedWriter:
-
-  def __init__(self, directory: str, max_shard_bytes: int = 2 << 30,
-               prefix: str = "model", index_file: str = INDEX_FILE):
+  def __init__(
+    self,
+    directory: str,
+    max_shard_bytes: int = 2 << 30,
+    prefix: str = "model",
+    index_file: str = INDEX_FILE,
+  ):
     os.makedirs(directory, exist_ok=True)
     self.directory, self.max_shard_bytes = directory, max_shard_bytes
     self.prefix, self.index_file = prefix, index_file
@@ -230,8 +248,10 @@ class ShardedWriter:
       final = f"{self.prefix}-{i + 1:05d}-of-{count:05d}.safetensors"
       os.replace(os.path.join(self.directory, temp), os.path.join(self.directory, final))
       self.file_of.update({name: final for name in names})
-    index = {"metadata": {"total_size": self._total}, "weight_map": dict(sorted(
-        self.file_of.items()))}
+    index = {
+      "metadata": {"total_size": self._total},
+      "weight_map": dict(sorted(self.file_of.items())),
+    }
     with open(os.path.join(self.directory, self.index_file), "w") as f:
       json.dump(index, f, indent=2)
 
@@ -243,8 +263,14 @@ class PlannedWriter:
   `write_part` one row of its axis 0, in any order. `close` checks every byte was
   written, renames the shards to their final names and writes the index."""
 
-  def __init__(self, directory: str, specs, max_shard_bytes: int = 2 << 30,
-               prefix: str = "model", index_file: str = INDEX_FILE):
+  def __init__(
+    self,
+    directory: str,
+    specs,
+    max_shard_bytes: int = 2 << 30,
+    prefix: str = "model",
+    index_file: str = INDEX_FILE,
+  ):
     os.makedirs(directory, exist_ok=True)
     self.directory, self.index_file = directory, index_file
     shards: list[list[tuple[str, tuple[int, ...], np.dtype, int]]] = [[]]
@@ -267,8 +293,11 @@ class PlannedWriter:
       for name, shape, dtype, nbytes in shard:
         if name in self._where:
           raise ValueError(f"tensor {name!r} planned twice")
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+          "dtype": SAFETENSORS_DTYPES[dtype],
+          "shape": list(shape),
+          "data_offsets": [offset, offset + nbytes],
+        }
         self._where[name] = (i, offset, shape, dtype)
         self._todo[name] = nbytes
         offset += nbytes
@@ -295,15 +324,16 @@ class PlannedWriter:
   def _put(self, name, array, shape, start) -> None:
     file, offset, _, dtype = self._where[name]
     if tuple(array.shape) != tuple(shape) or array.dtype != dtype:
-      raise ValueError(f"tensor {name!r}: got {array.dtype}{list(array.shape)}, planned "
-                       f"{dtype}{list(shape)}")
+      raise ValueError(
+        f"tensor {name!r}: got {array.dtype}{list(array.shape)}, planned {dtype}{list(shape)}"
+      )
     fd, _, _, data_start = self._files[file]
     at = data_start + offset + start
     # A few MB of rows at a time: a transposed view is copied in pieces, never whole.
     rows = array.reshape(-1) if array.ndim < 2 else array
     step = max(1, WRITE_CHUNK_BYTES // max(1, rows[:1].nbytes))
     for i in range(0, len(rows), step):
-      chunk = np.ascontiguousarray(rows[i:i + step]).reshape(-1).view(np.uint8)
+      chunk = np.ascontiguousarray(rows[i : i + step]).reshape(-1).view(np.uint8)
       view = memoryview(chunk)  # type: ignore[arg-type]  # numpy stub: __buffer__ 3.12+
       done = 0
       while done < len(view):

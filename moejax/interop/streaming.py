@@ -28,6 +28,7 @@ in its sharding on the mesh (logical axes -> mesh axes as training places
 them, moejax/sharding.py) from the HF tensors its local shards cover, a few
 arrays per orbax partial save; load_orbax restores it onto any mesh.
 """
+
 import json
 import os
 
@@ -38,8 +39,14 @@ from moejax.models.structure import moe_layer_indices
 from moejax.migrate import model_config_from_dict
 from moejax.validation import validate_model
 from moejax.errors import ConfigError
-from moejax.interop.convert import (PARAM_DTYPES, WORKDIR_MODEL, check_shapes, config_for_params,
-                                    copy_extra_files, read_config_json)
+from moejax.interop.convert import (
+  PARAM_DTYPES,
+  WORKDIR_MODEL,
+  check_shapes,
+  config_for_params,
+  copy_extra_files,
+  read_config_json,
+)
 from moejax.interop.hf_config import from_hf_config, to_hf_config
 from moejax.interop.names import tensor_maps
 from moejax.interop.safetensors_io import PlannedWriter, SafetensorsReader, read_json
@@ -63,8 +70,11 @@ def _workdir_specs(trees, dtype):
   given dtype, rest (router state) in its own."""
   for collection in ("params", "rest"):
     for path, spec in nnx.traversals.flatten_mapping(trees[collection]).items():
-      yield (f"{collection}/{'.'.join(map(str, path))}", tuple(spec.shape),
-             dtype if collection == "params" else spec.dtype)
+      yield (
+        f"{collection}/{'.'.join(map(str, path))}",
+        tuple(spec.shape),
+        dtype if collection == "params" else spec.dtype,
+      )
 
 
 def _config_from_hf(hf_dir: str):
@@ -75,8 +85,14 @@ def _config_from_hf(hf_dir: str):
     raise ConfigError(f"{e} ({os.path.join(hf_dir, 'config.json')})") from e
 
 
-def import_to_workdir(hf_dir: str, workdir: str, param_dtype: str = "float32", *,
-                      max_shard_bytes: int = 2 << 30, extra_files_from: str | None = None):
+def import_to_workdir(
+  hf_dir: str,
+  workdir: str,
+  param_dtype: str = "float32",
+  *,
+  max_shard_bytes: int = 2 << 30,
+  extra_files_from: str | None = None,
+):
   """Write workdir/model/ from an HF directory, tensor by tensor; returns
   (model config, checkpoint tensors no parameter reads)."""
   if param_dtype not in PARAM_DTYPES:
@@ -92,8 +108,13 @@ def import_to_workdir(hf_dir: str, workdir: str, param_dtype: str = "float32", *
     for name in tm.hf_names:
       reader._checked_shape(name, hf_shape)  # noqa: SLF001 - the reader's own check
   directory = os.path.join(workdir, WORKDIR_MODEL)
-  writer = PlannedWriter(directory, _workdir_specs(trees, dtype), max_shard_bytes,
-                         prefix="params", index_file="params.index.json")
+  writer = PlannedWriter(
+    directory,
+    _workdir_specs(trees, dtype),
+    max_shard_bytes,
+    prefix="params",
+    index_file="params.index.json",
+  )
   used: set[str] = set()
   for tm in maps:
     target = _leaf(trees, tm)
@@ -127,16 +148,24 @@ def _workdir_config(workdir: str):
   return directory, m, saved.get("hf_config")
 
 
-def export_workdir(workdir: str, out_dir: str, *, family: str | None = None,
-                   dtype: str | None = None, max_shard_bytes: int = 2 << 30,
-                   extra_files_from: str | None = None) -> dict:
+def export_workdir(
+  workdir: str,
+  out_dir: str,
+  *,
+  family: str | None = None,
+  dtype: str | None = None,
+  max_shard_bytes: int = 2 << 30,
+  extra_files_from: str | None = None,
+) -> dict:
   """export_hf of a converted workdir without loading it (same arguments); returns
   the config.json written."""
   directory, m, base = _workdir_config(workdir)
   if m.moe.get("experts", "swiglu") != "swiglu" and moe_layer_indices(m):
-    raise ConfigError(f"{workdir} holds {m.moe.experts!r} experts: export them with export_hf "
-                      "(experiments.convert), which writes their dense weights; streaming "
-                      "export writes stored SwiGLU experts only")
+    raise ConfigError(
+      f"{workdir} holds {m.moe.experts!r} experts: export them with export_hf "
+      "(experiments.convert), which writes their dense weights; streaming "
+      "export writes stored SwiGLU experts only"
+    )
   if dtype and dtype not in PARAM_DTYPES:
     raise ConfigError(f"dtype={dtype!r}; valid: {', '.join(PARAM_DTYPES)}")
   reader = SafetensorsReader(directory, index_file="params.index.json")
@@ -144,8 +173,10 @@ def export_workdir(workdir: str, out_dir: str, *, family: str | None = None,
   trees = {"params": params, "rest": rest}
   for collection, tree in trees.items():  # every array present, with its shape, first
     for path, spec in nnx.traversals.flatten_mapping(tree).items():
-      reader._checked_shape(f"{collection}/{'.'.join(map(str, path))}",  # noqa: SLF001 - own check
-                            spec.shape)
+      reader._checked_shape(
+        f"{collection}/{'.'.join(map(str, path))}",  # noqa: SLF001 - own check
+        spec.shape,
+      )
   m = config_for_params(m, params)
   check_shapes(m, params, rest)
   hf = to_hf_config(m, family, base)
@@ -189,6 +220,7 @@ def _abstract_states(m):
   """(params, rest) as nnx States of ShapeDtypeStructs, with their logical-axis metadata."""
   import ml_collections
   from moejax.models.decoder import Decoder
+
   model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
   _, params, rest = nnx.split(model, nnx.Param, ...)
   return params, rest
@@ -199,6 +231,7 @@ def mesh_layout(mesh_sizes: dict | None):
   (mesh_sizes: {'fsdp': 2, 'expert': 4, ...}, -1 for the rest); None on one device."""
   import jax
   from moejax import sharding
+
   if not mesh_sizes:
     return None
   sizes = {a: 1 for a in sharding.MESH_AXES}
@@ -212,6 +245,7 @@ def orbax_target(m, layout, param_dtype: str = "float32"):
   (one device without one): what import_to_orbax writes, load_orbax reads."""
   import jax
   from moejax import sharding
+
   params, rest = _abstract_states(m)
   dtype = np.dtype(PARAM_DTYPES[param_dtype])
   out = {}
@@ -223,8 +257,12 @@ def orbax_target(m, layout, param_dtype: str = "float32"):
     else:
       shards = sharding.tree_shardings(layout, sharding.logical_axes_of(state), shapes)
     out[name] = jax.tree.map(
-        lambda s, sh, coll=name: jax.ShapeDtypeStruct(
-            s.shape, dtype if coll == "params" else s.dtype, sharding=sh), shapes, shards)
+      lambda s, sh, coll=name: jax.ShapeDtypeStruct(
+        s.shape, dtype if coll == "params" else s.dtype, sharding=sh
+      ),
+      shapes,
+      shards,
+    )
   return out
 
 
@@ -239,6 +277,7 @@ def _sharded_leaf(reader, tm, spec):
   """The jax.Array of one TensorMap in spec's sharding: each addressable shard made
   from the HF tensors it covers (one expert's tensor for each expert in it)."""
   import jax
+
   dtype = np.dtype(spec.dtype)
   hf_shape = tm.hf_shape(spec.shape)
   read = {}
@@ -258,8 +297,14 @@ def _sharded_leaf(reader, tm, spec):
   return jax.make_array_from_callback(tuple(spec.shape), spec.sharding, shard)
 
 
-def import_to_orbax(hf_dir: str, directory: str, layout=None, param_dtype: str = "float32", *,
-                    max_group_bytes: int = 128 << 20):
+def import_to_orbax(
+  hf_dir: str,
+  directory: str,
+  layout=None,
+  param_dtype: str = "float32",
+  *,
+  max_group_bytes: int = 128 << 20,
+):
   """An orbax checkpoint of the HF directory's {'params', 'rest'}, each array in its
   sharding on `layout` (mesh_layout; None: one device), written a few arrays at a
   time (orbax's partial save, one call per max_group_bytes of arrays, or per array
@@ -268,6 +313,7 @@ def import_to_orbax(hf_dir: str, directory: str, layout=None, param_dtype: str =
   shards are read: with experts split over the mesh, a host reads its experts'
   tensors. Also writes directory/config.json ({'model', 'hf_config'}). Returns m."""
   import orbax.checkpoint.experimental.v1 as ocp
+
   if param_dtype not in PARAM_DTYPES:
     raise ConfigError(f"param_dtype={param_dtype!r}; valid: {', '.join(PARAM_DTYPES)}")
   hf, m = _config_from_hf(hf_dir)
@@ -301,8 +347,9 @@ def import_to_orbax(hf_dir: str, directory: str, layout=None, param_dtype: str =
   ocp.partial.finalize(path)
   reader.close()
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump({"model": config_for_params(m, target["params"]).to_dict(), "hf_config": hf},
-              f, indent=2)
+    json.dump(
+      {"model": config_for_params(m, target["params"]).to_dict(), "hf_config": hf}, f, indent=2
+    )
   return m
 
 
@@ -311,6 +358,7 @@ def load_orbax(directory: str, layout=None, param_dtype: str = "float32"):
   shardings (any mesh: orbax reshards on load)."""
   import jax
   import orbax.checkpoint.experimental.v1 as ocp
+
   saved = read_json(os.path.join(directory, "config.json"))
   m = model_config_from_dict(saved["model"])
   target = orbax_target(m, layout, param_dtype)
@@ -322,5 +370,4 @@ def load_orbax(directory: str, layout=None, param_dtype: str = "float32"):
       return {k: back(tree[str(k)], v) for k, v in like.items()}
     return tree
 
-  return m, back(loaded["params"], target["params"]), back(loaded.get("rest", {}),
-                                                          target["rest"])
+  return m, back(loaded["params"], target["params"]), back(loaded.get("rest", {}), target["rest"])

@@ -7,6 +7,7 @@ the whole model is never in memory (the benchmark
 experiments/benchmarks/large_checkpoint.py converts one larger than its memory);
 and the comparisons of a conversion's output with it, bf16 bit by bit.
 """
+
 import json
 import math
 import os
@@ -26,33 +27,58 @@ VOCAB, D, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, EXPERT_FF = 32768, 1024, 16
 
 # ---------------------------------------------------------------- the checkpoint
 
+
 def qwen3_config(num_layers: int) -> dict:
-  return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-          "vocab_size": VOCAB, "hidden_size": D, "num_hidden_layers": num_layers,
-          "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
-          "intermediate_size": 4 * D, "moe_intermediate_size": EXPERT_FF,
-          "num_experts": EXPERTS, "num_experts_per_tok": TOP_K, "norm_topk_prob": True,
-          "decoder_sparse_step": 1, "mlp_only_layers": [], "hidden_act": "silu",
-          "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False,
-          "rope_theta": 1e6, "attention_bias": False, "use_sliding_window": False,
-          "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
+  return {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": VOCAB,
+    "hidden_size": D,
+    "num_hidden_layers": num_layers,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "intermediate_size": 4 * D,
+    "moe_intermediate_size": EXPERT_FF,
+    "num_experts": EXPERTS,
+    "num_experts_per_tok": TOP_K,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "rope_theta": 1e6,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+  }
 
 
 def layer_tensors(i: int) -> list[tuple[str, tuple]]:
   """One decoder layer's (name, shape), as Qwen3MoeForCausalLM names them."""
   p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
-  out = [(f"{p}.input_layernorm.weight", (D,)),
-         (f"{a}.q_proj.weight", (HEADS * HEAD_DIM, D)),
-         (f"{a}.k_proj.weight", (KV_HEADS * HEAD_DIM, D)),
-         (f"{a}.v_proj.weight", (KV_HEADS * HEAD_DIM, D)),
-         (f"{a}.o_proj.weight", (D, HEADS * HEAD_DIM)),
-         (f"{a}.q_norm.weight", (HEAD_DIM,)), (f"{a}.k_norm.weight", (HEAD_DIM,)),
-         (f"{p}.post_attention_layernorm.weight", (D,)),
-         (f"{p}.mlp.gate.weight", (EXPERTS, D))]
+  out = [
+    (f"{p}.input_layernorm.weight", (D,)),
+    (f"{a}.q_proj.weight", (HEADS * HEAD_DIM, D)),
+    (f"{a}.k_proj.weight", (KV_HEADS * HEAD_DIM, D)),
+    (f"{a}.v_proj.weight", (KV_HEADS * HEAD_DIM, D)),
+    (f"{a}.o_proj.weight", (D, HEADS * HEAD_DIM)),
+    (f"{a}.q_norm.weight", (HEAD_DIM,)),
+    (f"{a}.k_norm.weight", (HEAD_DIM,)),
+    (f"{p}.post_attention_layernorm.weight", (D,)),
+    (f"{p}.mlp.gate.weight", (EXPERTS, D)),
+  ]
   for e in range(EXPERTS):
     x = f"{p}.mlp.experts.{e}"
-    out += [(f"{x}.gate_proj.weight", (EXPERT_FF, D)), (f"{x}.up_proj.weight", (EXPERT_FF, D)),
-            (f"{x}.down_proj.weight", (D, EXPERT_FF))]
+    out += [
+      (f"{x}.gate_proj.weight", (EXPERT_FF, D)),
+      (f"{x}.up_proj.weight", (EXPERT_FF, D)),
+      (f"{x}.down_proj.weight", (D, EXPERT_FF)),
+    ]
   return out
 
 
@@ -95,14 +121,21 @@ def make_checkpoint(directory: str, gb: float, seed: int, shard_bytes: int) -> d
   writer.close()
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(qwen3_config(num_layers), f, indent=2)
-  return {"num_layers": num_layers, "num_tensors": len(tensors), "bytes": nbytes(tensors),
-          "files": len(checkpoint_files(directory)), "seconds": time.perf_counter() - start}
+  return {
+    "num_layers": num_layers,
+    "num_tensors": len(tensors),
+    "bytes": nbytes(tensors),
+    "files": len(checkpoint_files(directory)),
+    "seconds": time.perf_counter() - start,
+  }
 
 
 def checkpoint_files(directory: str) -> list[str]:
   return sorted(os.path.join(directory, f) for f in os.listdir(directory))
 
+
 # ---------------------------------------------------------------- bits
+
 
 def bits(array: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(array).view(np.uint16)
@@ -111,12 +144,21 @@ def bits(array: np.ndarray) -> np.ndarray:
 def compare_exports(src: str, out: str) -> dict:
   """Every tensor of `out` against `src`: same names, shapes and bf16 bits."""
   a, b = SafetensorsReader(src), SafetensorsReader(out)
-  differ = [n for n in a.names() if n not in b or a.shape(n) != b.shape(n) or b.dtype(n) != BF16
-            or not np.array_equal(bits(a.read(n, a.shape(n), BF16)),
-                                  bits(b.read(n, b.shape(n), BF16)))]
+  differ = [
+    n
+    for n in a.names()
+    if n not in b
+    or a.shape(n) != b.shape(n)
+    or b.dtype(n) != BF16
+    or not np.array_equal(bits(a.read(n, a.shape(n), BF16)), bits(b.read(n, b.shape(n), BF16)))
+  ]
   extra = sorted(set(b.names()) - set(a.names()))
-  return {"tensors": len(a.names()), "identical": not differ and not extra,
-          "differing": differ[:10], "extra": extra[:10]}
+  return {
+    "tensors": len(a.names()),
+    "identical": not differ and not extra,
+    "differing": differ[:10],
+    "extra": extra[:10],
+  }
 
 
 def sampled(src: str, count: int, seed: int):
@@ -128,9 +170,11 @@ def sampled(src: str, count: int, seed: int):
   experts = sorted(n for n in hf.names() if ".experts." in n)
   others = sorted(n for n in hf.names() if ".experts." not in n)
   picked = set(rng.choice(experts, count // 2, replace=False)) | set(
-      rng.choice(others, count - count // 2, replace=False))
-  groups = [(tm, [(e, n) for e, n in enumerate(tm.hf_names) if n in picked])
-            for tm in tensor_maps(m)]
+    rng.choice(others, count - count // 2, replace=False)
+  )
+  groups = [
+    (tm, [(e, n) for e, n in enumerate(tm.hf_names) if n in picked]) for tm in tensor_maps(m)
+  ]
   return m, hf, [(tm, names) for tm, names in groups if names]
 
 
@@ -139,9 +183,12 @@ def compared(hf, name: str, tm, stored: np.ndarray, where: dict) -> dict:
   tensor map transposes it) has the source's shape and bf16 bits."""
   stored = stored.T if tm.transpose else stored
   source = hf.read(name, hf.shape(name), BF16)
-  return {"name": name, **where, "shape": list(source.shape),
-          "identical": bool(stored.shape == source.shape and
-                            np.array_equal(bits(stored), bits(source)))}
+  return {
+    "name": name,
+    **where,
+    "shape": list(source.shape),
+    "identical": bool(stored.shape == source.shape and np.array_equal(bits(stored), bits(source))),
+  }
 
 
 def summary(rows: list) -> dict:
@@ -156,10 +203,14 @@ def compare_sample(src: str, workdir: str, count: int, seed: int) -> dict:
   for tm, names in groups:
     key = f"{tm.collection}/{'.'.join(map(str, tm.path))}"
     for e, name in names:
-      stored = (ours.read_part(key, e, ours.shape(key), BF16) if tm.stacked else
-                ours.read(key, ours.shape(key), BF16))
-      rows.append(compared(hf, name, tm, stored,
-                           {"workdir": key + (f"[{e}]" if tm.stacked else "")}))
+      stored = (
+        ours.read_part(key, e, ours.shape(key), BF16)
+        if tm.stacked
+        else ours.read(key, ours.shape(key), BF16)
+      )
+      rows.append(
+        compared(hf, name, tm, stored, {"workdir": key + (f"[{e}]" if tm.stacked else "")})
+      )
   return summary(rows)
 
 
@@ -170,9 +221,11 @@ def compare_orbax_sample(src: str, directory: str, count: int, seed: int) -> dic
   import jax
   import orbax.checkpoint.experimental.v1 as ocp
   from moejax.interop.streaming import ORBAX_STATE, _orbax_keys, orbax_target
+
   m, hf, groups = sampled(src, count, seed + 1)
-  target = {k: v for k, v in _orbax_keys(orbax_target(m, None, "bfloat16")).items()
-            if jax.tree.leaves(v)}  # orbax stores no empty subtree
+  target = {
+    k: v for k, v in _orbax_keys(orbax_target(m, None, "bfloat16")).items() if jax.tree.leaves(v)
+  }  # orbax stores no empty subtree
   rows = []
   for tm, names in groups:
     path = (tm.collection, *map(str, tm.path))
@@ -187,6 +240,13 @@ def compare_orbax_sample(src: str, directory: str, count: int, seed: int) -> dic
       leaf = leaf[key]
     leaf = np.asarray(leaf)
     for e, name in names:
-      rows.append(compared(hf, name, tm, leaf[e] if tm.stacked else leaf,
-                           {"orbax": "/".join(path) + (f"[{e}]" if tm.stacked else "")}))
+      rows.append(
+        compared(
+          hf,
+          name,
+          tm,
+          leaf[e] if tm.stacked else leaf,
+          {"orbax": "/".join(path) + (f"[{e}]" if tm.stacked else "")},
+        )
+      )
   return summary(rows)

@@ -25,6 +25,7 @@ embeddings to its patches instead).
 Every projection carries logical axes (moejax/sharding.py): heads split over
 `tensor`, the model dimension over `fsdp`; MLA's low-rank latents stay whole.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -35,8 +36,9 @@ from moejax.layers.rope import apply_rope, attention_scale, rope_frequencies
 
 def projection(rngs, dtype):
   """Linear(d_in, d_out, axes, bias) with the module's rngs and compute dtype."""
-  return lambda d_in, d_out, axes, bias=False: Linear(d_in, d_out, rngs=rngs, dtype=dtype,
-                                                      logical_axes=axes, bias=bias)
+  return lambda d_in, d_out, axes, bias=False: Linear(
+    d_in, d_out, rngs=rngs, dtype=dtype, logical_axes=axes, bias=bias
+  )
 
 
 def attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
@@ -70,17 +72,21 @@ def rotary(rope_cfg, positions_BxL):
   t itself when positions_BxL is None (no rotary embedding: the non-causal ViT)."""
   if positions_BxL is None:
     return lambda t: t
-  return lambda t: apply_rope(t, positions_BxL, *rope_frequencies(rope_cfg, t.shape[-1]),
-                              rope_cfg.interleave)
+  return lambda t: apply_rope(
+    t, positions_BxL, *rope_frequencies(rope_cfg, t.shape[-1]), rope_cfg.interleave
+  )
 
 
 def write_cache(layer_cache: dict | None, new: dict, start) -> dict:
   """The cache with `new` [B, L, ...] written at slot `start`; `new` itself without a cache."""
   if layer_cache is None:
     return new
-  return {name: jax.lax.dynamic_update_slice_in_dim(
-      layer_cache[name], value.astype(layer_cache[name].dtype), start, axis=1)
-      for name, value in new.items()}
+  return {
+    name: jax.lax.dynamic_update_slice_in_dim(
+      layer_cache[name], value.astype(layer_cache[name].dtype), start, axis=1
+    )
+    for name, value in new.items()
+  }
 
 
 class GroupedQueryAttention(nnx.Module):
@@ -126,8 +132,11 @@ class LatentAttention(nnx.Module):
   def __init__(self, m, *, rngs: nnx.Rngs, dtype):
     a, mla = m.attention, m.attention.mla
     self.num_heads = m.num_heads
-    self.nope_dim, self.rope_dim, self.v_dim = (mla.qk_nope_head_dim, mla.qk_rope_head_dim,
-                                                mla.v_head_dim)
+    self.nope_dim, self.rope_dim, self.v_dim = (
+      mla.qk_nope_head_dim,
+      mla.qk_rope_head_dim,
+      mla.v_head_dim,
+    )
     self.latent_dim = mla.kv_lora_rank
     qk_dim = self.nope_dim + self.rope_dim
     proj = projection(rngs, dtype)
@@ -144,8 +153,15 @@ class LatentAttention(nnx.Module):
     self.has_q_lora = bool(mla.q_lora_rank)
     self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, qk_dim)
 
-  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0,
-               absorb: bool | None = None):
+  def __call__(
+    self,
+    x_BxLxD,
+    positions_BxL,
+    allowed_BxLxS,
+    layer_cache=None,
+    start=0,
+    absorb: bool | None = None,
+  ):
     """absorb: the absorbed form (module doc); default: exactly when there is a cache."""
     b, length, _ = x_BxLxD.shape
     q = self.q_b(self.q_a_norm(self.q_a(x_BxLxD))) if self.has_q_lora else self.q(x_BxLxD)
@@ -162,8 +178,9 @@ class LatentAttention(nnx.Module):
     s = cache["latent"].shape[1]
     kv = self.kv_b(cache["latent"]).reshape(b, s, self.num_heads, self.nope_dim + self.v_dim)
     k_nope, v = jnp.split(kv, [self.nope_dim], axis=-1)
-    k_rope_shared = jnp.broadcast_to(cache["k_rope"][:, :, None],
-                                     (b, s, self.num_heads, self.rope_dim))
+    k_rope_shared = jnp.broadcast_to(
+      cache["k_rope"][:, :, None], (b, s, self.num_heads, self.rope_dim)
+    )
     k = jnp.concatenate([k_nope, k_rope_shared.astype(k_nope.dtype)], axis=-1)
     q = jnp.concatenate([q_nope, rope(q_rope)], axis=-1)
     out = attend(self.probabilities(q, k, allowed_BxLxS), v)
@@ -173,14 +190,22 @@ class LatentAttention(nnx.Module):
     """Attention over the cached latent without expanding it: one key/value "head"
     [latent, k_rope] shared by all query heads, queries [q_nope W_UK^T, q_rope]."""
     b, length, h, _ = q_nope.shape
-    kernel = self.kv_b.kernel[...].astype(self.kv_b.dtype).reshape(
-        self.latent_dim, h, self.nope_dim + self.v_dim)
-    w_uk, w_uv = kernel[..., :self.nope_dim], kernel[..., self.nope_dim:]
-    q = jnp.concatenate([jnp.einsum("blhn,chn->blhc", q_nope.astype(w_uk.dtype), w_uk),
-                         q_rope.astype(w_uk.dtype)], axis=-1)
-    k = jnp.concatenate([cache["latent"], cache["k_rope"].astype(cache["latent"].dtype)],
-                        axis=-1)[:, :, None]
-    out = attend(self.probabilities(q, k.astype(q.dtype), allowed_BxLxS),
-                 cache["latent"][:, :, None].astype(q.dtype))  # [B, L, H, latent]
+    kernel = (
+      self.kv_b.kernel[...]
+      .astype(self.kv_b.dtype)
+      .reshape(self.latent_dim, h, self.nope_dim + self.v_dim)
+    )
+    w_uk, w_uv = kernel[..., : self.nope_dim], kernel[..., self.nope_dim :]
+    q = jnp.concatenate(
+      [jnp.einsum("blhn,chn->blhc", q_nope.astype(w_uk.dtype), w_uk), q_rope.astype(w_uk.dtype)],
+      axis=-1,
+    )
+    k = jnp.concatenate([cache["latent"], cache["k_rope"].astype(cache["latent"].dtype)], axis=-1)[
+      :, :, None
+    ]
+    out = attend(
+      self.probabilities(q, k.astype(q.dtype), allowed_BxLxS),
+      cache["latent"][:, :, None].astype(q.dtype),
+    )  # [B, L, H, latent]
     out = jnp.einsum("blhc,chv->blhv", out, w_uv)
     return self.o(out.reshape(b, length, -1))

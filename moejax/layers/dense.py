@@ -4,6 +4,7 @@ Every projection names its dimensions' logical axes (moejax/sharding.py maps
 them to mesh axes): column-parallel in, row-parallel out (Megatron).
 Attention lives in attention.py, rotary embeddings in rope.py.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -32,12 +33,25 @@ class Linear(nnx.Module):
   logical_axes names the kernel's (in, out) dimensions; the bias takes the
   out name."""
 
-  def __init__(self, d_in: int, d_out: int, *, rngs: nnx.Rngs, dtype, scale=1.0,
-               logical_axes=(None, None), bias: bool = False):
-    self.kernel = nnx.Param(dense_init(scale)(rngs.params(), (d_in, d_out)),
-                            logical_axes=logical_axes)
-    self.bias = (nnx.Param(jnp.zeros((d_out,), jnp.float32), logical_axes=logical_axes[1:])
-                 if bias else nnx.data(None))
+  def __init__(
+    self,
+    d_in: int,
+    d_out: int,
+    *,
+    rngs: nnx.Rngs,
+    dtype,
+    scale=1.0,
+    logical_axes=(None, None),
+    bias: bool = False,
+  ):
+    self.kernel = nnx.Param(
+      dense_init(scale)(rngs.params(), (d_in, d_out)), logical_axes=logical_axes
+    )
+    self.bias = (
+      nnx.Param(jnp.zeros((d_out,), jnp.float32), logical_axes=logical_axes[1:])
+      if bias
+      else nnx.data(None)
+    )
     self.dtype = dtype
 
   def __call__(self, x):

@@ -47,6 +47,7 @@ device memory while earlier layers compute, then call `l3_lookup` on the
 gathered block. Not implemented here: the tables live on device. Note that
 AdamW's weight decay still shrinks absent rows; a sparse optimizer would not.
 """
+
 import functools
 import json
 
@@ -71,11 +72,15 @@ def check_budget(vocab_size: int, budget: int, cap: int, key: str = "model.l3") 
   if cap < 1:
     raise ConfigError(f"{key}.cap={cap} must be >= 1")
   if budget < vocab_size:
-    raise ConfigError(f"{key}.budget={budget} is smaller than model.vocab_size={vocab_size}: "
-                      "every token id needs at least one row")
+    raise ConfigError(
+      f"{key}.budget={budget} is smaller than model.vocab_size={vocab_size}: "
+      "every token id needs at least one row"
+    )
   if cap * vocab_size < budget:
-    raise ConfigError(f"{key}.budget={budget} cannot be allocated: {key}.cap={cap} x "
-                      f"model.vocab_size={vocab_size} = {cap * vocab_size} rows at most")
+    raise ConfigError(
+      f"{key}.budget={budget} cannot be allocated: {key}.cap={cap} x "
+      f"model.vocab_size={vocab_size} = {cap * vocab_size} rows at most"
+    )
 
 
 def allocate_rows(weights, budget: int, cap: int) -> np.ndarray:
@@ -131,9 +136,11 @@ def corpus_stream(corpus: str) -> np.ndarray:
   """The byte-token stream of a built-in corpus's *train* split, documents
   separated by eos 0, as moejax/data/pipeline.py packs it (no TFDS needed)."""
   from moejax.data import shakespeare
+
   texts = [t for t in shakespeare.list_source_texts(CORPORA[corpus]) if t.split == "train"]
-  docs = [shakespeare.strip_gutenberg_boilerplate(t.path.read_text(encoding="utf-8"))
-          for t in texts]
+  docs = [
+    shakespeare.strip_gutenberg_boilerplate(t.path.read_text(encoding="utf-8")) for t in texts
+  ]
   return np.frombuffer(b"\0".join(d.encode("utf-8") for d in docs) + b"\0", np.uint8)
 
 
@@ -157,6 +164,7 @@ def _train_split_weights(rule: str, data_json: str, vocab_size: int) -> np.ndarr
   import ml_collections
 
   from moejax.data.pipeline import train_token_stream
+
   stream = train_token_stream(ml_collections.ConfigDict(json.loads(data_json)))
   return weights_of_stream(rule, stream, vocab_size)
 
@@ -224,25 +232,33 @@ class LookupLayer(nnx.Module):
     self.max_len = min(int(cfg.cap), budget - len(lengths) + 1)
     assert lengths.max() <= self.max_len, (lengths.max(), self.max_len)
     self.dtype = dtype
-    self.offsets, self.lengths = LookupTable(jnp.asarray(offsets)), LookupTable(jnp.asarray(lengths))
+    self.offsets, self.lengths = (
+      LookupTable(jnp.asarray(offsets)),
+      LookupTable(jnp.asarray(lengths)),
+    )
     self.norm = RMSNorm(d_model, norm_eps)
     rows_axes = ("lookup_rows", None)
-    self.keys = nnx.Param(jax.random.normal(rngs.params(), (budget, d_model)) * d_model ** -0.5,
-                          logical_axes=rows_axes)
-    self.values = nnx.Param(jax.random.normal(rngs.params(), (budget, cfg.d_emb)),
-                            logical_axes=rows_axes)
-    self.w_up = nnx.Param(dense_init()(rngs.params(), (cfg.d_emb, cfg.d_up)),
-                          logical_axes=(None, "embed"))
+    self.keys = nnx.Param(
+      jax.random.normal(rngs.params(), (budget, d_model)) * d_model**-0.5, logical_axes=rows_axes
+    )
+    self.values = nnx.Param(
+      jax.random.normal(rngs.params(), (budget, cfg.d_emb)), logical_axes=rows_axes
+    )
+    self.w_up = nnx.Param(
+      dense_init()(rngs.params(), (cfg.d_emb, cfg.d_up)), logical_axes=(None, "embed")
+    )
     self.ln_scale = nnx.Param(jnp.ones((cfg.d_up,), jnp.float32))
     self.ln_bias = nnx.Param(jnp.zeros((cfg.d_up,), jnp.float32))
-    self.w_mix = nnx.Param(dense_init()(rngs.params(), (d_model + cfg.d_up, d_model)),
-                           logical_axes=(None, "embed"))
+    self.w_mix = nnx.Param(
+      dense_init()(rngs.params(), (d_model + cfg.d_up, d_model)), logical_axes=(None, "embed")
+    )
 
   def __call__(self, x, token_ids):
     params = {name: getattr(self, name)[...] for name in PARAM_NAMES}
     x_hat = self.norm(x).astype(self.dtype)
-    pooled = l3_lookup(params, self.offsets[...], self.lengths[...], token_ids, x_hat,
-                       max_len=self.max_len)
+    pooled = l3_lookup(
+      params, self.offsets[...], self.lengths[...], token_ids, x_hat, max_len=self.max_len
+    )
     return x + l3_mix(params, x_hat, pooled).astype(x.dtype)
 
 
@@ -252,12 +268,15 @@ def build_lookup_layer(model_cfg, *, rngs: nnx.Rngs, dtype, weights=None) -> Loo
   l3 = model_cfg.l3
   if weights is None:
     if l3.corpus == TRAIN_SPLIT and l3.allocation != "uniform":
-      raise ValueError("model.l3.corpus='train_split' allocates from the run's data: build "
-                       "the model with moejax.train.build.build_model(config)")
+      raise ValueError(
+        "model.l3.corpus='train_split' allocates from the run's data: build "
+        "the model with moejax.train.build.build_model(config)"
+      )
     weights = token_weights(l3.allocation, l3.corpus, model_cfg.vocab_size)
   rows = allocate_rows(weights, l3.budget, l3.cap)
-  return LookupLayer(model_cfg.d_model, l3, rows, rngs=rngs, dtype=dtype,
-                     norm_eps=model_cfg.norm_eps)
+  return LookupLayer(
+    model_cfg.d_model, l3, rows, rngs=rngs, dtype=dtype, norm_eps=model_cfg.norm_eps
+  )
 
 
 def validate_l3(c) -> None:
@@ -270,19 +289,28 @@ def validate_l3(c) -> None:
     if l3[key] < 1:
       raise ConfigError(f"model.l3.{key}={l3[key]} must be > 0")
   layers = tuple(l3.layers)
-  if not layers or len(set(layers)) != len(layers) or not all(
-      isinstance(i, int) and 0 <= i < m.num_layers for i in layers):
-    raise ConfigError(f"model.l3.layers={layers} must be distinct block indices in "
-                      f"[0, model.num_layers={m.num_layers})")
+  if (
+    not layers
+    or len(set(layers)) != len(layers)
+    or not all(isinstance(i, int) and 0 <= i < m.num_layers for i in layers)
+  ):
+    raise ConfigError(
+      f"model.l3.layers={layers} must be distinct block indices in "
+      f"[0, model.num_layers={m.num_layers})"
+    )
   if l3.allocation not in ALLOCATIONS:
-    raise ConfigError(f"model.l3.allocation={l3.allocation!r} is not known; valid: "
-                      f"{', '.join(ALLOCATIONS)}")
+    raise ConfigError(
+      f"model.l3.allocation={l3.allocation!r} is not known; valid: {', '.join(ALLOCATIONS)}"
+    )
   if l3.allocation != "uniform" and l3.corpus != TRAIN_SPLIT:
     if l3.corpus not in CORPORA:
-      raise ConfigError(f"model.l3.corpus={l3.corpus!r} is not known; valid: "
-                        f"{', '.join((*CORPORA, TRAIN_SPLIT))}")
+      raise ConfigError(
+        f"model.l3.corpus={l3.corpus!r} is not known; valid: {', '.join((*CORPORA, TRAIN_SPLIT))}"
+      )
     if c.data.tokenizer != "byte" or m.vocab_size < 256:
-      raise ConfigError(f"model.l3.allocation={l3.allocation!r} counts byte tokens of "
-                        f"model.l3.corpus={l3.corpus!r}: needs data.tokenizer='byte' "
-                        f"(is {c.data.tokenizer!r}) and model.vocab_size >= 256 "
-                        f"(is {m.vocab_size})")
+      raise ConfigError(
+        f"model.l3.allocation={l3.allocation!r} counts byte tokens of "
+        f"model.l3.corpus={l3.corpus!r}: needs data.tokenizer='byte' "
+        f"(is {c.data.tokenizer!r}) and model.vocab_size >= 256 "
+        f"(is {m.vocab_size})"
+      )

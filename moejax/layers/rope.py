@@ -11,6 +11,7 @@ out = [x1 cos - x2 sin, x2 cos + x1 sin] with the pairs (x1, x2) gathered to
 the two halves; q and k share the layout, so their dot products are those
 of the interleaved rotation.
 """
+
 import math
 
 import jax
@@ -32,8 +33,9 @@ def _yarn_inv_freq(rope, dim: int, inv_freq: np.ndarray) -> tuple[np.ndarray, fl
     attention_factor = yarn_mscale(factor)
 
   def correction_dim(rotations):
-    return (dim * math.log(rope.original_max_position / (rotations * 2 * math.pi))
-            / (2 * math.log(base)))
+    return (
+      dim * math.log(rope.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    )
 
   low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
   if rope.truncate:
@@ -57,14 +59,19 @@ def rope_frequencies(rope, dim: int) -> tuple[np.ndarray, float]:
 
 def attention_scale(rope, qk_head_dim: int) -> float:
   """Softmax scale: 1/sqrt(d), times mscale(factor, mscale_all_dim)^2 under YaRN (DeepSeek)."""
-  scale = qk_head_dim ** -0.5
+  scale = qk_head_dim**-0.5
   if rope.scaling == "yarn" and rope.mscale_all_dim:
     scale *= yarn_mscale(rope.factor, rope.mscale_all_dim) ** 2
   return scale
 
 
-def apply_rope(x_BxLxHxD: jax.Array, positions_BxL: jax.Array, inv_freq: np.ndarray,
-               cos_sin_factor: float, interleave: bool) -> jax.Array:
+def apply_rope(
+  x_BxLxHxD: jax.Array,
+  positions_BxL: jax.Array,
+  inv_freq: np.ndarray,
+  cos_sin_factor: float,
+  interleave: bool,
+) -> jax.Array:
   angle = positions_BxL[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
   cos = (jnp.cos(angle) * cos_sin_factor)[:, :, None, :].astype(x_BxLxHxD.dtype)
   sin = (jnp.sin(angle) * cos_sin_factor)[:, :, None, :].astype(x_BxLxHxD.dtype)

@@ -1,4 +1,5 @@
 """The Switch load-balancing loss and the router z-loss."""
+
 import math
 
 import jax
@@ -11,8 +12,9 @@ from moejax.assignment.routing import RouterOutput, Routing
 def _output(index, valid, probs, logits) -> RouterOutput:
   valid = jnp.asarray(valid, bool)
   routing = Routing(jnp.asarray(index, jnp.int32), jnp.where(valid, 1.0, 0.0), valid)
-  return RouterOutput(routing, jnp.asarray(logits, jnp.float32),
-                      jnp.asarray(probs, jnp.float32), {}, {})
+  return RouterOutput(
+    routing, jnp.asarray(logits, jnp.float32), jnp.asarray(probs, jnp.float32), {}, {}
+  )
 
 
 def load_balance_example():

@@ -24,6 +24,7 @@ and gradient. A loss whose batch dependence has no such form declares
 `batch_statistic=reason` instead; train.balance_statistics='step' refuses it
 with micro-batches (check_step_statistics).
 """
+
 import dataclasses
 from typing import Any, Callable
 
@@ -36,6 +37,7 @@ class LossSpec:
   """A registered loss; called like its function. settings, legacy_keys and
   validate_settings as for routers (RouterSpec), in model.moe.losses.<name>;
   step_stats and batch_statistic as in the module doc."""
+
   name: str
   fn: Callable[..., Any]
   settings: tuple[tuple[str, Any], ...] = ()
@@ -50,8 +52,13 @@ class LossSpec:
   @property
   def config_section(self) -> PartSettings:
     """Its settings section, model.moe.losses.<name>."""
-    return PartSettings(f"losses.{self.name}", f"loss {self.name!r}", self.settings,
-                        self.legacy_keys, self.validate_settings)
+    return PartSettings(
+      f"losses.{self.name}",
+      f"loss {self.name!r}",
+      self.settings,
+      self.legacy_keys,
+      self.validate_settings,
+    )
 
   def options(self, cfg) -> dict:
     """This loss's settings from model.moe.losses.<name> of `cfg` (defaults where absent)."""
@@ -63,15 +70,32 @@ get_loss = LOSSES.get
 LOSS_EXAMPLES: dict = {}  # name -> example (see module doc)
 
 
-def register_loss(name: str, *, example=None, settings=None, legacy_keys=None,
-                  validate_settings=None, step_stats=None, batch_statistic=None):
+def register_loss(
+  name: str,
+  *,
+  example=None,
+  settings=None,
+  legacy_keys=None,
+  validate_settings=None,
+  step_stats=None,
+  batch_statistic=None,
+):
   """Decorator: register loss `fn` under `name` (see LossSpec), with its
   hand-worked example if any; returns `fn` unchanged."""
 
   def wrap(fn):
-    LOSSES.add(name, LossSpec(name, fn, tuple((settings or {}).items()),
-                              tuple((legacy_keys or {}).items()), validate_settings,
-                              step_stats, batch_statistic))
+    LOSSES.add(
+      name,
+      LossSpec(
+        name,
+        fn,
+        tuple((settings or {}).items()),
+        tuple((legacy_keys or {}).items()),
+        validate_settings,
+        step_stats,
+        batch_statistic,
+      ),
+    )
     if example is not None:
       LOSS_EXAMPLES[name] = example
     return fn
@@ -91,14 +115,16 @@ def loss_value(name: str, out, cfg, step_stats: dict | None = None):
 def step_stats_of(names, out, cfg) -> dict:
   """{loss name: its step_stats on `out`} for those of `names` that declare them."""
   specs = {name: get_loss(name) for name in names}
-  return {name: spec.step_stats(out, cfg) for name, spec in specs.items()
-          if spec.step_stats is not None}
+  return {
+    name: spec.step_stats(out, cfg) for name, spec in specs.items() if spec.step_stats is not None
+  }
 
 
 def needs_step_statistics(loss_weights) -> bool:
   """Whether a loss trained with weight > 0 declares step-level statistics."""
-  return any(weight > 0 and get_loss(name).step_stats is not None
-             for name, weight in loss_weights.items())
+  return any(
+    weight > 0 and get_loss(name).step_stats is not None for name, weight in loss_weights.items()
+  )
 
 
 def check_step_statistics(loss_weights, micro_batches: int, mode: str) -> None:
@@ -110,6 +136,7 @@ def check_step_statistics(loss_weights, micro_batches: int, mode: str) -> None:
     reason = get_loss(name).batch_statistic
     if weight > 0 and reason:
       raise ConfigError(
-          f"train.micro_batches={micro_batches} with train.balance_statistics='step' is not "
-          f"supported with model.moe.loss_weights.{name}={weight}: "
-          f"{reason} (train.balance_statistics='micro_batch' accepts it)")
+        f"train.micro_batches={micro_batches} with train.balance_statistics='step' is not "
+        f"supported with model.moe.loss_weights.{name}={weight}: "
+        f"{reason} (train.balance_statistics='micro_batch' accepts it)"
+      )

@@ -34,6 +34,7 @@ statistic of the whole call's tokens (each token's rank among them), so
 gradient accumulation with train.balance_statistics='step' refuses it
 (moejax/losses/base.py).
 """
+
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import betainc
@@ -82,6 +83,7 @@ def dpsl_example():
   [0.6, 0.4]: sorted columns (0.3, 0.6) and (0.4, 0.7) against targets
   (0.25, 0.75) give (0.05^2 + 0.15^2) / 2 = 0.0125 each, 0.025 in all."""
   import ml_collections
+
   probs = jnp.asarray([[0.3, 0.7], [0.6, 0.4]], jnp.float32)
   routing = Routing(jnp.asarray([[1], [0]], jnp.int32), jnp.ones((2, 1)), jnp.ones((2, 1), bool))
   out = RouterOutput(routing, jnp.log(probs), probs, {}, {})
@@ -95,11 +97,16 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.losses.dpsl.alpha={alpha} must be > 0")
 
 
-@register_loss("dpsl", example=dpsl_example, settings={"alpha": DEFAULT_ALPHA},
-               legacy_keys={"dpsl_alpha": "alpha"}, validate_settings=validate_keys,
-               batch_statistic="it compares each expert's empirical distribution over the "
-                               "tokens of a call (sorted ranks), which no sums over "
-                               "micro-batches reproduce")
+@register_loss(
+  "dpsl",
+  example=dpsl_example,
+  settings={"alpha": DEFAULT_ALPHA},
+  legacy_keys={"dpsl_alpha": "alpha"},
+  validate_settings=validate_keys,
+  batch_statistic="it compares each expert's empirical distribution over the "
+  "tokens of a call (sorted ranks), which no sums over "
+  "micro-batches reproduce",
+)
 def dpsl(out: RouterOutput, cfg=None) -> jax.Array:
   """DPSL with the router's prior if it reports one, else model.moe.losses.dpsl.alpha."""
   default = get_loss("dpsl").options(cfg)["alpha"]

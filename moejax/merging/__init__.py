@@ -2,6 +2,7 @@
 a layer, as registered merge methods over parameter trees (moejax/merging/base.py).
 Every module of the package is imported, so a file that registers a method is all
 a new method needs."""
+
 from moejax.merging.base import MERGE_METHODS, Merge, bind, check_simplex
 from moejax.registry import import_package_modules
 

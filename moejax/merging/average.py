@@ -5,6 +5,7 @@
 No base is read. Step's expert merge (moejax/merging/experts.py) is this method
 applied to the slices of one layer's expert stack, weighted by routing mass.
 """
+
 from moejax.merging.base import map_leaves, register_merge, weighted_sum
 
 

@@ -17,6 +17,7 @@ the models' shapes (`check_same_shapes`: the first differing parameter path and
 both shapes) and, where the method requires the simplex, the weights
 (`check_simplex`: non-negative, summing to 1 within 1e-6).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +37,7 @@ class MergeMethod:
   """A registered merge method. `settings`: ((key, default), ...); `validate(settings)`
   raises ConfigError for a bad value; `needs_base`: the method reads `base`;
   `simplex`: its weights must be non-negative and sum to 1."""
+
   name: str
   fn: Callable[..., dict]
   settings: tuple[tuple[str, Any], ...] = ()
@@ -47,22 +49,36 @@ class MergeMethod:
 MERGE_METHODS: Registry[MergeMethod] = Registry("--method")
 
 
-def register_merge(name: str, *, settings: dict | None = None, validate=None,
-                   needs_base: bool = True, simplex: bool = False):
+def register_merge(
+  name: str,
+  *,
+  settings: dict | None = None,
+  validate=None,
+  needs_base: bool = True,
+  simplex: bool = False,
+):
   """Decorator: register fn(base, models, weights, settings) as merge method `name`."""
+
   def wrap(fn):
-    MERGE_METHODS.add(name, MergeMethod(name, fn, tuple((settings or {}).items()), validate,
-                                        needs_base, simplex))
+    MERGE_METHODS.add(
+      name, MergeMethod(name, fn, tuple((settings or {}).items()), validate, needs_base, simplex)
+    )
     return fn
+
   return wrap
 
 
-def finite_number(settings: dict, key: str, *, low: float | None = None,
-                  high: float | None = None, low_open: bool = False) -> None:
+def finite_number(
+  settings: dict,
+  key: str,
+  *,
+  low: float | None = None,
+  high: float | None = None,
+  low_open: bool = False,
+) -> None:
   """ConfigError `--key=value ...` unless settings[key] is a finite number in range."""
   value = settings[key]
-  ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-        and math.isfinite(value))
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
   ok = ok and (low is None or (value > low if low_open else value >= low))
   ok = ok and (high is None or value <= high)
   if not ok:
@@ -74,11 +90,13 @@ def finite_number(settings: dict, key: str, *, low: float | None = None,
 @dataclasses.dataclass(frozen=True)
 class Merge:
   """A merge method with its settings parsed (`bind`)."""
+
   method: MergeMethod
   settings: dict
 
-  def __call__(self, base: dict | None, models: list, weights=None, *,
-               names: list[str] | None = None) -> dict:
+  def __call__(
+    self, base: dict | None, models: list, weights=None, *, names: list[str] | None = None
+  ) -> dict:
     """The merged tree. weights: None = uniform 1/n. names: how the inputs are named in
     errors (default 'base', 'models[i]')."""
     if not models:
@@ -101,8 +119,10 @@ def bind(name: str, settings: dict | None = None) -> Merge:
   declared = dict(method.settings)
   unknown = sorted(set(given) - set(declared))
   if unknown:
-    raise ConfigError(f"--{unknown[0]}={given[unknown[0]]!r} is not a setting of "
-                      f"--method={name}; its settings: {', '.join(sorted(declared)) or 'none'}")
+    raise ConfigError(
+      f"--{unknown[0]}={given[unknown[0]]!r} is not a setting of "
+      f"--method={name}; its settings: {', '.join(sorted(declared)) or 'none'}"
+    )
   parsed = {**declared, **given}
   if method.validate is not None:
     method.validate(parsed)
@@ -130,12 +150,16 @@ def check_simplex(weights, key: str = "--weights") -> np.ndarray:
   w = np.asarray(weights, np.float64).reshape(-1)
   negative = [v for v in w if v < 0]
   if negative:
-    raise ConfigError(f"{key}={format_weights(w)}: weight {negative[0]:g} is negative; "
-                      "mixture weights must be non-negative and sum to 1")
+    raise ConfigError(
+      f"{key}={format_weights(w)}: weight {negative[0]:g} is negative; "
+      "mixture weights must be non-negative and sum to 1"
+    )
   total = float(w.sum())
   if abs(total - 1.0) > SIMPLEX_TOLERANCE:
-    raise ConfigError(f"{key}={format_weights(w)}: the weights sum to {total:.10g}, not 1 "
-                      f"(tolerance {SIMPLEX_TOLERANCE:g})")
+    raise ConfigError(
+      f"{key}={format_weights(w)}: the weights sum to {total:.10g}, not 1 "
+      f"(tolerance {SIMPLEX_TOLERANCE:g})"
+    )
   return w
 
 
@@ -163,12 +187,15 @@ def check_same_shapes(trees: list, names: list[str]) -> None:
     for path in sorted(set(first) | set(other), key=lambda p: tuple(map(str, p))):
       if path not in other or path not in first:
         has, lacks = (names[0], name) if path not in other else (name, names[0])
-        raise ConfigError(f"models differ: parameter {path_text(path)} is in {has} but "
-                          f"not in {lacks}")
+        raise ConfigError(
+          f"models differ: parameter {path_text(path)} is in {has} but not in {lacks}"
+        )
       a, b = np.shape(first[path]), np.shape(other[path])
       if a != b:
-        raise ConfigError(f"models differ in shape at parameter {path_text(path)}: "
-                          f"{tuple(a)} in {names[0]}, {tuple(b)} in {name}")
+        raise ConfigError(
+          f"models differ in shape at parameter {path_text(path)}: "
+          f"{tuple(a)} in {names[0]}, {tuple(b)} in {name}"
+        )
 
 
 def map_leaves(fn, base, models: list):
@@ -181,15 +208,21 @@ def map_leaves(fn, base, models: list):
 def map_paths(fn, base, models: list, path=()):
   """map_leaves with fn(path, base leaf or None, [model leaves]), keys in models[0]'s order."""
   if isinstance(models[0], dict):
-    return {k: map_paths(fn, None if base is None else base[k], [m[k] for m in models],
-                         path + (k,)) for k in models[0]}
+    return {
+      k: map_paths(fn, None if base is None else base[k], [m[k] for m in models], path + (k,))
+      for k in models[0]
+    }
   dtype = np.asarray(base if base is not None else models[0]).dtype
-  out = fn(path, None if base is None else np.asarray(base, np.float64),
-           [np.asarray(m, np.float64) for m in models])
+  out = fn(
+    path,
+    None if base is None else np.asarray(base, np.float64),
+    [np.asarray(m, np.float64) for m in models],
+  )
   return np.asarray(out).astype(dtype)
 
 
 def weighted_sum(weights, arrays) -> np.ndarray:
   """sum_i weights[i] * arrays[i] in float64 (one tensordot over the stacked arrays)."""
-  return np.tensordot(np.asarray(weights, np.float64),
-                      np.stack([np.asarray(a, np.float64) for a in arrays]), axes=1)
+  return np.tensordot(
+    np.asarray(weights, np.float64), np.stack([np.asarray(a, np.float64) for a in arrays]), axes=1
+  )

@@ -10,6 +10,7 @@ the group's trees. The weights are the members' routing mass over its sum (kept
 expert first), not checked against the simplex: a group with no mass gets weight
 0 everywhere, as before.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,9 @@ def groups_of(merges: dict) -> dict[int, list[int]]:
   return groups
 
 
-def merge_stack(stack: dict, merges: dict, mass, method: str = "average",
-                settings: dict | None = None) -> dict:
+def merge_stack(
+  stack: dict, merges: dict, mass, method: str = "average", settings: dict | None = None
+) -> dict:
   """A copy of the expert stack {name: [E, ...]} where each kept expert holds its
   group's merge (module doc); other experts are unchanged."""
   merge = bind(method, settings)
@@ -42,8 +44,14 @@ def merge_stack(stack: dict, merges: dict, mass, method: str = "average",
   return out
 
 
-def merge_in_layer(params: dict, block: int, merges: dict, mass, method: str = "average",
-                   settings: dict | None = None) -> dict:
+def merge_in_layer(
+  params: dict,
+  block: int,
+  merges: dict,
+  mass,
+  method: str = "average",
+  settings: dict | None = None,
+) -> dict:
   """A copy of `params` where, in MoE block `block`, each kept expert k's weights
   become the merge of k and the experts merged into it (merges: {merged expert:
   kept expert}, mass: routing mass per expert); only the expert weights change."""

@@ -24,6 +24,7 @@ game has no solution: a ConfigError names the models.
 
 Arithmetic is float64 over the whole model (one Gram matrix over all leaves).
 """
+
 import numpy as np
 
 from moejax.errors import ConfigError
@@ -33,8 +34,9 @@ MAX_NEWTON_STEPS = 100
 TOLERANCE = 1e-12  # relative residual |K alpha - p / alpha| / (p / alpha)
 
 
-def nash_weights(gram, powers=None, *, max_steps: int = MAX_NEWTON_STEPS,
-                 tolerance: float = TOLERANCE) -> np.ndarray:
+def nash_weights(
+  gram, powers=None, *, max_steps: int = MAX_NEWTON_STEPS, tolerance: float = TOLERANCE
+) -> np.ndarray:
   """alpha > 0 with gram @ alpha = powers / alpha (powers default 1): damped Newton on
   f(alpha) = 1/2 alpha^T K alpha - sum p log alpha, whose Hessian K + diag(p / alpha^2)
   is positive definite, from the orthogonal solution sqrt(p / diag K).
@@ -67,8 +69,10 @@ def nash_weights(gram, powers=None, *, max_steps: int = MAX_NEWTON_STEPS,
     alpha = alpha - t * step
     if not np.all(np.isfinite(alpha)) or alpha.max() > 1e150:
       break
-  raise ValueError("no bargaining solution: a non-negative combination of the task vectors "
-                   "is (nearly) 0, so no direction improves every model")
+  raise ValueError(
+    "no bargaining solution: a non-negative combination of the task vectors "
+    "is (nearly) 0, so no direction improves every model"
+  )
 
 
 def _validate(settings: dict) -> None:
@@ -79,8 +83,15 @@ def _validate(settings: dict) -> None:
 def nash(base, models, weights, settings):
   """base + scale * G alpha over the models whose task vector is nonzero."""
   base_leaves = [np.asarray(leaf, np.float64) for _, leaf in leaves(base)]
-  taus = [np.concatenate([(np.asarray(leaf, np.float64) - b).reshape(-1)
-                          for (_, leaf), b in zip(leaves(m), base_leaves)]) for m in models]
+  taus = [
+    np.concatenate(
+      [
+        (np.asarray(leaf, np.float64) - b).reshape(-1)
+        for (_, leaf), b in zip(leaves(m), base_leaves)
+      ]
+    )
+    for m in models
+  ]
   taking_part = [i for i, tau in enumerate(taus) if np.any(tau != 0) and weights[i] > 0]
   coefficients = np.zeros(len(models))
   if taking_part:
@@ -92,5 +103,6 @@ def nash(base, models, weights, settings):
       names = ", ".join(f"models[{i}]" for i in taking_part)
       raise ConfigError(f"--method=nash over {names}: {error}") from None
   scale = float(settings["scale"])
-  return map_paths(lambda _, b, ms: b + scale * sum(c * (m - b) for c, m in
-                                                    zip(coefficients, ms)), base, models)
+  return map_paths(
+    lambda _, b, ms: b + scale * sum(c * (m - b) for c, m in zip(coefficients, ms)), base, models
+  )

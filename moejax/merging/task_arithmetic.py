@@ -7,6 +7,7 @@ Weights are any finite numbers (a negative one subtracts a task vector, the pape
 negation); uniform 1/n by default, so scale=n gives the paper's plain sum. With
 one-hot weights and scale 1 it returns that model exactly.
 """
+
 from moejax.merging.base import finite_number, map_leaves, register_merge, weighted_sum
 
 
@@ -17,5 +18,6 @@ def _validate(settings: dict) -> None:
 @register_merge("task_arithmetic", settings={"scale": 1.0}, validate=_validate)
 def task_arithmetic(base, models, weights, settings):
   scale = float(settings["scale"])
-  return map_leaves(lambda b, ms: b + scale * weighted_sum(weights, [m - b for m in ms]),
-                    base, models)
+  return map_leaves(
+    lambda b, ms: b + scale * weighted_sum(weights, [m - b for m in ms]), base, models
+  )

@@ -14,6 +14,7 @@ tau_i = theta_i - base,
 Weights lie on the simplex (uniform by default: the paper's unweighted mean); the
 weighting of steps 2 and 3 is ours (the paper has none).
 """
+
 import math
 
 import numpy as np
@@ -42,17 +43,21 @@ def ties_task_vector(taus: np.ndarray, weights: np.ndarray) -> np.ndarray:
   return np.where(mass > 0, (w * taus * agree).sum(0) / np.where(mass > 0, mass, 1.0), 0.0)
 
 
-@register_merge("ties", settings={"density": 0.2, "scale": 1.0}, validate=_validate,
-                simplex=True)
+@register_merge("ties", settings={"density": 0.2, "scale": 1.0}, validate=_validate, simplex=True)
 def ties(base, models, weights, settings):
   base_leaves = dict(leaves(base))
-  taus = [[np.asarray(dict(leaves(m))[p], np.float64) - np.asarray(b, np.float64)
-           for p, b in base_leaves.items()] for m in models]
+  taus = [
+    [
+      np.asarray(dict(leaves(m))[p], np.float64) - np.asarray(b, np.float64)
+      for p, b in base_leaves.items()
+    ]
+    for m in models
+  ]
   thresholds = [trim_threshold(tau, float(settings["density"])) for tau in taus]
   scale = float(settings["scale"])
 
   def merge(path, b, ms):
-    trimmed = np.stack([np.where(np.abs(m - b) >= t, m - b, 0.0)
-                        for m, t in zip(ms, thresholds)])
+    trimmed = np.stack([np.where(np.abs(m - b) >= t, m - b, 0.0) for m, t in zip(ms, thresholds)])
     return b + scale * ties_task_vector(trimmed, weights)
+
   return map_paths(merge, base, models)

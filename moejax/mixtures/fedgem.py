@@ -29,6 +29,7 @@ Baselines: centralised EM on the pooled data with the true K, and one-shot k-FED
 centres on the server (GUESS: k-means++ seeding on the server instead of the
 paper's farthest-point seeding).
 """
+
 import dataclasses
 from typing import Sequence
 
@@ -44,8 +45,11 @@ from moejax.mixtures.gmm import GMM
 SERVER_STEPS = ("intersection", "pooled")
 
 
-def q_ball_radius(old_means: jax.Array | np.ndarray, maximisers: jax.Array | np.ndarray,
-                  variances: jax.Array | np.ndarray) -> jax.Array:
+def q_ball_radius(
+  old_means: jax.Array | np.ndarray,
+  maximisers: jax.Array | np.ndarray,
+  variances: jax.Array | np.ndarray,
+) -> jax.Array:
   """[K] the largest eps with Q_k(mu) >= Q_k(mu_old) on B(xM_k, eps), at fixed variances.
 
   Q_k(mu) = c - sum_j (N_k / 2 sigma_kj^2)(mu_j - xM_kj)^2, so the set where Q_k does
@@ -54,7 +58,7 @@ def q_ball_radius(old_means: jax.Array | np.ndarray, maximisers: jax.Array | np.
   delta = old_means - maximisers
   if variances.ndim == 1:
     return jnp.linalg.norm(delta, axis=-1)
-  return jnp.sqrt(jnp.min(variances, axis=-1) * jnp.sum(delta ** 2 / variances, axis=-1))
+  return jnp.sqrt(jnp.min(variances, axis=-1) * jnp.sum(delta**2 / variances, axis=-1))
 
 
 @jax.jit
@@ -93,8 +97,12 @@ def server_merge(centres, radii, owners, groups=None) -> np.ndarray:
 
   dist = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
   depth = radii[:, None] + radii[None] - dist
-  pairs = [(i, j) for i in range(count) for j in range(i + 1, count)
-           if owners[i] != owners[j] and depth[i, j] >= 0]
+  pairs = [
+    (i, j)
+    for i in range(count)
+    for j in range(i + 1, count)
+    if owners[i] != owners[j] and depth[i, j] >= 0
+  ]
   for i, j in sorted(pairs, key=lambda p: -depth[p]):
     a, b = find(i), find(j)
     if a != b and not held[a] & held[b]:
@@ -105,8 +113,9 @@ def server_merge(centres, radii, owners, groups=None) -> np.ndarray:
   return np.array([first[r] for r in roots])
 
 
-def shared_point(centres, radii, counts, anchor=None, *, sweeps: int = 500,
-                 tol: float = 1e-12) -> np.ndarray:
+def shared_point(
+  centres, radii, counts, anchor=None, *, sweeps: int = 500, tol: float = 1e-12
+) -> np.ndarray:
   """[d] a point of the intersection of the balls, aimed at the pooled M step
   target = sum N_b xM_b / sum N_b. One ball: its centre.
 
@@ -125,10 +134,10 @@ def shared_point(centres, radii, counts, anchor=None, *, sweeps: int = 500,
   if anchor is not None:
     step, rel = target - anchor, anchor - centres  # |rel + t step|^2 <= r^2 for t in [0, t_b]
     a, b = step @ step, rel @ step
-    c = np.minimum(np.sum(rel ** 2, axis=1) - radii ** 2, 0.0)  # the anchor is inside
+    c = np.minimum(np.sum(rel**2, axis=1) - radii**2, 0.0)  # the anchor is inside
     if a == 0:
       return anchor
-    t_max = (-b + np.sqrt(np.maximum(b ** 2 - a * c, 0.0))) / a
+    t_max = (-b + np.sqrt(np.maximum(b**2 - a * c, 0.0))) / a
     return anchor + np.clip(t_max.min(), 0.0, 1.0) * step
   point = target
   increments = np.zeros_like(centres)
@@ -149,6 +158,7 @@ def shared_point(centres, radii, counts, anchor=None, *, sweeps: int = 500,
 class FedGEMResult:
   """The global mixture (K-hat components), each local component's global cluster,
   each point's global cluster, the final local mixtures and the rounds run."""
+
   num_clusters: int
   global_model: GMM
   component_cluster: list[np.ndarray]
@@ -160,8 +170,10 @@ class FedGEMResult:
 def check_clients(clients: Sequence, local_ks: Sequence[int]) -> list[jax.Array]:
   """The clients' data as [n_g, d] arrays; refuse a mismatch, an empty client or a bad K_g."""
   if len(clients) != len(local_ks) or not clients:
-    raise ConfigError(f"need one local K per client and at least one client "
-                      f"(clients={len(clients)}, local_ks={list(local_ks)})")
+    raise ConfigError(
+      f"need one local K per client and at least one client "
+      f"(clients={len(clients)}, local_ks={list(local_ks)})"
+    )
   arrays = [jnp.asarray(x) for x in clients]
   for g, x in enumerate(arrays):
     if x.ndim != 2:
@@ -169,8 +181,7 @@ def check_clients(clients: Sequence, local_ks: Sequence[int]) -> list[jax.Array]
     if x.shape[0] == 0:
       raise ConfigError(f"client {g} holds no points (clients[{g}] has shape {x.shape})")
     if x.shape[1] != arrays[0].shape[1]:
-      raise ConfigError(f"client {g} has dimension {x.shape[1]}, client 0 has "
-                        f"{arrays[0].shape[1]}")
+      raise ConfigError(f"client {g} has dimension {x.shape[1]}, client 0 has {arrays[0].shape[1]}")
     try:
       gmm_lib.check_num_components(int(local_ks[g]), x.shape[0])
     except ConfigError as e:
@@ -178,10 +189,17 @@ def check_clients(clients: Sequence, local_ks: Sequence[int]) -> list[jax.Array]
   return arrays
 
 
-def fedgem(clients: Sequence, local_ks: Sequence[int], *, seed: int = 0,
-           max_rounds: int = 200, tol: float = 1e-6, diagonal: bool = False,
-           init: Sequence[GMM] | None = None,
-           server_step: str = "intersection") -> FedGEMResult:
+def fedgem(
+  clients: Sequence,
+  local_ks: Sequence[int],
+  *,
+  seed: int = 0,
+  max_rounds: int = 200,
+  tol: float = 1e-6,
+  diagonal: bool = False,
+  init: Sequence[GMM] | None = None,
+  server_step: str = "intersection",
+) -> FedGEMResult:
   """Rounds of local E/M steps, server merge and broadcast, until no merge happens and
   no mean moves by more than tol * (1 + max |mean|) (tol=0: exactly max_rounds rounds);
   the final aggregation pools each global cluster's weights (by N_kg) and variances.
@@ -192,11 +210,17 @@ def fedgem(clients: Sequence, local_ks: Sequence[int], *, seed: int = 0,
     raise choice_error("server_step", server_step, SERVER_STEPS)
   data = check_clients(clients, local_ks)
   if init is not None and len(init) != len(data):
-    raise ConfigError(f"need one initial mixture per client (init={len(init)}, "
-                      f"clients={len(data)})")
-  models = list(init) if init is not None else [
+    raise ConfigError(
+      f"need one initial mixture per client (init={len(init)}, clients={len(data)})"
+    )
+  models = (
+    list(init)
+    if init is not None
+    else [
       gmm_lib.init_gmm(x, int(k), seed=[seed, g], diagonal=diagonal)
-      for g, (x, k) in enumerate(zip(data, local_ks))]
+      for g, (x, k) in enumerate(zip(data, local_ks))
+    ]
+  )
   owners = np.repeat(np.arange(len(data)), [int(k) for k in local_ks])
   splits = np.cumsum([int(k) for k in local_ks])[:-1]
   groups = np.arange(len(owners))
@@ -209,13 +233,20 @@ def fedgem(clients: Sequence, local_ks: Sequence[int], *, seed: int = 0,
     counts = np.concatenate([np.asarray(jnp.sum(s[1], axis=0), np.float64) for s in steps])
     merged = server_merge(centres, radii, owners, groups)
     limits = np.full_like(radii, np.inf) if server_step == "pooled" else radii
-    shared = np.stack([shared_point(centres[merged == c], limits[merged == c],
-                                    counts[merged == c], _common(old[merged == c]))
-                       for c in range(merged.max() + 1)])
+    shared = np.stack(
+      [
+        shared_point(
+          centres[merged == c], limits[merged == c], counts[merged == c], _common(old[merged == c])
+        )
+        for c in range(merged.max() + 1)
+      ]
+    )
     new_means = shared[merged]
     dtype = data[0].dtype
-    models = [set_means(x, resp, new, jnp.asarray(means, dtype)) for x, (new, resp, _), means
-              in zip(data, steps, np.split(new_means, splits))]
+    models = [
+      set_means(x, resp, new, jnp.asarray(means, dtype))
+      for x, (new, resp, _), means in zip(data, steps, np.split(new_means, splits))
+    ]
     joined = merged.max() < groups.max()
     groups = merged
     if not joined and np.max(np.abs(new_means - old)) <= tol * (1 + np.abs(old).max()):
@@ -232,33 +263,51 @@ def _aggregate(data, models, groups, splits, rounds) -> FedGEMResult:
   """Final aggregation: the global mixture and every point's global cluster."""
   num = int(groups.max()) + 1
   dim = data[0].shape[1]
-  counts = np.concatenate([np.asarray(m.weights, np.float64) * x.shape[0]
-                           for x, m in zip(data, models)])
+  counts = np.concatenate(
+    [np.asarray(m.weights, np.float64) * x.shape[0] for x, m in zip(data, models)]
+  )
   means = np.concatenate([np.asarray(m.means, np.float64) for m in models])
-  var = np.concatenate([np.asarray(gmm_lib.per_dim_variances(m.variances, dim), np.float64)
-                        for m in models])
+  var = np.concatenate(
+    [np.asarray(gmm_lib.per_dim_variances(m.variances, dim), np.float64) for m in models]
+  )
   pooled = np.stack([np.bincount(groups, counts * var[:, j], num) for j in range(dim)], 1)
   total = np.maximum(np.bincount(groups, counts, num), np.finfo(np.float64).tiny)
   variances = pooled / total[:, None]
   first = np.array([np.flatnonzero(groups == c)[0] for c in range(num)])
   diagonal = models[0].variances.ndim == 2
-  global_model = GMM(weights=total / total.sum(), means=means[first],
-                     variances=variances if diagonal else variances.mean(axis=1))
+  global_model = GMM(
+    weights=total / total.sum(),
+    means=means[first],
+    variances=variances if diagonal else variances.mean(axis=1),
+  )
   component_cluster = np.split(groups, splits)
-  labels = [component_cluster[g][np.asarray(gmm_lib.predict(x, m))]
-            for g, (x, m) in enumerate(zip(data, models))]
-  return FedGEMResult(num_clusters=num, global_model=global_model,
-                      component_cluster=component_cluster, labels=labels,
-                      local_models=models, rounds=rounds)
+  labels = [
+    component_cluster[g][np.asarray(gmm_lib.predict(x, m))]
+    for g, (x, m) in enumerate(zip(data, models))
+  ]
+  return FedGEMResult(
+    num_clusters=num,
+    global_model=global_model,
+    component_cluster=component_cluster,
+    labels=labels,
+    local_models=models,
+    rounds=rounds,
+  )
 
 
-def centralised_em(clients: Sequence, k: int, *, seed: int = 0, max_steps: int = 200,
-                   tol: float = 1e-6, diagonal: bool = False):
+def centralised_em(
+  clients: Sequence,
+  k: int,
+  *,
+  seed: int = 0,
+  max_steps: int = 200,
+  tol: float = 1e-6,
+  diagonal: bool = False,
+):
   """Baseline: EM with the true K on the pooled data; (mixture, labels per client)."""
   data = check_clients(clients, [1] * len(clients))
   pooled = jnp.concatenate(data)
-  model, _ = gmm_lib.fit(pooled, k, seed=seed, max_steps=max_steps, tol=tol,
-                         diagonal=diagonal)
+  model, _ = gmm_lib.fit(pooled, k, seed=seed, max_steps=max_steps, tol=tol, diagonal=diagonal)
   labels = np.asarray(gmm_lib.predict(pooled, model))
   return model, np.split(labels, np.cumsum([x.shape[0] for x in data])[:-1])
 
@@ -266,8 +315,7 @@ def centralised_em(clients: Sequence, k: int, *, seed: int = 0, max_steps: int =
 def lloyd(x, k: int, *, seed, max_steps: int = 100) -> tuple[np.ndarray, np.ndarray]:
   """k-means (kmeans.lloyd) from k-means++ seeds: (centres [k, d], labels [n])."""
   x = np.asarray(x, np.float64)
-  result = kmeans.lloyd(x, init_centroids=gmm_lib.kmeans_plus_plus(x, k, seed),
-                        max_iter=max_steps)
+  result = kmeans.lloyd(x, init_centroids=gmm_lib.kmeans_plus_plus(x, k, seed), max_iter=max_steps)
   return np.asarray(result.centroids, np.float64), np.asarray(result.labels)
 
 

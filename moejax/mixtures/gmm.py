@@ -12,6 +12,7 @@ jax_enable_x64 is set. Choices no paper fixes: the initial variance (mean square
 distance to the nearest seed, the same for every component), the variance floor
 and the greedy seeding's 2 + ln K candidates per step (as scikit-learn).
 """
+
 from typing import NamedTuple
 
 import jax
@@ -25,6 +26,7 @@ MIN_VARIANCE = 1e-6  # a floor on sigma^2 so that a component on one point stays
 
 class GMM(NamedTuple):
   """Mixing weights pi [K], means mu [K, d], variances [K] or [K, d]."""
+
   weights: jax.Array | np.ndarray  # jax arrays, or host float64 ones (fedgem.py)
   means: jax.Array | np.ndarray
   variances: jax.Array | np.ndarray
@@ -68,8 +70,9 @@ def q_function(x: jax.Array, resp: jax.Array, gmm: GMM) -> jax.Array:
   return jnp.sum(jnp.where(resp > 0, resp * joint, 0.0))
 
 
-def component_variances(x: jax.Array, resp: jax.Array, means: jax.Array,
-                        diagonal: bool) -> jax.Array:
+def component_variances(
+  x: jax.Array, resp: jax.Array, means: jax.Array, diagonal: bool
+) -> jax.Array:
   """argmax of Q over the variances at fixed means (PRML eq. 9.25, restricted):
   sigma_k^2 = sum_n gamma_nk ||x_n - mu_k||^2 / (d N_k), or per dimension."""
   counts = jnp.maximum(jnp.sum(resp, axis=0), jnp.finfo(x.dtype).tiny)
@@ -88,8 +91,11 @@ def m_step(x: jax.Array, resp: jax.Array, old: GMM) -> GMM:
   means = jnp.where(live[:, None], resp.T @ x / safe[:, None], old.means)
   variances = component_variances(x, resp, means, diagonal=old.variances.ndim == 2)
   live_var = live if old.variances.ndim == 1 else live[:, None]
-  return GMM(weights=counts / x.shape[0], means=means,
-             variances=jnp.where(live_var, variances, old.variances))
+  return GMM(
+    weights=counts / x.shape[0],
+    means=means,
+    variances=jnp.where(live_var, variances, old.variances),
+  )
 
 
 @jax.jit
@@ -136,15 +142,27 @@ def init_gmm(x, k: int, *, seed, diagonal: bool = False) -> GMM:
   sq = (x64[:, None, :] - seeds[None]) ** 2  # [n, k, d]
   nearest = sq[np.arange(len(x64)), np.argmin(sq.sum(-1), axis=1)]  # [n, d]
   per_dim = np.maximum(nearest.mean(axis=0), MIN_VARIANCE)
-  variances = np.tile(per_dim, (k, 1)) if diagonal else np.full(k, max(per_dim.mean(),
-                                                                        MIN_VARIANCE))
+  variances = (
+    np.tile(per_dim, (k, 1)) if diagonal else np.full(k, max(per_dim.mean(), MIN_VARIANCE))
+  )
   dtype = jnp.asarray(x).dtype
-  return GMM(weights=jnp.full(k, 1.0 / k, dtype), means=jnp.asarray(seeds, dtype),
-             variances=jnp.asarray(variances, dtype))
+  return GMM(
+    weights=jnp.full(k, 1.0 / k, dtype),
+    means=jnp.asarray(seeds, dtype),
+    variances=jnp.asarray(variances, dtype),
+  )
 
 
-def fit(x, k: int, *, seed: int = 0, max_steps: int = 200, tol: float = 1e-6,
-        diagonal: bool = False, init: GMM | None = None) -> tuple[GMM, np.ndarray]:
+def fit(
+  x,
+  k: int,
+  *,
+  seed: int = 0,
+  max_steps: int = 200,
+  tol: float = 1e-6,
+  diagonal: bool = False,
+  init: GMM | None = None,
+) -> tuple[GMM, np.ndarray]:
   """EM from `init` (default init_gmm(x, k, seed)) until the mean log-likelihood per
   point rises by less than `tol` (tol=0: exactly max_steps steps).
 

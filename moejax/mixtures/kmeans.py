@@ -24,6 +24,7 @@ sweep moves nothing, and each visit takes the best b.
 Every function takes any [n, d] array of points (e.g. FFN neurons' weight rows,
 to cluster neurons into experts for dense-to-MoE conversion).
 """
+
 import functools
 from typing import NamedTuple
 
@@ -36,11 +37,12 @@ from moejax.errors import ConfigError
 
 class KMeansResult(NamedTuple):
   """Fields gain a leading [trials] axis from the *_trials functions."""
-  labels: jax.Array      # [n] int32: each point's cluster
-  centroids: jax.Array   # [k, d]: mean of each cluster (Lloyd: last centroid if emptied)
-  objective: jax.Array   # []: sum_i ||x_i - c_{labels_i}||^2
+
+  labels: jax.Array  # [n] int32: each point's cluster
+  centroids: jax.Array  # [k, d]: mean of each cluster (Lloyd: last centroid if emptied)
+  objective: jax.Array  # []: sum_i ||x_i - c_{labels_i}||^2
   iterations: jax.Array  # []: Lloyd assignment steps, or Hartigan sweeps
-  converged: jax.Array   # []: the last iteration changed nothing
+  converged: jax.Array  # []: the last iteration changed nothing
 
 
 def hartigan_delta(x, c_a, n_a, c_b, n_b):
@@ -67,17 +69,20 @@ def kmeans_objective(X, labels, k: int | None = None) -> float:
   return float(_objective(X, labels, sums / jnp.maximum(counts, 1)[:, None]))
 
 
-def lloyd(X, init_labels=None, *, init_centroids=None, k: int | None = None,
-          max_iter: int = 100) -> KMeansResult:
+def lloyd(
+  X, init_labels=None, *, init_centroids=None, k: int | None = None, max_iter: int = 100
+) -> KMeansResult:
   """Lloyd's k-means from a partition (init_labels [n], every cluster non-empty)
   or from centroids (init_centroids [k, d]); give exactly one. Stops when an
   assignment step changes no label, or after max_iter of them. A cluster that
   empties keeps its last centroid."""
   _check_max_iter(max_iter)
   if (init_labels is None) == (init_centroids is None):
-    raise ConfigError("give exactly one of init_labels and init_centroids "
-                      f"(init_labels given={init_labels is not None}, "
-                      f"init_centroids given={init_centroids is not None})")
+    raise ConfigError(
+      "give exactly one of init_labels and init_centroids "
+      f"(init_labels given={init_labels is not None}, "
+      f"init_centroids given={init_centroids is not None})"
+    )
   if init_labels is not None:
     X, labels, k = _checked(X, init_labels, k, name="init_labels", nonempty=True)
     sums, counts = _sums_counts(X, labels, k)
@@ -85,8 +90,9 @@ def lloyd(X, init_labels=None, *, init_centroids=None, k: int | None = None,
   X = _points(X)
   c = jnp.asarray(init_centroids, X.dtype)
   if c.ndim != 2 or c.shape[1] != X.shape[1]:
-    raise ConfigError(f"init_centroids must be [k, d={X.shape[1]}] (init_centroids.shape="
-                      f"{tuple(c.shape)})")
+    raise ConfigError(
+      f"init_centroids must be [k, d={X.shape[1]}] (init_centroids.shape={tuple(c.shape)})"
+    )
   _check_k(c.shape[0] if k is None else k, X.shape[0])
   if k is not None and k != c.shape[0]:
     raise ConfigError(f"k must equal init_centroids.shape[0]={c.shape[0]} (k={k})")
@@ -94,8 +100,9 @@ def lloyd(X, init_labels=None, *, init_centroids=None, k: int | None = None,
   return _lloyd(X, no_labels, c, c.shape[0], max_iter)
 
 
-def hartigan(X, init_labels, max_iter: int = 100, seed: int = 0, *,
-             k: int | None = None) -> KMeansResult:
+def hartigan(
+  X, init_labels, max_iter: int = 100, seed: int = 0, *, k: int | None = None
+) -> KMeansResult:
   """Hartigan's single-point k-means from init_labels [n] (every cluster
   non-empty); sweeps `visit_order(n, seed)` until a sweep moves no point, or
   max_iter sweeps."""
@@ -118,12 +125,12 @@ def lloyd_trials(X, init_labels, *, k: int | None = None, max_iter: int = 100) -
   _check_max_iter(max_iter)
   X, labels, k = _checked_trials(X, init_labels, k)
   sums, counts = jax.vmap(_sums_counts, (0, 0, None))(X, labels, k)
-  return jax.vmap(_lloyd, (0, 0, 0, None, None))(X, labels, sums / counts[..., None], k,
-                                                 max_iter)
+  return jax.vmap(_lloyd, (0, 0, 0, None, None))(X, labels, sums / counts[..., None], k, max_iter)
 
 
-def hartigan_trials(X, init_labels, seeds, *, k: int | None = None,
-                    max_iter: int = 100) -> KMeansResult:
+def hartigan_trials(
+  X, init_labels, seeds, *, k: int | None = None, max_iter: int = 100
+) -> KMeansResult:
   """`hartigan` vmapped over trials: X [T, n, d], init_labels [T, n], seeds [T]."""
   _check_max_iter(max_iter)
   X, labels, k = _checked_trials(X, init_labels, k)
@@ -134,6 +141,7 @@ def hartigan_trials(X, init_labels, seeds, *, k: int | None = None,
 
 
 # ---- input checks (host side, before anything is compiled) ------------------------------
+
 
 def _points(X) -> jax.Array:
   X = np.asarray(X)
@@ -155,20 +163,21 @@ def _check_max_iter(max_iter: int) -> None:
 def _check_labels(labels: np.ndarray, n: int, k: int | None, name: str, nonempty: bool) -> int:
   """k (given, or 1 + the largest label); refuses bad shapes, values and empty clusters."""
   if labels.shape[-1:] != (n,):
-    raise ConfigError(f"{name} must have one label per point, n={n} "
-                      f"({name}.shape={labels.shape})")
+    raise ConfigError(f"{name} must have one label per point, n={n} ({name}.shape={labels.shape})")
   if not np.issubdtype(labels.dtype, np.integer):
     raise ConfigError(f"{name} must be integers ({name}.dtype={labels.dtype})")
   k = int(labels.max()) + 1 if k is None else k
   _check_k(k, n)
   if labels.min() < 0 or labels.max() >= k:
-    raise ConfigError(f"{name} must lie in [0, k={k}) ({name} range=[{labels.min()}, "
-                      f"{labels.max()}])")
+    raise ConfigError(
+      f"{name} must lie in [0, k={k}) ({name} range=[{labels.min()}, {labels.max()}])"
+    )
   if nonempty:
     counts = np.stack([np.bincount(row, minlength=k) for row in labels.reshape(-1, n)])
     if counts.min() == 0:
-      raise ConfigError(f"{name} leave a cluster empty (empty cluster="
-                        f"{int(np.argwhere(counts == 0)[0, 1])})")
+      raise ConfigError(
+        f"{name} leave a cluster empty (empty cluster={int(np.argwhere(counts == 0)[0, 1])})"
+      )
   return k
 
 
@@ -186,13 +195,16 @@ def _checked_trials(X, labels, k):
   if X.ndim != 3 or 0 in X.shape:
     raise ConfigError(f"points must be a non-empty [trials, n, d] array (X.shape={X.shape})")
   if labels.shape[:1] != X.shape[:1] or labels.ndim != 2:
-    raise ConfigError(f"init_labels must be [trials={X.shape[0]}, n={X.shape[1]}] "
-                      f"(init_labels.shape={labels.shape})")
+    raise ConfigError(
+      f"init_labels must be [trials={X.shape[0]}, n={X.shape[1]}] "
+      f"(init_labels.shape={labels.shape})"
+    )
   k = _check_labels(labels, X.shape[1], k, "init_labels", nonempty=True)
   return jnp.asarray(X, jnp.result_type(float)), jnp.asarray(labels, jnp.int32), k
 
 
 # ---- compiled cores ---------------------------------------------------------------------
+
 
 def _sums_counts(X, labels, k):
   sums = jax.ops.segment_sum(X, labels, num_segments=k)
@@ -252,8 +264,9 @@ def _hartigan(X, labels, order, k, max_iter):
   def sweep(state):
     labels, it, _ = state
     sums, counts = _sums_counts(X, labels, k)  # fresh sums each sweep: no drift
-    labels, _, _, moves = jax.lax.fori_loop(0, X.shape[0], visit,
-                                            (labels, sums, counts, jnp.int32(0)))
+    labels, _, _, moves = jax.lax.fori_loop(
+      0, X.shape[0], visit, (labels, sums, counts, jnp.int32(0))
+    )
     return labels, it + 1, moves > 0
 
   state = (labels, jnp.int32(0), jnp.bool_(True))

@@ -18,6 +18,7 @@ each the latent-MoG score plus the orthogonal-complement term.
 
 The score networks and their training: moejax/mixtures/score_networks.py.
 """
+
 import math
 from typing import NamedTuple
 
@@ -32,6 +33,7 @@ class MoLRMoG(NamedTuple):
   """Subspace weights alpha [K], bases U [K, D, d], component weights pi [K, L],
   latent means mu [K, L, d], latent covariances S [K, L, d, d] or their diagonals
   [K, L, d] (a diagonal S in the coordinates of U_k)."""
+
   weights: jax.Array
   bases: jax.Array
   component_weights: jax.Array
@@ -46,12 +48,17 @@ def check_mixture(mix: MoLRMoG) -> None:
   k, _, d = mix.bases.shape
   lc = mix.component_weights.shape[-1] if mix.component_weights.ndim == 2 else -1
   want: dict[str, list[tuple[int, ...]]] = {
-      "weights": [(k,)], "component_weights": [(k, lc)], "means": [(k, lc, d)],
-      "covariances": [(k, lc, d, d), (k, lc, d)]}
+    "weights": [(k,)],
+    "component_weights": [(k, lc)],
+    "means": [(k, lc, d)],
+    "covariances": [(k, lc, d, d), (k, lc, d)],
+  }
   for name, shapes in want.items():
     if getattr(mix, name).shape not in shapes:
-      raise ConfigError(f"{name} of shape {getattr(mix, name).shape} must be "
-                        f"{' or '.join(map(str, shapes))} (K={k}, L={lc}, d={d})")
+      raise ConfigError(
+        f"{name} of shape {getattr(mix, name).shape} must be "
+        f"{' or '.join(map(str, shapes))} (K={k}, L={lc}, d={d})"
+      )
   if not isinstance(mix.bases, jax.core.Tracer):
     gram = np.einsum("kDi,kDj->kij", np.asarray(mix.bases), np.asarray(mix.bases))
     if np.abs(gram - np.eye(d)).max() > 1e-4:
@@ -71,8 +78,10 @@ def check_sigma(sigma, n: int | None = None) -> jax.Array:
 def check_sizes(dim: int, num_experts: int, latent_dim: int, num_components: int = 1):
   """Refuse a latent dimension outside [1, dim] and counts below 1."""
   if not 1 <= latent_dim <= dim or min(num_experts, num_components) < 1:
-    raise ConfigError(f"expected 1 <= latent_dim={latent_dim} <= dim={dim}, subspaces K="
-                      f"{num_experts} >= 1 and num_components={num_components} >= 1")
+    raise ConfigError(
+      f"expected 1 <= latent_dim={latent_dim} <= dim={dim}, subspaces K="
+      f"{num_experts} >= 1 and num_components={num_components} >= 1"
+    )
 
 
 def check_points(x: jax.Array, dim: int) -> None:
@@ -85,23 +94,41 @@ def _sigma_column(sigma, x):
   return jnp.broadcast_to(check_sigma(sigma, x.shape[0]).astype(x.dtype), x.shape[:1])[:, None]
 
 
-def make_mixture(seed: int, dim: int, num_subspaces: int, latent_dim: int,
-                 num_components: int, *, mean_scale: float = 3.0,
-                 latent_std: float = 1.0) -> MoLRMoG:
+def make_mixture(
+  seed: int,
+  dim: int,
+  num_subspaces: int,
+  latent_dim: int,
+  num_components: int,
+  *,
+  mean_scale: float = 3.0,
+  latent_std: float = 1.0,
+) -> MoLRMoG:
   """A random MoLR-MoG: Haar-random bases, latent means N(0, mean_scale^2 I),
   covariances latent_std^2 I, equal weights (GUESS: the paper's instance is not known)."""
   check_sizes(dim, num_subspaces, latent_dim, num_components)
   key_u, key_m = jax.random.split(jax.random.key(seed))
   bases = jnp.linalg.qr(jax.random.normal(key_u, (num_subspaces, dim, latent_dim)))[0]
   means = mean_scale * jax.random.normal(key_m, (num_subspaces, num_components, latent_dim))
-  return MoLRMoG(jnp.full((num_subspaces,), 1 / num_subspaces), bases,
-                 jnp.full((num_subspaces, num_components), 1 / num_components), means,
-                 jnp.full(means.shape, latent_std ** 2))
+  return MoLRMoG(
+    jnp.full((num_subspaces,), 1 / num_subspaces),
+    bases,
+    jnp.full((num_subspaces, num_components), 1 / num_components),
+    means,
+    jnp.full(means.shape, latent_std**2),
+  )
 
 
-def make_rich_mixture(seed: int, dim: int, num_subspaces: int, latent_dim: int,
-                      num_components: int, *, mean_scale: float = 3.0,
-                      spread=(0.3, 2.0)) -> MoLRMoG:
+def make_rich_mixture(
+  seed: int,
+  dim: int,
+  num_subspaces: int,
+  latent_dim: int,
+  num_components: int,
+  *,
+  mean_scale: float = 3.0,
+  spread=(0.3, 2.0),
+) -> MoLRMoG:
   """A MoLR-MoG outside the family of networks with fewer latent components and diagonal
   latent covariances: Haar-random bases, latent means N(0, mean_scale^2 I), full latent
   covariances Q diag(lam) Q^T (Q Haar, lam log-uniform on `spread`), component weights
@@ -115,12 +142,14 @@ def make_rich_mixture(seed: int, dim: int, num_subspaces: int, latent_dim: int,
   shape = (num_subspaces, num_components)
   means = mean_scale * jax.random.normal(key_m, (*shape, latent_dim))
   rotations = jnp.linalg.qr(jax.random.normal(key_q, (*shape, latent_dim, latent_dim)))[0]
-  lam = jnp.exp(jax.random.uniform(key_l, (*shape, latent_dim), minval=math.log(spread[0]),
-                                   maxval=math.log(spread[1])))
+  lam = jnp.exp(
+    jax.random.uniform(
+      key_l, (*shape, latent_dim), minval=math.log(spread[0]), maxval=math.log(spread[1])
+    )
+  )
   covariances = jnp.einsum("klij,klj,klmj->klim", rotations, lam, rotations)
   weights = jax.random.dirichlet(key_w, jnp.ones(num_components), (num_subspaces,))
-  return MoLRMoG(jnp.full((num_subspaces,), 1 / num_subspaces), bases, weights, means,
-                 covariances)
+  return MoLRMoG(jnp.full((num_subspaces,), 1 / num_subspaces), bases, weights, means, covariances)
 
 
 def sample(mix: MoLRMoG, n: int, seed: int) -> jax.Array:
@@ -136,7 +165,8 @@ def _sample(mix, key, n):
   comp = jax.random.categorical(keys[1], jnp.log(mix.component_weights[k]))
   eigenvalues, eigenvectors = _latent_spectrum(mix)
   g = jnp.sqrt(eigenvalues[k, comp]) * jax.random.normal(
-      keys[2], (n, mix.means.shape[-1]), mix.means.dtype)
+    keys[2], (n, mix.means.shape[-1]), mix.means.dtype
+  )
   if eigenvectors is not None:
     g = jnp.einsum("nij,nj->ni", eigenvectors[k, comp], g)
   return jnp.einsum("nDd,nd->nD", mix.bases[k], mix.means[k, comp] + g)
@@ -166,9 +196,13 @@ def _component_terms(x, var, mix):
   diff = y[:, :, None] - mix.means[None]  # in the eigenbasis of S below
   diff = diff if eigenvectors is None else jnp.einsum("klij,nkli->nklj", eigenvectors, diff)
   solved = diff / total
-  log_n = -0.5 * (jnp.sum(diff * solved, -1) + jnp.sum(jnp.log(total), -1)
-                  + jnp.sum(outside ** 2, -1)[..., None] / var
-                  + (dim - latent) * jnp.log(var) + dim * math.log(2 * math.pi))
+  log_n = -0.5 * (
+    jnp.sum(diff * solved, -1)
+    + jnp.sum(jnp.log(total), -1)
+    + jnp.sum(outside**2, -1)[..., None] / var
+    + (dim - latent) * jnp.log(var)
+    + dim * math.log(2 * math.pi)
+  )
   log_joint = jnp.log(mix.weights)[:, None] + jnp.log(mix.component_weights) + log_n
   if eigenvectors is not None:
     solved = jnp.einsum("klij,nklj->nkli", eigenvectors, solved)
@@ -200,12 +234,12 @@ def _score(x, var, mix):
   return -inside - jnp.einsum("nk,nkD->nD", w.sum(-1), outside) / var[:, 0]
 
 
-def score_error(score_fn, mix: MoLRMoG, sigma: float, *, num_samples: int = 4096,
-                seed: int = 0) -> float:
+def score_error(
+  score_fn, mix: MoLRMoG, sigma: float, *, num_samples: int = 4096, seed: int = 0
+) -> float:
   """E |s_theta(x_t) - s_true(x_t)|^2 / E |s_true(x_t)|^2, x_t ~ p_t (Monte Carlo)."""
   check_sigma(sigma)
   x = sample(mix, num_samples, seed)
-  x = x + sigma * jax.random.normal(jax.random.fold_in(jax.random.key(seed), 1), x.shape,
-                                    x.dtype)
+  x = x + sigma * jax.random.normal(jax.random.fold_in(jax.random.key(seed), 1), x.shape, x.dtype)
   true = molr_mog_score(x, sigma, mix)
-  return float(jnp.sum((score_fn(x, sigma) - true) ** 2) / jnp.sum(true ** 2))
+  return float(jnp.sum((score_fn(x, sigma) - true) ** 2) / jnp.sum(true**2))

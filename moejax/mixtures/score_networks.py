@@ -12,6 +12,7 @@ eq. 2), log-uniform sigma, Adam with cosine decay; `init_from_data` (GUESS) star
 MoE networks from subspace seeding and per-expert k-means, as random starts often stall
 with a subspace uncovered.
 """
+
 import math
 
 from flax import nnx
@@ -22,8 +23,14 @@ import optax
 
 from moejax.errors import ConfigError
 from moejax.mixtures import gmm as gmm_lib
-from moejax.mixtures.score_mixture import (MoLRMoG, _sigma_column, check_points, check_sigma,
-                                           check_sizes, molr_mog_score)
+from moejax.mixtures.score_mixture import (
+  MoLRMoG,
+  _sigma_column,
+  check_points,
+  check_sigma,
+  check_sizes,
+  molr_mog_score,
+)
 
 
 def _seed_bases(x: np.ndarray, num_experts: int, latent_dim: int, seed: int) -> np.ndarray:
@@ -32,11 +39,11 @@ def _seed_bases(x: np.ndarray, num_experts: int, latent_dim: int, seed: int) -> 
   right singular vectors of it and the 4 d points of largest |cosine| with it."""
   rng = np.random.default_rng(seed)
   unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-  residual, bases = np.sum(x ** 2, 1), []
+  residual, bases = np.sum(x**2, 1), []
   for _ in range(num_experts):
     weights = residual / residual.sum() if residual.sum() > 0 else None
     seed_point = rng.choice(len(x), p=weights)
-    near = np.argsort(-np.abs(unit @ unit[seed_point]))[:4 * latent_dim + 1]  # with it
+    near = np.argsort(-np.abs(unit @ unit[seed_point]))[: 4 * latent_dim + 1]  # with it
     bases.append(np.linalg.svd(x[near], full_matrices=False)[2][:latent_dim].T)
     residual = np.minimum(residual, np.sum((x - x @ bases[-1] @ bases[-1].T) ** 2, 1))
   return np.stack(bases)
@@ -51,11 +58,16 @@ def _latent_kmeans(y: np.ndarray, comps: int, seed, steps: int = 20, restarts: i
     for _ in range(steps + 1):
       sq = np.sum((y[:, None] - means[None]) ** 2, -1)
       label = np.argmin(sq, 1)
-      means = np.stack([y[label == j].mean(0) if np.any(label == j) else means[j]
-                        for j in range(comps)])
+      means = np.stack(
+        [y[label == j].mean(0) if np.any(label == j) else means[j] for j in range(comps)]
+      )
     if best is None or sq.min(1).sum() < best[0]:
-      variances = np.stack([y[label == j].var(0) if np.sum(label == j) > 1
-                            else np.ones(y.shape[1]) for j in range(comps)])
+      variances = np.stack(
+        [
+          y[label == j].var(0) if np.sum(label == j) > 1 else np.ones(y.shape[1])
+          for j in range(comps)
+        ]
+      )
       best = sq.min(1).sum(), means, variances, np.bincount(label, minlength=comps) / len(y)
   if best is None:
     raise ValueError(f"restarts={restarts} must be >= 1")
@@ -90,8 +102,9 @@ def init_from_data(model, data: jax.Array, *, seed: int = 0) -> None:
   model.log_variances[...] = as_param(squeeze(np.log(np.maximum(variances, 1e-2))))
   if model.means.ndim == 3:
     model.component_logits[...] = as_param(np.log(np.maximum(weights, 1e-6)))
-  model.logits[...] = as_param(np.log(np.maximum(np.bincount(owner, minlength=num_experts),
-                                                 1) / len(x)))
+  model.logits[...] = as_param(
+    np.log(np.maximum(np.bincount(owner, minlength=num_experts), 1) / len(x))
+  )
 
 
 def _random_bases(rngs: nnx.Rngs, shape) -> nnx.Param:
@@ -110,8 +123,9 @@ class MoELatentMoG(nnx.Module):
   """K experts, each a subspace U_k and a latent L-component MoG with diagonal
   covariances; s(x, sigma) = molr_mog_score of those parameters."""
 
-  def __init__(self, dim: int, num_experts: int, latent_dim: int, num_components: int,
-               *, rngs: nnx.Rngs):
+  def __init__(
+    self, dim: int, num_experts: int, latent_dim: int, num_components: int, *, rngs: nnx.Rngs
+  ):
     check_sizes(dim, num_experts, latent_dim, num_components)
     shape = (num_experts, num_components, latent_dim)
     self.bases_raw = _random_bases(rngs, (num_experts, dim, latent_dim))
@@ -121,9 +135,13 @@ class MoELatentMoG(nnx.Module):
     self.logits = nnx.Param(jnp.zeros((num_experts,)))
 
   def mixture(self) -> MoLRMoG:
-    return MoLRMoG(jax.nn.softmax(self.logits[...]), orthonormal(self.bases_raw[...]),
-                   jax.nn.softmax(self.component_logits[...], -1), self.means[...],
-                   jnp.exp(self.log_variances[...]))
+    return MoLRMoG(
+      jax.nn.softmax(self.logits[...]),
+      orthonormal(self.bases_raw[...]),
+      jax.nn.softmax(self.component_logits[...], -1),
+      self.means[...],
+      jnp.exp(self.log_variances[...]),
+    )
 
   def __call__(self, x: jax.Array, sigma) -> jax.Array:
     return molr_mog_score(x, sigma, self.mixture())
@@ -148,10 +166,12 @@ class MoELatentGaussian(nnx.Module):
     total = latent_var[None] + var[..., None]  # [n, K, d] the diagonal of C_k
     y = jnp.einsum("nD,kDd->nkd", x, bases)
     diff = y - self.means[...][None]
-    off = jnp.sum(x ** 2, -1, keepdims=True) - jnp.sum(y ** 2, -1)  # |x - U_k y|^2
+    off = jnp.sum(x**2, -1, keepdims=True) - jnp.sum(y**2, -1)  # |x - U_k y|^2
     log_gate = jax.nn.log_softmax(self.logits[...]) - 0.5 * (
-        jnp.sum(diff ** 2 / total + jnp.log(total), -1) + off / var
-        + (x.shape[1] - bases.shape[2]) * jnp.log(var))
+      jnp.sum(diff**2 / total + jnp.log(total), -1)
+      + off / var
+      + (x.shape[1] - bases.shape[2]) * jnp.log(var)
+    )
     gate = jax.nn.softmax(log_gate, -1)
     latent_mean = self.means[...][None] + latent_var[None] * diff / total  # E[z | x_t, k]
     denoised = jnp.einsum("nk,kDd,nkd->nD", gate, bases, latent_mean)
@@ -172,10 +192,10 @@ class ScoreMLP(nnx.Module):
   def __call__(self, x: jax.Array, sigma) -> jax.Array:
     check_points(x, self.out.out_features)
     s = _sigma_column(sigma, x)
-    total = s ** 2 + self.data_std ** 2
+    total = s**2 + self.data_std**2
     h = jax.nn.gelu(self.hidden(jnp.concatenate([x / jnp.sqrt(total), jnp.log(s) / 4], -1)))
-    denoised = (self.data_std ** 2 * x + s * self.data_std * self.out(h)) / total
-    return (denoised - x) / s ** 2
+    denoised = (self.data_std**2 * x + s * self.data_std * self.out(h)) / total
+    return (denoised - x) / s**2
 
 
 def mlp_width(num_params: int, dim: int) -> int:
@@ -195,14 +215,24 @@ def dsm_loss(score_fn, x: jax.Array, sigma: jax.Array, noise: jax.Array) -> jax.
   return jnp.mean(jnp.sum((s * score_fn(x + s * noise, sigma) + noise) ** 2, -1))
 
 
-def train_dsm(model: nnx.Module, data: jax.Array, *, steps: int, batch_size: int = 256,
-              learning_rate: float = 1e-2, sigma_range=(0.05, 20.0), seed: int = 0):
+def train_dsm(
+  model: nnx.Module,
+  data: jax.Array,
+  *,
+  steps: int,
+  batch_size: int = 256,
+  learning_rate: float = 1e-2,
+  sigma_range=(0.05, 20.0),
+  seed: int = 0,
+):
   """Train `model` in place by DSM on `data` [n, D] with Adam (cosine decay to 0), sigma
   log-uniform on sigma_range, fresh noise each step (one jitted scan); returns the
   losses [steps]."""
   if steps < 1 or batch_size < 1 or learning_rate <= 0:
-    raise ConfigError(f"expected steps={steps} >= 1, batch_size={batch_size} >= 1, "
-                      f"learning_rate={learning_rate} > 0")
+    raise ConfigError(
+      f"expected steps={steps} >= 1, batch_size={batch_size} >= 1, "
+      f"learning_rate={learning_rate} > 0"
+    )
   low, high = sigma_range
   if not 0 < low <= high:
     raise ConfigError(f"noise range sigma_range={tuple(sigma_range)} must have 0 < low <= high")
@@ -210,10 +240,16 @@ def train_dsm(model: nnx.Module, data: jax.Array, *, steps: int, batch_size: int
     raise ConfigError(f"training data of shape {data.shape} must be [n >= 1, D]")
   split = nnx.split(model, nnx.Param, ...)
   graphdef, params, rest = split  # type: ignore[misc]  # nnx.split stub: any arity
-  params, losses = _train_scan(graphdef, params, rest, jnp.asarray(data),
-                               jax.random.split(jax.random.key(seed), steps),
-                               jnp.log(jnp.asarray([low, high], data.dtype)),
-                               jnp.asarray(learning_rate, data.dtype), batch_size)
+  params, losses = _train_scan(
+    graphdef,
+    params,
+    rest,
+    jnp.asarray(data),
+    jax.random.split(jax.random.key(seed), steps),
+    jnp.log(jnp.asarray([low, high], data.dtype)),
+    jnp.asarray(learning_rate, data.dtype),
+    batch_size,
+  )
   nnx.update(model, params)
   return losses
 

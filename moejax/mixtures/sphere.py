@@ -21,6 +21,7 @@ when needed: scipy is no declared dependency); mu_k = r_k / |r_k|, kappa_k ~ (rb
 rbar^3) / (1 - rbar^2) (their sec. 4), optionally Newton-refined (Sra 2012), kept only
 where it raises Q_k. Both EMs run in x's dtype.
 """
+
 import functools
 from typing import NamedTuple
 
@@ -32,9 +33,9 @@ from moejax.errors import ConfigError
 from moejax.mixtures import gmm
 
 ON_SPHERE_TOL = 1e-5  # | ||x|| - 1 | above this is refused
-MIN_VARIANCE = 1e-8   # a floor on sigma_k^2
-MAX_KAPPA = 1e6       # a cap on kappa_k (all points of a component identical)
-FRECHET_STEPS = 50    # Karcher iterations per M step, warm-started at the old mean
+MIN_VARIANCE = 1e-8  # a floor on sigma_k^2
+MAX_KAPPA = 1e6  # a cap on kappa_k (all points of a component identical)
+FRECHET_STEPS = 50  # Karcher iterations per M step, warm-started at the old mean
 
 
 def exp_map(mu: jax.Array, v: jax.Array) -> jax.Array:
@@ -62,6 +63,7 @@ def geodesic_distance(x: jax.Array, y: jax.Array) -> jax.Array:
 def _karcher(x, weights, init, steps):
   """Riemannian gradient descent, unit step, on (1/2) sum_n w_n d(m, x_n)^2 (sum w = 1):
   m <- Exp_m(sum_n w_n Log_m x_n) (Karcher 1977; Afsari 2011)."""
+
   def body(state):
     m, i, _ = state
     g = weights @ log_map(m, x)
@@ -79,16 +81,24 @@ def frechet_mean(x, weights=None, *, init=None, steps: int = 200) -> jax.Array:
   stationary point; the unique minimum for points in a ball of radius < pi/2 (Afsari 2011)."""
   x = checked_points(x)
   w = jnp.ones(x.shape[0], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)
-  if (w.shape[-1:] != x.shape[:1] or w.ndim > 2 or bool(jnp.any(w < 0))
-      or bool(jnp.any(jnp.sum(w, -1) <= 0))):
-    raise ConfigError(f"weights must be [n={x.shape[0]}] or [K, n], non-negative with a "
-                      f"positive sum (weights.shape={tuple(w.shape)})")
+  if (
+    w.shape[-1:] != x.shape[:1]
+    or w.ndim > 2
+    or bool(jnp.any(w < 0))
+    or bool(jnp.any(jnp.sum(w, -1) <= 0))
+  ):
+    raise ConfigError(
+      f"weights must be [n={x.shape[0]}] or [K, n], non-negative with a "
+      f"positive sum (weights.shape={tuple(w.shape)})"
+    )
   w = w / jnp.sum(w, -1, keepdims=True)
   if init is None:
     norm = jnp.linalg.norm(w @ x, axis=-1, keepdims=True)
     if bool(jnp.any(norm < 1e-6)):
-      raise ConfigError(f"the weighted Euclidean mean is ~0, so there is no default start; "
-                        f"give init (|mean|={float(jnp.min(norm)):.3g})")
+      raise ConfigError(
+        f"the weighted Euclidean mean is ~0, so there is no default start; "
+        f"give init (|mean|={float(jnp.min(norm)):.3g})"
+      )
     init = (w @ x) / norm
   elif jnp.shape(init) not in ((x.shape[1],), w.shape[:-1] + x.shape[1:]):
     raise ConfigError(f"init must be [d={x.shape[1]}] or [K, d] (init.shape={jnp.shape(init)})")
@@ -104,8 +114,10 @@ def frechet_mean(x, weights=None, *, init=None, steps: int = 200) -> jax.Array:
 
 # ---- MGFA ---------------------------------------------------------------------------
 
+
 class MGFA(NamedTuple):
   """Weights pi [K], mean directions mu [K, d], factors W [K, d, q], noise sigma^2 [K]."""
+
   weights: jax.Array
   means: jax.Array
   factors: jax.Array
@@ -163,7 +175,8 @@ def mgfa_m_step(x: jax.Array, resp: jax.Array, old: MGFA) -> MGFA:
   """The generalised M step (module docstring): Q(new | old) >= Q(old | old). A component
   with no responsibility keeps its parameters."""
   means, factors, noise = jax.vmap(_mgfa_component_m_step, (None, 1, 0, 0, 0))(
-      x, resp, old.means, old.factors, old.noise)
+    x, resp, old.means, old.factors, old.noise
+  )
   return MGFA(jnp.sum(resp, 0) / x.shape[0], means, factors, noise)
 
 
@@ -173,12 +186,18 @@ def init_mgfa(x, k: int, q: int, *, seed=0) -> MGFA:
   x = checked_points(x)
   d = x.shape[1]
   if not 0 <= q <= d - 2:
-    raise ConfigError(f"number of factors q={q} must be in [0, d-2={d - 2}] (d-1={d - 1} "
-                      "tangent dimensions, one at least for the noise)")
+    raise ConfigError(
+      f"number of factors q={q} must be in [0, d-2={d - 2}] (d-1={d - 1} "
+      "tangent dimensions, one at least for the noise)"
+    )
   seeds = jnp.asarray(gmm.kmeans_plus_plus(x, k, seed), x.dtype)
   sq = jnp.mean(jnp.min(geodesic_distance(x[:, None], seeds[None]), 1) ** 2)
-  return MGFA(jnp.full(k, 1.0 / k, x.dtype), seeds, jnp.zeros((k, d, q), x.dtype),
-              jnp.full(k, jnp.maximum(sq / (d - 1), MIN_VARIANCE), x.dtype))
+  return MGFA(
+    jnp.full(k, 1.0 / k, x.dtype),
+    seeds,
+    jnp.zeros((k, d, q), x.dtype),
+    jnp.full(k, jnp.maximum(sq / (d - 1), MIN_VARIANCE), x.dtype),
+  )
 
 
 @jax.jit
@@ -187,8 +206,9 @@ def _mgfa_em_step(x, model):
   return mgfa_m_step(x, resp, model), loglik
 
 
-def fit_mgfa(x, k: int, q: int, *, seed=0, max_steps: int = 200, tol: float = 1e-6,
-             init: MGFA | None = None) -> tuple[MGFA, np.ndarray]:
+def fit_mgfa(
+  x, k: int, q: int, *, seed=0, max_steps: int = 200, tol: float = 1e-6, init: MGFA | None = None
+) -> tuple[MGFA, np.ndarray]:
   """EM from `init` (default init_mgfa) until the mean log-likelihood per point rises by
   less than `tol` (0: max_steps steps). Returns the model and the log-likelihood before
   each step and after the last (never decreasing, up to rounding)."""
@@ -200,8 +220,10 @@ def fit_mgfa(x, k: int, q: int, *, seed=0, max_steps: int = 200, tol: float = 1e
 
 # ---- vMF mixture --------------------------------------------------------------------
 
+
 class VMF(NamedTuple):
   """Weights [K], mean directions [K, d], concentrations kappa [K], log C_d(kappa) [K]."""
+
   weights: jax.Array
   means: jax.Array
   kappas: jax.Array
@@ -212,6 +234,7 @@ def log_vmf_normaliser(kappa, d: int) -> np.ndarray:
   """log C_d(kappa) in float64 via log I_nu(kappa) = log ive(nu, kappa) + kappa; at
   kappa = 0, the uniform density's log Gamma(d/2) - log 2 - (d/2) log pi."""
   from scipy import special  # pylint: disable=g-import-not-at-top
+
   kappa = np.asarray(kappa, np.float64)
   nu, safe = d / 2 - 1, np.maximum(kappa, 1e-300)
   with np.errstate(divide="ignore"):  # ive underflows to 0 at tiny kappa: not used there
@@ -223,14 +246,19 @@ def log_vmf_normaliser(kappa, d: int) -> np.ndarray:
 def vmf_mixture(weights, means, kappas) -> VMF:
   """A VMF (in the dtype of `means`) with its log-normalisers."""
   means = jnp.asarray(means)
-  return VMF(jnp.asarray(weights, means.dtype), means, jnp.asarray(kappas, means.dtype),
-             jnp.asarray(log_vmf_normaliser(kappas, means.shape[-1]), means.dtype))
+  return VMF(
+    jnp.asarray(weights, means.dtype),
+    means,
+    jnp.asarray(kappas, means.dtype),
+    jnp.asarray(log_vmf_normaliser(kappas, means.shape[-1]), means.dtype),
+  )
 
 
 def banerjee_kappa(rbar, d: int, newton_steps: int = 0) -> np.ndarray:
   """kappa ~ (rbar d - rbar^3) / (1 - rbar^2) (Banerjee et al. sec. 4), then Newton steps
   on A_d(kappa) = I_{d/2} / I_{d/2-1} = rbar (Sra 2012); in [0, MAX_KAPPA]."""
   from scipy import special  # pylint: disable=g-import-not-at-top
+
   r = np.clip(np.asarray(rbar, np.float64), 0.0, 1 - 1e-12)
   kappa = np.minimum(r * (d - r * r) / (1 - r * r), MAX_KAPPA)
   for _ in range(newton_steps):
@@ -266,8 +294,16 @@ def init_vmf(x, k: int, *, seed=0) -> VMF:
   return vmf_mixture(np.full(k, 1.0 / k), seeds, np.full(k, kappa))
 
 
-def fit_vmf(x, k: int, *, seed=0, max_steps: int = 200, tol: float = 1e-6,
-            newton_steps: int = 0, init: VMF | None = None) -> tuple[VMF, np.ndarray]:
+def fit_vmf(
+  x,
+  k: int,
+  *,
+  seed=0,
+  max_steps: int = 200,
+  tol: float = 1e-6,
+  newton_steps: int = 0,
+  init: VMF | None = None,
+) -> tuple[VMF, np.ndarray]:
   """EM for the vMF mixture; stopping rule and history as fit_mgfa."""
   x = checked_points(x)
   gmm.check_num_components(k, x.shape[0])
@@ -275,10 +311,12 @@ def fit_vmf(x, k: int, *, seed=0, max_steps: int = 200, tol: float = 1e-6,
   def step(x, model):
     resp, loglik = e_step(x, model)
     return vmf_m_step(x, resp, model, newton_steps), loglik
+
   return _em(x, init if init is not None else init_vmf(x, k, seed=seed), step, max_steps, tol)
 
 
 # ---- shared: E step, likelihood, prediction, ARI, checks ------------------------------
+
 
 @jax.jit
 def log_joint(x: jax.Array, model: MGFA | VMF) -> jax.Array:
@@ -286,7 +324,8 @@ def log_joint(x: jax.Array, model: MGFA | VMF) -> jax.Array:
   if isinstance(model, VMF):
     return jnp.log(model.weights) + model.log_normalisers + model.kappas * (x @ model.means.T)
   return jnp.log(model.weights) + jax.vmap(component_log_density, (None, 0, 0, 0), 1)(
-      x, model.means, model.factors, model.noise)
+    x, model.means, model.factors, model.noise
+  )
 
 
 def e_step(x, model) -> tuple[jax.Array, jax.Array]:
@@ -324,11 +363,17 @@ def checked_points(x) -> jax.Array:
   arr = np.asarray(x)
   if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] < 2:
     raise ConfigError(f"points must be a non-empty [n, d >= 2] array (x.shape={arr.shape})")
-  bad = np.flatnonzero(~(np.abs(np.linalg.norm(arr.astype(np.float64), axis=1) - 1)
-                         <= ON_SPHERE_TOL))  # NaN counts as off
+  bad = np.flatnonzero(
+    ~(np.abs(np.linalg.norm(arr.astype(np.float64), axis=1) - 1) <= ON_SPHERE_TOL)
+  )  # NaN counts as off
   if bad.size:
     i = int(bad[0])
-    raise ConfigError(f"points must lie on the unit sphere, | ||x|| - 1 | <= {ON_SPHERE_TOL:g} "
-                      f"(first bad row {i}: ||x[{i}]||={np.linalg.norm(arr[i]):.6g})")
-  return jnp.asarray(x) if np.issubdtype(arr.dtype, np.floating) else jnp.asarray(
-      arr, jnp.result_type(float))
+    raise ConfigError(
+      f"points must lie on the unit sphere, | ||x|| - 1 | <= {ON_SPHERE_TOL:g} "
+      f"(first bad row {i}: ||x[{i}]||={np.linalg.norm(arr[i]):.6g})"
+    )
+  return (
+    jnp.asarray(x)
+    if np.issubdtype(arr.dtype, np.floating)
+    else jnp.asarray(arr, jnp.result_type(float))
+  )

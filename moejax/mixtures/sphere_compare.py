@@ -7,6 +7,7 @@ and the vMF mixture's are, so held-out log-likelihoods compare. `fit_best` keeps
 fit of largest training log-likelihood over restarts (k-means++ seeds), the same seeds
 for every method.
 """
+
 import numpy as np
 
 from moejax.errors import ConfigError, choice_error
@@ -15,8 +16,7 @@ from moejax.mixtures import gmm, sphere
 METHODS = ("mgfa", "vmf", "gmm_diag")
 
 
-def fit_best(method: str, x, k: int, seeds, *, factors: int = 1, max_steps: int = 200,
-             init=None):
+def fit_best(method: str, x, k: int, seeds, *, factors: int = 1, max_steps: int = 200, init=None):
   """(EM steps, model) of the fit of largest training log-likelihood over `seeds`.
 
   method: 'mgfa' (sphere.fit_mgfa with `factors` = q), 'vmf' (sphere.fit_vmf) or
@@ -36,11 +36,11 @@ def fit_best(method: str, x, k: int, seeds, *, factors: int = 1, max_steps: int 
     if method == "gmm_diag":
       model, history = gmm.fit(x, k, seed=seed, diagonal=True, max_steps=max_steps)
     elif method == "vmf":
-      model, history = sphere.fit_vmf(x, k, max_steps=max_steps,
-                                      **(start or {"init": init}))
+      model, history = sphere.fit_vmf(x, k, max_steps=max_steps, **(start or {"init": init}))
     else:
-      model, history = sphere.fit_mgfa(x, k, factors, max_steps=max_steps,
-                                       **(start or {"init": init}))
+      model, history = sphere.fit_mgfa(
+        x, k, factors, max_steps=max_steps, **(start or {"init": init})
+      )
     fits.append((history[-1], len(history) - 1, model))
   best = max(range(len(fits)), key=lambda i: fits[i][0])
   return fits[best][1], fits[best][2]
@@ -50,10 +50,13 @@ def mean_direction_error(true_means, fitted_means) -> float:
   """The mean geodesic distance (rad) between true and fitted mean directions [K, d]
   under the matching of components that minimises it (all K! matchings), in float64."""
   import itertools
+
   true_means, fitted_means = (np.asarray(m, np.float64) for m in (true_means, fitted_means))
   if true_means.shape != fitted_means.shape or true_means.ndim != 2:
-    raise ConfigError(f"need true and fitted means of one shape [K, d] (shapes "
-                      f"{true_means.shape}, {fitted_means.shape})")
+    raise ConfigError(
+      f"need true and fitted means of one shape [K, d] (shapes "
+      f"{true_means.shape}, {fitted_means.shape})"
+    )
 
   def unit(m):
     return m / np.linalg.norm(m, axis=1, keepdims=True)
@@ -63,8 +66,7 @@ def mean_direction_error(true_means, fitted_means) -> float:
   sin = np.linalg.norm(t[:, None] - cos[..., None] * f[None], axis=-1)
   dist = np.arctan2(sin, cos)  # [K true, K fitted]: exact at small angles, unlike arccos
   k = len(dist)
-  return float(min(np.mean(dist[np.arange(k), list(p)])
-                   for p in itertools.permutations(range(k))))
+  return float(min(np.mean(dist[np.arange(k), list(p)]) for p in itertools.permutations(range(k))))
 
 
 def held_out_log_likelihood(method: str, model, x, rng: np.random.Generator) -> float:
@@ -75,8 +77,9 @@ def held_out_log_likelihood(method: str, model, x, rng: np.random.Generator) -> 
   return sphere.log_likelihood(x, model) / len(x)
 
 
-def gaussian_log_normalisers(means, variances, rng: np.random.Generator,
-                             samples: int = 4000) -> np.ndarray:
+def gaussian_log_normalisers(
+  means, variances, rng: np.random.Generator, samples: int = 4000
+) -> np.ndarray:
   """[K] log Z_k, Z_k = the integral over S^{d-1} of N(x; m_k, diag(s_k^2)) dS (the mass
   a Euclidean Gaussian puts on the sphere, w.r.t. the surface measure), by importance
   sampling from the projected normal (x = y / |y|, y ~ N(m_k, diag s_k^2)), whose density
@@ -85,8 +88,9 @@ def gaussian_log_normalisers(means, variances, rng: np.random.Generator,
     a = sum x^2 / s^2, b = sum x m / s^2.
   variances: [K] (isotropic) or [K, d]."""
   means = np.asarray(means, np.float64)
-  variances = np.broadcast_to(np.asarray(variances, np.float64).reshape(len(means), -1),
-                              means.shape)
+  variances = np.broadcast_to(
+    np.asarray(variances, np.float64).reshape(len(means), -1), means.shape
+  )
   d, out, u = means.shape[1], [], np.linspace(0.0, 1.0, 801)
   trapezoid = np.log(np.r_[0.5, np.ones(len(u) - 2), 0.5])
   for m, s2 in zip(means, variances):
@@ -94,7 +98,7 @@ def gaussian_log_normalisers(means, variances, rng: np.random.Generator,
     x = y / np.linalg.norm(y, axis=1, keepdims=True)
     a, b = np.sum(x * x / s2, 1), np.sum(x * m / s2, 1)
     mode = (b + np.sqrt(b * b + 4 * a * (d - 1))) / (2 * a)
-    width = 1 / np.sqrt(a + (d - 1) / mode ** 2)
+    width = 1 / np.sqrt(a + (d - 1) / mode**2)
     lo, hi = np.maximum(mode - 14 * width, 0.0), mode + 14 * width
     r = lo[:, None] + (hi - lo)[:, None] * u[None]
     with np.errstate(divide="ignore"):

@@ -14,6 +14,7 @@ sphere_heavy_blobs  K isotropic heavy-tailed clusters on S^{d-1} (Student-t tang
 
 Each takes the Generator it draws from, so a caller seeds one data set per draw.
 """
+
 import numpy as np
 
 from moejax.errors import ConfigError
@@ -26,8 +27,9 @@ def two_clusters(rng: np.random.Generator, n: int, d: int, separation: float):
   the means +-separation/2 along a uniformly random unit vector; init: uniform labels,
   redrawn until both clusters are non-empty."""
   if n < 2 or d < 1 or separation < 0:
-    raise ConfigError(f"two_clusters needs n >= 2, d >= 1, separation >= 0 (n={n}, d={d}, "
-                      f"separation={separation})")
+    raise ConfigError(
+      f"two_clusters needs n >= 2, d >= 1, separation >= 0 (n={n}, d={d}, separation={separation})"
+    )
   truth = (np.arange(n) >= n // 2).astype(np.int32)
   u = rng.standard_normal(d)
   means = (truth[:, None] - 0.5) * separation * u / np.linalg.norm(u)
@@ -42,15 +44,27 @@ def check_federation(clusters: int, clients: int, held: tuple[int, int]) -> None
   """ConfigError unless 1 <= held[0] <= held[1] <= clusters and the clients can hold
   every cluster (clients * held[1] >= clusters)."""
   if not 1 <= held[0] <= held[1] <= clusters:
-    raise ConfigError(f"need 1 <= min_held <= max_held <= clusters (min_held={held[0]}, "
-                      f"max_held={held[1]}, clusters={clusters})")
+    raise ConfigError(
+      f"need 1 <= min_held <= max_held <= clusters (min_held={held[0]}, "
+      f"max_held={held[1]}, clusters={clusters})"
+    )
   if clients * held[1] < clusters:
-    raise ConfigError(f"clients cannot hold every cluster: clients * max_held < clusters "
-                      f"(clients={clients}, max_held={held[1]}, clusters={clusters})")
+    raise ConfigError(
+      f"clients cannot hold every cluster: clients * max_held < clusters "
+      f"(clients={clients}, max_held={held[1]}, clusters={clusters})"
+    )
 
 
-def federated_clusters(rng: np.random.Generator, separation: float, *, clusters: int,
-                       clients: int, held: tuple[int, int], dim: int, points: int):
+def federated_clusters(
+  rng: np.random.Generator,
+  separation: float,
+  *,
+  clusters: int,
+  clients: int,
+  held: tuple[int, int],
+  dim: int,
+  points: int,
+):
   """(client data [n_g, dim] float32, true labels [n_g], local K_g) for one instance.
 
   Means ~ N(0, I_dim), rescaled so that the closest two are `separation` apart; client
@@ -62,8 +76,10 @@ def federated_clusters(rng: np.random.Generator, separation: float, *, clusters:
     gaps = np.linalg.norm(means[:, None] - means[None], axis=-1)
     means *= separation / gaps[~np.eye(clusters, dtype=bool)].min()
   while True:
-    sets = [rng.choice(clusters, rng.integers(held[0], held[1] + 1), replace=False)
-            for _ in range(clients)]
+    sets = [
+      rng.choice(clusters, rng.integers(held[0], held[1] + 1), replace=False)
+      for _ in range(clients)
+    ]
     if len(set(np.concatenate(sets).tolist())) == clusters:
       break
   labels = [np.repeat(np.sort(s), points) for s in sets]
@@ -83,12 +99,22 @@ def _sphere_frame(rng: np.random.Generator, d: int, k: int, spacing: float, name
 
 def _on_sphere(mu, v):
   from moejax.mixtures import sphere
+
   x = np.asarray(sphere.exp_map(mu, v), np.float64)
   return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def sphere_bands(rng: np.random.Generator, d: int, k: int, n: int, *, spacing: float,
-                 major: float, minor: float, with_axis: bool = False):
+def sphere_bands(
+  rng: np.random.Generator,
+  d: int,
+  k: int,
+  n: int,
+  *,
+  spacing: float,
+  major: float,
+  minor: float,
+  with_axis: bool = False,
+):
   """(x [k n, d] float32 unit vectors, labels [k n], means [k, d]), and the bands'
   common tangent axis e3 [d] when `with_axis`.
 
@@ -105,8 +131,9 @@ def sphere_bands(rng: np.random.Generator, d: int, k: int, n: int, *, spacing: f
   return (*out, e3) if with_axis else out
 
 
-def sphere_heavy_blobs(rng: np.random.Generator, d: int, k: int, n: int, *, spacing: float,
-                       scale: float, df: float):
+def sphere_heavy_blobs(
+  rng: np.random.Generator, d: int, k: int, n: int, *, spacing: float, scale: float, df: float
+):
   """(x [k n, d] float32 unit vectors, labels [k n], means [k, d]): k isotropic clusters
   outside MGFA's family. Means as in sphere_bands; cluster j is Exp_mu_j(v) with v a
   multivariate Student-t in the tangent space at mu_j: scale * g / sqrt(chi2_df / df),

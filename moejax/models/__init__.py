@@ -8,6 +8,7 @@
 `build_model(model_name, model_cfg, rngs)` is what the trainer calls, so a
 new model slots in with one registration.
 """
+
 from collections.abc import Callable
 
 from flax import nnx

@@ -39,6 +39,7 @@ parameters stay float32); activations run in `model.dtype`; logits are
 float32. Under a mesh Layout the residual stream and the logits are pinned
 to their logical axes (batch split; see moejax/sharding.py).
 """
+
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -49,8 +50,12 @@ import numpy as np
 from flax import nnx
 
 from moejax import sharding
-from moejax.models.structure import (expert_counts, layer_moe_config, layer_windows,
-                                     moe_layer_indices)
+from moejax.models.structure import (
+  expert_counts,
+  layer_moe_config,
+  layer_windows,
+  moe_layer_indices,
+)
 from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import Linear, RMSNorm, SwiGLU
 from moejax.layers.lookup import build_lookup_layer
@@ -59,16 +64,17 @@ from moejax.layers.moe import ROUTING_NAMES, MoELayer
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 RESIDUAL_AXES = ("batch", "length", "act_embed")
 REMAT_POLICIES = {
-    "none": None,  # keep every activation
-    "full": jax.checkpoint_policies.nothing_saveable,  # keep only block inputs
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
-    "save_moe_routing": jax.checkpoint_policies.save_only_these_names(*ROUTING_NAMES),
+  "none": None,  # keep every activation
+  "full": jax.checkpoint_policies.nothing_saveable,  # keep only block inputs
+  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+  "save_moe_routing": jax.checkpoint_policies.save_only_these_names(*ROUTING_NAMES),
 }
 
 
 class DecodeCache(Protocol):
   """The KV cache a decoding call reads and returns (moejax/inference/kv_cache.KVCache,
   which this layer cannot import)."""
+
   layers: tuple
   key_valid: jax.Array  # bool [B, S]
   next_position: jax.Array  # int32 [B]
@@ -92,7 +98,6 @@ def scan_layer_differences(m) -> str:
 
 
 class DecoderBlock(nnx.Module):
-
   def __init__(self, m, layer: int, *, rngs: nnx.Rngs, dtype):
     self.attn_norm = RMSNorm(m.d_model, m.norm_eps)
     attention = LatentAttention if m.attention.kind == "mla" else GroupedQueryAttention
@@ -108,16 +113,18 @@ class DecoderBlock(nnx.Module):
     else:
       self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
 
-  def __call__(self, x, positions, allowed, token_mask, layer_cache, start, *, train, rng,
-               step_stats=None):
+  def __call__(
+    self, x, positions, allowed, token_mask, layer_cache, start, *, train, rng, step_stats=None
+  ):
     if self.window:
       allowed = allowed & windowed(allowed.shape, start, self.window)
     h, layer_cache = self.attn(self.attn_norm(x), positions, allowed, layer_cache, start)
     x = x + h
     if not self.is_moe:
       return x + self.ffn(self.ffn_norm(x)), None, layer_cache
-    h, aux = self.ffn(self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng,
-                      step_stats=step_stats)
+    h, aux = self.ffn(
+      self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng, step_stats=step_stats
+    )
     return x + h, aux, layer_cache
 
 
@@ -126,16 +133,26 @@ def rematerialised(block, policy):
   the policy does not save. Router state the call updates is written back."""
   graphdef, params, rest = nnx.split(block, nnx.Param, ...)
 
-  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng,
-           step_stats=None):
+  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng, step_stats=None):
     def apply(params, rest, x, step_stats):
       inner = nnx.merge(graphdef, params, rest)
-      out = inner(x, positions, allowed, token_mask, layer_cache, start, train=train, rng=rng,
-                  step_stats=step_stats)
+      out = inner(
+        x,
+        positions,
+        allowed,
+        token_mask,
+        layer_cache,
+        start,
+        train=train,
+        rng=rng,
+        step_stats=step_stats,
+      )
       return out, nnx.split(inner, nnx.Param, ...)[2]
+
     out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x, step_stats)
     nnx.update(block, new_rest)
     return out
+
   return call
 
 
@@ -158,8 +175,7 @@ class ScannedBlocks(nnx.Module):
           variable.set_metadata(logical_axes=(None, *axes))
     self.num_layers = m.num_layers
 
-  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy,
-               step_stats=None):
+  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy, step_stats=None):
     """step_stats: one per layer (Decoder), scanned over as [L, ...]."""
     graphdef, params, rest = nnx.split(self.block, nnx.Param, ...)
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *step_stats) if step_stats else None
@@ -167,14 +183,22 @@ class ScannedBlocks(nnx.Module):
     def body(x, layer):
       params_i, rest_i, index, stats_i = layer
       block = nnx.merge(graphdef, params_i, rest_i)
-      x, aux, _ = block(x, positions, allowed, token_mask, None, 0, train=train,
-                        rng=jax.random.fold_in(rng, index), step_stats=stats_i)
+      x, aux, _ = block(
+        x,
+        positions,
+        allowed,
+        token_mask,
+        None,
+        0,
+        train=train,
+        rng=jax.random.fold_in(rng, index),
+        step_stats=stats_i,
+      )
       return sharding.constrain(x, RESIDUAL_AXES), (aux, nnx.split(block, nnx.Param, ...)[2])
 
     if policy is not None:
       body = jax.checkpoint(body, policy=policy)
-    x, (aux, rest) = jax.lax.scan(body, x,
-                                  (params, rest, jnp.arange(self.num_layers), stacked))
+    x, (aux, rest) = jax.lax.scan(body, x, (params, rest, jnp.arange(self.num_layers), stacked))
     nnx.update(self.block, rest)
     if aux is None:
       return x, []
@@ -191,8 +215,11 @@ def unstack_layers(m, params: dict, rest: dict):
     if "blocks" not in tree:
       return tree
     block = tree["blocks"]["block"]
-    return {**tree, "blocks": {i: jax.tree.map(lambda a, i=i: a[i], block)
-                               for i in range(m.num_layers)}}
+    return {
+      **tree,
+      "blocks": {i: jax.tree.map(lambda a, i=i: a[i], block) for i in range(m.num_layers)},
+    }
+
   m = ml_collections.ConfigDict(m.to_dict())
   m.scan_layers = False
   return m, unstack(params), unstack(rest)
@@ -206,30 +233,36 @@ def windowed(shape, start, window: int):
 
 
 class Decoder(nnx.Module):
-
   def __init__(self, m, *, rngs: nnx.Rngs, l3_weights=None):
     """l3_weights: [V] allocation weights of the L3 layers when model.l3.corpus is
     'train_split' (moejax.layers.lookup.allocation_weights); else None."""
     self.cfg = m
     self.dtype = DTYPES[m.dtype]
-    self.embed = nnx.Param(jax.random.normal(rngs.params(), (m.vocab_size, m.d_model),
-                                             jnp.float32), logical_axes=("vocab", "embed"))
+    self.embed = nnx.Param(
+      jax.random.normal(rngs.params(), (m.vocab_size, m.d_model), jnp.float32),
+      logical_axes=("vocab", "embed"),
+    )
     self.blocks: ScannedBlocks | nnx.List[DecoderBlock]
     if m.scan_layers:
       self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
     else:
-      self.blocks = nnx.List([DecoderBlock(m, i, rngs=rngs, dtype=self.dtype)
-                              for i in range(m.num_layers)])
+      self.blocks = nnx.List(
+        [DecoderBlock(m, i, rngs=rngs, dtype=self.dtype) for i in range(m.num_layers)]
+      )
     # L3 layers (moejax/layers/lookup.py), keyed by the block they follow.
     l3 = m.get("l3")
-    self.lookups = nnx.Dict({
+    self.lookups = nnx.Dict(
+      {
         str(i): build_lookup_layer(m, rngs=rngs, dtype=self.dtype, weights=l3_weights)
-        for i in (l3.layers if l3 is not None and l3.enabled else ())})
+        for i in (l3.layers if l3 is not None and l3.enabled else ())
+      }
+    )
     self.final_norm = RMSNorm(m.d_model, m.norm_eps)
     self.head = nnx.data(None)
     if not m.tie_embeddings:
-      self.head = Linear(m.d_model, m.vocab_size, rngs=rngs, dtype=self.dtype,
-                         logical_axes=("embed", "vocab"))
+      self.head = Linear(
+        m.d_model, m.vocab_size, rngs=rngs, dtype=self.dtype, logical_axes=("embed", "vocab")
+      )
 
   def block_list(self) -> nnx.List[DecoderBlock]:
     """The blocks of the loop layout; ValueError for a scanned model (unstack_layers)."""
@@ -237,19 +270,26 @@ class Decoder(nnx.Module):
       raise ValueError("a scanned model has no per-block modules: unstack_layers")
     return self.blocks
 
-  def __call__(self, tokens_BxL: jax.Array, *, token_mask_BxL: jax.Array | None = None,
-               cache: DecodeCache | None = None, train: bool = False,
-               rng: jax.Array | None = None, step_stats: Sequence[dict] | None = None,
-               last_logits_only: bool = False
-               ) -> tuple[jax.Array, dict[str, Any], DecodeCache | None]:
+  def __call__(
+    self,
+    tokens_BxL: jax.Array,
+    *,
+    token_mask_BxL: jax.Array | None = None,
+    cache: DecodeCache | None = None,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    step_stats: Sequence[dict] | None = None,
+    last_logits_only: bool = False,
+  ) -> tuple[jax.Array, dict[str, Any], DecodeCache | None]:
     """(float32 logits [B, L, V] (L = 1 with last_logits_only), {'aux_loss': float32
     scalar, 'moe': per MoE layer its aux dict}, the cache with the new tokens written
     or None) of tokens [B, L]. token_mask_BxL: bool [B, L], False at padding;
     step_stats: per MoE layer its router's step statistics (losses.base)."""
     b, length = tokens_BxL.shape
     padded = token_mask_BxL is not None
-    token_mask_BxL = (jnp.ones((b, length), bool) if token_mask_BxL is None
-                      else token_mask_BxL.astype(bool))
+    token_mask_BxL = (
+      jnp.ones((b, length), bool) if token_mask_BxL is None else token_mask_BxL.astype(bool)
+    )
     offset = jnp.cumsum(token_mask_BxL, axis=1) - 1
     start: int | jax.Array
     if cache is None:
@@ -273,8 +313,9 @@ class Decoder(nnx.Module):
     if isinstance(self.blocks, ScannedBlocks):
       if cache is not None:
         raise ValueError("a scanned model decodes in the loop layout: unstack_layers")
-      x, layers_aux = self.blocks(x, positions, allowed, mask, train=train, rng=rng,
-                                  policy=policy, step_stats=step_stats)
+      x, layers_aux = self.blocks(
+        x, positions, allowed, mask, train=train, rng=rng, policy=policy, step_stats=step_stats
+      )
     else:
       layers_aux = []
       moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
@@ -282,9 +323,17 @@ class Decoder(nnx.Module):
       for i, block in enumerate(self.blocks):
         layer_cache = None if cache is None else cache.layers[i]
         call = block if policy is None else rematerialised(block, policy)
-        x, aux, layer_cache = call(x, positions, allowed, mask, layer_cache, start,
-                                   train=train, rng=jax.random.fold_in(rng, i),
-                                   step_stats=block_stats.get(i))
+        x, aux, layer_cache = call(
+          x,
+          positions,
+          allowed,
+          mask,
+          layer_cache,
+          start,
+          train=train,
+          rng=jax.random.fold_in(rng, i),
+          step_stats=block_stats.get(i),
+        )
         x = sharding.constrain(x, RESIDUAL_AXES)
         new_layers.append(layer_cache)
         if str(i) in self.lookups:  # static routing by token id: needs the ids
@@ -301,8 +350,12 @@ class Decoder(nnx.Module):
       logits = self.head(x)
     logits = sharding.constrain(logits.astype(jnp.float32), ("batch", "length", "act_vocab"))
     if cache is not None:
-      cache = cache.replace(layers=tuple(new_layers), key_valid=key_valid, length=start + length,
-                            next_position=first_position + jnp.sum(token_mask_BxL, axis=1))
+      cache = cache.replace(
+        layers=tuple(new_layers),
+        key_valid=key_valid,
+        length=start + length,
+        next_position=first_position + jnp.sum(token_mask_BxL, axis=1),
+      )
     return logits, {"aux_loss": aux_loss, "moe": moe_aux}, cache
 
 
@@ -312,7 +365,8 @@ def abstract_model(m):
   # itself comes from the checkpoint): uniform weights stand in for data counts.
   l3 = m.get("l3")
   inputs = {"l3_weights": np.ones(m.vocab_size)} if l3 is not None and l3.enabled else {}
-  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0),
-                                         **inputs))
+  model = nnx.eval_shape(
+    lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0), **inputs)
+  )
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)

@@ -11,6 +11,7 @@
 Numbers (sizes, expert counts, windows, rope) come from each checkpoint's
 config.json (moejax/interop/hf_config.py).
 """
+
 import dataclasses
 
 
@@ -25,10 +26,13 @@ class Family:
   shared_expert_gate: bool = False
 
 
-FAMILIES = {f.model_type: f for f in (
+FAMILIES = {
+  f.model_type: f
+  for f in (
     Family("mixtral", "MixtralForCausalLM", always_renormalize=True),
     Family("qwen2_moe", "Qwen2MoeForCausalLM", shared_expert_gate=True),
     Family("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm="per_head"),
     Family("olmoe", "OlmoeForCausalLM", qk_norm="across_heads"),
     Family("deepseek_v3", "DeepseekV3ForCausalLM", attention="mla", router="group_limited"),
-)}
+  )
+}

@@ -1,6 +1,7 @@
 """Which layers are sparse, their windows and expert counts: the layer structure of a
 `model` config section, read by the decoder, the trainer and every tool (no
 validation here: moejax/validation.py)."""
+
 import ml_collections
 
 
@@ -10,8 +11,11 @@ def moe_layer_indices(m) -> list[int]:
   e = m.moe
   if m.ffn_type != "moe":
     return []
-  return [i for i in range(m.num_layers) if i >= e.first_dense and i not in e.dense_layers
-          and (i - e.first_dense) % e.every_n == 0]
+  return [
+    i
+    for i in range(m.num_layers)
+    if i >= e.first_dense and i not in e.dense_layers and (i - e.first_dense) % e.every_n == 0
+  ]
 
 
 def set_moe_layers(m, layers) -> None:

@@ -23,6 +23,7 @@ V-MoE (Riquelme et al. 2021) is this model with MoE blocks. A prompt adapter
 logits: float32 [B, num_classes]; aux as the decoder's ({"aux_loss", "moe"}), so
 the train step (moejax/train/step.py) adds the router losses the same way.
 """
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -32,8 +33,14 @@ from moejax.adapters import build_adapter, drop_prompts, place_prompts, validate
 from moejax.config import VIT_POOLINGS
 from moejax.errors import ConfigError, choice_error
 from moejax.layers.dense import Linear, RMSNorm
-from moejax.models.decoder import (DTYPES, REMAT_POLICIES, RESIDUAL_AXES, DecoderBlock,
-                                   ScannedBlocks, rematerialised)
+from moejax.models.decoder import (
+  DTYPES,
+  REMAT_POLICIES,
+  RESIDUAL_AXES,
+  DecoderBlock,
+  ScannedBlocks,
+  rematerialised,
+)
 
 POSITION_INIT_STDDEV = 0.02  # ViT and BERT's initialisation of learned positions
 
@@ -64,16 +71,20 @@ def validate_vit(c) -> None:
     if isinstance(v[key], bool) or not isinstance(v[key], int) or v[key] < 1:
       raise ConfigError(f"model.vit.{key}={v[key]!r} must be an int >= 1")
   if v.image_size % v.patch_size:
-    raise ConfigError(f"model.vit.patch_size={v.patch_size} must divide "
-                      f"model.vit.image_size={v.image_size}")
+    raise ConfigError(
+      f"model.vit.patch_size={v.patch_size} must divide model.vit.image_size={v.image_size}"
+    )
   if v.pooling not in VIT_POOLINGS:
     raise choice_error("model.vit.pooling", v.pooling, VIT_POOLINGS)
   if m.attention.windows:
-    raise ConfigError(f"model.attention.windows={list(m.attention.windows)}: the ViT "
-                      "attends over every patch (give [])")
+    raise ConfigError(
+      f"model.attention.windows={list(m.attention.windows)}: the ViT "
+      "attends over every patch (give [])"
+    )
   if c.task != "classification":
-    raise ConfigError(f"task={c.task!r}: model_name='vit' classifies images "
-                      "(set task='classification')")
+    raise ConfigError(
+      f"task={c.task!r}: model_name='vit' classifies images (set task='classification')"
+    )
   validate_prompt(c)
 
 
@@ -85,23 +96,35 @@ class VisionTransformer(nnx.Module):
     v = m.vit
     self.dtype = DTYPES[m.dtype]
     self.patch_size = v.patch_size
-    self.patch_embed = Linear(v.patch_size ** 2 * v.num_channels, m.d_model, rngs=rngs,
-                              dtype=self.dtype, logical_axes=(None, "embed"), bias=True)
+    self.patch_embed = Linear(
+      v.patch_size**2 * v.num_channels,
+      m.d_model,
+      rngs=rngs,
+      dtype=self.dtype,
+      logical_axes=(None, "embed"),
+      bias=True,
+    )
     self.cls_token = nnx.data(None)
     if v.pooling == "cls":
-      self.cls_token = nnx.Param(jnp.zeros((1, 1, m.d_model), jnp.float32),
-                                 logical_axes=(None, None, "embed"))
-    self.position = nnx.Param(POSITION_INIT_STDDEV * jax.random.normal(
-        rngs.params(), (num_tokens(m), m.d_model), jnp.float32), logical_axes=(None, "embed"))
+      self.cls_token = nnx.Param(
+        jnp.zeros((1, 1, m.d_model), jnp.float32), logical_axes=(None, None, "embed")
+      )
+    self.position = nnx.Param(
+      POSITION_INIT_STDDEV
+      * jax.random.normal(rngs.params(), (num_tokens(m), m.d_model), jnp.float32),
+      logical_axes=(None, "embed"),
+    )
     self.blocks: ScannedBlocks | nnx.List[DecoderBlock]
     if m.scan_layers:
       self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
     else:
-      self.blocks = nnx.List([DecoderBlock(m, i, rngs=rngs, dtype=self.dtype)
-                              for i in range(m.num_layers)])
+      self.blocks = nnx.List(
+        [DecoderBlock(m, i, rngs=rngs, dtype=self.dtype) for i in range(m.num_layers)]
+      )
     self.final_norm = RMSNorm(m.d_model, m.norm_eps)
-    self.head = Linear(m.d_model, v.num_classes, rngs=rngs, dtype=self.dtype,
-                       logical_axes=("embed", None), bias=True)
+    self.head = Linear(
+      m.d_model, v.num_classes, rngs=rngs, dtype=self.dtype, logical_axes=("embed", None), bias=True
+    )
     self.prompt = nnx.data(build_adapter(m, rngs=rngs))  # model.vit.prompt: None or tokens
 
   def embed(self, images_BxHxWxC):
@@ -124,8 +147,9 @@ class VisionTransformer(nnx.Module):
     allowed = jnp.ones((1, 1, 1), bool)  # non-causal: every query sees every patch
     policy = REMAT_POLICIES[self.cfg.remat]
     if isinstance(self.blocks, ScannedBlocks):
-      x, layers_aux = self.blocks(x, None, allowed, None, train=train, rng=rng, policy=policy,
-                                  step_stats=step_stats)
+      x, layers_aux = self.blocks(
+        x, None, allowed, None, train=train, rng=rng, policy=policy, step_stats=step_stats
+      )
     else:
       layers_aux = []
       moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
@@ -134,8 +158,17 @@ class VisionTransformer(nnx.Module):
         if i > 0 and self.prompt is not None:
           x = place_prompts(self.prompt, i, x, prefix)
         call = block if policy is None else rematerialised(block, policy)
-        x, aux, _ = call(x, None, allowed, None, None, 0, train=train,
-                         rng=jax.random.fold_in(rng, i), step_stats=block_stats.get(i))
+        x, aux, _ = call(
+          x,
+          None,
+          allowed,
+          None,
+          None,
+          0,
+          train=train,
+          rng=jax.random.fold_in(rng, i),
+          step_stats=block_stats.get(i),
+        )
         x = sharding.constrain(x, RESIDUAL_AXES)
         layers_aux.append(aux)
     moe_aux = [aux for aux in layers_aux if aux is not None]

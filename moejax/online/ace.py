@@ -41,6 +41,7 @@ depend on the other rows of the batch.
 `instance` builds a study's means: draw d of `stochastic_means` (row d; on [0, 1] or
 an interior range) or the adversary's staircase (the same for every draw).
 """
+
 import functools
 import math
 
@@ -56,8 +57,7 @@ _SIGN = {"ucb": 1.0, "greedy": 0.0, "lcb": -1.0}
 _AT_ZERO = {"ucb": math.inf, "greedy": -math.inf, "lcb": -math.inf, "oracle": -math.inf}
 
 
-def check(*, horizon=1, policy="lcb", c=1.0, rewards="bernoulli", sigma=1.0, seeds=1,
-          block=1):
+def check(*, horizon=1, policy="lcb", c=1.0, rewards="bernoulli", sigma=1.0, seeds=1, block=1):
   """ConfigError (one line naming the value) for settings no simulation can use."""
   if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
     raise ConfigError(f"the horizon must be an integer >= 1 (T={horizon!r})")
@@ -81,8 +81,7 @@ def _checked_means(means, rewards="bernoulli"):
   if not np.all(np.isfinite(means)):
     raise ConfigError("means must be finite (a mean is nan or inf)")
   if rewards == "bernoulli" and (means.min() < 0 or means.max() > 1):
-    raise ConfigError(f"Bernoulli means must lie in [0, 1] (range=[{means.min()}, "
-                      f"{means.max()}])")
+    raise ConfigError(f"Bernoulli means must lie in [0, 1] (range=[{means.min()}, {means.max()}])")
   return means
 
 
@@ -106,8 +105,9 @@ def adversarial_means(horizon, seeds=1, *, low=0.25, high=0.75, decoy=0.0):
   for good; decoy > 0 also lures greedy (a lucky first reward), but slows it."""
   check(horizon=horizon, seeds=seeds)
   if not (0 <= decoy <= 1 and 0 <= low < high <= 1):
-    raise ConfigError(f"need 0 <= low < high <= 1 and decoy in [0, 1] "
-                      f"(low={low}, high={high}, decoy={decoy})")
+    raise ConfigError(
+      f"need 0 <= low < high <= 1 and decoy in [0, 1] (low={low}, high={high}, decoy={decoy})"
+    )
   steps = math.ceil(round(horizon ** (1 / 3), 9))
   spacing = math.ceil(horizon / steps)
   means = np.full(horizon, float(decoy))
@@ -128,8 +128,7 @@ def instance(variant, horizon, draws, *, seed=0, decoy=0.0, interior=(0.25, 0.75
     raise choice_error("variant", variant, VARIANTS)
   draws = np.asarray(draws, np.int64)
   if draws.ndim != 1 or draws.size == 0 or draws.min() < 0:
-    raise ConfigError(f"draws must be a non-empty list of integers >= 0 "
-                      f"(draws={draws.tolist()!r})")
+    raise ConfigError(f"draws must be a non-empty list of integers >= 0 (draws={draws.tolist()!r})")
   if variant == "adversarial":
     return adversarial_means(horizon, len(draws), decoy=decoy)
   low, high = interior if variant == "interior" else (0.0, 1.0)
@@ -141,10 +140,14 @@ def _rows(rows, seeds):
   if rows is None:
     return np.arange(seeds)
   rows = np.asarray(rows)
-  if rows.shape != (seeds,) or not np.issubdtype(rows.dtype, np.integer) or (
-      rows.size and rows.min() < 0):
-    raise ConfigError(f"rows must be {seeds} integers >= 0, one per row of the means "
-                      f"(rows={rows.tolist()!r})")
+  if (
+    rows.shape != (seeds,)
+    or not np.issubdtype(rows.dtype, np.integer)
+    or (rows.size and rows.min() < 0)
+  ):
+    raise ConfigError(
+      f"rows must be {seeds} integers >= 0, one per row of the means (rows={rows.tolist()!r})"
+    )
   return rows
 
 
@@ -193,6 +196,7 @@ def reward_matrix(key, means, *, rewards="bernoulli", sigma=1.0, rows=None):
   def one(key, mean):
     rows = jax.vmap(lambda t: _draw(jax.random.fold_in(key, t), mean, rewards, sigma))(rounds)
     return jnp.where(rounds[None, :] <= rounds[:, None], rows, 0)
+
   return jax.vmap(one)(keys, means)
 
 
@@ -221,8 +225,10 @@ def _dense(policy, horizon, c, rewards, sigma):
       choice = jnp.argmax(jnp.where(count >= 0, value, -jnp.inf))
       reward = _draw(jax.random.fold_in(key, t), mean, rewards, sigma)
       return (total + jnp.where(count >= 0, reward, 0), count + 1), choice
+
     start = (jnp.zeros_like(mean), -experts.astype(mean.dtype) + 0 * mean)
     return jax.lax.scan(step, start, experts)[1]
+
   return jax.jit(jax.vmap(one))
 
 
@@ -297,8 +303,17 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None, rows=None):
     ends = np.minimum(start + spans, horizon)
     floor = np.full((seeds, len(ends)), _AT_ZERO[policy])  # the newcomer's index
     if start:  # and last block's candidates' (their sums are up to date)
-      lower = bounds(policy, cand_total[..., None], start, cand[..., None], start, ends,
-                     cand_mean[..., None], horizon, c)[0]
+      lower = bounds(
+        policy,
+        cand_total[..., None],
+        start,
+        cand[..., None],
+        start,
+        ends,
+        cand_mean[..., None],
+        horizon,
+        c,
+      )[0]
       lower = np.where((cand < horizon)[..., None], lower, -np.inf)
       floor = np.maximum(floor, lower.max(axis=1))
     new = np.divmod(np.arange(seeds * (stop - start)), stop - start)
@@ -307,11 +322,23 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None, rows=None):
     late = seen[r, i] < start
     if late.any():  # catch up to `start`
       lr, li = r[late], i[late]
-      total[lr, li] += (cum[lr, start, li] - cum[lr, seen[lr, li], li] if table is not None
-                        else _binomials(rngs, lr, li, start - seen[lr, li], means[lr, li]))
+      total[lr, li] += (
+        cum[lr, start, li] - cum[lr, seen[lr, li], li]
+        if table is not None
+        else _binomials(rngs, lr, li, start - seen[lr, li], means[lr, li])
+      )
       seen[lr, li] = start
-    upper = bounds(policy, total[r, i][:, None], seen[r, i][:, None], i[:, None], start, ends,
-                   means[r, i][:, None], horizon, c)[1]
+    upper = bounds(
+      policy,
+      total[r, i][:, None],
+      seen[r, i][:, None],
+      i[:, None],
+      start,
+      ends,
+      means[r, i][:, None],
+      horizon,
+      c,
+    )[1]
     # upper grows and the floor shrinks with the window: sleeps through a prefix
     asleep = np.logical_and.accumulate(upper < floor[r], axis=1).sum(axis=1)
     for k in np.unique(asleep[asleep > 0]):
@@ -335,8 +362,7 @@ def simulate(means, policy, *, seed=0, c=1.0, block=32, table=None, rows=None):
         draws[row, :, :count] = rngs[row].random((stop - start, count)) < cand_mean[row, :count]
     for t in range(start, stop):
       count = t - cand
-      value = np.where(count >= 0, index(policy, cand_total, count, cand_mean, horizon, c),
-                       -np.inf)
+      value = np.where(count >= 0, index(policy, cand_total, count, cand_mean, horizon, c), -np.inf)
       choices[:, t] = cand[seed_ids, value.argmax(axis=1)]
       cand_total += draws[:, t - start] & (count >= 0)
     total[r, i] = cand_total[r, slot]

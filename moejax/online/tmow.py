@@ -31,6 +31,7 @@ is sum_d w_d A_d (linear experts, so mixing outputs = mixing matrices); the
 distillation (`add_expert`) is a ridge fit to the few-shot data centred on the
 mixture (module doc of add_expert).
 """
+
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +42,7 @@ from moejax.routing.prototype import check_tau, cosine_logits, prototype_routing
 
 class WorldModels(NamedTuple):
   """A mixture of linear world models: expert e predicts x' = experts[e] @ x."""
+
   experts: np.ndarray  # [E, n, n]
   prototypes: np.ndarray  # [E, n * n], the mean feature of each expert's domain
 
@@ -61,13 +63,16 @@ def _pairs(x, x_next) -> tuple[np.ndarray, np.ndarray]:
   """x, x_next as float64 [K, n] of one shape, or ConfigError naming the shapes."""
   x, x_next = np.asarray(x, np.float64), np.asarray(x_next, np.float64)
   if x.ndim != 2 or x.shape != x_next.shape or x.shape[0] < 1:
-    raise ConfigError(f"transitions must be states x [K, n] and next states [K, n] with K >= 1 "
-                      f"(x shape {x.shape}, x_next shape {x_next.shape})")
+    raise ConfigError(
+      f"transitions must be states x [K, n] and next states [K, n] with K >= 1 "
+      f"(x shape {x.shape}, x_next shape {x_next.shape})"
+    )
   return x, x_next
 
 
-def stable_matrices(rng: np.random.Generator, count: int, dim: int,
-                    radius: float = 0.9) -> np.ndarray:
+def stable_matrices(
+  rng: np.random.Generator, count: int, dim: int, radius: float = 0.9
+) -> np.ndarray:
   """[count, dim, dim] random matrices of spectral norm `radius` < 1 (stable)."""
   _count("count", count)
   _count("dim", dim)
@@ -82,8 +87,10 @@ def mixture_matrix(matrices, weights) -> np.ndarray:
   of a mixture of linear experts (mixing their outputs mixes their matrices)."""
   matrices, weights = np.asarray(matrices, np.float64), np.asarray(weights, np.float64)
   if matrices.ndim != 3 or weights.shape != matrices.shape[:1]:
-    raise ConfigError(f"weights must be [E] for matrices [E, n, n] (weights shape "
-                      f"{weights.shape}, matrices shape {matrices.shape})")
+    raise ConfigError(
+      f"weights must be [E] for matrices [E, n, n] (weights shape "
+      f"{weights.shape}, matrices shape {matrices.shape})"
+    )
   return np.einsum("e,eij->ij", weights, matrices)
 
 
@@ -113,8 +120,9 @@ def fit_expert(x, x_next, ridge: float = 0.0, prior=None) -> np.ndarray:
     raise ConfigError(f"prior must be [n, n] = [{n}, {n}] (prior shape {prior.shape})")
   gram = x.T @ x + ridge * np.eye(n)
   if np.linalg.matrix_rank(gram) < n:
-    raise ConfigError(f"fit_expert needs ridge > 0 or K >= n={n} independent states "
-                      f"(K={x.shape[0]}, ridge={ridge})")
+    raise ConfigError(
+      f"fit_expert needs ridge > 0 or K >= n={n} independent states (K={x.shape[0]}, ridge={ridge})"
+    )
   return np.linalg.solve(gram, x.T @ x_next + ridge * prior.T).T
 
 
@@ -122,18 +130,26 @@ def train_world_models(domains) -> WorldModels:
   """One least-squares expert per domain [(x, x_next), ...]; prototypes = mean features."""
   if not domains:
     raise ConfigError("train_world_models needs at least one domain (domains=[])")
-  return WorldModels(np.stack([fit_expert(x, y) for x, y in domains]),
-                     np.stack([features(x, y).mean(0) for x, y in domains]))
+  return WorldModels(
+    np.stack([fit_expert(x, y) for x, y in domains]),
+    np.stack([features(x, y).mean(0) for x, y in domains]),
+  )
 
 
 def mean_feature(prototypes, z) -> np.ndarray:
   """The mean of features z [K, F] (or z itself, [F]) checked against prototypes [E, F]."""
   prototypes, z = np.asarray(prototypes, np.float64), np.asarray(z, np.float64)
-  if prototypes.ndim != 2 or z.ndim not in (1, 2) or z.shape[-1] != prototypes.shape[1] or (
-      z.size == 0):
-    raise ConfigError(f"features must be [K, F] or [F] with F={prototypes.shape[-1]} of the "
-                      f"prototypes [E, F] (features shape {z.shape}, prototypes shape "
-                      f"{prototypes.shape})")
+  if (
+    prototypes.ndim != 2
+    or z.ndim not in (1, 2)
+    or z.shape[-1] != prototypes.shape[1]
+    or (z.size == 0)
+  ):
+    raise ConfigError(
+      f"features must be [K, F] or [F] with F={prototypes.shape[-1]} of the "
+      f"prototypes [E, F] (features shape {z.shape}, prototypes shape "
+      f"{prototypes.shape})"
+    )
   return z.mean(0) if z.ndim == 2 else z
 
 
@@ -160,8 +176,9 @@ def refine_prototype(prototypes, z_unseen, tau: float) -> tuple[np.ndarray, np.n
   return weights @ np.asarray(prototypes, np.float64), weights
 
 
-def add_expert(models: WorldModels, x, x_next, tau: float, strength: float = 1.0,
-               teacher_weights=None) -> tuple[WorldModels, np.ndarray]:
+def add_expert(
+  models: WorldModels, x, x_next, tau: float, strength: float = 1.0, teacher_weights=None
+) -> tuple[WorldModels, np.ndarray]:
   """Distilled augmentation: (models with one more expert, the teacher's weights).
 
   The teacher is the current mixture at the few-shot data, A_mix = sum_d w_d A_d
@@ -179,9 +196,10 @@ def add_expert(models: WorldModels, x, x_next, tau: float, strength: float = 1.0
     _, teacher_weights = refine_prototype(models.prototypes, features(x, x_next), tau)
   teacher = mixture_matrix(models.experts, teacher_weights)
   expert = fit_expert(x, x_next, ridge=strength, prior=teacher)
-  return WorldModels(np.concatenate([models.experts, expert[None]]),
-                     np.concatenate([models.prototypes, features(x, x_next).mean(0)[None]])
-                     ), np.asarray(teacher_weights, np.float64)
+  return WorldModels(
+    np.concatenate([models.experts, expert[None]]),
+    np.concatenate([models.prototypes, features(x, x_next).mean(0)[None]]),
+  ), np.asarray(teacher_weights, np.float64)
 
 
 def predict(models: WorldModels, weights, x) -> np.ndarray:
@@ -195,34 +213,39 @@ def excess_mse(a_hat, a_true, noise_std: float) -> float:
   _positive("noise_std", noise_std)
   a_hat, a_true = np.asarray(a_hat, np.float64), np.asarray(a_true, np.float64)
   if a_hat.shape != a_true.shape or a_hat.ndim != 2:
-    raise ConfigError(f"A_hat and A must be the same [n, n] (shapes {a_hat.shape}, "
-                      f"{a_true.shape})")
-  return float(np.sum(np.square(a_hat - a_true)) / (a_true.shape[0] * noise_std ** 2))
+    raise ConfigError(f"A_hat and A must be the same [n, n] (shapes {a_hat.shape}, {a_true.shape})")
+  return float(np.sum(np.square(a_hat - a_true)) / (a_true.shape[0] * noise_std**2))
 
 
 METHODS = {  # name: (setting, description), the methods `unseen_domain_errors` scores
-    "global": ("zero-shot", "one global linear model (pooled least squares)"),
-    "fixed_top1": ("zero-shot", "fixed prototypes, router top-1 (closest seen expert)"),
-    "fixed_top2": ("zero-shot", "fixed prototypes, router top-2 (renormalised)"),
-    "refined": ("zero-shot", "TMoW refined prototype: softmax(cos/tau) mixture"),
-    "oracle_alpha": ("reference", "true alpha on the trained experts (not a method)"),
-    "scratch": ("few-shot", "new expert fit from scratch (ridge toward 0)"),
-    "global_prior": ("few-shot", "global model fine-tuned (ridge toward it)"),
-    "distilled_fixed": ("few-shot", "new expert distilled from the top-1 expert"),
-    "distilled": ("few-shot", "TMoW new expert, distilled from the refined mixture "
-                              "(domain known)"),
-    "tmow_routed": ("few-shot", "TMoW mixture over D+1 prototypes, routed by K fresh "
-                                "transitions (domain unknown)"),
+  "global": ("zero-shot", "one global linear model (pooled least squares)"),
+  "fixed_top1": ("zero-shot", "fixed prototypes, router top-1 (closest seen expert)"),
+  "fixed_top2": ("zero-shot", "fixed prototypes, router top-2 (renormalised)"),
+  "refined": ("zero-shot", "TMoW refined prototype: softmax(cos/tau) mixture"),
+  "oracle_alpha": ("reference", "true alpha on the trained experts (not a method)"),
+  "scratch": ("few-shot", "new expert fit from scratch (ridge toward 0)"),
+  "global_prior": ("few-shot", "global model fine-tuned (ridge toward it)"),
+  "distilled_fixed": ("few-shot", "new expert distilled from the top-1 expert"),
+  "distilled": ("few-shot", "TMoW new expert, distilled from the refined mixture (domain known)"),
+  "tmow_routed": (
+    "few-shot",
+    "TMoW mixture over D+1 prototypes, routed by K fresh transitions (domain unknown)",
+  ),
 }
 DIAGNOSTICS = ("weight_on_new", "top1_is_new", "old_routing_kept")  # of tmow_routed
 
 
-def check_settings(*, dim, domains, train, unseen, noise_std, radius, concentration, tau,
-                   strength) -> None:
+def check_settings(
+  *, dim, domains, train, unseen, noise_std, radius, concentration, tau, strength
+) -> None:
   """ConfigError, its message starting 'key=value', for the first unusable setting of
   `unseen_domain_errors`."""
-  for name, value, low in (("dim", dim, 1), ("domains", domains, 2), ("train", train, 1),
-                           ("unseen", unseen, 1)):
+  for name, value, low in (
+    ("dim", dim, 1),
+    ("domains", domains, 2),
+    ("train", train, 1),
+    ("unseen", unseen, 1),
+  ):
     _count(name, value, low)
   for name, value in (("noise_std", noise_std), ("concentration", concentration), ("tau", tau)):
     _positive(name, value)
@@ -231,11 +254,21 @@ def check_settings(*, dim, domains, train, unseen, noise_std, radius, concentrat
     raise ConfigError(f"radius={radius!r} must be in (0, 1) (a stable spectral norm)")
 
 
-def unseen_domain_errors(rng: np.random.Generator, shots, taus=(), *, dim: int = 6,
-                         domains: int = 4, train: int = 500, unseen: int = 10,
-                         noise_std: float = 0.2, radius: float = 0.9,
-                         concentration: float = 1.0, tau: float = 0.3,
-                         strength: float = 4.0) -> dict:
+def unseen_domain_errors(
+  rng: np.random.Generator,
+  shots,
+  taus=(),
+  *,
+  dim: int = 6,
+  domains: int = 4,
+  train: int = 500,
+  unseen: int = 10,
+  noise_std: float = 0.2,
+  radius: float = 0.9,
+  concentration: float = 1.0,
+  tau: float = 0.3,
+  strength: float = 4.0,
+) -> dict:
   """One replicate of the unseen-domain study: {(key, K): mean over `unseen` domains}.
 
   `domains` training domains (stable_matrices, `train` transitions each) give one
@@ -245,8 +278,17 @@ def unseen_domain_errors(rng: np.random.Generator, shots, taus=(), *, dim: int =
   refined mixture at each temperature in `taus` ('tau=<t:g>') and DIAGNOSTICS: the
   routed mixture's weight on the new expert, whether it is top-1, and the fraction of
   fresh old-domain feature means whose top-1 expert is unchanged by the addition."""
-  check_settings(dim=dim, domains=domains, train=train, unseen=unseen, noise_std=noise_std,
-                 radius=radius, concentration=concentration, tau=tau, strength=strength)
+  check_settings(
+    dim=dim,
+    domains=domains,
+    train=train,
+    unseen=unseen,
+    noise_std=noise_std,
+    radius=radius,
+    concentration=concentration,
+    tau=tau,
+    strength=strength,
+  )
   for k in shots:
     _count("shots", k)
   a = stable_matrices(rng, domains, dim, radius)
@@ -285,13 +327,16 @@ def unseen_domain_errors(rng: np.random.Generator, shots, taus=(), *, dim: int =
       add("distilled_fixed", k, err(add_expert(models, x, y, tau, strength, top1)[0].experts[-1]))
       grown, _ = add_expert(models, x, y, tau, strength, refined)
       add("distilled", k, err(grown.experts[-1]))
-      routed = route_weights(grown.prototypes, features(*transitions(rng, truth, k, noise_std)),
-                             tau)
+      routed = route_weights(
+        grown.prototypes, features(*transitions(rng, truth, k, noise_std)), tau
+      )
       add("tmow_routed", k, err(mix(routed, grown.experts)))
       add("weight_on_new", k, routed[-1])
       add("top1_is_new", k, np.argmax(routed) == len(routed) - 1)
-      kept = [np.argmax(route_weights(grown.prototypes, zo, tau)) ==
-              np.argmax(route_weights(models.prototypes, zo, tau))
-              for zo in (features(*transitions(rng, a_d, k, noise_std)) for a_d in a)]
+      kept = [
+        np.argmax(route_weights(grown.prototypes, zo, tau))
+        == np.argmax(route_weights(models.prototypes, zo, tau))
+        for zo in (features(*transitions(rng, a_d, k, noise_std)) for a_d in a)
+      ]
       add("old_routing_kept", k, np.mean(kept))
   return {key: float(np.mean(v)) for key, v in out.items()}

@@ -33,6 +33,7 @@ rounded up to 8 (exports need it, `remove_atoms`). A zero atom adds exactly noth
 the removed atoms zeroed (`zero_atoms`), and the parameter count that matters, the kept
 atoms, is reported by `kept_parameters`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -68,6 +69,7 @@ def batch_atom_sums(graphdef, params, rest, tokens):
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   from moejax.posttrain.taylor import token_gradients
   from moejax.routing.base import Routing
+
   model = nnx.merge(graphdef, params, rest)
   grads, moe, token_loss = token_gradients(graphdef, params, rest, tokens)
   predicted = jnp.asarray(token_loss.shape[0], jnp.float32)
@@ -75,8 +77,10 @@ def batch_atom_sums(graphdef, params, rest, tokens):
   for block, (x, aux) in moe.items():
     layer = model.blocks[block].ffn
     if layer.expert_type.name != "swiglu":
-      raise ConfigError(f"block {block}: atoms are the hidden units of SwiGLU experts, "
-                        f"not of model.moe.experts={layer.expert_type.name!r}")
+      raise ConfigError(
+        f"block {block}: atoms are the hidden units of SwiGLU experts, "
+        f"not of model.moe.experts={layer.expert_type.name!r}"
+      )
     e = layer.cfg.num_experts
     w = layer.experts.weights(jnp.float32)
     routing = Routing(aux["expert_index"], aux["combine_weight"], aux["valid"])
@@ -88,11 +92,14 @@ def batch_atom_sums(graphdef, params, rest, tokens):
     g = rows["weight"][:, None] * grads[block][rows["token"]] * predicted  # [R, d]
     proj = matmul(g, jnp.swapaxes(w["w_down"], 1, 2))  # [R, F]: g~ . w_k
     expert = rows["expert"]
-    out[block] = {"h2": _segment(hidden ** 2, expert, e), "p2": _segment(proj ** 2, expert, e),
-                  "hp": _segment(hidden * proj, expert, e),
-                  "h2p2": _segment((hidden * proj) ** 2, expert, e),
-                  "count": _segment(jnp.ones_like(rows["weight"]), expert, e),
-                  "predicted": predicted}
+    out[block] = {
+      "h2": _segment(hidden**2, expert, e),
+      "p2": _segment(proj**2, expert, e),
+      "hp": _segment(hidden * proj, expert, e),
+      "h2p2": _segment((hidden * proj) ** 2, expert, e),
+      "count": _segment(jnp.ones_like(rows["weight"]), expert, e),
+      "predicted": predicted,
+    }
   return out
 
 
@@ -102,19 +109,28 @@ def atom_sums(graphdef, params, rest, batches) -> dict:
   for tokens in batches:
     sums = jax.device_get(batch_atom_sums(graphdef, params, rest, jnp.asarray(tokens)))
     sums = {b: {k: np.asarray(v, np.float64) for k, v in s.items()} for b, s in sums.items()}
-    total = sums if total is None else {
-        b: {k: total[b][k] + v for k, v in s.items()} for b, s in sums.items()}
+    total = (
+      sums
+      if total is None
+      else {b: {k: total[b][k] + v for k, v in s.items()} for b, s in sums.items()}
+    )
   if total is None:
     raise ConfigError("no calibration batch was given")
   return total
 
 
-def atom_scores(sums: dict, score: str = "heapr", params: dict | None = None,
-                seed=0, normalisation: str = "routed") -> dict:
+def atom_scores(
+  sums: dict,
+  score: str = "heapr",
+  params: dict | None = None,
+  seed=0,
+  normalisation: str = "routed",
+) -> dict:
   """{block: [E, F]} predicted loss increase of removing each atom alone (module
   doc), or a baseline: `magnitude` ||w_gate_k|| ||w_up_k|| ||w_down_k|| (needs
   params), `random`. normalisation: HEAPr's per-expert scaling (NORMALISATIONS)."""
   from moejax.errors import choice_error
+
   if score not in SCORES:
     raise choice_error("score", score, SCORES)
   if normalisation not in NORMALISATIONS:
@@ -127,10 +143,15 @@ def atom_scores(sums: dict, score: str = "heapr", params: dict | None = None,
     elif score == "magnitude":
       if params is None:
         raise ValueError("score='magnitude' ranks atoms by their weights: give params")
-      w = {name: np.asarray(v, np.float64)
-           for name, v in params["blocks"][block]["ffn"]["experts"].items()}
-      out[block] = (np.linalg.norm(w["w_gate"], axis=1) * np.linalg.norm(w["w_up"], axis=1)
-                    * np.linalg.norm(w["w_down"], axis=2))
+      w = {
+        name: np.asarray(v, np.float64)
+        for name, v in params["blocks"][block]["ffn"]["experts"].items()
+      }
+      out[block] = (
+        np.linalg.norm(w["w_gate"], axis=1)
+        * np.linalg.norm(w["w_up"], axis=1)
+        * np.linalg.norm(w["w_down"], axis=2)
+      )
     elif score == "exact_diagonal":
       out[block] = 0.5 / n * s["h2p2"]
     else:  # P carries a factor N: N/2 * sum h^2 * sum (P/N)^2 / n_e (routed)
@@ -155,7 +176,7 @@ def global_keep(scores: dict, fraction: float) -> dict:
   out, start = {}, 0
   for b in blocks:
     size = np.size(scores[b])
-    out[b] = mask[start:start + size].reshape(np.shape(scores[b]))
+    out[b] = mask[start : start + size].reshape(np.shape(scores[b]))
     start += size
   return out
 
@@ -169,8 +190,10 @@ def _expert_weights(params, block):
 
 def _with_experts(params: dict, block: int, experts: dict) -> dict:
   out = {**params, "blocks": dict(params["blocks"])}
-  out["blocks"][block] = {**params["blocks"][block],
-                          "ffn": {**params["blocks"][block]["ffn"], "experts": experts}}
+  out["blocks"][block] = {
+    **params["blocks"][block],
+    "ffn": {**params["blocks"][block]["ffn"], "experts": experts},
+  }
   return out
 
 
@@ -206,17 +229,20 @@ def remove_atoms(m, params: dict, keep: dict, width_multiple: int = WIDTH_MULTIP
     w = {k: np.asarray(v) for k, v in _expert_weights(params, block).items()}
     mask = np.asarray(mask, bool)
     if mask.shape != (w["w_gate"].shape[0], w["w_gate"].shape[2]):
-      raise ConfigError(f"keep[{block}] has shape {mask.shape}; the block's experts are "
-                        f"{w['w_gate'].shape[0]} x {w['w_gate'].shape[2]} atoms")
-    cut = {"w_gate": np.zeros(w["w_gate"].shape[:2] + (width,), w["w_gate"].dtype),
-           "w_up": np.zeros(w["w_up"].shape[:2] + (width,), w["w_up"].dtype),
-           "w_down": np.zeros((w["w_down"].shape[0], width, w["w_down"].shape[2]),
-                              w["w_down"].dtype)}
+      raise ConfigError(
+        f"keep[{block}] has shape {mask.shape}; the block's experts are "
+        f"{w['w_gate'].shape[0]} x {w['w_gate'].shape[2]} atoms"
+      )
+    cut = {
+      "w_gate": np.zeros(w["w_gate"].shape[:2] + (width,), w["w_gate"].dtype),
+      "w_up": np.zeros(w["w_up"].shape[:2] + (width,), w["w_up"].dtype),
+      "w_down": np.zeros((w["w_down"].shape[0], width, w["w_down"].shape[2]), w["w_down"].dtype),
+    }
     for e, row in enumerate(mask):
       units = np.flatnonzero(row)
-      cut["w_gate"][e, :, :units.size] = w["w_gate"][e][:, units]
-      cut["w_up"][e, :, :units.size] = w["w_up"][e][:, units]
-      cut["w_down"][e, :units.size] = w["w_down"][e][units]
+      cut["w_gate"][e, :, : units.size] = w["w_gate"][e][:, units]
+      cut["w_up"][e, :, : units.size] = w["w_up"][e][:, units]
+      cut["w_down"][e, : units.size] = w["w_down"][e][units]
     params = _with_experts(params, block, cut)
   return new, params
 

@@ -17,6 +17,7 @@ is small: zoo-s, 96 equal experts at 2.5 bits, is 96 x 240 cells).
 `per_layer` is the baseline the paper compares with: every layer gets the
 same average budget and is solved on its own.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,16 @@ def _checked(costs, bits, sizes, budget: float):
   costs = np.asarray(costs, np.float64)
   bits = np.asarray(bits, np.int64)
   if costs.ndim != 2 or costs.shape[1] != bits.size:
-    raise ConfigError(f"costs have shape {costs.shape}; expected [experts, {bits.size}] "
-                      f"for bits {bits.tolist()}")
+    raise ConfigError(
+      f"costs have shape {costs.shape}; expected [experts, {bits.size}] for bits {bits.tolist()}"
+    )
   sizes = np.ones(costs.shape[0], np.int64) if sizes is None else np.asarray(sizes, np.int64)
   if sizes.shape != (costs.shape[0],) or np.any(sizes <= 0):
     raise ConfigError(f"sizes must be {costs.shape[0]} positive parameter counts")
   if budget < bits.min():
-    raise ConfigError(f"budget={budget} bits is below the minimum achievable, "
-                      f"{bits.min()} bits for every expert")
+    raise ConfigError(
+      f"budget={budget} bits is below the minimum achievable, {bits.min()} bits for every expert"
+    )
   return costs, bits, sizes
 
 
@@ -62,7 +65,7 @@ def allocate(costs, bits, budget: float, sizes=None) -> np.ndarray:
       if step > spare:
         continue
       candidate = np.full(spare + 1, np.inf)
-      candidate[step:] = best[:spare + 1 - step] + costs[i, j]
+      candidate[step:] = best[: spare + 1 - step] + costs[i, j]
       better = candidate < new
       new[better] = candidate[better]
       choice[i, better] = j

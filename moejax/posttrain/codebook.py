@@ -40,6 +40,7 @@ handled here.
 `decode`, `lut_matmul` and `hadamard` are the runtime code of the 'codebook'
 expert type (moejax/experts/codebook.py), imported from there (one copy).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,6 +61,7 @@ HIGHEST = jax.lax.Precision.HIGHEST
 class Codebook:
   """indices uint8 [d_in, d_out]; centroids float32 [G, K] or [G, d_out, K]
   (G = d_in / group_size); history: the k-means objective per iteration."""
+
   indices: np.ndarray
   centroids: np.ndarray
   group_size: int
@@ -95,16 +97,20 @@ def _kmeans_pp(V, K, rng):
     draw = rng.random(len(V)) * cumulative[:, -1]
     pick = np.minimum((cumulative < draw[:, None]).sum(axis=1), V.shape[1] - 1)
     centroids[:, k] = V[rows, pick]
-    dist = np.minimum(dist, (V - centroids[:, k:k + 1]) ** 2)
+    dist = np.minimum(dist, (V - centroids[:, k : k + 1]) ** 2)
   return centroids
 
 
 def _assign(V, sorted_centroids):
   """Nearest centroid of each value (ties to the lower one), centroids sorted."""
   middle = (sorted_centroids[:, 1:] + sorted_centroids[:, :-1]) / 2
-  rows = max(1, 2 ** 26 // (V.shape[1] * max(middle.shape[1], 1)))  # ~64 MB of compares
-  return np.concatenate([(V[i:i + rows, :, None] > middle[i:i + rows, None, :]).sum(axis=2)
-                         for i in range(0, len(V), rows)])
+  rows = max(1, 2**26 // (V.shape[1] * max(middle.shape[1], 1)))  # ~64 MB of compares
+  return np.concatenate(
+    [
+      (V[i : i + rows, :, None] > middle[i : i + rows, None, :]).sum(axis=2)
+      for i in range(0, len(V), rows)
+    ]
+  )
 
 
 def _reseed(V, centroids, assign, empty) -> bool:
@@ -148,17 +154,25 @@ def _lloyd(V, centroids, iterations):
   return centroids, assign, history
 
 
-def kmeans_group_quant(W, bits: int, group_size: int, *, iterations: int = 100,
-                       init: str = "kmeans++", seed: int = 0,
-                       per_output_column: bool = False) -> Codebook:
+def kmeans_group_quant(
+  W,
+  bits: int,
+  group_size: int,
+  *,
+  iterations: int = 100,
+  init: str = "kmeans++",
+  seed: int = 0,
+  per_output_column: bool = False,
+) -> Codebook:
   """2^bits scalar k-means centroids per group of W [d_in, d_out] (module doc)."""
   W = np.asarray(W, np.float64)
   check_grouping(bits, group_size, W.shape[0])
   if init not in INITS:
     from moejax.errors import choice_error
+
     raise choice_error("init", init, INITS)
   V = _to_groups(W, group_size, per_output_column)
-  K = 2 ** bits
+  K = 2**bits
   if init == "quantile":
     start = np.quantile(V, (np.arange(K) + 0.5) / K, axis=1).T
   else:
@@ -166,8 +180,9 @@ def kmeans_group_quant(W, bits: int, group_size: int, *, iterations: int = 100,
   centroids, assign, history = _lloyd(V, start, iterations)
   shape = (W.shape[0] // group_size, W.shape[1], K) if per_output_column else (-1, K)
   indices = _from_groups(assign, W.shape, group_size, per_output_column)
-  return Codebook(indices.astype(np.uint8), centroids.reshape(shape).astype(np.float32),
-                  group_size, history)
+  return Codebook(
+    indices.astype(np.uint8), centroids.reshape(shape).astype(np.float32), group_size, history
+  )
 
 
 def rotate(W, R) -> np.ndarray:
@@ -180,15 +195,26 @@ class Finetuned:
   """Best centroids seen, indices (reassigned when asked), errors[0] the
   initial and errors[t] the calibration MSE after step t, and the MSE after
   reassignment (None when not asked)."""
+
   centroids: np.ndarray
   indices: np.ndarray
   errors: list
   reassigned_error: float | None
 
 
-def finetune_centroids(x_calib, W, indices, centroids, group_size: int, steps: int = 100,
-                       lr: float = 1e-2, *, optimizer: str = "sgd",
-                       member_mean: bool = True, reassign: bool = False) -> Finetuned:
+def finetune_centroids(
+  x_calib,
+  W,
+  indices,
+  centroids,
+  group_size: int,
+  steps: int = 100,
+  lr: float = 1e-2,
+  *,
+  optimizer: str = "sgd",
+  member_mean: bool = True,
+  reassign: bool = False,
+) -> Finetuned:
   """Centroids tuned by optax on MSE(x W_hat, x W) over x_calib [..., d_in] (module doc)."""
   x = jnp.asarray(x_calib, jnp.float32).reshape(-1, np.shape(W)[0])
   target = jnp.matmul(x, jnp.asarray(W, jnp.float32), precision=HIGHEST)
@@ -196,6 +222,7 @@ def finetune_centroids(x_calib, W, indices, centroids, group_size: int, steps: i
   opt = {"sgd": optax.sgd, "adam": optax.adam}
   if optimizer not in opt:
     from moejax.errors import choice_error
+
     raise choice_error("optimizer", optimizer, opt)
   tx = opt[optimizer](lr)
 
@@ -205,7 +232,8 @@ def finetune_centroids(x_calib, W, indices, centroids, group_size: int, steps: i
 
   members = jnp.ones(idx.shape, jnp.float32)
   counts = jax.grad(lambda c: jnp.sum(decode(idx, c, group_size) * members))(
-      jnp.zeros(np.shape(centroids), jnp.float32))  # members per centroid
+    jnp.zeros(np.shape(centroids), jnp.float32)
+  )  # members per centroid
 
   @jax.jit
   def step(c, state):

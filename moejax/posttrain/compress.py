@@ -11,6 +11,7 @@ CodebookExperts.assign load it into a built layer. Each expert matrix
 `compress_model` fills a compressed model from a float one of the same config;
 `storage_report` gives the bytes of every compressed layer of a model.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -30,8 +31,9 @@ COMPRESSED = (quantized_type.QuantizedExperts, codebook_type.CodebookExperts)
 
 def _per_expert_bits(bits, num_experts: int) -> np.ndarray:
   """int [E] from one bit-width or one per expert; each supported."""
-  per = np.broadcast_to(np.asarray(bits), (num_experts,)) if np.ndim(bits) == 0 else (
-      np.asarray(bits))
+  per = (
+    np.broadcast_to(np.asarray(bits), (num_experts,)) if np.ndim(bits) == 0 else (np.asarray(bits))
+  )
   if per.shape != (num_experts,):
     raise ConfigError(f"bits: {per.shape[0]} bit-widths for {num_experts} experts")
   for b in per:
@@ -44,13 +46,22 @@ def _stored(q: quantize.QuantizedWeight):
   if not q.symmetric:
     return q.codes, q.zero
   offset = 2 ** (q.bits - 1)
-  return ((q.codes.astype(np.int16) + offset).astype(np.uint8),
-          np.full(q.scales.shape, offset, np.uint8))
+  return (
+    (q.codes.astype(np.int16) + offset).astype(np.uint8),
+    np.full(q.scales.shape, offset, np.uint8),
+  )
 
 
-def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size: int = 0, *,
-                         symmetric: bool = False, quantizer: str = "rtn",
-                         hessians: Mapping | None = None, damp: float = 0.01) -> dict:
+def quantized_from_float(
+  weights: Mapping,
+  bits: int | Sequence[int],
+  group_size: int = 0,
+  *,
+  symmetric: bool = False,
+  quantizer: str = "rtn",
+  hessians: Mapping | None = None,
+  damp: float = 0.01,
+) -> dict:
   """The 'quantized' type's arrays for float SwiGLU experts `weights`.
 
   bits: one bit-width or one per expert [E]. group_size: input rows per group
@@ -74,24 +85,40 @@ def quantized_from_float(weights: Mapping, bits: int | Sequence[int], group_size
         assert hessians is not None  # checked above
         # block_size changes no result (quantize.py); one group per lazy block is the
         # fastest here (fewer in-block row updates, more of them in one matmul)
-        qs = quantize.gptq_stack(w[members], np.asarray(hessians[m])[members], int(b), group,
-                                 damp=damp, block_size=group, symmetric=symmetric)
+        qs = quantize.gptq_stack(
+          w[members],
+          np.asarray(hessians[m])[members],
+          int(b),
+          group,
+          damp=damp,
+          block_size=group,
+          symmetric=symmetric,
+        )
       else:
         qs = [quantize.rtn(w[e], int(b), group, symmetric=symmetric) for e in members]
       for e, q in zip(members, qs):
         parts[int(e)] = (*_stored(q), q.scales)
     codes, zeros, scales = (np.stack(a) for a in zip(*parts))
-    out.update({f"{m}_codes": codes, f"{m}_scales": scales.astype(np.float32),
-                f"{m}_zeros": zeros})
+    out.update({f"{m}_codes": codes, f"{m}_scales": scales.astype(np.float32), f"{m}_zeros": zeros})
   quantized_type.check_arrays(out)
   return out
 
 
-def codebook_from_float(weights: Mapping, bits: int | Sequence[int], group_size: int = 0, *,
-                        rotation: str = "none", iterations: int = 100, init: str = "kmeans++",
-                        seed: int = 0, max_bits: int | None = None,
-                        calibration_inputs: Mapping | None = None, finetune_steps: int = 0,
-                        finetune_lr: float = 1e-2, finetune_optimizer: str = "sgd") -> dict:
+def codebook_from_float(
+  weights: Mapping,
+  bits: int | Sequence[int],
+  group_size: int = 0,
+  *,
+  rotation: str = "none",
+  iterations: int = 100,
+  init: str = "kmeans++",
+  seed: int = 0,
+  max_bits: int | None = None,
+  calibration_inputs: Mapping | None = None,
+  finetune_steps: int = 0,
+  finetune_lr: float = 1e-2,
+  finetune_optimizer: str = "sgd",
+) -> dict:
   """The 'codebook' type's arrays: Lloyd's k-means (codebook.kmeans_group_quant)
   of each expert matrix at its expert's bits, of R^T W with rotation 'hadamard'
   (R = hadamard(d_in)); centroids padded to 2^max_bits per group (the layer's
@@ -113,10 +140,15 @@ def codebook_from_float(weights: Mapping, bits: int | Sequence[int], group_size:
   check_bits("max_bits", top)
   if per.max() > top:
     raise ConfigError(f"max_bits={top} is below the widest expert's bits={per.max()}")
-  if finetune_steps and (calibration_inputs is None or set(MATRICES) - set(calibration_inputs)
-                         or any(len(calibration_inputs[m]) != num_experts for m in MATRICES)):
-    raise ConfigError(f"finetune_steps={finetune_steps} needs calibration_inputs "
-                      f"{{matrix: {num_experts} arrays}} for {MATRICES}")
+  if finetune_steps and (
+    calibration_inputs is None
+    or set(MATRICES) - set(calibration_inputs)
+    or any(len(calibration_inputs[m]) != num_experts for m in MATRICES)
+  ):
+    raise ConfigError(
+      f"finetune_steps={finetune_steps} needs calibration_inputs "
+      f"{{matrix: {num_experts} arrays}} for {MATRICES}"
+    )
   out = {"bits": per.astype(np.uint8)}
   for m in MATRICES:
     w = np.asarray(weights[m], np.float32)
@@ -125,22 +157,30 @@ def codebook_from_float(weights: Mapping, bits: int | Sequence[int], group_size:
     indices, centroids = [], []
     for e, (w_e, b) in enumerate(zip(w, per)):
       target = w_e if R is None else codebook.rotate(w_e, R)  # R^T W
-      book = codebook.kmeans_group_quant(target, int(b), group, iterations=iterations,
-                                         init=init, seed=seed + e)
+      book = codebook.kmeans_group_quant(
+        target, int(b), group, iterations=iterations, init=init, seed=seed + e
+      )
       idx, cent = book.indices, book.centroids
-      x = (None if not finetune_steps or calibration_inputs is None  # checked above
-           else np.asarray(calibration_inputs[m][e], np.float32))
+      x = (
+        None
+        if not finetune_steps or calibration_inputs is None  # checked above
+        else np.asarray(calibration_inputs[m][e], np.float32)
+      )
       if x is not None and len(x):
         x = x if R is None else (x.astype(np.float64) @ R).astype(np.float32)  # x @ R
-        cent = codebook.finetune_centroids(x, target, idx, cent, group, finetune_steps,
-                                           finetune_lr, optimizer=finetune_optimizer).centroids
+        cent = codebook.finetune_centroids(
+          x, target, idx, cent, group, finetune_steps, finetune_lr, optimizer=finetune_optimizer
+        ).centroids
         order = np.argsort(cent, axis=-1, kind="stable")  # sorted again, indices renumbered
         rank = np.argsort(order, axis=-1)
         cent = np.take_along_axis(cent, order, -1)
-        idx = np.take_along_axis(rank, idx.reshape(len(cent), -1).astype(np.int64), -1
-                                 ).reshape(idx.shape).astype(np.uint8)
+        idx = (
+          np.take_along_axis(rank, idx.reshape(len(cent), -1).astype(np.int64), -1)
+          .reshape(idx.shape)
+          .astype(np.uint8)
+        )
       indices.append(idx)
-      centroids.append(codebook_type.pad_centroids(cent, 2 ** top))
+      centroids.append(codebook_type.pad_centroids(cent, 2**top))
     out[f"{m}_indices"] = np.stack(indices)
     out[f"{m}_centroids"] = np.stack(centroids).astype(np.float32)
   codebook_type.check_arrays(out)
@@ -169,7 +209,12 @@ def storage_report(model) -> list[dict]:
     if isinstance(node, COMPRESSED):
       arrays = {k: np.asarray(v) for k, v in node.arrays().items()}
       codes = [a for k, a in arrays.items() if k.endswith(("_codes", "_indices"))]
-      rows.append({"path": "/".join(map(str, path)), "packed_bytes": node.packed_bytes(),
-                   "held_bytes": sum(a.nbytes for a in arrays.values()),
-                   "float32_bytes": 4 * sum(a.size for a in codes)})
+      rows.append(
+        {
+          "path": "/".join(map(str, path)),
+          "packed_bytes": node.packed_bytes(),
+          "held_bytes": sum(a.nbytes for a in arrays.values()),
+          "float32_bytes": 4 * sum(a.size for a in codes),
+        }
+      )
   return rows

@@ -41,6 +41,7 @@ measured on the model the previous round left (quantized experts, fine-tuned
 routers) against the float experts' outputs (gemq.expert_costs), quantizes the
 float experts and fine-tunes the routers again.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -104,6 +105,7 @@ def expert_weights(params: dict, block: int) -> dict:
 def with_expert_weights(params: dict, weights: dict) -> dict:
   """A copy of params (shared leaves) with {block: {w_gate, w_up, w_down}} replaced."""
   import jax
+
   new = jax.tree.map(lambda leaf: leaf, params)
   for block, w in weights.items():
     new["blocks"][block]["ffn"]["experts"] = {**new["blocks"][block]["ffn"]["experts"], **w}
@@ -130,11 +132,12 @@ def allocation(r: Request, calibration: Calibration, current: dict | None = None
 @dataclasses.dataclass
 class Compressed:
   """One compressed model: per MoE block its float weights and the stored arrays."""
-  kind: str                    # quantized | codebook | factorised | baseline
-  float_weights: dict          # {block: {w_gate, w_up, w_down}} float32
-  arrays: dict                 # {block: the expert type's arrays} (none for baselines)
-  settings: dict               # the expert type's config section
-  report: dict                 # bits / ranks per block, parameter counts
+
+  kind: str  # quantized | codebook | factorised | baseline
+  float_weights: dict  # {block: {w_gate, w_up, w_down}} float32
+  arrays: dict  # {block: the expert type's arrays} (none for baselines)
+  settings: dict  # the expert type's config section
+  report: dict  # bits / ranks per block, parameter counts
 
 
 def _quantized(r, params, calibration, current=None) -> Compressed:
@@ -143,12 +146,16 @@ def _quantized(r, params, calibration, current=None) -> Compressed:
   for layer in calibration.inputs:
     w = expert_weights(params, layer.block)
     hessians = layer.hessians(len(bits[layer.block])) if r.quantizer == "gptq" else None
-    a = compress.quantized_from_float(w, bits[layer.block], r.group_size,
-                                      quantizer=r.quantizer, hessians=hessians)
+    a = compress.quantized_from_float(
+      w, bits[layer.block], r.group_size, quantizer=r.quantizer, hessians=hessians
+    )
     arrays[layer.block] = a
     float_weights[layer.block] = _float32(quantized_type.dense_weights(a, jnp.float32))
-  settings = {"bits": int(max(max(b) for b in bits.values())), "group_size": r.group_size,
-              "symmetric": False}
+  settings = {
+    "bits": int(max(max(b) for b in bits.values())),
+    "group_size": r.group_size,
+    "symmetric": False,
+  }
   return Compressed("quantized", float_weights, arrays, settings, _bits_report(bits))
 
 
@@ -158,8 +165,10 @@ def _float32(weights: dict) -> dict:
 
 def _bits_report(bits: dict) -> dict:
   all_bits = np.concatenate(list(bits.values()))
-  return {"bits": {int(b): [int(x) for x in v] for b, v in bits.items()},
-          "average_bits": float(all_bits.mean())}
+  return {
+    "bits": {int(b): [int(x) for x in v] for b, v in bits.items()},
+    "average_bits": float(all_bits.mean()),
+  }
 
 
 def _codebook(r, params, calibration) -> Compressed:
@@ -169,17 +178,31 @@ def _codebook(r, params, calibration) -> Compressed:
   for layer in calibration.inputs:
     w = expert_weights(params, layer.block)
     num_experts = w["w_gate"].shape[0]
-    inputs = ({m: [layer.expert_rows(e, m) for e in range(num_experts)] for m in MATRICES}
-              if r.method == "codequant" else None)
-    a = compress.codebook_from_float(w, [int(b) for b in bits[layer.block]], r.group_size,
-                                     rotation=rotation, seed=r.seed,
-                                     calibration_inputs=inputs,
-                                     finetune_steps=CENTROID_STEPS if inputs else 0)
+    inputs = (
+      {m: [layer.expert_rows(e, m) for e in range(num_experts)] for m in MATRICES}
+      if r.method == "codequant"
+      else None
+    )
+    a = compress.codebook_from_float(
+      w,
+      [int(b) for b in bits[layer.block]],
+      r.group_size,
+      rotation=rotation,
+      seed=r.seed,
+      calibration_inputs=inputs,
+      finetune_steps=CENTROID_STEPS if inputs else 0,
+    )
     arrays[layer.block] = a
-    float_weights[layer.block] = _float32(codebook_type.dense_weights(
-        {k: np.asarray(v, np.float32) for k, v in a.items()}, jnp.float32, rotation))
-  settings = {"bits": int(max(max(b) for b in bits.values())), "group_size": r.group_size,
-              "rotation": rotation}
+    float_weights[layer.block] = _float32(
+      codebook_type.dense_weights(
+        {k: np.asarray(v, np.float32) for k, v in a.items()}, jnp.float32, rotation
+      )
+    )
+  settings = {
+    "bits": int(max(max(b) for b in bits.values())),
+    "group_size": r.group_size,
+    "rotation": rotation,
+  }
   return Compressed("codebook", float_weights, arrays, settings, _bits_report(bits))
 
 
@@ -189,42 +212,67 @@ def _factorised(r, params, calibration) -> Compressed:
   per-tensor rank allocation, and the baselines at the same per-tensor budgets."""
   layers = calibration.inputs
   weights = {layer.block: expert_weights(params, layer.block) for layer in layers}
-  budgets = {layer.block: dict(zip(MATRICES, tucker.tensor_budgets(
-      [weights[layer.block][m].shape for m in MATRICES], r.level))) for layer in layers}
+  budgets = {
+    layer.block: dict(
+      zip(
+        MATRICES, tucker.tensor_budgets([weights[layer.block][m].shape for m in MATRICES], r.level)
+      )
+    )
+    for layer in layers
+  }
   if r.method in ("svd", "whitened_svd"):
     return _per_expert_svd(r, weights, layers, budgets)
   whiten = r.method == "td_moe"
   float_weights, arrays, report, parameters = {}, {}, {}, {}
   for layer in layers:
     w = weights[layer.block]
-    outputs = (factorise.routed_outputs(w, layer.rows, layer.hidden, layer.expert)
-               if whiten else None)
-    tensors = (factorise.whitened_tensors(w, layer.inputs, layer.hidden, r.damping, outputs)
-               if whiten else {m: np.asarray(w[m], np.float64) for m in MATRICES})
-    layer_ranks = {m: tucker.allocate_ranks(tensors[m], budgets[layer.block][m])
-                   for m in MATRICES}
+    outputs = (
+      factorise.routed_outputs(w, layer.rows, layer.hidden, layer.expert) if whiten else None
+    )
+    tensors = (
+      factorise.whitened_tensors(w, layer.inputs, layer.hidden, r.damping, outputs)
+      if whiten
+      else {m: np.asarray(w[m], np.float64) for m in MATRICES}
+    )
+    layer_ranks = {m: tucker.allocate_ranks(tensors[m], budgets[layer.block][m]) for m in MATRICES}
     factors, fitted = factorise.factorise_experts(
-        w, layer.inputs if whiten else None, layer_ranks,
-        hidden_inputs=layer.hidden if whiten else None, damping=r.damping,
-        output_samples=outputs)
+      w,
+      layer.inputs if whiten else None,
+      layer_ranks,
+      hidden_inputs=layer.hidden if whiten else None,
+      damping=r.damping,
+      output_samples=outputs,
+    )
     arrays[layer.block] = factors
-    float_weights[layer.block] = {m: tucker.reconstruct(
-        f["core"], f["expert_factor"], f["input_factor"], f["output_factor"]).astype(np.float32)
-        for m, f in factors.items()}
+    float_weights[layer.block] = {
+      m: tucker.reconstruct(
+        f["core"], f["expert_factor"], f["input_factor"], f["output_factor"]
+      ).astype(np.float32)
+      for m, f in factors.items()
+    }
     report[int(layer.block)] = {m: list(fitted[m]) for m in MATRICES}
-    parameters[int(layer.block)] = {m: tucker.tucker_parameters(w[m].shape, fitted[m])
-                                    for m in MATRICES}
+    parameters[int(layer.block)] = {
+      m: tucker.tucker_parameters(w[m].shape, fitted[m]) for m in MATRICES
+    }
   padded = {m: tuple(max(report[b][m][k] for b in report) for k in range(3)) for m in MATRICES}
-  return Compressed("factorised", float_weights, arrays, {"ranks": padded},
-                    _factorised_report(weights, budgets, report, parameters))
+  return Compressed(
+    "factorised",
+    float_weights,
+    arrays,
+    {"ranks": padded},
+    _factorised_report(weights, budgets, report, parameters),
+  )
 
 
 def _factorised_report(weights, budgets, ranks, parameters) -> dict:
-  return {"ranks": ranks, "tensor_parameters": parameters,
-          "tensor_budgets": {int(b): v for b, v in budgets.items()},
-          "parameters": int(sum(sum(p.values()) for p in parameters.values())),
-          "budget": int(sum(sum(v.values()) for v in budgets.values())),
-          "dense_parameters": int(sum(w[m].size for w in weights.values() for m in MATRICES))}
+  return {
+    "ranks": ranks,
+    "tensor_parameters": parameters,
+    "tensor_budgets": {int(b): v for b, v in budgets.items()},
+    "parameters": int(sum(sum(p.values()) for p in parameters.values())),
+    "budget": int(sum(sum(v.values()) for v in budgets.values())),
+    "dense_parameters": int(sum(w[m].size for w in weights.values() for m in MATRICES)),
+  }
 
 
 def _per_expert_svd(r, weights, layers, budgets) -> Compressed:
@@ -238,18 +286,22 @@ def _per_expert_svd(r, weights, layers, budgets) -> Compressed:
     for m in MATRICES:
       rank = tucker.svd_rank_for_budget(w[m].shape, budgets[layer.block][m])
       samples = layer.hidden if m == "w_down" else layer.inputs
-      low = (tucker.whitened_per_expert_svd(w[m], samples, rank, r.damping)
-             if r.method == "whitened_svd"
-             else tucker.per_expert_svd(w[m], rank))
+      low = (
+        tucker.whitened_per_expert_svd(w[m], samples, rank, r.damping)
+        if r.method == "whitened_svd"
+        else tucker.per_expert_svd(w[m], rank)
+      )
       float_weights[layer.block][m] = low.reconstruct().astype(np.float32)
       report[block][m] = rank
       parameters[block][m] = low.parameters
-  return Compressed("baseline", float_weights, {}, {},
-                    _factorised_report(weights, budgets, report, parameters))
+  return Compressed(
+    "baseline", float_weights, {}, {}, _factorised_report(weights, budgets, report, parameters)
+  )
 
 
-def compress_experts(r: Request, params: dict, calibration: Calibration,
-                     current: dict | None = None) -> Compressed:
+def compress_experts(
+  r: Request, params: dict, calibration: Calibration, current: dict | None = None
+) -> Compressed:
   """The Compressed model of `r` from the float params (module doc); `current`:
   the params GEMQ's costs are measured on (default the float model)."""
   kind = family(r.method)
@@ -263,8 +315,10 @@ def compress_experts(r: Request, params: dict, calibration: Calibration,
 def compressed_config(m, c: Compressed) -> ml_collections.ConfigDict:
   """The model config whose experts hold `c` (a copy of the float config `m`)."""
   if c.kind == "baseline":
-    raise ConfigError("the per-expert SVD baselines have no expert type: they are scored "
-                      "from their float weights (no --out)")
+    raise ConfigError(
+      "the per-expert SVD baselines have no expert type: they are scored "
+      "from their float weights (no --out)"
+    )
   out = ml_collections.ConfigDict(m.to_dict())
   if c.kind == "factorised":
     cfg = ml_collections.ConfigDict({"model": out})
@@ -282,6 +336,7 @@ def compressed_model(m, params: dict, rest: dict, c: Compressed):
   triple per projection (the config holds one), which changes no output."""
   from flax import nnx
   from moejax.models.decoder import Decoder
+
   new_m = compressed_config(m, c)
   model = Decoder(ml_collections.FrozenConfigDict(new_m), rngs=nnx.Rngs(0))
   split = nnx.split(model, nnx.Param, ...)
@@ -299,7 +354,8 @@ def compressed_model(m, params: dict, rest: dict, c: Compressed):
       experts = model.block_list()[block].ffn.experts
       experts.assign(arrays)
       new_rest["blocks"][block]["ffn"]["experts"] = {
-          k: np.asarray(v) for k, v in nnx.to_pure_dict(nnx.state(experts)).items()}
+        k: np.asarray(v) for k, v in nnx.to_pure_dict(nnx.state(experts)).items()
+      }
   return new_m, new_params, new_rest
 
 
@@ -326,9 +382,14 @@ def _padded_factors(factors: dict, like: dict) -> dict:
   return out
 
 
-def router_finetune_config(config, steps: int, learning_rate: float = 1e-4,
-                           weight_decay: float = 1e-4, start_step: int = 0,
-                           aux_losses: bool = False):
+def router_finetune_config(
+  config,
+  steps: int,
+  learning_rate: float = 1e-4,
+  weight_decay: float = 1e-4,
+  start_step: int = 0,
+  aux_losses: bool = False,
+):
   """The training config of GEMQ's router fine-tuning (router only, AdamW at a
   constant `learning_rate`, `steps` steps after `start_step`). The official code
   trains on the LM loss alone: every model.moe.loss_weights entry is 0 and the

@@ -17,6 +17,7 @@ The model's own routing and its own expert type are used (dropless layout, as
 moejax/analysis/super_experts.py does), in float32 on device and summed over
 batches in float64 on the host. A batch is one compiled program per model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,6 +35,7 @@ from moejax.models.capture import captured_forward, expert_outputs_on_tokens, ro
 @dataclasses.dataclass
 class LayerStatistics:
   """One MoE layer's calibration statistics (module doc); `block` is its index."""
+
   block: int
   gram: np.ndarray
   frequency: np.ndarray
@@ -43,10 +45,18 @@ class LayerStatistics:
   outputs: np.ndarray | None = None  # O of the module doc
 
   def __add__(self, other: "LayerStatistics") -> "LayerStatistics":
-    outputs = (None if self.outputs is None or other.outputs is None
-               else self.outputs + other.outputs)
-    return LayerStatistics(self.block, self.gram + other.gram, self.frequency + other.frequency,
-                           self.mass + other.mass, self.tokens + other.tokens, None, outputs)
+    outputs = (
+      None if self.outputs is None or other.outputs is None else self.outputs + other.outputs
+    )
+    return LayerStatistics(
+      self.block,
+      self.gram + other.gram,
+      self.frequency + other.frequency,
+      self.mass + other.mass,
+      self.tokens + other.tokens,
+      None,
+      outputs,
+    )
 
 
 def routed_contributions(layer, x_TxD, aux) -> jax.Array:
@@ -74,10 +84,14 @@ def _batch_statistics(graphdef, params, rest, tokens):
     weight = jnp.where(valid, layer_aux["combine_weight"].reshape(-1), 0.0)
     bound = layer.expert_type.bind(layer.experts.weights(jnp.float32), layer.cfg)
     every = expert_outputs_on_tokens(bound, x.astype(jnp.float32), e)  # [E, T, d]
-    out.append({"gram": jnp.einsum("ted,tfd->ef", z, z),
-                "outputs": jnp.einsum("etd,ftd->ef", every, every),
-                "frequency": jnp.zeros(e, jnp.float32).at[index].add(valid.astype(jnp.float32)),
-                "mass": jnp.zeros(e, jnp.float32).at[index].add(weight.astype(jnp.float32))})
+    out.append(
+      {
+        "gram": jnp.einsum("ted,tfd->ef", z, z),
+        "outputs": jnp.einsum("etd,ftd->ef", every, every),
+        "frequency": jnp.zeros(e, jnp.float32).at[index].add(valid.astype(jnp.float32)),
+        "mass": jnp.zeros(e, jnp.float32).at[index].add(weight.astype(jnp.float32)),
+      }
+    )
   return out
 
 
@@ -85,8 +99,10 @@ def layer_statistics(graphdef, params, rest, batches) -> list[LayerStatistics]:
   """Summed LayerStatistics of every MoE layer over token batches [B, L]."""
   model = nnx.merge(graphdef, params, rest)
   if model.cfg.scan_layers:
-    raise ConfigError("pruning reads the loop layout; convert a scanned model with "
-                      "moejax.models.decoder.unstack_layers")
+    raise ConfigError(
+      "pruning reads the loop layout; convert a scanned model with "
+      "moejax.models.decoder.unstack_layers"
+    )
   if not any(block.is_moe for block in model.blocks):
     raise ConfigError("the checkpoint has no MoE layer: nothing to prune")
   blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
@@ -94,11 +110,17 @@ def layer_statistics(graphdef, params, rest, batches) -> list[LayerStatistics]:
   for tokens in batches:
     tokens = jnp.asarray(tokens)
     stats = _batch_statistics(graphdef, params, rest, tokens)
-    layers = [LayerStatistics(block, np.asarray(s["gram"], np.float64),
-                              np.asarray(s["frequency"], np.float64),
-                              np.asarray(s["mass"], np.float64), int(tokens.size),
-                              outputs=np.asarray(s["outputs"], np.float64))
-              for block, s in zip(blocks, jax.device_get(stats))]
+    layers = [
+      LayerStatistics(
+        block,
+        np.asarray(s["gram"], np.float64),
+        np.asarray(s["frequency"], np.float64),
+        np.asarray(s["mass"], np.float64),
+        int(tokens.size),
+        outputs=np.asarray(s["outputs"], np.float64),
+      )
+      for block, s in zip(blocks, jax.device_get(stats))
+    ]
     total = layers if total is None else [a + b for a, b in zip(total, layers)]
   if total is None:
     raise ConfigError("no calibration batch was given")
@@ -122,11 +144,17 @@ def load_statistics(path: str) -> list[LayerStatistics]:
   """The LayerStatistics that save_statistics wrote, in block order."""
   with np.load(path) as data:
     blocks = sorted({int(key.split("_")[1]) for key in data.files})
-    return [LayerStatistics(b, data[f"block_{b}_gram"], data[f"block_{b}_frequency"],
-                            data[f"block_{b}_mass"], int(data[f"block_{b}_tokens"]),
-                            outputs=(data[f"block_{b}_outputs"]
-                                     if f"block_{b}_outputs" in data.files else None))
-            for b in blocks]
+    return [
+      LayerStatistics(
+        b,
+        data[f"block_{b}_gram"],
+        data[f"block_{b}_frequency"],
+        data[f"block_{b}_mass"],
+        int(data[f"block_{b}_tokens"]),
+        outputs=(data[f"block_{b}_outputs"] if f"block_{b}_outputs" in data.files else None),
+      )
+      for b in blocks
+    ]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
@@ -144,18 +172,23 @@ def _batch_deployed(graphdef, params, rest, new_graphdef, new_params, new_rest, 
   return out
 
 
-def deployed_errors(graphdef, params, rest, new_m, new_params: dict, new_rest: dict,
-                    batches) -> dict:
+def deployed_errors(
+  graphdef, params, rest, new_m, new_params: dict, new_rest: dict, batches
+) -> dict:
   """{MoE block: sum_t ||y'_t - y_t||^2} over token batches: y the source model's
   layer output, y' the pruned model's (config new_m) layer on the same input x_t,
   with its own routing among the kept experts (re-routed, gates renormalised) and
   its own weights (rescaled, merged or narrowed). Shared experts cancel."""
   from moejax.models.decoder import abstract_model
+
   new_graphdef = abstract_model(new_m)[0]
   total: dict[int, float] = {}
   for tokens in batches:
-    errors = jax.device_get(_batch_deployed(graphdef, params, rest, new_graphdef, new_params,
-                                            new_rest, jnp.asarray(tokens)))
+    errors = jax.device_get(
+      _batch_deployed(
+        graphdef, params, rest, new_graphdef, new_params, new_rest, jnp.asarray(tokens)
+      )
+    )
     for block, value in errors.items():
       total[block] = total.get(block, 0.0) + float(value)
   return total

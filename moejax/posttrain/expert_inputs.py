@@ -14,6 +14,7 @@ pooled inputs). The model's own routing, dropless, float32 on device; rows
 are gathered on the host and kept (zoo-s: 64 windows x 128 tokens x k = 4 is
 32768 rows per layer, 16 MiB in float32).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,11 +32,12 @@ from moejax.models.capture import captured_forward
 @dataclasses.dataclass
 class LayerInputs:
   """One MoE layer's calibration inputs (module doc), numpy float32."""
+
   block: int
-  inputs: np.ndarray   # [T, d]
-  rows: np.ndarray     # [R, d]
-  hidden: np.ndarray   # [R, f]
-  expert: np.ndarray   # [R] int
+  inputs: np.ndarray  # [T, d]
+  rows: np.ndarray  # [R, d]
+  hidden: np.ndarray  # [R, f]
+  expert: np.ndarray  # [R] int
   _hessians: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
   def expert_rows(self, e: int, matrix: str) -> np.ndarray:
@@ -63,6 +65,7 @@ def _batch_inputs(graphdef, params, rest, tokens):
   from moejax.assignment.layout import tile_layout
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
   from moejax.routing.base import Routing
+
   model = nnx.merge(graphdef, params, rest)
   _, aux, outputs = captured_forward(model, tokens)
   out = []
@@ -72,16 +75,16 @@ def _batch_inputs(graphdef, params, rest, tokens):
     e = layer.cfg.num_experts
     x = outputs[("blocks", block, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model)
     x = x.astype(jnp.float32)
-    routing = Routing(layer_aux["expert_index"], layer_aux["combine_weight"],
-                      layer_aux["valid"])
+    routing = Routing(layer_aux["expert_index"], layer_aux["combine_weight"], layer_aux["valid"])
     layout = tile_layout(routing, e, 1)
     matmul = resolve_grouped_matmul("ragged_dot").build(layout, layer.cfg)
     w = layer.experts.weights(jnp.float32)
     rows = x[layout.row_token]
     hidden = jax.nn.silu(matmul(rows, w["w_gate"])) * matmul(rows, w["w_up"])
     expert = jnp.where(routing.valid, routing.expert_index, e).T.reshape(-1)
-    out.append({"inputs": x, "rows": rows, "hidden": hidden,
-                "expert": layout.row_values(expert, fill=e)})
+    out.append(
+      {"inputs": x, "rows": rows, "hidden": hidden, "expert": layout.row_values(expert, fill=e)}
+    )
   return out
 
 
@@ -94,18 +97,22 @@ def capture(graphdef, params, rest, batches) -> list[LayerInputs]:
     raise ConfigError("the checkpoint has no MoE layer: nothing to compress")
   kinds = {model.blocks[b].ffn.expert_type.name for b in blocks}
   if kinds != {"swiglu"}:
-    raise ConfigError(f"compression starts from float 'swiglu' experts; the model has "
-                      f"{sorted(kinds)}")
+    raise ConfigError(
+      f"compression starts from float 'swiglu' experts; the model has {sorted(kinds)}"
+    )
   parts: dict[int, dict[str, list[np.ndarray]]] = {
-      b: {k: [] for k in ("inputs", "rows", "hidden", "expert")} for b in blocks}
+    b: {k: [] for k in ("inputs", "rows", "hidden", "expert")} for b in blocks
+  }
   num_experts = model.cfg.moe.num_experts
   for tokens in batches:
-    for block, got in zip(blocks, jax.device_get(
-        _batch_inputs(graphdef, params, rest, jnp.asarray(tokens)))):
+    for block, got in zip(
+      blocks, jax.device_get(_batch_inputs(graphdef, params, rest, jnp.asarray(tokens)))
+    ):
       real = np.asarray(got["expert"]) < num_experts  # drop padding rows
       parts[block]["inputs"].append(np.asarray(got["inputs"]))
       for key in ("rows", "hidden", "expert"):
         parts[block][key].append(np.asarray(got[key])[real])
   joined = {b: {k: np.concatenate(v) for k, v in parts[b].items()} for b in blocks}
-  return [LayerInputs(b, j["inputs"], j["rows"], j["hidden"], j["expert"])
-          for b, j in joined.items()]
+  return [
+    LayerInputs(b, j["inputs"], j["rows"], j["hidden"], j["expert"]) for b, j in joined.items()
+  ]

@@ -26,6 +26,7 @@ Both are exact at a complete node, so the first complete node popped is optimal.
 Guesses: the expert order, the tie-break (deeper node first), and the knee
 (Kneedle on err(m), Satopaa et al. 2011) as the per-layer budget rule.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -97,8 +98,15 @@ class SearchResult:
   trace: list | None = None  # (included, undecided, excluded, f) of each expanded node
 
 
-def astar(gram, m: int, objective: str = "rescaled", *, order=None, max_expanded: int = 10**7,
-          record_trace: bool = False) -> SearchResult:
+def astar(
+  gram,
+  m: int,
+  objective: str = "rescaled",
+  *,
+  order=None,
+  max_expanded: int = 10**7,
+  record_trace: bool = False,
+) -> SearchResult:
   """The m experts of least err(S), by A* over include/exclude decisions (module doc)."""
   gram = np.asarray(gram, np.float64)
   num = len(gram)
@@ -113,7 +121,8 @@ def astar(gram, m: int, objective: str = "rescaled", *, order=None, max_expanded
   order = [int(e) for e in order]
   tie = itertools.count()
   heap: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = [
-      (lower_bound(gram, (), order, (), objective), 0, next(tie), (), ())]
+    (lower_bound(gram, (), order, (), objective), 0, next(tie), (), ())
+  ]
   expanded = 0
   trace: list | None = [] if record_trace else None
   while heap:
@@ -147,8 +156,9 @@ def astar(gram, m: int, objective: str = "rescaled", *, order=None, max_expanded
 
 def brute_force(gram, m: int, objective: str = "rescaled") -> tuple[tuple[int, ...], float]:
   """The best subset by enumerating all C(E, m): the oracle for astar."""
-  best = min(((subset_error(gram, s, objective), s)
-              for s in itertools.combinations(range(len(gram)), m)))
+  best = min(
+    ((subset_error(gram, s, objective), s) for s in itertools.combinations(range(len(gram)), m))
+  )
   return best[1], best[0]
 
 
@@ -181,8 +191,16 @@ def knee(errors) -> int:
   return int(np.argmax(below_chord)) + 1
 
 
-METHODS = ("schur_astar", "greedy", "step", "step_no_merge", "frequency", "router_mass",
-           "output_norm", "random")
+METHODS = (
+  "schur_astar",
+  "greedy",
+  "step",
+  "step_no_merge",
+  "frequency",
+  "router_mass",
+  "output_norm",
+  "random",
+)
 STEP_METHODS = ("step", "step_no_merge")  # read Step's token-selective scores
 
 
@@ -196,6 +214,7 @@ def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
   anything numpy's default_rng takes)."""
   if method not in METHODS:
     from moejax.errors import choice_error
+
     raise choice_error("method", method, METHODS)
   if method == "schur_astar":
     return astar(stats.gram, m, objective).keep
@@ -203,9 +222,12 @@ def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
     return greedy_forward(stats.gram, m, objective)
   if method in STEP_METHODS and stats.step_score is None:
     raise ValueError("method 'step' needs the layer's step_score (posttrain/taylor.py)")
-  scores = {"step": lambda: stats.step_score, "step_no_merge": lambda: stats.step_score,
-            "frequency": lambda: stats.frequency,
-            "router_mass": lambda: stats.mass,
-            "output_norm": lambda: np.diag(stats.gram),
-            "random": lambda: np.random.default_rng(seed).random(len(stats.gram))}[method]()
+  scores = {
+    "step": lambda: stats.step_score,
+    "step_no_merge": lambda: stats.step_score,
+    "frequency": lambda: stats.frequency,
+    "router_mass": lambda: stats.mass,
+    "output_norm": lambda: np.diag(stats.gram),
+    "random": lambda: np.random.default_rng(seed).random(len(stats.gram)),
+  }[method]()
   return top_by_score(scores, m)

@@ -18,6 +18,7 @@ rank is the full size, as in model.moe.factorised.
 Not here yet: capturing X and H from a trained checkpoint and converting every
 layer of a workdir (one set of ranks per model: the config holds one).
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -28,8 +29,13 @@ from moejax.experts.factorised import PROJECTIONS, RANK_KEYS
 from moejax.posttrain import tucker
 
 
-def whitened_tensors(experts: dict, calibration_inputs, hidden_inputs=None,
-                     damping: float = 1e-6, output_samples: dict | None = None) -> dict:
+def whitened_tensors(
+  experts: dict,
+  calibration_inputs,
+  hidden_inputs=None,
+  damping: float = 1e-6,
+  output_samples: dict | None = None,
+) -> dict:
   """{projection: W~ [E, d_in, d_out]}, each whitened by its inputs and, given
   output_samples {projection: Y [m, d_out]}, by its outputs (module doc)."""
   inputs = {"w_gate": calibration_inputs, "w_up": calibration_inputs, "w_down": hidden_inputs}
@@ -56,8 +62,9 @@ def routed_outputs(experts: dict, rows, hidden, expert) -> dict:
   return out
 
 
-def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None,
-                  cap: bool = False) -> dict:
+def resolve_ranks(
+  shapes: dict, ranks_or_budget, whitened: dict | None = None, cap: bool = False
+) -> dict:
   """{projection: (r_E, r_in, r_out)} from a triple, a {projection: triple} dict
   (0 = full size) or an int parameter budget, shared by the projections in
   proportion to their dense sizes and allocated per tensor on `whitened`
@@ -69,14 +76,18 @@ def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None,
   if isinstance(ranks_or_budget, (int, np.integer)) and not isinstance(ranks_or_budget, bool):
     assert whitened is not None  # checked above
     total = sum(tucker.dense_parameters(shapes[p]) for p in PROJECTIONS)
-    return {p: tucker.allocate_ranks(whitened[p], int(ranks_or_budget) *
-                                     tucker.dense_parameters(shapes[p]) // total)
-            for p in PROJECTIONS}
+    return {
+      p: tucker.allocate_ranks(
+        whitened[p], int(ranks_or_budget) * tucker.dense_parameters(shapes[p]) // total
+      )
+      for p in PROJECTIONS
+    }
   if isinstance(ranks_or_budget, dict):
     unknown = set(ranks_or_budget) - set(PROJECTIONS)
     if unknown or len(ranks_or_budget) != len(PROJECTIONS):
-      raise ConfigError(f"ranks={ranks_or_budget!r} must give a triple for each of "
-                        f"{list(PROJECTIONS)}")
+      raise ConfigError(
+        f"ranks={ranks_or_budget!r} must give a triple for each of {list(PROJECTIONS)}"
+      )
     given = ranks_or_budget
   else:
     given = {p: ranks_or_budget for p in PROJECTIONS}
@@ -92,9 +103,16 @@ def resolve_ranks(shapes: dict, ranks_or_budget, whitened: dict | None = None,
   return out
 
 
-def factorise_experts(experts: dict, calibration_inputs, ranks_or_budget, *,
-                      hidden_inputs=None, damping: float = 1e-6, iterations: int = 5,
-                      output_samples: dict | None = None) -> tuple[dict, dict]:
+def factorise_experts(
+  experts: dict,
+  calibration_inputs,
+  ranks_or_budget,
+  *,
+  hidden_inputs=None,
+  damping: float = 1e-6,
+  iterations: int = 5,
+  output_samples: dict | None = None,
+) -> tuple[dict, dict]:
   """(params, ranks): TD-MoE of one layer's SwiGLU experts (module doc).
 
   experts: {w_gate, w_up [E, d, f], w_down [E, f, d]} (the block's experts
@@ -106,20 +124,33 @@ def factorise_experts(experts: dict, calibration_inputs, ranks_or_budget, *,
   shapes = {p: np.shape(experts[p]) for p in PROJECTIONS}
   e, d, f = shapes["w_gate"]
   if shapes["w_up"] != (e, d, f) or shapes["w_down"] != (e, f, d):
-    raise ConfigError(f"experts of shapes {shapes} are not SwiGLU experts "
-                      "(w_gate, w_up [E, d, f], w_down [E, f, d])")
-  whitened = whitened_tensors(experts, calibration_inputs, hidden_inputs, damping,
-                              output_samples)
+    raise ConfigError(
+      f"experts of shapes {shapes} are not SwiGLU experts "
+      "(w_gate, w_up [E, d, f], w_down [E, f, d])"
+    )
+  whitened = whitened_tensors(experts, calibration_inputs, hidden_inputs, damping, output_samples)
   ranks = resolve_ranks(shapes, ranks_or_budget, whitened)
   inputs = {"w_gate": calibration_inputs, "w_up": calibration_inputs, "w_down": hidden_inputs}
   params = {}
   for p in PROJECTIONS:
-    model = (tucker.tucker(experts[p], ranks[p], iterations) if inputs[p] is None else
-             tucker.td_moe(experts[p], inputs[p], ranks[p], damping=damping,
-                           iterations=iterations, output_samples=None if output_samples
-                           is None else output_samples[p]))
-    params[p] = {"core": model.core, "expert_factor": model.expert_factor,
-                 "input_factor": model.input_factor, "output_factor": model.output_factor}
+    model = (
+      tucker.tucker(experts[p], ranks[p], iterations)
+      if inputs[p] is None
+      else tucker.td_moe(
+        experts[p],
+        inputs[p],
+        ranks[p],
+        damping=damping,
+        iterations=iterations,
+        output_samples=None if output_samples is None else output_samples[p],
+      )
+    )
+    params[p] = {
+      "core": model.core,
+      "expert_factor": model.expert_factor,
+      "input_factor": model.input_factor,
+      "output_factor": model.output_factor,
+    }
   return {p: {k: np.asarray(v, np.float32) for k, v in t.items()} for p, t in params.items()}, ranks
 
 

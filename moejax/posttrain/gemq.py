@@ -28,6 +28,7 @@ Quantizer: RTN per group of the input dimension (quantize.rtn); GEMQ
 quantizes the chosen allocation with GPTQ, which the allocation's costs do not
 use (a guess: the released code's cost pass was not read).
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,8 +45,14 @@ from moejax.posttrain.taylor import token_gradients
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 
 
-def quantized_experts(params: dict, blocks, bits: int, group_size: int,
-                      symmetric: bool = False, source_params: dict | None = None) -> dict:
+def quantized_experts(
+  params: dict,
+  blocks,
+  bits: int,
+  group_size: int,
+  symmetric: bool = False,
+  source_params: dict | None = None,
+) -> dict:
   """params with every expert weight of `blocks` replaced by the RTN
   dequantization at `bits` of the same weight in `source_params` (default
   params itself; each [d_in, d_out] slice quantized on its own)."""
@@ -55,8 +62,9 @@ def quantized_experts(params: dict, blocks, bits: int, group_size: int,
     experts = dict(new["blocks"][block]["ffn"]["experts"])
     for name in EXPERT_WEIGHTS:
       w = np.asarray(source["blocks"][block]["ffn"]["experts"][name])
-      experts[name] = np.stack([quantize.dequantize(quantize.rtn(w_e, bits, group_size,
-                                                                 symmetric)) for w_e in w])
+      experts[name] = np.stack(
+        [quantize.dequantize(quantize.rtn(w_e, bits, group_size, symmetric)) for w_e in w]
+      )
     new["blocks"][block]["ffn"]["experts"] = experts
   return new
 
@@ -79,15 +87,23 @@ def _batch_costs(graphdef, params, reference_params, quantized_params, rest, tok
   quantized = nnx.merge(graphdef, quantized_params, rest)
   costs = []
   for block, (x, aux) in moe.items():
-    delta = (routed_contributions(quantized.blocks[block].ffn, x, aux)
-             - routed_contributions(model.blocks[block].ffn, x, aux))  # [T, E, d]
+    delta = routed_contributions(quantized.blocks[block].ffn, x, aux) - routed_contributions(
+      model.blocks[block].ffn, x, aux
+    )  # [T, E, d]
     costs.append(jnp.einsum("td,ted->e", jnp.square(n * dy[block]), jnp.square(delta)))
   return jnp.stack(costs)
 
 
-def expert_costs(graphdef, params: dict, rest: dict, batches, bits, group_size: int,
-                 symmetric: bool = False, source_params: dict | None = None
-                 ) -> tuple[list[int], np.ndarray]:
+def expert_costs(
+  graphdef,
+  params: dict,
+  rest: dict,
+  batches,
+  bits,
+  group_size: int,
+  symmetric: bool = False,
+  source_params: dict | None = None,
+) -> tuple[list[int], np.ndarray]:
   """(MoE blocks, c [blocks, E, len(bits)] float64) over the calibration token
   batches [B, L] (module doc); float params as pure dicts. With source_params
   (GEMQ's progressive re-estimation), `params` is the current (quantized,
@@ -97,13 +113,12 @@ def expert_costs(graphdef, params: dict, rest: dict, batches, bits, group_size: 
   model = nnx.merge(graphdef, params, rest)
   blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
   costs = np.zeros((len(blocks), model.cfg.moe.num_experts, len(bits)))
-  reference = params if source_params is None else _with_experts(params, blocks,
-                                                                 source_params)
+  reference = params if source_params is None else _with_experts(params, blocks, source_params)
   for j, b in enumerate(bits):
-    quantized_params = quantized_experts(params, blocks, b, group_size, symmetric,
-                                         source_params)
+    quantized_params = quantized_experts(params, blocks, b, group_size, symmetric, source_params)
     for tokens in batches:
-      costs[:, :, j] += np.asarray(_batch_costs(graphdef, params, reference,
-                                                quantized_params, rest, jnp.asarray(tokens)),
-                                   np.float64)
+      costs[:, :, j] += np.asarray(
+        _batch_costs(graphdef, params, reference, quantized_params, rest, jnp.asarray(tokens)),
+        np.float64,
+      )
   return blocks, costs

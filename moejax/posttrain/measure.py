@@ -10,6 +10,7 @@ Calibration draw d: `num_windows` windows of the training seq_len drawn with see
 from the training split (calibration.calibration_windows), shared by every method
 scored on that draw.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,6 +33,7 @@ def domains_of(data) -> tuple[str, ...]:
   mix's domains, else the one named after the data."""
   if data.name == "mix":
     from moejax.data.mix import DOMAINS
+
     return tuple(sorted(DOMAINS))
   return (data.name,)
 
@@ -40,6 +42,7 @@ def probes_of(setting: str, data) -> tuple[str, ...]:
   """A probes setting as names: 'auto' (every probe for a mix model, else none), ''
   (none) or comma-separated names."""
   from moejax.evaluation.probe_data import PROBES
+
   if setting == "auto":
     return tuple(PROBES) if data.name == "mix" else ()
   return tuple(p for p in setting.split(",") if p)
@@ -81,16 +84,20 @@ def _top_k_sets(graphdef, params, rest, tokens):
   for layer in aux["moe"]:
     index = layer["expert_index"].reshape(-1, layer["expert_index"].shape[-1])
     valid = layer["valid"].reshape(index.shape)
-    out.append(jnp.zeros((index.shape[0], e + 1), bool).at[
-        jnp.arange(index.shape[0])[:, None], jnp.where(valid, index, e)].set(True)[:, :e])
+    out.append(
+      jnp.zeros((index.shape[0], e + 1), bool)
+      .at[jnp.arange(index.shape[0])[:, None], jnp.where(valid, index, e)]
+      .set(True)[:, :e]
+    )
   return jnp.stack(out, axis=1)
 
 
 def routing_sets(graphdef, params, rest, batches) -> np.ndarray:
   """bool [tokens, MoE layers, E]: each token's top-k expert set in every MoE layer
   (one compiled program per model config, whatever the parameters)."""
-  return np.concatenate([np.asarray(_top_k_sets(graphdef, params, rest, jnp.asarray(b)))
-                         for b in batches])
+  return np.concatenate(
+    [np.asarray(_top_k_sets(graphdef, params, rest, jnp.asarray(b))) for b in batches]
+  )
 
 
 def rerouted(reference_sets: np.ndarray, sets: np.ndarray) -> float:
@@ -102,8 +109,17 @@ class Bench:
   """A training workdir's model, read once, and everything its studies score with:
   held-out documents and probes, calibration draws, re-routing windows."""
 
-  def __init__(self, workdir: str, *, num_windows: int, bytes_per_domain: int, probes,
-               probe_count: int, reroute_windows: int = 0, key: str = "--workdir"):
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    num_windows: int,
+    bytes_per_domain: int,
+    probes,
+    probe_count: int,
+    reroute_windows: int = 0,
+    key: str = "--workdir",
+  ):
     self.workdir, self.key = workdir, key
     self.num_windows, self.bytes_per_domain = num_windows, bytes_per_domain
     self.probes, self.probe_count = tuple(probes), probe_count
@@ -126,27 +142,32 @@ class Bench:
   @functools.cached_property
   def graphdef(self):
     from moejax.models.decoder import abstract_model
+
     return abstract_model(self.model)[0]
 
   @functools.cached_property
   def documents(self) -> list:
     from moejax.data.pipeline import split_documents
     from moejax.evaluation import harness
-    return harness.sample_documents(split_documents(self.run_config.data),
-                                    self.bytes_per_domain)
+
+    return harness.sample_documents(split_documents(self.run_config.data), self.bytes_per_domain)
 
   @functools.cached_property
   def train_stream(self) -> np.ndarray:
     from moejax.data.pipeline import train_token_stream
+
     return train_token_stream(self.run_config.data)
 
   def calibration(self, draw: int) -> Calibration:
     """Draw `draw`'s calibration (the latest draw's is kept)."""
     if self._calibration is None or self._calibration[0] != draw:
-      windows = calibration_windows(self.train_stream, self.num_windows,
-                                    self.run_config.data.seq_len, seed=draw)
-      self._calibration = (draw, Calibration(self.model, self.source.params, self.source.rest,
-                                             windows))
+      windows = calibration_windows(
+        self.train_stream, self.num_windows, self.run_config.data.seq_len, seed=draw
+      )
+      self._calibration = (
+        draw,
+        Calibration(self.model, self.source.params, self.source.rest, windows),
+      )
     return self._calibration[1]
 
   def evaluate(self, m, params: dict, rest: dict) -> dict[str, float]:
@@ -154,11 +175,19 @@ class Bench:
     from moejax.models.structure import expert_counts
     from moejax.evaluation import harness
     from moejax.evaluation.model import DecoderLM
-    settings = harness.Settings(context=self.run_config.data.seq_len, probes=self.probes,
-                                probe_count=self.probe_count)
+
+    settings = harness.Settings(
+      context=self.run_config.data.seq_len, probes=self.probes, probe_count=self.probe_count
+    )
     tokenizer = self.source.tokenizer
-    report = harness.evaluate(DecoderLM(m, params, rest), tokenizer, tokenizer.eos_id,
-                              self.documents, settings, expert_counts(m)).report
+    report = harness.evaluate(
+      DecoderLM(m, params, rest),
+      tokenizer,
+      tokenizer.eos_id,
+      self.documents,
+      settings,
+      expert_counts(m),
+    ).report
     out = {("bpb" if d == "all" else f"bpb/{d}"): v for d, v in report["bpb"].items()}
     for name, groups in report["probes"].items():
       accuracy = groups["all"]["accuracy"]
@@ -169,13 +198,18 @@ class Bench:
   def held_out(self) -> list:
     """Batches of `reroute_windows` windows of the held-out documents' tokens."""
     from moejax.data.pipeline import split_documents
+
     tokenizer = self.source.tokenizer
     ids = []
     for _, text in split_documents(self.run_config.data):
       ids.extend(tokenizer.encode(text))
-    windows = calibration_windows(np.asarray(ids, np.int32), self.reroute_windows,
-                                  self.run_config.data.seq_len, seed=REROUTE_SEED)
-    return [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
+    windows = calibration_windows(
+      np.asarray(ids, np.int32),
+      self.reroute_windows,
+      self.run_config.data.seq_len,
+      seed=REROUTE_SEED,
+    )
+    return [windows[i : i + BATCH] for i in range(0, len(windows), BATCH)]
 
   def routing_sets(self, params: dict) -> np.ndarray:
     """Top-k sets on the held-out windows of the source model with `params`."""

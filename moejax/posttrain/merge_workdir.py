@@ -11,6 +11,7 @@ trees), written as a workdir the project loads.
 Only trained parameters are merged; non-trained state (`rest`: router biases and
 counters) is the base's (for average, which reads no base, the first model's).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,16 +37,19 @@ def source_kind(path: str, key: str) -> str:
   return cli.checked_workdir(key, path)
 
 
-def check_inputs(merge: Merge, base: str | None, experts: list[str], weights,
-                 out: str | None) -> dict:
+def check_inputs(
+  merge: Merge, base: str | None, experts: list[str], weights, out: str | None
+) -> dict:
   """Every refusal that needs no model loaded: a base where the method needs one, each
   input's kind, the weights' count and values, and `out` (new or empty, not inside an
   input). {key: kind}."""
   if not experts:
     raise ConfigError("give at least one model to merge (--experts=)")
   if merge.method.needs_base and base is None:
-    raise ConfigError(f"--method={merge.method.name} takes task vectors from a base model: "
-                      "give --base (--base=None)")
+    raise ConfigError(
+      f"--method={merge.method.name} takes task vectors from a base model: "
+      "give --base (--base=None)"
+    )
   kinds = {} if base is None else {"--base": source_kind(base, "--base")}
   for i, path in enumerate(experts):
     kinds[f"--experts[{i}]"] = source_kind(path, "--experts")
@@ -62,21 +66,31 @@ def load(path: str, kind: str):
   return loaded
 
 
-def merge_models(merge: Merge, base: str | None, experts: list[str], weights=None,
-                 out: str | None = None) -> dict:
+def merge_models(
+  merge: Merge, base: str | None, experts: list[str], weights=None, out: str | None = None
+) -> dict:
   """Merge the models at `experts` (onto `base`) with `merge`; write `out` if given;
   the report (what was merged, the weights and settings)."""
   kinds = check_inputs(merge, base, experts, weights, out)
   sources = [load(p, kinds[f"--experts[{i}]"]) for i, p in enumerate(experts)]
   first = load(base, kinds["--base"]) if base else sources[0]
-  names = ([f"--base={base}"] if base else []) + [f"--experts[{i}]={p}"
-                                                  for i, p in enumerate(experts)]
-  merged = merge(first.params if base else None, [s.params for s in sources],
-                 None if weights is None else np.asarray(weights, np.float64),
-                 names=names if base else ["base"] + names)
+  names = ([f"--base={base}"] if base else []) + [
+    f"--experts[{i}]={p}" for i, p in enumerate(experts)
+  ]
+  merged = merge(
+    first.params if base else None,
+    [s.params for s in sources],
+    None if weights is None else np.asarray(weights, np.float64),
+    names=names if base else ["base"] + names,
+  )
   used = uniform(len(experts)) if weights is None else np.asarray(weights, np.float64)
-  report = {"method": merge.method.name, "settings": merge.settings, "base": base,
-            "experts": list(experts), "weights": [float(w) for w in used]}
+  report = {
+    "method": merge.method.name,
+    "settings": merge.settings,
+    "base": base,
+    "experts": list(experts),
+    "weights": [float(w) for w in used],
+  }
   if out:
     write(out, first, merged, base or experts[0])
     with open(os.path.join(out, REPORT), "w") as f:
@@ -91,5 +105,6 @@ def write(out: str, model: source.Source, params: dict, path: str) -> None:
     save_training_workdir(out, config, params, model.rest, step, model.data_state)
     return
   from moejax.interop.convert import Loaded, save_workdir
+
   files = path if model.kind == "hf" else os.path.join(path, "model")
   save_workdir(out, Loaded(model.model, params, model.rest, model.hf_config), files)

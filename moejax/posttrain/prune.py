@@ -7,6 +7,7 @@ statistics -> expert_subset.choose per MoE layer (or HEAPr's global atom ranking
 objective), checked by moejax.posttrain.request.check_request. Reading a source
 and writing the pruned workdir: moejax.posttrain.prune_workdir.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,6 +35,7 @@ PARTNERS = ("output", "contribution")
 @dataclasses.dataclass(frozen=True)
 class Pruning:
   """A pruning request: `method` (methods.METHODS) keeps `keep` per MoE layer."""
+
   method: str
   keep: str
   objective: str = "rescaled"
@@ -52,9 +54,17 @@ def merge_rule(method: str, merge: str = "") -> str:
 def check_options(r: Pruning, keys: dict | None = None) -> None:
   """ConfigError for a merge, partner or normalisation that is not known, or a
   merge the request cannot take (an atom method, keep=knee, rescale), naming `keys`."""
-  keys = {"merge": "--merge", "partner": "--partner", "normalisation": "--normalisation",
-          "rescale": "--rescale", "keep": "--keep", "method": "--method", **(keys or {})}
+  keys = {
+    "merge": "--merge",
+    "partner": "--partner",
+    "normalisation": "--normalisation",
+    "rescale": "--rescale",
+    "keep": "--keep",
+    "method": "--method",
+    **(keys or {}),
+  }
   from moejax.errors import choice_error
+
   if r.merge and r.merge not in MERGES:
     raise choice_error(keys["merge"], r.merge, MERGES)
   if r.partner not in PARTNERS:
@@ -64,14 +74,19 @@ def check_options(r: Pruning, keys: dict | None = None) -> None:
   if merge_rule(r.method, r.merge) == "none":
     return
   if r.method in ATOM_METHODS:
-    raise ConfigError(f"{keys['merge']}={r.merge}: {keys['method']}={r.method} removes atoms, "
-                      "not experts to merge")
+    raise ConfigError(
+      f"{keys['merge']}={r.merge}: {keys['method']}={r.method} removes atoms, not experts to merge"
+    )
   if r.keep == KNEE:
-    raise ConfigError(f"{keys['keep']}=knee reads err(m) of the Gram objective, which a "
-                      f"merge ({keys['merge']}={merge_rule(r.method, r.merge)}) changes")
+    raise ConfigError(
+      f"{keys['keep']}=knee reads err(m) of the Gram objective, which a "
+      f"merge ({keys['merge']}={merge_rule(r.method, r.merge)}) changes"
+    )
   if r.rescale:
-    raise ConfigError(f"{keys['rescale']}: the least-squares weights are those of the "
-                      f"unmerged experts ({keys['merge']}={merge_rule(r.method, r.merge)})")
+    raise ConfigError(
+      f"{keys['rescale']}: the least-squares weights are those of the "
+      f"unmerged experts ({keys['merge']}={merge_rule(r.method, r.merge)})"
+    )
 
 
 def kept_count(keep: str, num_experts: int, top_k: int, key: str = "--keep") -> int:
@@ -80,16 +95,16 @@ def kept_count(keep: str, num_experts: int, top_k: int, key: str = "--keep") -> 
   try:
     value = float(keep) if "." in keep else int(keep)
   except (TypeError, ValueError):
-    raise ConfigError(f"{key}={keep}: expected a fraction of the experts in (0, 1] "
-                      f"(0.5), a count (8) or {KNEE!r}") from None
+    raise ConfigError(
+      f"{key}={keep}: expected a fraction of the experts in (0, 1] (0.5), a count (8) or {KNEE!r}"
+    ) from None
   count = round(value * num_experts) if isinstance(value, float) else value
   if isinstance(value, float) and not 0 < value <= 1:
     raise ConfigError(f"{key}={keep}: a fraction must be in (0, 1]")
   if count > num_experts:
     raise ConfigError(f"{key}={keep} is larger than the layer's {num_experts} experts")
   if count < top_k:
-    raise ConfigError(f"{key}={keep} keeps {count} experts, below the router's "
-                      f"top_k={top_k}")
+    raise ConfigError(f"{key}={keep} keeps {count} experts, below the router's top_k={top_k}")
   return count
 
 
@@ -100,8 +115,9 @@ def atom_fraction(keep: str, key: str = "--keep") -> float:
   except (TypeError, ValueError):
     value = None
   if value is None or "." not in keep or not 0 < value <= 1:
-    raise ConfigError(f"{key}={keep}: an atom method keeps a fraction of all atoms, "
-                      "in (0, 1] (0.75)")
+    raise ConfigError(
+      f"{key}={keep}: an atom method keeps a fraction of all atoms, in (0, 1] (0.75)"
+    )
   return value
 
 
@@ -140,25 +156,55 @@ def most_similar_kept(gram: np.ndarray, kept) -> dict:
   return {p: kept[int(np.argmax(cosine[p, kept]))] for p in range(len(gram)) if p not in kept}
 
 
-def prune_atoms(m, params: dict, rest: dict, calibration: Calibration, *, keep: str,
-                method: str, seed: int = 0, normalisation: str = "routed"):
+def prune_atoms(
+  m,
+  params: dict,
+  rest: dict,
+  calibration: Calibration,
+  *,
+  keep: str,
+  method: str,
+  seed: int = 0,
+  normalisation: str = "routed",
+):
   """HEAPr-style global atom pruning (posttrain/atoms.py): keep the `keep` fraction
   of all atoms by ATOM_METHODS[method]'s score (`normalisation`: atoms.NORMALISATIONS)."""
   fraction = atom_fraction(keep)
-  scores = atoms.atom_scores(calibration.atom_sums, ATOM_METHODS[method], params, seed,
-                             normalisation)
+  scores = atoms.atom_scores(
+    calibration.atom_sums, ATOM_METHODS[method], params, seed, normalisation
+  )
   kept = atoms.global_keep(scores, fraction)
   new_m, params = atoms.remove_atoms(m, params, kept)
-  layers = [{"block": block, "experts": int(mask.shape[0]),
-             "kept_atoms": [int(n) for n in mask.sum(axis=1)]} for block, mask in kept.items()]
+  layers = [
+    {
+      "block": block,
+      "experts": int(mask.shape[0]),
+      "kept_atoms": [int(n) for n in mask.sum(axis=1)],
+    }
+    for block, mask in kept.items()
+  ]
   return new_m, params, rest, layers
 
 
-def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, *, keep: str,
-                method: str, objective: str = "rescaled", seed: int = 0, batch_size: int = 8,
-                rescale: bool = False, calibration: Calibration | None = None,
-                save_statistics: str | None = None, merge: str = "", partner: str = "output",
-                normalisation: str = "routed", deployed: bool = False):
+def prune_model(
+  m,
+  params: dict,
+  rest: dict,
+  windows: np.ndarray | None = None,
+  *,
+  keep: str,
+  method: str,
+  objective: str = "rescaled",
+  seed: int = 0,
+  batch_size: int = 8,
+  rescale: bool = False,
+  calibration: Calibration | None = None,
+  save_statistics: str | None = None,
+  merge: str = "",
+  partner: str = "output",
+  normalisation: str = "routed",
+  deployed: bool = False,
+):
   """(pruned model config, params, rest, per-layer report) of the model config `m`
   (loop layout) calibrated on token windows [N, L] (or a shared `calibration`);
   pure-dict params and rest. Atom methods (ATOM_METHODS) keep a fraction of
@@ -180,27 +226,40 @@ def prune_model(m, params: dict, rest: dict, windows: np.ndarray | None = None, 
     contributions.save_statistics(save_statistics, calibration.stats)
   if method in ATOM_METHODS:
     new_m, new_params, new_rest, layers = prune_atoms(
-        m, params, rest, calibration, keep=keep, method=method, seed=seed,
-        normalisation=normalisation)
+      m, params, rest, calibration, keep=keep, method=method, seed=seed, normalisation=normalisation
+    )
   else:
-    stats = (calibration.with_step_scores() if method in expert_subset.STEP_METHODS
-             else calibration.stats)
+    stats = (
+      calibration.with_step_scores() if method in expert_subset.STEP_METHODS else calibration.stats
+    )
     kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
-    scales = ({layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block])
-               for layer in stats} if rescale else None)
+    scales = (
+      {layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block]) for layer in stats}
+      if rescale
+      else None
+    )
     merged = params
     if merge_rule(method, merge) == "average":
       for layer in stats:
         similarity = layer.outputs if partner == "output" else layer.gram
-        merged = merge_in_layer(merged, layer.block,
-                                most_similar_kept(similarity, kept[layer.block]), layer.mass)
+        merged = merge_in_layer(
+          merged, layer.block, most_similar_kept(similarity, kept[layer.block]), layer.mass
+        )
     new_m, new_params, new_rest = surgery.remove_experts(m, merged, rest, kept, scales)
-    layers = [{"block": layer.block, "experts": len(layer.gram), "kept": list(kept[layer.block]),
-               "relative_error": errors[layer.block]} for layer in stats]
+    layers = [
+      {
+        "block": layer.block,
+        "experts": len(layer.gram),
+        "kept": list(kept[layer.block]),
+        "relative_error": errors[layer.block],
+      }
+      for layer in stats
+    ]
   if deployed:
     energy = {layer.block: max(float(layer.gram.sum()), 1e-300) for layer in calibration.stats}
-    errors = contributions.deployed_errors(calibration.graphdef, params, rest, new_m,
-                                           new_params, new_rest, calibration.batches)
+    errors = contributions.deployed_errors(
+      calibration.graphdef, params, rest, new_m, new_params, new_rest, calibration.batches
+    )
     for layer in layers:
       layer["deployed_error"] = errors[layer["block"]] / energy[layer["block"]]
   return new_m, new_params, new_rest, layers

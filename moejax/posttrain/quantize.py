@@ -28,6 +28,7 @@ Dead inputs (H_ii = 0) get H_ii = 1 and a zero weight row, as in the reference.
 Scales are rounded to float32 before they are used, GPTQ's algebra runs in
 float64 on the host (offline, one matrix at a time); RTN is GPTQ with H = I.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,14 +45,16 @@ def check_grouping(bits: int, group_size: int, d_in: int) -> None:
   if bits not in SUPPORTED_BITS:
     raise ConfigError(f"bits={bits!r} is not supported; valid: {SUPPORTED_BITS}")
   if not isinstance(group_size, (int, np.integer)) or group_size <= 0 or d_in % group_size:
-    raise ConfigError(f"group_size={group_size!r} must be a positive divisor of "
-                      f"the input dimension d_in={d_in}")
+    raise ConfigError(
+      f"group_size={group_size!r} must be a positive divisor of the input dimension d_in={d_in}"
+    )
 
 
 @dataclasses.dataclass
 class QuantizedWeight:
   """Codes [d_in, d_out] (uint8 asymmetric, int8 symmetric), scales and zero
   points [d_in / group_size, d_out] (zero None when symmetric)."""
+
   codes: np.ndarray
   scales: np.ndarray
   zero: np.ndarray | None
@@ -73,7 +76,7 @@ def _group_params(rows_GxO: np.ndarray, bits: int, symmetric: bool):
   else:
     low = np.minimum(rows.min(axis=-2), 0.0)
     high = np.maximum(rows.max(axis=-2), 0.0)
-    scale = (high - low) / (2 ** bits - 1)
+    scale = (high - low) / (2**bits - 1)
   scale = np.where(scale > 0, scale, 1.0).astype(np.float32).astype(np.float64)
   if not symmetric:
     zero = np.round(-low / scale)
@@ -85,7 +88,7 @@ def _codes(w_O: np.ndarray, scale, zero, bits: int) -> np.ndarray:
   if zero is None:
     top = 2 ** (bits - 1) - 1
     return np.clip(np.round(w_O / scale), -top, top)
-  return np.clip(np.round(w_O / scale) + zero, 0, 2 ** bits - 1)
+  return np.clip(np.round(w_O / scale) + zero, 0, 2**bits - 1)
 
 
 def _values(codes, scale, zero):
@@ -94,10 +97,12 @@ def _values(codes, scale, zero):
 
 def _pack(codes, scales, zeros, bits, group_size, symmetric) -> QuantizedWeight:
   return QuantizedWeight(
-      codes=np.asarray(codes, np.int8 if symmetric else np.uint8),
-      scales=np.asarray(scales, np.float32),
-      zero=None if symmetric else np.asarray(zeros, np.uint8),
-      bits=bits, group_size=group_size)
+    codes=np.asarray(codes, np.int8 if symmetric else np.uint8),
+    scales=np.asarray(scales, np.float32),
+    zero=None if symmetric else np.asarray(zeros, np.uint8),
+    bits=bits,
+    group_size=group_size,
+  )
 
 
 def dequantize(q: QuantizedWeight) -> np.ndarray:
@@ -113,9 +118,9 @@ def rtn(W, bits: int, group_size: int, symmetric: bool = False) -> QuantizedWeig
   codes = np.empty_like(W)
   scales, zeros = [], []
   for start in range(0, W.shape[0], group_size):
-    rows = W[start:start + group_size]
+    rows = W[start : start + group_size]
     scale, zero = _group_params(rows, bits, symmetric)
-    codes[start:start + group_size] = _codes(rows, scale, zero, bits)
+    codes[start : start + group_size] = _codes(rows, scale, zero, bits)
     scales.append(scale)
     zeros.append(zero)
   return _pack(codes, scales, None if symmetric else zeros, bits, group_size, symmetric)
@@ -137,20 +142,35 @@ def _inverse_cholesky(H: np.ndarray) -> np.ndarray:
   return np.linalg.cholesky((inverse + inverse.T) / 2).T
 
 
-def gptq(W, H, bits: int, group_size: int, damp: float = 0.01, block_size: int = 128,
-         symmetric: bool = False) -> QuantizedWeight:
+def gptq(
+  W,
+  H,
+  bits: int,
+  group_size: int,
+  damp: float = 0.01,
+  block_size: int = 128,
+  symmetric: bool = False,
+) -> QuantizedWeight:
   """GPTQ of W [d_in, d_out] against the input Hessian H = X^T X [d_in, d_in]:
   rows quantized in order, each one's error fed back through the inverse
   Hessian's Cholesky factor (module doc, Alg. 1)."""
   d_in = np.shape(W)[0]
   if np.shape(H) != (d_in, d_in):
     raise ConfigError(f"H has shape {np.shape(H)}; expected ({d_in}, {d_in}) for d_in={d_in}")
-  return gptq_stack(np.asarray(W)[None], np.asarray(H)[None], bits, group_size, damp,
-                    block_size, symmetric)[0]
+  return gptq_stack(
+    np.asarray(W)[None], np.asarray(H)[None], bits, group_size, damp, block_size, symmetric
+  )[0]
 
 
-def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size: int = 128,
-               symmetric: bool = False) -> list[QuantizedWeight]:
+def gptq_stack(
+  W,
+  H,
+  bits: int,
+  group_size: int,
+  damp: float = 0.01,
+  block_size: int = 128,
+  symmetric: bool = False,
+) -> list[QuantizedWeight]:
   """`gptq` of every W[e] [d_in, d_out] against its own H[e], for W [E, d_in, d_out]
   and H [E, d_in, d_in]: the same arithmetic, the experts carried along a leading
   axis (one Python loop over the rows for all of them)."""
@@ -159,8 +179,9 @@ def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size:
   check_grouping(bits, group_size, d_in)
   H = np.array(H, np.float64)
   if H.shape != (e, d_in, d_in):
-    raise ConfigError(f"H has shape {H.shape}; expected ({e}, {d_in}, {d_in}) for "
-                      f"{e} matrices of d_in={d_in}")
+    raise ConfigError(
+      f"H has shape {H.shape}; expected ({e}, {d_in}, {d_in}) for {e} matrices of d_in={d_in}"
+    )
   diagonal = np.arange(d_in)
   dead = H[:, diagonal, diagonal] == 0  # [E, d_in]
   H[:, diagonal, diagonal] = np.where(dead, 1.0, H[:, diagonal, diagonal])
@@ -177,7 +198,7 @@ def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size:
     U_block = U[:, start:stop, start:stop]
     for i in range(stop - start):
       if (start + i) % group_size == 0:
-        scale, zero = _group_params(rows[:, i:i + group_size], bits, symmetric)
+        scale, zero = _group_params(rows[:, i : i + group_size], bits, symmetric)
         scale_groups.append(scale)
         zero_groups.append(zero)
       w = rows[:, i]  # [E, d_out]
@@ -189,8 +210,10 @@ def gptq_stack(W, H, bits: int, group_size: int, damp: float = 0.01, block_size:
     W[:, stop:] -= np.einsum("eij,eio->ejo", U[:, start:stop, stop:], errors)  # lazy batch
   scales = np.stack(scale_groups, axis=1)  # [E, groups, d_out]
   zeros = None if symmetric else np.stack(zero_groups, axis=1)
-  return [_pack(codes[k], scales[k], None if zeros is None else zeros[k], bits, group_size,
-                symmetric) for k in range(e)]
+  return [
+    _pack(codes[k], scales[k], None if zeros is None else zeros[k], bits, group_size, symmetric)
+    for k in range(e)
+  ]
 
 
 def layer_error(W, Wq, X) -> float:
@@ -200,4 +223,4 @@ def layer_error(W, Wq, X) -> float:
     Wq = dequantize(Wq)
   X = np.asarray(X, np.float64)
   diff = X.reshape(-1, X.shape[-1]) @ (np.asarray(W, np.float64) - np.asarray(Wq, np.float64))
-  return float(np.sum(diff ** 2))
+  return float(np.sum(diff**2))

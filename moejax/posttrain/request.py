@@ -5,6 +5,7 @@ Messages name the key the user set, as training errors do (`key=value: why`):
 command-line flags by default (FLAGS), study keys when a study passes `keys`
 (e.g. {"keep": "study.levels[1].keep", "num_windows": "study.settings.num_windows"}).
 """
+
 from __future__ import annotations
 
 from moejax.models.structure import expert_counts, moe_layer_indices
@@ -13,14 +14,35 @@ from moejax.posttrain import compress_pipeline as cp
 from moejax.posttrain import expert_subset, prune
 from moejax.posttrain.methods import ATOM_METHODS, METHODS
 
-FIELDS = ("method", "keep", "level", "objective", "rescale", "quantizer", "group_size",
-          "bit_choices", "rounds", "finetune_steps", "num_windows", "context")
+FIELDS = (
+  "method",
+  "keep",
+  "level",
+  "objective",
+  "rescale",
+  "quantizer",
+  "group_size",
+  "bit_choices",
+  "rounds",
+  "finetune_steps",
+  "num_windows",
+  "context",
+)
 FLAGS = {field: f"--{field}" for field in FIELDS}
 MIN_TOKENS_PER_EXPERT = 16  # routed calibration tokens per expert, on average
 
 
-def check_request(m, request, *, num_windows: int, context: int, source: str,
-                  keys: dict | None = None, rounds: int = 1, finetune_steps: int = 0) -> None:
+def check_request(
+  m,
+  request,
+  *,
+  num_windows: int,
+  context: int,
+  source: str,
+  keys: dict | None = None,
+  rounds: int = 1,
+  finetune_steps: int = 0,
+) -> None:
   """ConfigError for a request the model config `m` cannot take.
 
   request: a prune.Pruning or a compress_pipeline.Request. Calibration (both): no
@@ -44,19 +66,22 @@ def check_request(m, request, *, num_windows: int, context: int, source: str,
 
 def _calibration(m, num_windows: int, context: int, source: str, keys: dict) -> None:
   if not moe_layer_indices(m):
-    raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune or compress "
-                      f"({source})")
+    raise ConfigError(f"the checkpoint has no MoE layer: nothing to prune or compress ({source})")
   if m.scan_layers:
     raise ConfigError(f"model.scan_layers=True: calibration reads the loop layout ({source})")
   if context > m.max_seq_len:
     raise ConfigError(f"{keys['context']}={context} exceeds model.max_seq_len={m.max_seq_len}")
-  routed, needed = num_windows * context * m.moe.top_k, MIN_TOKENS_PER_EXPERT * max(
-      expert_counts(m))
+  routed, needed = (
+    num_windows * context * m.moe.top_k,
+    MIN_TOKENS_PER_EXPERT * max(expert_counts(m)),
+  )
   if routed < needed:
-    raise ConfigError(f"{keys['num_windows']}={num_windows} x {keys['context']}={context} "
-                      f"routes {routed} token-expert pairs per layer, fewer than "
-                      f"{MIN_TOKENS_PER_EXPERT} per expert ({needed}) for the calibration "
-                      "statistics")
+    raise ConfigError(
+      f"{keys['num_windows']}={num_windows} x {keys['context']}={context} "
+      f"routes {routed} token-expert pairs per layer, fewer than "
+      f"{MIN_TOKENS_PER_EXPERT} per expert ({needed}) for the calibration "
+      "statistics"
+    )
 
 
 def _pruning(m, r: "prune.Pruning", source: str, keys: dict) -> None:
@@ -66,65 +91,84 @@ def _pruning(m, r: "prune.Pruning", source: str, keys: dict) -> None:
   if r.method in ATOM_METHODS:
     prune.atom_fraction(r.keep, keep)
     if m.moe.experts != "swiglu":
-      raise ConfigError(f"{method}={r.method} prunes the hidden units of SwiGLU experts, not "
-                        f"of model.moe.experts={m.moe.experts!r} ({source})")
+      raise ConfigError(
+        f"{method}={r.method} prunes the hidden units of SwiGLU experts, not "
+        f"of model.moe.experts={m.moe.experts!r} ({source})"
+      )
   elif r.keep == prune.KNEE:
     if r.method == "step":
-      raise ConfigError(f"{keep}=knee reads err(m) of the Gram objective; {method}=step "
-                        "merges experts, which that error does not describe")
+      raise ConfigError(
+        f"{keep}=knee reads err(m) of the Gram objective; {method}=step "
+        "merges experts, which that error does not describe"
+      )
   else:
     for count in expert_counts(m):
       prune.kept_count(r.keep, count, m.moe.top_k, keep)
   if r.objective not in expert_subset.OBJECTIVES:
     raise choice_error(keys["objective"], r.objective, expert_subset.OBJECTIVES)
   if r.rescale and r.objective != "rescaled":
-    raise ConfigError(f"{keys['rescale']} folds the least-squares weights of "
-                      f"{keys['objective']}=rescaled ({keys['objective']}={r.objective})")
+    raise ConfigError(
+      f"{keys['rescale']} folds the least-squares weights of "
+      f"{keys['objective']}=rescaled ({keys['objective']}={r.objective})"
+    )
 
 
-def _compression(m, r: "cp.Request", source: str, keys: dict, rounds: int,
-                 finetune_steps: int) -> None:
+def _compression(
+  m, r: "cp.Request", source: str, keys: dict, rounds: int, finetune_steps: int
+) -> None:
   level, choices_key = keys["level"], keys["bit_choices"]
   if r.method not in cp.METHODS:
     raise choice_error(keys["method"], r.method, cp.METHODS)
   if r.quantizer not in cp.QUANTIZERS:
     raise choice_error(keys["quantizer"], r.quantizer, cp.QUANTIZERS)
   if rounds > 1 and r.method != "gemq":
-    raise ConfigError(f"{keys['rounds']}={rounds}: only gemq re-estimates its costs "
-                      f"({keys['method']}={r.method})")
+    raise ConfigError(
+      f"{keys['rounds']}={rounds}: only gemq re-estimates its costs ({keys['method']}={r.method})"
+    )
   if finetune_steps and r.method in ("svd", "whitened_svd"):
-    raise ConfigError(f"{keys['finetune_steps']}={finetune_steps}: {r.method} has no expert "
-                      "type to fine-tune")
+    raise ConfigError(
+      f"{keys['finetune_steps']}={finetune_steps}: {r.method} has no expert type to fine-tune"
+    )
   if m.moe.experts != "swiglu":
-    raise ConfigError(f"compression starts from float 'swiglu' experts; this checkpoint "
-                      f"holds {m.moe.experts!r} experts ({source})")
+    raise ConfigError(
+      f"compression starts from float 'swiglu' experts; this checkpoint "
+      f"holds {m.moe.experts!r} experts ({source})"
+    )
   if cp.family(r.method) == "factorised":
     if not 0 < r.level < 1:
-      raise ConfigError(f"{level}={r.level}: a factorisation removes a fraction of the "
-                        "expert parameters, in (0, 1)")
+      raise ConfigError(
+        f"{level}={r.level}: a factorisation removes a fraction of the expert parameters, in (0, 1)"
+      )
     return
   if not r.bit_choices:
-    raise ConfigError(f"{choices_key} is empty: expected at least one bit-width of "
-                      f"{cp.SUPPORTED_BITS}")
+    raise ConfigError(
+      f"{choices_key} is empty: expected at least one bit-width of {cp.SUPPORTED_BITS}"
+    )
   for b in r.bit_choices:
     if b not in cp.SUPPORTED_BITS:
-      raise ConfigError(f"{choices_key}: {b} bits is not supported; valid: "
-                        f"{cp.SUPPORTED_BITS}")
+      raise ConfigError(f"{choices_key}: {b} bits is not supported; valid: {cp.SUPPORTED_BITS}")
   if r.method == "uniform" and r.level not in cp.SUPPORTED_BITS:
     raise ConfigError(f"{level}={r.level}: uniform bits must be one of {cp.SUPPORTED_BITS}")
   low, high = min(cp.SUPPORTED_BITS), max(cp.SUPPORTED_BITS)
   if cp.family(r.method) == "codebook" and not low <= r.level <= high:
-    raise ConfigError(f"{level}={r.level} bits is outside what {r.method} can reach, "
-                      f"[{low}, {high}] bits")
+    raise ConfigError(
+      f"{level}={r.level} bits is outside what {r.method} can reach, [{low}, {high}] bits"
+    )
   choices = cp.bit_choices_for(r)
   if r.level < min(choices):
-    raise ConfigError(f"{level}={r.level} bits is below the minimum achievable, "
-                      f"{min(choices)} bits for every expert ({choices_key}={list(choices)})")
+    raise ConfigError(
+      f"{level}={r.level} bits is below the minimum achievable, "
+      f"{min(choices)} bits for every expert ({choices_key}={list(choices)})"
+    )
   if r.level > max(choices):
-    raise ConfigError(f"{level}={r.level} bits is above the widest choice, {max(choices)} "
-                      f"({choices_key}={list(choices)})")
+    raise ConfigError(
+      f"{level}={r.level} bits is above the widest choice, {max(choices)} "
+      f"({choices_key}={list(choices)})"
+    )
   dims = {"d_model": m.d_model, "expert_d_ff": m.moe.expert_d_ff}
   bad = {k: v for k, v in dims.items() if r.group_size and v % r.group_size}
   if r.group_size < 0 or bad:
-    raise ConfigError(f"{keys['group_size']}={r.group_size} must divide every expert "
-                      f"matrix's input dimension; it does not divide {bad}")
+    raise ConfigError(
+      f"{keys['group_size']}={r.group_size} must divide every expert "
+      f"matrix's input dimension; it does not divide {bad}"
+    )

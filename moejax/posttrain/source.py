@@ -7,6 +7,7 @@ tokenizer and its end-of-document id, and for a training workdir the run's confi
 step and data-iterator state (what a written workdir needs to train on).
 `save_training_workdir` writes a model back as a training workdir.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,8 @@ KINDS = ("training", "converted", "hf")
 
 @dataclasses.dataclass
 class Source:
-  kind: str                      # training | converted | hf
-  where: str                     # how the user named it, for messages ("--workdir=DIR")
+  kind: str  # training | converted | hf
+  where: str  # how the user named it, for messages ("--workdir=DIR")
   model: ml_collections.ConfigDict
   params: dict
   rest: dict
@@ -63,6 +64,7 @@ def training_config(workdir: str, key: str = "--workdir"):
   ConfigError naming `key` when `workdir` holds no training run."""
   check_workdir(workdir, key, kinds=("training", "mixed"))
   from moejax.train.checkpoint import latest_config
+
   return latest_config(workdir)
 
 
@@ -70,6 +72,7 @@ def check_workdir(path: str, key: str, kinds=("training", "converted", "mixed"))
   """The kind of the workdir at `path`; ConfigError naming `key=path` unless it is one
   of `kinds` (moejax.cli.checked_workdir)."""
   from moejax import cli
+
   return cli.checked_workdir(key, path, kinds)
 
 
@@ -78,34 +81,57 @@ def load(workdir: str | None = None, hf_dir: str | None = None) -> Source:
   checkpoints, as moejax.train.load.load_model reads it) and an HF directory."""
   from moejax.interop.convert import is_converted_workdir
   from moejax.train.load import load_model
+
   if (workdir is None) == (hf_dir is None):
     raise ConfigError("give exactly one of --workdir and --hf_dir")
-  if (workdir is not None and not is_converted_workdir(workdir)
-      and os.path.isdir(os.path.join(workdir, "checkpoints"))):
+  if (
+    workdir is not None
+    and not is_converted_workdir(workdir)
+    and os.path.isdir(os.path.join(workdir, "checkpoints"))
+  ):
     return load_training(workdir)
   loaded, tokenizer, eos_id = load_model(workdir, hf_dir)
   params, rest = jax.tree.map(np.asarray, (loaded.params, loaded.rest))
   kind, where = ("hf", f"--hf_dir={hf_dir}") if hf_dir else ("converted", f"--workdir={workdir}")
-  return Source(kind, where, loaded.config, params, rest,
-                hf_config=loaded.hf_config, imported_tokenizer=tokenizer,
-                imported_eos_id=eos_id)
+  return Source(
+    kind,
+    where,
+    loaded.config,
+    params,
+    rest,
+    hf_config=loaded.hf_config,
+    imported_tokenizer=tokenizer,
+    imported_eos_id=eos_id,
+  )
 
 
 def load_training(workdir: str, key: str = "--workdir") -> Source:
   """A training workdir's latest checkpoint (data-iterator state included)."""
   from moejax.train.restore import restore
+
   r = restore(workdir)
-  return Source("training", f"{key}={workdir}", r.config.model, r.params, r.rest,
-                config=r.config, step=r.step, data_state=r.data_state, restored=r)
+  return Source(
+    "training",
+    f"{key}={workdir}",
+    r.config.model,
+    r.params,
+    r.rest,
+    config=r.config,
+    step=r.step,
+    data_state=r.data_state,
+    restored=r,
+  )
 
 
-def save_training_workdir(out: str, config, params: dict, rest: dict, step: int,
-                          data_state) -> None:
+def save_training_workdir(
+  out: str, config, params: dict, rest: dict, step: int, data_state
+) -> None:
   """A training workdir at `out` holding one checkpoint of the model of `config`
   (a fresh optimizer state for `params`, the source's data position):
   experiments.train continues it."""
   from moejax.train import step as step_lib
   from moejax.train.checkpoint import Checkpointer, jsonable
+
   optimizer = step_lib.make_optimizer(config.train)
   state = step_lib.TrainState(jnp.asarray(step, jnp.int32), params, rest, optimizer.init(params))
   os.makedirs(out, exist_ok=True)

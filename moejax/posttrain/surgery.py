@@ -18,6 +18,7 @@ Optional `scales`: the least-squares weights a_e of SCHUR-A*'s rescaled
 objective (posttrain/expert_subset.rescale_weights), folded into each kept
 expert's output projection (SwiGLU's w_down), so expert e's output is a_e E_e(x).
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -44,8 +45,9 @@ def pruned_config(m, keep: dict):
     if len(set(kept)) != len(kept) or not all(0 <= e < count for e in kept):
       raise ConfigError(f"keep[{block}]={kept} must be distinct experts in [0, {count})")
     if len(kept) < m.moe.top_k:
-      raise ConfigError(f"keep[{block}] has {len(kept)} experts, below "
-                        f"model.moe.top_k={m.moe.top_k}")
+      raise ConfigError(
+        f"keep[{block}] has {len(kept)} experts, below model.moe.top_k={m.moe.top_k}"
+      )
     counts.append(len(kept))
   new = ml_collections.ConfigDict(m.to_dict())
   if len(set(counts)) == 1:
@@ -71,8 +73,10 @@ def _cut_tree(old: dict, new_abstract: dict, kept_of_block: dict, path=()):
   if tuple(np.shape(old)) == tuple(new_abstract.shape):
     return old
   if len(path) < 2 or path[0] != "blocks" or int(path[1]) not in kept_of_block:
-    raise ConfigError(f"parameter {'/'.join(map(str, path))} changes shape outside a "
-                      "pruned MoE block (a scanned model? unstack its layers first)")
+    raise ConfigError(
+      f"parameter {'/'.join(map(str, path))} changes shape outside a "
+      "pruned MoE block (a scanned model? unstack its layers first)"
+    )
   return _cut(old, new_abstract.shape, kept_of_block[int(path[1])])
 
 
@@ -81,8 +85,10 @@ def remove_experts(m, params: dict, rest: dict, keep: dict, scales: dict | None 
   MoE block of the model config `m` (loop layout); params and rest are pure dicts.
   scales[block]: the output weight of each kept expert, in sorted order (module doc)."""
   new = pruned_config(m, keep)
-  kept_of_block = {b: sorted(int(e) for e in keep.get(b, range(n)))
-                   for b, n in zip(moe_layer_indices(m), expert_counts(m))}
+  kept_of_block = {
+    b: sorted(int(e) for e in keep.get(b, range(n)))
+    for b, n in zip(moe_layer_indices(m), expert_counts(m))
+  }
   _, new_params, new_rest = abstract_model(new)
   params = _cut_tree(params, new_params, kept_of_block)
   rest = _cut_tree(rest, new_rest, kept_of_block)
@@ -92,8 +98,10 @@ def remove_experts(m, params: dict, rest: dict, keep: dict, scales: dict | None 
       raise ConfigError(f"scales: block {block}'s experts have no w_down to fold a_e into")
     weights = np.asarray(weights, np.float32)
     if weights.shape != (len(kept_of_block[block]),):
-      raise ConfigError(f"scales[{block}] has {weights.shape[0]} weights for "
-                        f"{len(kept_of_block[block])} kept experts")
+      raise ConfigError(
+        f"scales[{block}] has {weights.shape[0]} weights for "
+        f"{len(kept_of_block[block])} kept experts"
+      )
     w_down = np.asarray(experts["w_down"])
     experts["w_down"] = (w_down * weights[:, None, None]).astype(w_down.dtype)
   return new, params, rest

@@ -18,6 +18,7 @@ On calibration windows, with the next-token loss L:
 Guesses: loss (not gradient norm) selects the tokens; the similarity measure;
 the averaging of raw weights of experts trained apart for the merge.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,14 +34,16 @@ from moejax.posttrain.contributions import routed_contributions
 def _loss_with_probes(model, perturbations, tokens):
   """(mean next-token loss, (per-token loss [T], per MoE layer (x [T, d], aux))), the
   MoE outputs perturbed by `perturbations` (zeros: their gradients are dL/dy)."""
-  (logits, aux, _), captured = nnx.capture(model, nnx.Intermediate,
-                                           method_outputs=nnx.Intermediate,
-                                           init=perturbations)(tokens)
+  (logits, aux, _), captured = nnx.capture(
+    model, nnx.Intermediate, method_outputs=nnx.Intermediate, init=perturbations
+  )(tokens)
   outputs = {path: value.get_value()[0] for path, value in nnx.to_flat_state(captured)}
   logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
   token_loss = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-  moe = [(outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model), a)
-         for i, a in zip([i for i, b in enumerate(model.blocks) if b.is_moe], aux["moe"])]
+  moe = [
+    (outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model), a)
+    for i, a in zip([i for i, b in enumerate(model.blocks) if b.is_moe], aux["moe"])
+  ]
   return jnp.mean(token_loss), (token_loss, moe)
 
 
@@ -57,8 +60,10 @@ def token_gradients(graphdef, params, rest, tokens):
   grads, (token_loss, moe) = grad_fn(perturbations)
   flat = {path: v.get_value() for path, v in nnx.to_flat_state(grads)}
   blocks = [i for i, b in enumerate(fresh().blocks) if b.is_moe]
-  dy = {block: flat[("blocks", block, "ffn", "output")].reshape(x.shape[0], -1)
-        .astype(jnp.float32) for block, (x, _) in zip(blocks, moe)}
+  dy = {
+    block: flat[("blocks", block, "ffn", "output")].reshape(x.shape[0], -1).astype(jnp.float32)
+    for block, (x, _) in zip(blocks, moe)
+  }
   return dy, dict(zip(blocks, moe)), token_loss.reshape(-1)
 
 
@@ -71,9 +76,11 @@ def token_taylor_terms(graphdef, params, rest, tokens):
   dy, moe, token_loss = token_gradients(graphdef, params, rest, tokens)
   model = nnx.merge(graphdef, params, rest)
   summed = token_loss.shape[0]  # d(sum of losses) = N d(mean loss)
-  terms = [summed * jnp.einsum("td,ted->te", dy[block],
-                      routed_contributions(model.blocks[block].ffn, x, aux))
-           for block, (x, aux) in moe.items()]
+  terms = [
+    summed
+    * jnp.einsum("td,ted->te", dy[block], routed_contributions(model.blocks[block].ffn, x, aux))
+    for block, (x, aux) in moe.items()
+  ]
   return token_loss, terms
 
 

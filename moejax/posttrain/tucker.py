@@ -35,6 +35,7 @@ W~_e = S^T W_e R, U_out = R^-T U~_out, the paper's multilinear whitening of both
 feature modes); the rank rule (the reimplementation only matches a parameter
 target); the HOOI sweeps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,8 +75,9 @@ def _check_ranks(shape, ranks) -> tuple[int, int, int]:
     raise ConfigError(f"ranks={tuple(ranks)} must be 3 ranks (expert, in, out)")
   for mode, rank, dim in zip(MODES, ranks, shape):
     if not 1 <= rank <= dim or int(rank) != rank:
-      raise ConfigError(f"rank {mode}={rank} must be an integer in [1, {dim}] for a tensor "
-                        f"of shape {tuple(shape)}")
+      raise ConfigError(
+        f"rank {mode}={rank} must be an integer in [1, {dim}] for a tensor of shape {tuple(shape)}"
+      )
   return int(ranks[0]), int(ranks[1]), int(ranks[2])
 
 
@@ -87,8 +89,9 @@ def tucker_parameters(shape, ranks) -> int:
 
 def reconstruct(core, expert_factor, input_factor, output_factor) -> np.ndarray:
   """W^ [E, d_in, d_out] = G x_E U_E x_in U_in x_out U_out."""
-  return np.einsum("abc,ea,ib,oc->eio", core, expert_factor, input_factor, output_factor,
-                   optimize=True)
+  return np.einsum(
+    "abc,ea,ib,oc->eio", core, expert_factor, input_factor, output_factor, optimize=True
+  )
 
 
 @dataclasses.dataclass
@@ -148,8 +151,9 @@ def tucker(tensor, ranks, iterations: int = 5) -> Tucker:
   return Tucker(_project(t, factors), *factors)
 
 
-def td_moe(W, X, ranks, *, output_samples=None, damping: float = 1e-6,
-           iterations: int = 5) -> Tucker:
+def td_moe(
+  W, X, ranks, *, output_samples=None, damping: float = 1e-6, iterations: int = 5
+) -> Tucker:
   """TD-MoE of W [E, d_in, d_out] with calibration inputs X [n, d_in] (module doc):
   whitened joint Tucker, the input (and, given output_samples, output) factor
   un-whitened (no longer orthonormal) so that `reconstruct` approximates W."""
@@ -171,8 +175,10 @@ def spectral_bound(spectra, ranks) -> float:
 def _check_budget(shapes, budget) -> int:
   minimum = sum(tucker_parameters(s, (1, 1, 1)) for s in shapes)
   if not budget >= minimum:
-    raise ConfigError(f"budget={budget} parameters is below the minimum {minimum} "
-                      f"(every rank 1) for tensors of shapes {[tuple(s) for s in shapes]}")
+    raise ConfigError(
+      f"budget={budget} parameters is below the minimum {minimum} "
+      f"(every rank 1) for tensors of shapes {[tuple(s) for s in shapes]}"
+    )
   return int(budget)
 
 
@@ -193,8 +199,11 @@ def _greedy(shapes, spectra, ranks, budget, per_parameter: bool) -> list[tuple[i
     refresh(layer)
   left = budget - sum(tucker_parameters(d, r) for d, r in zip(dims, ranks))
   while ((ranks < dims) & (cost <= left)).any():
-    score = np.where((ranks < dims) & (cost <= left),
-                     gain / np.maximum(cost, 1) if per_parameter else gain, -np.inf)
+    score = np.where(
+      (ranks < dims) & (cost <= left),
+      gain / np.maximum(cost, 1) if per_parameter else gain,
+      -np.inf,
+    )
     layer, k = map(int, np.unravel_index(int(np.argmax(score)), score.shape))
     ranks[layer, k] += 1
     left -= cost[layer, k]
@@ -205,8 +214,10 @@ def _greedy(shapes, spectra, ranks, budget, per_parameter: bool) -> list[tuple[i
 def _best_greedy(shapes, spectra, ranks, budget):
   """The greedy of the lower total spectral_bound, by gain per parameter or by gain
   (neither order is better on every tensor)."""
-  return min((_greedy(shapes, spectra, ranks, budget, rule) for rule in (True, False)),
-             key=lambda out: sum(spectral_bound(s, r) for s, r in zip(spectra, out)))
+  return min(
+    (_greedy(shapes, spectra, ranks, budget, rule) for rule in (True, False)),
+    key=lambda out: sum(spectral_bound(s, r) for s, r in zip(spectra, out)),
+  )
 
 
 def truncation_errors(tensor) -> np.ndarray:
@@ -214,10 +225,10 @@ def truncation_errors(tensor) -> np.ndarray:
   error at those ranks (HOOI's start), every triple at once (module doc)."""
   t = np.asarray(tensor, np.float64)
   core = _project(t, [_leading(_unfold(t, k), t.shape[k]) for k in range(3)])
-  energy = (core ** 2).cumsum(0).cumsum(1).cumsum(2)
+  energy = (core**2).cumsum(0).cumsum(1).cumsum(2)
   energy = np.pad(energy, [(0, d - n) for d, n in zip(t.shape, energy.shape)], mode="edge")
   energy = np.pad(energy, [(1, 0)] * 3)
-  return np.maximum(np.sum(t ** 2) - energy, 0.0)
+  return np.maximum(np.sum(t**2) - energy, 0.0)
 
 
 def dense_parameters(shape) -> int:
@@ -232,6 +243,7 @@ def allocate_ranks(W_whitened, budget: int, method: str = "exact") -> tuple[int,
   costs more than the dense tensor (TD-MoE keeps it dense instead)."""
   if method not in ALLOCATIONS:
     from moejax.errors import choice_error
+
     raise choice_error("method", method, ALLOCATIONS)
   shape = np.shape(W_whitened)
   budget = min(_check_budget([shape], budget), dense_parameters(shape))
@@ -268,8 +280,7 @@ def allocate_layers(tensors, budget: int) -> list[tuple[int, int, int]]:
   from all ranks 1 (module doc); the total is <= budget and maximal."""
   shapes = [np.shape(t) for t in tensors]
   budget = _check_budget(shapes, budget)
-  return _best_greedy(shapes, [mode_spectra(t) for t in tensors], [(1, 1, 1)] * len(shapes),
-                      budget)
+  return _best_greedy(shapes, [mode_spectra(t) for t in tensors], [(1, 1, 1)] * len(shapes), budget)
 
 
 def compress(W, X, budget: int, damping: float = 1e-6, iterations: int = 5) -> Tucker:
@@ -281,6 +292,7 @@ def compress(W, X, budget: int, damping: float = 1e-6, iterations: int = 5) -> T
 @dataclasses.dataclass
 class LowRank:
   """Per-expert factors: W^_e = left[e] @ right[e]."""
+
   left: np.ndarray  # [E, d_in, r]
   right: np.ndarray  # [E, r, d_out]
 
@@ -301,16 +313,20 @@ def svd_rank_for_budget(shape, budget) -> int:
   """The largest per-expert rank with svd_parameters <= budget."""
   rank = min(int(budget) // svd_parameters(shape, 1), min(shape[1], shape[2]))
   if rank < 1:
-    raise ConfigError(f"budget={budget} parameters is below one rank per expert, "
-                      f"{svd_parameters(shape, 1)}, for shape {tuple(shape)}")
+    raise ConfigError(
+      f"budget={budget} parameters is below one rank per expert, "
+      f"{svd_parameters(shape, 1)}, for shape {tuple(shape)}"
+    )
   return rank
 
 
 def _per_expert_svd(W, rank, S=None) -> LowRank:
   w = np.asarray(W, np.float64)
   if not 1 <= rank <= min(w.shape[1:]) or int(rank) != rank:
-    raise ConfigError(f"rank={rank} must be an integer in [1, {min(w.shape[1:])}] for "
-                      f"experts of shape {tuple(w.shape[1:])}")
+    raise ConfigError(
+      f"rank={rank} must be an integer in [1, {min(w.shape[1:])}] for "
+      f"experts of shape {tuple(w.shape[1:])}"
+    )
   u, s, vt = np.linalg.svd(w if S is None else whiten(w, S), full_matrices=False)
   left = u[:, :, :rank] * s[:, None, :rank]
   if S is not None:

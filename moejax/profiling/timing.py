@@ -7,6 +7,7 @@ every path once, in an order rotated by r (`interleaved_times`); a ratio is take
 against the reference path of the same rounds. Compiled figures are XLA's static
 ones (`memory_analysis`, `cost_analysis`): deterministic for a given program.
 """
+
 import os
 import platform
 import time
@@ -17,6 +18,7 @@ import numpy as np
 def blocked_times(fn, calls: int) -> list:
   """Wall seconds of fn() with its result waited for, one call at a time."""
   import jax
+
   times = []
   for _ in range(calls):
     start = time.perf_counter()
@@ -66,6 +68,7 @@ def with_backward(fn):
   def fwd_bwd(params, x, dy):
     (_, aux), vjp = jax.vjp(fn, params, x)
     return vjp((dy, jax.tree.map(jnp.zeros_like, aux))), aux
+
   return fwd_bwd
 
 
@@ -74,6 +77,7 @@ def compile_pass(fn, params, x, which: str):
   the forward alone, else forward + backward (`with_backward`, dy = 1 / x.size)."""
   import jax
   import jax.numpy as jnp
+
   args: tuple
   if which == "fwd":
     jitted, args = jax.jit(fn), (params, x)
@@ -89,11 +93,13 @@ def compiled_figures(compiled) -> dict:
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return {"temp_bytes": int(memory.temp_size_in_bytes),
-          "argument_bytes": int(memory.argument_size_in_bytes),
-          "output_bytes": int(memory.output_size_in_bytes),
-          "flops": float(cost.get("flops", float("nan"))),
-          "bytes_accessed": float(cost.get("bytes accessed", float("nan")))}
+  return {
+    "temp_bytes": int(memory.temp_size_in_bytes),
+    "argument_bytes": int(memory.argument_size_in_bytes),
+    "output_bytes": int(memory.output_size_in_bytes),
+    "flops": float(cost.get("flops", float("nan"))),
+    "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
+  }
 
 
 def cpu_model() -> str:
@@ -111,5 +117,10 @@ def cpu_model() -> str:
 def machine() -> dict:
   """CPU model, cores, memory (GB, 1e9 bytes), Python and platform."""
   memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  return {"cpu": cpu_model(), "cores": os.cpu_count(), "memory_gb": round(memory / 1e9, 1),
-          "python": platform.python_version(), "platform": platform.platform()}
+  return {
+    "cpu": cpu_model(),
+    "cores": os.cpu_count(),
+    "memory_gb": round(memory / 1e9, 1),
+    "python": platform.python_version(),
+    "platform": platform.platform(),
+  }

@@ -1,14 +1,23 @@
 """Where a transformers model's time goes: forward hooks timing each module inside
 its own generate, summed into the parts of moejax.profiling.xla_parts.PARTS.
 """
+
 import time
 
 from moejax.profiling.xla_parts import PARTS
 
-HF_PART = {"embed_tokens": "embedding", "rotary_emb": "attention", "self_attn": "attention",
-           "input_layernorm": "norms", "post_attention_layernorm": "norms", "norm": "norms",
-           "gate": "moe_router", "experts": "moe_experts", "shared_experts": "moe_experts",
-           "lm_head": "lm_head"}
+HF_PART = {
+  "embed_tokens": "embedding",
+  "rotary_emb": "attention",
+  "self_attn": "attention",
+  "input_layernorm": "norms",
+  "post_attention_layernorm": "norms",
+  "norm": "norms",
+  "gate": "moe_router",
+  "experts": "moe_experts",
+  "shared_experts": "moe_experts",
+  "lm_head": "lm_head",
+}
 
 
 def hf_hooks(hf_model, totals: dict) -> list:
@@ -20,8 +29,11 @@ def hf_hooks(hf_model, totals: dict) -> list:
   def part_of(name, module):
     path = name.split(".")
     if "mlp" in path[:-1]:  # inside an MLP: a MoE block's router and experts only
-      return HF_PART[path[-1]] if path[-2] == "mlp" and path[-1] in (
-          "gate", "experts", "shared_experts") else None
+      return (
+        HF_PART[path[-1]]
+        if path[-2] == "mlp" and path[-1] in ("gate", "experts", "shared_experts")
+        else None
+      )
     if path[-1] == "mlp":
       return "mlp_moe" if hasattr(module, "gate") else "dense_ffn"
     return None if "self_attn" in path[:-1] else HF_PART.get(path[-1])
@@ -36,6 +48,7 @@ def hf_hooks(hf_model, totals: dict) -> list:
 
     def post(module, args, output, _key=name, _part=part):
       totals[_part] = totals.get(_part, 0.0) + time.perf_counter() - starts[_key]
+
     handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
   return handles
 
@@ -63,21 +76,34 @@ def transformers_run(hf_model, prompts, new_tokens: int):
       if len(spans) == 1:  # the prefill
         prefill_parts.update(totals)
         totals.clear()
-    handles += [hf_model.register_forward_pre_hook(pre, with_kwargs=True),
-                hf_model.register_forward_hook(post, with_kwargs=True)]
+
+    handles += [
+      hf_model.register_forward_pre_hook(pre, with_kwargs=True),
+      hf_model.register_forward_hook(post, with_kwargs=True),
+    ]
     try:
       with torch.no_grad():
         ids = torch.as_tensor(prompts)
-        hf_model.generate(ids, do_sample=False, max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, attention_mask=torch.ones_like(ids),
-                          pad_token_id=0)
+        hf_model.generate(
+          ids,
+          do_sample=False,
+          max_new_tokens=new_tokens,
+          min_new_tokens=new_tokens,
+          attention_mask=torch.ones_like(ids),
+          pad_token_id=0,
+        )
     finally:
       for handle in handles:
         handle.remove()
     forwards = [end - begin for begin, end in spans[1:]]
-    return {"forwards": forwards, "gaps": [b[0] - a[1] for a, b in zip(spans, spans[1:])],
-            "parts": {k: v / max(len(forwards), 1) for k, v in totals.items()},
-            "prefill": spans[0][1] - spans[0][0], "prefill_parts": prefill_parts}
+    return {
+      "forwards": forwards,
+      "gaps": [b[0] - a[1] for a, b in zip(spans, spans[1:])],
+      "parts": {k: v / max(len(forwards), 1) for k, v in totals.items()},
+      "prefill": spans[0][1] - spans[0][0],
+      "prefill_parts": prefill_parts,
+    }
+
   return run
 
 

@@ -3,6 +3,7 @@ modules' calls, each compiled HLO instruction attributed to a part (attention, M
 router, dispatch, experts, ...) by its scopes and source frame, and the XLA:CPU
 thunks of a profiled run summed by part (`scoped_profile`).
 """
+
 import contextlib
 import functools
 import glob
@@ -15,8 +16,19 @@ import tempfile
 
 import numpy as np
 
-PARTS = ("attention", "moe_router", "moe_dispatch", "moe_experts", "moe_bookkeeping",
-         "dense_ffn", "norms", "embedding", "lm_head", "sampling", "other_in_step")
+PARTS = (
+  "attention",
+  "moe_router",
+  "moe_dispatch",
+  "moe_experts",
+  "moe_bookkeeping",
+  "dense_ffn",
+  "norms",
+  "embedding",
+  "lm_head",
+  "sampling",
+  "other_in_step",
+)
 
 
 @contextlib.contextmanager
@@ -27,12 +39,18 @@ def named_scopes():
   import jax
   import moejax.inference.generate as gen
   from moejax.layers import attention, dense, moe
-  targets = [(attention.GroupedQueryAttention, "__call__", "attention"),
-             (attention.LatentAttention, "__call__", "attention"),
-             (moe.MoELayer, "__call__", "moe"), (moe.MoELayer, "router_logits", "router"),
-             (moe.MoELayer, "dispatch", "dispatch"), (dense.RMSNorm, "__call__", "norm"),
-             (dense.Linear, "__call__", "linear"), (dense.SwiGLU, "__call__", "dense_ffn"),
-             (gen, "sample_tokens", "sampling")]
+
+  targets = [
+    (attention.GroupedQueryAttention, "__call__", "attention"),
+    (attention.LatentAttention, "__call__", "attention"),
+    (moe.MoELayer, "__call__", "moe"),
+    (moe.MoELayer, "router_logits", "router"),
+    (moe.MoELayer, "dispatch", "dispatch"),
+    (dense.RMSNorm, "__call__", "norm"),
+    (dense.Linear, "__call__", "linear"),
+    (dense.SwiGLU, "__call__", "dense_ffn"),
+    (gen, "sample_tokens", "sampling"),
+  ]
   saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
   for owner, name, scope in targets:
     original = getattr(owner, name)
@@ -41,6 +59,7 @@ def named_scopes():
     def wrapped(*args, _original=original, _scope=scope, **kwargs):
       with jax.named_scope(_scope):
         return _original(*args, **kwargs)
+
     setattr(owner, name, wrapped)
   try:
     yield
@@ -49,9 +68,15 @@ def named_scopes():
       setattr(owner, name, original)
 
 
-PARAM_PARTS = {"___attn_": "attention", "___head__": "lm_head", "_router": "moe_router",
-               "_experts_": "moe_experts", "_shared_": "moe_experts", "norm____scale": "norms",
-               "___embed__": "embedding"}
+PARAM_PARTS = {
+  "___attn_": "attention",
+  "___head__": "lm_head",
+  "_router": "moe_router",
+  "_experts_": "moe_experts",
+  "_shared_": "moe_experts",
+  "norm____scale": "norms",
+  "___embed__": "embedding",
+}
 
 
 def _int_field(pattern: str, text: str) -> int:
@@ -79,11 +104,13 @@ def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
       section = None
   files = {k: v.strip('"') for k, v in tables.get("FileNames", {}).items()}
   functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
-  locations = {k: tuple(_int_field(f"{f}=(\\d+)", v) for f in
-                        ("file_name_id", "function_name_id", "line"))
-               for k, v in tables.get("FileLocations", {}).items()}
-  frames = {k: _int_field(r"file_location_id=(\d+)", v)
-            for k, v in tables.get("StackFrames", {}).items()}
+  locations = {
+    k: tuple(_int_field(f"{f}=(\\d+)", v) for f in ("file_name_id", "function_name_id", "line"))
+    for k, v in tables.get("FileLocations", {}).items()
+  }
+  frames = {
+    k: _int_field(r"file_location_id=(\d+)", v) for k, v in tables.get("StackFrames", {}).items()
+  }
 
   def source_of(line):
     meta = re.search(r'op_name="([^"]*)"(?: stack_frame_id=(\d+))?', line)
@@ -109,19 +136,21 @@ def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
     name, rest = m[1], m[2]
     info = source_of(line)
     if in_entry:
-      entry[name] = None if info is None else classify(
-          set(info[0].split("/")), info[1], info[2], info[3], name)
+      entry[name] = (
+        None if info is None else classify(set(info[0].split("/")), info[1], info[2], info[3], name)
+      )
       body = re.sub(r"\b(calls|to_apply|body|condition)=%\S+", "", rest.split("metadata=")[0])
       operands[name] = re.findall(r"%([\w.-]+)", body)
-    elif info is not None and "moe/dispatch/while" in info[0] and expert_pass(
-        info[1], info[2]):
+    elif info is not None and "moe/dispatch/while" in info[0] and expert_pass(info[1], info[2]):
       op = info[0].rsplit("/", 1)[-1]
       if "dot" in name or "ynn" in name or op == "dot_general":
         loop_body[name] = "matmuls"
       elif "[expert]" in info[3]:  # w_gate[expert]: the expert's weights sliced out
         loop_body[name] = "expert weight slices"
-      elif any(k in name or k in op for k in ("gather", "scatter", "dynamic-slice",
-                                              "dynamic_slice", "dynamic-update-slice")):
+      elif any(
+        k in name or k in op
+        for k in ("gather", "scatter", "dynamic-slice", "dynamic_slice", "dynamic-update-slice")
+      ):
         loop_body[name] = "row gather, scatter-add, slices"
       else:
         loop_body[name] = "elementwise, loop conditions"
@@ -131,8 +160,9 @@ def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
       if arg in entry:
         users.setdefault(arg, []).append(name)
   for n in [n for n, part in entry.items() if part is None]:  # a weight names its module
-    weights = [PARAM_PARTS[k] for a in operands[n] if a.startswith("params_")
-               for k in PARAM_PARTS if k in a]
+    weights = [
+      PARAM_PARTS[k] for a in operands[n] if a.startswith("params_") for k in PARAM_PARTS if k in a
+    ]
     entry[n] = weights[0] if weights else None
   for _ in range(len(entry)):  # metadata-less ones: the consumer's part, else the operand's
     unknown = [n for n, part in entry.items() if part is None]
@@ -140,15 +170,21 @@ def hlo_parts(hlo_text: str) -> tuple[dict, dict]:
       break
     for n in unknown:
       near = [entry[u] for u in users.get(n, []) if entry[u]] or [
-          entry[a] for a in operands.get(n, []) if a in entry and entry[a]]
+        entry[a] for a in operands.get(n, []) if a in entry and entry[a]
+      ]
       entry[n] = near[0] if near else None
   return {n: part or "other_in_step" for n, part in entry.items()}, loop_body
 
 
 def expert_pass(file: str, function: str) -> bool:
   """An op of the expert pass proper (the block loop and its matmuls), not of the layout."""
-  return ("/experts/" in file or "/kernels/" in file or "for_each_block" in function
-          or function.endswith("body") or "matmul" in function)
+  return (
+    "/experts/" in file
+    or "/kernels/" in file
+    or "for_each_block" in function
+    or function.endswith("body")
+    or "matmul" in function
+  )
 
 
 def classify(scopes: set, file: str, function: str, source: str, name: str) -> str:
@@ -173,10 +209,15 @@ def classify(scopes: set, file: str, function: str, source: str, name: str) -> s
   if "table[" in source or "self.embed[...].astype" in source:
     return "embedding"
   # ops that lost their scope (XLA's own, e.g. a cumsum's reduce_window): by file
-  for folder, part in (("/routing/", "moe_router"), ("/dispatch/", "moe_dispatch"),
-                       ("/experts/", "moe_experts"), ("/losses/", "moe_bookkeeping"),
-                       ("/layers/moe.py", "moe_bookkeeping"), ("/layers/attention.py",
-                       "attention"), ("/layers/rope.py", "attention")):
+  for folder, part in (
+    ("/routing/", "moe_router"),
+    ("/dispatch/", "moe_dispatch"),
+    ("/experts/", "moe_experts"),
+    ("/losses/", "moe_bookkeeping"),
+    ("/layers/moe.py", "moe_bookkeeping"),
+    ("/layers/attention.py", "attention"),
+    ("/layers/rope.py", "attention"),
+  ):
     if folder in file:
       return part
   return "other_in_step"
@@ -191,6 +232,7 @@ def trace_thunks(fn, calls: int, parts: dict, loop_body: dict):
   call, and the median span of a call's thunks (first start to last end: the
   executable's time, without the host before or after it)."""
   import jax
+
   by_part, count = dict.fromkeys(PARTS, 0.0), 0
   by_kind: dict[str, float] = {}
   options = jax.profiler.ProfileOptions()
@@ -212,8 +254,10 @@ def trace_thunks(fn, calls: int, parts: dict, loop_body: dict):
       top.append((event["ts"], event["ts"] + event["dur"]))
   top.sort()  # the calls ran one after another, each the same entry thunks
   per_call = len(top) // calls
-  spans = [max(end for _, end in group) - group[0][0]
-           for group in (top[i * per_call:(i + 1) * per_call] for i in range(calls))]
+  spans = [
+    max(end for _, end in group) - group[0][0]
+    for group in (top[i * per_call : (i + 1) * per_call] for i in range(calls))
+  ]
   for name, times in durations.items():  # median per thunk: robust to a preempted one
     per_run = float(np.median(times)) * len(times) / calls
     if name in parts:
@@ -229,6 +273,7 @@ def scoped_profile(fn, args: tuple, static_argnums: tuple, calls: int):
   named_scopes (the same ops, named): its XLA thunks by part, their span, and
   cost_analysis. fn must be a new function (jax's trace cache holds unscoped ones)."""
   import jax
+
   with named_scopes():
     compiled = jax.jit(fn, static_argnums=static_argnums).lower(*args).compile()
   hlo_text = compiled.as_text()
@@ -240,21 +285,31 @@ def scoped_profile(fn, args: tuple, static_argnums: tuple, calls: int):
 
   def profile():
     thunks, loop_kinds, count, span = trace_thunks(
-        lambda: compiled(*dynamic), calls, parts, loop_body)
-    return {"thunk_us": thunks, "expert_loop_us": loop_kinds, "thunks_per_step": count,
-            "span_us": span,
-            "hlo_instructions_by_part": {p: sum(v == p for v in parts.values()) for p in PARTS},
-            "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+      lambda: compiled(*dynamic), calls, parts, loop_body
+    )
+    return {
+      "thunk_us": thunks,
+      "expert_loop_us": loop_kinds,
+      "thunks_per_step": count,
+      "span_us": span,
+      "hlo_instructions_by_part": {p: sum(v == p for v in parts.values()) for p in PARTS},
+      "flops": float(cost.get("flops", 0.0)),
+      "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+    }
+
   return profile
 
 
 def median_profile(profiles: list) -> dict:
   """The median of the rounds' scoped profiles, key by key (the first's other keys)."""
-  return {**profiles[0], **{
-      key: {k: float(np.median([p[key].get(k, 0.0) for p in profiles]))
-            for k in profiles[0][key]} for key in ("thunk_us", "expert_loop_us")},
-      "span_us": float(np.median([p["span_us"] for p in profiles]))}
+  return {
+    **profiles[0],
+    **{
+      key: {k: float(np.median([p[key].get(k, 0.0) for p in profiles])) for k in profiles[0][key]}
+      for key in ("thunk_us", "expert_loop_us")
+    },
+    "span_us": float(np.median([p["span_us"] for p in profiles])),
+  }
 
 
 def add_loop_rest(row: dict) -> None:
@@ -271,8 +326,12 @@ def add_loop_rest(row: dict) -> None:
   if inside > top:
     row["ours_parts_s"]["moe_experts"] = inside
     row["ours_between_thunks_s"] -= inside - top
-    row["ours_expert_loop_s"]["(the while thunks' own events, which ended before their "
-                              "bodies ran: not in the expert part)"] = top
+    row["ours_expert_loop_s"][
+      "(the while thunks' own events, which ended before their bodies ran: not in the expert part)"
+    ] = top
     return
-  row["ours_expert_loop_s"]["while-loop runtime between these thunks (the rest)"
-                            if inside > 0 else "no loop ('gather' path): all of it"] = top - inside
+  row["ours_expert_loop_s"][
+    "while-loop runtime between these thunks (the rest)"
+    if inside > 0
+    else "no loop ('gather' path): all of it"
+  ] = top - inside

@@ -3,9 +3,16 @@
 Importing this package imports every module in it, so a router is one file
 here that calls `register_router` (README, "Adding a router").
 """
+
 from moejax.registry import import_package_modules
-from moejax.routing.base import (ROUTERS, Routing, RouterOutput, RouterSpec,
-                                 get_router, register_router)
+from moejax.routing.base import (
+  ROUTERS,
+  Routing,
+  RouterOutput,
+  RouterSpec,
+  get_router,
+  register_router,
+)
 
 import_package_modules(__name__, __path__)
 

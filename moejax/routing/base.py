@@ -37,6 +37,7 @@ one-batch state. MoE layers hand their stats to the step by sowing them
 init_state but no update_state refuses M > 1 (`check_micro_batches`); so does
 one whose `accumulation_check` gives a reason.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,6 +61,7 @@ class RouterProjection:
   apply(params, x_f32 [T, d], cfg) -> the float32 array `route` receives in
     place of the logits.
   """
+
   init: Callable[..., dict[str, jax.Array]]
   logical_axes: Mapping[str, tuple]
   apply: Callable[..., jax.Array]
@@ -68,8 +70,16 @@ class RouterProjection:
 class Route(Protocol):
   """A router's routing function: RouterSpec.route (see there)."""
 
-  def __call__(self, logits: jax.Array, /, *, cfg: Any, state: Mapping[str, jax.Array],
-               rng: jax.Array | None, train: bool) -> RouterOutput: ...
+  def __call__(
+    self,
+    logits: jax.Array,
+    /,
+    *,
+    cfg: Any,
+    state: Mapping[str, jax.Array],
+    rng: jax.Array | None,
+    train: bool,
+  ) -> RouterOutput: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +119,7 @@ class RouterSpec:
   gives_probs: False when the RouterOutput has no logits / probs over all E
     experts (then no loss applies; the module doc).
   """
+
   name: str
   route: Route
   init_state: Callable[[int], dict[str, jax.Array]] | None = None
@@ -127,8 +138,9 @@ class RouterSpec:
   @property
   def config_section(self) -> PartSettings:
     """Its settings section, model.moe.<name>."""
-    return PartSettings(self.name, f"router {self.name!r}", self.settings, self.legacy_keys,
-                        self.validate_settings)
+    return PartSettings(
+      self.name, f"router {self.name!r}", self.settings, self.legacy_keys, self.validate_settings
+    )
 
   def options(self, cfg) -> dict:
     """This router's settings from model.moe.<name> of `cfg` (defaults where absent)."""
@@ -137,20 +149,23 @@ class RouterSpec:
   def __post_init__(self):
     unknown = set(self.promises) - set(PROMISES)
     if unknown:
-      raise ValueError(f"router {self.name!r}: unknown promises {sorted(unknown)}; "
-                       f"known: {sorted(PROMISES)}")
+      raise ValueError(
+        f"router {self.name!r}: unknown promises {sorted(unknown)}; known: {sorted(PROMISES)}"
+      )
 
   def initial_state(self, num_experts: int) -> dict[str, jax.Array]:
     """The full `state` dict `route` expects at initialisation (state and params)."""
-    return {**(self.init_state(num_experts) if self.init_state else {}),
-            **(self.init_params(num_experts) if self.init_params else {})}
+    return {
+      **(self.init_state(num_experts) if self.init_state else {}),
+      **(self.init_params(num_experts) if self.init_params else {}),
+    }
 
 
 # What a router may promise about its RouterOutput (RouterSpec.promises).
 PROMISES = {
-    # Per token, the valid slots' weights are c_t * probs[t, e] with one c_t > 0
-    # (raw softmax weights, renormalised top-k, a routed scaling factor).
-    "weights_proportional_to_probs",
+  # Per token, the valid slots' weights are c_t * probs[t, e] with one c_t > 0
+  # (raw softmax weights, renormalised top-k, a routed scaling factor).
+  "weights_proportional_to_probs",
 }
 
 
@@ -158,24 +173,43 @@ ROUTERS: Registry[RouterSpec] = Registry("model.moe.router")
 
 
 def register_router(
-    name: str, *, init_state: Callable[[int], dict[str, jax.Array]] | None = None,
-    causal: bool = True, validate: Callable[[Any], None] | None = None,
-    init_params: Callable[[int], dict[str, jax.Array]] | None = None,
-    update_state: Callable[[dict, dict, Any], dict] | None = None,
-    accumulation_check: Callable[[Any], str | None] | None = None,
-    promises: Iterable[str] = (), settings: Mapping[str, Any] | None = None,
-    legacy_keys: Mapping[str, str] | None = None,
-    validate_settings: Callable[[Any], None] | None = None,
-    projection: RouterProjection | None = None,
-    gives_probs: bool = True) -> Callable[[Route], Route]:
+  name: str,
+  *,
+  init_state: Callable[[int], dict[str, jax.Array]] | None = None,
+  causal: bool = True,
+  validate: Callable[[Any], None] | None = None,
+  init_params: Callable[[int], dict[str, jax.Array]] | None = None,
+  update_state: Callable[[dict, dict, Any], dict] | None = None,
+  accumulation_check: Callable[[Any], str | None] | None = None,
+  promises: Iterable[str] = (),
+  settings: Mapping[str, Any] | None = None,
+  legacy_keys: Mapping[str, str] | None = None,
+  validate_settings: Callable[[Any], None] | None = None,
+  projection: RouterProjection | None = None,
+  gives_probs: bool = True,
+) -> Callable[[Route], Route]:
   """Decorator: register a pure routing function under `name` (see RouterSpec)."""
 
   def wrap(fn: Route) -> Route:
-    ROUTERS.add(name, RouterSpec(name, fn, init_state, causal, validate, init_params,
-                                 update_state, accumulation_check, frozenset(promises),
-                                 tuple((settings or {}).items()),
-                                 tuple((legacy_keys or {}).items()), validate_settings,
-                                 projection, gives_probs))
+    ROUTERS.add(
+      name,
+      RouterSpec(
+        name,
+        fn,
+        init_state,
+        causal,
+        validate,
+        init_params,
+        update_state,
+        accumulation_check,
+        frozenset(promises),
+        tuple((settings or {}).items()),
+        tuple((legacy_keys or {}).items()),
+        validate_settings,
+        projection,
+        gives_probs,
+      ),
+    )
     return fn
 
   return wrap
@@ -191,11 +225,15 @@ def check_micro_batches(spec: RouterSpec, cfg, micro_batches: int) -> None:
     return
   reason = spec.accumulation_check(cfg) if spec.accumulation_check is not None else None
   if not reason and spec.init_state is not None and spec.update_state is None:
-    reason = ("its state is updated by every call and it has no update_state "
-              "(moejax/routing/base.py), so micro-batches would update it once each")
+    reason = (
+      "its state is updated by every call and it has no update_state "
+      "(moejax/routing/base.py), so micro-batches would update it once each"
+    )
   if reason:
-    raise ConfigError(f"train.micro_batches={micro_batches} is not supported with "
-                      f"model.moe.router={spec.name!r}: {reason}")
+    raise ConfigError(
+      f"train.micro_batches={micro_batches} is not supported with "
+      f"model.moe.router={spec.name!r}: {reason}"
+    )
 
 
 def routing_entropy(probs: jax.Array) -> jax.Array:

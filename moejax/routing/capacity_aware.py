@@ -56,6 +56,7 @@ only the residual (so max load <= C always holds).
 NON-CAUSAL: whether a token keeps an expert depends on the other tokens of the
 call (prefill batch), as intended for inference-time load shaping.
 """
+
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -64,8 +65,14 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy, top_k_slots)
+from moejax.routing.base import (
+  RouterOutput,
+  Routing,
+  get_router,
+  register_router,
+  routing_entropy,
+  top_k_slots,
+)
 from moejax.routing.topk import validate_top_k
 
 
@@ -84,8 +91,9 @@ def rank_within(scores: jax.Array) -> jax.Array:
   return jnp.argsort(order, axis=-1, stable=True)
 
 
-def keep_top_per_group(scores: jax.Array, candidate: jax.Array, capacity,
-                       num_groups: int) -> jax.Array:
+def keep_top_per_group(
+  scores: jax.Array, candidate: jax.Array, capacity, num_groups: int
+) -> jax.Array:
   """Keep, in each of `num_groups` contiguous expert groups, the `capacity`
   highest-scoring candidate (token, expert) pairs. scores/candidate: [T, E];
   `capacity` may be a traced integer."""
@@ -98,8 +106,9 @@ def keep_top_per_group(scores: jax.Array, candidate: jax.Array, capacity,
   return keep.reshape(num_tokens, num_experts) & candidate
 
 
-def capacity_route(probs: jax.Array, top_k: int, capacity, num_cand, num_shards: int = 0,
-                   renormalize: bool = True) -> Routing:
+def capacity_route(
+  probs: jax.Array, top_k: int, capacity, num_cand, num_shards: int = 0, renormalize: bool = True
+) -> Routing:
   """Token Drop (num_cand = k) / Expanded Drop (num_cand = ceil(k r)) routing of probs [T, E].
 
   capacity: per expert (num_shards = 0) or per shard, None for no limit;
@@ -122,8 +131,11 @@ def capacity_route(probs: jax.Array, top_k: int, capacity, num_cand, num_shards:
 
 # model.moe.capacity_aware (configs saved before the section had flat capacity_* keys).
 SETTINGS = {"gamma": 1.0, "expand_r": 1.0, "num_shards": 0}
-LEGACY_KEYS = {"capacity_gamma": "gamma", "capacity_expand_r": "expand_r",
-               "capacity_num_shards": "num_shards"}
+LEGACY_KEYS = {
+  "capacity_gamma": "gamma",
+  "capacity_expand_r": "expand_r",
+  "capacity_num_shards": "num_shards",
+}
 
 
 def validate_keys(cfg) -> None:
@@ -136,26 +148,46 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.capacity_aware.expand_r={s['expand_r']} must be >= 1")
   shards = s["num_shards"]
   if shards < 0 or (shards > 0 and cfg.num_experts % shards):
-    raise ConfigError(f"model.moe.capacity_aware.num_shards={shards} must be 0 (per-expert "
-                      f"capacity) or divide model.moe.num_experts={cfg.num_experts}")
+    raise ConfigError(
+      f"model.moe.capacity_aware.num_shards={shards} must be 0 (per-expert "
+      f"capacity) or divide model.moe.num_experts={cfg.num_experts}"
+    )
 
 
-@register_router("capacity_aware", causal=False, validate=validate_top_k,
-                 promises={"weights_proportional_to_probs"}, settings=SETTINGS,
-                 legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_capacity_aware(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "capacity_aware",
+  causal=False,
+  validate=validate_top_k,
+  promises={"weights_proportional_to_probs"},
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_keys,
+)
+def route_capacity_aware(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng, train
   s = get_router("capacity_aware").options(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
   num_tokens, num_experts = logits.shape
   shards = s["num_shards"]
-  capacity = (None if num_tokens <= 1 else  # single-token decode: no capacity (official)
-              token_capacity(num_tokens, shards or num_experts, cfg.top_k, s["gamma"]))
-  routing = capacity_route(probs, cfg.top_k, capacity,
-                           num_candidates(num_experts, cfg.top_k, s["expand_r"]),
-                           shards, cfg.renormalize)
+  capacity = (
+    None
+    if num_tokens <= 1
+    # single-token decode: no capacity (official)
+    else token_capacity(num_tokens, shards or num_experts, cfg.top_k, s["gamma"])
+  )
+  routing = capacity_route(
+    probs,
+    cfg.top_k,
+    capacity,
+    num_candidates(num_experts, cfg.top_k, s["expand_r"]),
+    shards,
+    cfg.renormalize,
+  )
   kept = jnp.sum(routing.valid).astype(jnp.float32)
-  metrics = {"routing_entropy": routing_entropy(probs),
-             "router_dropped_fraction": 1.0 - kept / routing.valid.size}
+  metrics = {
+    "routing_entropy": routing_entropy(probs),
+    "router_dropped_fraction": 1.0 - kept / routing.valid.size,
+  }
   return RouterOutput(routing, logits, probs, metrics, state)

@@ -12,6 +12,7 @@ paper's baseline and for encoder-style use. Do not use it for generation.
 
 Slot view: S = E, slot e is expert e, valid when expert e chose the token.
 """
+
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -24,17 +25,16 @@ from moejax.routing.base import RouterOutput, Routing, register_router, routing_
 from moejax.routing.topk import validate_top_k
 
 
-def expert_choice_capacity(num_tokens: int, num_experts: int, top_k: int,
-                           capacity_factor: float) -> int:
-  return min(num_tokens,
-             max(1, math.ceil(capacity_factor * top_k * num_tokens / num_experts)))
+def expert_choice_capacity(
+  num_tokens: int, num_experts: int, top_k: int, capacity_factor: float
+) -> int:
+  return min(num_tokens, max(1, math.ceil(capacity_factor * top_k * num_tokens / num_experts)))
 
 
 def validate_expert_choice(cfg) -> None:
   validate_top_k(cfg)
   if cfg.capacity_factor <= 0:
-    raise ConfigError(
-        f"model.moe.capacity_factor={cfg.capacity_factor} must be > 0")
+    raise ConfigError(f"model.moe.capacity_factor={cfg.capacity_factor} must be > 0")
 
 
 def expert_choice(probs: jax.Array, capacity: int) -> Routing:
@@ -44,19 +44,25 @@ def expert_choice(probs: jax.Array, capacity: int) -> Routing:
   chosen = jnp.zeros((num_experts, num_tokens), bool)
   chosen = chosen.at[jnp.arange(num_experts)[:, None], token_index].set(True).T
   expert_index = jnp.broadcast_to(
-      jnp.arange(num_experts, dtype=jnp.int32), (num_tokens, num_experts))
+    jnp.arange(num_experts, dtype=jnp.int32), (num_tokens, num_experts)
+  )
   weight = jnp.where(chosen, probs, 0.0)
   return Routing(expert_index, weight, chosen)
 
 
-@register_router("expert_choice", causal=False, validate=validate_expert_choice,
-                 promises={"weights_proportional_to_probs"})
-def route_expert_choice(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "expert_choice",
+  causal=False,
+  validate=validate_expert_choice,
+  promises={"weights_proportional_to_probs"},
+)
+def route_expert_choice(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)
-  capacity = expert_choice_capacity(logits.shape[0], logits.shape[1],
-                                    cfg.top_k, cfg.capacity_factor)
+  capacity = expert_choice_capacity(
+    logits.shape[0], logits.shape[1], cfg.top_k, cfg.capacity_factor
+  )
   routing = expert_choice(probs, capacity)
-  return RouterOutput(routing, logits, probs,
-                      {"routing_entropy": routing_entropy(probs)}, state)
+  return RouterOutput(routing, logits, probs, {"routing_entropy": routing_entropy(probs)}, state)

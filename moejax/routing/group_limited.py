@@ -16,6 +16,7 @@ state-update protocol (expert counts summed over micro-batches, one update per s
 Config keys (read with defaults, so older MoE configs still work):
 model.moe.num_groups (G, default 1) and model.moe.topk_groups (default 1).
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,8 +25,12 @@ import jax.numpy as jnp
 
 from moejax.errors import ConfigError
 from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
-from moejax.routing.sigmoid_bias import (init_bias_state, load_stats, update_bias_state,
-                                         validate_bias_router)
+from moejax.routing.sigmoid_bias import (
+  init_bias_state,
+  load_stats,
+  update_bias_state,
+  validate_bias_router,
+)
 
 
 def group_settings(cfg) -> tuple[int, int]:
@@ -36,21 +41,28 @@ def validate_group_limited(cfg) -> None:
   validate_bias_router(cfg)
   groups, keep = group_settings(cfg)
   if groups < 1 or cfg.num_experts % groups:
-    raise ConfigError(f"model.moe.num_groups={groups} must be >= 1 and divide "
-                      f"model.moe.num_experts={cfg.num_experts}")
+    raise ConfigError(
+      f"model.moe.num_groups={groups} must be >= 1 and divide "
+      f"model.moe.num_experts={cfg.num_experts}"
+    )
   if not 1 <= keep <= groups:
     raise ConfigError(f"model.moe.topk_groups={keep} must be in [1, num_groups={groups}]")
   group_size = cfg.num_experts // groups
   if groups > 1 and group_size < 2:
-    raise ConfigError(f"group-limited routing scores a group by its top 2 experts: "
-                      f"num_experts={cfg.num_experts} / num_groups={groups} must be >= 2")
+    raise ConfigError(
+      f"group-limited routing scores a group by its top 2 experts: "
+      f"num_experts={cfg.num_experts} / num_groups={groups} must be >= 2"
+    )
   if cfg.top_k > keep * group_size:
-    raise ConfigError(f"model.moe.top_k={cfg.top_k} exceeds the {keep * group_size} experts "
-                      f"of topk_groups={keep} groups of {group_size}")
+    raise ConfigError(
+      f"model.moe.top_k={cfg.top_k} exceeds the {keep * group_size} experts "
+      f"of topk_groups={keep} groups of {group_size}"
+    )
 
 
-def group_limited_choice(choice_scores: jax.Array, num_groups: int, topk_groups: int,
-                         k: int) -> jax.Array:
+def group_limited_choice(
+  choice_scores: jax.Array, num_groups: int, topk_groups: int, k: int
+) -> jax.Array:
   """Expert indices int32 [T, k]: top-k of `choice_scores` [T, E] within each token's
   `topk_groups` best groups (group score = sum of its top-2 choice scores)."""
   if num_groups == 1:
@@ -64,10 +76,15 @@ def group_limited_choice(choice_scores: jax.Array, num_groups: int, topk_groups:
   return top_k_slots(masked, k)[1]
 
 
-@register_router("group_limited", init_state=init_bias_state, validate=validate_group_limited,
-                 update_state=update_bias_state)
-def route_group_limited(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "group_limited",
+  init_state=init_bias_state,
+  validate=validate_group_limited,
+  update_state=update_bias_state,
+)
+def route_group_limited(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng
   num_groups, topk_groups = group_settings(cfg)
   scores = jax.nn.sigmoid(logits.astype(jnp.float32))
@@ -83,6 +100,8 @@ def route_group_limited(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.
     stats = load_stats(routing, logits.shape[-1])
     new_state = update_bias_state(state, stats, cfg)
   probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-  metrics = {"routing_entropy": routing_entropy(probs),
-             "bias_norm": jnp.linalg.norm(new_state["bias"])}
+  metrics = {
+    "routing_entropy": routing_entropy(probs),
+    "bias_norm": jnp.linalg.norm(new_state["bias"]),
+  }
   return RouterOutput(routing, logits, probs, metrics, new_state, stats)

@@ -38,6 +38,7 @@ following is reconstructed (guesses marked):
     inference time"). Weights in both modes: the softmax probabilities of the
     chosen experts, renormalised when `renormalize`.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,8 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy)
+from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 _TINY = 1e-12
@@ -88,7 +88,8 @@ def batch_cooccurrence_cov(routing: Routing, num_experts: int) -> jax.Array:
   """Covariance over tokens of the selection indicators z [T, E]."""
   z = jnp.zeros((routing.num_tokens, num_experts), jnp.float32)
   z = z.at[jnp.arange(routing.num_tokens)[:, None], routing.expert_index].add(
-      routing.valid.astype(jnp.float32))
+    routing.valid.astype(jnp.float32)
+  )
   zc = z - jnp.mean(z, axis=0)
   return zc.T @ zc / routing.num_tokens
 
@@ -97,9 +98,13 @@ def indicator_stats(routing: Routing, num_experts: int) -> dict:
   """Accumulable sums over the call's tokens of z [T, E], z z^T, and the token count."""
   z = jnp.zeros((routing.num_tokens, num_experts), jnp.float32)
   z = z.at[jnp.arange(routing.num_tokens)[:, None], routing.expert_index].add(
-      routing.valid.astype(jnp.float32))
-  return {"indicator_sum": jnp.sum(z, axis=0), "indicator_outer_sum": z.T @ z,
-          "tokens": jnp.asarray(routing.num_tokens, jnp.float32)}
+    routing.valid.astype(jnp.float32)
+  )
+  return {
+    "indicator_sum": jnp.sum(z, axis=0),
+    "indicator_outer_sum": z.T @ z,
+    "tokens": jnp.asarray(routing.num_tokens, jnp.float32),
+  }
 
 
 def cov_from_stats(stats: dict) -> jax.Array:
@@ -134,11 +139,18 @@ def validate_keys(cfg) -> None:
     raise ConfigError(f"model.moe.mahalanobis.ridge={s['ridge']} must be > 0")
 
 
-@register_router("mahalanobis", init_state=init_mp_state, validate=validate_top_k,
-                 update_state=update_mp_state, settings=SETTINGS, legacy_keys=LEGACY_KEYS,
-                 validate_settings=validate_keys)
-def route_mahalanobis(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "mahalanobis",
+  init_state=init_mp_state,
+  validate=validate_top_k,
+  update_state=update_mp_state,
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_keys,
+)
+def route_mahalanobis(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng
   num_experts = logits.shape[-1]
   probs = jax.nn.softmax(logits, axis=-1)
@@ -157,6 +169,10 @@ def route_mahalanobis(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Ar
   stats = indicator_stats(routing, num_experts)
   _, topk_index = jax.lax.top_k(probs, cfg.top_k)
   same = jnp.mean(jnp.all(jnp.sort(index, 1) == jnp.sort(topk_index, 1), axis=1))
-  metrics.update({"mp_objective": jnp.mean(jnp.sum(gains, axis=-1)),
-                  "mp_topk_agreement": same.astype(jnp.float32)})
+  metrics.update(
+    {
+      "mp_objective": jnp.mean(jnp.sum(gains, axis=-1)),
+      "mp_topk_agreement": same.astype(jnp.float32),
+    }
+  )
   return RouterOutput(routing, logits, probs, metrics, update_mp_state(state, stats, cfg), stats)

@@ -33,6 +33,7 @@ Skipped: COOT's joint feature-space coupling and the paper's bidirectional
 (InfoNCE) contrastive alignment at test time; only the semi-relaxed transport
 routing is implemented.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,14 +41,17 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy)
+from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
 from moejax.routing.topk import validate_top_k
 
 
-def semi_relaxed_sinkhorn(scores: jax.Array, epsilon: float, tau: float | None,
-                          num_iters: int, allowed: jax.Array | None = None
-                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def semi_relaxed_sinkhorn(
+  scores: jax.Array,
+  epsilon: float,
+  tau: float | None,
+  num_iters: int,
+  allowed: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Transport plan with exact expert marginals 1/E and KL-relaxed token marginals.
 
   scores [T, E] (affinity, cost = -scores). tau None or <= 0 means balanced
@@ -89,23 +93,36 @@ def validate_keys(cfg) -> None:
   if s["iters"] < 1:
     raise ConfigError(f"model.moe.as_coot.iters={s['iters']} must be >= 1")
   if s["tau"] < 0:
-    raise ConfigError(f"model.moe.as_coot.tau={s['tau']} must be >= 0 "
-                      "(0 = balanced Sinkhorn, tau = infinity)")
+    raise ConfigError(
+      f"model.moe.as_coot.tau={s['tau']} must be >= 0 (0 = balanced Sinkhorn, tau = infinity)"
+    )
 
 
-@register_router("as_coot", causal=False, validate=validate_top_k,
-                 promises={"weights_proportional_to_probs"}, settings=SETTINGS,
-                 legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_as_coot(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "as_coot",
+  causal=False,
+  validate=validate_top_k,
+  promises={"weights_proportional_to_probs"},
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_keys,
+)
+def route_as_coot(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng, train
   s = get_router("as_coot").options(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
-  scores, chosen, slots, plans = (jax.lax.stop_gradient(logits),
-                                  jnp.zeros(logits.shape, bool), [], [])
+  scores, chosen, slots, plans = (
+    jax.lax.stop_gradient(logits),
+    jnp.zeros(logits.shape, bool),
+    [],
+    [],
+  )
   for _ in range(cfg.top_k):  # one balanced plan per slot (module doc)
-    log_pi, _, _ = semi_relaxed_sinkhorn(scores, s["epsilon"], s["tau"], s["iters"],
-                                         allowed=~chosen)
+    log_pi, _, _ = semi_relaxed_sinkhorn(
+      scores, s["epsilon"], s["tau"], s["iters"], allowed=~chosen
+    )
     plans.append(log_pi)
     slots.append(jnp.argmax(log_pi, axis=-1))
     chosen = chosen | jax.nn.one_hot(slots[-1], logits.shape[-1], dtype=bool)
@@ -115,6 +132,8 @@ def route_as_coot(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array]
     weight = weight / jnp.sum(weight, axis=-1, keepdims=True)
   routing = Routing(index, weight, jnp.ones(index.shape, bool))
   row_mass = jnp.exp(jax.nn.logsumexp(plans[0], axis=1))  # the first (unmasked) plan
-  metrics = {"routing_entropy": routing_entropy(probs),
-             "ot_token_mass_min": jnp.min(row_mass) * logits.shape[0]}
+  metrics = {
+    "routing_entropy": routing_entropy(probs),
+    "ot_token_mass_min": jnp.min(row_mass) * logits.shape[0],
+  }
   return RouterOutput(routing, logits, probs, metrics, state)

@@ -58,6 +58,7 @@ clipping" of the marginals (0.99 m + 0.01 sigmoid, clamped to [1e-3, 1 - 1e-3])
 is not implemented; -inf is a finite -1e30 rather than -300 (so very negative
 logits cannot fall below the sentinel); everything is float32.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,15 +66,22 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy, top_k_slots)
+from moejax.routing.base import (
+  RouterOutput,
+  Routing,
+  get_router,
+  register_router,
+  routing_entropy,
+  top_k_slots,
+)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 NEG = -1e30  # log(0) stand-in that stays finite under addition
 
 
-def bernoulli_log_probs(logits: jax.Array, detach_log_q: bool = True
-                        ) -> tuple[jax.Array, jax.Array]:
+def bernoulli_log_probs(
+  logits: jax.Array, detach_log_q: bool = True
+) -> tuple[jax.Array, jax.Array]:
   """(log p, log q) = (log_sigmoid(l), log_sigmoid(-l)), float32, exact for any |l|.
 
   detach_log_q=True stops the gradient through log q (the official Qwen scripts);
@@ -98,8 +106,9 @@ def count_table(log_p: jax.Array, log_q: jax.Array, k_max: int) -> jax.Array:
 
   def step(a, lp_lq):
     lp, lq = lp_lq  # [T]
-    take = jnp.concatenate([jnp.full((num_tokens, 1), NEG, jnp.float32),
-                            a[:, :-1] + lp[:, None]], axis=1)
+    take = jnp.concatenate(
+      [jnp.full((num_tokens, 1), NEG, jnp.float32), a[:, :-1] + lp[:, None]], axis=1
+    )
     new = jnp.logaddexp(take, a + lq[:, None])
     return new, new
 
@@ -110,7 +119,7 @@ def count_table(log_p: jax.Array, log_q: jax.Array, k_max: int) -> jax.Array:
 def log_partition(log_p, log_q, k_min: int, k_max: int) -> jax.Array:
   """log P(k_min <= sum z <= k_max) per token, [T]."""
   table = count_table(log_p, log_q, k_max)
-  return jax.nn.logsumexp(table[-1, :, k_min:k_max + 1], axis=-1)
+  return jax.nn.logsumexp(table[-1, :, k_min : k_max + 1], axis=-1)
 
 
 def marginals_and_table(log_p, log_q, k_min: int, k_max: int):
@@ -118,7 +127,7 @@ def marginals_and_table(log_p, log_q, k_min: int, k_max: int):
 
   def total_log_z(lp):
     table = count_table(lp, log_q, k_max)
-    return jnp.sum(jax.nn.logsumexp(table[-1, :, k_min:k_max + 1], axis=-1)), table
+    return jnp.sum(jax.nn.logsumexp(table[-1, :, k_min : k_max + 1], axis=-1)), table
 
   return jax.grad(total_log_z, has_aux=True)(log_p)
 
@@ -138,20 +147,26 @@ def sample_subsets(rng, table: jax.Array, log_p: jax.Array, ks: jax.Array) -> ja
     prev = table[i]  # [T, k_max+1]
     here = table[i + 1]
     jm1 = jnp.maximum(j - 1, 0)
-    take = (jnp.take_along_axis(prev, jm1[:, None], 1)[:, 0] + log_p[:, i]
-            - jnp.take_along_axis(here, j[:, None], 1)[:, 0])
+    take = (
+      jnp.take_along_axis(prev, jm1[:, None], 1)[:, 0]
+      + log_p[:, i]
+      - jnp.take_along_axis(here, j[:, None], 1)[:, 0]
+    )
     prob = jnp.where(j > 0, jnp.exp(jnp.minimum(take, 0.0)), 0.0)
     z = (u < prob).astype(jnp.int32)
     return j - z, z
 
-  _, zs = jax.lax.scan(step, ks.astype(jnp.int32),
-                       (jnp.arange(n - 1, -1, -1), uniforms), )
+  _, zs = jax.lax.scan(
+    step,
+    ks.astype(jnp.int32),
+    (jnp.arange(n - 1, -1, -1), uniforms),
+  )
   return zs[::-1].T.astype(jnp.float32)
 
 
 def sample_band_k(rng, table: jax.Array, k_min: int, k_max: int) -> jax.Array:
   """k ~ P(sum z = k | k_min <= sum z <= k_max) per token, int32 [T]."""
-  logits = table[-1, :, k_min:k_max + 1]
+  logits = table[-1, :, k_min : k_max + 1]
   return (jax.random.categorical(rng, logits, axis=-1) + k_min).astype(jnp.int32)
 
 
@@ -187,7 +202,7 @@ def dynamic_eval(logits, k_min: int, k_max: int, renormalize: bool) -> Routing:
   """k* = argmax_{k in band} sum of the k largest logits; top-k* softmax weights."""
   probs = jax.nn.softmax(logits, axis=-1)
   sorted_logits, index = top_k_slots(logits, k_max)
-  prefix = jnp.cumsum(sorted_logits, axis=-1)[:, k_min - 1:]
+  prefix = jnp.cumsum(sorted_logits, axis=-1)[:, k_min - 1 :]
   k_star = jnp.argmax(prefix, axis=-1) + k_min
   valid = jnp.arange(k_max)[None, :] < k_star[:, None]
   weight = jnp.where(valid, jnp.take_along_axis(probs, index, 1), 0.0)
@@ -200,8 +215,11 @@ def dynamic_eval(logits, k_min: int, k_max: int, renormalize: bool) -> Routing:
 # dynamic-k band; detach_log_q: stop-gradient on log q (official Qwen scripts;
 # False: OLMoE). Configs saved before the section had flat probmoe_* keys.
 SETTINGS = {"k_min": 0, "k_max": 0, "detach_log_q": True}
-LEGACY_KEYS = {"probmoe_k_min": "k_min", "probmoe_k_max": "k_max",
-               "probmoe_detach_log_q": "detach_log_q"}
+LEGACY_KEYS = {
+  "probmoe_k_min": "k_min",
+  "probmoe_k_max": "k_max",
+  "probmoe_detach_log_q": "detach_log_q",
+}
 
 
 def settings(cfg) -> dict:
@@ -214,26 +232,34 @@ def validate_keys(cfg) -> None:
   the router."""
   s = settings(cfg)
   if not isinstance(s["detach_log_q"], bool):
-    raise ConfigError(f"model.moe.probmoe.detach_log_q={s['detach_log_q']!r} "
-                      "must be True or False")
+    raise ConfigError(f"model.moe.probmoe.detach_log_q={s['detach_log_q']!r} must be True or False")
   lo, hi = s["k_min"], s["k_max"]
   if lo == 0 and hi == 0:
     return
   if lo < 1:
-    raise ConfigError(f"model.moe.probmoe.k_min={lo} must be >= 1 when "
-                      "dynamic-k is on (or both probmoe.k_min and probmoe.k_max 0)")
+    raise ConfigError(
+      f"model.moe.probmoe.k_min={lo} must be >= 1 when "
+      "dynamic-k is on (or both probmoe.k_min and probmoe.k_max 0)"
+    )
   if hi < lo:
-    raise ConfigError(f"model.moe.probmoe.k_min={lo} must be <= "
-                      f"model.moe.probmoe.k_max={hi}")
+    raise ConfigError(f"model.moe.probmoe.k_min={lo} must be <= model.moe.probmoe.k_max={hi}")
   if hi > cfg.num_experts:
-    raise ConfigError(f"model.moe.probmoe.k_max={hi} must be <= "
-                      f"model.moe.num_experts={cfg.num_experts}")
+    raise ConfigError(
+      f"model.moe.probmoe.k_max={hi} must be <= model.moe.num_experts={cfg.num_experts}"
+    )
 
 
-@register_router("probmoe", validate=validate_top_k, promises={"weights_proportional_to_probs"},
-                 settings=SETTINGS, legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_probmoe(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "probmoe",
+  validate=validate_top_k,
+  promises={"weights_proportional_to_probs"},
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_keys,
+)
+def route_probmoe(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   k_min, k_max, dynamic = band(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
   metrics = {"routing_entropy": routing_entropy(probs)}

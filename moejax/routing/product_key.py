@@ -39,6 +39,7 @@ shared expert (configs/lm_shakespeare_omnimoe.py). Settings: model.moe.
 product_key.per_axis_k. Micro-batching is refused: BatchNorm normalises by the
 tokens of each call, so M micro-batches are a different function.
 """
+
 import math
 
 import jax
@@ -46,8 +47,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, RouterProjection, Routing, get_router,
-                                 register_router, routing_entropy)
+from moejax.routing.base import (
+  RouterOutput,
+  RouterProjection,
+  Routing,
+  get_router,
+  register_router,
+  routing_entropy,
+)
 
 BN_MOMENTUM = 0.1  # torch.nn.BatchNorm1d defaults, as in the official module
 BN_EPS = 1e-5
@@ -58,15 +65,18 @@ def grid_size(num_experts: int) -> int:
   """n with n * n = N, or ConfigError naming model.moe.num_experts."""
   n = math.isqrt(max(num_experts, 0))
   if num_experts < 1 or n * n != num_experts:
-    raise ConfigError(f"model.moe.num_experts={num_experts} must be a positive perfect "
-                      "square with model.moe.router='product_key' (N = n x n grid)")
+    raise ConfigError(
+      f"model.moe.num_experts={num_experts} must be a positive perfect "
+      "square with model.moe.router='product_key' (N = n x n grid)"
+    )
   return n
 
 
 def per_axis_k_of(cfg) -> int:
   """model.moe.product_key.per_axis_k, 0 meaning min(top_k, n) (the smallest exact choice)."""
-  return (get_router("product_key").options(cfg)["per_axis_k"]
-          or min(cfg.top_k, grid_size(cfg.num_experts)))
+  return get_router("product_key").options(cfg)["per_axis_k"] or min(
+    cfg.top_k, grid_size(cfg.num_experts)
+  )
 
 
 def validate_product_key(cfg) -> None:
@@ -74,15 +84,20 @@ def validate_product_key(cfg) -> None:
   n = grid_size(cfg.num_experts)
   per_axis_k = get_router("product_key").options(cfg)["per_axis_k"]
   if not 0 <= per_axis_k <= n:
-    raise ConfigError(f"model.moe.product_key.per_axis_k={per_axis_k} must be in [0, n={n}] "
-                      "(0: min(top_k, n))")
+    raise ConfigError(
+      f"model.moe.product_key.per_axis_k={per_axis_k} must be in [0, n={n}] (0: min(top_k, n))"
+    )
   a = per_axis_k_of(cfg)
   if cfg.top_k > a * a:  # (ranks (r, c) with (r+1)(c+1) <= top_k are then all a^2 pairs)
-    raise ConfigError(f"model.moe.top_k={cfg.top_k} is larger than the per_axis_k^2="
-                      f"{a * a} candidate pairs (model.moe.product_key.per_axis_k={a})")
+    raise ConfigError(
+      f"model.moe.top_k={cfg.top_k} is larger than the per_axis_k^2="
+      f"{a * a} candidate pairs (model.moe.product_key.per_axis_k={a})"
+    )
   if a < min(cfg.top_k, n):
-    raise ConfigError(f"model.moe.product_key.per_axis_k={a} < min(top_k={cfg.top_k}, n={n}):"
-                      " the product-key search would not be exact")
+    raise ConfigError(
+      f"model.moe.product_key.per_axis_k={a} < min(top_k={cfg.top_k}, n={n}):"
+      " the product-key search would not be exact"
+    )
 
 
 def batch_norm(z, mean, var, *, train: bool):
@@ -139,8 +154,10 @@ def route_product_key(z_x, z_y, stats: dict, *, top_k: int, per_axis_k: int, tra
   score, index = product_key_top_k(lp_x, lp_y, top_k, per_axis_k)
   weight = jnp.exp(score)
   routing = Routing(index, weight, jnp.ones(index.shape, bool))
-  metrics = {"routing_entropy": routing_entropy(jnp.exp(lp_x)) + routing_entropy(jnp.exp(lp_y)),
-             "routed_weight_sum": jnp.mean(jnp.sum(weight, axis=-1))}
+  metrics = {
+    "routing_entropy": routing_entropy(jnp.exp(lp_x)) + routing_entropy(jnp.exp(lp_y)),
+    "routed_weight_sum": jnp.mean(jnp.sum(weight, axis=-1)),
+  }
   new_stats = {"mean_x": mean_x, "var_x": var_x, "mean_y": mean_y, "var_y": var_y}
   return routing, metrics, new_stats
 
@@ -150,8 +167,10 @@ def init_projection(key, d_model: int, num_experts: int, cfg=None) -> dict:
   n = grid_size(num_experts)
   init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
   key_x, key_y = jax.random.split(key)
-  return {"w_x": init(key_x, (d_model, n), jnp.float32),
-          "w_y": init(key_y, (d_model, n), jnp.float32)}
+  return {
+    "w_x": init(key_x, (d_model, n), jnp.float32),
+    "w_y": init(key_y, (d_model, n), jnp.float32),
+  }
 
 
 def project(params, x, cfg=None):
@@ -161,22 +180,33 @@ def project(params, x, cfg=None):
 
 def init_batch_norm_state(num_experts: int) -> dict:
   n = grid_size(num_experts)
-  return {"mean_x": jnp.zeros((n,), jnp.float32), "var_x": jnp.ones((n,), jnp.float32),
-          "mean_y": jnp.zeros((n,), jnp.float32), "var_y": jnp.ones((n,), jnp.float32)}
+  return {
+    "mean_x": jnp.zeros((n,), jnp.float32),
+    "var_x": jnp.ones((n,), jnp.float32),
+    "mean_y": jnp.zeros((n,), jnp.float32),
+    "var_y": jnp.ones((n,), jnp.float32),
+  }
 
 
 @register_router(
-    "product_key", init_state=init_batch_norm_state, validate=validate_product_key,
-    settings=SETTINGS, gives_probs=False,
-    projection=RouterProjection(init_projection, {"w_x": ("embed", None),
-                                                  "w_y": ("embed", None)}, project),
-    accumulation_check=lambda cfg: ("its BatchNorm normalises by the tokens of each call, "
-                                    "so micro-batches route differently"))
+  "product_key",
+  init_state=init_batch_norm_state,
+  validate=validate_product_key,
+  settings=SETTINGS,
+  gives_probs=False,
+  projection=RouterProjection(
+    init_projection, {"w_x": ("embed", None), "w_y": ("embed", None)}, project
+  ),
+  accumulation_check=lambda cfg: (
+    "its BatchNorm normalises by the tokens of each call, so micro-batches route differently"
+  ),
+)
 def product_key_router(z, *, cfg, state, rng=None, train=False) -> RouterOutput:
   """OmniMoE's router on z = [z_x, z_y] (the module doc); BatchNorm statistics as state."""
   del rng
   n = z.shape[-1] // 2
   stats = {name: state[name] for name in ("mean_x", "var_x", "mean_y", "var_y")}
   routing, metrics, new_stats = route_product_key(
-      z[:, :n], z[:, n:], stats, top_k=cfg.top_k, per_axis_k=per_axis_k_of(cfg), train=train)
+    z[:, :n], z[:, n:], stats, top_k=cfg.top_k, per_axis_k=per_axis_k_of(cfg), train=train
+  )
   return RouterOutput(routing, None, None, metrics, new_stats)

@@ -25,6 +25,7 @@ Router math is float32 (the cosine matmul at HIGHEST precision).
 for code outside the MoE layer (moejax/online/tmow.py); they refuse a bad tau
 or mismatched shapes with a ConfigError naming the value.
 """
+
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -34,8 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, RouterProjection, get_router,
-                                 register_router, routing_entropy)
+from moejax.routing.base import (
+  RouterOutput,
+  RouterProjection,
+  get_router,
+  register_router,
+  routing_entropy,
+)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 SETTINGS = {"tau": 0.1}  # model.moe.prototype; GUESS (module doc)
@@ -68,18 +74,24 @@ def cosine_logits(z, prototypes, tau) -> jax.Array:
   if len(c_shape) != 2 or c_shape[0] < 1:
     raise ConfigError(f"prototypes must be [E, F] with E >= 1 (prototypes shape {c_shape})")
   if len(z_shape) != 2 or z_shape[1] != c_shape[1]:
-    raise ConfigError(f"features must be [T, F={c_shape[1]}] like the prototypes "
-                      f"(features shape {z_shape}, prototypes shape {c_shape})")
-  cos = jnp.einsum("tf,ef->te", unit_rows(z), unit_rows(prototypes),
-                   precision=jax.lax.Precision.HIGHEST)
+    raise ConfigError(
+      f"features must be [T, F={c_shape[1]}] like the prototypes "
+      f"(features shape {z_shape}, prototypes shape {c_shape})"
+    )
+  cos = jnp.einsum(
+    "tf,ef->te", unit_rows(z), unit_rows(prototypes), precision=jax.lax.Precision.HIGHEST
+  )
   return cos / jnp.asarray(tau, jnp.float32)
 
 
 def prototype_routing(z, prototypes, tau, top_k: int, renormalize: bool = True):
   """(Routing, probs [T, E]): the router's top_k of softmax(cos / tau)."""
   num_experts = np.shape(prototypes)[0] if np.ndim(prototypes) == 2 else 0
-  if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not (
-      1 <= top_k <= max(num_experts, 1)):
+  if (
+    isinstance(top_k, bool)
+    or not isinstance(top_k, (int, np.integer))
+    or not (1 <= top_k <= max(num_experts, 1))
+  ):
     raise ConfigError(f"top_k={top_k!r} must be an integer in [1, E={num_experts}]")
   return softmax_top_k(cosine_logits(z, prototypes, tau), top_k, renormalize)
 
@@ -107,14 +119,21 @@ def project(params, x, cfg) -> jax.Array:
 
 
 @register_router(
-    "prototype", validate=validate_top_k, settings=SETTINGS, validate_settings=validate_settings,
-    promises={"weights_proportional_to_probs"},
-    projection=RouterProjection(init_prototypes, {"prototypes": (None, "embed")}, project))
-def route_prototype(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+  "prototype",
+  validate=validate_top_k,
+  settings=SETTINGS,
+  validate_settings=validate_settings,
+  promises={"weights_proportional_to_probs"},
+  projection=RouterProjection(init_prototypes, {"prototypes": (None, "embed")}, project),
+)
+def route_prototype(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   """Top-k of softmax(cos / tau) (the module doc); logits = the projection's cos / tau."""
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
-  metrics = {"routing_entropy": routing_entropy(probs),
-             "prototype_max_cosine": jnp.mean(jnp.max(logits, axis=-1)) * tau_of(cfg)}
+  metrics = {
+    "routing_entropy": routing_entropy(probs),
+    "prototype_max_cosine": jnp.mean(jnp.max(logits, axis=-1)) * tau_of(cfg),
+  }
   return RouterOutput(routing, logits, probs, metrics, state)

@@ -32,6 +32,7 @@ Training never changes the similarity state: its `update_state` (the protocol
 of moejax/routing/base.py) is the identity over no stats, so micro-batching is
 exact for it.
 """
+
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -40,13 +41,13 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy)
+from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 
-def primary_experts(routing: Routing, num_experts: int,
-                    num_primary: int) -> tuple[jax.Array, jax.Array]:
+def primary_experts(
+  routing: Routing, num_experts: int, num_primary: int
+) -> tuple[jax.Array, jax.Array]:
   """bool [E]: experts in some token's `num_primary` highest-weight valid slots,
   and bool [T, S]: which slots are primary."""
   w = jnp.where(routing.valid, routing.combine_weight, -jnp.inf)
@@ -54,8 +55,11 @@ def primary_experts(routing: Routing, num_experts: int,
   order = jnp.argsort(-w, axis=1, stable=True)
   rank = jnp.argsort(order, axis=1, stable=True)
   primary_slot = routing.valid & (rank < num_primary)
-  hit = jnp.zeros((num_experts,), jnp.int32).at[routing.expert_index].add(
-      primary_slot.astype(jnp.int32))
+  hit = (
+    jnp.zeros((num_experts,), jnp.int32)
+    .at[routing.expert_index]
+    .add(primary_slot.astype(jnp.int32))
+  )
   return hit > 0, primary_slot
 
 
@@ -70,8 +74,7 @@ def merge_duplicate_slots(routing: Routing) -> Routing:
   return Routing(jnp.where(first, idx, 0), weight, first)
 
 
-def sere_reroute(routing: Routing, similarity: jax.Array, num_primary: int,
-                 rho: float) -> Routing:
+def sere_reroute(routing: Routing, similarity: jax.Array, num_primary: int, rho: float) -> Routing:
   """Re-route secondary slots to the most similar primary expert (see module doc)."""
   num_experts = similarity.shape[0]
   in_primary, primary_slot = primary_experts(routing, num_experts, num_primary)
@@ -79,7 +82,7 @@ def sere_reroute(routing: Routing, similarity: jax.Array, num_primary: int,
   best = jnp.argmax(sim, axis=1).astype(jnp.int32)  # [E]: target for each expert
   best_sim = jnp.max(sim, axis=1)
   e = routing.expert_index
-  move = (routing.valid & ~primary_slot & ~in_primary[e] & (best_sim[e] >= rho))
+  move = routing.valid & ~primary_slot & ~in_primary[e] & (best_sim[e] >= rho)
   moved = dataclasses.replace(routing, expert_index=jnp.where(move, best[e], e))
   return merge_duplicate_slots(moved)
 
@@ -107,8 +110,9 @@ def validate_sere(cfg) -> None:
   validate_top_k(cfg)
   slots = get_router("sere").options(cfg)["primary_slots"]
   if slots > cfg.top_k:
-    raise ConfigError(f"model.moe.sere.primary_slots={slots} must be "
-                      f"<= model.moe.top_k={cfg.top_k}")
+    raise ConfigError(
+      f"model.moe.sere.primary_slots={slots} must be <= model.moe.top_k={cfg.top_k}"
+    )
 
 
 def keep_sere_state(state, stats, cfg):
@@ -117,11 +121,19 @@ def keep_sere_state(state, stats, cfg):
   return state
 
 
-@register_router("sere", init_state=init_sere_state, causal=False, validate=validate_sere,
-                 update_state=keep_sere_state, settings=SETTINGS, legacy_keys=LEGACY_KEYS,
-                 validate_settings=validate_keys)
-def route_sere(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "sere",
+  init_state=init_sere_state,
+  causal=False,
+  validate=validate_sere,
+  update_state=keep_sere_state,
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_keys,
+)
+def route_sere(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
   num_experts = logits.shape[-1]
@@ -129,8 +141,9 @@ def route_sere(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
   if not train:
     before = jnp.sum(routing.expert_counts(num_experts) > 0)
     s = get_router("sere").options(cfg)
-    routing = sere_reroute(routing, jax.lax.stop_gradient(state["expert_similarity"]),
-                           s["primary_slots"], s["rho"])
+    routing = sere_reroute(
+      routing, jax.lax.stop_gradient(state["expert_similarity"]), s["primary_slots"], s["rho"]
+    )
     after = jnp.sum(routing.expert_counts(num_experts) > 0)
     metrics["sere_active_expert_reduction"] = (before - after).astype(jnp.float32)
   return RouterOutput(routing, logits, probs, metrics, state)

@@ -14,6 +14,7 @@ counts are summed over the micro-batches and the bias moves once per step,
 from the load of the whole batch, exactly as with one batch.
 `probs` (for optional balance losses) is s normalised to sum 1 per token.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,8 +33,7 @@ def init_bias_state(num_experts: int):
 def validate_bias_router(cfg) -> None:
   validate_top_k(cfg)
   if cfg.bias_update_rate < 0:
-    raise ConfigError(
-        f"model.moe.bias_update_rate={cfg.bias_update_rate} must be >= 0")
+    raise ConfigError(f"model.moe.bias_update_rate={cfg.bias_update_rate} must be >= 0")
 
 
 def bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
@@ -44,8 +44,11 @@ def bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
 
 def update_bias_state(state, stats, cfg):
   """The state-update protocol: one sign-rule step from the summed expert counts."""
-  return {"bias": bias_update(jax.lax.stop_gradient(state["bias"]), stats["expert_counts"],
-                              cfg.bias_update_rate)}
+  return {
+    "bias": bias_update(
+      jax.lax.stop_gradient(state["bias"]), stats["expert_counts"], cfg.bias_update_rate
+    )
+  }
 
 
 def load_stats(routing: Routing, num_experts: int) -> dict:
@@ -53,10 +56,15 @@ def load_stats(routing: Routing, num_experts: int) -> dict:
   return {"expert_counts": routing.expert_counts(num_experts)}
 
 
-@register_router("sigmoid_bias", init_state=init_bias_state,
-                 validate=validate_bias_router, update_state=update_bias_state)
-def route_sigmoid_bias(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "sigmoid_bias",
+  init_state=init_bias_state,
+  validate=validate_bias_router,
+  update_state=update_bias_state,
+)
+def route_sigmoid_bias(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng
   scores = jax.nn.sigmoid(logits)
   bias = jax.lax.stop_gradient(state["bias"])
@@ -70,6 +78,8 @@ def route_sigmoid_bias(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.A
     stats = load_stats(routing, logits.shape[-1])
     new_state = update_bias_state(state, stats, cfg)
   probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-  metrics = {"routing_entropy": routing_entropy(probs),
-             "bias_norm": jnp.linalg.norm(new_state["bias"])}
+  metrics = {
+    "routing_entropy": routing_entropy(probs),
+    "bias_norm": jnp.linalg.norm(new_state["bias"]),
+  }
   return RouterOutput(routing, logits, probs, metrics, new_state, stats)

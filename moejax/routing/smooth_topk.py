@@ -71,6 +71,7 @@ is a trained router parameter (`init_params`): the MoE layer holds it as an
 nnx.Param and passes it in `state`, so gradients reach it through both the
 routing weights and the boundary loss, as in the paper.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,8 +80,14 @@ import jax.numpy as jnp
 
 from moejax.errors import ConfigError
 from moejax.losses.base import get_loss, register_loss
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy, top_k_slots)
+from moejax.routing.base import (
+  RouterOutput,
+  Routing,
+  get_router,
+  register_router,
+  routing_entropy,
+  top_k_slots,
+)
 from moejax.routing.topk import validate_top_k
 
 OFF = -1e30  # logit of an expert outside the band (exp underflows to exactly 0)
@@ -95,8 +102,9 @@ def smooth_offsets(u: jax.Array, a: float, b: float) -> tuple[jax.Array, jax.Arr
   return m, active
 
 
-def smooth_top_k_weights(logits: jax.Array, k: int, eta: jax.Array,
-                         a: float = 1.0, b: float = 50.0):
+def smooth_top_k_weights(
+  logits: jax.Array, k: int, eta: jax.Array, a: float = 1.0, b: float = 50.0
+):
   """Smoothed top-k combine weights over all experts.
 
   Returns (weights [T, E] summing to 1 per token, active bool [T, E],
@@ -111,8 +119,9 @@ def smooth_top_k_weights(logits: jax.Array, k: int, eta: jax.Array,
 
 def boundary_loss(logits, g_k, eta, k: int, alpha: float, h_offset: float):
   """alpha * eta * (mean #{g_i > g_k - eta} - (k + h)) * T  (official scaling by T)."""
-  count = jnp.sum(jax.lax.stop_gradient(logits) > g_k - jax.lax.stop_gradient(eta),
-                  axis=-1).astype(jnp.float32)
+  count = jnp.sum(jax.lax.stop_gradient(logits) > g_k - jax.lax.stop_gradient(eta), axis=-1).astype(
+    jnp.float32
+  )
   mean_active = jnp.mean(count)
   loss = alpha * eta * (mean_active - (k + h_offset)) * logits.shape[0]
   return loss, mean_active
@@ -125,8 +134,12 @@ def init_smooth_params(num_experts: int):
 
 # model.moe.smooth_topk (configs saved before the section had flat smooth_* keys).
 SETTINGS = {"eta_init": -9.0, "a": 1.0, "b": 50.0, "h_offset": 0.5}
-LEGACY_KEYS = {"smooth_eta_init": "eta_init", "smooth_a": "a", "smooth_b": "b",
-               "smooth_h_offset": "h_offset"}
+LEGACY_KEYS = {
+  "smooth_eta_init": "eta_init",
+  "smooth_a": "a",
+  "smooth_b": "b",
+  "smooth_h_offset": "h_offset",
+}
 
 
 def validate_keys(cfg) -> None:
@@ -149,16 +162,25 @@ def validate_loss_keys(cfg) -> None:
 def boundary_loss_accumulation(cfg) -> str | None:
   """Why micro-batches would change the step (the boundary loss is scaled by T), or None."""
   if cfg.loss_weights.get("smooth_boundary", 0.0) > 0:
-    return ("model.moe.loss_weights.smooth_boundary is scaled by the tokens of each call, "
-            "so micro-batches would shrink it by train.micro_batches")
+    return (
+      "model.moe.loss_weights.smooth_boundary is scaled by the tokens of each call, "
+      "so micro-batches would shrink it by train.micro_batches"
+    )
   return None
 
 
-@register_router("smooth_topk", init_params=init_smooth_params, validate=validate_top_k,
-                 accumulation_check=boundary_loss_accumulation, settings=SETTINGS,
-                 legacy_keys=LEGACY_KEYS, validate_settings=validate_keys)
-def route_smooth_top_k(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "smooth_topk",
+  init_params=init_smooth_params,
+  validate=validate_top_k,
+  accumulation_check=boundary_loss_accumulation,
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_keys,
+)
+def route_smooth_top_k(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng, train
   s = get_router("smooth_topk").options(cfg)
   num_experts = logits.shape[-1]
@@ -169,17 +191,23 @@ def route_smooth_top_k(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.A
   routing = Routing(jnp.where(valid, index, 0), jnp.where(valid, weight, 0.0), valid)
   term, mean_active = boundary_loss(logits, g_k, eta, cfg.top_k, 1.0, s["h_offset"])
   probs = jax.nn.softmax(logits, axis=-1)
-  metrics = {"routing_entropy": routing_entropy(probs), "smooth_eta": eta,
-             "active_experts": mean_active, "smooth_boundary_term": term}
+  metrics = {
+    "routing_entropy": routing_entropy(probs),
+    "smooth_eta": eta,
+    "active_experts": mean_active,
+    "smooth_boundary_term": term,
+  }
   return RouterOutput(routing, logits, probs, metrics, state)
 
 
-@register_loss("smooth_boundary", settings={"alpha": 1.0},
-               legacy_keys={"smooth_boundary_alpha": "alpha"},
-               validate_settings=validate_loss_keys)
+@register_loss(
+  "smooth_boundary",
+  settings={"alpha": 1.0},
+  legacy_keys={"smooth_boundary_alpha": "alpha"},
+  validate_settings=validate_loss_keys,
+)
 def smooth_boundary_loss(out: RouterOutput, cfg=None) -> jax.Array:
   """The SmoothSMoE boundary loss: alpha times the term the "smooth_topk" router computes."""
   if "smooth_boundary_term" not in out.metrics:
-    raise ConfigError("model.moe.loss_weights.smooth_boundary needs "
-                      "model.moe.router='smooth_topk'")
+    raise ConfigError("model.moe.loss_weights.smooth_boundary needs model.moe.router='smooth_topk'")
   return get_loss("smooth_boundary").options(cfg)["alpha"] * out.metrics["smooth_boundary_term"]

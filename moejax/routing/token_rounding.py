@@ -71,6 +71,7 @@ Earlier moejax versions gave every kept pair the raw P (no renormalisation)
 in training and evaluation, against the reference's rule above; results
 measured with them do not stand for this router.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,8 +79,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError, choice_error
-from moejax.routing.base import (RouterOutput, Routing, get_router, register_router,
-                                 routing_entropy)
+from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 ROUNDING_MODES = ("up", "down", "nearest")
@@ -127,7 +127,8 @@ def token_rounding(probs: jax.Array, k: int, tile: int, mode: str):
   # log of the renormalised top-k probability (same order, and exactly 0 for
   # K = 1, where a division would leave 1-ulp noise to break the ties).
   log_renormalised = jnp.log(probs) - jnp.log(
-      jnp.sum(jnp.where(in_top_k, probs, 0.0), axis=1, keepdims=True))
+    jnp.sum(jnp.where(in_top_k, probs, 0.0), axis=1, keepdims=True)
+  )
   counts = jnp.sum(in_top_k, axis=0, dtype=jnp.int32)
   target = rounded_counts(counts, tile, mode, num_tokens)
   # C as a lexicographic key per expert column: top-k pairs first, then by
@@ -143,10 +144,12 @@ def rounding_metrics(kept, in_top_k):
   kept_f, top_f = kept.astype(jnp.float32), in_top_k.astype(jnp.float32)
   num_top = jnp.maximum(jnp.sum(top_f), 1.0)
   per_token = jnp.sum(kept_f, axis=1)
-  return {"rounding_dropped_fraction": jnp.sum(top_f * (1 - kept_f)) / num_top,
-          "rounding_added_fraction": jnp.sum((1 - top_f) * kept_f) / num_top,
-          "experts_per_token": jnp.mean(per_token),
-          "tokens_without_expert": jnp.mean((per_token == 0).astype(jnp.float32))}
+  return {
+    "rounding_dropped_fraction": jnp.sum(top_f * (1 - kept_f)) / num_top,
+    "rounding_added_fraction": jnp.sum((1 - top_f) * kept_f) / num_top,
+    "experts_per_token": jnp.mean(per_token),
+    "tokens_without_expert": jnp.mean((per_token == 0).astype(jnp.float32)),
+  }
 
 
 def max_kept_pairs(num_tokens: int, num_experts: int, k: int, tile: int, mode: str) -> int:
@@ -171,18 +174,25 @@ def token_rounding_routing(probs: jax.Array, k: int, tile: int, mode: str):
   num_slots = k if mode == "down" else num_experts
   index = by_prob[:, :num_slots]
   valid = jnp.take_along_axis(kept, index, axis=1)
-  in_top_k = jnp.zeros(kept.shape, bool).at[
-      jnp.arange(kept.shape[0])[:, None], by_prob[:, :k]].set(True)
+  in_top_k = (
+    jnp.zeros(kept.shape, bool).at[jnp.arange(kept.shape[0])[:, None], by_prob[:, :k]].set(True)
+  )
   gates = rounding_gates(probs, in_top_k)
   weight = jnp.where(valid, jnp.take_along_axis(gates, index, axis=1), 0.0)
   bound = max_kept_pairs(num_tokens, num_experts, k, tile, mode)
   return Routing(index, weight, valid, bound), rounding_metrics(kept, in_top_k)
 
 
-@register_router("topk_rounded", validate=validate_top_k, settings=SETTINGS,
-                 legacy_keys=LEGACY_KEYS, validate_settings=validate_rounding)
-def route_token_rounding(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+@register_router(
+  "topk_rounded",
+  validate=validate_top_k,
+  settings=SETTINGS,
+  legacy_keys=LEGACY_KEYS,
+  validate_settings=validate_rounding,
+)
+def route_token_rounding(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng
   probs = jax.nn.softmax(logits, axis=-1)
   if train:

@@ -7,6 +7,7 @@ softmax probabilities (Switch, Qwen2-MoE). Router jitter noise is applied to
 the router *input* by the MoE layer (Switch Transformer, sec. 2.4), so this
 function stays deterministic given its logits.
 """
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,16 +15,16 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import (RouterOutput, Routing, register_router,
-                                 routing_entropy, top_k_slots)
+from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
 
 
 def validate_top_k(cfg) -> None:
   if cfg.top_k < 1:
     raise ConfigError(f"model.moe.top_k={cfg.top_k} must be >= 1")
   if cfg.top_k > cfg.num_experts:
-    raise ConfigError(f"model.moe.top_k={cfg.top_k} must be <= "
-                      f"model.moe.num_experts={cfg.num_experts}")
+    raise ConfigError(
+      f"model.moe.top_k={cfg.top_k} must be <= model.moe.num_experts={cfg.num_experts}"
+    )
 
 
 def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> tuple[Routing, jax.Array]:
@@ -36,9 +37,9 @@ def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> tuple[Routing
 
 
 @register_router("topk", validate=validate_top_k, promises={"weights_proportional_to_probs"})
-def route_top_k(logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array],
-    rng: jax.Array | None, train: bool) -> RouterOutput:
+def route_top_k(
+  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+) -> RouterOutput:
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
-  return RouterOutput(routing, logits, probs,
-                      {"routing_entropy": routing_entropy(probs)}, state)
+  return RouterOutput(routing, logits, probs, {"routing_entropy": routing_entropy(probs)}, state)

@@ -14,6 +14,7 @@ over all (model, draw) pairs beside it. p-values are Holm-adjusted
 over every tested row of the study; a verdict whose interval excludes the null but
 whose Holm-adjusted p is 0.05 or more is marked "(not after Holm)" in the table.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,13 +76,17 @@ def paired(spec: StudySpec, by_key: dict, arm: str, reference: str, level: dict,
   a, r = (values(spec, by_key, name, level, metric) for name in (arm, reference))
   common = sorted(set(a) & set(r))
   for unit in common:
-    keys = {name: by_key[(name, level_key(level), *_unit_key(spec, unit))].get(PAIRING)
-            for name in (arm, reference)}
+    keys = {
+      name: by_key[(name, level_key(level), *_unit_key(spec, unit))].get(PAIRING)
+      for name in (arm, reference)
+    }
     if None not in keys.values() and len(set(keys.values())) > 1:
       where = f"model {unit[0]}, draw {unit[1]}" if spec.nested else f"draw {unit}"
-      raise StudyError(f"arms {arm!r} and {reference!r} were scored on different data at "
-                       f"{level_label(level)}, {where} (pairing {keys[arm]} vs "
-                       f"{keys[reference]}); they cannot be paired")
+      raise StudyError(
+        f"arms {arm!r} and {reference!r} were scored on different data at "
+        f"{level_label(level)}, {where} (pairing {keys[arm]} vs "
+        f"{keys[reference]}); they cannot be paired"
+      )
   return common, [a[u] for u in common], [r[u] for u in common]
 
 
@@ -104,12 +109,21 @@ def claim_rows(spec: StudySpec, runs: list[dict]) -> list[dict]:
   rows = []
   for index, claim in enumerate(spec.claims):
     for level, (interval, over_draws) in _tested(spec, by_key, claim):
-      row = {"claim": index, "text": claim.text, "arm": claim.arm,
-             "reference": claim.reference, "metric": claim.metric, "level": level,
-             "null": claim.null, "expect": claim.expect, "source": claim.source,
-             "interval": interval.as_dict() if interval else None,
-             "verdict": (stats.verdict(interval, claim.expect, null=claim.null)
-                         if interval else "not run yet")}
+      row = {
+        "claim": index,
+        "text": claim.text,
+        "arm": claim.arm,
+        "reference": claim.reference,
+        "metric": claim.metric,
+        "level": level,
+        "null": claim.null,
+        "expect": claim.expect,
+        "source": claim.source,
+        "interval": interval.as_dict() if interval else None,
+        "verdict": (
+          stats.verdict(interval, claim.expect, null=claim.null) if interval else "not run yet"
+        ),
+      }
       if spec.nested:
         row["interval_over_draws"] = over_draws.as_dict() if over_draws else None
       rows.append(row)
@@ -118,7 +132,8 @@ def claim_rows(spec: StudySpec, runs: list[dict]) -> list[dict]:
     row["p_holm"] = p
     # a directional verdict whose test does not survive Holm's correction at 5%
     row["not_after_holm"] = (p is None or p >= 0.05) and row["verdict"].startswith(
-        ("reproduces", "opposite", "differs"))
+      ("reproduces", "opposite", "differs")
+    )
   return rows
 
 
@@ -145,14 +160,18 @@ def _tested(spec: StudySpec, by_key: dict, claim: Claim):
       yield level, (None, None)
     elif claim.interval == "wilson":
       if not np.all((data == 0) | (data == 1)):
-        raise StudyError(f"claim {claim.text!r}: interval 'wilson' needs a 0/1 metric, "
-                         f"{claim.metric} has other values")
+        raise StudyError(
+          f"claim {claim.text!r}: interval 'wilson' needs a 0/1 metric, "
+          f"{claim.metric} has other values"
+        )
       pooled = stats.wilson(int(data.sum()), int(data.size), null=claim.null)
       yield level, (pooled, pooled)
     else:
       interval = stats.t_interval if claim.interval == "t" else stats.bootstrap_mean
-      yield level, (interval(model_means(spec, keys, data), null=claim.null),
-                    interval(data, null=claim.null))
+      yield (
+        level,
+        (interval(model_means(spec, keys, data), null=claim.null), interval(data, null=claim.null)),
+      )
 
 
 def _slope(spec: StudySpec, by_key: dict, claim: Claim, group: list[dict]):
@@ -173,11 +192,14 @@ def _slope(spec: StudySpec, by_key: dict, claim: Claim, group: list[dict]):
     return single, single
   centred = x - x.mean()
   slopes = (y - y.mean(1, keepdims=True)) @ centred / (centred @ centred)
-  return (stats.t_interval(model_means(spec, keys, slopes), null=claim.null),
-          stats.t_interval(slopes, null=claim.null))
+  return (
+    stats.t_interval(model_means(spec, keys, slopes), null=claim.null),
+    stats.t_interval(slopes, null=claim.null),
+  )
 
 
 # ---- markdown --------------------------------------------------------------------------------
+
 
 def _number(value: float) -> str:
   return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
@@ -198,12 +220,24 @@ def claims_table(rows: list[dict], nested: bool = False) -> str:
     source = "" if row["source"] == "paper" else f" ({SOURCES[row['source']]})"
     verdict = row["verdict"] + (" (not after Holm)" if row.get("not_after_holm") else "")
     over_draws = [interval_text(row.get("interval_over_draws"))] if nested else []
-    body.append([row["text"] + source, level_label(row["level"]), statistic,
-                 f"{row['null']:g}", interval_text(row["interval"]), *over_draws, p, verdict])
-  unit = ["over models: mean ± std [95% CI]", "over all draws"] if nested else [
-      "mean ± std [95% CI]"]
-  return stats.markdown_table(["claim", "level", "statistic", "null", *unit, "p (Holm)",
-                               "verdict"], body)
+    body.append(
+      [
+        row["text"] + source,
+        level_label(row["level"]),
+        statistic,
+        f"{row['null']:g}",
+        interval_text(row["interval"]),
+        *over_draws,
+        p,
+        verdict,
+      ]
+    )
+  unit = (
+    ["over models: mean ± std [95% CI]", "over all draws"] if nested else ["mean ± std [95% CI]"]
+  )
+  return stats.markdown_table(
+    ["claim", "level", "statistic", "null", *unit, "p (Holm)", "verdict"], body
+  )
 
 
 def summary_table(spec: StudySpec, runs: list[dict], metric: str) -> str:
@@ -220,13 +254,25 @@ def summary_table(spec: StudySpec, runs: list[dict], metric: str) -> str:
         vs = "—"
       else:
         keys, a, r = paired(spec, by_key, arm, spec.reference, level, metric)
-        vs = (stats.format_interval(stats.t_interval(
-            model_means(spec, keys, np.subtract(a, r))), "{:+.4g}") if keys else "—")
+        vs = (
+          stats.format_interval(
+            stats.t_interval(model_means(spec, keys, np.subtract(a, r))), "{:+.4g}"
+          )
+          if keys
+          else "—"
+        )
       body.append([*level.values(), arm, len(found), f"{_number(np.mean(found))}{spread}", vs])
   over = " over models" if spec.nested else ""
-  return stats.markdown_table([*spec.axes, "arm", "runs" if spec.nested else "draws",
-                               f"{metric}: mean ± std",
-                               f"vs {spec.reference}{over}: mean ± std [95% CI]"], body)
+  return stats.markdown_table(
+    [
+      *spec.axes,
+      "arm",
+      "runs" if spec.nested else "draws",
+      f"{metric}: mean ± std",
+      f"vs {spec.reference}{over}: mean ± std [95% CI]",
+    ],
+    body,
+  )
 
 
 def claimed_metrics(spec: StudySpec) -> list[str]:
@@ -237,16 +283,28 @@ def markdown(spec: StudySpec, results: dict, provenance: list[dict], notes: str 
   done, total = len(results["runs"]), results["total_runs"]
   lines = [f"# Study: {spec.name}", "", spec.description.strip(), ""]
   for entry in provenance[-3:]:
-    lines.append(f"- `{entry['command']}` at commit {entry['commit']}, {entry['machine']}, "
-                 f"{entry['date']} ({entry['runs']} runs in {entry['seconds']:.0f} s)")
+    lines.append(
+      f"- `{entry['command']}` at commit {entry['commit']}, {entry['machine']}, "
+      f"{entry['date']} ({entry['runs']} runs in {entry['seconds']:.0f} s)"
+    )
   models = ""
   if spec.nested:
-    models = (f" in each of {len(spec.models)} models (" + "; ".join(
-        spec.model_label(m) for m in range(len(spec.models))) + "): intervals over the "
-        "models' means, with the interval over all draws beside it")
-  lines += ["", f"{done} of {total} runs; {spec.draws} draws{models}; reference arm "
-            f"{spec.reference}. Intervals are 95%; p-values Holm-adjusted over the table.", "",
-            "## Claims", "", claims_table(results["claims"], spec.nested), ""]
+    models = (
+      f" in each of {len(spec.models)} models ("
+      + "; ".join(spec.model_label(m) for m in range(len(spec.models)))
+      + "): intervals over the "
+      "models' means, with the interval over all draws beside it"
+    )
+  lines += [
+    "",
+    f"{done} of {total} runs; {spec.draws} draws{models}; reference arm "
+    f"{spec.reference}. Intervals are 95%; p-values Holm-adjusted over the table.",
+    "",
+    "## Claims",
+    "",
+    claims_table(results["claims"], spec.nested),
+    "",
+  ]
   for metric in claimed_metrics(spec):
     lines += [f"## {metric}", "", summary_table(spec, results["runs"], metric), ""]
   if notes:
@@ -258,12 +316,15 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
   """Per claimed metric: each arm's mean over draws (± 95% t-interval) against the first
   numeric level axis (one line per arm and value of the other axes), else per level."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   by_key = index_runs(runs)
   metrics = claimed_metrics(spec)[:4]
-  numeric = [a for a in spec.axes
-             if all(isinstance(level[a], (int, float)) for level in spec.levels)]
+  numeric = [
+    a for a in spec.axes if all(isinstance(level[a], (int, float)) for level in spec.levels)
+  ]
   fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
   for ax, metric in zip(axes[0], metrics):
     x_axis = numeric[0] if numeric else None
@@ -287,8 +348,7 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
           continue
         rest = {k: v for k, v in group[0].items() if k != x_axis}
         label = arm + (f" ({level_label(rest)})" if len(groups) > 1 else "")
-        ax.plot(xs, means, "-o", color=f"C{a % 10}", alpha=1 - 0.5 * g / len(groups),
-                label=label)
+        ax.plot(xs, means, "-o", color=f"C{a % 10}", alpha=1 - 0.5 * g / len(groups), label=label)
         ax.fill_between(xs, lows, highs, color=f"C{a % 10}", alpha=0.15)
     ax.set(xlabel=x_axis or "level", ylabel=metric, title=metric)
     if x_axis and all(level[x_axis] > 0 for level in spec.levels):

@@ -11,6 +11,7 @@ study's settings, the runs in canonical order, the claims' statistics): a study
 stopped and resumed writes the same bytes as one run straight through.
 provenance.json lists every invocation: command, commit, machine, date, runs, seconds.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -28,8 +29,12 @@ import ml_collections
 from moejax.errors import ConfigError
 from moejax.studies import report, scoring, spec as spec_lib
 
-RESULTS, MARKDOWN, PLOT, PROVENANCE = ("results.json", "results.md", "results.png",
-                                       "provenance.json")
+RESULTS, MARKDOWN, PLOT, PROVENANCE = (
+  "results.json",
+  "results.md",
+  "results.png",
+  "provenance.json",
+)
 OUTPUTS = (RESULTS, MARKDOWN, PLOT, PROVENANCE)
 
 
@@ -38,12 +43,17 @@ def prepare(config: ml_collections.ConfigDict) -> tuple[spec_lib.StudySpec, scor
   setting, arm or metric, before anything runs."""
   first = spec_lib.load(config)
   scorer_class = scoring.get(first.scorer)
-  bare = spec_lib.load(config, scorer_defaults=scorer_class.settings,
-                       arm_defaults=scorer_class.arm_settings)
+  bare = spec_lib.load(
+    config, scorer_defaults=scorer_class.settings, arm_defaults=scorer_class.arm_settings
+  )
   scorer = scorer_class(bare)
   metrics = tuple(scorer.metrics())
-  spec = spec_lib.load(config, scorer_defaults=scorer_class.settings,
-                       arm_defaults=scorer_class.arm_settings, metrics=metrics)
+  spec = spec_lib.load(
+    config,
+    scorer_defaults=scorer_class.settings,
+    arm_defaults=scorer_class.arm_settings,
+    metrics=metrics,
+  )
   scorer.spec = spec
   scorer.check()
   if spec.nested:
@@ -79,8 +89,7 @@ def _lookup(value, key: str):
   return value
 
 
-def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = False
-                 ) -> dict | None:
+def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = False) -> dict | None:
   """The stored results to resume from (None: a new study); ConfigError if `out` is a
   file, holds something else, another study's results, or this study's with other
   settings, or (unless `make_parents`: the default location) its parent is missing."""
@@ -95,35 +104,46 @@ def check_output(spec: spec_lib.StudySpec, out: str, *, make_parents: bool = Fal
   path = os.path.join(out, RESULTS)
   if not os.path.exists(path):
     if set(os.listdir(out)) - set(OUTPUTS):
-      raise ConfigError(f"output directory is not empty and holds no study results; use a "
-                        f"new or empty one {where}")
+      raise ConfigError(
+        f"output directory is not empty and holds no study results; use a new or empty one {where}"
+      )
     return None
   try:
     with open(path) as f:
       stored = json.load(f)
     stored_spec = stored["study"]
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ConfigError(f"cannot resume: {path} is not a complete results file "
-                      f"({type(e).__name__}: {' '.join(str(e).split())[:80]}); start afresh "
-                      f"with --out elsewhere, or delete {path} {where}") from e
+    raise ConfigError(
+      f"cannot resume: {path} is not a complete results file "
+      f"({type(e).__name__}: {' '.join(str(e).split())[:80]}); start afresh "
+      f"with --out elsewhere, or delete {path} {where}"
+    ) from e
   if stored_spec.get("name") != spec.name:
-    raise ConfigError(f"output directory holds the results of study "
-                      f"{stored_spec.get('name')!r}, not {spec.name!r}; use another {where}")
+    raise ConfigError(
+      f"output directory holds the results of study "
+      f"{stored_spec.get('name')!r}, not {spec.name!r}; use another {where}"
+    )
   current = json.loads(json.dumps(spec.as_json()))
   key = _first_difference(stored_spec, current, "study")
   if key:
-    raise ConfigError(f"cannot resume with different settings: {key} is "
-                      f"{json.dumps(_lookup(current, key))} here but "
-                      f"{json.dumps(_lookup(stored_spec, key))} in {path}; use another --out")
+    raise ConfigError(
+      f"cannot resume with different settings: {key} is "
+      f"{json.dumps(_lookup(current, key))} here but "
+      f"{json.dumps(_lookup(stored_spec, key))} in {path}; use another --out"
+    )
   return stored
 
 
-def planned(spec: spec_lib.StudySpec,
-            scorer: scoring.Scorer) -> list[tuple[int, int, dict, list[str]]]:
+def planned(
+  spec: spec_lib.StudySpec, scorer: scoring.Scorer
+) -> list[tuple[int, int, dict, list[str]]]:
   """[(draw, model, level, [arm, ...])] in run order: draws outermost, then models."""
-  return [(draw, model, level, [a for a in spec.arm_names if scorer.applies(a, level)])
-          for draw in range(spec.draws) for model in range(len(spec.models))
-          for level in spec.levels]
+  return [
+    (draw, model, level, [a for a in spec.arm_names if scorer.applies(a, level)])
+    for draw in range(spec.draws)
+    for model in range(len(spec.models))
+    for level in spec.levels
+  ]
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -134,15 +154,21 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def results_json(spec: spec_lib.StudySpec, runs: list[dict], total: int) -> dict:
-  return {"study": spec.as_json(), "total_runs": total, "runs": runs,
-          "claims": report.claim_rows(spec, runs)}
+  return {
+    "study": spec.as_json(),
+    "total_runs": total,
+    "runs": runs,
+    "claims": report.claim_rows(spec, runs),
+  }
 
 
 def _clean(arm: str, scores: dict, metrics: tuple[str, ...]) -> dict:
   unknown = sorted(set(scores) - set(metrics) - {scoring.PAIRING})
   if unknown:
-    raise ValueError(f"scorer returned metric {unknown[0]!r} for arm {arm!r}, which it does "
-                     f"not declare ({', '.join(metrics)})")
+    raise ValueError(
+      f"scorer returned metric {unknown[0]!r} for arm {arm!r}, which it does "
+      f"not declare ({', '.join(metrics)})"
+    )
   out = {}
   for k in metrics:
     if k in scores:
@@ -154,8 +180,9 @@ def _clean(arm: str, scores: dict, metrics: tuple[str, ...]) -> dict:
 def provenance_entry(runs: int, seconds: float, *, stopped: bool) -> dict:
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   try:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
-                            capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+      ["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True, capture_output=True, text=True
+    ).stdout.strip()
     if subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode:
       commit += " with uncommitted changes"
   except (OSError, subprocess.CalledProcessError):
@@ -163,20 +190,37 @@ def provenance_entry(runs: int, seconds: float, *, stopped: bool) -> dict:
   command = "python -m experiments.study " + " ".join(sys.argv[1:])
   machine = f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores"
   date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  return {"command": command, "commit": commit, "machine": machine, "date": date,
-          "runs": runs, "seconds": round(seconds, 1), "stopped": stopped}
+  return {
+    "command": command,
+    "commit": commit,
+    "machine": machine,
+    "date": date,
+    "runs": runs,
+    "seconds": round(seconds, 1),
+    "stopped": stopped,
+  }
 
 
-def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
-        stored: dict | None = None, plot: bool = True, log: Callable[..., None] = print,
-        save_every_s: float = 10.0) -> dict:
+def run(
+  spec: spec_lib.StudySpec,
+  scorer: scoring.Scorer,
+  out: str,
+  *,
+  stored: dict | None = None,
+  plot: bool = True,
+  log: Callable[..., None] = print,
+  save_every_s: float = 10.0,
+) -> dict:
   """Run what `stored` (check_output's) lacks; the results. Progress is saved to
   results.json at most every `save_every_s` seconds (0: after every (level, draw))."""
   start = time.time()
   plan = planned(spec, scorer)
   total = sum(len(arms) for *_, arms in plan)
-  order = {(arm, report.level_key(level), model, draw): i for i, (draw, model, level, arms)
-           in enumerate(plan) for arm in arms}
+  order = {
+    (arm, report.level_key(level), model, draw): i
+    for i, (draw, model, level, arms) in enumerate(plan)
+    for arm in arms
+  }
   done = dict(report.index_runs((stored or {}).get("runs", [])))
   scorers = getattr(scorer, "models", None) or [scorer]
   metrics = tuple(scorer.metrics())
@@ -186,13 +230,15 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
   ran, saved = 0, time.time()
 
   def ordered():
-    return sorted(done.values(), key=lambda r: (order[report.run_key(r)],
-                                                spec.arm_names.index(r["arm"])))
+    return sorted(
+      done.values(), key=lambda r: (order[report.run_key(r)], spec.arm_names.index(r["arm"]))
+    )
 
   def save():
-    _write_atomic(os.path.join(out, RESULTS),
-                  json.dumps(results_json(spec, ordered(), total), indent=1, allow_nan=False)
-                  + "\n")
+    _write_atomic(
+      os.path.join(out, RESULTS),
+      json.dumps(results_json(spec, ordered(), total), indent=1, allow_nan=False) + "\n",
+    )
 
   try:
     for draw, model, level, arms in plan:
@@ -205,17 +251,30 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
       if missing:
         raise ValueError(f"scorer {spec.scorer!r} returned no scores for arm {missing[0]!r}")
       for arm in pending:
-        record = {"arm": arm, "level": level, **({"model": model} if spec.nested else {}),
-                  "draw": draw, "metrics": _clean(arm, scores[arm], metrics)}
+        record = {
+          "arm": arm,
+          "level": level,
+          **({"model": model} if spec.nested else {}),
+          "draw": draw,
+          "metrics": _clean(arm, scores[arm], metrics),
+        }
         if scoring.PAIRING in scores[arm]:
           record[scoring.PAIRING] = str(scores[arm][scoring.PAIRING])
         done[(arm, key, model, draw)] = record
         ran += 1
       where = f"model {model} " if spec.nested else ""
-      log(f"{where}draw {draw} {report.level_label(level)}: " + "; ".join(
-          f"{a} " + ", ".join(f"{k}={v:.4g}" for k, v in
-                              done[(a, key, model, draw)]["metrics"].items()
-                              if v is not None) for a in pending))
+      log(
+        f"{where}draw {draw} {report.level_label(level)}: "
+        + "; ".join(
+          f"{a} "
+          + ", ".join(
+            f"{k}={v:.4g}"
+            for k, v in done[(a, key, model, draw)]["metrics"].items()
+            if v is not None
+          )
+          for a in pending
+        )
+      )
       if time.time() - saved >= save_every_s:
         save()
         saved = time.time()
@@ -229,8 +288,10 @@ def run(spec: spec_lib.StudySpec, scorer: scoring.Scorer, out: str, *,
   _write_atomic(os.path.join(out, RESULTS), json.dumps(results, indent=1, allow_nan=False) + "\n")
   history.append(provenance_entry(ran, time.time() - start, stopped=False))
   _write_atomic(history_path, json.dumps(history, indent=1) + "\n")
-  _write_atomic(os.path.join(out, MARKDOWN),
-                report.markdown(spec, results, history, scorer.notes(results)) + "\n")
+  _write_atomic(
+    os.path.join(out, MARKDOWN),
+    report.markdown(spec, results, history, scorer.notes(results)) + "\n",
+  )
   if plot and not scorer.plot(results, os.path.join(out, PLOT)):
     report.plot(spec, results["runs"], os.path.join(out, PLOT))
   return results

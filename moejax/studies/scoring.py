@@ -17,6 +17,7 @@ each with that model's settings and checked before any run. A
 score may carry PAIRING (a digest of the draw's shared input, e.g. the
 calibration windows): the runner refuses to pair arms whose digests differ.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,6 +75,7 @@ class Scorer:
 def get(name: str) -> type[Scorer]:
   """The scorer class registered as `name` (ConfigError listing the valid names)."""
   from moejax.studies import scorers
+
   import_package_modules(scorers.__name__, scorers.__path__)
   return SCORERS.get(name)
 

@@ -18,6 +18,7 @@ A study config (configs/studies/<name>.py, `get_config()`) holds:
   claims       [{...}, ...] (`Claim`): what the paper says, tested per level
 Settings are parsed once here (`load`); the scorer and the runner get them passed in.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,11 @@ from moejax.errors import ConfigError
 from moejax.evaluation.stats import DIRECTIONS
 
 INTERVALS = ("t", "wilson", "bootstrap", "slope")
-SOURCES = {"paper": "the paper's claim", "spec": "threshold from our spec, not the paper's",
-           "ours": "our own check, not the paper's"}
+SOURCES = {
+  "paper": "the paper's claim",
+  "spec": "threshold from our spec, not the paper's",
+  "ours": "our own check, not the paper's",
+}
 TRANSFORMS = ("identity", "log", "log2")
 
 
@@ -60,6 +64,7 @@ class Claim:
   source          'paper', 'spec' (a threshold from our spec) or 'ours'; labelled in tables
   text            the claim in words
   """
+
   arm: str
   metric: str
   text: str
@@ -114,10 +119,17 @@ class StudySpec:
   def as_json(self) -> dict:
     """Everything that determines the results (a resume must match it exactly)."""
     models = {"models": list(self.models)} if self.models != ({},) else {}
-    return {"name": self.name, "scorer": self.scorer, "settings": self.settings,
-            "arms": [{"name": n, **s} for n, s in self.arms], "levels": list(self.levels),
-            "draws": self.draws, **models, "reference": self.reference,
-            "claims": [dataclasses.asdict(c) for c in self.claims]}
+    return {
+      "name": self.name,
+      "scorer": self.scorer,
+      "settings": self.settings,
+      "arms": [{"name": n, **s} for n, s in self.arms],
+      "levels": list(self.levels),
+      "draws": self.draws,
+      **models,
+      "reference": self.reference,
+      "claims": [dataclasses.asdict(c) for c in self.claims],
+    }
 
 
 def _plain(value, key: str):
@@ -133,13 +145,28 @@ def _plain(value, key: str):
   raise ConfigError(f"{key}={value!r} is not a JSON value (a number, string, list or dict)")
 
 
-KEYS = ("name", "description", "scorer", "settings", "arms", "levels", "draws", "models",
-        "reference", "claims")
+KEYS = (
+  "name",
+  "description",
+  "scorer",
+  "settings",
+  "arms",
+  "levels",
+  "draws",
+  "models",
+  "reference",
+  "claims",
+)
 CLAIM_KEYS = tuple(f.name for f in dataclasses.fields(Claim))
 
 
-def load(config: ml_collections.ConfigDict, *, scorer_defaults: dict | None = None, arm_defaults: dict | None = None,
-         metrics: tuple[str, ...] | None = None) -> StudySpec:
+def load(
+  config: ml_collections.ConfigDict,
+  *,
+  scorer_defaults: dict | None = None,
+  arm_defaults: dict | None = None,
+  metrics: tuple[str, ...] | None = None,
+) -> StudySpec:
   """The parsed study; ConfigError (naming the key) for anything the runner cannot use.
 
   With the scorer's declared settings, arm settings and metrics, unknown keys and
@@ -160,22 +187,36 @@ def load(config: ml_collections.ConfigDict, *, scorer_defaults: dict | None = No
   reference = c.get("reference", names[0])
   if reference not in names:
     raise ConfigError(f"study.reference={reference!r} is not an arm; arms: {', '.join(names)}")
-  settings = _with_defaults(dict(c.get("settings") or {}), scorer_defaults,
-                            lambda k: f"study.settings.{k} is not a setting of scorer "
-                                      f"{c['scorer']!r}")
+  settings = _with_defaults(
+    dict(c.get("settings") or {}),
+    scorer_defaults,
+    lambda k: f"study.settings.{k} is not a setting of scorer {c['scorer']!r}",
+  )
   claims = tuple(_claim(i, raw, names, levels, metrics) for i, raw in enumerate(c["claims"]))
   models = _models(c.get("models", [{}]), scorer_defaults, c["scorer"])
-  return StudySpec(str(c["name"]), str(c.get("description", "")), str(c["scorer"]),
-                   settings, arms, levels, draws, reference, claims, models)
+  return StudySpec(
+    str(c["name"]),
+    str(c.get("description", "")),
+    str(c["scorer"]),
+    settings,
+    arms,
+    levels,
+    draws,
+    reference,
+    claims,
+    models,
+  )
 
 
 def _models(raw, defaults, scorer: str) -> tuple[dict, ...]:
   if not isinstance(raw, list) or not raw or not all(isinstance(x, dict) for x in raw):
-    raise ConfigError(f"study.models={raw!r} must be a non-empty list of settings overrides "
-                      "({'workdir': ...})")
+    raise ConfigError(
+      f"study.models={raw!r} must be a non-empty list of settings overrides ({{'workdir': ...}})"
+    )
   for i, model in enumerate(raw):
-    _with_defaults(model, defaults, lambda k: f"study.models[{i}].{k} is not a setting of "
-                                              f"scorer {scorer!r}")
+    _with_defaults(
+      model, defaults, lambda k: f"study.models[{i}].{k} is not a setting of scorer {scorer!r}"
+    )
   keys = [json.dumps(model, sort_keys=True) for model in raw]
   if len(set(keys)) != len(keys):
     raise ConfigError(f"study.models gives a model twice: {raw!r}")
@@ -193,8 +234,9 @@ def _arms(raw, defaults) -> tuple[tuple[str, dict], ...]:
     if name in seen:
       raise ConfigError(f"study.arms[{i}].name={name!r} is given twice")
     seen.add(name)
-    settings = _with_defaults(settings, defaults, lambda k: f"study.arms[{i}].{k} (arm "
-                                                           f"{name!r}) is not an arm setting")
+    settings = _with_defaults(
+      settings, defaults, lambda k: f"study.arms[{i}].{k} (arm {name!r}) is not an arm setting"
+    )
     arms.append((name, settings))
   return tuple(arms)
 
@@ -212,8 +254,9 @@ def _with_defaults(given: dict, defaults: dict | None, unknown) -> dict:
 
 def _levels(raw) -> tuple[dict, ...]:
   if not isinstance(raw, list) or not raw or not all(isinstance(x, dict) for x in raw):
-    raise ConfigError(f"study.levels={raw!r} must be a non-empty list of dicts "
-                      "(moejax.studies.spec.grid)")
+    raise ConfigError(
+      f"study.levels={raw!r} must be a non-empty list of dicts (moejax.studies.spec.grid)"
+    )
   axes = list(raw[0])
   for i, level in enumerate(raw):
     if list(level) != axes:
@@ -237,25 +280,31 @@ def _claim(i: int, raw, arms: list[str], levels, metrics) -> Claim:
   raw = dict(raw)
   for field in ("arm", "reference"):
     if raw.get(field) is not None and raw[field] not in arms:
-      raise ConfigError(f"{key}.{field}={raw[field]!r} is not an arm of the study; arms: "
-                        f"{', '.join(arms)}")
+      raise ConfigError(
+        f"{key}.{field}={raw[field]!r} is not an arm of the study; arms: {', '.join(arms)}"
+      )
   if metrics is not None and raw["metric"] not in metrics:
-    raise ConfigError(f"{key}.metric={raw['metric']!r} is not a metric of the scorer; "
-                      f"metrics: {', '.join(metrics)}")
-  choices = {"expect": DIRECTIONS, "interval": INTERVALS, "source": tuple(SOURCES),
-             "transform": TRANSFORMS}
+    raise ConfigError(
+      f"{key}.metric={raw['metric']!r} is not a metric of the scorer; metrics: {', '.join(metrics)}"
+    )
+  choices = {
+    "expect": DIRECTIONS,
+    "interval": INTERVALS,
+    "source": tuple(SOURCES),
+    "transform": TRANSFORMS,
+  }
   for field, valid in choices.items():
     if field in raw and raw[field] not in valid:
-      raise ConfigError(f"{key}.{field}={raw[field]!r} must be one of "
-                        f"{', '.join(map(str, valid))}")
+      raise ConfigError(f"{key}.{field}={raw[field]!r} must be one of {', '.join(map(str, valid))}")
   interval = raw.get("interval", "t")
   if interval in ("wilson", "bootstrap") and raw.get("reference") is not None:
     raise ConfigError(f"{key}: interval {interval!r} tests one arm; give no reference")
   axes = list(levels[0])
   if interval == "slope":
     if raw.get("over") not in axes:
-      raise ConfigError(f"{key}.over={raw.get('over')!r} must name a level axis: "
-                        f"{', '.join(axes) or 'none'}")
+      raise ConfigError(
+        f"{key}.over={raw.get('over')!r} must name a level axis: {', '.join(axes) or 'none'}"
+      )
   elif raw.get("over") is not None:
     raise ConfigError(f"{key}.over is only for interval 'slope'")
   at = raw.get("at")

@@ -1,5 +1,6 @@
 """A config's model and the fresh TrainState of a run: what the loop starts from
 and what the checkpoint reader (restore.py) restores into."""
+
 import ml_collections
 import numpy as np
 from flax import nnx

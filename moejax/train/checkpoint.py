@@ -12,6 +12,7 @@ target state; a checkpoint of another expert type is refused with a one-line
 ConfigError naming both types and some of their variables, before orbax reads
 any array (`_check_expert_variables`).
 """
+
 import contextlib
 import json
 import logging as std_logging
@@ -34,13 +35,14 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
   """Keys (dotted) whose values differ between two config dicts."""
   saved_flat, current_flat = flatten_config(saved), flatten_config(current)
   keys = sorted(set(saved_flat) | set(current_flat))
-  return [f"{k}: checkpoint={saved_flat.get(k, '<absent>')!r} "
-          f"config={current_flat.get(k, '<absent>')!r}"
-          for k in keys if saved_flat.get(k, "<absent>") != current_flat.get(k, "<absent>")]
+  return [
+    f"{k}: checkpoint={saved_flat.get(k, '<absent>')!r} config={current_flat.get(k, '<absent>')!r}"
+    for k in keys
+    if saved_flat.get(k, "<absent>") != current_flat.get(k, "<absent>")
+  ]
 
 
 class Checkpointer:
-
   def __init__(self, workdir: str, max_to_keep: int = 1, *, read_only: bool = False):
     """read_only: for restoring; creates nothing (the directory must exist)."""
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
@@ -51,10 +53,12 @@ class Checkpointer:
     self._quiet = _quiet_orbax if read_only else contextlib.nullcontext
     with self._quiet():
       self.manager = ocp.CheckpointManager(
-          self.directory,
-          options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
-                                               read_only=read_only),
-          item_names=("state", "data", "meta"))
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep, create=not read_only, read_only=read_only
+        ),
+        item_names=("state", "data", "meta"),
+      )
 
   def latest_step(self):
     with self._quiet():
@@ -65,10 +69,14 @@ class Checkpointer:
       return sorted(self.manager.all_steps())
 
   def save(self, step: int, state, data_state, meta: dict) -> None:
-    self.manager.save(step, args=ocp.args.Composite(
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
-        meta=ocp.args.JsonSave(meta)))
+        meta=ocp.args.JsonSave(meta),
+      ),
+    )
 
   def read_meta(self, step: int) -> dict:
     """The run's metadata; its config upgraded with keys added since (with_defaults)."""
@@ -77,21 +85,26 @@ class Checkpointer:
 
   def _stored_meta(self, step: int) -> dict:
     with self._naming_errors(step):
-      return self.manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))["meta"]
+      return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+        "meta"
+      ]
 
   def check_compatible(self, step: int, meta: dict) -> None:
     """Refuse (ConfigError) a checkpoint made by a different model or data config."""
     saved = self.read_meta(step)
     diffs = []
     for section in COMPATIBILITY_SECTIONS:
-      diffs += [f"{section}.{d}" for d in config_mismatch(
-          saved["config"].get(section, {}), meta["config"][section])]
+      diffs += [
+        f"{section}.{d}"
+        for d in config_mismatch(saved["config"].get(section, {}), meta["config"][section])
+      ]
     if diffs:
       raise ConfigError(
-          f"workdir checkpoint {self.directory}/{step} was made by an incompatible "
-          f"config ({len(diffs)} difference(s)): " + "; ".join(diffs[:8]) +
-          ". Use a fresh --workdir or the checkpoint's config; nothing was changed.")
+        f"workdir checkpoint {self.directory}/{step} was made by an incompatible "
+        f"config ({len(diffs)} difference(s)): "
+        + "; ".join(diffs[:8])
+        + ". Use a fresh --workdir or the checkpoint's config; nothing was changed."
+      )
 
   def restore(self, step: int, abstract_state):
     """(state, data state) of `step`, in the layout of `abstract_state`; a
@@ -101,8 +114,12 @@ class Checkpointer:
     target = abstract_state if layout is None else layout.to_old(abstract_state)
     self._check_expert_variables(step, target)
     with self._naming_errors(step):
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+      restored = self.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
+        ),
+      )
     state = restored["state"]
     if layout is not None:
       state = placed_like(layout.to_new(state), abstract_state)
@@ -131,13 +148,17 @@ class Checkpointer:
       return
     model = self.read_meta(step).get("config", {}).get("model")
     saved_type = expert_type_with(have, model) or (model or {}).get("moe", {}).get("experts")
-    advice = (f"restore it with the expert type it was saved with (model.moe.experts="
-              f"{saved_type!r})" if saved_type else "restore it with the config it was saved with")
+    advice = (
+      f"restore it with the expert type it was saved with (model.moe.experts={saved_type!r})"
+      if saved_type
+      else "restore it with the config it was saved with"
+    )
     raise ConfigError(
-        f"cannot read checkpoint {self.directory}/{step}: it holds "
-        f"{_described(saved_type, have - want or have)}; the config asks for "
-        f"{_described(expert_type_with(want, model), want - have or want)}. {advice[0].upper()}"
-        f"{advice[1:]}; nothing was changed.")
+      f"cannot read checkpoint {self.directory}/{step}: it holds "
+      f"{_described(saved_type, have - want or have)}; the config asks for "
+      f"{_described(expert_type_with(want, model), want - have or want)}. {advice[0].upper()}"
+      f"{advice[1:]}; nothing was changed."
+    )
 
   @contextlib.contextmanager
   def _naming_errors(self, step: int):
@@ -150,8 +171,9 @@ class Checkpointer:
       raise
     except Exception as e:  # noqa: BLE001 - orbax raises many types
       first = (str(e).strip().splitlines() or [""])[0][:200]
-      raise ConfigError(f"cannot read checkpoint {self.directory}/{step}: "
-                        f"{type(e).__name__}: {first}") from e
+      raise ConfigError(
+        f"cannot read checkpoint {self.directory}/{step}: {type(e).__name__}: {first}"
+      ) from e
 
   def wait(self):
     self.manager.wait_until_finished()
@@ -175,7 +197,7 @@ def expert_variable_names(tree) -> frozenset:
   for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
     keys = [_key_name(k) for k in path]
     if "experts" in keys:
-      names.add("/".join(keys[keys.index("experts") + 1:]))
+      names.add("/".join(keys[keys.index("experts") + 1 :]))
   return frozenset(names)
 
 
@@ -186,6 +208,7 @@ def expert_type_with(names: frozenset, model: dict | None) -> str | None:
     return None
   from moejax.experts.base import EXPERT_TYPES  # the error path only: models are heavy
   from moejax.models.decoder import abstract_model
+
   for name, _ in EXPERT_TYPES.items():
     m = ml_collections.ConfigDict(model)
     try:
@@ -199,7 +222,7 @@ def expert_type_with(names: frozenset, model: dict | None) -> str | None:
 
 
 def _described(expert_type: str | None, names) -> str:
-  """"'quantized' experts (bits, w_down_codes, w_down_scales and 7 more)"."""
+  """ "'quantized' experts (bits, w_down_codes, w_down_scales and 7 more)"."""
   names = sorted(names)
   shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
   return f"{expert_type!r} experts ({shown})" if expert_type else f"experts ({shown})"

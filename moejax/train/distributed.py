@@ -12,6 +12,7 @@ Placement    where the TrainState lives: parameters by their logical axes
 Every process runs the same program on the same global arrays; per-process
 work (data rows, metric files) follows jax.process_index().
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ DISTRIBUTED_MODES = ("auto", "on", "off")
 def detected_cluster() -> str | None:
   """'slurm' or 'tpu' where jax.distributed.initialize() finds its peers by itself."""
   env = os.environ
-  if "SLURM_JOB_ID" in env and "SLURM_STEP_NODELIST" in env and \
-      int(env.get("SLURM_NTASKS", "1")) > 1:
+  if (
+    "SLURM_JOB_ID" in env and "SLURM_STEP_NODELIST" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+  ):
     return "slurm"
   if "," in env.get("TPU_WORKER_HOSTNAMES", "") or "MEGASCALE_COORDINATOR_ADDRESS" in env:
     return "tpu"
@@ -46,8 +48,12 @@ def detected_cluster() -> str | None:
   return "tpu" if running_in_cloud_tpu_vm else None
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, mode: str = "auto") -> bool:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  mode: str = "auto",
+) -> bool:
   """Join the multi-process job; True if jax.distributed was initialized.
 
   Explicit arguments always initialize (GPU nodes, or any cluster by hand).
@@ -58,11 +64,17 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if mode not in DISTRIBUTED_MODES:
     raise ConfigError(f"--distributed={mode!r} is not one of {', '.join(DISTRIBUTED_MODES)}")
   explicit = (coordinator_address, num_processes, process_id)
-  if any(v is not None for v in explicit) or mode == "on" or (
-      mode == "auto" and detected_cluster()):
+  if (
+    any(v is not None for v in explicit) or mode == "on" or (mode == "auto" and detected_cluster())
+  ):
     jax.distributed.initialize(*explicit)
-    logging.info("process %d of %d, %d local of %d devices", jax.process_index(),
-                 jax.process_count(), jax.local_device_count(), jax.device_count())
+    logging.info(
+      "process %d of %d, %d local of %d devices",
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+    )
     return True
   return False
 
@@ -72,6 +84,7 @@ def process_zero_first(fn):
   if jax.process_count() == 1:
     return fn()
   from jax.experimental import multihost_utils
+
   if jax.process_index() == 0:
     out = fn()
   multihost_utils.sync_global_devices("moejax: process 0 prepared")
@@ -88,19 +101,22 @@ def process_rows(batch_sharding, global_shape) -> tuple[int, int]:
   start, stop = rows[0][0], rows[-1][1]
   covered = sum(b - a for a, b in rows)
   if covered != stop - start or global_shape[0] % (stop - start):
-    raise ConfigError(f"the mesh gives process {jax.process_index()} batch rows {rows}, not "
-                      "one contiguous equal slice; order the mesh so that the batch axes "
-                      "span processes (mesh.data across hosts)")
+    raise ConfigError(
+      f"the mesh gives process {jax.process_index()} batch rows {rows}, not "
+      "one contiguous equal slice; order the mesh so that the batch axes "
+      "span processes (mesh.data across hosts)"
+    )
   return start // (stop - start), global_shape[0] // (stop - start)
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
   """Where one run's TrainState and batches live on a Layout, and how to make them."""
+
   layout: sharding.Layout
   graphdef: nnx.GraphDef
   optimizer: optax.GradientTransformation
-  init: Callable[[], step_lib.TrainState]  #, traced by jit with out_shardings=state
+  init: Callable[[], step_lib.TrainState]  # , traced by jit with out_shardings=state
   state: step_lib.TrainState  # of NamedSharding
   batch: jax.sharding.NamedSharding
   batch_shape: tuple  # global [B, L]
@@ -119,13 +135,16 @@ class Placement:
 
   def global_batch(self, local_batch: dict) -> dict:
     """This process's numpy rows -> global arrays split over the batch axes."""
-    return {k: jax.make_array_from_process_local_data(self.batch, v, self.batch_shape)
-            for k, v in local_batch.items()}
+    return {
+      k: jax.make_array_from_process_local_data(self.batch, v, self.batch_shape)
+      for k, v in local_batch.items()
+    }
 
   def restore_target(self, state_shapes):
     """ShapeDtypeStructs with target shardings: orbax restores into this layout."""
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        state_shapes, self.state)
+    return jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state_shapes, self.state
+    )
 
 
 def make_placement(config, layout, build_model) -> Placement:
@@ -140,13 +159,26 @@ def make_placement(config, layout, build_model) -> Placement:
     return step_lib.TrainState(np.int32(0), p, r, optimizer.init(p))
 
   shapes = jax.eval_shape(init)
-  param_shardings = sharding.tree_shardings(layout, sharding.logical_axes_of(params),
-                                            shapes.params)
+  param_shardings = sharding.tree_shardings(layout, sharding.logical_axes_of(params), shapes.params)
   state_shardings = step_lib.TrainState(
-      layout.replicated, param_shardings,
-      sharding.tree_shardings(layout, sharding.logical_axes_of(rest), shapes.rest),
-      optax.tree_map_params(optimizer, lambda _, s: s, shapes.opt_state, param_shardings,
-                            transform_non_params=lambda _: layout.replicated))
+    layout.replicated,
+    param_shardings,
+    sharding.tree_shardings(layout, sharding.logical_axes_of(rest), shapes.rest),
+    optax.tree_map_params(
+      optimizer,
+      lambda _, s: s,
+      shapes.opt_state,
+      param_shardings,
+      transform_non_params=lambda _: layout.replicated,
+    ),
+  )
   batch_shape = (config.data.batch_size, config.data.seq_len)
-  return Placement(layout, graphdef, optimizer, init, state_shardings,
-                   layout.named(("batch", "length"), batch_shape), batch_shape)
+  return Placement(
+    layout,
+    graphdef,
+    optimizer,
+    init,
+    state_shardings,
+    layout.named(("batch", "length"), batch_shape),
+    batch_shape,
+  )

@@ -16,6 +16,7 @@ fresh optimizer, in the run's shardings when there is a mesh. Resuming a
 run restores the checkpoint, never the directory's weights; it reads the
 directory's config.json again, to check the run still matches it.
 """
+
 import os
 
 import jax
@@ -23,8 +24,14 @@ import ml_collections
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.interop.convert import (WORKDIR_MODEL, check_shapes, import_hf, is_converted_workdir,
-                                    load_workdir, read_config_json)
+from moejax.interop.convert import (
+  WORKDIR_MODEL,
+  check_shapes,
+  import_hf,
+  is_converted_workdir,
+  load_workdir,
+  read_config_json,
+)
 from moejax.interop.hf_config import from_hf_config
 from moejax.interop.safetensors_io import read_json
 from moejax.migrate import model_config_from_dict
@@ -32,9 +39,18 @@ from moejax.train import step as step_lib
 from moejax.train import upcycle
 
 # model.moe keys that say how to train, not what the pretrained model computes.
-TRAINING_MOE_KEYS = ("loss_weights", "router_jitter", "bias_update_rate", "dispatch",
-                     "grouped_matmul", "dropless_tile", "dropless_block", "dropless_min_block",
-                     "capacity_factor", "min_capacity")
+TRAINING_MOE_KEYS = (
+  "loss_weights",
+  "router_jitter",
+  "bias_update_rate",
+  "dispatch",
+  "grouped_matmul",
+  "dropless_tile",
+  "dropless_block",
+  "dropless_min_block",
+  "capacity_factor",
+  "min_capacity",
+)
 
 
 def source_model_config(directory: str) -> ml_collections.ConfigDict:
@@ -42,15 +58,18 @@ def source_model_config(directory: str) -> ml_collections.ConfigDict:
   without its weights."""
   if is_converted_workdir(directory):
     return model_config_from_dict(
-        read_json(os.path.join(directory, WORKDIR_MODEL, "config.json"))["model"])
+      read_json(os.path.join(directory, WORKDIR_MODEL, "config.json"))["model"]
+    )
   return from_hf_config(read_config_json(directory))
 
 
 def check_one_source(config) -> None:
   """At most one of init.hf_dir and init.upcycle_from."""
   if config.init.hf_dir and config.init.get("upcycle_from"):
-    raise ConfigError(f"init.upcycle_from={config.init.upcycle_from} and "
-                      f"init.hf_dir={config.init.hf_dir} are both set; give one")
+    raise ConfigError(
+      f"init.upcycle_from={config.init.upcycle_from} and "
+      f"init.hf_dir={config.init.hf_dir} are both set; give one"
+    )
 
 
 def check_sources(config) -> None:
@@ -72,9 +91,11 @@ def resolve_config(config) -> ml_collections.ConfigDict:
   except ConfigError as e:
     raise ConfigError(f"{e} (init.hf_dir={directory})") from e
   if config.model.family != source.family:
-    raise ConfigError(f"init.hf_dir={directory} holds a {source.family} model, but the config "
-                      f"says model.family={config.model.family!r}; set "
-                      f"--config.model.family={source.family} or use that family's config")
+    raise ConfigError(
+      f"init.hf_dir={directory} holds a {source.family} model, but the config "
+      f"says model.family={config.model.family!r}; set "
+      f"--config.model.family={source.family} or use that family's config"
+    )
   out = ml_collections.ConfigDict(config.to_dict())
   for key in TRAINING_MOE_KEYS:
     source.moe[key] = config.model.moe[key]
@@ -95,11 +116,14 @@ def initial_state(config, state: step_lib.TrainState, optimizer, placement=None)
   """A fresh TrainState holding the pretrained weights, in `state`'s dtypes and
   (with a Placement) its shardings."""
   if config.init.upcycle_from:
-    params, rest = upcycle.upcycled(config, jax.device_get(state.params), jax.device_get(state.rest))
+    params, rest = upcycle.upcycled(
+      config, jax.device_get(state.params), jax.device_get(state.rest)
+    )
   else:
     params, rest = pretrained(config)
-  params, rest = jax.tree.map(lambda x, s: np.asarray(x).astype(s.dtype), (params, rest),
-                              (state.params, state.rest))
+  params, rest = jax.tree.map(
+    lambda x, s: np.asarray(x).astype(s.dtype), (params, rest), (state.params, state.rest)
+  )
 
   def fresh(p, r):
     return step_lib.TrainState(np.int32(0), p, r, optimizer.init(p))

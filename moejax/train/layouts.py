@@ -15,6 +15,7 @@ OmniMoE, before it became the one MoE layer (stored config model.ffn_type ==
     bn_stats {mean_x, ...}      -> router_state {mean_x, ...}
     shared (SwiGLU)             -> shared (the same SwiGLU: one shared expert)
 """
+
 from __future__ import annotations
 
 import jax
@@ -46,8 +47,7 @@ def _is_omnimoe_ffn(node, new: bool) -> bool:
 
 def omnimoe_to_old(ffn: dict) -> dict:
   """Today's OmniMoE FFN dict in the layout of the former OmniMoE layer."""
-  out = {k: v for k, v in ffn.items() if k not in ("router_projection", "experts",
-                                                    "router_state")}
+  out = {k: v for k, v in ffn.items() if k not in ("router_projection", "experts", "router_state")}
   if "router_projection" in ffn:
     out["router_x"], out["router_y"] = (ffn["router_projection"][k] for k in ("w_x", "w_y"))
   if "experts" in ffn:
@@ -61,22 +61,28 @@ def omnimoe_to_old(ffn: dict) -> dict:
 
 def omnimoe_to_new(ffn: dict) -> dict:
   """The former OmniMoE layer's FFN dict in today's layout (omnimoe_to_old inverted)."""
-  out = {k: v for k, v in ffn.items() if k not in ("router_x", "router_y", "up", "down",
-                                                    "bn_stats")}
+  out = {
+    k: v for k, v in ffn.items() if k not in ("router_x", "router_y", "up", "down", "bn_stats")
+  }
   if "router_x" in ffn:
     out["router_projection"] = {"w_x": ffn["router_x"], "w_y": ffn["router_y"]}
   if "up" in ffn:
     up, down = ffn["up"], ffn["down"]
-    out["experts"] = {"u": _reshaped(up, (*up.shape, 1), {0: 0, 1: 1}),
-                      "d": _reshaped(down, (down.shape[0], 1, down.shape[1]), {0: 0, 2: 1})}
+    out["experts"] = {
+      "u": _reshaped(up, (*up.shape, 1), {0: 0, 1: 1}),
+      "d": _reshaped(down, (down.shape[0], 1, down.shape[1]), {0: 0, 2: 1}),
+    }
   if "bn_stats" in ffn:
     out["router_state"] = ffn["bn_stats"]
   return out
 
 
 def _map_ffns(tree, fn, new: bool):
-  return jax.tree.map(lambda node: fn(node) if _is_omnimoe_ffn(node, new) else node, tree,
-                      is_leaf=lambda node: _is_omnimoe_ffn(node, new))
+  return jax.tree.map(
+    lambda node: fn(node) if _is_omnimoe_ffn(node, new) else node,
+    tree,
+    is_leaf=lambda node: _is_omnimoe_ffn(node, new),
+  )
 
 
 class Layout:
@@ -106,7 +112,9 @@ def stored_layout(stored_config: dict) -> Layout | None:
 def placed_like(tree, target):
   """Leaves of `tree` on the shardings of `target`'s ShapeDtypeStructs (a
   migrated leaf comes back in its old layout's placement)."""
+
   def place(x, t):
     sharding = getattr(t, "sharding", None) if isinstance(t, jax.ShapeDtypeStruct) else None
     return x if sharding is None else jax.device_put(x, sharding)
+
   return jax.tree.map(place, tree, target)

@@ -3,6 +3,7 @@ converted workdir, a training workdir (its latest checkpoint) or an HF
 checkpoint directory. Each gives a Loaded (config in the one model schema,
 params, rest) of the one Decoder. It sits in train, above interop's converters and
 the checkpoint reader (restore.py)."""
+
 import json
 import os
 
@@ -23,8 +24,9 @@ class HFTokenizer:
     try:
       from tokenizers import Tokenizer
     except ImportError as e:
-      raise ConfigError(f"{path} needs the `tokenizers` package; install it or pass "
-                        "--prompt_ids") from e
+      raise ConfigError(
+        f"{path} needs the `tokenizers` package; install it or pass --prompt_ids"
+      ) from e
     self._tokenizer = Tokenizer.from_file(path)
 
   def encode(self, text: str) -> np.ndarray:
@@ -68,8 +70,10 @@ def load_model(workdir: str | None = None, hf_dir: str | None = None):
   if os.path.isdir(os.path.join(workdir, "checkpoints")):
     loaded, tokenizer = from_training_workdir(workdir)
     return loaded, tokenizer, None
-  raise ConfigError(f"{workdir} holds neither a converted model (model/config.json) nor "
-                    "training checkpoints (checkpoints/)")
+  raise ConfigError(
+    f"{workdir} holds neither a converted model (model/config.json) nor "
+    "training checkpoints (checkpoints/)"
+  )
 
 
 def from_training_workdir(workdir: str, step: int | None = None):

@@ -10,6 +10,7 @@ and checkpointed in its shards, every process feeds its own batch rows, and
 process 0 alone writes metrics (moejax/train/distributed.py). One device runs
 the plain program.
 """
+
 import dataclasses
 import math
 import os
@@ -39,6 +40,7 @@ class NonFiniteLossError(FloatingPointError):
 @dataclasses.dataclass
 class Run:
   """What a finished run returns (also useful to tests)."""
+
   state: step_lib.TrainState
   start_step: int  # 0 for a fresh run, else the step it resumed from
   history: list  # flat metric records, one per log step
@@ -50,12 +52,14 @@ def _check_finite(loss: float, step: int, ckpt: Checkpointer) -> None:
   if not math.isfinite(loss):
     ckpt.wait()
     raise NonFiniteLossError(
-        f"loss is {loss} at step {step}; training stopped. The last good "
-        f"checkpoint (step {ckpt.latest_step()}) in {ckpt.directory} is kept.")
+      f"loss is {loss} at step {step}; training stopped. The last good "
+      f"checkpoint (step {ckpt.latest_step()}) in {ckpt.directory} is kept."
+    )
 
 
-def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
-                       stop_at_step: int | None = None, devices=None) -> Run:
+def train_and_evaluate(
+  config, workdir: str, *, write_metrics: bool = True, stop_at_step: int | None = None, devices=None
+) -> Run:
   """Train `config` in `workdir`, resuming from its latest checkpoint.
 
   stop_at_step: stop (with a checkpoint) after this step, as a preempted job
@@ -78,8 +82,10 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   task = task_of(config)  # moejax/train/tasks.py: the data and the evaluation
   data = process_zero_first(lambda: task.build_data(config.data, seed=config.seed, **data_shard))
   if hasattr(data, "vocab_size") and data.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
-                      f"tokenizer's vocabulary ({data.vocab_size})")
+    raise ConfigError(
+      f"model.vocab_size={config.model.vocab_size} is smaller than the "
+      f"tokenizer's vocabulary ({data.vocab_size})"
+    )
   if placement is None:
     graphdef, state, optimizer = init_state(config)
   else:
@@ -93,18 +99,19 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
   latest = ckpt.latest_step()
   if latest is not None:
     ckpt.check_compatible(latest, meta)
-    target = (jax.tree.map(np.asarray, state) if placement is None
-              else placement.restore_target(state))
+    target = (
+      jax.tree.map(np.asarray, state) if placement is None else placement.restore_target(state)
+    )
     state, data_state = ckpt.restore(latest, target)
     data.train_iter.set_state(data_state)
     logging.info("resumed from step %d in %s", latest, ckpt.directory)
   elif config.init.hf_dir or config.init.upcycle_from:
     state = init_from.initial_state(config, state, optimizer, placement)
-    logging.info("starting from the weights in %s",
-                 config.init.hf_dir or config.init.upcycle_from)
+    logging.info("starting from the weights in %s", config.init.hf_dir or config.init.upcycle_from)
 
-  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, placement,
-                                        t.micro_batches, t.balance_statistics)
+  train_step = step_lib.make_train_step(
+    graphdef, optimizer, config.seed, placement, t.micro_batches, t.balance_statistics
+  )
   eval_step = task.make_eval_step(graphdef, placement)
   start = int(state.step)
   # Records past `start` (logged after the restored checkpoint by a killed run) are
@@ -137,8 +144,9 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
       history.append({"step": step, **record})
       if is_save:
         ckpt.save(step, state, data.train_iter.get_state(), meta)
-      progress.set_postfix(loss=f"{record['loss']:.3f}",
-                           tok_s=f"{record['tokens_per_second']:.0f}", refresh=False)
+      progress.set_postfix(
+        loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}", refresh=False
+      )
       progress.update(1)
       window_start, window_steps = time.perf_counter(), 0
   finally:
@@ -147,11 +155,19 @@ def train_and_evaluate(config, workdir: str, *, write_metrics: bool = True,
     ckpt.close()
   if write_metrics and is_chief and moe_layers and history:
     plot_expert_load(writer.jsonl_path, os.path.join(workdir, "expert_load.png"))
-  return Run(state, start, history, last_eval,
-             total_steps * tokens_per_step / max(total_time, 1e-9))
+  return Run(
+    state, start, history, last_eval, total_steps * tokens_per_step / max(total_time, 1e-9)
+  )
 
 
 def _progress_bar(start, total, enabled):
   import tqdm
-  return tqdm.tqdm(initial=start, total=total, disable=not enabled, unit="step",
-                   dynamic_ncols=True, mininterval=1.0)
+
+  return tqdm.tqdm(
+    initial=start,
+    total=total,
+    disable=not enabled,
+    unit="step",
+    dynamic_ncols=True,
+    mininterval=1.0,
+  )

@@ -1,4 +1,5 @@
 """Metric writers: TensorBoard event files, a JSONL log and the expert-load plot."""
+
 import json
 import math
 import os
@@ -56,6 +57,7 @@ class MetricWriter:
       # Imported here: tensorboardX imports torch when it is installed (the test
       # environment has it), seconds that a run writing no metrics need not pay.
       from tensorboardX import SummaryWriter
+
       self.tb = SummaryWriter(tb_dir, purge_step=purge, filename_suffix=suffix)
 
   def write(self, step: int, scalars: dict) -> None:
@@ -113,12 +115,16 @@ def expert_load_series(records: list[dict]):
   records = [r for r in records if any("load_fraction" in k for k in r)]
   if not records:
     return [], {}
-  layers = sorted({k.split("/")[1] for k in records[-1] if "/load_fraction/" in k},
-                  key=lambda s: int(s.removeprefix("layer")))
+  layers = sorted(
+    {k.split("/")[1] for k in records[-1] if "/load_fraction/" in k},
+    key=lambda s: int(s.removeprefix("layer")),
+  )
   series = {}
   for layer in layers:
-    experts = sorted((k for k in records[-1] if k.startswith(f"moe/{layer}/load_fraction/")),
-                     key=lambda k: int(k.rsplit("/e", 1)[1]))
+    experts = sorted(
+      (k for k in records[-1] if k.startswith(f"moe/{layer}/load_fraction/")),
+      key=lambda k: int(k.rsplit("/e", 1)[1]),
+    )
     series[layer] = {k.rsplit("/", 1)[1]: [r.get(k, np.nan) for r in records] for k in experts}
   return [r["step"] for r in records], series
 
@@ -126,13 +132,16 @@ def expert_load_series(records: list[dict]):
 def plot_expert_load(jsonl_path: str, png_path: str) -> bool:
   """One panel per MoE layer: each expert's load fraction over training steps."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   steps, series = expert_load_series(read_jsonl(jsonl_path))
   if not steps:
     return False
-  fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)),
-                           sharex=True, squeeze=False)
+  fig, axes = plt.subplots(
+    len(series), 1, figsize=(7, 2.2 * len(series)), sharex=True, squeeze=False
+  )
   for ax, (layer, experts) in zip(axes[:, 0], series.items()):
     for name, values in experts.items():
       ax.plot(steps, values, lw=1, label=name)

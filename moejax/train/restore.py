@@ -1,5 +1,6 @@
 """Restore a trained model (and its tokenizer) from a training workdir: the one
 reader of training checkpoints that every tool builds on (`restore`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ def load_tokenizer(config):
 class Restored:
   """One checkpoint: the run's config, the model's graphdef, host (numpy) params
   and rest, the data-iterator state, the step; the tokenizer on first use."""
+
   config: ml_collections.ConfigDict
   graphdef: object
   params: dict

@@ -66,6 +66,7 @@ updated) in, except router parameters (any path component starting with
 the dtype of the optimizer moments, whose update is computed in float32;
 model.dtype is the compute dtype.
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -74,7 +75,6 @@ from flax import nnx, struct
 from moejax import losses, sharding
 from moejax.layers.moe import MoELayer, RouterStats
 from moejax.models.decoder import DTYPES
-
 
 
 @struct.dataclass
@@ -92,8 +92,9 @@ def split_model(model):
 
 def cross_entropy(logits, targets):
   """Mean next-token cross-entropy in nats, float32."""
-  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), targets))
+  return jnp.mean(
+    optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+  )
 
 
 def moe_metrics(aux) -> list:
@@ -120,14 +121,14 @@ def apply_param_dtype(model, param_dtype: str = "float32"):
   if dtype == jnp.float32:
     return model
   for path, node in nnx.iter_graph(model):
-    if (isinstance(node, nnx.Param) and not is_router_path(path)
-        and _is_float(node.get_value())):
+    if isinstance(node, nnx.Param) and not is_router_path(path) and _is_float(node.get_value()):
       node.set_value(node.get_value().astype(dtype))
   return model
 
 
-def with_state_dtype(inner: optax.GradientTransformation,
-                     opt_state_dtype: str) -> optax.GradientTransformation:
+def with_state_dtype(
+  inner: optax.GradientTransformation, opt_state_dtype: str
+) -> optax.GradientTransformation:
   """`inner` computed in float32 (gradients, params, state), its floating state
   stored in `opt_state_dtype`; updates come out float32 and
   optax.apply_updates casts the new params back to their own dtype."""
@@ -138,30 +139,39 @@ def with_state_dtype(inner: optax.GradientTransformation,
 
   def update(updates, state, params=None):
     updates, state = inner.update(
-        _cast_floats(updates, jnp.float32), _cast_floats(state, jnp.float32),
-        None if params is None else _cast_floats(params, jnp.float32))
+      _cast_floats(updates, jnp.float32),
+      _cast_floats(state, jnp.float32),
+      None if params is None else _cast_floats(params, jnp.float32),
+    )
     return updates, _cast_floats(state, dtype)
 
   return optax.GradientTransformation(init, update)
 
 
 TRAINED_PATHS = {  # train.trainable -> path (keys) -> whether the optimizer updates it
-    "router": is_router_path,
-    "prompt": lambda path: str(path[0]) in ("prompt", "head"),  # ViT prompt tuning
-    "head": lambda path: str(path[0]) == "head",  # linear probe
+  "router": is_router_path,
+  "prompt": lambda path: str(path[0]) in ("prompt", "head"),  # ViT prompt tuning
+  "head": lambda path: str(path[0]) == "head",  # linear probe
 }
 
 
-def trained_only(inner: optax.GradientTransformation,
-                 trainable: str) -> optax.GradientTransformation:
+def trained_only(
+  inner: optax.GradientTransformation, trainable: str
+) -> optax.GradientTransformation:
   """`inner` on the parameters TRAINED_PATHS[trainable] selects, zero updates and no
   optimizer state for every other parameter (train.trainable other than 'all')."""
   is_trained = TRAINED_PATHS[trainable]
 
   def labels(params):
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "trained" if is_trained(
-            [getattr(k, "key", getattr(k, "name", k)) for k in path]) else "frozen", params)
+      lambda path, _: (
+        "trained"
+        if is_trained([getattr(k, "key", getattr(k, "name", k)) for k in path])
+        else "frozen"
+      ),
+      params,
+    )
+
   return optax.multi_transform({"trained": inner, "frozen": optax.set_to_zero()}, labels)
 
 
@@ -173,14 +183,17 @@ def make_optimizer(t) -> optax.GradientTransformation:
   float32 and the moments are kept in train.opt_state_dtype (with_state_dtype).
   """
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
-      decay_steps=max(t.steps, t.warmup_steps + 1), end_value=t.learning_rate * t.min_lr_ratio)
+    init_value=0.0,
+    peak_value=t.learning_rate,
+    warmup_steps=t.warmup_steps,
+    decay_steps=max(t.steps, t.warmup_steps + 1),
+    end_value=t.learning_rate * t.min_lr_ratio,
+  )
 
   def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
-  chain = [optax.adamw(schedule, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
-                       mask=decay_mask)]
+  chain = [optax.adamw(schedule, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=decay_mask)]
   if t.grad_clip > 0:
     chain.insert(0, optax.clip_by_global_norm(t.grad_clip))
   optimizer = optax.chain(*chain)
@@ -210,15 +223,18 @@ def split_micro_batches(batch: dict, micro_batches: int) -> dict:
 
   def split(x):
     x = x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1)
-    return sharding.constrain(x, (None, "batch", "length", *[None] * (x.ndim - 3))[:x.ndim])
+    return sharding.constrain(x, (None, "batch", "length", *[None] * (x.ndim - 3))[: x.ndim])
 
   return jax.tree.map(split, batch)
 
 
 def _modules_by_path(model) -> list:
   """(module, 'blocks/0/ffn') for every submodule of `model`."""
-  return [(node, "/".join(map(str, path))) for path, node in nnx.iter_graph(model)
-          if isinstance(node, nnx.Module)]
+  return [
+    (node, "/".join(map(str, path)))
+    for path, node in nnx.iter_graph(model)
+    if isinstance(node, nnx.Module)
+  ]
 
 
 def make_loss_fn(graphdef):
@@ -232,14 +248,16 @@ def make_loss_fn(graphdef):
   def loss_fn(params, rest, batch, rng, step_stats=None):
     model = nnx.merge(graphdef, params, rest)
     (logits, aux, _), sown = nnx.capture(model, RouterStats)(
-        batch["inputs"], train=True, rng=rng, step_stats=step_stats)
+      batch["inputs"], train=True, rng=rng, step_stats=step_stats
+    )
     aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
     ce = cross_entropy(logits, batch["targets"])
     # {'blocks/0/ffn': stats}: what each MoE layer sowed on its one call. (A scanned
     # block sows stacked stats; config refuses micro-batching with a stateful router
     # there or under remat, so only the loop's layers reach apply_router_updates.)
-    stats = {"/".join(map(str, path[:-1])): var.get_value()[-1]
-             for path, var in nnx.to_flat_state(sown)}
+    stats = {
+      "/".join(map(str, path[:-1])): var.get_value()[-1] for path, var in nnx.to_flat_state(sown)
+    }
     _, _, new_rest = split_model(model)
     return ce + aux["aux_loss"], (ce, aux, new_rest, stats)
 
@@ -267,8 +285,10 @@ def _mean_over_micro_batches(x):
 
 def needs_step_statistics(model) -> bool:
   """Whether a MoE layer of `model` trains a loss that declares step-level statistics."""
-  return any(isinstance(node, MoELayer) and losses.needs_step_statistics(node.cfg.loss_weights)
-             for _, node in nnx.iter_graph(model))
+  return any(
+    isinstance(node, MoELayer) and losses.needs_step_statistics(node.cfg.loss_weights)
+    for _, node in nnx.iter_graph(model)
+  )
 
 
 def make_step_statistics_fn(graphdef, micro_batches: int):
@@ -303,8 +323,13 @@ def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "st
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
   def metrics_of(loss, ce, aux, grads):
-    return {"loss": loss, "ce_loss": ce, "aux_loss": aux["aux_loss"],
-            "grad_norm": optax.tree.norm(grads), "moe": aux["moe"]}
+    return {
+      "loss": loss,
+      "ce_loss": ce,
+      "aux_loss": aux["aux_loss"],
+      "grad_norm": optax.tree.norm(grads),
+      "moe": aux["moe"],
+    }
 
   def one_batch(params, rest, batch, rng):
     (loss, (ce, aux, new_rest, _)), grads = value_and_grad(params, rest, batch, rng)
@@ -315,20 +340,19 @@ def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "st
   def accumulated(params, rest, batch, rng):
     micro = split_micro_batches(batch, micro_batches)
     step_stats = None
-    if (balance_statistics == "step"
-        and needs_step_statistics(nnx.merge(graphdef, params, rest))):
+    if balance_statistics == "step" and needs_step_statistics(nnx.merge(graphdef, params, rest)):
       step_stats = step_statistics(params, rest, micro, rng)
 
     def body(grad_sum, xs):
       micro_batch, index = xs
       (loss, (ce, aux, _, stats)), grads = value_and_grad(
-          params, rest, micro_batch, jax.random.fold_in(rng, index), step_stats)
+        params, rest, micro_batch, jax.random.fold_in(rng, index), step_stats
+      )
       grad_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32), grad_sum, grads)
       return grad_sum, (loss, ce, aux, stats)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    grad_sum, (loss, ce, aux, stats) = jax.lax.scan(
-        body, zeros, (micro, jnp.arange(micro_batches)))
+    grad_sum, (loss, ce, aux, stats) = jax.lax.scan(body, zeros, (micro, jnp.arange(micro_batches)))
     grads = jax.tree.map(lambda g: g / micro_batches, grad_sum)
     loss, ce, aux = jax.tree.map(_mean_over_micro_batches, (loss, ce, aux))
     stats = jax.tree.map(lambda x: jnp.sum(x, axis=0), stats)
@@ -338,8 +362,7 @@ def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "st
   return one_batch if micro_batches == 1 else accumulated
 
 
-def train_step_fn(graphdef, optimizer, micro_batches: int = 1,
-                  balance_statistics: str = "step"):
+def train_step_fn(graphdef, optimizer, micro_batches: int = 1, balance_statistics: str = "step"):
   """The unjitted step (state, batch, base_key) -> (new state, metrics); its PRNG
   key is fold_in(base_key, state.step). make_train_step closes it over the seed's
   key and jits it; it can also be vmapped over stacked states, batches and keys."""
@@ -355,8 +378,14 @@ def train_step_fn(graphdef, optimizer, micro_batches: int = 1,
   return train_step
 
 
-def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batches: int = 1,
-                    balance_statistics: str = "step"):
+def make_train_step(
+  graphdef,
+  optimizer,
+  seed: int,
+  placement=None,
+  micro_batches: int = 1,
+  balance_statistics: str = "step",
+):
   base_key = jax.random.key(seed)
   step_fn = train_step_fn(graphdef, optimizer, micro_batches, balance_statistics)
 
@@ -365,9 +394,13 @@ def make_train_step(graphdef, optimizer, seed: int, placement=None, micro_batche
 
   if placement is None:
     return jax.jit(train_step, donate_argnums=0)
-  return jit_on_mesh(train_step, placement.layout, donate_argnums=0,
-                     in_shardings=(placement.state, placement.batch),
-                     out_shardings=(placement.state, placement.replicated))
+  return jit_on_mesh(
+    train_step,
+    placement.layout,
+    donate_argnums=0,
+    in_shardings=(placement.state, placement.batch),
+    out_shardings=(placement.state, placement.replicated),
+  )
 
 
 def make_eval_step(graphdef, placement=None, score=None):
@@ -383,6 +416,9 @@ def make_eval_step(graphdef, placement=None, score=None):
 
   if placement is None:
     return jax.jit(eval_step)
-  return jit_on_mesh(eval_step, placement.layout, out_shardings=placement.replicated,
-                     in_shardings=(placement.state.params, placement.state.rest,
-                                   placement.batch))
+  return jit_on_mesh(
+    eval_step,
+    placement.layout,
+    out_shardings=placement.replicated,
+    in_shardings=(placement.state.params, placement.state.rest, placement.batch),
+  )

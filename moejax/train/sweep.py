@@ -21,6 +21,7 @@ N bytes of every domain of the eval split (the same bytes for every run): the
 training loop's eval takes the split's first windows, one domain of a corpus sorted
 by domain.
 """
+
 import importlib.util
 import json
 import math
@@ -48,7 +49,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   if not os.path.isfile(path):
     raise ConfigError(f"config file {path!r} (from {spec!r}) does not exist")
   module_spec = importlib.util.spec_from_file_location(
-      f"moejax_sweep_config_{abs(hash(path))}", path)
+    f"moejax_sweep_config_{abs(hash(path))}", path
+  )
   if module_spec is None or module_spec.loader is None:
     raise ConfigError(f"config file {path!r} (from {spec!r}) cannot be imported")
   module = importlib.util.module_from_spec(module_spec)
@@ -64,8 +66,10 @@ def _convert(key: str, text: str, old):
   if old is None or isinstance(old, str):
     return text
   if not isinstance(old, (int, float)):
-    raise ConfigError(f"override {key}={text!r}: {type(old).__name__} keys are set in "
-                      "the variant's config file, not by an override")
+    raise ConfigError(
+      f"override {key}={text!r}: {type(old).__name__} keys are set in "
+      "the variant's config file, not by an override"
+    )
   try:
     value = float(text)
   except ValueError as err:
@@ -104,8 +108,7 @@ def check_seeds(seeds) -> tuple[int, ...]:
   seeds = tuple(seeds)
   if not seeds:
     raise ConfigError("seeds=() is empty; give at least one seed")
-  if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
-             for s in seeds):
+  if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds):
     raise ConfigError(f"seeds={list(seeds)!r} must be ints in [0, 2**32)")
   twice = sorted({s for s in seeds if seeds.count(s) > 1})
   if twice:
@@ -113,8 +116,7 @@ def check_seeds(seeds) -> tuple[int, ...]:
   return seeds
 
 
-def run_config(config_file: str, overrides, *, seed: int, steps: int
-               ) -> ml_collections.ConfigDict:
+def run_config(config_file: str, overrides, *, seed: int, steps: int) -> ml_collections.ConfigDict:
   """The validated config of one run: the file, the overrides in order, then `seed`
   (initialisation, data order and step keys) and the budget `steps`."""
   config = load_config_file(config_file)
@@ -131,14 +133,18 @@ def summarize(records: list[dict], eval_result: dict, num_params: int) -> dict:
   """Table figures of one finished run from its metric records (see module doc)."""
   by_step = {r["step"]: r for r in records}  # a resumed run re-logs some steps
   records = [by_step[s] for s in sorted(by_step)]
-  tail = records[len(records) - max(1, len(records) // 4):]
-  out = {"val_bpb": eval_result.get("val_bpb", math.nan),
-         "val_loss": eval_result.get("val_loss", math.nan),
-         "tokens_per_second": float(np.median([r["tokens_per_second"] for r in records])),
-         "params": num_params, "steps": records[-1]["step"]}
+  tail = records[len(records) - max(1, len(records) // 4) :]
+  out = {
+    "val_bpb": eval_result.get("val_bpb", math.nan),
+    "val_loss": eval_result.get("val_loss", math.nan),
+    "tokens_per_second": float(np.median([r["tokens_per_second"] for r in records])),
+    "params": num_params,
+    "steps": records[-1]["step"],
+  }
   for column in MOE_COLUMNS:
-    values = [v for r in tail for k, v in r.items()
-              if k.startswith("moe/") and k.endswith("/" + column)]
+    values = [
+      v for r in tail for k, v in r.items() if k.startswith("moe/") and k.endswith("/" + column)
+    ]
     out[column] = float(np.mean(values)) if values else math.nan
   return out
 
@@ -147,6 +153,7 @@ def heldout_documents(config, bytes_per_domain: int) -> list[tuple[str, str]]:
   """(domain, text) of the first `bytes_per_domain` bytes of each domain of the eval split."""
   from moejax.data.pipeline import split_documents
   from moejax.evaluation import harness
+
   return harness.sample_documents(split_documents(config.data), bytes_per_domain)
 
 
@@ -157,18 +164,24 @@ def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
   from moejax.evaluation import harness
   from moejax.evaluation.model import DecoderLM
   from moejax.train.load import load_model
+
   loaded, tokenizer, _ = load_model(run_dir)
   documents = heldout_documents(config, bytes_per_domain)
-  settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
-                              probes=())
-  report = harness.evaluate(DecoderLM(loaded.config, loaded.params, loaded.rest), tokenizer,
-                            tokenizer.eos_id, documents, settings,
-                            expert_counts(loaded.config)).report
+  settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size, probes=())
+  report = harness.evaluate(
+    DecoderLM(loaded.config, loaded.params, loaded.rest),
+    tokenizer,
+    tokenizer.eos_id,
+    documents,
+    settings,
+    expert_counts(loaded.config),
+  ).report
   out = {"heldout_bpb": report["bpb"]["all"], "heldout_bytes": report["bytes"]}
   out.update({f"heldout_bpb/{d}": v for d, v in report["bpb"].items() if d != "all"})
   if report.get("routing"):
-    out["heldout_mi_bits"] = float(np.mean([layer["mutual_information_bits"]
-                                            for layer in report["routing"]]))
+    out["heldout_mi_bits"] = float(
+      np.mean([layer["mutual_information_bits"] for layer in report["routing"]])
+    )
   return out
 
 
@@ -190,8 +203,9 @@ def same_config(saved_fingerprint: dict, config) -> bool:
   return fingerprint(with_defaults(nested)) == fingerprint(config.to_dict())
 
 
-def train_run(config, run_dir: str, *, heldout_bytes_per_domain: int = 0, train_fn=None,
-              log=print) -> dict:
+def train_run(
+  config, run_dir: str, *, heldout_bytes_per_domain: int = 0, train_fn=None, log=print
+) -> dict:
   """The summary of `config` trained in `run_dir` (module doc): read back from its
   result.json when that holds the same config, else trained (resuming from the
   run's checkpoint) and written there."""
@@ -202,8 +216,9 @@ def train_run(config, run_dir: str, *, heldout_bytes_per_domain: int = 0, train_
     if same_config(result["config"], config):
       log(f"{run_dir}: finished earlier, not re-run")
       return result
-    raise ConfigError(f"{result_path} was trained with another config; remove {run_dir} "
-                      "or give the arm a new name")
+    raise ConfigError(
+      f"{result_path} was trained with another config; remove {run_dir} or give the arm a new name"
+    )
   if train_fn is None:
     from moejax.train.loop import train_and_evaluate as train_fn
   log(f"{run_dir}: training {config.train.steps} steps")
@@ -226,8 +241,10 @@ def plot_curves(runs: list[tuple[str, str]], png_path: str) -> bool:
   if not runs:
     return False
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
   colours: dict[str, str] = {}
   for label, run_dir in runs:

@@ -12,6 +12,7 @@ cross-entropy, and the MoE layers' weighted router losses are added.
                   (padding weighted 0): val_loss (mean cross-entropy, nats) and
                   val_accuracy (fraction of argmax hits).
 """
+
 import dataclasses
 import math
 from collections.abc import Callable
@@ -33,6 +34,7 @@ class Task:
   make_eval_step(graphdef, placement) -> eval step; evaluate(eval_step, state, data,
   num_batches, put) -> {metric: float}; tokens_per_example(config) -> tokens the
   model sees per example (the loop's throughput)."""
+
   build_data: Callable
   make_eval_step: Callable
   evaluate: Callable
@@ -41,42 +43,53 @@ class Task:
 
 def evaluate_lm(eval_step, state, data, num_batches, put=lambda batch: batch) -> dict:
   """val_loss (mean over the first num_batches eval batches) and val_bpb."""
-  losses = [float(eval_step(state.params, state.rest, put(batch))[0])
-            for batch in data.eval_batches(num_batches)]
+  losses = [
+    float(eval_step(state.params, state.rest, put(batch))[0])
+    for batch in data.eval_batches(num_batches)
+  ]
   val_loss = float(np.mean(losses))
-  return {"val_loss": val_loss,
-          "val_bpb": val_loss / math.log(2) / data.bytes_per_token}
+  return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2) / data.bytes_per_token}
 
 
 def classification_sums(logits_BxC, batch) -> dict:
   """Weighted sums over the batch: cross-entropy, correct argmax, examples (float32)."""
   weights = batch["weights"].astype(jnp.float32)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxC.astype(jnp.float32),
-                                                       batch["targets"])
+  ce = optax.softmax_cross_entropy_with_integer_labels(
+    logits_BxC.astype(jnp.float32), batch["targets"]
+  )
   correct = (jnp.argmax(logits_BxC, axis=-1) == batch["targets"]).astype(jnp.float32)
-  return {"ce": jnp.sum(weights * ce), "correct": jnp.sum(weights * correct),
-          "count": jnp.sum(weights)}
+  return {
+    "ce": jnp.sum(weights * ce),
+    "correct": jnp.sum(weights * correct),
+    "count": jnp.sum(weights),
+  }
 
 
-def evaluate_classification(eval_step, state, data, num_batches,
-                            put=lambda batch: batch) -> dict:
+def evaluate_classification(eval_step, state, data, num_batches, put=lambda batch: batch) -> dict:
   """val_loss and val_accuracy over the eval batches (every example once: ImageData)."""
-  sums = [jax.device_get(eval_step(state.params, state.rest, put(batch))[0])
-          for batch in data.eval_batches(num_batches)]
+  sums = [
+    jax.device_get(eval_step(state.params, state.rest, put(batch))[0])
+    for batch in data.eval_batches(num_batches)
+  ]
   total = {key: sum(float(s[key]) for s in sums) for key in sums[0]}
-  return {"val_loss": total["ce"] / total["count"],
-          "val_accuracy": total["correct"] / total["count"]}
+  return {
+    "val_loss": total["ce"] / total["count"],
+    "val_accuracy": total["correct"] / total["count"],
+  }
 
 
 TASKS = {
-    "lm": Task(build_lm_data, step_lib.make_eval_step, evaluate_lm,
-               lambda config: config.data.seq_len),
-    "classification": Task(
-        build_image_data,
-        lambda graphdef, placement=None: step_lib.make_eval_step(
-            graphdef, placement, score=classification_sums),
-        evaluate_classification,
-        lambda config: num_tokens(config.model)),
+  "lm": Task(
+    build_lm_data, step_lib.make_eval_step, evaluate_lm, lambda config: config.data.seq_len
+  ),
+  "classification": Task(
+    build_image_data,
+    lambda graphdef, placement=None: step_lib.make_eval_step(
+      graphdef, placement, score=classification_sums
+    ),
+    evaluate_classification,
+    lambda config: num_tokens(config.model),
+  ),
 }
 
 

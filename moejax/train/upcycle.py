@@ -16,6 +16,7 @@ exactly; a zero router does this (ties pick experts 0..k-1), which
 tests/train/test_upcycle.py checks on the whole model's logits. Sparse
 Upcycling copies the whole FFN into every expert (G = 1) and does not scale.
 """
+
 import os
 
 import jax
@@ -28,8 +29,16 @@ from moejax.train.restore import load_from_workdir
 
 EXPERT_FROM_DENSE = {"w_gate": "gate", "w_up": "up", "w_down": "down"}
 # model keys that must agree between the dense source and the MoE (all but the FFN)
-SHARED_MODEL_KEYS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "tie_embeddings", "scan_layers")
+SHARED_MODEL_KEYS = (
+  "vocab_size",
+  "d_model",
+  "num_layers",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "tie_embeddings",
+  "scan_layers",
+)
 
 
 def source_config(config):
@@ -48,22 +57,29 @@ def source_config(config):
   ckpt.close()
   m, d = config.model, dense.model
   if d.ffn_type != "dense" or m.ffn_type != "moe":
-    raise ConfigError(f"{where}: upcycling starts an MoE (model.ffn_type={m.ffn_type!r}) "
-                      f"from a dense model (its ffn_type is {d.ffn_type!r})")
+    raise ConfigError(
+      f"{where}: upcycling starts an MoE (model.ffn_type={m.ffn_type!r}) "
+      f"from a dense model (its ffn_type is {d.ffn_type!r})"
+    )
   for key in SHARED_MODEL_KEYS:
     if m[key] != d[key]:
       raise ConfigError(f"{where}: model.{key}={m[key]!r} but the dense model has {d[key]!r}")
   width, experts = m.moe.expert_d_ff, m.moe.num_experts
   if d.d_ff % width or experts % (d.d_ff // width):
-    raise ConfigError(f"{where}: the dense d_ff={d.d_ff} must be a multiple of "
-                      f"model.moe.expert_d_ff={width}, and model.moe.num_experts={experts} "
-                      f"a multiple of the {d.d_ff / width:g} segments")
+    raise ConfigError(
+      f"{where}: the dense d_ff={d.d_ff} must be a multiple of "
+      f"model.moe.expert_d_ff={width}, and model.moe.num_experts={experts} "
+      f"a multiple of the {d.d_ff / width:g} segments"
+    )
   if m.scan_layers:
-    raise ConfigError(f"{where}: model.scan_layers=True is not supported (upcycle the "
-                      "loop model, then train it scanned)")
+    raise ConfigError(
+      f"{where}: model.scan_layers=True is not supported (upcycle the "
+      "loop model, then train it scanned)"
+    )
   if m.moe.first_dense or list(m.moe.dense_layers) or m.moe.every_n != 1:
-    raise ConfigError(f"{where}: every layer must be an MoE layer (first_dense=0, "
-                      "dense_layers=[], every_n=1)")
+    raise ConfigError(
+      f"{where}: every layer must be an MoE layer (first_dense=0, dense_layers=[], every_n=1)"
+    )
   return dense, step
 
 

@@ -12,6 +12,7 @@ training time and the evaluation report (moejax/evaluation harness: bpb per
 domain on the first N bytes of every held-out domain, probes, routing); a
 finished model whose config is unchanged is not retrained.
 """
+
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ def over_seeds(study, arg: str | None, name: str = "s", zoo_dir: str = "runs/zoo
   from the config arg 'seeds=N' (configs/studies/pruning.py:seeds=3): its `models`
   (moejax/studies/spec.py) are the seeds' workdirs. N=1 (no arg): `study` unchanged."""
   from moejax.config import parse_config_arg
+
   seeds = parse_config_arg(arg, {"seeds": 1}).seeds
   if seeds < 1:
     raise ConfigError(f"config arg seeds={seeds} must be >= 1")
@@ -50,6 +52,7 @@ def parameter_digests(workdir: str) -> dict[str, str]:
   """{step: sha256 of the snapshot's parameters and router state} of every checkpoint."""
   from moejax.train.checkpoint import Checkpointer
   from moejax.train.restore import load_from_workdir
+
   ckpt = Checkpointer(workdir, read_only=True)
   steps = ckpt.all_steps()
   ckpt.close()
@@ -74,36 +77,55 @@ def evaluate(workdir: str, config, bytes_per_domain: int, probe_count: int) -> d
   from moejax.evaluation.model import DecoderLM
   from moejax.evaluation.probe_data import default_probes
   from moejax.train.load import load_model
+
   loaded, tokenizer, _ = load_model(workdir)
   documents = harness.sample_documents(split_documents(config.data), bytes_per_domain)
-  settings = harness.Settings(config.data.seq_len, batch_size=config.data.batch_size,
-                              probes=tuple(default_probes(config.data.name)),
-                              probe_count=probe_count)
+  settings = harness.Settings(
+    config.data.seq_len,
+    batch_size=config.data.batch_size,
+    probes=tuple(default_probes(config.data.name)),
+    probe_count=probe_count,
+  )
   lm = DecoderLM(loaded.config, loaded.params, loaded.rest)
-  report = harness.evaluate(lm, tokenizer, tokenizer.eos_id, documents, settings,
-                            expert_counts(loaded.config)).report
+  report = harness.evaluate(
+    lm, tokenizer, tokenizer.eos_id, documents, settings, expert_counts(loaded.config)
+  ).report
   return {"bytes_per_domain": bytes_per_domain, **report}
 
 
-def train(config_of, name: str, zoo_dir: str, workdir: str | None = None, log=print,
-          seed: int = 0) -> dict:
+def train(
+  config_of, name: str, zoo_dir: str, workdir: str | None = None, log=print, seed: int = 0
+) -> dict:
   """Train `name` at `seed` into `workdir` (default `workdir_of`); its digests and time."""
   from moejax.train.loop import train_and_evaluate
+
   workdir = workdir or workdir_of(name, zoo_dir, seed)
   config = config_of(name, zoo_dir, seed)
   log(f"{name} (seed {seed}): training {config.train.steps} steps in {workdir}")
   start = time.perf_counter()
   run = train_and_evaluate(config, workdir)
   seconds = time.perf_counter() - start
-  return {"name": name, "seed": seed, "steps": config.train.steps,
-          "train_seconds": round(seconds, 1),
-          "tokens_per_second": round(run.tokens_per_second, 1), "final_eval": run.eval,
-          "snapshots": parameter_digests(workdir),
-          "config": json.loads(config.to_json_best_effort())}
+  return {
+    "name": name,
+    "seed": seed,
+    "steps": config.train.steps,
+    "train_seconds": round(seconds, 1),
+    "tokens_per_second": round(run.tokens_per_second, 1),
+    "final_eval": run.eval,
+    "snapshots": parameter_digests(workdir),
+    "config": json.loads(config.to_json_best_effort()),
+  }
 
 
-def build(config_of, name: str, zoo_dir: str, bytes_per_domain: int, probe_count: int,
-          log=print, seed: int = 0) -> dict:
+def build(
+  config_of,
+  name: str,
+  zoo_dir: str,
+  bytes_per_domain: int,
+  probe_count: int,
+  log=print,
+  seed: int = 0,
+) -> dict:
   """Train (unless cached with the same config) and evaluate one zoo model."""
   workdir = workdir_of(name, zoo_dir, seed)
   path = os.path.join(workdir, ZOO_JSON)
@@ -133,16 +155,21 @@ def verify(config_of, name: str, zoo_dir: str, log=print, seed: int = 0) -> dict
     again = train(config_of, name, zoo_dir, os.path.join(scratch, name), log=log, seed=seed)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
-  return {**compare_snapshots(expected, again["snapshots"]),
-          "train_seconds": again["train_seconds"]}
+  return {
+    **compare_snapshots(expected, again["snapshots"]),
+    "train_seconds": again["train_seconds"],
+  }
 
 
 def compare_snapshots(expected: dict, again: dict) -> dict:
   """bit_exact: the same steps with the same digests; else the first step that
   differs (or is missing on either side)."""
   differing = [s for s in set(expected) | set(again) if expected.get(s) != again.get(s)]
-  return {"bit_exact": not differing, "snapshots": len(expected),
-          "first_difference": min(differing, key=int) if differing else None}
+  return {
+    "bit_exact": not differing,
+    "snapshots": len(expected),
+    "first_difference": min(differing, key=int) if differing else None,
+  }
 
 
 def label(entry: dict) -> str:
@@ -155,18 +182,44 @@ def table(entries: list[dict]) -> str:
   """Markdown: per model, time, held-out bpb per domain, probes, routing."""
   domains = sorted({d for e in entries for d in e["eval"]["bpb"] if d != "all"})
   runs = markdown_table(
-      ["model", "steps", "train min", "tokens/s", *domains, "all"],
-      [[label(e), e["steps"], f"{e['train_seconds'] / 60:.1f}", f"{e['tokens_per_second']:.0f}",
-        *(f"{e['eval']['bpb'][d]:.3f}" for d in domains + ["all"])] for e in entries])
+    ["model", "steps", "train min", "tokens/s", *domains, "all"],
+    [
+      [
+        label(e),
+        e["steps"],
+        f"{e['train_seconds'] / 60:.1f}",
+        f"{e['tokens_per_second']:.0f}",
+        *(f"{e['eval']['bpb'][d]:.3f}" for d in domains + ["all"]),
+      ]
+      for e in entries
+    ],
+  )
   probes = markdown_table(
-      ["model", "probe", "group", "accuracy (n)"],
-      [[label(e), probe, group,
-        f"{'—' if v['accuracy'] is None else format(v['accuracy'], '.3f')} ({v['n']})"]
-       for e in entries for probe, groups in e["eval"]["probes"].items()
-       for group, v in groups.items()])
+    ["model", "probe", "group", "accuracy (n)"],
+    [
+      [
+        label(e),
+        probe,
+        group,
+        f"{'—' if v['accuracy'] is None else format(v['accuracy'], '.3f')} ({v['n']})",
+      ]
+      for e in entries
+      for probe, groups in e["eval"]["probes"].items()
+      for group, v in groups.items()
+    ],
+  )
   routing = markdown_table(
-      ["model", "MoE layer", "I(domain; expert) bits", "of H(domain)", "max/mean load"],
-      [[label(e), j, f"{layer['mutual_information_bits']:.4f}",
-        f"{layer['domain_entropy_bits']:.4f}", f"{layer['max_over_mean_load']:.3f}"]
-       for e in entries for j, layer in enumerate(e["eval"].get("routing", []))])
+    ["model", "MoE layer", "I(domain; expert) bits", "of H(domain)", "max/mean load"],
+    [
+      [
+        label(e),
+        j,
+        f"{layer['mutual_information_bits']:.4f}",
+        f"{layer['domain_entropy_bits']:.4f}",
+        f"{layer['max_over_mean_load']:.3f}",
+      ]
+      for e in entries
+      for j, layer in enumerate(e["eval"].get("routing", []))
+    ],
+  )
   return "\n\n".join([runs, probes, routing]) + "\n"

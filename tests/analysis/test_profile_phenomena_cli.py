@@ -2,11 +2,11 @@
 windows of the held-out documents, by hand, and its refusals; the held-out blocks; the
 super-experts ablation study, draw by draw, against super_experts.ablation_study and the
 harness's bpb by hand."""
+
 import json
 import os
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -39,18 +39,27 @@ def test_profile_of_the_held_out_windows(area):
   streams = {}
   for domain, text in SPLITS["validation"]:
     streams.setdefault(domain, []).extend([0, *text.encode()])
-  assert report["windows_per_domain"] == {d: len(s) // 16 for d, s in streams.items()} == {
-      "drama": 2, "code": 1}
-  windows = np.array([s[i * 16:(i + 1) * 16] for s in streams.values()
-                      for i in range(len(s) // 16)], np.int32)
+  assert (
+    report["windows_per_domain"]
+    == {d: len(s) // 16 for d, s in streams.items()}
+    == {"drama": 2, "code": 1}
+  )
+  windows = np.array(
+    [s[i * 16 : (i + 1) * 16] for s in streams.values() for i in range(len(s) // 16)], np.int32
+  )
   config, graphdef, params, rest, _ = load_from_workdir(f"{area}/w")
   tokens = jnp.asarray(windows)
-  np.testing.assert_allclose(report["expert_output_peaks"],
-                             se.expert_output_peaks(graphdef, params, rest, tokens), rtol=1e-5)
-  np.testing.assert_allclose(report["attention_sinks"]["mass_on_position_0"],
-                             se.attention_sink_mass(graphdef, params, rest, tokens), rtol=1e-5)
+  np.testing.assert_allclose(
+    report["expert_output_peaks"], se.expert_output_peaks(graphdef, params, rest, tokens), rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    report["attention_sinks"]["mass_on_position_0"],
+    se.attention_sink_mass(graphdef, params, rest, tokens),
+    rtol=1e-5,
+  )
   assert report["attention_sinks"]["uniform_baseline"] == pytest.approx(
-      np.mean([1 / (q + 1) for q in range(1, 16)]))
+    np.mean([1 / (q + 1) for q in range(1, 16)])
+  )
   assert report["tokens"] == [3, 16] and report["moe_blocks"] == [0, 1]
   # the official rule (the default) keeps round(0.75 * 2) = 2 blocks: the largest a passes
   # both thresholds; the massive-layers guess finds no massive layer in an untrained model
@@ -63,7 +72,9 @@ def test_profile_of_the_held_out_windows(area):
   assert "super experts: none" not in result.stdout and "block | MoE" in result.stdout
 
 
-@pytest.mark.parametrize("args,names", [
+@pytest.mark.parametrize(
+  "args,names",
+  [
     ([], ["--workdir"]),
     (["--workdir={a}/missing"], ["does not exist", "--workdir={a}/missing"]),
     (["--workdir={a}/w", "--quantile=101"], ["--quantile=101"]),
@@ -72,7 +83,8 @@ def test_profile_of_the_held_out_windows(area):
     (["--workdir={a}/w", "--context=5000"], ["--context=5000", "max_seq_len=1024"]),
     (["--workdir={a}/w", "--context=40"], ["whole window of 40", "--context=40"]),
     (["--workdir={a}/w", "--ablate"], ["flag 'ablate'"]),  # the ablation is a study now
-])
+  ],
+)
 def test_refused_and_nothing_written(area, args, names):
   out = area / "refused.json"
   args = [a.format(a=area) for a in args]
@@ -105,8 +117,14 @@ def test_blocks_tile_each_domain_and_block_0_is_the_harness_sample():
 
 def phenomena(area, draws=2, **settings):
   c = load_config_file("configs/studies/phenomena.py")
-  c.settings = {"workdir": f"{area}/w", "bytes_per_domain": 16, "context": 8,
-                "probes": "arithmetic", "probe_count": 2, **settings}
+  c.settings = {
+    "workdir": f"{area}/w",
+    "bytes_per_domain": 16,
+    "context": 8,
+    "probes": "arithmetic",
+    "probe_count": 2,
+    **settings,
+  }
   c.draws = draws
   return c
 
@@ -121,6 +139,7 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
   from moejax.evaluation import bpb
   from moejax.evaluation.bpb import domain_windows
   from moejax.evaluation.model import DecoderLM
+
   spec, scorer = runner.prepare(phenomena(area, n=2))
   out = str(area / "study")
   results = runner.run(spec, scorer, out, plot=False, log=lambda _: None)
@@ -132,33 +151,46 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
     windows, _ = domain_windows(block, tokenizer, 0, 8)
     assert len(windows) == (4, 2)[draw]  # drama + code, then drama alone
     docs = bpb.encode_documents(block, tokenizer)
-    score = lambda m, p, r: {"bpb": bpb.bpb_by_domain(docs, bpb.score_documents(
-        DecoderLM(m, p, r), docs, 0, context=8).nats)}
+
+    def score(m, p, r):
+      return {
+        "bpb": bpb.bpb_by_domain(
+          docs, bpb.score_documents(DecoderLM(m, p, r), docs, 0, context=8).nats
+        )
+      }
+
     old = se.ablation_study((config, params, rest), windows, n=2, seeds=(draw,), score=score)
-    assert [a["arm"] for a in old["arms"]] == ["none", "super_experts", "most_frequent",
-                                               f"random_seed{draw}"]
+    assert [a["arm"] for a in old["arms"]] == [
+      "none",
+      "super_experts",
+      "most_frequent",
+      f"random_seed{draw}",
+    ]
     found = len(old["profile"]["super_experts"])
     assert found == len(old["profile"]["super_experts_by_rule"]["official"]) >= 1
-    for arm, reference in zip(("none", "super_experts", "most_frequent", "random"),
-                              old["arms"]):
+    for arm, reference in zip(("none", "super_experts", "most_frequent", "random"), old["arms"]):
       new = runs[(arm, draw)]
       assert new["bpb"] == pytest.approx(reference["bpb"]["all"], rel=1e-6)
       assert new["loss_nats"] == pytest.approx(reference["loss_nats"], rel=1e-6)
       assert new["mean_mass_on_position_0"] == pytest.approx(
-          reference["mean_mass_on_position_0"], rel=1e-6)
+        reference["mean_mass_on_position_0"], rel=1e-6
+      )
       assert new["max_residual"] == pytest.approx(reference["max_residual"], rel=1e-6)
       assert new["super_experts_found"] == found
       pairs = [(e["moe_layer"], e["expert"]) for e in reference["experts"]]
       lm = DecoderLM(config.model, se.ablate_experts(config.model, params, pairs), rest)
-      correct = probes.probe_correct(lm, tokenizer, 0, arithmetic_examples(draw, 2), "greedy",
-                                     context=8, batch_size=16)
+      correct = probes.probe_correct(
+        lm, tokenizer, 0, arithmetic_examples(draw, 2), "greedy", context=8, batch_size=16
+      )
       assert new["probe/arithmetic"] == pytest.approx(np.mean(correct))
   assert runs[("none", 0)]["bpb"] != runs[("none", 1)]["bpb"]  # other bytes per draw
   text = open(os.path.join(out, "results.md")).read()
   assert "Per draw: the profile" in text and "| 1 | 2 x 8 | super_experts |" in text
 
 
-@pytest.mark.parametrize("settings,message", [
+@pytest.mark.parametrize(
+  "settings,message",
+  [
     (dict(workdir="/nonexistent"), r"study\.settings\.workdir='/nonexistent' is not a training"),
     (dict(n=17), r"study\.settings\.n=17 must be at most the model's 16 experts"),
     (dict(bytes_per_domain=0), r"study\.settings\.bytes_per_domain=0 must be an integer >= 1"),
@@ -168,7 +200,8 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
     (dict(rule="x"), r"study\.settings\.rule='x' must be one of official, massive_layers"),
     (dict(include_layers=0.0), r"study\.settings\.include_layers=0\.0 must be in \(0, 1\]"),
     (dict(probes="sums"), r"study\.settings\.probes='sums': 'sums' is not a probe"),
-])
+  ],
+)
 def test_ablation_study_refuses_bad_settings_before_any_run(area, settings, message):
   with pytest.raises(ConfigError, match=message):
     runner.prepare(phenomena(area, **settings))

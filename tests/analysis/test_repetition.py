@@ -1,6 +1,7 @@
 """RepetitionCurse (moejax/analysis/repetition.py): a repeated token routes every
 position of every layer to one top-k set (exact), and the latency model's
 device counts against brute force and closed forms."""
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,13 +26,15 @@ def test_a_repeated_token_routes_every_position_of_every_layer_alike(tiny):
   repeated = jnp.asarray(np.array([[5] * LENGTH, [77] * LENGTH, [200] * LENGTH]), jnp.int32)
   natural = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, LENGTH)), jnp.int32)
   for (index, valid), (nat_index, nat_valid) in zip(
-      rep.routing_of(graphdef, params, rest, repeated),
-      rep.routing_of(graphdef, params, rest, natural)):
+    rep.routing_of(graphdef, params, rest, repeated),
+    rep.routing_of(graphdef, params, rest, natural),
+  ):
     index = np.asarray(index).reshape(3, LENGTH, moe.top_k)
     for row in index:  # one top-k set at every position (exact)
       assert all(sorted(s) == sorted(row[0]) for s in row.tolist())
-    report = rep.layer_report(index[:1].reshape(LENGTH, -1), np.asarray(valid)[:LENGTH], 1,
-                              moe.num_experts, expert_shards=4)
+    report = rep.layer_report(
+      index[:1].reshape(LENGTH, -1), np.asarray(valid)[:LENGTH], 1, moe.num_experts, expert_shards=4
+    )
     assert report["same_set_fraction"] == 1.0
     # all L * k rows on k experts: max / mean = E / k; one expert block holds them all
     # (or two, when the set straddles blocks)
@@ -74,8 +77,9 @@ def test_indivisible_groups_are_refused():
 
 def test_attack_prompts_by_hand():
   rows, span = rep.attack_prompts([5, 6, 7, 8], 10, prefix=[1], pattern=2, chat=([2, 3], [4]))
-  np.testing.assert_array_equal(rows, [[1, 2, 3, 5, 6, 5, 6, 5, 6, 4],
-                                       [1, 2, 3, 7, 8, 7, 8, 7, 8, 4]])
+  np.testing.assert_array_equal(
+    rows, [[1, 2, 3, 5, 6, 5, 6, 5, 6, 4], [1, 2, 3, 7, 8, 7, 8, 7, 8, 4]]
+  )
   assert span == slice(3, 9)
   rows, span = rep.attack_prompts([9, 4], 5)  # the paper's prompt: one token, no BOS
   np.testing.assert_array_equal(rows, [[9] * 5, [4] * 5])
@@ -96,8 +100,10 @@ def test_forced_identity_is_detected_and_a_prefix_breaks_it_on_a_random_model(ti
   for prefix, forced in (((), 1.0), ((1,), 0.0), ((84, 104, 101, 32), 0.0)):
     rows, span = rep.attack_prompts(ids, LENGTH, prefix=prefix)
     assert rep.forced_identical(rows) == forced
-    fractions = [rep.same_set_fraction(np.asarray(index).reshape(3, LENGTH, moe.top_k), span)
-                 for index, _ in rep.routing_of(graphdef, params, rest, jnp.asarray(rows))]
+    fractions = [
+      rep.same_set_fraction(np.asarray(index).reshape(3, LENGTH, moe.top_k), span)
+      for index, _ in rep.routing_of(graphdef, params, rest, jnp.asarray(rows))
+    ]
     if forced:
       assert fractions == [1.0] * len(fractions)
     else:
@@ -127,8 +133,7 @@ def test_kind_report_gives_each_layers_capped_figures_by_hand():
   the busiest shard holds 3 rows against a balanced 8 / 2."""
   index = np.zeros((8, 1), np.int64)
   valid = np.ones((8, 1), bool)
-  (report,) = rep.kind_report([(index, valid)], batch=2, num_experts=4, expert_shards=2,
-                              capacity=3)
+  (report,) = rep.kind_report([(index, valid)], batch=2, num_experts=4, expert_shards=2, capacity=3)
   assert report["load"] == [8, 0, 0, 0]
   assert report["drop_rate"] == 5 / 8
   assert report["busiest_device_capped"] == 3 / 4

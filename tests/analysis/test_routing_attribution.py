@@ -1,6 +1,7 @@
 """Routing attribution (moejax/analysis/routing_attribution.py): every component of
 the residual stream, per attention head and per expert, sums to the router's own
 logits; a component that writes nothing has zero influence."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,8 +25,11 @@ def model(**moe):
   graphdef, state, _ = init_state(c)
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map_with_path(
-      lambda path, v: (jnp.asarray(rng.normal(size=v.shape) * 0.1, v.dtype)
-                       if "bias" in str(path[-1]) else v), state.params)
+    lambda path, v: (
+      jnp.asarray(rng.normal(size=v.shape) * 0.1, v.dtype) if "bias" in str(path[-1]) else v
+    ),
+    state.params,
+  )
   return graphdef, params, state.rest
 
 
@@ -71,8 +75,11 @@ def test_signed_effects_by_hand():
   component 0: t0 [1, 2, 3] -> [-1, 0, 1], t1 [0, 0, 3] -> [-1, -1, 2];
   component 1: t0 [2, 0, 1] -> [1, -1, 0], t1 [0, 3, 0] -> [-1, 2, -1].
   Logits (the sum): t0 [3, 2, 4] chooses expert 2, t1 [0, 3, 3] expert 1 (the first)."""
-  layer = {"contributions": np.array([[[1, 2, 3], [0, 0, 3]], [[2, 0, 1], [0, 3, 0]]], float),
-           "logits": np.array([[3, 2, 4], [0, 3, 3]], float), "top_k": 1}
+  layer = {
+    "contributions": np.array([[[1, 2, 3], [0, 0, 3]], [[2, 0, 1], [0, 3, 0]]], float),
+    "logits": np.array([[3, 2, 4], [0, 3, 3]], float),
+    "top_k": 1,
+  }
   out = ra.signed_effects(layer)
   np.testing.assert_allclose(out["per_expert"], [[-1, -0.5, 1.5], [0, 0.5, -0.5]])
   np.testing.assert_allclose(out["on_chosen"], [(1 + -1) / 2, (0 + 2) / 2])
@@ -82,6 +89,7 @@ def test_signed_effects_by_hand():
 
 def test_an_ablated_component_contributes_nothing_and_flip_rate_by_hand():
   from flax import nnx
+
   graphdef, params, rest = model()
   m = nnx.merge(graphdef, params, rest).cfg
   before = ra.attribute(graphdef, params, rest, TOKENS)[-1]
@@ -101,8 +109,10 @@ def test_signed_effects_default_to_top_1_and_read_each_tokens_own_top_2():
   """Without a recorded top_k a layer is read as top-1 (the hand case above); with
   top_k = 2 on 3 tokens and 4 experts (asymmetric, ties broken to the lower index),
   on_chosen averages u over each token's own two largest logits."""
-  layer = {"contributions": np.array([[[1, 2, 3], [0, 0, 3]], [[2, 0, 1], [0, 3, 0]]], float),
-           "logits": np.array([[3, 2, 4], [0, 3, 3]], float)}
+  layer = {
+    "contributions": np.array([[[1, 2, 3], [0, 0, 3]], [[2, 0, 1], [0, 3, 0]]], float),
+    "logits": np.array([[3, 2, 4], [0, 3, 3]], float),
+  }
   np.testing.assert_allclose(ra.signed_effects(layer)["on_chosen"], [0.0, 1.0])
   contributions = np.arange(12.0).reshape(1, 3, 4) ** 2  # one component, T=3, E=4
   logits = np.array([[0.0, 5.0, 1.0, 4.0], [2.0, 2.0, 2.0, 0.0], [9.0, 0.0, 0.0, 8.0]])
@@ -118,10 +128,12 @@ def test_ablation_zeroes_exactly_one_heads_rows_of_w_o_or_one_experts_w_down():
   rows 6..8 and nothing else, moe0.expert1 zeroes w_down[1] and nothing else; the
   given params are not changed."""
   import types
+
   kernel = jnp.arange(1.0, 61.0).reshape(12, 5)
   w_down = jnp.arange(1.0, 1 + 3 * 2 * 5).reshape(3, 2, 5)
-  params = {"blocks": {0: {"attn": {"o": {"kernel": kernel}},
-                           "ffn": {"experts": {"w_down": w_down}}}}}
+  params = {
+    "blocks": {0: {"attn": {"o": {"kernel": kernel}}, "ffn": {"experts": {"w_down": w_down}}}}
+  }
   cfg = types.SimpleNamespace(num_heads=4)
   out = ra.ablate_component(cfg, params, "attn0.head2")["blocks"][0]["attn"]["o"]["kernel"]
   want = np.asarray(kernel).copy()

@@ -1,5 +1,6 @@
 """Super experts, massive activations and attention sinks (moejax/analysis/super_experts.py)
 on a randomly initialised tiny LM, against brute force and planted structure."""
+
 import functools
 import json
 import pathlib
@@ -45,9 +46,10 @@ def captured(graphdef, params, rest, tokens):
   model = nnx.merge(graphdef, params, rest)
   _, aux, outputs = captured_forward(model, tokens)
   blocks = range(len(model.blocks))
-  values = {name: [outputs[("blocks", i, *path, "__call__")] for i in blocks]
-            for name, path in (("x", ("ffn_norm",)), ("q", ("attn", "q")),
-                               ("k", ("attn", "k")))}
+  values = {
+    name: [outputs[("blocks", i, *path, "__call__")] for i in blocks]
+    for name, path in (("x", ("ffn_norm",)), ("q", ("attn", "q")), ("k", ("attn", "k")))
+  }
   values["h"] = [outputs[("blocks", i, "__call__")][0] for i in blocks]
   values["weight"] = [a["combine_weight"] for a in aux["moe"]]
   return values, [(a["expert_index"], a["valid"]) for a in aux["moe"]]
@@ -65,8 +67,7 @@ def test_thresholds_on_hand_made_peaks():
   assert se.super_experts(a) == [(1, 99)]
   assert se.super_experts(a, quantile=95.0) == [(1, e) for e in range(90, 100)]
   # fraction binding: P50 = 100.5 < 0.6 * 200 = 120
-  assert se.super_experts(a, quantile=50.0, fraction_of_max=0.6) == [
-      (1, e) for e in range(20, 100)]
+  assert se.super_experts(a, quantile=50.0, fraction_of_max=0.6) == [(1, e) for e in range(20, 100)]
   # the layer filter drops rows; the thresholds still come from all of A
   b = np.ones((3, 8))
   b[0, 2], b[2, 5], b[1, 1] = 1000.0, 150.0, 99.0
@@ -75,8 +76,9 @@ def test_thresholds_on_hand_made_peaks():
   assert se.super_experts(b, quantile=50.0, layers=[]) == []
   b[1, 7] = np.nan  # padding of a layer with fewer experts is ignored
   assert se.super_experts(b, quantile=50.0) == [(0, 2), (2, 5)]
-  assert se.massive_layers({"max": [5.0, 400.0, 410.0, 900.0], "embedding_max": 3.0,
-                            "ratio": [6.0, 300.0, 310.0, 700.0]}) == [1, 3]
+  assert se.massive_layers(
+    {"max": [5.0, 400.0, 410.0, 900.0], "embedding_max": 3.0, "ratio": [6.0, 300.0, 310.0, 700.0]}
+  ) == [1, 3]
 
 
 def test_the_official_rule_and_the_massive_layers_guess_disagree_by_hand():
@@ -87,8 +89,11 @@ def test_the_official_rule_and_the_massive_layers_guess_disagree_by_hand():
   so (3, 5) alone."""
   a = np.full((4, 8), 2.0)
   a[1, 2], a[0, 0], a[3, 5] = 50.0, 40.0, 1000.0
-  massive = {"max": np.array([3.0, 4.0, 5.0, 900.0]), "embedding_max": 2.0,
-             "ratio": np.array([5.0, 6.0, 7.0, 500.0])}
+  massive = {
+    "max": np.array([3.0, 4.0, 5.0, 900.0]),
+    "embedding_max": 2.0,
+    "ratio": np.array([5.0, 6.0, 7.0, 500.0]),
+  }
   blocks = [0, 1, 2, 3]
   assert se.official_layers(blocks, 4) == [0, 1, 2]
   assert se.select("official", a, massive, blocks, 4) == [(1, 2)]
@@ -99,7 +104,9 @@ def test_the_official_rule_and_the_massive_layers_guess_disagree_by_hand():
   assert se.official_layers([1, 2, 3, 4, 5], 6) == [0, 1, 2]
   # floor division: max 19 gives 19 // 10 = 1 (not 1.9), so a = 1.5 passes at P0 = 1.0
   assert se.super_experts([[19.0, 1.5, 1.0]], quantile=0.0, layers=[0], within=True) == [
-      (0, 0), (0, 1)]
+    (0, 0),
+    (0, 1),
+  ]
   assert se.super_experts([[19.0, 1.5, 1.0]], quantile=0.0) == [(0, 0)]
   with pytest.raises(ConfigError, match="rule='x' must be one of official, massive_layers"):
     se.select("x", a, massive, blocks, 4)
@@ -111,8 +118,10 @@ def test_the_official_rule_names_block_3_expert_6_on_the_committed_zoo_s_profile
   guess named none there (no massive layer)."""
   report = json.loads((ROOT / "docs/results/phenomena_zoo_s.json").read_text())
   peaks = np.asarray(report["expert_output_peaks"], np.float64)
-  massive = {key: np.array([layer[key] for layer in report["massive_activations"]["layers"]])
-             for key in ("max", "ratio")}
+  massive = {
+    key: np.array([layer[key] for layer in report["massive_activations"]["layers"]])
+    for key in ("max", "ratio")
+  }
   massive["embedding_max"] = report["massive_activations"]["embedding_max"]
   blocks = report["moe_blocks"]
   assert se.select("official", peaks, massive, blocks, len(blocks)) == [(3, 6)]
@@ -126,8 +135,7 @@ def test_peaks_equal_a_brute_force_loop_over_routed_tokens(tiny):
   values, routing = jax.device_get(captured(graphdef, params, rest, tokens))
   expected = np.zeros_like(peaks)
   for layer, (x, (index, valid)) in enumerate(zip(values["x"], routing)):
-    w = {k: np.asarray(v, np.float64)
-         for k, v in params["blocks"][layer]["ffn"]["experts"].items()}
+    w = {k: np.asarray(v, np.float64) for k, v in params["blocks"][layer]["ffn"]["experts"].items()}
     for t, row in enumerate(np.asarray(x, np.float64).reshape(-1, x.shape[-1])):
       for s in range(index.shape[1]):
         if valid[t, s]:
@@ -145,10 +153,11 @@ def test_a_planted_super_expert_is_found_exactly(tiny):
   assert plain["massive_activations"]["massive_layers"] == []
   # the official rule has no layer filter but the first 75% of blocks: the largest a
   # there passes both thresholds even on an untrained model
-  first = np.asarray(plain["expert_output_peaks"])[:round(0.75 * config.model.num_layers)]
+  first = np.asarray(plain["expert_output_peaks"])[: round(0.75 * config.model.num_layers)]
   assert plain["super_experts_by_rule"]["official"] == [
-      {"moe_layer": int(i), "block": int(i), "expert": int(e), "a": float(first[i, e])}
-      for i, e in [np.unravel_index(np.argmax(first), first.shape)]]
+    {"moe_layer": int(i), "block": int(i), "expert": int(e), "a": float(first[i, e])}
+    for i, e in [np.unravel_index(np.argmax(first), first.shape)]
+  ]
   peaks = np.asarray(se.expert_output_peaks(graphdef, params, rest, tokens))
   # Plant: expert e of layer 1, its down-projection column c (where its peak is) x100.
   layer, e = 1, int(np.argmax(peaks[1]))
@@ -184,17 +193,19 @@ def brute_force_sink_mass(config, graphdef, params, rest, tokens) -> list[float]
   """Probabilities by hand in numpy from the captured q and k projections."""
   m = config.model
   values, _ = captured(graphdef, params, rest, tokens)
-  b, l = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(l), (b, l))
+  b, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length), (b, length))
   inv_freq, factor = rope_frequencies(m.rope, m.head_dim)
   out = []
   for i in range(m.num_layers):
-    q, k = (values[name][i].reshape(b, l, -1, m.head_dim) for name in ("q", "k"))
-    q, k = (np.asarray(apply_rope(t, positions, inv_freq, factor, m.rope.interleave),
-                       np.float64) for t in (q, k))
+    q, k = (values[name][i].reshape(b, length, -1, m.head_dim) for name in ("q", "k"))
+    q, k = (
+      np.asarray(apply_rope(t, positions, inv_freq, factor, m.rope.interleave), np.float64)
+      for t in (q, k)
+    )
     group = m.num_heads // m.num_kv_heads
     scores = np.einsum("blhk,bshk->bhls", q, np.repeat(k, group, axis=2)) / np.sqrt(m.head_dim)
-    scores = np.where(np.tril(np.ones((l, l), bool)), scores, -np.inf)
+    scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out.append(probs[:, :, 1:, 0].mean())
@@ -210,10 +221,12 @@ def test_attention_sink_mass_by_hand_and_a_planted_sink(tiny):
     for name in ("q", "k"):
       bias = params["blocks"][i]["attn"][name]["bias"]
       params["blocks"][i]["attn"][name]["bias"] = jnp.asarray(
-          rng.normal(size=bias.shape), jnp.float32)
+        rng.normal(size=bias.shape), jnp.float32
+      )
   mass = np.asarray(se.attention_sink_mass(graphdef, params, rest, tokens))
-  np.testing.assert_allclose(mass, brute_force_sink_mass(config, graphdef, params, rest, tokens),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    mass, brute_force_sink_mass(config, graphdef, params, rest, tokens), rtol=1e-5
+  )
   assert mass[0] < 0.5
   # Plant a sink in layer 0: every query is c along dim j of its head, the one key
   # of SINK_TOKEN (embedding channel 0 only) is K along j, every other key is 0.
@@ -222,16 +235,17 @@ def test_attention_sink_mass_by_hand_and_a_planted_sink(tiny):
   j = m.head_dim - 2 if m.rope.interleave else m.head_dim // 2 - 1
   attn = params["blocks"][0]["attn"]
   attn["q"]["kernel"] = jnp.zeros_like(attn["q"]["kernel"])
-  attn["q"]["bias"] = jnp.zeros_like(attn["q"]["bias"]).at[j::m.head_dim].set(2.0)
+  attn["q"]["bias"] = jnp.zeros_like(attn["q"]["bias"]).at[j :: m.head_dim].set(2.0)
   attn["k"]["bias"] = jnp.zeros_like(attn["k"]["bias"])
-  attn["k"]["kernel"] = jnp.zeros_like(attn["k"]["kernel"]).at[0, j::m.head_dim].set(4.0)
+  attn["k"]["kernel"] = jnp.zeros_like(attn["k"]["kernel"]).at[0, j :: m.head_dim].set(4.0)
   embed = params["embed"].at[:, 0].set(0.0)
   params["embed"] = embed.at[SINK_TOKEN].set(jnp.zeros(m.d_model).at[0].set(1.0))
   planted = np.asarray(se.attention_sink_mass(graphdef, params, rest, tokens))
   # key 0 scores 2 * 4 * sqrt(d_model) / sqrt(head_dim) = 11.3, every other key 0
   assert planted[0] > 0.999
-  np.testing.assert_allclose(planted, brute_force_sink_mass(config, graphdef, params, rest,
-                                                            tokens), rtol=1e-5)
+  np.testing.assert_allclose(
+    planted, brute_force_sink_mass(config, graphdef, params, rest, tokens), rtol=1e-5
+  )
 
 
 def test_massive_activations_find_a_planted_outlier(tiny):
@@ -264,13 +278,16 @@ def test_a_scanned_model_is_profiled_in_the_loop_layout(tiny):
   scanned_graphdef, state, _ = init_state(scanned)  # the same seed: the loop model's, stacked
   assert "block" in state.params["blocks"]
   assert se.profile((scanned, state.params, state.rest), tokens) == se.profile(
-      (config, params, rest), tokens)
+    (config, params, rest), tokens
+  )
   from moejax.errors import ConfigError
+
   with pytest.raises(ConfigError, match="unstack_layers"):
     se.measure(scanned_graphdef, state.params, state.rest, tokens)
 
 
-# ---- ablation (arXiv 2507.23279) ------------------------------------------------------------------
+# ---- ablation (arXiv 2507.23279) -------------------------------------------------------
+
 
 def test_ablation_removes_exactly_the_routed_contributions_of_the_expert(tiny):
   """Ablating experts of the last MoE layer: the block's output is the original minus,
@@ -299,13 +316,13 @@ def test_ablation_removes_exactly_the_routed_contributions_of_the_expert(tiny):
         expected[t] -= plain["weight"][1][t, s] * swiglu_numpy(w, index[t, s], x[t])
         removed += 1
   assert removed > 0
-  np.testing.assert_allclose(np.asarray(cut["h"][1]).reshape(expected.shape), expected,
-                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(cut["h"][1]).reshape(expected.shape), expected, atol=1e-5)
 
 
 def test_ablation_refuses_a_pair_it_cannot_ablate(tiny):
   config, _, params, _, _ = tiny
   from moejax.errors import ConfigError
+
   with pytest.raises(ConfigError, match=r"2 MoE layers \(pair=\(2, 0\)\)"):
     se.ablate_experts(config.model, params, [(0, 1), (2, 0)])
   with pytest.raises(ConfigError, match=r"has 8 experts \(pair=\(1, 8\)\)"):
@@ -344,8 +361,9 @@ def plant_super_expert(config, params, expert: int):
   j = m.head_dim - 2 if m.rope.interleave else m.head_dim // 2 - 1
   for name, channel in (("q", CONSTANT), ("k", CARRIER)):
     attn1[name]["bias"] = jnp.zeros_like(attn1[name]["bias"])
-    attn1[name]["kernel"] = jnp.zeros_like(attn1[name]["kernel"]).at[
-        channel, j::m.head_dim].set(2.0)
+    attn1[name]["kernel"] = (
+      jnp.zeros_like(attn1[name]["kernel"]).at[channel, j :: m.head_dim].set(2.0)
+    )
   return params
 
 
@@ -356,13 +374,19 @@ def test_a_planted_super_expert_makes_the_sink_and_its_ablation_removes_it(tiny)
   out = se.profile((config, planted, rest), tokens)
   assert [(p["moe_layer"], p["expert"]) for p in out["super_experts"]] == [(0, expert)]
   assert out["massive_activations"]["massive_layers"] == [0]
-  assert (out["massive_activations"]["layers"][0]["position"],
-          out["massive_activations"]["layers"][0]["channel"]) == (0, CARRIER)
-  sink = lambda p: np.asarray(se.attention_sink_mass(graphdef, p, rest, tokens))
+  assert (
+    out["massive_activations"]["layers"][0]["position"],
+    out["massive_activations"]["layers"][0]["channel"],
+  ) == (0, CARRIER)
+
+  def sink(p):
+    return np.asarray(se.attention_sink_mass(graphdef, p, rest, tokens))
+
   uniform = se.uniform_sink_mass(tokens.shape[1])
   assert sink(planted)[1] > 0.9
   assert sink(se.ablate_experts(config.model, planted, [(0, expert)]))[1] == pytest.approx(
-      uniform, abs=1e-6)
+    uniform, abs=1e-6
+  )
   for other in (0, 7):  # another expert of the same layer, and one of the last
     assert sink(se.ablate_experts(config.model, planted, [(other // 7, other)]))[1] > 0.9
   assert sink(params)[1] < 0.5  # the unplanted model has no sink
@@ -373,8 +397,7 @@ def test_study_arms_on_the_planted_model(tiny):
   planted = plant_super_expert(config, params, 3)
   study = se.ablation_study((config, planted, rest), tokens, seeds=(0, 1), batch_rows=4)
   arms = {a["arm"]: a for a in study["arms"]}
-  assert list(arms) == ["none", "super_experts", "most_frequent", "random_seed0",
-                        "random_seed1"]
+  assert list(arms) == ["none", "super_experts", "most_frequent", "random_seed0", "random_seed1"]
   assert study["n"] == 1 and all(len(a["experts"]) == 1 for a in study["arms"][1:])
   assert [(e["moe_layer"], e["expert"]) for e in arms["super_experts"]["experts"]] == [(0, 3)]
   uniform = se.uniform_sink_mass(tokens.shape[1])
@@ -383,10 +406,12 @@ def test_study_arms_on_the_planted_model(tiny):
   assert arms["none"]["max_residual"] > 100 > 10 > arms["super_experts"]["max_residual"]
   # each arm's figures are those of its own ablated model
   for arm in study["arms"]:
-    ablated = se.ablate_experts(config.model, planted,
-                                [(e["moe_layer"], e["expert"]) for e in arm["experts"]])
-    np.testing.assert_allclose(arm["mass_on_position_0"],
-                               se.attention_sink_mass(graphdef, ablated, rest, tokens), rtol=1e-5)
+    ablated = se.ablate_experts(
+      config.model, planted, [(e["moe_layer"], e["expert"]) for e in arm["experts"]]
+    )
+    np.testing.assert_allclose(
+      arm["mass_on_position_0"], se.attention_sink_mass(graphdef, ablated, rest, tokens), rtol=1e-5
+    )
   loss = next_token_loss_by_hand(graphdef, planted, rest, tokens)
   assert arms["none"]["loss_nats"] == pytest.approx(loss, rel=1e-5)
 
@@ -407,23 +432,37 @@ def next_token_loss_by_hand(graphdef, params, rest, tokens) -> float:
 def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
   config, graphdef, params, rest, tokens = tiny
   scored = []
-  study = se.ablation_study((config, params, rest), tokens, n=3, seeds=(0, 1, 2),
-                            batch_rows=3, score=lambda m, p, r: scored.append(p) or {"x": 1},
-                            criterion={"rule": "massive_layers"})
+  study = se.ablation_study(
+    (config, params, rest),
+    tokens,
+    n=3,
+    seeds=(0, 1, 2),
+    batch_rows=3,
+    score=lambda m, p, r: scored.append(p) or {"x": 1},
+    criterion={"rule": "massive_layers"},
+  )
   arms = {a["arm"]: a for a in study["arms"]}
   assert study["profile"]["super_experts"] == []  # none: the largest a instead
-  assert list(arms) == ["none", "top_a", "most_frequent", "random_seed0", "random_seed1",
-                        "random_seed2"]
-  pairs = {name: [(e["moe_layer"], e["expert"]) for e in arm["experts"]]
-           for name, arm in arms.items()}
+  assert list(arms) == [
+    "none",
+    "top_a",
+    "most_frequent",
+    "random_seed0",
+    "random_seed1",
+    "random_seed2",
+  ]
+  pairs = {
+    name: [(e["moe_layer"], e["expert"]) for e in arm["experts"]] for name, arm in arms.items()
+  }
   assert pairs["none"] == [] and len(scored) == 6 and arms["none"]["x"] == 1
   for name, found in pairs.items():
     if name != "none":
       assert len(found) == len(set(found)) == 3
   assert len({tuple(p) for name, p in pairs.items() if name.startswith("random")}) > 1
   peaks = np.asarray(se.expert_output_peaks(graphdef, params, rest, tokens))
-  assert pairs["top_a"] == sorted(np.unravel_index(i, peaks.shape)
-                                  for i in np.argsort(peaks, axis=None)[-3:])
+  assert pairs["top_a"] == sorted(
+    np.unravel_index(i, peaks.shape) for i in np.argsort(peaks, axis=None)[-3:]
+  )
   # routing counts by hand: every valid slot of every token
   _, routing = jax.device_get(captured(graphdef, params, rest, tokens))
   counts = np.stack([np.bincount(index[valid], minlength=8) for index, valid in routing])
@@ -432,12 +471,13 @@ def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
   layer, expert = np.unravel_index(np.argmax(counts), counts.shape)
   assert (layer, expert) in pairs["most_frequent"]
   one = se.ablation_study((config, params, rest), tokens, seeds=(), batch_rows=3)
-  assert [(e["moe_layer"], e["expert"]) for e in one["arms"][2]["experts"]] == [
-      (layer, expert)]
+  assert [(e["moe_layer"], e["expert"]) for e in one["arms"][2]["experts"]] == [(layer, expert)]
   # the loss, batched with a padded last batch, = one forward by hand
   assert arms["none"]["loss_nats"] == pytest.approx(
-      next_token_loss_by_hand(graphdef, params, rest, tokens), rel=1e-5)
+    next_token_loss_by_hand(graphdef, params, rest, tokens), rel=1e-5
+  )
   from moejax.errors import ConfigError
+
   with pytest.raises(ConfigError, match="n=17"):
     se.ablation_study((config, params, rest), tokens, n=17)
   with pytest.raises(ConfigError, match="twice"):
@@ -449,9 +489,11 @@ def test_massive_layer_defaults_at_their_boundaries():
   exactly 100 with a max exactly twice the stream entering it forms massive
   activations; 99.99 or 1.999-fold does not. Each block's 'before' is the previous
   block's max (the embedding's for block 0)."""
-  massive = {"embedding_max": 4.0,
-             "max": np.array([8.0, 16.0, 31.99, 63.98, 127.96]),
-             "ratio": np.array([100.0, 99.99, 500.0, 100.0, 1e4])}
+  massive = {
+    "embedding_max": 4.0,
+    "max": np.array([8.0, 16.0, 31.99, 63.98, 127.96]),
+    "ratio": np.array([100.0, 99.99, 500.0, 100.0, 1e4]),
+  }
   # block 0: 8 = 2 * 4, ratio 100 (in); 1: ratio 99.99 (out); 2: 31.99 < 2 * 16 (out);
   # 3: 63.98 = 2 * 31.99 (in); 4: 127.96 = 2 * 63.98 (in)
   assert se.massive_layers(massive) == [0, 3, 4]

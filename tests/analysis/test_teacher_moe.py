@@ -1,5 +1,6 @@
 """teacher-MoE regression (issue 13, part 5): matched purity on planted labels,
 the noise floor, and the teacher's routing."""
+
 import dataclasses
 
 import jax.numpy as jnp

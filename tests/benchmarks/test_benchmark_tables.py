@@ -1,5 +1,6 @@
 """The benchmarks' markdown reports (stats.markdown_table) rebuilt from their committed
 JSON records equal the committed reports in docs/results/."""
+
 import json
 import os
 
@@ -28,13 +29,18 @@ def test_decode_profile_tables_are_the_committed_ones_with_every_row():
   rows = committed("generate_profile_cpu.json")["rows"]
   lines = table_lines(profile_table(rows))
   # generate_cpu.md was written before two labels named the prefill program too
-  md = committed("generate_cpu.md", text=True).replace(
-      "| other in the step (", "| other in the step or prefill (").replace(
-      "between the step's thunks", "between the program's thunks")
+  md = (
+    committed("generate_cpu.md", text=True)
+    .replace("| other in the step (", "| other in the step or prefill (")
+    .replace("between the step's thunks", "between the program's thunks")
+  )
   assert set(lines) <= set(table_lines(md))
   # (a) the step, (b) host and the per-token total follow the parts in every table
-  for label in ("**(a) the step**", "**(b) host, outside the step**",
-                "**per decode step in generate**"):
+  for label in (
+    "**(a) the step**",
+    "**(b) host, outside the step**",
+    "**per decode step in generate**",
+  ):
     assert sum(line.startswith(f"| {label}") for line in lines) == len(rows)
   assert sum(line.startswith("| part |") for line in lines) == len(rows)
 

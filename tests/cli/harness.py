@@ -9,6 +9,7 @@ previous entry point (and its config overrides) defined, then imports the
 module afresh. Parsing and main go through moejax.cli exactly as cli.run does
 (only absl's app.run wrapper is skipped; tests/cli/test_subprocess.py runs it).
 """
+
 import contextlib
 import dataclasses
 import hashlib

@@ -40,6 +40,7 @@ to run all of them). A compile listener (jax.monitoring) counts XLA compilations
 and stops a command that compiles, so an accepted bad value costs one trace, not
 a run.
 """
+
 import dataclasses
 import os
 import re
@@ -59,13 +60,14 @@ ALL = os.environ.get("MOEJAX_EVERY_COMMAND_ALL") == "1"
 
 # (command, flag, value) accepted against the rules above, and why
 EXCEPTIONS = {
-    ("experiments.generate", "prompt", "no_such_name"): "free text to continue",
-    ("experiments.evaluate", "prefix_id", "0"): "token id 0 is a token like any other",
-    ("experiments.train", "process_id", "0"): "the first process of a multi-process job",
+  ("experiments.generate", "prompt", "no_such_name"): "free text to continue",
+  ("experiments.evaluate", "prefix_id", "0"): "token id 0 is a token like any other",
+  ("experiments.train", "process_id", "0"): "the first process of a multi-process job",
 }
 
 
 # ---- compilation counter ------------------------------------------------------------------
+
 
 class Compiled(Exception):
   """Raised from the listener: a command compiled an XLA program."""
@@ -91,8 +93,10 @@ jax.monitoring.register_event_duration_secs_listener(_listener)
 
 # ---- discovery ----------------------------------------------------------------------------
 
-def commands(package_dir: str = os.path.join(ROOT, "experiments"),
-             package: str = "experiments") -> list[str]:
+
+def commands(
+  package_dir: str = os.path.join(ROOT, "experiments"), package: str = "experiments"
+) -> list[str]:
   """Every module of `package` whose source calls cli.run(main)."""
   found = []
   for name in sorted(os.listdir(package_dir)):
@@ -119,10 +123,18 @@ def flags_of(module: str) -> tuple[object, list[Flag]]:
     if name != flag.name or "." in name:  # a short name; a config override
       continue
     parser = type(flag.parser).__name__
-    kind = ("config" if "Config" in type(flag).__name__ or "Config" in parser else
-            "list" if isinstance(flag, flags.MultiFlag) or parser == "ListParser" else
-            {"IntegerParser": "int", "FloatParser": "float", "BooleanParser": "bool",
-             "EnumParser": "enum"}.get(parser, "string"))
+    kind = (
+      "config"
+      if "Config" in type(flag).__name__ or "Config" in parser
+      else "list"
+      if isinstance(flag, flags.MultiFlag) or parser == "ListParser"
+      else {
+        "IntegerParser": "int",
+        "FloatParser": "float",
+        "BooleanParser": "bool",
+        "EnumParser": "enum",
+      }.get(parser, "string")
+    )
     found.append(Flag(name, kind, flag.default, flag.help or ""))
   return entry, found
 
@@ -134,14 +146,18 @@ def role(flag: Flag) -> str:
   named_dir = name.endswith(("workdir", "_dir")) or "to read from" in text
   a_file = re.search(r"\.(json|jsonl|npy|npz|png)\b|as json|\bfile\b", text)
   if re.search(r"\b(write|written|output|for checkpoints|lives)\b", text):
-    return "out_dir" if named_dir or (re.search(r"directory|workdir", text) and not a_file) \
-        else "out_file"
+    return (
+      "out_dir"
+      if named_dir or (re.search(r"directory|workdir", text) and not a_file)
+      else "out_file"
+    )
   if named_dir:
     return "in_dir"
   return "in_file" if a_file else "text"
 
 
 # ---- base invocation ----------------------------------------------------------------------
+
 
 def usage(entry, module: str) -> list[str]:
   """The arguments of the first `python -m MODULE ...` line of the module's docstring
@@ -214,8 +230,7 @@ def bad_values(flag: Flag, area, base: list[str]) -> list[str]:
   if kind == "in_file":
     return ["", area.missing + ".npy", bad, os.path.join(bad, "empty.npy")]
   if kind == "out_file":
-    values = ["", bad, os.path.join(area.missing, "sub", "x.json"),
-              os.path.join(afile, "x.json")]
+    values = ["", bad, os.path.join(area.missing, "sub", "x.json"), os.path.join(afile, "x.json")]
     if flag.name == "plot" or re.search(r"\b(heatmap|png)\b", text, re.I):
       values.append(os.path.join(area.root, "figure.nope"))
     return values
@@ -235,6 +250,7 @@ def cases(module: str, area) -> list[tuple[list[str], str, str]]:
 
 
 # ---- the check ----------------------------------------------------------------------------
+
 
 def check_refused(area, module: str, base: list[str], name: str, value: str) -> None:
   """`module base --name=value`: exit 2, one line naming --name, nothing written or
@@ -262,8 +278,12 @@ COMMANDS = commands()
 
 def test_every_command_is_found():
   """The scan finds the commands the README documents (a floor, not the list)."""
-  assert {"experiments.train", "experiments.generate", "experiments.study",
-          "experiments.prune"} <= set(COMMANDS)
+  assert {
+    "experiments.train",
+    "experiments.generate",
+    "experiments.study",
+    "experiments.prune",
+  } <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -280,11 +300,17 @@ def test_every_flag_refuses_bad_values(area, module):
     assert not failures, f"{len(failures)} of {len(todo)}:\n" + "\n".join(failures)
     return
 
-  @settings(max_examples=min(MAX_PER_COMMAND, len(todo)), derandomize=True, deadline=None,
-            database=None, suppress_health_check=list(HealthCheck))
+  @settings(
+    max_examples=min(MAX_PER_COMMAND, len(todo)),
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+  )
   @given(st.sampled_from(todo))
   def prop(case):
     check_refused(area, module, *case)
+
   prop()
 
 
@@ -308,24 +334,28 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.parametrize("define, refuses", [
+@pytest.mark.parametrize(
+  "define, refuses",
+  [
     ('flags.DEFINE_integer("count", 3, "Items.")', False),
     ('cli.checked(flags.DEFINE_integer("count", 3, "Items."), cli.at_least(1))', True),
-])
-def test_a_planted_command_is_found_and_held_to_the_rules(area, tmp_path, monkeypatch, define,
-                                                          refuses):
+  ],
+)
+def test_a_planted_command_is_found_and_held_to_the_rules(
+  area, tmp_path, monkeypatch, define, refuses
+):
   """A new module that calls cli.run(main) is enumerated with its flag; one that
   accepts --count=-7 fails the check, the same module with a validator passes."""
   package = f"planted_{tmp_path.name}".replace("-", "_")
   (tmp_path / package).mkdir()
   (tmp_path / package / "__init__.py").write_text("")
-  (tmp_path / package / "_planted.py").write_text(PLANTED.format(package=package,
-                                                                 define=define))
+  (tmp_path / package / "_planted.py").write_text(PLANTED.format(package=package, define=define))
   monkeypatch.syspath_prepend(str(tmp_path))
   assert commands(str(tmp_path / package), package) == [f"{package}._planted"]
   todo = cases(f"{package}._planted", area)
   assert {(name, value) for _, name, value in todo} == {
-      ("count", v) for v in ("", "abc", "2.5", "-7", "0")}
+    ("count", v) for v in ("", "abc", "2.5", "-7", "0")
+  }
   assert todo[0][0] == ["--count=3"]  # the base, from the usage line
   for base, name, value in todo:
     if refuses or value in ("", "abc", "2.5"):  # absl refuses what is not an integer

@@ -1,5 +1,6 @@
 """cli.output_file and cli.output_dir, case by case against the filesystem they see
 (the permission cases by os.access, which refuses nothing to root)."""
+
 import os
 
 import pytest
@@ -18,7 +19,9 @@ def tree(tmp_path):
   return tmp_path
 
 
-@pytest.mark.parametrize("name, kwargs, message", [
+@pytest.mark.parametrize(
+  "name, kwargs, message",
+  [
     ("", {}, "expected a file name"),
     ("full", {}, "expected a file name"),
     ("nowhere/out.json", {}, "nowhere does not exist"),
@@ -26,7 +29,8 @@ def tree(tmp_path):
     ("plot.nope", {"suffixes": (".png", ".pdf")}, "ending in .png, .pdf"),
     ("input/report.json", {"not_inside": [("--workdir", "input")]}, "inside the input --workdir"),
     ("input/weights.bin", {"not_inside": [("--docs", "input/weights.bin")]}, "inside the input"),
-])
+  ],
+)
 def test_output_file_refusals(tree, monkeypatch, name, kwargs, message):
   monkeypatch.chdir(tree)
   with pytest.raises(ConfigError, match=message) as e:
@@ -34,18 +38,25 @@ def test_output_file_refusals(tree, monkeypatch, name, kwargs, message):
   assert str(e.value).endswith(f"(--out={name})")
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("out.json", {}), ("full/a.txt", {}), ("plot.PNG", {"suffixes": (".png",)}),
+@pytest.mark.parametrize(
+  "name, kwargs",
+  [
+    ("out.json", {}),
+    ("full/a.txt", {}),
+    ("plot.PNG", {"suffixes": (".png",)}),
     ("inputs.json", {"not_inside": [("--workdir", "input")]}),  # a sibling, not inside
     (None, {}),
-])
+  ],
+)
 def test_output_file_accepts(tree, monkeypatch, name, kwargs):
   monkeypatch.chdir(tree)
   cli.output_file("out", name, **kwargs)
   assert sorted(os.listdir(tree)) == ["afile", "full", "input"]  # nothing written
 
 
-@pytest.mark.parametrize("name, kwargs, message", [
+@pytest.mark.parametrize(
+  "name, kwargs, message",
+  [
     ("", {}, "expected a directory"),
     ("afile", {}, "expected a directory"),
     ("full", {"empty": True}, "new or empty"),
@@ -53,17 +64,24 @@ def test_output_file_accepts(tree, monkeypatch, name, kwargs):
     ("nowhere/sub", {"parents": False}, "nowhere does not exist"),
     ("input/pruned", {"not_inside": [("--workdir", "input")]}, "inside the input --workdir"),
     ("input", {"not_inside": [("--workdir", "input")]}, "inside the input --workdir"),
-])
+  ],
+)
 def test_output_dir_refusals(tree, monkeypatch, name, kwargs, message):
   monkeypatch.chdir(tree)
   with pytest.raises(ConfigError, match=message):
     cli.output_dir("out", name, **kwargs)
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("new", {"empty": True}), ("full", {}), ("nowhere/deeper/sub", {}),
-    ("input2", {"not_inside": [("--workdir", "input")]}), (None, {}),
-])
+@pytest.mark.parametrize(
+  "name, kwargs",
+  [
+    ("new", {"empty": True}),
+    ("full", {}),
+    ("nowhere/deeper/sub", {}),
+    ("input2", {"not_inside": [("--workdir", "input")]}),
+    (None, {}),
+  ],
+)
 def test_output_dir_accepts(tree, monkeypatch, name, kwargs):
   monkeypatch.chdir(tree)
   cli.output_dir("out", name, **kwargs)
@@ -72,7 +90,10 @@ def test_output_dir_accepts(tree, monkeypatch, name, kwargs):
 
 def test_unwritable_directories_are_refused(tree, monkeypatch):
   monkeypatch.chdir(tree)
-  writable = lambda path, mode: os.path.abspath(path) != str(tree / "full")
+
+  def writable(path, mode):
+    return os.path.abspath(path) != str(tree / "full")
+
   monkeypatch.setattr(os, "access", writable)
   with pytest.raises(ConfigError, match=f"output directory {tree / 'full'} is not writable"):
     cli.output_file("json", "full/out.json")
@@ -85,8 +106,10 @@ def test_unwritable_directories_are_refused(tree, monkeypatch):
 def test_plot_suffixes_are_what_matplotlib_writes(tmp_path):
   """Each listed format is written by savefig; a name outside the list is not."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   suffixes = cli.plot_suffixes()
   assert {".png", ".pdf", ".svg"} <= set(suffixes)
   fig = plt.figure()

@@ -18,6 +18,7 @@ experts (expert 4 gets no row: an empty group), S = 3 slots per token, some
 invalid (token 1 has none), d = 8, SwiGLU width 6, dropless tile 3 (groups
 end mid-tile) and block 6 (two block sizes, 6 and 3).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,9 +53,18 @@ def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
   dispatcher may drop one (and the per-token loop, which drops nothing,
   stays the reference for every dispatcher)."""
   c = base_config().model.moe
-  c.update(dict(num_experts=E, top_k=S, expert_d_ff=F, dropless_tile=TILE,
-                dropless_block=BLOCK, capacity_factor=float(E), min_capacity=1,
-                topk_rounded=dict(tile=TILE)))
+  c.update(
+    dict(
+      num_experts=E,
+      top_k=S,
+      expert_d_ff=F,
+      dropless_tile=TILE,
+      dropless_block=BLOCK,
+      capacity_factor=float(E),
+      min_capacity=1,
+      topk_rounded=dict(tile=TILE),
+    )
+  )
   if "loss_weights" in overrides:  # replaced whole (ConfigDict.update would merge)
     c.loss_weights = ml_collections.ConfigDict(overrides.pop("loss_weights"))
   c.update(overrides)
@@ -69,6 +79,7 @@ def f64(tree):
 def per_token_loop(expert, weights, x, index, weight, valid, options):
   """y[t] = sum_s [valid] weight[t, s] * expert({k: w[e[t, s]]}, x[t]), token by token
   (a lax.map over tokens, so it compiles once), slot by slot."""
+
   def one_token(token):
     x_t, index_t, weight_t, valid_t = token
     y_t = jnp.zeros(x_t.shape, x_t.dtype)
@@ -85,13 +96,14 @@ def reference(expert, weights, x, routing: Routing, proj, options):
   """(y, grads) of the per-token loop in float64; loss = sum(y * proj), grads of
   (x, weights, combine_weight)."""
   with jax.enable_x64(True):
+
     def loss(x, weights, weight, proj):
-      y = per_token_loop(expert, weights, x, routing.expert_index, weight,
-                         routing.valid, options)
+      y = per_token_loop(expert, weights, x, routing.expert_index, weight, routing.valid, options)
       return jnp.sum(y * proj), y
 
     (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
-        f64(x), f64(weights), f64(routing.combine_weight), f64(proj))
+      f64(x), f64(weights), f64(routing.combine_weight), f64(proj)
+    )
     return np.asarray(y), jax.tree.map(np.asarray, grads)
 
 
@@ -101,8 +113,9 @@ def assert_close(what: str, got, want, tol: float = TOL) -> None:
   assert np.all(np.isfinite(got)), f"{what}: not finite"
   scale = max(float(np.max(np.abs(want))), 1e-6)
   err = float(np.max(np.abs(got - want))) / scale
-  assert err <= tol, (f"{what}: max |got - want| / max |want| = {err:.3g} > {tol:g}"
-                      f" (max |want| = {scale:.3g})")
+  assert err <= tol, (
+    f"{what}: max |got - want| / max |want| = {err:.3g} > {tol:g} (max |want| = {scale:.3g})"
+  )
 
 
 def contract_routing(seed: int = 0) -> Routing:
@@ -114,8 +127,9 @@ def contract_routing(seed: int = 0) -> Routing:
   valid = rng.random((T, S)) < 0.75
   valid[0], valid[1] = True, False
   weight = rng.uniform(0.2, 1.0, (T, S))
-  return Routing(jnp.asarray(index, jnp.int32), jnp.asarray(weight, jnp.float32),
-                 jnp.asarray(valid))
+  return Routing(
+    jnp.asarray(index, jnp.int32), jnp.asarray(weight, jnp.float32), jnp.asarray(valid)
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,15 +147,17 @@ def expert_case(expert_type) -> ExpertCase:
   """Weights of the shapes the type builds, inputs, and the reference: computed
   once per (expert function, build, settings), so a type that reuses another's
   (test_wrong_parts_fail.py) reuses its reference too."""
-  return _expert_case(expert_type.expert, expert_type.build,
-                      tuple(sorted(expert_type.settings.items())))
+  return _expert_case(
+    expert_type.expert, expert_type.build, tuple(sorted(expert_type.settings.items()))
+  )
 
 
 @functools.cache
 def _expert_case(expert, build, settings) -> ExpertCase:
   options = dict(settings)  # the type's defaults (contract_cfg leaves them)
-  shapes = jax.eval_shape(lambda: build(E, D, contract_cfg(), rngs=nnx.Rngs(0)).weights(
-      jnp.float32))
+  shapes = jax.eval_shape(
+    lambda: build(E, D, contract_cfg(), rngs=nnx.Rngs(0)).weights(jnp.float32)
+  )
   weights = random_weights(shapes)
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
@@ -154,19 +170,25 @@ def _expert_case(expert, build, settings) -> ExpertCase:
 def random_weights(shapes: dict, seed: int = 0) -> dict:
   """Standard normal over sqrt(fan-in) (the second-to-last axis), float32."""
   rng = np.random.default_rng(seed)
-  return {key: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-2]), jnp.float32)
-          for key, s in sorted(shapes.items())}
+  return {
+    key: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-2]), jnp.float32)
+    for key, s in sorted(shapes.items())
+  }
 
 
 def check_expert_type(expert_type) -> None:
   """What an ExpertType declares about its parameters is what `build` makes."""
   cfg = contract_cfg(experts=expert_type.name)
-  build = lambda: expert_type.build(E, D, cfg, rngs=nnx.Rngs(0))
+
+  def build():
+    return expert_type.build(E, D, cfg, rngs=nnx.Rngs(0))
+
   module = nnx.eval_shape(build)
   weights = jax.eval_shape(lambda: build().weights(jnp.float32))
   name = expert_type.name
   assert set(weights) == set(expert_type.logical_axes), (
-      f"{name}: weights {sorted(weights)} vs logical_axes {sorted(expert_type.logical_axes)}")
+    f"{name}: weights {sorted(weights)} vs logical_axes {sorted(expert_type.logical_axes)}"
+  )
   for key, w in weights.items():
     axes = expert_type.logical_axes[key]
     assert w.shape[0] == E, f"{name}.{key}: shape {w.shape} is not expert-major [E={E}, ...]"
@@ -174,8 +196,11 @@ def check_expert_type(expert_type) -> None:
     assert w.dtype == jnp.float32, f"{name}.{key}: weights(float32) gave {w.dtype}"
   # Trained weights are nnx.Params; compressed types hold theirs as CompressedWeight
   # variables (checkpointed, never trained). Either way they carry logical axes.
-  params = [(path, var) for path, var in nnx.iter_graph(module)
-            if isinstance(var, (nnx.Param, CompressedWeight))]
+  params = [
+    (path, var)
+    for path, var in nnx.iter_graph(module)
+    if isinstance(var, (nnx.Param, CompressedWeight))
+  ]
   assert params, f"{name}: build made no nnx.Param (nor CompressedWeight)"
   for path, var in params:
     axes = var.get_metadata().get("logical_axes")
@@ -187,15 +212,19 @@ def check_expert_type(expert_type) -> None:
   options = expert_type.options(cfg)
   local = experts_of(functools.partial(expert_type.bind(weights, cfg).apply, weights))
   assert local is not None and local.type is expert_type and dict(local.options) == options, (
-      f"{name}: experts_of(partial(bound.apply, w)) = {local}")
-  rows = jax.eval_shape(lambda: expert_type.expert(
-      {k: jnp.zeros(w.shape[1:], w.dtype) for k, w in weights.items()}, jnp.ones((2, D)),
-      **options))
+    f"{name}: experts_of(partial(bound.apply, w)) = {local}"
+  )
+  rows = jax.eval_shape(
+    lambda: expert_type.expert(
+      {k: jnp.zeros(w.shape[1:], w.dtype) for k, w in weights.items()}, jnp.ones((2, D)), **options
+    )
+  )
   assert rows.shape == (2, D), f"{name}.expert: rows [2, {D}] -> {rows.shape}"
 
 
-def check_dispatch(expert_type, dispatcher: str, grouped_matmul: str, tol: float = TOL,
-                   **cfg_overrides) -> None:
+def check_dispatch(
+  expert_type, dispatcher: str, grouped_matmul: str, tol: float = TOL, **cfg_overrides
+) -> None:
   """Forward output and gradients (x, expert weights, combine weights) of
   dispatcher + grouped matmul on this expert type equal the per-token loop.
 
@@ -205,11 +234,14 @@ def check_dispatch(expert_type, dispatcher: str, grouped_matmul: str, tol: float
   validation or from the call."""
   part = f"{expert_type.name} / dispatch {dispatcher} / grouped_matmul {grouped_matmul}"
   needs_fused = grouped_matmul == "fused" or dispatcher == "dropless_memeff"
-  refused = lambda err: (expert_type.fused is None and needs_fused
-                         and "fused path" in str(err))
+
+  def refused(err):
+    return expert_type.fused is None and needs_fused and "fused path" in str(err)
+
   try:
-    cfg = contract_cfg(experts=expert_type.name, dispatch=dispatcher,
-                       grouped_matmul=grouped_matmul, **cfg_overrides)
+    cfg = contract_cfg(
+      experts=expert_type.name, dispatch=dispatcher, grouped_matmul=grouped_matmul, **cfg_overrides
+    )
   except ConfigError as err:
     if refused(err):
       return
@@ -231,7 +263,8 @@ def check_dispatch(expert_type, dispatcher: str, grouped_matmul: str, tol: float
       return
     raise
   if resolve_grouped_matmul(grouped_matmul, expert_type.bind(case.weights)).fused and (
-      expert_type.fused is None):
+    expert_type.fused is None
+  ):
     raise AssertionError(f"{part}: no fused path declared, yet no ConfigError")
   assert y.dtype == case.x.dtype, f"{part}: y is {y.dtype}, x is {case.x.dtype}"
   if "dropped_fraction" in metrics:
@@ -257,8 +290,15 @@ def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
   """The contract's MoE section for router `name` (no loss weights for a router
   without probs, which config validation requires)."""
   no_losses = {} if routing_spec(name).gives_probs else {"loss_weights": {}}
-  return contract_cfg(router=name, num_experts=E_R, top_k=K_R, capacity_factor=1.25,
-                      dropless_tile=4, topk_rounded=dict(tile=4), **no_losses)
+  return contract_cfg(
+    router=name,
+    num_experts=E_R,
+    top_k=K_R,
+    capacity_factor=1.25,
+    dropless_tile=4,
+    topk_rounded=dict(tile=4),
+    **no_losses,
+  )
 
 
 @functools.cache
@@ -275,8 +315,10 @@ def router_outputs(spec) -> dict:
     logits = spec.projection.apply(params, x, cfg)
 
   def both(logits, state, rng):
-    return {train: spec.route(logits, cfg=cfg, state=state, rng=rng, train=train)
-            for train in (False, True)}
+    return {
+      train: spec.route(logits, cfg=cfg, state=state, rng=rng, train=train)
+      for train in (False, True)
+    }
 
   return jax.jit(both)(logits, spec.initial_state(E_R), jax.random.key(0))
 
@@ -287,16 +329,21 @@ def router_dispatch():
   dispatcher, grouped matmul and expert type at the router shapes."""
   cfg = router_cfg("topk")
   expert_type = EXPERT_TYPES.get(cfg.experts)
-  weights = random_weights(jax.eval_shape(lambda: expert_type.build(
-      E_R, D, cfg, rngs=nnx.Rngs(0)).weights(jnp.float32)), seed=2)
+  weights = random_weights(
+    jax.eval_shape(lambda: expert_type.build(E_R, D, cfg, rngs=nnx.Rngs(0)).weights(jnp.float32)),
+    seed=2,
+  )
   x = jnp.asarray(np.random.default_rng(4).standard_normal((T_R, D)), jnp.float32)
   dispatch = DISPATCHERS.get(cfg.dispatch)
-  run = jax.jit(lambda x, routing, weights: dispatch(x, routing, expert_type.bind(weights, cfg),
-                                                     cfg)[0])
+  run = jax.jit(
+    lambda x, routing, weights: dispatch(x, routing, expert_type.bind(weights, cfg), cfg)[0]
+  )
   options = expert_type.options(cfg)
-  loop = jax.jit(lambda weights, x, r: per_token_loop(expert_type.expert, weights, x,
-                                                      r.expert_index, r.combine_weight,
-                                                      r.valid, options))
+  loop = jax.jit(
+    lambda weights, x, r: per_token_loop(
+      expert_type.expert, weights, x, r.expert_index, r.combine_weight, r.valid, options
+    )
+  )
   return run, loop, weights, x
 
 
@@ -320,7 +367,8 @@ def check_routing(name: str, out, promises=frozenset(), gives_probs=True) -> Non
   assert set(promises) <= PROMISES, f"{name}: unknown promises {set(promises) - PROMISES}"
   if not gives_probs:  # routers that never form [T, E] (RouterSpec.gives_probs)
     assert out.probs is None and out.logits is None and not promises, (
-        f"{name}: gives_probs=False, yet probs/logits or promises")
+      f"{name}: gives_probs=False, yet probs/logits or promises"
+    )
     return
   probs, logits = np.asarray(out.probs), np.asarray(out.logits)
   assert probs.shape == logits.shape == (T_R, E_R), f"{name}: probs/logits shape"
@@ -333,8 +381,12 @@ def check_routing(name: str, out, promises=frozenset(), gives_probs=True) -> Non
       if valid[t].any():
         c = weight[t][valid[t]] / probs[t, index[t][valid[t]]]
         assert (c > 0).all(), f"{name}: token {t} weight/probs {c}"
-        np.testing.assert_allclose(c, c[0], rtol=1e-5, err_msg=f"{name}: token {t} weights "
-                                   "are not one multiple of its probs (promised)")
+        np.testing.assert_allclose(
+          c,
+          c[0],
+          rtol=1e-5,
+          err_msg=f"{name}: token {t} weights are not one multiple of its probs (promised)",
+        )
 
 
 def check_router(spec) -> None:
@@ -351,6 +403,7 @@ def check_router(spec) -> None:
 
 # ---------------------------------------------------------------------------
 # Losses.
+
 
 def check_loss(name: str, loss, outputs: dict, example=None, step_stats=None) -> None:
   """A finite float32 scalar on every router output the loss accepts (it raises
@@ -372,16 +425,20 @@ def check_loss(name: str, loss, outputs: dict, example=None, step_stats=None) ->
     assert np.isfinite(value), f"loss {name} on {router}: {value}"
   assert accepted, f"loss {name} accepts no registered router's output"
   out = accepted[0]
-  grads = jax.jit(jax.grad(lambda probs, logits: loss(out.replace(probs=probs, logits=logits), cfg),
-                           argnums=(0, 1)))(out.probs, out.logits)
+  grads = jax.jit(
+    jax.grad(
+      lambda probs, logits: loss(out.replace(probs=probs, logits=logits), cfg), argnums=(0, 1)
+    )
+  )(out.probs, out.logits)
   assert all(np.isfinite(np.asarray(g)).all() for g in grads), f"loss {name}: gradient"
   if step_stats is not None:
     check_step_stats(name, loss, step_stats, out, cfg)
   if example is not None:
     out, example_cfg, expected = example()
     got = float(loss(out, example_cfg))
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7,
-                               err_msg=f"loss {name}: its declared example")
+    np.testing.assert_allclose(
+      got, expected, rtol=1e-5, atol=1e-7, err_msg=f"loss {name}: its declared example"
+    )
 
 
 def check_step_stats(name, loss, step_stats, out, cfg, parts: int = 4) -> None:
@@ -390,11 +447,13 @@ def check_step_stats(name, loss, step_stats, out, cfg, parts: int = 4) -> None:
   gradient (probs, logits) are the loss and gradient of all the tokens."""
 
   def part(out, m):
-    return out.replace(routing=jax.tree.map(lambda a: a[m::parts], out.routing),
-                       probs=out.probs[m::parts], logits=out.logits[m::parts])
+    return out.replace(
+      routing=jax.tree.map(lambda a: a[m::parts], out.routing),
+      probs=out.probs[m::parts],
+      logits=out.logits[m::parts],
+    )
 
-  summed = jax.tree.map(lambda *xs: sum(xs), *[step_stats(part(out, m), cfg)
-                                               for m in range(parts)])
+  summed = jax.tree.map(lambda *xs: sum(xs), *[step_stats(part(out, m), cfg) for m in range(parts)])
 
   def whole(probs, logits):
     return loss(out.replace(probs=probs, logits=logits), cfg)
@@ -403,7 +462,16 @@ def check_step_stats(name, loss, step_stats, out, cfg, parts: int = 4) -> None:
     new = out.replace(probs=probs, logits=logits)
     return sum(loss(part(new, m), cfg, step_stats=summed) for m in range(parts)) / parts
 
-  for got, want in zip(*[jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(out.probs, out.logits)
-                         for f in (accumulated, whole)]):
-    np.testing.assert_allclose(jax.tree.leaves(got), jax.tree.leaves(want), rtol=1e-6,
-                               atol=1e-7, err_msg=f"loss {name}: step statistics")
+  for got, want in zip(
+    *[
+      jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(out.probs, out.logits)
+      for f in (accumulated, whole)
+    ]
+  ):
+    np.testing.assert_allclose(
+      jax.tree.leaves(got),
+      jax.tree.leaves(want),
+      rtol=1e-6,
+      atol=1e-7,
+      err_msg=f"loss {name}: step statistics",
+    )

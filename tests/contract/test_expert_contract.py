@@ -3,6 +3,7 @@ matmul (and every distinct gmm kernel backend that runs here) against the
 per-token loop: forward output and gradients w.r.t. x, the expert weights and
 the combine weights (oracles.check_dispatch). Cases come from the registries,
 so a newly registered part is covered without editing this file."""
+
 import pytest
 
 from moejax.kernels import BACKENDS, DEFAULT_TILING
@@ -26,14 +27,25 @@ def cases(expert_type):
   every registered matmul; an alias ('auto') is left out where it resolves, for
   this type on this platform, to an entry that is run anyway."""
   bound = expert_type.bind({})
-  resolved = lambda name: resolve_grouped_matmul(name, bound).name
+
+  def resolved(name):
+    return resolve_grouped_matmul(name, bound).name
+
   explicit = {name for name, spec in GROUPED_MATMULS.items() if spec.resolve is None}
-  out = [(name, DEFAULTS.grouped_matmul, None) for name in DISPATCHERS
-         if not (name == MATMUL_HOST and resolved(DEFAULTS.grouped_matmul) in explicit
-                 and DEFAULTS.grouped_matmul not in explicit)]
-  out += [(MATMUL_HOST, name, None) for name in GROUPED_MATMULS
-          if name != DEFAULTS.grouped_matmul
-          and (name in explicit or resolved(name) not in explicit)]
+  out = [
+    (name, DEFAULTS.grouped_matmul, None)
+    for name in DISPATCHERS
+    if not (
+      name == MATMUL_HOST
+      and resolved(DEFAULTS.grouped_matmul) in explicit
+      and DEFAULTS.grouped_matmul not in explicit
+    )
+  ]
+  out += [
+    (MATMUL_HOST, name, None)
+    for name in GROUPED_MATMULS
+    if name != DEFAULTS.grouped_matmul and (name in explicit or resolved(name) not in explicit)
+  ]
   # The gmm kernel backends that are distinct on this platform (on CPU 'auto' and
   # 'reference' run the jnp reference, 'pallas' is 'pallas_tpu' interpreted).
   plans = {_make_plan(DEFAULTS.gmm_backend, None, DEFAULT_TILING)}
@@ -56,8 +68,11 @@ def test_expert_type_builds_what_it_declares(expert_type):
   check_expert_type(EXPERT_TYPES.get(expert_type))
 
 
-@pytest.mark.parametrize("expert_type,dispatcher,matmul,backend", CASES,
-                         ids=["-".join(filter(None, case)) for case in CASES])
+@pytest.mark.parametrize(
+  "expert_type,dispatcher,matmul,backend",
+  CASES,
+  ids=["-".join(filter(None, case)) for case in CASES],
+)
 def test_dispatch_equals_per_token_loop_with_gradients(expert_type, dispatcher, matmul, backend):
   overrides = {} if backend is None else {"gmm_backend": backend}
   check_dispatch(EXPERT_TYPES.get(expert_type), dispatcher, matmul, **overrides)
@@ -65,8 +80,8 @@ def test_dispatch_equals_per_token_loop_with_gradients(expert_type, dispatcher, 
 
 def test_every_registered_part_is_a_case():
   for name, spec in EXPERT_TYPES.items():
-    covered = {(d, resolve_grouped_matmul(m, spec.bind({})).name)
-               for d, m, _ in cases(spec)}
+    covered = {(d, resolve_grouped_matmul(m, spec.bind({})).name) for d, m, _ in cases(spec)}
     assert {d for d, _ in covered} == set(DISPATCHERS), name
     assert {m for d, m in covered if d == MATMUL_HOST} == {
-        resolve_grouped_matmul(m, spec.bind({})).name for m in GROUPED_MATMULS}, name
+      resolve_grouped_matmul(m, spec.bind({})).name for m in GROUPED_MATMULS
+    }, name

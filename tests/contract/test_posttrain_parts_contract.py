@@ -4,6 +4,7 @@ settings bound once from declared defaults, an unknown setting refused naming it
 merging copies of one model returns that model, and differing shapes name the
 parameter; a layer edit with nothing to change (R = 0) changes nothing, leaves
 experts no row routes to alone, and lowers the edit objective otherwise."""
+
 import numpy as np
 import pytest
 
@@ -69,8 +70,10 @@ def test_a_layer_edit_changes_nothing_with_nothing_to_change_and_lowers_its_obje
   R, gates, keys = edit_problem(0)
   f = keys.shape[2]
   projectors = np.broadcast_to(np.eye(f), (gates.shape[1], f, f))
-  solve = lambda residual: np.asarray(bound.method.solve(residual, gates, keys, projectors,
-                                                         bound.options))
+
+  def solve(residual):
+    return np.asarray(bound.method.solve(residual, gates, keys, projectors, bound.options))
+
   np.testing.assert_array_equal(solve(np.zeros_like(R)), 0)
   deltas = solve(R)
   np.testing.assert_array_equal(deltas[-1], 0)

@@ -9,6 +9,7 @@ registered router it accepts (ConfigError for the others, at least one
 accepted), a finite gradient, its step statistics (micro-batches given the
 summed stats make the one-batch loss and gradient) and its declared
 hand-worked example (oracles.check_loss)."""
+
 import pytest
 
 from moejax.losses import LOSSES
@@ -24,10 +25,8 @@ def test_router_keeps_the_routing_contract(router):
 
 @pytest.mark.parametrize("loss", list(LOSSES))
 def test_loss_keeps_the_loss_contract(loss):
-  outputs = {f"{name} (train=True)": router_outputs(ROUTERS.get(name))[True]
-             for name in ROUTERS}
-  check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss),
-             LOSSES.get(loss).step_stats)
+  outputs = {f"{name} (train=True)": router_outputs(ROUTERS.get(name))[True] for name in ROUTERS}
+  check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss), LOSSES.get(loss).step_stats)
 
 
 def test_balance_and_dpsl_declare_examples():

@@ -4,6 +4,7 @@ defaults, valid as they are, closed to unknown keys; every flat key of older
 configs (legacy_keys) loads into its section (moejax/migrate.with_defaults) and is refused
 in a live config; and a router or loss added from outside moejax/config.py (here:
 from this test) gets its section, overrides and validation with no edit of config.py."""
+
 import sys
 
 import jax.numpy as jnp
@@ -36,8 +37,18 @@ def other_value(default):
 
 
 def test_losses_and_routers_have_sections():
-  assert {"losses.dpsl", "losses.smooth_boundary", "probmoe", "sere", "topk_rounded",
-          "smooth_topk", "as_coot", "capacity_aware", "mahalanobis", "atomic"} <= set(PARTS)
+  assert {
+    "losses.dpsl",
+    "losses.smooth_boundary",
+    "probmoe",
+    "sere",
+    "topk_rounded",
+    "smooth_topk",
+    "as_coot",
+    "capacity_aware",
+    "mahalanobis",
+    "atomic",
+  } <= set(PARTS)
 
 
 @pytest.mark.parametrize("path", sorted(PARTS))
@@ -54,8 +65,11 @@ def test_section_holds_the_declared_defaults_and_refuses_unknown_keys(path):
 def test_an_unknown_loss_section_is_refused():
   c = base_config()
   c.model.moe.losses.no_such_loss = {"alpha": 1.0}
-  with pytest.raises(ConfigError, match=r"model\.moe\.losses has unknown sections "
-                                        r"\['no_such_loss'\]"):
+  with pytest.raises(
+    ConfigError,
+    match=r"model\.moe\.losses has unknown sections "
+    r"\['no_such_loss'\]",
+  ):
     validate_config(c)
 
 
@@ -92,8 +106,12 @@ def test_a_router_is_one_file_and_one_test(monkeypatch):
     if width < 1:
       raise ConfigError(f"model.moe.throwaway.width={width} must be >= 1")
 
-  @register_router("throwaway", settings={"width": 2, "scale": 1.0},
-                   legacy_keys={"throwaway_width": "width"}, validate_settings=validate)
+  @register_router(
+    "throwaway",
+    settings={"width": 2, "scale": 1.0},
+    legacy_keys={"throwaway_width": "width"},
+    validate_settings=validate,
+  )
   def route(logits, *, cfg, state, rng, train):
     del rng, train
     s = ROUTERS.get("throwaway").options(cfg)
@@ -105,8 +123,9 @@ def test_a_router_is_one_file_and_one_test(monkeypatch):
     assert c.model.moe.throwaway.to_dict() == {"width": 2, "scale": 1.0}
     apply_overrides(c, ["model.moe.router=throwaway", "model.moe.throwaway.width=3"])
     validate_config(c)
-    out = ROUTERS.get("throwaway").route(jnp.zeros((4, 8)), cfg=c.model.moe, state={},
-                                         rng=None, train=True)
+    out = ROUTERS.get("throwaway").route(
+      jnp.zeros((4, 8)), cfg=c.model.moe, state={}, rng=None, train=True
+    )
     assert out.routing.num_slots == 3
 
     argv = ["prog", "--config.model.moe.throwaway.width=0"]

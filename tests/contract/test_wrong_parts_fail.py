@@ -1,6 +1,7 @@
 """The acceptance proof: a deliberately wrong part, registered for one test only
 (Registry.temporarily), fails the same contract checks every registered part
 passes. Each broken part differs from a correct one in one factor."""
+
 import dataclasses
 
 import jax
@@ -15,8 +16,7 @@ from moejax.losses.base import LossSpec
 from moejax.losses.balance import load_balance_example, load_balance_loss
 from moejax.routing import ROUTERS, RouterSpec
 from moejax.routing.topk import route_top_k
-from tests.contract.oracles import (E, check_dispatch, check_loss, check_router,
-                                    router_outputs)
+from tests.contract.oracles import E, check_dispatch, check_loss, check_router, router_outputs
 
 
 def fused_without_combine_weight(weights, x, routing, cfg):
@@ -31,9 +31,10 @@ def fused_without_router_gradient(weights, x, routing, cfg):
   return swiglu_fused(weights, x, frozen, cfg)
 
 
-@pytest.mark.parametrize("fused,fails_at", [
-    (fused_without_combine_weight, "y"),
-    (fused_without_router_gradient, "d combine_weight")])
+@pytest.mark.parametrize(
+  "fused,fails_at",
+  [(fused_without_combine_weight, "y"), (fused_without_router_gradient, "d combine_weight")],
+)
 def test_an_expert_type_with_a_wrong_fused_path_fails(fused, fails_at):
   wrong = dataclasses.replace(SWIGLU, name="swiglu_wrong_fused", fused=fused)
   with EXPERT_TYPES.temporarily(wrong.name, wrong):
@@ -50,8 +51,9 @@ def test_a_grouped_matmul_that_shifts_experts_fails():
   def make_shifted(layout, cfg):  # each tile times the NEXT expert's weights
     return lambda rows, w: tiled_matmul((layout.tile_expert() + 1) % E, layout.tile, rows, w)
 
-  with GROUPED_MATMULS.temporarily("tiled_shifted", GroupedMatmulSpec("tiled_shifted",
-                                                                      make=make_shifted)):
+  with GROUPED_MATMULS.temporarily(
+    "tiled_shifted", GroupedMatmulSpec("tiled_shifted", make=make_shifted)
+  ):
     with pytest.raises(AssertionError, match="grouped_matmul tiled_shifted: y:"):
       check_dispatch(EXPERT_TYPES.get("atomic"), "dropless", "tiled_shifted")
   assert "tiled_shifted" not in GROUPED_MATMULS
@@ -60,11 +62,13 @@ def test_a_grouped_matmul_that_shifts_experts_fails():
 def test_a_router_that_breaks_its_promise_fails():
   def squared_top_k(logits, *, cfg, state, rng, train):  # weights p^2, not proportional to p
     out = route_top_k(logits, cfg=cfg, state=state, rng=rng, train=train)
-    return out.replace(routing=out.routing.replace(
-        combine_weight=jnp.square(out.routing.combine_weight)))
+    return out.replace(
+      routing=out.routing.replace(combine_weight=jnp.square(out.routing.combine_weight))
+    )
 
-  spec = RouterSpec("topk_squared", squared_top_k, promises=frozenset(
-      {"weights_proportional_to_probs"}))
+  spec = RouterSpec(
+    "topk_squared", squared_top_k, promises=frozenset({"weights_proportional_to_probs"})
+  )
   with ROUTERS.temporarily(spec.name, spec):
     with pytest.raises(AssertionError, match="not one multiple of its probs"):
       check_router(spec)
@@ -89,5 +93,6 @@ def test_a_loss_that_misses_its_example_fails():
   with LOSSES.temporarily("load_balance_halved", LossSpec("load_balance_halved", halved)):
     outputs = {"topk": router_outputs(ROUTERS.get("topk"))[True]}
     with pytest.raises(AssertionError, match="its declared example"):
-      check_loss("load_balance_halved", LOSSES.get("load_balance_halved"), outputs,
-                 load_balance_example)
+      check_loss(
+        "load_balance_halved", LOSSES.get("load_balance_halved"), outputs, load_balance_example
+      )

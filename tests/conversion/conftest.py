@@ -1,5 +1,6 @@
 """The tiny dense LM (d_ff 64: 8 experts of 8 neurons at E = 8) trained 2 steps, as
 a workdir and as host arrays: the source every conversion test starts from."""
+
 import jax
 import numpy as np
 import pytest
@@ -20,5 +21,8 @@ def dense(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("dense"))
   train_and_evaluate(tiny_dense(), workdir, write_metrics=False)
   config, _, params, rest, _ = load_from_workdir(workdir)
-  host = lambda t: jax.tree.map(np.asarray, t)
+
+  def host(t):
+    return jax.tree.map(np.asarray, t)
+
   return workdir, config.model, host(params), host(rest)

@@ -1,5 +1,6 @@
 """Neuron partitions of a dense FFN (moejax/conversion/partition.py) and the
 confidence-weighted routing supervision (moejax/conversion/supervision.py)."""
+
 import jax
 import numpy as np
 import pytest
@@ -11,8 +12,12 @@ from moejax.mixtures import kmeans
 
 def dense_ffn(seed=0, d=12, width=48):
   rng = np.random.default_rng(seed)
-  return (rng.normal(size=(d, width)), rng.normal(size=(d, width)),
-          rng.normal(size=(width, d)), rng.normal(size=(64, d)))
+  return (
+    rng.normal(size=(d, width)),
+    rng.normal(size=(d, width)),
+    rng.normal(size=(width, d)),
+    rng.normal(size=(64, d)),
+  )
 
 
 def swiglu(x, w_gate, w_up, w_down):
@@ -28,12 +33,14 @@ def test_all_experts_with_unit_gates_sum_to_the_dense_ffn(kind):
   elif kind == "trajectory":
     labels = trajectory.fit_layer(x, w_gate, w_up, w_down, 8, 3, seed=0)[0]
   else:
-    labels, _ = partition.balanced_kmeans(partition.neuron_keys(w_gate), 8,
-                                          kind.removeprefix("kmeans_"))
+    labels, _ = partition.balanced_kmeans(
+      partition.neuron_keys(w_gate), 8, kind.removeprefix("kmeans_")
+    )
   experts = partition.split_ffn(w_gate, w_up, w_down, labels, 8)
   assert experts["w_gate"].shape == (8, 12, 6) and experts["w_down"].shape == (8, 6, 12)
-  total = sum(swiglu(x, experts["w_gate"][e], experts["w_up"][e], experts["w_down"][e])
-              for e in range(8))
+  total = sum(
+    swiglu(x, experts["w_gate"][e], experts["w_up"][e], experts["w_down"][e]) for e in range(8)
+  )
   dense = swiglu(x, w_gate, w_up, w_down)
   np.testing.assert_allclose(total, dense, rtol=0, atol=1e-5 * np.abs(dense).max())
   # one expert alone is not the dense FFN (the check can fail)
@@ -53,8 +60,9 @@ def test_balanced_kmeans_equal_groups_and_a_non_increasing_objective(algorithm):
   # the shared unconstrained algorithms never increase the objective either
   init = partition.random_partition(40, 4, 2)
   start = kmeans.kmeans_objective(X, init, 4)
-  run = (kmeans.lloyd(X, init, k=4) if algorithm == "lloyd"
-         else kmeans.hartigan(X, init, seed=2, k=4))
+  run = (
+    kmeans.lloyd(X, init, k=4) if algorithm == "lloyd" else kmeans.hartigan(X, init, seed=2, k=4)
+  )
   assert float(run.objective) <= start + 1e-4
 
 
@@ -67,8 +75,9 @@ def test_hartigan_swaps_change_the_objective_by_the_stated_amount():
   predicted = 2 * (c[1] - c[0]) @ d - 2 * d @ d / 4
   swapped = labels.copy()
   swapped[i], swapped[j] = 1, 0
-  np.testing.assert_allclose(partition.objective(X, swapped, 3) - partition.objective(X, labels, 3),
-                             predicted, rtol=1e-10)
+  np.testing.assert_allclose(
+    partition.objective(X, swapped, 3) - partition.objective(X, labels, 3), predicted, rtol=1e-10
+  )
 
 
 def test_split_refuses_unequal_groups_and_widths_e_does_not_divide():
@@ -92,7 +101,8 @@ def test_routing_supervision_is_the_weighted_kl_by_hand():
   weight = np.array([0.3, 0.9])
   # token 0: KL = 1 * log(1 / 0.5) = log 2; token 1: target = router, KL = 0
   expected = (0.3 * np.log(2) + 0.9 * 0) / 2
-  np.testing.assert_allclose(supervision.routing_supervision(logits, target, weight), expected,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    supervision.routing_supervision(logits, target, weight), expected, rtol=1e-6
+  )
   grad = jax.grad(lambda z: supervision.routing_supervision(z, target, weight))(logits)
   assert np.abs(np.asarray(grad)[1]).max() < 1e-6 and np.abs(np.asarray(grad)[0]).max() > 0.01

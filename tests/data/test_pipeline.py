@@ -36,14 +36,17 @@ def test_eval_batches_walk_the_validation_stream_in_order(shakespeare_dir):
   stream = pack_documents(map(data.tokenizer.encode, texts), data.tokenizer.eos_id)
   rows = window_rows(data.eval_batches()).reshape(-1)
   assert data.num_eval_batches == len(stream) // (33 * 8)
-  np.testing.assert_array_equal(rows, stream[:len(rows)])
+  np.testing.assert_array_equal(rows, stream[: len(rows)])
 
 
 @pytest.mark.parametrize('dataset', ['shakespeare', 'tiny'])
 def test_resume_from_saved_state_is_exact(dataset, shakespeare_dir, tiny_dir):
   # Tiny: 45 windows = 11 batches per epoch, so batches 5..12 cross an epoch.
-  cfg = (data_config(shakespeare_dir) if dataset == 'shakespeare'
-         else tiny_config(tiny_dir, seq_len=63, batch_size=4))
+  cfg = (
+    data_config(shakespeare_dir)
+    if dataset == 'shakespeare'
+    else tiny_config(tiny_dir, seq_len=63, batch_size=4)
+  )
   original = build_lm_data(cfg, seed=7).train_iter
   take(original, 5)
   state = json.loads(json.dumps(original.get_state()))
@@ -82,13 +85,16 @@ def test_shards_are_disjoint_halves_of_the_global_batch(shakespeare_dir):
   for step, global_batch in enumerate(global_batches):
     halves = [batches[step] for batches in shard_batches]
     assert halves[0]['inputs'].shape == (4, 32)
-    assert not {r.tobytes() for r in halves[0]['inputs']} & {r.tobytes() for r in halves[1]['inputs']}
+    assert not {r.tobytes() for r in halves[0]['inputs']} & {
+      r.tobytes() for r in halves[1]['inputs']
+    }
     for key in global_batch:  # Documented order: shard 0's rows, then shard 1's.
       np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), global_batch[key])
   for step, global_batch in enumerate(whole.eval_batches(2)):
     halves = [list(shard.eval_batches(2))[step] for shard in shards]
-    np.testing.assert_array_equal(np.concatenate([h['inputs'] for h in halves]),
-                                  global_batch['inputs'])
+    np.testing.assert_array_equal(
+      np.concatenate([h['inputs'] for h in halves]), global_batch['inputs']
+    )
 
 
 def test_eval_batches_are_the_same_on_every_call(shakespeare_dir):
@@ -96,8 +102,9 @@ def test_eval_batches_are_the_same_on_every_call(shakespeare_dir):
   first = list(data.eval_batches(4))
   assert len(first) == 4
   assert_batches_equal(list(data.eval_batches(4)), first)
-  assert_batches_equal(list(build_lm_data(data_config(shakespeare_dir), seed=9).eval_batches(4)),
-                       first)
+  assert_batches_equal(
+    list(build_lm_data(data_config(shakespeare_dir), seed=9).eval_batches(4)), first
+  )
   assert len(list(data.eval_batches(None))) == data.num_eval_batches
   with pytest.raises(ConfigError, match=rf'eval_batches={data.num_eval_batches + 1} must be in'):
     data.eval_batches(data.num_eval_batches + 1)

@@ -1,5 +1,6 @@
 """polyglot-synth (issue 13, part 5): the Bayes floor against brute-force
 enumeration, the packed-stream floor, NMI on planted labels, the pipeline hook."""
+
 import itertools
 import math
 
@@ -15,8 +16,12 @@ def tiny_languages():
   """K=2 chains over 3 symbols with some zero transitions (the posterior can
   rule a language out): prior (0.3, 0.7)."""
   init = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
-  trans = np.array([[[0.1, 0.9, 0.0], [0.6, 0.0, 0.4], [0.3, 0.3, 0.4]],
-                    [[0.2, 0.2, 0.6], [0.0, 0.5, 0.5], [0.7, 0.1, 0.2]]])
+  trans = np.array(
+    [
+      [[0.1, 0.9, 0.0], [0.6, 0.0, 0.4], [0.3, 0.3, 0.4]],
+      [[0.2, 0.2, 0.6], [0.0, 0.5, 0.5], [0.7, 0.1, 0.2]],
+    ]
+  )
   return polyglot.Languages(np.array([0.3, 0.7]), init, trans, "abc")
 
 
@@ -42,8 +47,12 @@ def test_floor_equals_brute_force_enumeration():
   assert sum(probs.values()) == pytest.approx(1.0, abs=1e-15)
   support = [s for s in seqs if probs[s] > 0]
   losses = polyglot.predictive_losses(langs, np.array(support))
-  expected = np.array([[-math.log(prefix[s[:t + 1]] / (prefix[s[:t]] if t else 1.0))
-                        for t in range(length)] for s in support])
+  expected = np.array(
+    [
+      [-math.log(prefix[s[: t + 1]] / (prefix[s[:t]] if t else 1.0)) for t in range(length)]
+      for s in support
+    ]
+  )
   np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-12)
   # Expected per-token floor = the mixture's entropy per symbol, by enumeration.
   weights = np.array([probs[s] for s in support])
@@ -72,8 +81,18 @@ def test_stream_floor_scores_the_evaluated_targets():
 
 
 def test_generated_documents_follow_their_chains_and_the_seed():
-  cfg = {"polyglot": dict(num_languages=3, pool_size=10, alphabet_size=6, branching=2,
-                          doc_len=20, train_docs=64, eval_docs=16, seed=5)}
+  cfg = {
+    "polyglot": dict(
+      num_languages=3,
+      pool_size=10,
+      alphabet_size=6,
+      branching=2,
+      doc_len=20,
+      train_docs=64,
+      eval_docs=16,
+      seed=5,
+    )
+  }
   langs, splits = polyglot.build(cfg)
   docs, labels = splits["train"]
   assert docs.shape == (64, 20) and set(labels) == {0, 1, 2}
@@ -88,14 +107,19 @@ def test_generated_documents_follow_their_chains_and_the_seed():
   # The floor is below a known-language model's loss plus log K, above its loss.
   floor = polyglot.predictive_losses(langs, docs).sum(axis=1)
   oracle = -np.log(langs.init[labels, docs[:, 0]]) - np.log(
-      langs.trans[labels[:, None], docs[:, :-1], docs[:, 1:]]).sum(axis=1)
+    langs.trans[labels[:, None], docs[:, :-1], docs[:, 1:]]
+  ).sum(axis=1)
   assert np.all(floor >= oracle - 1e-9) and np.all(floor <= oracle - np.log(1 / 3) + 1e-9)
 
 
-@pytest.mark.parametrize("settings, message", [
+@pytest.mark.parametrize(
+  "settings, message",
+  [
     ({"alphabet_size": 30}, r"data\.polyglot\.alphabet_size=30 must be <= 24"),
     ({"doc_len": 0}, r"data\.polyglot\.doc_len=0 must be an int >= 1"),
-    ({"languages": 2}, r"data\.polyglot\.languages is not a setting")])
+    ({"languages": 2}, r"data\.polyglot\.languages is not a setting"),
+  ],
+)
 def test_bad_settings_are_named(settings, message):
   with pytest.raises(ConfigError, match=message):
     polyglot.settings_of({"polyglot": settings})
@@ -103,13 +127,17 @@ def test_bad_settings_are_named(settings, message):
 
 def test_config_defaults_are_the_modules():
   from moejax.config import base_config
+
   assert base_config().data.polyglot.to_dict() == polyglot.DEFAULTS
 
 
-
 def test_steps_to_within_five_percent():
-  history = [{"step": 10, "val_bpb": 2.0}, {"step": 20, "loss": 1.0},
-             {"step": 30, "val_bpb": 1.06}, {"step": 40, "val_bpb": 1.04}]
+  history = [
+    {"step": 10, "val_bpb": 2.0},
+    {"step": 20, "loss": 1.0},
+    {"step": 30, "val_bpb": 1.06},
+    {"step": 40, "val_bpb": 1.04},
+  ]
   assert polyglot.steps_to_within(history, 1.0) == 40
   assert polyglot.steps_to_within(history, 1.0, tolerance=0.1) == 30
   assert polyglot.steps_to_within(history, 0.5) is None
@@ -117,10 +145,25 @@ def test_steps_to_within_five_percent():
 
 def test_pipeline_serves_the_generated_windows(tmp_path):
   from moejax.data.pipeline import build_lm_data
-  cfg = ml_collections.ConfigDict(dict(
-      name="polyglot_synth", seq_len=16, batch_size=4, data_dir=str(tmp_path),
-      polyglot=dict(num_languages=2, pool_size=8, alphabet_size=5, branching=2,
-                    doc_len=16, train_docs=32, eval_docs=8, seed=1)))
+
+  cfg = ml_collections.ConfigDict(
+    dict(
+      name="polyglot_synth",
+      seq_len=16,
+      batch_size=4,
+      data_dir=str(tmp_path),
+      polyglot=dict(
+        num_languages=2,
+        pool_size=8,
+        alphabet_size=5,
+        branching=2,
+        doc_len=16,
+        train_docs=32,
+        eval_docs=8,
+        seed=1,
+      ),
+    )
+  )
   data = build_lm_data(cfg, seed=0)
   _, splits = polyglot.build(cfg)
   langs, _ = polyglot.build(cfg)
@@ -134,6 +177,7 @@ def test_pipeline_serves_the_generated_windows(tmp_path):
 def test_config_windows_are_whole_documents():
   from moejax.validation import validate_config
   from moejax.configs import polyglot_synth
+
   c = polyglot_synth.get_config("top_k=1")
   validate_config(c)
   assert c.data.name == polyglot.NAME and c.model.moe.top_k == 1

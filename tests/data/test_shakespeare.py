@@ -13,8 +13,10 @@ from moejax.data import shakespeare, storage
 
 def titles(data_dir, config):
   sources = shakespeare.shakespeare_sources(data_dir, config)
-  return {split: [source[i]['title'].decode() for i in range(len(source))]
-          for split, source in sources.items()}
+  return {
+    split: [source[i]['title'].decode() for i in range(len(source))]
+    for split, source in sources.items()
+  }
 
 
 @pytest.mark.parametrize('config', ['modern', 'modern_and_folio'])
@@ -27,7 +29,9 @@ def test_no_title_or_play_on_both_sides(shakespeare_dir, config):
 
 def test_validation_is_exactly_the_documented_plays(shakespeare_dir):
   split_titles = titles(shakespeare_dir, 'modern')
-  assert sorted(split_titles['validation']) == sorted(f'{p}_gut' for p in shakespeare.VALIDATION_PLAYS)
+  assert sorted(split_titles['validation']) == sorted(
+    f'{p}_gut' for p in shakespeare.VALIDATION_PLAYS
+  )
   assert not any(t.endswith('_f') for ts in split_titles.values() for t in ts)
 
 
@@ -54,7 +58,9 @@ def test_poems_are_train_and_validation_is_about_a_tenth():
   split_of = {t.play: t.split for t in texts}
   for poem in ('sonnets', 'rape_of_lucrece', 'lovers_complaint', 'passionate_pilgrim'):
     assert split_of[poem] == 'train'
-  size = {s: sum(len(t.path.read_bytes()) for t in texts if t.split == s) for s in shakespeare.SPLITS}
+  size = {
+    s: sum(len(t.path.read_bytes()) for t in texts if t.split == s) for s in shakespeare.SPLITS
+  }
   share = size['validation'] / (size['train'] + size['validation'])
   assert 0.08 < share < 0.12, share
 
@@ -73,7 +79,8 @@ def test_prepare_is_idempotent(shakespeare_dir):
   again = shakespeare.prepare_shakespeare(shakespeare_dir)
   assert sorted(os.listdir(again.data_dir)) == files
   np.testing.assert_array_equal(
-      [os.path.getmtime(os.path.join(again.data_dir, f)) for f in files], mtimes)
+    [os.path.getmtime(os.path.join(again.data_dir, f)) for f in files], mtimes
+  )
 
 
 def lock_waiters(path) -> int:
@@ -87,14 +94,22 @@ def lock_waiters(path) -> int:
 def test_racing_processes_prepare_once_and_both_succeed(tmp_path):
   """The test holds the preparation lock until both processes wait on it, so both
   have found the data unprepared: one prepares, the other then finds it prepared."""
-  script = ('import sys; from moejax.data import shakespeare; '
-            'sources = shakespeare.shakespeare_sources(sys.argv[1]); '
-            'print(len(sources["train"]), len(sources["validation"]))')
+  script = (
+    'import sys; from moejax.data import shakespeare; '
+    'sources = shakespeare.shakespeare_sources(sys.argv[1]); '
+    'print(len(sources["train"]), len(sources["validation"]))'
+  )
   lock = os.path.join(tmp_path, f'{shakespeare.BUILDER_NAME}.modern.lock')
   with storage.exclusive_lock(lock):
-    racers = [subprocess.Popen([sys.executable, '-c', script, str(tmp_path)], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-              for _ in range(2)]
+    racers = [
+      subprocess.Popen(
+        [sys.executable, '-c', script, str(tmp_path)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+      )
+      for _ in range(2)
+    ]
     deadline = time.monotonic() + 120
     while lock_waiters(lock) < 2:
       assert time.monotonic() < deadline, 'the two processes never waited on the lock'
@@ -110,8 +125,11 @@ def test_racing_processes_prepare_once_and_both_succeed(tmp_path):
 
 def test_gutenberg_boilerplate_is_stripped():
   body = 'ACT I.\nEnter Hamlet.\n'
-  wrapped = ('The Project Gutenberg EBook of Hamlet\nlicence terms...\n'
-             '*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\n' + body +
-             '\nEnd of the Project Gutenberg EBook of Hamlet\nmore licence\n')
+  wrapped = (
+    'The Project Gutenberg EBook of Hamlet\nlicence terms...\n'
+    '*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\n'
+    + body
+    + '\nEnd of the Project Gutenberg EBook of Hamlet\nmore licence\n'
+  )
   assert shakespeare.strip_gutenberg_boilerplate(wrapped) == body.rstrip()
   assert shakespeare.strip_gutenberg_boilerplate(body) == body

@@ -6,8 +6,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moejax.data import shakespeare
-from moejax.data.tokenizers import (SENTENCEPIECE_MIN_VOCAB, ByteTokenizer,
-                                    SentencePieceTokenizer, get_tokenizer)
+from moejax.data.tokenizers import (
+  SENTENCEPIECE_MIN_VOCAB,
+  ByteTokenizer,
+  SentencePieceTokenizer,
+  get_tokenizer,
+)
 from moejax.errors import ConfigError
 
 
@@ -28,7 +32,9 @@ def test_byte_decode_replaces_invalid_utf8_and_rejects_non_bytes():
 
 
 def test_unknown_tokenizer_lists_valid_names():
-  with pytest.raises(ConfigError, match=r"data.tokenizer='wordpiece' is not known; valid: byte, sentencepiece"):
+  with pytest.raises(
+    ConfigError, match=r"data.tokenizer='wordpiece' is not known; valid: byte, sentencepiece"
+  ):
     get_tokenizer('wordpiece')
 
 
@@ -40,8 +46,9 @@ def corpus():
 
 def test_sentencepiece_is_lossless_and_cached(corpus, tmp_path):
   model_path = str(tmp_path / 'spm.model')
-  trained = get_tokenizer('sentencepiece', vocab_size=512, model_path=model_path,
-                          train_texts=lambda: corpus['train'])
+  trained = get_tokenizer(
+    'sentencepiece', vocab_size=512, model_path=model_path, train_texts=lambda: corpus['train']
+  )
   assert trained.vocab_size == 512
   text = corpus['heldout'][:5000] + '\n  two  spaces, caf\u00e9 \U0001f642\n'
   ids = trained.encode(text)
@@ -51,16 +58,21 @@ def test_sentencepiece_is_lossless_and_cached(corpus, tmp_path):
   def must_not_train():
     raise AssertionError('the cached model should have been loaded')
 
-  cached = get_tokenizer('sentencepiece', vocab_size=512, model_path=model_path,
-                         train_texts=must_not_train)
+  cached = get_tokenizer(
+    'sentencepiece', vocab_size=512, model_path=model_path, train_texts=must_not_train
+  )
   np.testing.assert_array_equal(cached.encode(text), ids)
 
 
 @pytest.mark.parametrize('vocab_size', [None, 100, SENTENCEPIECE_MIN_VOCAB - 1])
 def test_sentencepiece_vocab_below_minimum_is_rejected_upfront(vocab_size):
   with pytest.raises(ConfigError, match=rf'data.vocab_size={vocab_size} must be an int >= '):
-    get_tokenizer('sentencepiece', vocab_size=vocab_size, model_path='unused',
-                  train_texts=lambda: pytest.fail('must not train'))
+    get_tokenizer(
+      'sentencepiece',
+      vocab_size=vocab_size,
+      model_path='unused',
+      train_texts=lambda: pytest.fail('must not train'),
+    )
 
 
 def test_sentencepiece_vocab_too_small_for_corpus_names_the_key(corpus):

@@ -11,8 +11,8 @@ import tensorflow_datasets as tfds
 from moejax.data.tfds_compat import LocalGeneratorBasedBuilder
 
 SPLIT_TEXTS = {
-    'fit': [''.join(f'{i}.{k}\u00e9 ' for k in range(20 + 5 * i)) + '\n' for i in range(10)],
-    'heldout': [f'Held-out {i}, \u00fcber \U0001f642\n' * 4 for i in range(3)],
+  'fit': [''.join(f'{i}.{k}\u00e9 ' for k in range(20 + 5 * i)) + '\n' for i in range(10)],
+  'heldout': [f'Held-out {i}, \u00fcber \U0001f642\n' * 4 for i in range(3)],
 }
 
 
@@ -23,9 +23,10 @@ class TinyTexts(LocalGeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        features=tfds.features.FeaturesDict({'body': tfds.features.Text()}),
-        disable_shuffling=True)
+      builder=self,
+      features=tfds.features.FeaturesDict({'body': tfds.features.Text()}),
+      disable_shuffling=True,
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -39,5 +40,6 @@ class TinyTexts(LocalGeneratorBasedBuilder, skip_registration=True):
 def write_tiny_texts(data_dir: str) -> str:
   """Prepares the dataset as array_record under ``data_dir``; returns its name."""
   TinyTexts(data_dir=data_dir, file_format='array_record').download_and_prepare(
-      file_format='array_record')
+    file_format='array_record'
+  )
   return TinyTexts.name

@@ -5,8 +5,8 @@ capacity/dropless invariants under hypothesis.
 Dropless runs at dropless_tile 1 (no padding: a row off by one lands in another
 token's or expert's row), 3 (groups end mid-tile) and the default 128 (where the
 padding would hide such a shift)."""
+
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +25,15 @@ D, F = 8, 12
 
 def expert_weights(seed, num_experts):
   rng = np.random.default_rng(seed)
-  w = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-2])).astype(np.float32)
-  return {"w_gate": w(num_experts, D, F), "w_up": w(num_experts, D, F),
-          "w_down": w(num_experts, F, D)}
+
+  def w(*s):
+    return (rng.standard_normal(s) / np.sqrt(s[-2])).astype(np.float32)
+
+  return {
+    "w_gate": w(num_experts, D, F),
+    "w_up": w(num_experts, D, F),
+    "w_down": w(num_experts, F, D),
+  }
 
 
 def numpy_expert(weights, e, x):
@@ -38,7 +44,9 @@ def numpy_expert(weights, e, x):
 def reference_loop(x, routing, weights, keep=None):
   """y[t] = sum over valid (kept) slots of weight * expert(x[t]), one token at a time."""
   x = np.asarray(x, np.float64)
-  idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight, routing.valid))
+  idx, w, valid = (
+    np.asarray(a) for a in (routing.expert_index, routing.combine_weight, routing.valid)
+  )
   keep = valid if keep is None else keep
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
@@ -68,9 +76,10 @@ TILES = [1, 3, 128]  # 128: the default dropless_tile
 def jitted_dispatch(cfg):
   """cfg.dispatch as one jitted function of (x, routing, weights), compiled once per cfg
   and shape (eager dispatch compiles op by op: several times slower here)."""
+
   def dispatch(x, routing, weights):
-    return get_dispatcher(cfg.dispatch)(x, routing, functools.partial(swiglu_experts, weights),
-                                        cfg)
+    return get_dispatcher(cfg.dispatch)(x, routing, functools.partial(swiglu_experts, weights), cfg)
+
   return jax.jit(dispatch)
 
 
@@ -94,35 +103,44 @@ def run(dispatch_name, router_name, seed, t, e, k, **cfg_kw):
 @pytest.mark.parametrize("dispatch,tile", [("dropless", t) for t in TILES] + [("capacity", 128)])
 def test_dispatch_equals_per_token_loop(dispatch, tile, router):
   # capacity_factor = E makes C >= T * k: nothing can drop.
-  x, routing, weights, y, metrics, cfg = run(dispatch, router, 3, 24, 6, 2, capacity_factor=6.0,
-                                             dropless_tile=tile)
+  x, routing, weights, y, metrics, cfg = run(
+    dispatch, router, 3, 24, 6, 2, capacity_factor=6.0, dropless_tile=tile
+  )
   assert float(metrics["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=20)  # each new shape compiles (suite budget)
-@given(st.integers(0, 10_000), st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
-       st.sampled_from([0.25, 0.5, 1.0, 1.25]))
+@given(
+  st.integers(0, 10_000),
+  st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
+  st.sampled_from([0.25, 0.5, 1.0, 1.25]),
+)
 def test_capacity_drops_follow_gshard_priority(seed, shape, capacity_factor):
   t, e, k = shape
-  x, routing, weights, y, metrics, cfg = run("capacity", "topk", seed, t, e, k,
-                                             capacity_factor=capacity_factor, min_capacity=1)
+  x, routing, weights, y, metrics, cfg = run(
+    "capacity", "topk", seed, t, e, k, capacity_factor=capacity_factor, min_capacity=1
+  )
   capacity = expert_capacity(t, e, k, capacity_factor, 1)
   keep = gshard_keep(routing, e, capacity)
   # capacity is never exceeded
   counts = np.bincount(np.asarray(routing.expert_index)[keep], minlength=e)
   assert counts.max() <= capacity
-  np.testing.assert_allclose(float(metrics["dropped_fraction"]), 1 - keep.sum() / (t * k), atol=1e-7)
+  np.testing.assert_allclose(
+    float(metrics["dropped_fraction"]), 1 - keep.sum() / (t * k), atol=1e-7
+  )
   np.testing.assert_allclose(y, reference_loop(x, routing, weights, keep), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=20)  # each new shape compiles (suite budget)
-@given(st.integers(0, 10_000), st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
-       st.sampled_from(TILES))
+@given(
+  st.integers(0, 10_000),
+  st.sampled_from([(16, 4, 2), (9, 8, 3), (20, 3, 1)]),
+  st.sampled_from(TILES),
+)
 def test_dropless_drops_nothing_under_any_skew(seed, shape, tile):
   t, e, k = shape
-  x, routing, weights, y, metrics, cfg = run("dropless", "topk", seed, t, e, k,
-                                             dropless_tile=tile)
+  x, routing, weights, y, metrics, cfg = run("dropless", "topk", seed, t, e, k, dropless_tile=tile)
   assert float(metrics["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
 
@@ -134,6 +152,7 @@ def test_invalid_slots_contribute_nothing(tile):
   valid[::2, 1] = False
   routing = routing.with_valid(jnp.asarray(valid))
   for name in ("dropless", "capacity"):
-    y, _ = dispatch(x, routing, weights, moe_cfg(dispatch=name, num_experts=4, top_k=2,
-                                                  dropless_tile=tile))
+    y, _ = dispatch(
+      x, routing, weights, moe_cfg(dispatch=name, num_experts=4, top_k=2, dropless_tile=tile)
+    )
     np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)

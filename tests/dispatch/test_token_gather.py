@@ -3,6 +3,7 @@ it: only for calls with no more (token, slot) assignments than experts (decode
 steps), where the program then holds no sort; both sides of the threshold equal
 the numpy per-token loop. (Every expert type through 'gather', with gradients,
 is in tests/contract.)"""
+
 import functools
 
 import jax
@@ -31,12 +32,16 @@ def test_dropless_auto_sorts_nothing_for_few_rows_and_equals_the_per_token_loop(
   rng = np.random.default_rng(tokens)
   index = np.stack([rng.choice(e, k, replace=False) for _ in range(tokens)]).astype(np.int32)
   valid = rng.random((tokens, k)) < 0.8
-  routing = Routing(jnp.asarray(index), jnp.asarray(rng.random((tokens, k)), jnp.float32),
-                    jnp.asarray(valid))
+  routing = Routing(
+    jnp.asarray(index), jnp.asarray(rng.random((tokens, k)), jnp.float32), jnp.asarray(valid)
+  )
   x = rng.standard_normal((tokens, D)).astype(np.float32)
   weights = expert_weights(7, e)
-  dispatch = functools.partial(get_dispatcher("dropless"), cfg=cfg, expert_fn=functools.partial(
-      swiglu_experts, jax.tree.map(jnp.asarray, weights)))
+  dispatch = functools.partial(
+    get_dispatcher("dropless"),
+    cfg=cfg,
+    expert_fn=functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights)),
+  )
   program = str(jax.make_jaxpr(dispatch)(jnp.asarray(x), routing))
   assert (" sort[" in program) == sorts  # the sort primitive (not indices_are_sorted)
   y, metrics = jax.jit(dispatch)(jnp.asarray(x), routing)

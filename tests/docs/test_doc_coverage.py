@@ -1,6 +1,7 @@
 """Every registered router, expert type, dispatcher, loss, grouped matmul,
 post-training method and study has its page in docs/methods/, and the generated
 config reference is current."""
+
 import importlib.util
 import os
 
@@ -60,8 +61,15 @@ def test_the_config_reference_is_current():
   assert committed == reference.render(), "run: .venv/bin/python scripts/config_reference.py"
 
 
-@pytest.mark.parametrize("text", ["`model.moe.top_k`", "`train.micro_batches`", "`sharding.all_to_all`",
-                                  "`model.moe.sere` | `primary_slots=1`, `rho=0.5`",
-                                  "`model.moe.losses.dpsl` | `alpha="])
+@pytest.mark.parametrize(
+  "text",
+  [
+    "`model.moe.top_k`",
+    "`train.micro_batches`",
+    "`sharding.all_to_all`",
+    "`model.moe.sere` | `primary_slots=1`, `rho=0.5`",
+    "`model.moe.losses.dpsl` | `alpha=",
+  ],
+)
 def test_the_config_reference_names_keys_and_part_settings(text):
   assert text in open(load_script("config_reference").OUT).read()

@@ -1,6 +1,7 @@
 """MoEEdit's solve (moejax/editing/bcd.py, nullspace.py) against numpy oracles:
 the null-space property, monotone block descent, the joint least-squares optimum
 solved directly, and the uncoupled baseline's closed form."""
+
 import numpy as np
 import pytest
 
@@ -19,8 +20,12 @@ def instance(seed=0, t=12, e=4, d=6, f=10, k=2, preserved=5):
     gates[row, chosen] = w / w.sum()
   keys = rng.normal(size=(t, e, f))
   R = rng.normal(size=(t, d))
-  P = np.stack([nullspace.null_space_projector(rng.normal(size=(preserved, f)), 1e-12).matrix
-                for _ in range(e)])
+  P = np.stack(
+    [
+      nullspace.null_space_projector(rng.normal(size=(preserved, f)), 1e-12).matrix
+      for _ in range(e)
+    ]
+  )
   return R, gates, keys, P
 
 
@@ -28,13 +33,13 @@ def joint(R, gates, keys, P, lam):
   """The joint optimum by one linear solve: z_t = concat_j g_tj P_j k_tj."""
   v = np.einsum("jab,tjb->tja", P, keys) if P is not None else keys
   Z = (gates[..., None] * v).reshape(len(R), -1)
-  full = -np.linalg.solve(Z.T @ Z + lam * np.eye(Z.shape[1]), Z.T @ R).T   # [d, E f]
+  full = -np.linalg.solve(Z.T @ Z + lam * np.eye(Z.shape[1]), Z.T @ R).T  # [d, E f]
   return full.reshape(R.shape[1], gates.shape[1], -1).transpose(1, 0, 2)
 
 
 def test_edited_output_on_preserved_keys_is_unchanged():
   rng = np.random.default_rng(1)
-  K0 = rng.normal(size=(7, 16)) * rng.uniform(0.1, 10, size=16)   # rank 7 of 16
+  K0 = rng.normal(size=(7, 16)) * rng.uniform(0.1, 10, size=16)  # rank 7 of 16
   p = nullspace.null_space_projector(K0, 1e-12)
   assert (p.rank, p.free, p.num_keys) == (7, 9, 7)
   W, delta = rng.normal(size=(8, 16)), rng.normal(size=(8, 16)) * 10
@@ -85,8 +90,9 @@ def test_bcd_reaches_the_joint_least_squares_optimum(projected):
 def test_decoupled_rows_reach_the_optimum_in_one_pass():
   R, gates, keys, P = instance(seed=4, k=1)
   best = joint(R, gates, keys, P, 0.2)
-  np.testing.assert_allclose(bcd.bcd_edit(R, gates, keys, lam=0.2, projectors=P, passes=1),
-                             best, atol=1e-10)
+  np.testing.assert_allclose(
+    bcd.bcd_edit(R, gates, keys, lam=0.2, projectors=P, passes=1), best, atol=1e-10
+  )
 
 
 def test_per_expert_lstsq_is_each_experts_weighted_ridge_solution():
@@ -102,8 +108,11 @@ def test_per_expert_lstsq_is_each_experts_weighted_ridge_solution():
   # one expert per row with gate 1: the same problem as unprojected BCD
   R, gates, keys, _ = instance(seed=6, k=1)
   gates = (gates > 0).astype(float)
-  np.testing.assert_allclose(bcd.per_expert_lstsq(R, gates, keys, lam=lam),
-                             bcd.bcd_edit(R, gates, keys, lam=lam, passes=1), atol=1e-10)
+  np.testing.assert_allclose(
+    bcd.per_expert_lstsq(R, gates, keys, lam=lam),
+    bcd.bcd_edit(R, gates, keys, lam=lam, passes=1),
+    atol=1e-10,
+  )
 
 
 def test_capacity_check_names_the_rank():

@@ -3,6 +3,7 @@ blocks, 8 experts of 32 hidden units, top-2): the edited experts' outputs on the
 preserved keys and the later block's router logits on the preserved prompts
 are unchanged, and they do change without the projection; an edit of one fact
 makes greedy decoding of its prompt give the new value."""
+
 import functools
 
 import jax
@@ -31,8 +32,9 @@ def tiny():
 
 def edited(**settings):
   m, _, params, rest, preserved = tiny()
-  bound = methods.get("moe_edit").bind({"layers": (0,), "tol": 1e-12, "lam": 1e-4,
-                                        "target_steps": 30, **settings})
+  bound = methods.get("moe_edit").bind(
+    {"layers": (0,), "tol": 1e-12, "lam": 1e-4, "target_steps": 30, **settings}
+  )
   return edit.edit_model(m, params, rest, ByteTokenizer(), 0, [FACT], bound, preserved)
 
 
@@ -49,8 +51,10 @@ def test_preserved_outputs_and_later_routing_are_unchanged_only_with_the_project
   keys, owner = edit.preserved_keys(graphdef, params, rest, preserved, 0)
   w0 = params["blocks"][0]["ffn"]["experts"]["w_down"]
   w1 = new["blocks"][0]["ffn"]["experts"]["w_down"]
-  moved = np.abs(np.einsum("rf,rfd->rd", keys, w1[owner].astype(np.float64))
-                 - np.einsum("rf,rfd->rd", keys, w0[owner].astype(np.float64))).max()
+  moved = np.abs(
+    np.einsum("rf,rfd->rd", keys, w1[owner].astype(np.float64))
+    - np.einsum("rf,rfd->rd", keys, w0[owner].astype(np.float64))
+  ).max()
   before = router_logits(graphdef, params, rest, jnp.asarray(preserved))
   after = router_logits(graphdef, new, rest, jnp.asarray(preserved))
   shift = float(jnp.max(jnp.abs(after - before)))

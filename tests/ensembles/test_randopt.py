@@ -1,6 +1,7 @@
 """RandOpt (moejax/ensembles/): sigma = 0 is the base, bit for bit and through the
 chunked predictions; the perturbation's scale; top-K against a sort; the vote
 against hand counts; the study's outcome by hand; refusals naming the value."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +20,10 @@ from moejax.train.loop import init_state
 def tiny():
   config = lm_shakespeare_moe.get_config("size=tiny")
   graphdef, state, _ = init_state(config)
-  host = lambda tree: jax.tree.map(np.asarray, tree)
+
+  def host(tree):
+    return jax.tree.map(np.asarray, tree)
+
   return config, graphdef, host(state.params), host(state.rest)
 
 
@@ -41,16 +45,22 @@ def test_the_noise_is_sigma_times_each_tensors_rms_and_fixed_per_member(tiny):
   rms = np.sqrt(np.mean(np.square(w.astype(np.float64))))
   assert abs(noise.std() / (0.1 * rms) - 1) < 0.05 and abs(noise.mean()) < 0.01 * rms
   stacked = jax.vmap(lambda i: randopt.perturb(params, key, i, 0.1))(jnp.array([7, 5]))
-  np.testing.assert_array_equal(stacked["blocks"][0]["ffn"]["experts"]["w_up"][1],
-                                out["blocks"][0]["ffn"]["experts"]["w_up"])
+  np.testing.assert_array_equal(
+    stacked["blocks"][0]["ffn"]["experts"]["w_up"][1], out["blocks"][0]["ffn"]["experts"]["w_up"]
+  )
 
 
 def examples():
   text = "ROMEO: what light through yonder window breaks? It is the east."
-  choice = [Example(text[i:i + 12], (text[i + 12:i + 20], text[:8], text[30:38], text[5:13]),
-                    0) for i in (0, 9, 20)]
-  greedy = [Example("12 + 30 =", (" 42\n",)), Example("7 + 5 =", (" 12\n",)),
-            Example("JULIET:", (" O",))]
+  choice = [
+    Example(text[i : i + 12], (text[i + 12 : i + 20], text[:8], text[30:38], text[5:13]), 0)
+    for i in (0, 9, 20)
+  ]
+  greedy = [
+    Example("12 + 30 =", (" 42\n",)),
+    Example("7 + 5 =", (" 12\n",)),
+    Example("JULIET:", (" O",)),
+  ]
   return choice, greedy
 
 
@@ -59,12 +69,18 @@ def test_chunked_predictions_at_sigma_zero_are_the_base_models_probe_answers(tin
   tokenizer = get_tokenizer("byte")
   eos = tokenizer.eos_id
   choice, greedy = examples()
-  tasks = [probes.choice_task(choice, tokenizer, eos, 64), probes.greedy_task(greedy, tokenizer, eos)]
-  out = probes.predict(graphdef, params, rest, tasks, key=jax.random.PRNGKey(0),
-                       indices=[0, 1, 2], sigma=0.0)
+  tasks = [
+    probes.choice_task(choice, tokenizer, eos, 64),
+    probes.greedy_task(greedy, tokenizer, eos),
+  ]
+  out = probes.predict(
+    graphdef, params, rest, tasks, key=jax.random.PRNGKey(0), indices=[0, 1, 2], sigma=0.0
+  )
   lm = DecoderLM(config.model, params, rest)
-  want = [probe_correct(lm, tokenizer, eos, choice, "choice", context=64),
-          probe_correct(lm, tokenizer, eos, greedy, "greedy", context=64)]
+  want = [
+    probe_correct(lm, tokenizer, eos, choice, "choice", context=64),
+    probe_correct(lm, tokenizer, eos, greedy, "greedy", context=64),
+  ]
   for task, predictions, expected in zip(tasks, out, want):
     assert (predictions == predictions[:1]).all()  # every member is the base
     np.testing.assert_array_equal(probes.correct(task, predictions[0]), expected)
@@ -87,14 +103,15 @@ def test_top_k_is_the_stable_descending_sort():
 
 def test_majority_vote_equals_a_hand_count():
   """Five members in rank order, four examples:
-    e0: 2,2,1,2,3 -> 2 (three votes)
-    e1: 0,1,1,0,3 -> 0 and 1 tie at two; member 0 (best ranked) said 0 -> 0
-    e2: 3,1,2,0,1 -> 1 (two votes against singles)
-    e3: 1,2,0,3,0 -> 0 (two votes) though the best-ranked member said 1"""
+  e0: 2,2,1,2,3 -> 2 (three votes)
+  e1: 0,1,1,0,3 -> 0 and 1 tie at two; member 0 (best ranked) said 0 -> 0
+  e2: 3,1,2,0,1 -> 1 (two votes against singles)
+  e3: 1,2,0,3,0 -> 0 (two votes) though the best-ranked member said 1"""
   votes = np.array([[2, 0, 3, 1], [2, 1, 1, 2], [1, 1, 2, 0], [2, 0, 0, 3], [3, 3, 1, 0]])
   np.testing.assert_array_equal(randopt.majority_vote(votes), [2, 0, 1, 0])
-  sequences = np.array([[[4, 2, -1], [1, 1, 1]], [[4, 3, -1], [1, 1, 1]],
-                        [[4, 3, -1], [2, 2, 2]]])  # [K=3, M=2, T=3]: rows vote whole
+  sequences = np.array(
+    [[[4, 2, -1], [1, 1, 1]], [[4, 3, -1], [1, 1, 1]], [[4, 3, -1], [2, 2, 2]]]
+  )  # [K=3, M=2, T=3]: rows vote whole
   np.testing.assert_array_equal(randopt.majority_vote(sequences), [[4, 3, -1], [1, 1, 1]])
 
 
@@ -104,26 +121,39 @@ def test_the_outcome_by_hand():
   accuracies 0, 0.5, 1, 0.5 against the base's 0.5 (improving 1/4); best single =
   member 1 (0.5 held out); the vote of members 1 and 3 on held out: e0 tie -> member
   1's 1 (wrong), e1 both 1 (right) -> 0.5."""
-  task = lambda: probes.Task("choice", None, None, None, None, None, np.array([0, 1]))
+
+  def task():
+    return probes.Task("choice", None, None, None, None, None, np.array([0, 1]))
+
   tasks = {"t": (task(), task())}
   scored = thickets.Scored(
-      {("t", "selection"): np.array([0, 0]), ("t", "held_out"): np.array([0, 0])},
-      {("t", "selection"): np.array([[0, 0], [0, 1], [1, 0], [0, 1]]),
-       ("t", "held_out"): np.array([[1, 0], [1, 1], [0, 1], [2, 1]])})
+    {("t", "selection"): np.array([0, 0]), ("t", "held_out"): np.array([0, 0])},
+    {
+      ("t", "selection"): np.array([[0, 0], [0, 1], [1, 0], [0, 1]]),
+      ("t", "held_out"): np.array([[1, 0], [1, 1], [0, 1], [2, 1]]),
+    },
+  )
   out = thickets.outcome(tasks, scored, "t", 2)
-  assert out["perturbations"] == {"accuracy": 0.5, "selection_accuracy": 0.625,
-                                  "improving": 0.5, "improving_held_out": 0.25}
+  assert out["perturbations"] == {
+    "accuracy": 0.5,
+    "selection_accuracy": 0.625,
+    "improving": 0.5,
+    "improving_held_out": 0.25,
+  }
   assert out["best_single"] == {"accuracy": 0.5, "selection_accuracy": 1.0}
   assert out["topk_vote"] == {"accuracy": 0.5, "selection_accuracy": 1.0}
   assert out["base"] == {"accuracy": 0.5, "selection_accuracy": 0.5}
 
 
-@pytest.mark.parametrize("n, k, sigma, message", [
+@pytest.mark.parametrize(
+  "n, k, sigma, message",
+  [
     (8, 9, 0.1, r"^k=9 is larger than n=8"),
     (8, 2, -0.5, r"^sigma=-0.5 must be a finite number >= 0"),
     (8, 0, 0.1, r"^k=0 must be an integer >= 1"),
     (8, 2, float("nan"), r"^sigma=nan"),
-])
+  ],
+)
 def test_refusals_name_the_value(n, k, sigma, message):
   with pytest.raises(ConfigError, match=message):
     randopt.check(n, k, sigma)
@@ -140,6 +170,7 @@ def test_randopt_runs_on_an_imported_hf_checkpoint(tiny, tmp_path):
   from moejax.interop.convert import export_hf
   from moejax.models.decoder import abstract_model
   from moejax.posttrain import source
+
   config, _, params, rest = tiny
   export_hf(config.model, params, rest, str(tmp_path / "hf"), family="mixtral")
   imported = source.load(hf_dir=str(tmp_path / "hf"))
@@ -147,9 +178,18 @@ def test_randopt_runs_on_an_imported_hf_checkpoint(tiny, tmp_path):
   tokenizer = get_tokenizer("byte")
   _, greedy = examples()
   task = probes.greedy_task(greedy, tokenizer, tokenizer.eos_id)
-  run = lambda sigma: probes.predict(graphdef, imported.params, imported.rest, [task],
-                                     key=jax.random.PRNGKey(0), indices=[0, 1],
-                                     sigma=sigma)[0]
+
+  def run(sigma):
+    return probes.predict(
+      graphdef,
+      imported.params,
+      imported.rest,
+      [task],
+      key=jax.random.PRNGKey(0),
+      indices=[0, 1],
+      sigma=sigma,
+    )[0]
+
   lm = DecoderLM(imported.model, imported.params, imported.rest)
   want = probe_correct(lm, tokenizer, tokenizer.eos_id, greedy, "greedy", context=64)
   np.testing.assert_array_equal(probes.correct(task, run(0.0)[1]), want)

@@ -1,12 +1,16 @@
 """A tiny TFDS dataset with a `domain` feature per document, as the mix corpus has."""
+
 import tensorflow_datasets as tfds
 
 from moejax.data.tfds_compat import LocalGeneratorBasedBuilder
 
 SPLITS = {
-    "train": [("drama", "ROMEO: Wherefore art thou?\n" * 20), ("code", "x = [i for i in y]\n" * 20)],
-    "validation": [("drama", "JULIET: Good night.\n"), ("code", "def f():\n  pass\n"),
-                   ("drama", "NURSE: Anon!\n")],
+  "train": [("drama", "ROMEO: Wherefore art thou?\n" * 20), ("code", "x = [i for i in y]\n" * 20)],
+  "validation": [
+    ("drama", "JULIET: Good night.\n"),
+    ("code", "def f():\n  pass\n"),
+    ("drama", "NURSE: Anon!\n"),
+  ],
 }
 
 
@@ -16,9 +20,13 @@ class TinyDomains(LocalGeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version("1.0.0")
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(builder=self, disable_shuffling=True, features=(
-        tfds.features.FeaturesDict({"text": tfds.features.Text(),
-                                    "domain": tfds.features.Text()})))
+    return tfds.core.DatasetInfo(
+      builder=self,
+      disable_shuffling=True,
+      features=(
+        tfds.features.FeaturesDict({"text": tfds.features.Text(), "domain": tfds.features.Text()})
+      ),
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -32,7 +40,8 @@ class TinyDomains(LocalGeneratorBasedBuilder, skip_registration=True):
 def write_tiny_domains(data_dir: str) -> str:
   """Prepares the dataset as array_record under ``data_dir``; returns its name."""
   TinyDomains(data_dir=data_dir, file_format="array_record").download_and_prepare(
-      file_format="array_record")
+    file_format="array_record"
+  )
   return TinyDomains.name
 
 
@@ -41,6 +50,7 @@ def tiny_domains_workdir(root, workdir) -> None:
   in `workdir`: a training workdir whose eval split has domains."""
   from moejax.configs.lm_shakespeare_moe import get_config
   from tests.cli.conftest import training_workdir
+
   config = get_config("size=tiny")
   data_dir = str(root / "tfds")
   config.data.update(name=write_tiny_domains(data_dir), data_dir=data_dir, batch_size=2)

@@ -1,4 +1,5 @@
 """bpb over whole documents: uniform models, windowing against a direct loop, the Decoder."""
+
 import math
 
 import ml_collections
@@ -14,8 +15,11 @@ from moejax.models.decoder import Decoder
 from tests.evaluation.oracles import direct_logprobs
 
 V = 256
-TEXTS = [("prose", "It was the best of times, it was the worst of times."),
-         ("code", "def f(x):\n  return x * 2\n" * 3), ("prose", "Q")]
+TEXTS = [
+  ("prose", "It was the best of times, it was the worst of times."),
+  ("code", "def f(x):\n  return x * 2\n" * 3),
+  ("prose", "Q"),
+]
 
 
 class PairTokenizer:
@@ -38,7 +42,8 @@ def test_uniform_logits_give_log2_vocab_over_bytes_per_token():
   docs = bpb.encode_documents(TEXTS, ByteTokenizer())
   scores = bpb.score_documents(LogitsLM(uniform, V), docs, 0, context=16, stride=5)
   assert bpb.bpb_by_domain(docs, scores.nats) == pytest.approx(
-      {"code": 8.0, "prose": 8.0, "all": 8.0}, rel=1e-13)
+    {"code": 8.0, "prose": 8.0, "all": 8.0}, rel=1e-13
+  )
   docs = bpb.encode_documents([("x", "abcdefghijklmnop" * 5)], PairTokenizer())
   scores = bpb.score_documents(LogitsLM(uniform, V), docs, 0, context=8)
   assert bpb.bpb_by_domain(docs, scores.nats)["x"] == pytest.approx(math.log2(V) / 2, rel=1e-13)
@@ -65,8 +70,13 @@ def test_every_token_scored_once_with_the_right_input(context, stride):
   nats = np.array([scores.nats[0] + scores.nats[2], scores.nats[1]])
   by_bytes = [docs[0].num_bytes + docs[2].num_bytes, docs[1].num_bytes]
   assert bpb.bpb_by_domain(docs, scores.nats) == pytest.approx(
-      {"prose": nats[0] / math.log(2) / by_bytes[0], "code": nats[1] / math.log(2) / by_bytes[1],
-       "all": nats.sum() / math.log(2) / sum(by_bytes)}, rel=1e-12)
+    {
+      "prose": nats[0] / math.log(2) / by_bytes[0],
+      "code": nats[1] / math.log(2) / by_bytes[1],
+      "all": nats.sum() / math.log(2) / sum(by_bytes),
+    },
+    rel=1e-12,
+  )
 
 
 def test_decoder_scores_match_a_direct_forward_pass():
@@ -81,6 +91,6 @@ def test_decoder_scores_match_a_direct_forward_pass():
     assert scores.nats[d] == pytest.approx(-logp.sum(), rel=2e-6)
     first = int(np.sum(scores.num_tokens[:d]))
     for layer, experts in zip(aux["moe"], scores.routing):  # [2 x 14 tokens, 2 slots]
-      want = np.asarray(layer["expert_index"]).reshape(2, 14, -1)[d, :len(doc.tokens)]
-      np.testing.assert_array_equal(experts[first:first + len(doc.tokens)], want)
+      want = np.asarray(layer["expert_index"]).reshape(2, 14, -1)[d, : len(doc.tokens)]
+      np.testing.assert_array_equal(experts[first : first + len(doc.tokens)], want)
   assert len(scores.routing) == 2 and scores.token_doc.tolist() == [0] * 13 + [1] * 6

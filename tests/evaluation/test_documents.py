@@ -1,4 +1,5 @@
 """The held-out documents of a dataset, with and without a `domain` feature."""
+
 import ml_collections
 import pytest
 
@@ -15,13 +16,15 @@ def test_domain_feature_and_dataset_name(tmp_path):
   assert split_documents(cfg) == SPLITS["validation"]
   assert split_documents(cfg, "train_split") == SPLITS["train"]
   name = write_tiny_texts(str(tmp_path))
-  cfg = ml_collections.ConfigDict({"name": name, "data_dir": str(tmp_path), "text_key": "body",
-                                   "eval_split": "heldout"})
+  cfg = ml_collections.ConfigDict(
+    {"name": name, "data_dir": str(tmp_path), "text_key": "body", "eval_split": "heldout"}
+  )
   assert split_documents(cfg) == [(name, text) for text in SPLIT_TEXTS["heldout"]]
 
 
 def test_sample_documents_takes_the_first_bytes_of_each_domain():
   from moejax.evaluation.harness import sample_documents
+
   docs = [("a", "0123"), ("b", "xy"), ("a", "4567"), ("a", "89"), ("b", "zzzzzz")]
   # a: "0123" whole (4 <= 6), then "45" of "4567" fills 6; "89" is past the budget.
   # b: "xy" whole, then "zzzz" of the next fills 6.

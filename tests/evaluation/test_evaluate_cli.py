@@ -1,4 +1,5 @@
 """experiments.evaluate end to end on a fresh tiny MoE workdir, and its refusals."""
+
 import json
 
 import numpy as np
@@ -11,8 +12,11 @@ from tests.evaluation.oracles import direct_logprobs
 from tests.evaluation.domain_texts import SPLITS, tiny_domains_workdir
 
 EVAL = "experiments.evaluate"
-DOCS = [{"domain": "drama", "text": "ROMEO: But soft!"}, {"domain": "code", "text": "x = 1\n"},
-        {"domain": "drama", "text": "JULIET: Ay me."}]
+DOCS = [
+  {"domain": "drama", "text": "ROMEO: But soft!"},
+  {"domain": "code", "text": "x = 1\n"},
+  {"domain": "drama", "text": "JULIET: Ay me."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +31,16 @@ def area(tmp_path_factory):
 
 def test_run_against_itself(area):
   out = area / "report.json"
-  result = run_entry(EVAL, f"--workdir={area}/w", f"--docs={area}/docs.jsonl",
-                     f"--reference_workdir={area}/w", "--probes=arithmetic", "--probe_count=1",
-                     "--bootstrap_resamples=20", f"--out={out}")
+  result = run_entry(
+    EVAL,
+    f"--workdir={area}/w",
+    f"--docs={area}/docs.jsonl",
+    f"--reference_workdir={area}/w",
+    "--probes=arithmetic",
+    "--probe_count=1",
+    "--bootstrap_resamples=20",
+    f"--out={out}",
+  )
   assert result.code == 0, result.stderr[-2000:]
   report = json.loads(out.read_text())
   assert "drama |" in result.stdout and report["documents"] == {"code": 1, "drama": 2}
@@ -53,20 +64,27 @@ def test_held_out_split_of_the_training_data_by_default(area):
   assert report["documents"] == {"code": 1, "drama": 2}
   # not trained on mix: by default only the passage probes (too short here for an example)
   assert {name: groups["all"]["n"] for name, groups in report["probes"].items()} == {
-      "next_passage": 0, "last_word": 0}
+    "next_passage": 0,
+    "last_word": 0,
+  }
   assert report["bytes"] == sum(len(text) for _, text in SPLITS["validation"])
   assert report["context"] == 32  # the training seq_len
 
 
 # the flag and source refusals of every entry point are in tests/cli/test_contract.py;
 # these need a documents file or a loaded model
-@pytest.mark.parametrize("args,names", [
+@pytest.mark.parametrize(
+  "args,names",
+  [
     (["--workdir={a}/w", "--docs={a}/bad.jsonl"], ["--docs=", "bad.jsonl, line 1", "text"]),
     (["--workdir={a}/w", "--docs={a}/none.jsonl"], ["does not exist", "none.jsonl"]),
-    (["--workdir={a}/w", "--docs={a}/docs.jsonl", "--context=5000"],
-     ["--context=5000", "max_seq_len=1024"]),
+    (
+      ["--workdir={a}/w", "--docs={a}/docs.jsonl", "--context=5000"],
+      ["--context=5000", "max_seq_len=1024"],
+    ),
     (["--workdir={a}/w", "--docs={a}/docs.jsonl", "--stride=33"], ["--stride=33", "32"]),
-])
+  ],
+)
 def test_refused(area, args, names):
   result = run_entry(EVAL, *(a.format(a=area) for a in args))
   assert_refused(result, *names)

@@ -1,5 +1,6 @@
 """Partition agreement (moejax/evaluation/partitions.py): NMI and ARI by hand, by
 pair counting, under renaming, and refusals."""
+
 import itertools
 import math
 
@@ -14,8 +15,9 @@ def test_nmi_by_hand():
   # joint (0,0)=1/2, (1,0)=1/4, (1,1)=1/4; marginals (1/2, 1/2) and (3/4, 1/4)
   mutual = 0.5 * math.log(4 / 3) + 0.25 * math.log(2 / 3) + 0.25 * math.log(2)
   h_b = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
-  assert nmi([0, 0, 1, 1], [0, 0, 0, 1]) == pytest.approx(2 * mutual / (math.log(2) + h_b),
-                                                          abs=1e-12)
+  assert nmi([0, 0, 1, 1], [0, 0, 0, 1]) == pytest.approx(
+    2 * mutual / (math.log(2) + h_b), abs=1e-12
+  )
   assert nmi([0, 0, 0, 1], [0, 0, 1, 1]) == pytest.approx(nmi([0, 0, 1, 1], [0, 0, 0, 1]))
   assert nmi([0, 0, 1, 1, 2, 2], [5, 5, 3, 3, 9, 9]) == pytest.approx(1.0, abs=1e-12)
   assert nmi([0, 1, 0, 1], [0, 0, 1, 1]) == 0.0  # independent

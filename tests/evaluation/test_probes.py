@@ -1,4 +1,5 @@
 """Probe scoring on a hand-written lookup-table model whose answers we set."""
+
 import re
 
 import numpy as np
@@ -9,8 +10,13 @@ from moejax.data.tokenizers import ByteTokenizer
 from moejax.errors import ConfigError
 from moejax.evaluation import probe_data
 from moejax.evaluation.model import LogitsLM
-from moejax.evaluation.probes import Example, choose, continuation_row, probe_correct, \
-    accuracy_by_group
+from moejax.evaluation.probes import (
+  Example,
+  choose,
+  continuation_row,
+  probe_correct,
+  accuracy_by_group,
+)
 
 V, TOK = 256, ByteTokenizer()
 
@@ -18,18 +24,20 @@ V, TOK = 256, ByteTokenizer()
 def lookup_model(known: dict[str, str]):
   """Byte logits +5 on answer[j] when the text since the last separator (byte 0) is
   prompt + answer[:j] for a known (prompt, answer); uniform everywhere else."""
+
   def fn(inputs):
     logits = np.zeros(inputs.shape + (V,))
     for b, row in enumerate(inputs):
-      for l in range(row.shape[0]):
-        seen = row[:l + 1].tolist()
+      for pos in range(row.shape[0]):
+        seen = row[: pos + 1].tolist()
         start = len(seen) - seen[::-1].index(0) if 0 in seen else 0
         text = bytes(seen[start:]).decode("utf-8", "replace")
         for prompt, answer in known.items():
           j = len(text) - len(prompt)
           if 0 <= j < len(answer) and text == prompt + answer[:j]:
-            logits[b, l, ord(answer[j])] = 5.0
+            logits[b, pos, ord(answer[j])] = 5.0
     return logits
+
   return LogitsLM(fn, V)
 
 
@@ -38,17 +46,24 @@ def run(examples, known, scoring, **kw):
 
 
 def test_greedy_exact_match_counts_only_complete_answers():
-  examples = [Example("The capital of Zor is", (" Olvane.",), 0, "train"),
-              Example("Zor's capital is", (" Olvane.",), 0, "heldout"),
-              Example("12+34=", ("46\n",), 0, "train"),
-              Example("The colour of Zor is", (" teal.",), 0, "heldout")]
-  known = {"The capital of Zor is": " Olvane.", "Zor's capital is": " Olvane!",  # one byte off
-           "12+34=": "46\n"}  # the colour is unknown
+  examples = [
+    Example("The capital of Zor is", (" Olvane.",), 0, "train"),
+    Example("Zor's capital is", (" Olvane.",), 0, "heldout"),
+    Example("12+34=", ("46\n",), 0, "train"),
+    Example("The colour of Zor is", (" teal.",), 0, "heldout"),
+  ]
+  known = {
+    "The capital of Zor is": " Olvane.",
+    "Zor's capital is": " Olvane!",  # one byte off
+    "12+34=": "46\n",
+  }  # the colour is unknown
   correct = run(examples, known, "greedy")
   assert correct.tolist() == [True, False, True, False]
   assert accuracy_by_group(correct, [e.group for e in examples]) == {
-      "heldout": {"accuracy": 0.0, "n": 2}, "train": {"accuracy": 1.0, "n": 2},
-      "all": {"accuracy": 0.5, "n": 4}}
+    "heldout": {"accuracy": 0.0, "n": 2},
+    "train": {"accuracy": 1.0, "n": 2},
+    "all": {"accuracy": 0.5, "n": 4},
+  }
 
 
 def test_choice_picks_the_likeliest_candidate_ties_to_the_first():
@@ -79,8 +94,12 @@ def test_probe_data_is_seeded_and_right():
   text = "The quick brown fox jumps over the lazy dog. " * 30
   docs = [("a", text), ("a", text[7:]), ("a", text[3:]), ("b", text)]
   for name in probe_data.PROBES:
-    assert probe_data.probe_examples(name, docs, 4, 3) == probe_data.probe_examples(name, docs, 4, 3)
-  assert probe_data.probe_examples("facts", docs, 5, 3) != probe_data.probe_examples("facts", docs, 4, 3)
+    assert probe_data.probe_examples(name, docs, 4, 3) == probe_data.probe_examples(
+      name, docs, 4, 3
+    )
+  assert probe_data.probe_examples("facts", docs, 5, 3) != probe_data.probe_examples(
+    "facts", docs, 4, 3
+  )
   for e in probe_data.last_word_examples(docs, 0, 3, size=40):
     assert e.prompt + e.choices[0] in text and re.fullmatch(r" [A-Za-z]{3,}", e.choices[0])
   passages = probe_data.next_passage_examples(docs, 0, 3, size=40)
@@ -91,8 +110,10 @@ def test_probe_data_is_seeded_and_right():
 
 def test_fact_probes_ask_the_mix_corpus_facts_in_trained_and_held_out_wording():
   documents = mix_synthetic.fact_documents(mix_synthetic.SEED, mix_synthetic.NUM_PEOPLE)
-  text = {held: " " + " ".join(d.text for d in documents if d.held_out == held) + " "
-          for held in (False, True)}
+  text = {
+    held: " " + " ".join(d.text for d in documents if d.held_out == held) + " "
+    for held in (False, True)
+  }
   facts = probe_data.fact_examples(0, 4)
   groups = [e.group for e in facts]
   assert groups.count("train_template") == 4 * 5 * 2 and groups.count("heldout_template") == 4 * 5
@@ -100,16 +121,21 @@ def test_fact_probes_ask_the_mix_corpus_facts_in_trained_and_held_out_wording():
     sentence = f" {e.prompt}{e.choices[0]} "
     assert (sentence in text[False]) == (e.group == "train_template"), sentence
     assert (sentence in text[True]) == (e.group == "heldout_template"), sentence
-  assert mix_synthetic.fact_prompt("By trade, {name} is a {value}.", "Ka Lo", "ferry pilot") == \
-      ("By trade, Ka Lo is a", " ferry pilot.")
-  assert mix_synthetic.fact_prompt("Of all colours, {name} likes {value} best.", "Ka Lo",
-                                   "teal") == ("Of all colours, Ka Lo likes", " teal best.")
+  assert mix_synthetic.fact_prompt("By trade, {name} is a {value}.", "Ka Lo", "ferry pilot") == (
+    "By trade, Ka Lo is a",
+    " ferry pilot.",
+  )
+  assert mix_synthetic.fact_prompt(
+    "Of all colours, {name} likes {value} best.", "Ka Lo", "teal"
+  ) == ("Of all colours, Ka Lo likes", " teal best.")
 
 
 def test_arithmetic_probes_are_the_mix_corpus_held_out_problems():
   documents = mix_synthetic.arithmetic_documents(mix_synthetic.SEED, mix_synthetic.NUM_PROBLEMS)
-  lines = {held: {line for d in documents if d.held_out == held for line in d.text.split("\n")}
-           for held in (False, True)}
+  lines = {
+    held: {line for d in documents if d.held_out == held for line in d.text.split("\n")}
+    for held in (False, True)
+  }
   examples = probe_data.arithmetic_examples(0, 5)
   assert [e.group for e in examples] == ["2-digit"] * 5 + ["3-digit"] * 5
   for e in examples:
@@ -140,5 +166,6 @@ def test_every_probe_fits_a_short_context():
   for name, scoring in probe_data.PROBES.items():  # the longest fact answer: 19 bytes
     examples = probe_data.probe_examples(name, docs, 0, 2, context=24)
     assert examples and all(len(c) <= 24 for e in examples for c in e.choices), name
-    assert len(probe_correct(lookup_model({}), TOK, 0, examples, scoring, context=24)) == \
-        len(examples)
+    assert len(probe_correct(lookup_model({}), TOK, 0, examples, scoring, context=24)) == len(
+      examples
+    )

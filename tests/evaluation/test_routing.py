@@ -1,4 +1,5 @@
 """Routing diagnostics on planted assignments, computed by hand."""
+
 import math
 
 import numpy as np
@@ -34,10 +35,12 @@ def test_independent_assignments_carry_none():
 
 def test_small_case_by_hand():
   # p = [[1/4, 1/4], [0, 1/2]], p(d) = [1/2, 1/2], p(e) = [1/4, 3/4]
-  mi = 0.25 * math.log2(0.25 / 0.125) + 0.25 * math.log2(0.25 / 0.375) \
-      + 0.5 * math.log2(0.5 / 0.375)
-  assert routing.mutual_information(np.array([[1.0, 1.0], [0.0, 2.0]])) == \
-      pytest.approx(mi, abs=1e-12)
+  mi = (
+    0.25 * math.log2(0.25 / 0.125) + 0.25 * math.log2(0.25 / 0.375) + 0.5 * math.log2(0.5 / 0.375)
+  )
+  assert routing.mutual_information(np.array([[1.0, 1.0], [0.0, 2.0]])) == pytest.approx(
+    mi, abs=1e-12
+  )
   assert mi == pytest.approx(h2(0.25, 0.75) - 0.5 * h2(0.5, 0.5), abs=1e-12)  # H(E) - H(E|D)
 
 

@@ -1,5 +1,6 @@
 """moejax/evaluation/stats.py against scipy, closed forms, hand-computed cases and
 exhaustive enumeration."""
+
 import itertools
 import math
 
@@ -90,13 +91,11 @@ def test_t_interval_equals_scipys(seed, n):
 
 def test_t_quantiles_match_printed_tables():
   # Student's t tables, 97.5% quantile: half-width / (s / sqrt(n)) for n = df + 1
-  for df, quantile in [(1, 12.706204736174698), (4, 2.7764451051977934),
-                       (30, 2.0422724563012373)]:
+  for df, quantile in [(1, 12.706204736174698), (4, 2.7764451051977934), (30, 2.0422724563012373)]:
     values = np.array([0.0, 2.0] + [1.0] * (df - 1))  # mean 1, std s known
     found = stats.t_interval(values)
     s = values.std(ddof=1)
-    assert (found.hi - found.mean) / (s / math.sqrt(df + 1)) == pytest.approx(quantile,
-                                                                               rel=1e-12)
+    assert (found.hi - found.mean) / (s / math.sqrt(df + 1)) == pytest.approx(quantile, rel=1e-12)
 
 
 def test_paired_difference_pairs_by_position_and_refuses_ragged_input():
@@ -138,7 +137,8 @@ def test_slope_equals_linregress_and_exact_lines():
   fit = scipy.stats.linregress(np.log(x), y)
   half = scipy.stats.t.ppf(0.975, 3) * fit.stderr
   assert (found.mean, found.lo, found.hi) == pytest.approx(
-      (fit.slope, fit.slope - half, fit.slope + half), rel=1e-12)
+    (fit.slope, fit.slope - half, fit.slope + half), rel=1e-12
+  )
   assert stats.verdict(found, "lower", null=0.75) == "reproduces"
   exact = stats.slope([0, 1, 2], [1.0, 3.0, 5.0])
   assert (exact.mean, exact.lo, exact.hi) == pytest.approx((2.0, 2.0, 2.0), abs=1e-12)
@@ -148,8 +148,7 @@ def test_slope_equals_linregress_and_exact_lines():
 
 def test_holm_by_hand():
   # p sorted: 0.01 (x4 = 0.04), 0.02 (x3 = 0.06), 0.03 (x2 = 0.06), 0.5 (x1 = 0.5)
-  assert stats.holm([0.03, 0.5, 0.01, None, 0.02]) == pytest.approx(
-      [0.06, 0.5, 0.04, None, 0.06])
+  assert stats.holm([0.03, 0.5, 0.01, None, 0.02]) == pytest.approx([0.06, 0.5, 0.04, None, 0.06])
   assert stats.holm([0.2, 0.6]) == [0.4, 0.6]  # monotone: max(0.4, 0.6)
   assert stats.holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
 
@@ -162,10 +161,11 @@ def test_verdict_words():
   mixed = stats.paired_difference([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
   assert stats.verdict(mixed, "higher") == "no detectable difference (|delta| < 4.48)"
   assert stats.verdict(mixed, "higher", null=2.0) == "no detectable difference (|delta| < 2.48)"
-  assert stats.verdict(stats.paired_difference([1.0], [0.0]), "lower") == \
-      "interval undefined (n=1)"
-  assert stats.verdict(stats.paired_difference([2.5, 2.7], [2.5, 2.7]), "lower") == \
-      "identical on all 2 draws"
+  assert stats.verdict(stats.paired_difference([1.0], [0.0]), "lower") == "interval undefined (n=1)"
+  assert (
+    stats.verdict(stats.paired_difference([2.5, 2.7], [2.5, 2.7]), "lower")
+    == "identical on all 2 draws"
+  )
   with pytest.raises(ConfigError, match="expect='down'"):
     stats.verdict(lower, "down")
 
@@ -175,6 +175,7 @@ def test_format_interval_and_markdown_table():
   assert stats.format_interval(diff) == "+2.0000 ± 1.0000 [-0.4841, +4.4841]"
   assert stats.format_interval(stats.paired_difference([1.0], [0.5])) == "+0.5000"
   assert stats.markdown_table(["a", "b"], [[1, "x|y"], [2.5, None]]) == (
-      "| a | b |\n|" + "---|" * 2 + "\n| 1 | x\\|y |\n| 2.5 | None |")
+    "| a | b |\n|" + "---|" * 2 + "\n| 1 | x\\|y |\n| 2.5 | None |"
+  )
   with pytest.raises(ValueError, match="1 cells for 2 columns"):
     stats.markdown_table(["a", "b"], [[1]])

@@ -1,6 +1,7 @@
 """Shared by the tests of the compressed expert types (test_quantized.py,
 test_codebook_experts.py): float experts and their float64 SwiGLU, the tiny LM
 config with compressed experts, and the LM-level checks both types run."""
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -17,8 +18,10 @@ def float_weights(seed=0, num_experts=E):
   """SwiGLU expert weights {w_gate, w_up [E, D, F], w_down [E, F, D]}, float32."""
   rng = np.random.default_rng(seed)
   shapes = {"w_gate": (D, F), "w_up": (D, F), "w_down": (F, D)}
-  return {m: (rng.standard_normal((num_experts, *s)) / np.sqrt(s[0])).astype(np.float32)
-          for m, s in shapes.items()}
+  return {
+    m: (rng.standard_normal((num_experts, *s)) / np.sqrt(s[0])).astype(np.float32)
+    for m, s in shapes.items()
+  }
 
 
 def swiglu64(w, e, x):
@@ -63,7 +66,10 @@ def float_and_compressed(m):
   parameter outside the experts is equal."""
   float_m = ml_collections.ConfigDict(m.to_dict())
   float_m.moe.experts = "swiglu"
-  build = lambda c: Decoder(ml_collections.FrozenConfigDict(c), rngs=nnx.Rngs(0))
+
+  def build(c):
+    return Decoder(ml_collections.FrozenConfigDict(c), rngs=nnx.Rngs(0))
+
   return build(float_m), build(m)
 
 

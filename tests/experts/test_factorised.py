@@ -4,6 +4,7 @@ experts (moejax/posttrain/factorise.py): full ranks give the swiglu layer,
 the stored count is the Tucker count, bad ranks are refused by key, a tiny LM
 trains, checkpoints exactly and decodes with a KV cache like its full
 forward. Every dispatcher and grouped matmul: tests/contract."""
+
 import re
 
 import jax
@@ -29,9 +30,11 @@ from tests.helpers import moe_cfg
 E, D, F = 4, 8, 10
 RANKS = {"w_gate": (3, 5, 7), "w_up": (2, 4, 6), "w_down": (4, 6, 3)}
 # By hand: r_E r_in r_out + E r_E + d_in r_in + d_out r_out per projection.
-HAND_COUNT = ((105 + 12 + 40 + 70)  # w_gate [4, 8, 10] at (3, 5, 7)
-              + (48 + 8 + 32 + 60)  # w_up [4, 8, 10] at (2, 4, 6)
-              + (72 + 16 + 60 + 24))  # w_down [4, 10, 8] at (4, 6, 3)
+HAND_COUNT = (
+  (105 + 12 + 40 + 70)  # w_gate [4, 8, 10] at (3, 5, 7)
+  + (48 + 8 + 32 + 60)  # w_up [4, 8, 10] at (2, 4, 6)
+  + (72 + 16 + 60 + 24)
+)  # w_down [4, 10, 8] at (4, 6, 3)
 TINY_RANKS = {"w_gate": (4, 16, 16), "w_up": (4, 16, 16), "w_down": (4, 16, 12)}
 
 
@@ -40,8 +43,12 @@ def layer_pair(ranks):
   common = dict(num_experts=4, top_k=2, expert_d_ff=12)
   swiglu = MoELayer(16, moe_cfg(experts="swiglu", **common), rngs=nnx.Rngs(0), dtype=jnp.float32)
   section = {f"ranks_{k[2:]}": ranks for k in ("w_gate", "w_up", "w_down")}
-  fact = MoELayer(16, moe_cfg(experts="factorised", factorised=section, **common),
-                  rngs=nnx.Rngs(1), dtype=jnp.float32)
+  fact = MoELayer(
+    16,
+    moe_cfg(experts="factorised", factorised=section, **common),
+    rngs=nnx.Rngs(1),
+    dtype=jnp.float32,
+  )
   fact.router_kernel.set_value(swiglu.router_kernel[...])
   return swiglu, fact
 
@@ -61,8 +68,9 @@ def test_full_rank_factorised_layer_is_the_swiglu_layer(ranks, full):
   x = rng.standard_normal((2, 24, 16)).astype(np.float32)
   calibration = (rng.standard_normal((256, 16)) * np.linspace(1.0, 0.3, 16)).astype(np.float32)
   w = {k: np.asarray(getattr(swiglu.experts, k)[...]) for k in ("w_gate", "w_up", "w_down")}
-  hidden = np.concatenate([jax.nn.silu(calibration @ g) * (calibration @ u)
-                           for g, u in zip(w["w_gate"], w["w_up"])])  # [E n, f]
+  hidden = np.concatenate(
+    [jax.nn.silu(calibration @ g) * (calibration @ u) for g, u in zip(w["w_gate"], w["w_up"])]
+  )  # [E n, f]
   params, got_ranks = factorise_experts(w, calibration, ranks, hidden_inputs=hidden)
   load_factors(fact.experts, params)
   want, _ = swiglu(jnp.asarray(x))
@@ -98,12 +106,16 @@ def test_stored_parameters_are_the_tucker_count_and_the_params():
   assert jax.tree.map(np.shape, factors) == jax.tree.map(np.shape, nnx.to_pure_dict(params))
 
 
-@pytest.mark.parametrize("key,value,match", [
+@pytest.mark.parametrize(
+  "key,value,match",
+  [
     ("ranks_gate", (5, 0, 0), r"ranks_gate=\(5, 0, 0\): rank_expert=5 exceeds num_experts=4"),
     ("ranks_gate", (0, 9, 0), r"ranks_gate=\(0, 9, 0\): rank_in=9 exceeds d_model=8"),
     ("ranks_up", (0, 0, 11), r"ranks_up=\(0, 0, 11\): rank_out=11 exceeds expert_d_ff=10"),
     ("ranks_down", (0, 11, 0), r"ranks_down=\(0, 11, 0\): rank_in=11 exceeds expert_d_ff=10"),
-    ("ranks_down", (0, 0, 9), r"ranks_down=\(0, 0, 9\): rank_out=9 exceeds d_model=8")])
+    ("ranks_down", (0, 0, 9), r"ranks_down=\(0, 0, 9\): rank_out=9 exceeds d_model=8"),
+  ],
+)
 def test_ranks_larger_than_the_dimensions_are_refused(key, value, match):
   cfg = moe_cfg(num_experts=E, expert_d_ff=F, factorised={key: value})
   with pytest.raises(ConfigError, match=r"model\.moe\.factorised\." + match):
@@ -118,8 +130,11 @@ def test_malformed_ranks_are_refused_by_validation_and_a_too_large_one_by_the_mo
       validate_config(c)
   m = lm_shakespeare_moe.get_config("size=tiny").model
   m.moe.experts, m.moe.factorised.ranks_gate = "factorised", (0, 33, 0)
-  with pytest.raises(ConfigError, match=r"ranks_gate=\(0, 33, 0\): rank_in=33 exceeds "
-                                        r"d_model=32"):
+  with pytest.raises(
+    ConfigError,
+    match=r"ranks_gate=\(0, 33, 0\): rank_in=33 exceeds "
+    r"d_model=32",
+  ):
     abstract_model(m)
 
 
@@ -141,9 +156,13 @@ def test_tiny_lm_trains_and_its_checkpoint_restores_exactly(data_dir, tmp_path):
   assert losses and np.all(np.isfinite(losses)) and np.isfinite(run.eval["val_loss"])
   saved_config, _, params, _, _ = load_from_workdir(str(tmp_path))
   assert saved_config.model.moe.experts == "factorised"
-  assert [tuple(saved_config.model.moe.factorised[f"ranks_{k[2:]}"])
-          for k in TINY_RANKS] == list(TINY_RANKS.values())
-  host = lambda tree: jax.tree.map(np.asarray, tree)
+  assert [tuple(saved_config.model.moe.factorised[f"ranks_{k[2:]}"]) for k in TINY_RANKS] == list(
+    TINY_RANKS.values()
+  )
+
+  def host(tree):
+    return jax.tree.map(np.asarray, tree)
+
   jax.tree.map(np.testing.assert_array_equal, host(params), host(run.state.params))
   experts = host(params)["blocks"][0]["ffn"]["experts"]
   assert set(experts) == set(TINY_RANKS)

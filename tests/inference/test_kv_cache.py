@@ -3,6 +3,7 @@ every family, MLA included, and for the trained default, OmniMoE and L3 models,
 on a left-padded batch; batched generation equals
 generating each prompt alone; chunked decode calls draw what single steps draw;
 top-k / top-p filtering; decode routing metrics."""
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -24,22 +25,28 @@ from tests.interop.hf_tiny import FAMILY_NAMES, family_configs
 
 def with_experts(kind: str, **settings):
   """The default LM's config getter with model.moe.experts = kind (and its settings)."""
+
   def config(arg):
     c = get_config(arg)
     c.model.moe.experts = kind
     c.model.moe[kind].update(settings)
     return c
+
   return config
 
 
 # moejax's own models at size=tiny: the default LM, OmniMoE, L3, and the default LM
 # with each compressed expert type (issue 15).
-TRAINED = {"moejax": get_config, "omnimoe": lm_shakespeare_omnimoe.get_config,
-           "l3": lm_shakespeare_l3.get_config,
-           "quantized": with_experts("quantized", group_size=16),
-           "codebook": with_experts("codebook", group_size=16, rotation="hadamard"),
-           "factorised": with_experts("factorised", ranks_gate=(4, 16, 16),
-                                      ranks_up=(4, 16, 16), ranks_down=(4, 16, 16))}
+TRAINED = {
+  "moejax": get_config,
+  "omnimoe": lm_shakespeare_omnimoe.get_config,
+  "l3": lm_shakespeare_l3.get_config,
+  "quantized": with_experts("quantized", group_size=16),
+  "codebook": with_experts("codebook", group_size=16, rotation="hadamard"),
+  "factorised": with_experts(
+    "factorised", ranks_gate=(4, 16, 16), ranks_up=(4, 16, 16), ranks_down=(4, 16, 16)
+  ),
+}
 
 
 def family_config(name):
@@ -102,13 +109,14 @@ def test_decode_equals_full_forward_at_every_position(name):
   m = family_config(name)
   params, rest = random_params(m)
   graphdef, _, _ = abstract_model(m)
-  run = jax.jit(lambda t, mask, cache: nnx.merge(graphdef, params, rest)(
-      t, token_mask_BxL=mask, cache=cache))
+  run = jax.jit(
+    lambda t, mask, cache: nnx.merge(graphdef, params, rest)(t, token_mask_BxL=mask, cache=cache)
+  )
   tokens, mask = batch(m.vocab_size)
   full, _, _ = run(tokens, mask, init_cache(m, 2, tokens.shape[1] + 2))
   cache, steps = init_cache(m, 2, tokens.shape[1] + 2), []
   for i in range(tokens.shape[1]):
-    logits, aux, cache = run(tokens[:, i:i + 1], mask[:, i:i + 1], cache)
+    logits, aux, cache = run(tokens[:, i : i + 1], mask[:, i : i + 1], cache)
     steps.append(logits)
   decoded = np.concatenate(steps, axis=1)
   largest = np.abs(np.asarray(full)[mask]).max()
@@ -128,11 +136,13 @@ def test_full_forward_with_and_without_a_cache_agree():
   tokens, mask = batch(m.vocab_size)
   without, _, _ = jax.jit(lambda t, k: model(t, token_mask_BxL=k))(tokens, mask)
   with_cache, _, _ = jax.jit(lambda t, k, c: model(t, token_mask_BxL=k, cache=c))(
-      tokens, mask, init_cache(m, 2, 9))
+    tokens, mask, init_cache(m, 2, 9)
+  )
   # with a cache MLA attends in the absorbed form (another summation order)
   largest = np.abs(np.asarray(without)[mask]).max()
-  np.testing.assert_allclose(np.asarray(with_cache)[mask], np.asarray(without)[mask],
-                             atol=1e-5 * largest, rtol=0)
+  np.testing.assert_allclose(
+    np.asarray(with_cache)[mask], np.asarray(without)[mask], atol=1e-5 * largest, rtol=0
+  )
 
 
 @pytest.mark.parametrize("matmul", ["auto", "tiled"])  # auto: 'gather' at batch 1 (k <= E)
@@ -143,8 +153,12 @@ def test_chunked_sampling_equals_one_step_per_call(monkeypatch, matmul):
   m.moe.grouped_matmul = matmul
   params, rest = random_params(m, seed=6)
   new_tokens = 2 * gen_lib.DECODE_CHUNK + 3
-  run = lambda: generate(m, params, rest, [[5, 9, 14], [3]], max_new_tokens=new_tokens,
-                         temperature=0.9, seed=11)
+
+  def run():
+    return generate(
+      m, params, rest, [[5, 9, 14], [3]], max_new_tokens=new_tokens, temperature=0.9, seed=11
+    )
+
   chunked = run()
   monkeypatch.setattr(gen_lib, "DECODE_CHUNK", 10**6)
   stepwise = run()
@@ -158,9 +172,9 @@ def test_mla_caches_only_the_latent():
   cache = init_cache(m, 2, 12)
   assert set(cache.layers[0]) == {"latent", "k_rope"}
   assert cache.layers[0]["latent"].shape == (2, 12, m.attention.mla.kv_lora_rank)
-  per_token_heads = m.num_heads * (m.attention.mla.qk_nope_head_dim
-                                   + m.attention.mla.qk_rope_head_dim
-                                   + m.attention.mla.v_head_dim)
+  per_token_heads = m.num_heads * (
+    m.attention.mla.qk_nope_head_dim + m.attention.mla.qk_rope_head_dim + m.attention.mla.v_head_dim
+  )
   assert cache_bytes(m, 2, 12) < 2 * 12 * per_token_heads * 4 * m.num_layers
 
 
@@ -179,7 +193,10 @@ def test_batched_greedy_generation_equals_each_prompt_alone():
 
 def test_top_k_and_top_p_filtering():
   logits = jnp.log(jnp.array([0.5, 0.05, 0.3, 0.15]))
-  kept = lambda **kw: set(np.flatnonzero(np.isfinite(np.asarray(filter_logits(logits, **kw)))))
+
+  def kept(**kw):
+    return set(np.flatnonzero(np.isfinite(np.asarray(filter_logits(logits, **kw)))))
+
   assert kept(top_k=2, top_p=1.0) == {0, 2}
   assert kept(top_k=0, top_p=0.5) == {0}  # 0.5 alone reaches the mass
   assert kept(top_k=0, top_p=0.7) == {0, 2}
@@ -194,12 +211,15 @@ def test_generation_compiles_nothing_per_step_or_per_length_within_a_bucket():
   the same bucket (and another number of new tokens in the same cache bucket)
   compiles nothing: the step is one program for every position."""
   import jax.monitoring
+
   m = family_config("moejax")
   m.max_seq_len = 512
   params, rest = random_params(m, seed=4)
   compiles = []
-  listener = lambda name, secs, **kw: compiles.append(name) if name.endswith(
-      "backend_compile_duration") else None
+
+  def listener(name, secs, **kw):
+    return compiles.append(name) if name.endswith("backend_compile_duration") else None
+
   generate(m, params, rest, [[5, 9, 14]], max_new_tokens=190)  # bucket 8, 256 slots
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
@@ -221,5 +241,6 @@ def test_bucketed_greedy_generation_follows_the_unpadded_full_forward():
   out = [int(t) for t in generate(m, params, rest, [prompt], max_new_tokens=12).tokens[0]]
   graphdef = abstract_model(m)[0]
   logits = jax.jit(lambda t: nnx.merge(graphdef, params, rest)(t)[0])(
-      jnp.asarray([prompt + out], jnp.int32))
-  assert [int(t) for t in jnp.argmax(logits[0, len(prompt) - 1:-1], axis=-1)] == out
+    jnp.asarray([prompt + out], jnp.int32)
+  )
+  assert [int(t) for t in jnp.argmax(logits[0, len(prompt) - 1 : -1], axis=-1)] == out

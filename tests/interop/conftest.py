@@ -1,4 +1,5 @@
 """Tiny HF checkpoints of every family, made once per test session."""
+
 import pytest
 
 from tests.interop.hf_tiny import FAMILY_NAMES, make_model, save_model

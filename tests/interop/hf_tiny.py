@@ -8,37 +8,93 @@ weights ~N(0, 1), so no two experts' scores are within float error of each
 other) and exercise every parameter (norm weights != 1, biases != 0,
 DeepSeek-V3's e_score_correction_bias != 0).
 """
+
 import os
 
-import numpy as np
 
-COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+COMMON = dict(
+  vocab_size=96,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  max_position_embeddings=128,
+  bos_token_id=1,
+  eos_token_id=2,
+  pad_token_id=0,
+)
 
 
 def family_configs():
   import transformers as tf
+
   return {
-      "mixtral": tf.MixtralConfig(**COMMON, num_key_value_heads=2, intermediate_size=24,
-                                  num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
-                                  rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
-      "qwen2_moe": tf.Qwen2MoeConfig(**COMMON, num_key_value_heads=2, intermediate_size=48,
-                                     moe_intermediate_size=16, shared_expert_intermediate_size=40,
-                                     num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
-                                     mlp_only_layers=[0], tie_word_embeddings=True),
-      "qwen3_moe": tf.Qwen3MoeConfig(**COMMON, num_key_value_heads=2, head_dim=16,
-                                     intermediate_size=48, moe_intermediate_size=16, num_experts=8,
-                                     num_experts_per_tok=3, norm_topk_prob=True),
-      "olmoe": tf.OlmoeConfig(**COMMON, num_key_value_heads=4, intermediate_size=16,
-                              num_experts=8, num_experts_per_tok=2, clip_qkv=1.5),
-      "deepseek_v3": tf.DeepseekV3Config(
-          **COMMON, num_key_value_heads=4, intermediate_size=48, moe_intermediate_size=16,
-          n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3, n_group=4,
-          topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
-          kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
-          rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                           "original_max_position_embeddings": 32, "beta_fast": 32,
-                           "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    "mixtral": tf.MixtralConfig(
+      **COMMON,
+      num_key_value_heads=2,
+      intermediate_size=24,
+      num_local_experts=4,
+      num_experts_per_tok=2,
+      sliding_window=6,
+      rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
+    "qwen2_moe": tf.Qwen2MoeConfig(
+      **COMMON,
+      num_key_value_heads=2,
+      intermediate_size=48,
+      moe_intermediate_size=16,
+      shared_expert_intermediate_size=40,
+      num_experts=6,
+      num_experts_per_tok=2,
+      norm_topk_prob=False,
+      mlp_only_layers=[0],
+      tie_word_embeddings=True,
+    ),
+    "qwen3_moe": tf.Qwen3MoeConfig(
+      **COMMON,
+      num_key_value_heads=2,
+      head_dim=16,
+      intermediate_size=48,
+      moe_intermediate_size=16,
+      num_experts=8,
+      num_experts_per_tok=3,
+      norm_topk_prob=True,
+    ),
+    "olmoe": tf.OlmoeConfig(
+      **COMMON,
+      num_key_value_heads=4,
+      intermediate_size=16,
+      num_experts=8,
+      num_experts_per_tok=2,
+      clip_qkv=1.5,
+    ),
+    "deepseek_v3": tf.DeepseekV3Config(
+      **COMMON,
+      num_key_value_heads=4,
+      intermediate_size=48,
+      moe_intermediate_size=16,
+      n_routed_experts=8,
+      n_shared_experts=1,
+      num_experts_per_tok=3,
+      n_group=4,
+      topk_group=2,
+      first_k_dense_replace=1,
+      routed_scaling_factor=2.5,
+      kv_lora_rank=16,
+      q_lora_rank=24,
+      qk_rope_head_dim=8,
+      qk_nope_head_dim=8,
+      v_head_dim=12,
+      rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+      },
+    ),
   }
 
 
@@ -48,6 +104,7 @@ FAMILY_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
 def randomize_(model, seed: int) -> None:
   """Redraw every parameter and buffer of a torch model in place (see module doc)."""
   import torch
+
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
@@ -69,6 +126,7 @@ def make_model(family: str, seed: int = 0, vocab_size: int | None = None, **over
   overrides: other config.json keys)."""
   import torch
   import transformers
+
   torch.manual_seed(seed)
   config = family_configs()[family]
   if vocab_size is not None:

@@ -6,6 +6,7 @@ logits within the float export's tolerance; a restored workdir computes
 exactly what was saved (load and train resume); a checkpoint restored into a
 config of another expert type is refused in one line naming both types,
 before anything is read or written."""
+
 import os
 import shutil
 
@@ -30,12 +31,18 @@ from tests.experts.compressed_lm import tiny_config
 ATOL = 1e-4  # the float export's tolerance (experiments.convert --check_atol)
 KINDS = ("quantized", "codebook", "factorised")
 RANKS = {"w_gate": (4, 16, 16), "w_up": (4, 16, 8), "w_down": (4, 8, 16)}
-DETAILS = {"quantized": "4-bit codes, group 16", "codebook": "4-bit indices, group 16, "
-           "hadamard rotation", "factorised": "Tucker ranks (expert, in, out) gate (4, 16, 16), "
-           "up (4, 16, 8), down (4, 8, 16)"}
+DETAILS = {
+  "quantized": "4-bit codes, group 16",
+  "codebook": "4-bit indices, group 16, hadamard rotation",
+  "factorised": "Tucker ranks (expert, in, out) gate (4, 16, 16), up (4, 16, 8), down (4, 8, 16)",
+}
 # A variable each type's checkpoint holds (named in the mismatch error).
-A_VARIABLE = {"swiglu": "w_down", "quantized": "w_down_codes", "codebook": "w_down_centroids",
-              "factorised": "w_down/core"}
+A_VARIABLE = {
+  "swiglu": "w_down",
+  "quantized": "w_down_codes",
+  "codebook": "w_down_centroids",
+  "factorised": "w_down/core",
+}
 
 
 def compressed_config(data_dir, kind):
@@ -71,18 +78,22 @@ def kind(request):
 
 
 def test_export_is_dense_says_so_and_transformers_computes_the_compressed_logits(
-    trained, kind, tmp_path):
+  trained, kind, tmp_path
+):
   _, workdir, _ = trained(kind)
   out = str(tmp_path / "hf")
-  result = run_entry("experiments.convert", f"--workdir={workdir}", f"--out_hf_dir={out}",
-                     "--check_logits")
+  result = run_entry(
+    "experiments.convert", f"--workdir={workdir}", f"--out_hf_dir={out}", "--check_logits"
+  )
   assert result.code == 0, result.stderr[-3000:]
   record = read_record(out)
   assert record["stored_as"] == kind and record["exported_as"] == "swiglu"
   assert record["details"] == DETAILS[kind] and record["dtype"] == "float32"
-  assert record["note"] == (f"experts {'reconstructed' if kind == 'factorised' else 'dequantized'}"
-                            f" from {kind!r} ({DETAILS[kind]}) to float32 for export: "
-                            "transformers has no such expert type")
+  assert record["note"] == (
+    f"experts {'reconstructed' if kind == 'factorised' else 'dequantized'}"
+    f" from {kind!r} ({DETAILS[kind]}) to float32 for export: "
+    "transformers has no such expert type"
+  )
   printed = result.stdout.splitlines()
   assert printed[0] == f"exported MixtralForCausalLM to {out}"
   assert printed[1] == record["note"]  # the recorded note, printed once
@@ -93,7 +104,8 @@ def test_export_is_dense_says_so_and_transformers_computes_the_compressed_logits
   loaded, _ = from_training_workdir(workdir)
   assert loaded.config.moe.experts == kind
   theirs = transformers.AutoModelForCausalLM.from_pretrained(
-      out, attn_implementation="eager", dtype=torch.float32).eval()
+    out, attn_implementation="eager", dtype=torch.float32
+  ).eval()
   tokens, mask, positions = padded_batch()
   real = mask.astype(bool)
   hf_logits, hf_experts = hf_forward(theirs, tokens, mask, positions)
@@ -119,15 +131,15 @@ def test_export_record_is_not_carried_into_a_later_export(trained, tmp_path):
   """Import of a dense export and export again: float experts, no record copied."""
   _, workdir, _ = trained("quantized")
   first, work, second = (str(tmp_path / n) for n in ("first", "work", "second"))
-  assert run_entry("experiments.convert", f"--workdir={workdir}",
-                   f"--out_hf_dir={first}").code == 0
+  assert run_entry("experiments.convert", f"--workdir={workdir}", f"--out_hf_dir={first}").code == 0
   assert os.path.exists(os.path.join(first, EXPORT_RECORD))
   assert run_entry("experiments.convert", f"--hf_dir={first}", f"--workdir={work}").code == 0
   result = run_entry("experiments.convert", f"--workdir={work}", f"--out_hf_dir={second}")
   assert result.code == 0, result.stderr[-3000:]
   assert result.stdout.splitlines() == [f"exported MixtralForCausalLM to {second}"]
   assert read_record(second) is None and not os.path.exists(
-      os.path.join(work, "model", EXPORT_RECORD))
+    os.path.join(work, "model", EXPORT_RECORD)
+  )
 
 
 def host(tree):
@@ -147,8 +159,11 @@ def test_a_restored_workdir_computes_exactly_what_was_saved(trained, kind, tmp_p
   np.testing.assert_array_equal(got, want)
   for a, b in zip(got_experts, want_experts):
     np.testing.assert_array_equal(a, b)
-  jax.tree.map(np.testing.assert_array_equal, host((loaded.params, loaded.rest)),
-               host((saved.params, saved.rest)))
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    host((loaded.params, loaded.rest)),
+    host((saved.params, saved.rest)),
+  )
   for a, b in zip(jax.tree.leaves(host(loaded.rest)), jax.tree.leaves(host(saved.rest))):
     assert a.dtype == b.dtype  # uint8 codes and indices stay uint8
   # Train resume (experiments.train): the same state, from step 2.
@@ -169,10 +184,18 @@ def swiglu_workdir(data_dir, workdir):
   return workdir
 
 
-@pytest.mark.parametrize("saved,asked", [("quantized", "swiglu"), ("swiglu", "quantized"),
-                                         ("codebook", "quantized"), ("factorised", "codebook")])
+@pytest.mark.parametrize(
+  "saved,asked",
+  [
+    ("quantized", "swiglu"),
+    ("swiglu", "quantized"),
+    ("codebook", "quantized"),
+    ("factorised", "codebook"),
+  ],
+)
 def test_a_checkpoint_of_another_expert_type_is_refused_in_one_line(
-    trained, data_dir, saved, asked, tmp_path):
+  trained, data_dir, saved, asked, tmp_path
+):
   if saved == "swiglu":
     workdir, step = swiglu_workdir(data_dir, str(tmp_path / "swiglu")), 0
   else:
@@ -183,22 +206,25 @@ def test_a_checkpoint_of_another_expert_type_is_refused_in_one_line(
     Checkpointer(workdir, read_only=True).restore(step, host(target))
   line = str(refused.value)
   assert "\n" not in line
-  assert line.startswith(f"cannot read checkpoint {workdir}/checkpoints/{step}: it holds "
-                         f"{saved!r} experts (")
+  assert line.startswith(
+    f"cannot read checkpoint {workdir}/checkpoints/{step}: it holds {saved!r} experts ("
+  )
   assert f"; the config asks for {asked!r} experts (" in line
   assert A_VARIABLE[saved] in line and A_VARIABLE[asked] in line
   assert f"model.moe.experts={saved!r}" in line and line.endswith("nothing was changed.")
   assert tree_hash(workdir) == before
 
 
-def test_train_resume_under_a_float_config_is_refused_by_the_cli(
-    trained, data_dir):
+def test_train_resume_under_a_float_config_is_refused_by_the_cli(trained, data_dir):
   _, workdir, _ = trained("quantized")
   before = tree_hash(workdir)
-  result = run_entry("experiments.train", "--config=configs/lm_shakespeare_moe.py:size=tiny",
-                     f"--workdir={workdir}", f"--config.data.data_dir={data_dir}",
-                     "--config.model.moe.quantized.group_size=16",
-                     "--config.model.moe.experts=swiglu")
+  result = run_entry(
+    "experiments.train",
+    "--config=configs/lm_shakespeare_moe.py:size=tiny",
+    f"--workdir={workdir}",
+    f"--config.data.data_dir={data_dir}",
+    "--config.model.moe.quantized.group_size=16",
+    "--config.model.moe.experts=swiglu",
+  )
   assert_refused(result, "model.moe.experts", "checkpoint='quantized'", "config='swiglu'")
   assert tree_hash(workdir) == before
-

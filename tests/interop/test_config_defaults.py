@@ -11,6 +11,7 @@ moejax cannot do without must be refused, naming it (released configs always
 have those). Where transformers' default is one moejax refuses (e.g. 8 kv heads
 for a 4-head model) both must refuse.
 """
+
 import json
 import os
 
@@ -23,10 +24,21 @@ from tests.interop.hf_tiny import FAMILY_NAMES, family_configs
 
 # Keys moejax needs (it refuses the file without them, naming the key); released
 # configs always have them. Bookkeeping keys transformers itself rewrites are skipped.
-REQUIRED = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_experts_per_tok", "num_local_experts", "num_experts", "n_routed_experts",
-            "intermediate_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-            "v_head_dim"}
+REQUIRED = {
+  "vocab_size",
+  "hidden_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "num_experts_per_tok",
+  "num_local_experts",
+  "num_experts",
+  "n_routed_experts",
+  "intermediate_size",
+  "kv_lora_rank",
+  "qk_nope_head_dim",
+  "qk_rope_head_dim",
+  "v_head_dim",
+}
 SKIPPED = {"model_type", "transformers_version", "architectures"}
 
 
@@ -41,6 +53,7 @@ def saved_config(family, **overrides) -> dict:
 def transformers_resolved(hf: dict, directory) -> dict:
   """config.json `hf` as transformers reads it, with its defaults filled in."""
   import transformers
+
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(hf, f)
@@ -71,14 +84,16 @@ def check_key(hf: dict, key: str, tmp_path):
     assert isinstance(ours, ConfigError), (key, ours, theirs)
     return
   assert not isinstance(ours, ConfigError), f"without {key!r}: {ours}"
-  diff = {k: (ours.get(k), theirs.get(k)) for k in set(ours) | set(theirs)
-          if ours.get(k) != theirs.get(k)}
+  diff = {
+    k: (ours.get(k), theirs.get(k)) for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
+  }
   assert not diff, f"without {key!r}: moejax default != transformers default: {diff}"
 
 
 def family_keys():
-  return [(family, key) for family in FAMILY_NAMES
-          for key in sorted(set(saved_config(family)) - SKIPPED)]
+  return [
+    (family, key) for family in FAMILY_NAMES for key in sorted(set(saved_config(family)) - SKIPPED)
+  ]
 
 
 def test_the_untouched_config_reads_the_same_either_way(tmp_path):
@@ -92,8 +107,9 @@ def test_a_dropped_key_reads_as_transformers_default(family, key, tmp_path):
   check_key(saved_config(family), key, tmp_path)
 
 
-@pytest.mark.parametrize("key", ["layer_types", "max_window_layers", "sliding_window",
-                                 "use_sliding_window"])
+@pytest.mark.parametrize(
+  "key", ["layer_types", "max_window_layers", "sliding_window", "use_sliding_window"]
+)
 def test_qwen2_moe_sliding_window_defaults(key, tmp_path):
   # released Qwen2-MoE configs: use_sliding_window with max_window_layers, no layer_types
   # (issue 11, correctness bug 1: these failed before 1b5c4da)

@@ -1,4 +1,5 @@
 """Bad checkpoints fail with a ConfigError that says what is wrong and where."""
+
 import json
 import os
 import shutil
@@ -46,8 +47,13 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoint):
   edit_config(checkpoint, model_type="llama", architectures=["LlamaForCausalLM"])
   with pytest.raises(ConfigError, match="unsupported architecture 'LlamaForCausalLM'") as e:
     import_hf(checkpoint)
-  for name in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-               "OlmoeForCausalLM", "DeepseekV3ForCausalLM"):
+  for name in (
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
+    "DeepseekV3ForCausalLM",
+  ):
     assert name in str(e.value)
 
 
@@ -58,23 +64,32 @@ def test_missing_tensor_is_named(checkpoint):
   del data["weight_map"]["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
   with open(index, "w") as f:
     json.dump(data, f)
-  with pytest.raises(ConfigError, match=r"'model\.layers\.1\.block_sparse_moe\.experts\.2\.w3"
-                                        r"\.weight' is missing"):
+  with pytest.raises(
+    ConfigError,
+    match=r"'model\.layers\.1\.block_sparse_moe\.experts\.2\.w3"
+    r"\.weight' is missing",
+  ):
     import_hf(checkpoint)
 
 
 def test_shape_mismatch_names_tensor_and_both_shapes(checkpoint):
   rewrite_tensor(checkpoint, QPROJ, np.zeros((32, 30), np.float32))
-  with pytest.raises(ConfigError, match=rf"'{QPROJ}' has shape \(32, 30\); the config "
-                                        r"expects \(32, 32\)"):
+  with pytest.raises(
+    ConfigError,
+    match=rf"'{QPROJ}' has shape \(32, 30\); the config "
+    r"expects \(32, 32\)",
+  ):
     import_hf(checkpoint)
 
 
 @pytest.mark.parametrize("array", [np.zeros((32, 32), np.int8), np.zeros((32, 32), bool)])
 def test_dtype_moejax_cannot_hold(checkpoint, array):
   rewrite_tensor(checkpoint, QPROJ, array)
-  with pytest.raises(ConfigError, match=rf"'{QPROJ}' is stored as (I8|BOOL); moejax "
-                                        "parameters hold F64, F32, F16, BF16"):
+  with pytest.raises(
+    ConfigError,
+    match=rf"'{QPROJ}' is stored as (I8|BOOL); moejax "
+    "parameters hold F64, F32, F16, BF16",
+  ):
     import_hf(checkpoint)
 
 

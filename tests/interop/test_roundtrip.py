@@ -1,11 +1,11 @@
 """Import -> export gives the checkpoint back tensor for tensor, and transformers
 loads it; a model with one expert removed per layer exports, loads and runs
 in transformers with moejax's logits."""
+
 import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -28,8 +28,14 @@ def test_import_export_gives_identical_tensors(hf_checkpoints, family, tmp_path)
   model, hf_dir = hf_checkpoints(family)
   loaded = import_hf(hf_dir)
   out = str(tmp_path / "out")
-  export_hf(loaded.config, loaded.params, loaded.rest, out, base_hf_config=loaded.hf_config,
-            max_shard_bytes=30_000)
+  export_hf(
+    loaded.config,
+    loaded.params,
+    loaded.rest,
+    out,
+    base_hf_config=loaded.hf_config,
+    max_shard_bytes=30_000,
+  )
   original, exported = read_all(hf_dir), read_all(out)
   assert sorted(original) == sorted(exported)
   for name in original:
@@ -48,8 +54,9 @@ def test_workdir_round_trip(hf_checkpoints, tmp_path):
   # JSON keeps no tuples: compare the flat configs (lists and tuples alike)
   assert flatten_config(back.config.to_dict()) == flatten_config(loaded.config.to_dict())
   assert back.hf_config == loaded.hf_config
-  for a, b in zip(jax.tree.leaves((loaded.params, loaded.rest)),
-                  jax.tree.leaves((back.params, back.rest))):
+  for a, b in zip(
+    jax.tree.leaves((loaded.params, loaded.rest)), jax.tree.leaves((back.params, back.rest))
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert os.path.exists(tmp_path / "model" / "generation_config.json")
 

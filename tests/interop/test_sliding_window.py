@@ -8,6 +8,7 @@ masks never slide. Checked on config dicts against transformers' own config
 objects, and on logits against transformers' models on sequences longer than
 the window; the Qwen2-MoE export round-trips through transformers.
 """
+
 import json
 import os
 
@@ -48,29 +49,42 @@ def transformers_windows(hf: dict) -> list[int]:
 
 
 CASES = {
-    "qwen2_max_window_layers_2": ("qwen2_moe", dict(use_sliding_window=True, sliding_window=3,
-                                                    max_window_layers=2)),
-    "qwen2_max_window_layers_4": ("qwen2_moe", dict(use_sliding_window=True, sliding_window=3,
-                                                    max_window_layers=4)),
-    "qwen2_default_max_window_layers": ("qwen2_moe", dict(use_sliding_window=True,
-                                                          sliding_window=3)),
-    "qwen2_use_sliding_window_absent": ("qwen2_moe", dict(sliding_window=3, max_window_layers=4)),
-    "qwen2_use_sliding_window_false": ("qwen2_moe", dict(use_sliding_window=False,
-                                                         sliding_window=3, max_window_layers=4)),
-    "qwen2_default_window": ("qwen2_moe", dict(use_sliding_window=True, max_window_layers=4)),
-    "qwen2_explicit_layer_types": ("qwen2_moe", dict(
-        use_sliding_window=True, sliding_window=3, max_window_layers=1,
-        layer_types=[FULL, SLIDE, SLIDE, FULL])),
-    "qwen3_all_layers": ("qwen3_moe", dict(use_sliding_window=True, sliding_window=3,
-                                           max_window_layers=2, layer_types=[FULL] * 4)),
-    "qwen3_use_sliding_window_absent": ("qwen3_moe", dict(sliding_window=3)),
-    "qwen3_use_sliding_window_false": ("qwen3_moe", dict(use_sliding_window=False,
-                                                         sliding_window=3)),
-    "mixtral_ignores_use_sliding_window": ("mixtral", dict(
-        sliding_window=3, use_sliding_window=False, max_window_layers=1,
-        layer_types=[FULL] * 4)),
-    "mixtral_no_window": ("mixtral", dict()),
-    "olmoe_never_slides": ("olmoe", dict(sliding_window=3, use_sliding_window=True)),
+  "qwen2_max_window_layers_2": (
+    "qwen2_moe",
+    dict(use_sliding_window=True, sliding_window=3, max_window_layers=2),
+  ),
+  "qwen2_max_window_layers_4": (
+    "qwen2_moe",
+    dict(use_sliding_window=True, sliding_window=3, max_window_layers=4),
+  ),
+  "qwen2_default_max_window_layers": ("qwen2_moe", dict(use_sliding_window=True, sliding_window=3)),
+  "qwen2_use_sliding_window_absent": ("qwen2_moe", dict(sliding_window=3, max_window_layers=4)),
+  "qwen2_use_sliding_window_false": (
+    "qwen2_moe",
+    dict(use_sliding_window=False, sliding_window=3, max_window_layers=4),
+  ),
+  "qwen2_default_window": ("qwen2_moe", dict(use_sliding_window=True, max_window_layers=4)),
+  "qwen2_explicit_layer_types": (
+    "qwen2_moe",
+    dict(
+      use_sliding_window=True,
+      sliding_window=3,
+      max_window_layers=1,
+      layer_types=[FULL, SLIDE, SLIDE, FULL],
+    ),
+  ),
+  "qwen3_all_layers": (
+    "qwen3_moe",
+    dict(use_sliding_window=True, sliding_window=3, max_window_layers=2, layer_types=[FULL] * 4),
+  ),
+  "qwen3_use_sliding_window_absent": ("qwen3_moe", dict(sliding_window=3)),
+  "qwen3_use_sliding_window_false": ("qwen3_moe", dict(use_sliding_window=False, sliding_window=3)),
+  "mixtral_ignores_use_sliding_window": (
+    "mixtral",
+    dict(sliding_window=3, use_sliding_window=False, max_window_layers=1, layer_types=[FULL] * 4),
+  ),
+  "mixtral_no_window": ("mixtral", dict()),
+  "olmoe_never_slides": ("olmoe", dict(sliding_window=3, use_sliding_window=True)),
 }
 
 
@@ -85,8 +99,10 @@ def test_windows_equal_transformers_per_layer(case):
 def test_qwen2_sliding_layers_without_a_window_are_refused():
   # transformers sets sliding_window = 0 (use_sliding_window false) or keeps None and
   # then cannot build the sliding mask: refuse instead of guessing.
-  for keys in (dict(use_sliding_window=False, layer_types=[SLIDE, FULL, FULL, FULL]),
-               dict(use_sliding_window=True, sliding_window=None, max_window_layers=2)):
+  for keys in (
+    dict(use_sliding_window=False, layer_types=[SLIDE, FULL, FULL, FULL]),
+    dict(use_sliding_window=True, sliding_window=None, max_window_layers=2),
+  ):
     with pytest.raises(ConfigError, match="sliding_window"):
       from_hf_config(config_json("qwen2_moe", **keys))
 
@@ -124,8 +140,14 @@ def max_logit_diff(hf_model, loaded):
 def test_qwen2_max_window_layers_logits_and_export_round_trip(tmp_path):
   """Released Qwen2-MoE configs carry max_window_layers and no layer_types."""
   src, out = str(tmp_path / "src"), str(tmp_path / "out")
-  save_tiny("qwen2_moe", src, drop_layer_types=True, use_sliding_window=True,
-            sliding_window=3, max_window_layers=2)
+  save_tiny(
+    "qwen2_moe",
+    src,
+    drop_layer_types=True,
+    use_sliding_window=True,
+    sliding_window=3,
+    max_window_layers=2,
+  )
   with open(os.path.join(src, "config.json")) as f:
     assert "layer_types" not in json.load(f)
   model = transformers.AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager")

@@ -1,6 +1,7 @@
 """Streaming conversion (moejax/interop/streaming.py) gives what the in-memory path
 gives, holds one tensor at a time (a memory bound measured in a child process),
 and writes a sharded orbax checkpoint that restores onto another mesh."""
+
 import json
 import os
 import subprocess
@@ -33,8 +34,9 @@ def test_streaming_import_and_export_match_the_in_memory_path(hf_checkpoints, fa
   loaded = import_hf(hf_dir)
   save_workdir(memory, loaded, extra_files_from=hf_dir)
   import_to_workdir(hf_dir, stream, extra_files_from=hf_dir)
-  assert sorted(os.listdir(os.path.join(memory, "model"))) == \
-      sorted(os.listdir(os.path.join(stream, "model")))
+  assert sorted(os.listdir(os.path.join(memory, "model"))) == sorted(
+    os.listdir(os.path.join(stream, "model"))
+  )
   a, b = load_workdir(memory), load_workdir(stream)
   assert flatten_config(a.config.to_dict()) == flatten_config(b.config.to_dict())
   assert a.hf_config == b.hf_config
@@ -44,8 +46,15 @@ def test_streaming_import_and_export_match_the_in_memory_path(hf_checkpoints, fa
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   for dtype in (None, "bfloat16"):
     out_memory, out_stream = str(tmp_path / f"em{dtype}"), str(tmp_path / f"es{dtype}")
-    want = export_hf(a.config, a.params, a.rest, out_memory, dtype=dtype,
-                     base_hf_config=a.hf_config, max_shard_bytes=30_000)
+    want = export_hf(
+      a.config,
+      a.params,
+      a.rest,
+      out_memory,
+      dtype=dtype,
+      base_hf_config=a.hf_config,
+      max_shard_bytes=30_000,
+    )
     got = export_workdir(stream, out_stream, dtype=dtype, max_shard_bytes=30_000)
     assert got == want
     (x, x_files), (y, y_files) = tensors(out_memory), tensors(out_stream)
@@ -64,8 +73,9 @@ def test_bfloat16_import_round_trips_bit_exactly(hf_checkpoints, tmp_path):
   bf16 = np.dtype(ml_dtypes.bfloat16)
   for name, value in source.items():
     assert back[name].dtype == bf16
-    np.testing.assert_array_equal(back[name].view(np.uint16),
-                                  value.astype(bf16).view(np.uint16), err_msg=name)
+    np.testing.assert_array_equal(
+      back[name].view(np.uint16), value.astype(bf16).view(np.uint16), err_msg=name
+    )
 
 
 def test_planned_writer_any_order_and_parts(tmp_path):
@@ -83,7 +93,9 @@ def test_planned_writer_any_order_and_parts(tmp_path):
   index = json.load(open(tmp_path / "model.safetensors.index.json"))
   assert len(set(index["weight_map"].values())) == 2  # a (120 B) | b + c: a new shard at 200
   for name, want in (("a", a), ("b", b.T), ("c", c)):
-    with safe_open(str(tmp_path / index["weight_map"][name]), "numpy") as f:  # an independent reader
+    with safe_open(
+      str(tmp_path / index["weight_map"][name]), "numpy"
+    ) as f:  # an independent reader
       got = f.get_tensor(name)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
@@ -141,15 +153,23 @@ MEMORY_CHILD = textwrap.dedent("""
 
 def peak_growth(tmp_path, kind):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-  out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path), kind], env=env,
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", MEMORY_CHILD, str(tmp_path), kind],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
-                    reason="resets the peak RSS (VmHWM) through Linux's /proc/self/clear_refs; "
-                    "CI and the development machines are Linux, where it runs")
+@pytest.mark.skipif(
+  not os.path.exists("/proc/self/clear_refs"),
+  reason="resets the peak RSS (VmHWM) through Linux's /proc/self/clear_refs; "
+  "CI and the development machines are Linux, where it runs",
+)
 def test_streaming_conversion_holds_one_tensor_not_the_checkpoint(tmp_path):
   """Peak RSS growth over the conversion (import then export) stays under a fifth of
   the checkpoint (largest tensor: the 2 MB embedding); the in-memory path fails it."""
@@ -188,11 +208,20 @@ ORBAX_CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v3"])
-def test_orbax_checkpoint_written_sharded_restores_on_another_mesh(hf_checkpoints, name,
-                                                                  tmp_path):
+def test_orbax_checkpoint_written_sharded_restores_on_another_mesh(hf_checkpoints, name, tmp_path):
   _, hf_dir = hf_checkpoints(name)
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  out = subprocess.run([sys.executable, "-c", ORBAX_CHILD, hf_dir, str(tmp_path / "orbax")],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": ROOT,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+  }
+  out = subprocess.run(
+    [sys.executable, "-c", ORBAX_CHILD, hf_dir, str(tmp_path / "orbax")],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -17,14 +17,14 @@ HIGHEST = jax.lax.Precision.HIGHEST
 # (group_sizes, m): what each layout exercises is in the id (also run compiled on a
 # GPU by experiments/benchmarks/gpu_check.py).
 EDGE_LAYOUTS = {
-    "aligned": ([16, 16], 32),
-    "mid_tile_bounds_empty_group_padding_tile": ([5, 0, 13, 12], 40),
-    "all_groups_empty": ([0, 0, 0], 20),
-    "m_not_tile_multiple_leading_empty": ([0, 37], 37),
-    "single_group": ([37], 37),
-    "eight_groups_in_few_tiles": ([3, 1, 1, 2, 0, 9, 4, 1], 29),
-    "m_smaller_than_tile": ([0, 7, 0], 7),
-    "groups_overflow_m_are_clipped": ([5, 10], 8),
+  "aligned": ([16, 16], 32),
+  "mid_tile_bounds_empty_group_padding_tile": ([5, 0, 13, 12], 40),
+  "all_groups_empty": ([0, 0, 0], 20),
+  "m_not_tile_multiple_leading_empty": ([0, 37], 37),
+  "single_group": ([37], 37),
+  "eight_groups_in_few_tiles": ([3, 1, 1, 2, 0, 9, 4, 1], 29),
+  "m_smaller_than_tile": ([0, 7, 0], 7),
+  "groups_overflow_m_are_clipped": ([5, 10], 8),
 }
 
 
@@ -62,8 +62,9 @@ def row_one_hot(group_sizes, m):
 
 def dense_gmm(lhs, rhs, one_hot):
   """Differentiable dense per-group formulation: sum_e onehot[:, e] * lhs @ rhs[e]."""
-  return jnp.einsum("mk,ekn,me->mn", lhs.astype(jnp.float32),
-                    rhs.astype(jnp.float32), one_hot, precision=HIGHEST)
+  return jnp.einsum(
+    "mk,ekn,me->mn", lhs.astype(jnp.float32), rhs.astype(jnp.float32), one_hot, precision=HIGHEST
+  )
 
 
 @dataclasses.dataclass
@@ -83,10 +84,10 @@ def make_case(group_sizes, m, k, n, seed=0):
   rng = np.random.default_rng(seed)
   num_groups = len(group_sizes)
   return Case(
-      lhs=rng.standard_normal((m, k)).astype(np.float32),
-      rhs=rng.standard_normal((num_groups, k, n)).astype(np.float32),
-      grad=rng.standard_normal((m, n)).astype(np.float32),
-      group_sizes=np.asarray(group_sizes, np.int32),
+    lhs=rng.standard_normal((m, k)).astype(np.float32),
+    rhs=rng.standard_normal((num_groups, k, n)).astype(np.float32),
+    grad=rng.standard_normal((m, n)).astype(np.float32),
+    group_sizes=np.asarray(group_sizes, np.int32),
   )
 
 
@@ -95,9 +96,9 @@ def ragged_layouts(draw, max_groups=8, max_rows=48):
   """(group_sizes, m): E in 1..max_groups, sizes >= 0 with zeros favoured,
   sum(sizes) <= m, and m - sum(sizes) padding rows (often > 0)."""
   num_groups = draw(st.integers(1, max_groups))
-  sizes = draw(st.lists(
-      st.one_of(st.just(0), st.integers(0, 20)),
-      min_size=num_groups, max_size=num_groups))
+  sizes = draw(
+    st.lists(st.one_of(st.just(0), st.integers(0, 20)), min_size=num_groups, max_size=num_groups)
+  )
   total = sum(sizes)
   if total > max_rows:  # shrink proportionally to keep interpret runs small
     sizes = [s * max_rows // total for s in sizes]

@@ -20,8 +20,9 @@ def test_contraction_mismatch_names_both_shapes():
 
 
 def test_group_count_mismatch_names_both_shapes():
-  with pytest.raises(ValueError,
-                     match=r"group_sizes.shape=\(2,\) must be \(3,\).*rhs.shape=\(3, 8, 16\)"):
+  with pytest.raises(
+    ValueError, match=r"group_sizes.shape=\(2,\) must be \(3,\).*rhs.shape=\(3, 8, 16\)"
+  ):
     gmm(LHS, RHS, jnp.array([6, 6], jnp.int32))
 
 
@@ -33,13 +34,16 @@ def test_unknown_backend_lists_valid_ones(call):
     assert repr(name) in str(err.value)
 
 
-@pytest.mark.parametrize("lhs, rhs, sizes, pattern", [
+@pytest.mark.parametrize(
+  "lhs, rhs, sizes, pattern",
+  [
     (jnp.zeros((12,)), RHS, SIZES, r"lhs must be 2-D.*\(12,\)"),
     (LHS, jnp.zeros((8, 16)), SIZES, r"rhs must be 3-D.*\(8, 16\)"),
     (LHS, RHS, jnp.zeros((3,), jnp.float32), "group_sizes must be integer"),
     (LHS, RHS, jnp.zeros((3, 1), jnp.int32), r"group_sizes must be 1-D.*\(3, 1\)"),
     (LHS.astype(jnp.int32), RHS, SIZES, "floating point"),
-])
+  ],
+)
 def test_gmm_rejects_malformed_operands(lhs, rhs, sizes, pattern):
   with pytest.raises(ValueError, match=pattern):
     gmm(lhs, rhs, sizes)
@@ -58,11 +62,13 @@ def test_bad_tiling(tiling):
 
 def test_shape_errors_raise_before_tracing_the_kernel(monkeypatch):
   """Validation happens in Python on static shapes, also under jit."""
+
   def must_not_run(*args, **kwargs):
     raise AssertionError("kernel was traced")
+
   monkeypatch.setattr(grouped_matmul.gmm_tpu, "gmm_tpu", must_not_run)
   with pytest.raises(ValueError, match="contraction dims differ"):
-    jax.jit(lambda l, r: gmm(l, r, SIZES, backend="pallas_tpu"))(LHS, jnp.zeros((3, 6, 16)))
+    jax.jit(lambda a, r: gmm(a, r, SIZES, backend="pallas_tpu"))(LHS, jnp.zeros((3, 6, 16)))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU-only expectation")
@@ -83,12 +89,14 @@ def test_backend_resolution_on_cpu():
 
 def test_tiles_shrink_to_small_dims_but_not_below_16():
   from moejax.kernels import gmm_tiles
+
   assert gmm_tiles.fit_tiling((128, 128, 128), 5, 48, 200) == (16, 64, 128)
   assert gmm_tiles.fit_tiling((8, 8, 8), 5, 48, 200) == (8, 8, 8)
 
 
 def test_gpu_tiling_check_names_the_tiling():
   from moejax.kernels import gmm_gpu
+
   gmm_gpu.check_gpu_tiling((16, 32, 64))
   with pytest.raises(ValueError, match=r"\(8, 32, 24\)"):
     gmm_gpu.check_gpu_tiling((8, 32, 24))

@@ -38,7 +38,10 @@ def dense_grads(case, dtype=jnp.float32):
   """f32 autodiff of the one-hot formulation at the (dtype-rounded) inputs."""
   lhs, rhs = (jnp.asarray(x, dtype).astype(jnp.float32) for x in (case.lhs, case.rhs))
   one_hot = row_one_hot(case.group_sizes, case.m)
-  loss = lambda lhs, rhs: jnp.sum(dense_gmm(lhs, rhs, one_hot) * case.grad)
+
+  def loss(lhs, rhs):
+    return jnp.sum(dense_gmm(lhs, rhs, one_hot) * case.grad)
+
   return jax.grad(loss, argnums=(0, 1))(lhs, rhs)
 
 
@@ -57,8 +60,11 @@ def test_grads_match_dense_autodiff_f32(backend, layout):
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
 @settings(max_examples=3, deadline=None)  # each new shape compiles (suite budget)
-@given(layout=ragged_layouts(max_groups=8, max_rows=40),
-       k=st.sampled_from([8, 16]), n=st.sampled_from([8, 16]))
+@given(
+  layout=ragged_layouts(max_groups=8, max_rows=40),
+  k=st.sampled_from([8, 16]),
+  n=st.sampled_from([8, 16]),
+)
 def test_grads_on_random_ragged_layouts(backend, layout, k, n):
   sizes, m = layout
   case = make_case(sizes, m, k, n, seed=m)
@@ -66,7 +72,7 @@ def test_grads_on_random_ragged_layouts(backend, layout, k, n):
   want_lhs, want_rhs = dense_grads(case)
   np.testing.assert_allclose(d_lhs, want_lhs, **F32_TOL)
   np.testing.assert_allclose(d_rhs, want_rhs, **F32_TOL)
-  assert np.all(np.asarray(d_lhs)[sum(sizes):] == 0)
+  assert np.all(np.asarray(d_lhs)[sum(sizes) :] == 0)
 
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
@@ -77,7 +83,8 @@ def test_grads_bf16(backend):
   for g, w in zip(got, want):
     assert g.dtype == jnp.bfloat16
     np.testing.assert_allclose(
-        g.astype(jnp.float32), w, rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(w))))
+      g.astype(jnp.float32), w, rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(w)))
+    )
 
 
 @pytest.mark.parametrize("backend", ["reference", "pallas_tpu", "pallas_gpu"])
@@ -103,8 +110,12 @@ def test_tgmm_grads_match_dense_autodiff(backend):
 
 def test_group_sizes_get_float0_cotangent():
   case = make_case([3, 5], 8, 8, 8)
-  _, vjp = jax.vjp(lambda l, r, s: gmm(l, r, s, backend="pallas_tpu", tiling=TILING),
-                   case.lhs, case.rhs, case.group_sizes)
+  _, vjp = jax.vjp(
+    lambda left, r, s: gmm(left, r, s, backend="pallas_tpu", tiling=TILING),
+    case.lhs,
+    case.rhs,
+    case.group_sizes,
+  )
   _, _, d_sizes = vjp(jnp.ones((8, 8), jnp.float32))
   assert d_sizes.dtype == jax.dtypes.float0 and d_sizes.shape == (2,)
 
@@ -115,15 +126,20 @@ def test_jitted_moe_mlp_grads_match_reference():
   rng = np.random.default_rng(2)
   m, d, h, num_experts = 24, 16, 32, 3
   x = rng.standard_normal((m, d)).astype(np.float32)
-  params = {"w_in": rng.standard_normal((num_experts, d, h)).astype(np.float32) / 4,
-            "w_out": rng.standard_normal((num_experts, h, d)).astype(np.float32) / 4}
+  params = {
+    "w_in": rng.standard_normal((num_experts, d, h)).astype(np.float32) / 4,
+    "w_out": rng.standard_normal((num_experts, h, d)).astype(np.float32) / 4,
+  }
   sizes = jnp.array([7, 0, 14], jnp.int32)  # 3 padding rows
 
   def make_loss(backend):
     def loss(params, x, sizes):
-      layer = lambda a, w: gmm(a, w, sizes, tiling=TILING, backend=backend, interpret=True)
+      def layer(a, w):
+        return gmm(a, w, sizes, tiling=TILING, backend=backend, interpret=True)
+
       y = layer(jax.nn.gelu(layer(x, params["w_in"])), params["w_out"])
-      return jnp.mean(y ** 2)
+      return jnp.mean(y**2)
+
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
   (v_ref, g_ref) = make_loss("reference")(params, x, sizes)

@@ -29,8 +29,8 @@ def test_schedule_visits_each_touching_pair_once_in_order(layout, tm, for_tgmm):
   m_pad = padded(m, tm)
   offsets = gmm_metadata.group_offsets(jnp.asarray(sizes, jnp.int32), m)
   sched = gmm_metadata.row_tile_schedule(
-      offsets, padded_rows=m_pad, tm=tm,
-      visit_empty_groups=for_tgmm, cover_padding_rows=not for_tgmm)
+    offsets, padded_rows=m_pad, tm=tm, visit_empty_groups=for_tgmm, cover_padding_rows=not for_tgmm
+  )
   count = int(sched.num_items)
   groups = np.asarray(sched.item_group)
   tiles = np.asarray(sched.item_tile)

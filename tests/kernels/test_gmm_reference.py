@@ -25,10 +25,12 @@ def test_reference_matches_numpy_loops(layout, k, n):
 
 def test_reference_matches_lax_ragged_dot():
   case = make_case([5, 0, 11, 16], 32, 16, 8)  # ragged_dot needs sum == m
-  expected = jax.lax.ragged_dot(case.lhs, case.rhs, case.group_sizes,
-                                precision=jax.lax.Precision.HIGHEST)
+  expected = jax.lax.ragged_dot(
+    case.lhs, case.rhs, case.group_sizes, precision=jax.lax.Precision.HIGHEST
+  )
   np.testing.assert_allclose(
-      gmm_reference(case.lhs, case.rhs, case.group_sizes), expected, **F32_TOL)
+    gmm_reference(case.lhs, case.rhs, case.group_sizes), expected, **F32_TOL
+  )
 
 
 def test_reference_rows_past_groups_are_zero_and_overflow_is_clipped():
@@ -39,10 +41,11 @@ def test_reference_rows_past_groups_are_zero_and_overflow_is_clipped():
   sizes = np.array([5, 10], np.int32)
   case = make_case(sizes, 8, 8, 8)
   np.testing.assert_allclose(
-      gmm_reference(case.lhs, case.rhs, sizes), numpy_gmm(case.lhs, case.rhs, sizes), **F32_TOL)
+    gmm_reference(case.lhs, case.rhs, sizes), numpy_gmm(case.lhs, case.rhs, sizes), **F32_TOL
+  )
   np.testing.assert_allclose(
-      tgmm_reference(case.lhs, case.grad, sizes),
-      numpy_tgmm(case.lhs, case.grad, sizes), **F32_TOL)
+    tgmm_reference(case.lhs, case.grad, sizes), numpy_tgmm(case.lhs, case.grad, sizes), **F32_TOL
+  )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -3,6 +3,7 @@
 On an H200 the f32 (128, 128, 128) gmm asked Triton for 262,144 bytes of
 shared memory (232,448 available) and failed to compile; bf16 fitted.
 """
+
 import pytest
 
 from moejax.kernels import gmm_gpu
@@ -14,12 +15,15 @@ def stage_bytes(tiling, itemsize, contraction_axis):
   return (tm * tk + other) * itemsize * gmm_gpu.NUM_STAGES
 
 
-@pytest.mark.parametrize("itemsize,axis,expected", [
-    (4, 1, (128, 64, 128)),   # f32 gmm: halve tk once (131,072 bytes)
+@pytest.mark.parametrize(
+  "itemsize,axis,expected",
+  [
+    (4, 1, (128, 64, 128)),  # f32 gmm: halve tk once (131,072 bytes)
     (2, 1, (128, 128, 128)),  # bf16 gmm fits as asked
-    (4, 0, (64, 128, 128)),   # f32 tgmm contracts over rows: halve tm
+    (4, 0, (64, 128, 128)),  # f32 tgmm contracts over rows: halve tm
     (2, 0, (128, 128, 128)),
-])
+  ],
+)
 def test_contracted_tile_is_halved_until_it_fits(itemsize, axis, expected):
   got = gmm_gpu.fit_shared_memory((128, 128, 128), itemsize, contraction_axis=axis)
   assert got == expected

@@ -1,5 +1,6 @@
 """L3 Large Lookup Layer (moejax/layers/lookup.py): sparse gradients, the padded
 lookup against a per-token loop, the row allocation, bad config, and a tiny LM."""
+
 import math
 
 import jax
@@ -23,8 +24,14 @@ class L3Cfg:
 
 
 def random_params(rng, budget, d_in, cfg=L3Cfg, dtype=np.float64):
-  shapes = {"keys": (budget, d_in), "values": (budget, cfg.d_emb), "w_up": (cfg.d_emb, cfg.d_up),
-            "ln_scale": (cfg.d_up,), "ln_bias": (cfg.d_up,), "w_mix": (d_in + cfg.d_up, d_in)}
+  shapes = {
+    "keys": (budget, d_in),
+    "values": (budget, cfg.d_emb),
+    "w_up": (cfg.d_emb, cfg.d_up),
+    "ln_scale": (cfg.d_up,),
+    "ln_bias": (cfg.d_up,),
+    "w_mix": (d_in + cfg.d_up, d_in),
+  }
   return {k: rng.standard_normal(s).astype(dtype) for k, s in shapes.items()}
 
 
@@ -49,8 +56,11 @@ def check_lookup(lengths, ids, cap):
   x = rng.standard_normal((len(ids), 4))
   want = loop_reference(p, offsets, lengths, ids, x)
   # padded to cap, not max(lengths); one jit, not a compile per eager op of each new shape
-  layer = jax.jit(lambda p, offsets, lengths, ids, x: lookup.l3_mix(
-      p, x, lookup.l3_lookup(p, offsets, lengths, ids, x, max_len=cap)))
+  layer = jax.jit(
+    lambda p, offsets, lengths, ids, x: lookup.l3_mix(
+      p, x, lookup.l3_lookup(p, offsets, lengths, ids, x, max_len=cap)
+    )
+  )
   with jax.enable_x64(True):
     got = np.asarray(layer(*jax.tree.map(jnp.asarray, (p, offsets, lengths32, ids, x))))
   np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
@@ -86,15 +96,16 @@ def test_gradients_reach_only_rows_of_ids_in_the_batch():
   for name in ("keys", "values"):
     g = np.asarray(grads[name][...])
     for t in range(len(rows)):
-      norms = np.linalg.norm(g[offsets[t]:offsets[t + 1]], axis=-1)
+      norms = np.linalg.norm(g[offsets[t] : offsets[t + 1]], axis=-1)
       if t in (0, 2):
         assert np.all(norms == 0.0), (name, t, norms)  # exactly zero, not just small
       else:
         assert np.all(norms > 0.0), (name, t, norms)
 
 
-@given(st.lists(st.integers(0, 1000), min_size=1, max_size=40), st.integers(1, 64),
-       st.integers(0, 2000))
+@given(
+  st.lists(st.integers(0, 1000), min_size=1, max_size=40), st.integers(1, 64), st.integers(0, 2000)
+)
 def test_allocation_sums_to_budget_within_cap_and_floor(counts, cap, extra):
   vocab = len(counts)
   budget = min(vocab + extra, cap * vocab)
@@ -138,20 +149,26 @@ def tiny_l3(data_dir, **train):
   return c
 
 
-@pytest.mark.parametrize("key,value,message", [
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
     ("budget", 100, r"model\.l3\.budget=100 is smaller than model\.vocab_size=256"),
     ("cap", 0, r"model\.l3\.cap=0 must be >= 1"),
     ("cap", 2, r"model\.l3\.budget=1024 cannot be allocated: model\.l3\.cap=2"),
-    ("layers", (2,), r"model\.l3\.layers=\(2,\) must be distinct block indices in \[0, "
-                     r"model\.num_layers=2\)"),
+    (
+      "layers",
+      (2,),
+      r"model\.l3\.layers=\(2,\) must be distinct block indices in \[0, "
+      r"model\.num_layers=2\)",
+    ),
     ("layers", (1, 1), r"model\.l3\.layers=\(1, 1\)"),
     ("layers", (), r"model\.l3\.layers=\(\)"),
     ("d_emb", 0, r"model\.l3\.d_emb=0 must be > 0"),
     ("allocation", "nope", r"model\.l3\.allocation='nope' is not known"),
     ("corpus", "nope", r"model\.l3\.corpus='nope' is not known"),
-])
-def test_bad_l3_config_is_rejected_before_compilation(tmp_path, monkeypatch, key, value,
-                                                      message):
+  ],
+)
+def test_bad_l3_config_is_rejected_before_compilation(tmp_path, monkeypatch, key, value, message):
   config = tiny_l3(str(tmp_path / "tfds"))
   config.model.l3[key] = value
   with pytest.raises(ConfigError, match=message):
@@ -170,8 +187,9 @@ def test_tiny_l3_lm_learns_and_checkpoints_its_table(tmp_path):
   assert first > last + 0.5, (first, last)
   assert run.eval["val_loss"] < math.log(256) - 0.5
   l3 = config.model.l3
-  rows = lookup.allocate_rows(lookup.token_weights(l3.allocation, l3.corpus, 256), l3.budget,
-                              l3.cap)
+  rows = lookup.allocate_rows(
+    lookup.token_weights(l3.allocation, l3.corpus, 256), l3.budget, l3.cap
+  )
   table = run.state.rest["lookups"]["1"]
   np.testing.assert_array_equal(table["lengths"], rows)
   np.testing.assert_array_equal(table["offsets"], lookup.csr_layout(rows)[0])
@@ -192,6 +210,7 @@ def test_train_split_allocation_counts_the_runs_own_sentencepiece_tokens(tmp_pat
 
   from moejax.data import files
   from moejax.train.loop import build_model
+
   rng = np.random.default_rng(0)
   words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away"]
   for i in range(11):  # a0 and a9 are held out (every 10th file)
@@ -204,7 +223,7 @@ def test_train_split_allocation_counts_the_runs_own_sentencepiece_tokens(tmp_pat
   validate_config(config)
 
   model = build_model(config)
-  model_file, = (tmp_path / "tfds" / "moejax_tokenizers").glob("*.model")
+  (model_file,) = (tmp_path / "tfds" / "moejax_tokenizers").glob("*.model")
   processor = spm.SentencePieceProcessor(model_file=str(model_file))
   counts = collections.Counter()
   for path in files.resolve_files(config.data.files)["train"]:

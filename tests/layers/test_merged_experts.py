@@ -2,6 +2,7 @@
 numpy oracles for the merge rules and the segment gates, causality across segments,
 finite-difference gradients, the Nash-weight twin against moejax.merging.nash, and
 one-line refusals of configs the merge cannot run."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,16 +35,24 @@ def random_weights(seed, leading=(E,)):
 
 
 def layer_of(merge, seed=0, **settings):
-  cfg = moe_cfg(num_experts=E, expert_d_ff=F, merge=merge, loss_weights={},
-                merged={"segment_len": 4, **settings})
+  cfg = moe_cfg(
+    num_experts=E,
+    expert_d_ff=F,
+    merge=merge,
+    loss_weights={},
+    merged={"segment_len": 4, **settings},
+  )
   return MoELayer(D, cfg, rngs=nnx.Rngs(seed), dtype=jnp.float64)
 
 
 def params_of(layer):
   """The layer's router kernel, expert and base weights as float64 numpy."""
   experts = {k: np.asarray(v, np.float64) for k, v in layer.experts.weights(jnp.float64).items()}
-  base = None if layer.merge_base is None else {
-      k: np.asarray(v[0], np.float64) for k, v in layer.merge_base.weights(jnp.float64).items()}
+  base = (
+    None
+    if layer.merge_base is None
+    else {k: np.asarray(v[0], np.float64) for k, v in layer.merge_base.weights(jnp.float64).items()}
+  )
   return np.asarray(layer.router_kernel[...], np.float64), experts, base
 
 
@@ -60,8 +69,9 @@ def np_layer(x, kernel, experts, base, rule, segment_len, eta=1.0, mask=None):
       if rule == "smear":
         w = {k: np.einsum("e,e...->...", gates, experts[k]) for k in NAMES}
       else:
-        w = {k: base[k] + eta * np.einsum("e,e...->...", gates, experts[k] - base[k])
-             for k in NAMES}
+        w = {
+          k: base[k] + eta * np.einsum("e,e...->...", gates, experts[k] - base[k]) for k in NAMES
+        }
       y[row, seg] = np_swiglu(w, x[row, seg])
       m = mask[row, seg][:, None]
       logits = (np.sum(x[row, seg] * m, 0) / max(m.sum(), 1.0)) @ kernel
@@ -76,8 +86,16 @@ def test_smear_with_one_hot_gates_is_that_expert_alone(expert):
   gates = np.zeros((2, 2, E))
   gates[..., expert] = 1.0
   with jax.enable_x64(True):
-    y = merged.merged_forward(jnp.asarray(x), jnp.asarray(gates), swiglu_expert, weights,
-                              None, merged.MERGE_RULES.get("smear"), 4, 1.0)
+    y = merged.merged_forward(
+      jnp.asarray(x),
+      jnp.asarray(gates),
+      swiglu_expert,
+      weights,
+      None,
+      merged.MERGE_RULES.get("smear"),
+      4,
+      1.0,
+    )
   alone = np_swiglu({k: w[expert] for k, w in weights.items()}, x)
   np.testing.assert_allclose(np.asarray(y), alone, rtol=1e-12, atol=1e-12)
 
@@ -88,12 +106,19 @@ def test_smear_with_one_segment_is_the_numpy_merge_then_swiglu():
   x = rng.standard_normal((2, 5, D))
   gates = rng.dirichlet(np.ones(E), size=(2, 1))
   with jax.enable_x64(True):
-    y = merged.merged_forward(jnp.asarray(x), jnp.asarray(gates), swiglu_expert, weights,
-                              None, merged.MERGE_RULES.get("smear"), 5, 1.0)
+    y = merged.merged_forward(
+      jnp.asarray(x),
+      jnp.asarray(gates),
+      swiglu_expert,
+      weights,
+      None,
+      merged.MERGE_RULES.get("smear"),
+      5,
+      1.0,
+    )
   for row in range(2):
     w = {k: sum(gates[row, 0, i] * weights[k][i] for i in range(E)) for k in NAMES}
-    np.testing.assert_allclose(np.asarray(y[row]), np_swiglu(w, x[row]), rtol=1e-12,
-                               atol=1e-12)
+    np.testing.assert_allclose(np.asarray(y[row]), np_swiglu(w, x[row]), rtol=1e-12, atol=1e-12)
 
 
 def test_ep_camex_with_identity_curvature_is_base_plus_gated_task_vectors():
@@ -101,8 +126,9 @@ def test_ep_camex_with_identity_curvature_is_base_plus_gated_task_vectors():
   gates = np.random.default_rng(7).dirichlet(np.ones(E), size=(2, 3))
   got = merged.ep_camex(weights, base, jnp.asarray(gates), 0.7)
   for k in NAMES:
-    want = base[k] + 0.7 * sum(gates[..., i, None, None] * (weights[k][i] - base[k])
-                               for i in range(E))
+    want = base[k] + 0.7 * sum(
+      gates[..., i, None, None] * (weights[k][i] - base[k]) for i in range(E)
+    )
     np.testing.assert_allclose(np.asarray(got[k]), want, rtol=1e-6, atol=1e-6)
 
 
@@ -172,8 +198,9 @@ def test_nash_weights_twin_equals_nash_weights():
     for n in (1, 2, 4, 6):
       g = rng.standard_normal((20, n)) + 0.3  # correlated task vectors
       gram = g.T @ g
-      np.testing.assert_allclose(np.asarray(merged.nash_weights_jnp(jnp.asarray(gram))),
-                                 nash_weights(gram), rtol=1e-9)
+      np.testing.assert_allclose(
+        np.asarray(merged.nash_weights_jnp(jnp.asarray(gram))), nash_weights(gram), rtol=1e-9
+      )
 
 
 def test_namex_propagation_is_the_hand_formula_with_nash_weights():
@@ -191,7 +218,9 @@ def test_namex_propagation_is_the_hand_formula_with_nash_weights():
   np.testing.assert_allclose(step @ g, 1.0 / alpha, rtol=1e-8)
 
 
-@pytest.mark.parametrize("key,value,named", [
+@pytest.mark.parametrize(
+  "key,value,named",
+  [
     ("experts", "atomic", "model.moe.experts='atomic'"),
     ("merged.segment_len", 0, "model.moe.merged.segment_len=0"),
     ("merged.eta", -1.0, "model.moe.merged.eta=-1.0"),
@@ -199,7 +228,8 @@ def test_namex_propagation_is_the_hand_formula_with_nash_weights():
     ("merge", "soup", "model.moe.merge='soup'"),
     ("router", "sigmoid_bias", "model.moe.router='sigmoid_bias'"),
     ("num_shared_experts", 1, "model.moe.num_shared_experts=1"),
-])
+  ],
+)
 def test_configs_the_merge_cannot_run_are_refused_naming_the_key(key, value, named):
   c = base_config()
   e = c.model.moe

@@ -1,5 +1,6 @@
 """The MoE layer end to end: finite-difference gradients, loss closed forms,
 shared experts, and causality of the whole LM."""
+
 import math
 
 import jax
@@ -18,15 +19,29 @@ from moejax.routing import Routing, RouterOutput
 from tests.helpers import moe_cfg
 
 
-@pytest.mark.parametrize("router,dispatch", [("topk", "dropless"), ("topk", "capacity"),
-                                             ("sigmoid_bias", "dropless"),
-                                             ("expert_choice", "dropless")])
+@pytest.mark.parametrize(
+  "router,dispatch",
+  [
+    ("topk", "dropless"),
+    ("topk", "capacity"),
+    ("sigmoid_bias", "dropless"),
+    ("expert_choice", "dropless"),
+  ],
+)
 def test_moe_layer_gradients_match_finite_differences(router, dispatch):
   """Reverse-mode gradients of loss(x, params) equal central differences (float64)."""
   with jax.enable_x64(True):
-    cfg = moe_cfg(router=router, dispatch=dispatch, num_experts=4, top_k=2, expert_d_ff=6,
-                  num_shared_experts=1, shared_d_ff=5, capacity_factor=4.0,
-                  loss_weights={"load_balance": 0.1, "z_loss": 0.01})
+    cfg = moe_cfg(
+      router=router,
+      dispatch=dispatch,
+      num_experts=4,
+      top_k=2,
+      expert_d_ff=6,
+      num_shared_experts=1,
+      shared_d_ff=5,
+      capacity_factor=4.0,
+      loss_weights={"load_balance": 0.1, "z_loss": 0.01},
+    )
     layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float64)
     graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
     params = jax.tree.map(lambda p: p.astype(jnp.float64), nnx.to_pure_dict(params))
@@ -45,20 +60,26 @@ def test_moe_layer_gradients_match_finite_differences(router, dispatch):
 def test_load_balance_loss_closed_form():
   # 4 tokens, 2 experts, top-1: tokens 0-2 -> expert 0, token 3 -> expert 1.
   probs = jnp.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
-  routing = Routing(jnp.array([[0], [0], [0], [1]], jnp.int32), probs.max(1, keepdims=True),
-                    jnp.ones((4, 1), bool))
+  routing = Routing(
+    jnp.array([[0], [0], [0], [1]], jnp.int32), probs.max(1, keepdims=True), jnp.ones((4, 1), bool)
+  )
   out = RouterOutput(routing, jnp.log(probs), probs, {}, {})
-  f = np.array([0.75, 0.25]); p = np.array([2.6, 1.4]) / 4
+  f = np.array([0.75, 0.25])
+  p = np.array([2.6, 1.4]) / 4
   np.testing.assert_allclose(load_balance_loss(out), 2 * (f * p).sum(), rtol=1e-6)
   # Perfect balance with uniform probabilities gives exactly 1.
   uniform = jnp.full((4, 2), 0.5)
-  balanced = Routing(jnp.array([[0], [1], [0], [1]], jnp.int32), uniform[:, :1], jnp.ones((4, 1), bool))
-  np.testing.assert_allclose(load_balance_loss(RouterOutput(balanced, uniform, uniform, {}, {})), 1.0)
+  balanced = Routing(
+    jnp.array([[0], [1], [0], [1]], jnp.int32), uniform[:, :1], jnp.ones((4, 1), bool)
+  )
+  np.testing.assert_allclose(
+    load_balance_loss(RouterOutput(balanced, uniform, uniform, {}, {})), 1.0
+  )
 
 
 def test_z_loss_closed_form():
   logits = jnp.array([[0.0, 0.0], [1.0, 2.0]])
-  expected = (math.log(2) ** 2 + math.log(math.e + math.e ** 2) ** 2) / 2
+  expected = (math.log(2) ** 2 + math.log(math.e + math.e**2) ** 2) / 2
   out = RouterOutput(None, logits, None, {}, {})
   np.testing.assert_allclose(router_z_loss(out), expected, rtol=1e-6)
 
@@ -84,12 +105,14 @@ def tiny_model_cfg(**moe):
   return ml_collections.FrozenConfigDict(c)
 
 
-@pytest.mark.parametrize("router,dispatch", [("topk", "dropless"), ("sigmoid_bias", "dropless"),
-                                             ("topk", "capacity")])
+@pytest.mark.parametrize(
+  "router,dispatch", [("topk", "dropless"), ("sigmoid_bias", "dropless"), ("topk", "capacity")]
+)
 def test_changing_token_t_changes_no_earlier_logit(router, dispatch):
   # capacity_factor 8 = E/k * 2: no drops, so capacity routing is per-token too.
-  model = jitted_logits(Decoder(tiny_model_cfg(router=router, dispatch=dispatch,
-                                               capacity_factor=8.0), rngs=nnx.Rngs(0)))
+  model = jitted_logits(
+    Decoder(tiny_model_cfg(router=router, dispatch=dispatch, capacity_factor=8.0), rngs=nnx.Rngs(0))
+  )
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
   logits = model(tokens)
   for t in (0, 5, 11):
@@ -129,9 +152,13 @@ def test_bfloat16_compute_keeps_router_in_float32():
   assert router_dots and all(e.outvars[0].aval.dtype == jnp.float32 for e in router_dots)
   # The expert weights [E, d, f] enter the expert compute (whatever primitive
   # the grouped matmul lowers to: dot_general or a custom_vjp kernel) in bf16.
-  weight_inputs = [v.aval.dtype for e in jaxpr.eqns if e.primitive.name != "convert_element_type"
-                   for v in e.invars if getattr(v, "aval", None) is not None
-                   and v.aval.shape == (4, 8, 16)]
+  weight_inputs = [
+    v.aval.dtype
+    for e in jaxpr.eqns
+    if e.primitive.name != "convert_element_type"
+    for v in e.invars
+    if getattr(v, "aval", None) is not None and v.aval.shape == (4, 8, 16)
+  ]
   assert weight_inputs and all(dtype == jnp.bfloat16 for dtype in weight_inputs)
   y, aux = layer(x)
   assert y.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
@@ -141,8 +168,14 @@ def test_bfloat16_compute_keeps_router_in_float32():
 def test_router_trained_parameters_get_gradients():
   """SmoothSMoE's band eta is a router parameter (init_params): the layer holds it
   as an nnx.Param and the boundary loss + routing weights give it a gradient."""
-  cfg = moe_cfg(router="smooth_topk", num_experts=6, top_k=2, expert_d_ff=8,
-                smooth_topk=dict(eta_init=0.5), loss_weights={"smooth_boundary": 1.0})
+  cfg = moe_cfg(
+    router="smooth_topk",
+    num_experts=6,
+    top_k=2,
+    expert_d_ff=8,
+    smooth_topk=dict(eta_init=0.5),
+    loss_weights={"smooth_boundary": 1.0},
+  )
   layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
   graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
@@ -150,9 +183,10 @@ def test_router_trained_parameters_get_gradients():
   x = jax.random.normal(jax.random.key(1), (2, 16, 8))
 
   def loss(params):
-    y, aux = nnx.merge(graphdef, params, nnx.to_pure_dict(rest))(x, train=True,
-                                                                 rng=jax.random.key(0))
-    return jnp.sum(y ** 2) + aux["aux_loss"]
+    y, aux = nnx.merge(graphdef, params, nnx.to_pure_dict(rest))(
+      x, train=True, rng=jax.random.key(0)
+    )
+    return jnp.sum(y**2) + aux["aux_loss"]
 
   grad = jax.jit(jax.grad(loss))(params)["router_params"]["eta_offset"]
   assert np.isfinite(float(grad)) and abs(float(grad)) > 0
@@ -161,8 +195,12 @@ def test_router_trained_parameters_get_gradients():
 def test_dpsl_reads_its_prior_from_the_config():
   from moejax.losses import get_loss
   from moejax.losses.dpsl import dpsl_loss
+
   probs = jax.nn.softmax(jax.random.normal(jax.random.key(0), (32, 4)), -1)
   out = RouterOutput(None, jnp.log(probs), probs, {}, {})
-  np.testing.assert_allclose(get_loss("dpsl")(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.5)))),
-                             dpsl_loss(probs, 0.5), rtol=1e-6)
+  np.testing.assert_allclose(
+    get_loss("dpsl")(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.5)))),
+    dpsl_loss(probs, 0.5),
+    rtol=1e-6,
+  )
   assert not np.isclose(dpsl_loss(probs, 0.5), dpsl_loss(probs, 1.0))

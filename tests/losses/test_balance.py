@@ -1,6 +1,7 @@
 """Switch load-balance loss and router z-loss against closed forms at top-1, 2 and 4,
 with dropped (invalid) slots: f_e is the share of *valid assignments* (all k
 slots counted), not of tokens, and invalid slots count nowhere."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +15,7 @@ from moejax.routing import Routing, RouterOutput
 def output(index, valid, probs, logits=None):
   index, valid = np.asarray(index, np.int32), np.asarray(valid, bool)
   probs = jnp.asarray(probs, jnp.float32)
-  routing = Routing(jnp.asarray(index), jnp.where(jnp.asarray(valid), 0.5, 0.0),
-                    jnp.asarray(valid))
+  routing = Routing(jnp.asarray(index), jnp.where(jnp.asarray(valid), 0.5, 0.0), jnp.asarray(valid))
   logits = jnp.log(probs) if logits is None else jnp.asarray(logits, jnp.float32)
   return RouterOutput(routing, logits, probs, {}, {})
 
@@ -33,10 +33,9 @@ def brute_force(index, valid, probs):
   return num_experts * float(np.sum(f * probs.mean(0)))
 
 
-PROBS_4x4 = np.array([[0.4, 0.3, 0.2, 0.1],
-                      [0.1, 0.5, 0.3, 0.1],
-                      [0.25, 0.25, 0.25, 0.25],
-                      [0.7, 0.1, 0.1, 0.1]])  # column means P = [0.3625, 0.2875, 0.2125, 0.1375]
+PROBS_4x4 = np.array(
+  [[0.4, 0.3, 0.2, 0.1], [0.1, 0.5, 0.3, 0.1], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]]
+)  # column means P = [0.3625, 0.2875, 0.2125, 0.1375]
 
 
 def test_top2_closed_form_with_a_dropped_slot():
@@ -46,8 +45,9 @@ def test_top2_closed_form_with_a_dropped_slot():
   valid = [[1, 1], [1, 1], [1, 0], [1, 1]]
   expected = 4 * (2 * 0.3625 + 2 * 0.2875 + 2 * 0.2125 + 1 * 0.1375) / 7
   np.testing.assert_allclose(expected, 7.45 / 7, rtol=1e-12)  # the arithmetic
-  np.testing.assert_allclose(load_balance_loss(output(index, valid, PROBS_4x4)), expected,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    load_balance_loss(output(index, valid, PROBS_4x4)), expected, rtol=1e-6
+  )
 
 
 def test_top4_closed_form_with_dropped_slots():
@@ -56,8 +56,9 @@ def test_top4_closed_form_with_dropped_slots():
   valid = [[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 0, 0], [0, 0, 1, 0]]
   expected = 4 * (4 * 0.3625 + 3 * 0.2875 + 2 * 0.2125 + 1 * 0.1375) / 10
   np.testing.assert_allclose(expected, 1.15, rtol=1e-12)
-  np.testing.assert_allclose(load_balance_loss(output(index, valid, PROBS_4x4)), expected,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    load_balance_loss(output(index, valid, PROBS_4x4)), expected, rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -68,7 +69,8 @@ def test_perfect_balance_at_top_k_gives_exactly_one(k):
   index = (np.arange(8)[:, None] + np.arange(k)[None]) % 8
   probs = np.full((8, 8), 1 / 8)
   np.testing.assert_allclose(
-      load_balance_loss(output(index, np.ones((8, k)), probs)), 1.0, rtol=1e-6)
+    load_balance_loss(output(index, np.ones((8, k)), probs)), 1.0, rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize("seed,t,e,k", [(0, 13, 6, 2), (1, 9, 8, 4), (2, 20, 5, 1), (3, 7, 4, 3)])
@@ -80,8 +82,9 @@ def test_random_routings_with_drops_equal_brute_force(seed, t, e, k):
   probs = rng.dirichlet(np.ones(e), size=t)
   out = output(index, valid, probs)
   np.testing.assert_allclose(load_balance_loss(out), brute_force(index, valid, probs), rtol=1e-6)
-  np.testing.assert_allclose(get_loss("load_balance")(out), brute_force(index, valid, probs),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    get_loss("load_balance")(out), brute_force(index, valid, probs), rtol=1e-6
+  )
 
 
 def test_invalid_slots_expert_index_is_ignored():
@@ -113,10 +116,10 @@ def test_z_loss_closed_form_over_several_tokens():
   logits = np.array([[0.0, 0.0, 0.0], [1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
   lse = np.log(np.exp(logits).sum(1))
   out = output(np.zeros((3, 1)), np.ones((3, 1)), np.full((3, 3), 1 / 3), logits)
-  np.testing.assert_allclose(router_z_loss(out), np.mean(lse ** 2), rtol=1e-6)
-  np.testing.assert_allclose(get_loss("z_loss")(out), np.mean(lse ** 2), rtol=1e-6)
+  np.testing.assert_allclose(router_z_loss(out), np.mean(lse**2), rtol=1e-6)
+  np.testing.assert_allclose(get_loss("z_loss")(out), np.mean(lse**2), rtol=1e-6)
   # d/dlogits = 2 lse_t softmax(logits_t) / T
-  grad = jax.grad(lambda l: router_z_loss(out.replace(logits=l)))(out.logits)
+  grad = jax.grad(lambda z: router_z_loss(out.replace(logits=z)))(out.logits)
   softmax = np.exp(logits - lse[:, None])
   np.testing.assert_allclose(grad, 2 * lse[:, None] * softmax / 3, rtol=1e-5)
 
@@ -126,5 +129,6 @@ def test_a_single_valid_assignment():
   valid = np.zeros((4, 2), bool)
   valid[2, 0] = True
   index = np.array([[0, 1], [1, 2], [1, 3], [0, 3]])
-  np.testing.assert_allclose(load_balance_loss(output(index, valid, PROBS_4x4)), 4 * 0.2875,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    load_balance_loss(output(index, valid, PROBS_4x4)), 4 * 0.2875, rtol=1e-6
+  )

@@ -1,6 +1,7 @@
 """DPSL (loss 'dpsl'): the Beta-marginal CDF against closed forms, Dirichlet rows
 vs uniform rows, symmetric / asymmetric / per-token priors, and gradient descent
 on free logits driving every expert's KS statistic below 0.05."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,7 @@ def test_beta_cdf_matches_closed_form_and_quadrature():
     c = min(a, 1.0)
 
     def integral(upper):
-      s = np.linspace(0.0, upper ** c, 20_001)
+      s = np.linspace(0.0, upper**c, 20_001)
       t = s ** (1 / c)
       f = t ** (a - c) * (1 - t) ** (b - 1)
       return np.sum((f[1:] + f[:-1]) / 2 * np.diff(s))
@@ -72,10 +73,11 @@ def test_gradient_descent_on_free_logits_reaches_ks_below_005(alpha, steps):
   @jax.jit
   def train(logits):
     def step(carry, _):
-      l, s = carry
-      g = jax.grad(lambda l: dpsl_loss(jax.nn.softmax(l, -1), alpha))(l)
+      z, s = carry
+      g = jax.grad(lambda z: dpsl_loss(jax.nn.softmax(z, -1), alpha))(z)
       u, s = opt.update(g, s)
-      return (optax.apply_updates(l, u), s), None
+      return (optax.apply_updates(z, u), s), None
+
     (logits, _), _ = jax.lax.scan(step, (logits, opt.init(logits)), None, length=steps)
     return logits
 
@@ -97,8 +99,11 @@ def test_registered_loss_works_with_any_router():
   for name in ("topk", "expert_choice"):
     cfg = moe_cfg(router=name)
     route = get_router(name).route
-    loss = jax.jit(jax.value_and_grad(lambda l: get_loss("dpsl")(
-        route(l, cfg=cfg, state={}, rng=None, train=True), cfg)))
+    loss = jax.jit(
+      jax.value_and_grad(
+        lambda z: get_loss("dpsl")(route(z, cfg=cfg, state={}, rng=None, train=True), cfg)
+      )
+    )
     value, g = loss(logits)
     assert value.dtype == jnp.float32 and np.isfinite(float(value))
     assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0
@@ -107,15 +112,21 @@ def test_registered_loss_works_with_any_router():
 def test_registered_loss_prior_router_then_config_then_symmetric_one():
   """The prior: the router's metrics['dpsl_alpha'], else model.moe.losses.dpsl.alpha, else 1."""
   from moejax.routing import RouterOutput
+
   rows = jnp.asarray(np.random.default_rng(2).dirichlet(np.ones(E), 16), jnp.float32)
   out = RouterOutput(None, jnp.log(rows), rows, {}, {})
   loss = get_loss("dpsl")
   np.testing.assert_allclose(loss(out, None), dpsl_loss(rows, 1.0), rtol=1e-6)
-  np.testing.assert_allclose(loss(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))), dpsl_loss(rows, 0.3), rtol=1e-6)
+  np.testing.assert_allclose(
+    loss(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))), dpsl_loss(rows, 0.3), rtol=1e-6
+  )
   assert abs(float(dpsl_loss(rows, 0.3)) - float(dpsl_loss(rows, 1.0))) > 1e-3
   routed = out.replace(metrics={"dpsl_alpha": jnp.asarray([0.5, 1.0, 2.0, 3.5])})
-  np.testing.assert_allclose(loss(routed, moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))),
-                             dpsl_loss(rows, jnp.asarray([0.5, 1.0, 2.0, 3.5])), rtol=1e-6)
+  np.testing.assert_allclose(
+    loss(routed, moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))),
+    dpsl_loss(rows, jnp.asarray([0.5, 1.0, 2.0, 3.5])),
+    rtol=1e-6,
+  )
 
 
 def test_one_hot_rows_keep_finite_gradients():

@@ -1,6 +1,7 @@
 """Merge methods (moejax/merging/) against hand computations and numpy: task
 arithmetic with one-hot weights is that model, TIES on hand-made sign conflicts,
 averaging is numpy's mean, and the refusals (shapes, simplex, settings)."""
+
 import numpy as np
 import pytest
 
@@ -12,8 +13,10 @@ from moejax.merging.ties import trim_threshold
 def tree(seed, shapes=None):
   rng = np.random.default_rng(seed)
   shapes = shapes or {"w": (3, 4), "b": (4,)}
-  return {"layer": {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()},
-          "scale": rng.normal(size=(2,)).astype(np.float32)}
+  return {
+    "layer": {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()},
+    "scale": rng.normal(size=(2,)).astype(np.float32),
+  }
 
 
 def equal(a, b):
@@ -36,7 +39,10 @@ def test_task_arithmetic_with_one_hot_weights_returns_that_model_exactly(j):
 def test_task_arithmetic_is_base_plus_scaled_weighted_task_vectors():
   base, models = tree(0), [tree(1), tree(2)]
   merged = bind("task_arithmetic", {"scale": 0.5})(base, models, [2.0, -1.0])
-  w = lambda t: t["layer"]["w"].astype(np.float64)
+
+  def w(t):
+    return t["layer"]["w"].astype(np.float64)
+
   want = w(base) + 0.5 * (2 * (w(models[0]) - w(base)) - (w(models[1]) - w(base)))
   np.testing.assert_allclose(merged["layer"]["w"], want, rtol=1e-6)
 
@@ -52,9 +58,9 @@ def test_ties_on_hand_made_sign_conflicts():
     e4: (-4, -3, +2.5)   -> (-4, -3, +2.5)   -> -  -> mean(-4, -3) = -3.5
     e5: (+.5, +2, +3)    -> (0, +2, +3)      -> +  -> mean(2, 3) = 2.5"""
   base = {"v": np.ones(6, np.float32)}
-  taus = np.array([[3, -2, 1, 0.1, -4, 0.5],
-                   [-1, 1, 4, 0.2, -3, 2],
-                   [0, 2.5, -5, 0.3, 2.5, 3]], np.float32)
+  taus = np.array(
+    [[3, -2, 1, 0.1, -4, 0.5], [-1, 1, 4, 0.2, -3, 2], [0, 2.5, -5, 0.3, 2.5, 3]], np.float32
+  )
   models = [{"v": base["v"] + t} for t in taus]
   merged = bind("ties", {"density": 0.5})(base, models)
   np.testing.assert_allclose(merged["v"], 1 + np.array([3, 2.5, -5, 0, -3.5, 2.5]), atol=1e-6)
@@ -81,28 +87,34 @@ def test_average_is_numpys_mean_and_weighted_mean():
   np.testing.assert_allclose(merged["layer"]["w"], np.mean(stack, axis=0), rtol=1e-6)
   w = np.array([0.1, 0.2, 0.3, 0.4])
   merged = bind("average")(None, models, w)
-  np.testing.assert_allclose(merged["layer"]["w"], np.average(stack, axis=0, weights=w),
-                             rtol=1e-6)
+  np.testing.assert_allclose(merged["layer"]["w"], np.average(stack, axis=0, weights=w), rtol=1e-6)
   assert merged["layer"]["w"].dtype == np.float32
 
 
 def test_merging_models_of_different_shapes_names_the_first_differing_parameter():
   base, other = tree(0), tree(1, {"w": (3, 5), "b": (4,)})
-  with pytest.raises(ConfigError, match=r"^models differ in shape at parameter layer/w: "
-                     r"\(3, 4\) in --base=A, \(3, 5\) in --experts\[1\]=C$"):
-    bind("task_arithmetic")(base, [tree(2), other], names=["--base=A", "--experts[0]=B",
-                                                           "--experts[1]=C"])
+  with pytest.raises(
+    ConfigError,
+    match=r"^models differ in shape at parameter layer/w: "
+    r"\(3, 4\) in --base=A, \(3, 5\) in --experts\[1\]=C$",
+  ):
+    bind("task_arithmetic")(
+      base, [tree(2), other], names=["--base=A", "--experts[0]=B", "--experts[1]=C"]
+    )
   missing = tree(1, {"w": (3, 4)})
   with pytest.raises(ConfigError, match=r"parameter layer/b is in base but not in models\[0\]"):
     bind("average")(base, [missing])
 
 
 @pytest.mark.parametrize("method", ["average", "ties"])
-@pytest.mark.parametrize("weights, message", [
+@pytest.mark.parametrize(
+  "weights, message",
+  [
     ([0.5, 0.7, -0.2], r"--weights=0.5,0.7,-0.2: weight -0.2 is negative"),
     ([0.5, 0.6, 0.0], r"--weights=0.5,0.6,0: the weights sum to 1.1, not 1"),
     ([0.2, 0.2, 0.2], r"the weights sum to 0.6, not 1"),
-])
+  ],
+)
 def test_weights_off_the_simplex_are_refused_where_required(method, weights, message):
   models = [tree(s) for s in (1, 2, 3)]
   with pytest.raises(ConfigError, match=message):
@@ -115,21 +127,27 @@ def test_simplex_tolerance_and_task_arithmetic_negation():
   with pytest.raises(ConfigError, match="sum to 1.000002"):
     bind("average")(None, models, [0.5 + 2e-6, 0.5])
   bind("task_arithmetic")(tree(0), models, [1.0, -1.0])  # negation: no simplex
-  with pytest.raises(ConfigError, match=r"--weights=1: gives 1 weights for 2 models|gives 1 "
-                     "weights for 2 models"):
+  with pytest.raises(
+    ConfigError,
+    match=r"--weights=1: gives 1 weights for 2 models|gives 1 "
+    "weights for 2 models",
+  ):
     bind("task_arithmetic")(tree(0), models, [1.0])
   with pytest.raises(ConfigError, match="weight nan is not finite"):
     bind("task_arithmetic")(tree(0), models, [np.nan, 1.0])
 
 
-@pytest.mark.parametrize("name, settings, message", [
+@pytest.mark.parametrize(
+  "name, settings, message",
+  [
     ("ties", {"density": 0.0}, r"--density=0.0 must be a finite number > 0.0 and <= 1.0"),
     ("ties", {"density": 1.5}, r"--density=1.5"),
     ("task_arithmetic", {"scale": float("nan")}, r"--scale=nan"),
     ("task_arithmetic", {"scale": -1.0}, r"--scale=-1.0 must be a finite number > 0.0"),
     ("average", {"scale": 2.0}, r"--scale=2.0 is not a setting of --method=average"),
     ("nope", {}, r"--method='nope' is not known; valid: average, nash, task_arithmetic, ties"),
-])
+  ],
+)
 def test_bad_settings_are_refused_once_at_bind(name, settings, message):
   with pytest.raises(ConfigError, match=message):
     bind(name, settings)

@@ -1,5 +1,6 @@
 """NAMEx's Nash-bargaining merge (moejax/merging/nash.py) against closed forms, the
 bargaining optimality conditions and a brute-force search over directions."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -45,14 +46,17 @@ def test_the_direction_is_the_brute_force_bargaining_optimum():
 
 
 def test_bargaining_powers_weight_the_orthogonal_solution():
-  np.testing.assert_allclose(nash_weights(np.diag([4.0, 9.0]), powers=[1.0, 4.0]), [0.5, 2 / 3],
-                             rtol=1e-14)
+  np.testing.assert_allclose(
+    nash_weights(np.diag([4.0, 9.0]), powers=[1.0, 4.0]), [0.5, 2 / 3], rtol=1e-14
+  )
 
 
 def test_the_merge_adds_scaled_nash_directions_to_the_base():
   base = {"w": np.zeros(3), "b": {"x": np.zeros(1)}}
-  models = [{"w": np.array([2.0, 0, 0]), "b": {"x": np.zeros(1)}},
-            {"w": np.array([0, 0, 0.5]), "b": {"x": np.zeros(1)}}]
+  models = [
+    {"w": np.array([2.0, 0, 0]), "b": {"x": np.zeros(1)}},
+    {"w": np.array([0, 0, 0.5]), "b": {"x": np.zeros(1)}},
+  ]
   merged = merging.bind("nash", {"scale": 3.0})(base, models)
   # alpha = 1/||tau||: each model adds its unit direction, times scale
   np.testing.assert_allclose(merged["w"], [3.0, 0, 3.0], rtol=1e-14)

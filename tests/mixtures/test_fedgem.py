@@ -1,6 +1,7 @@
 """FedGEM and its EM (moejax/mixtures/{gmm,fedgem}.py) against oracles: Q evaluated
 directly around the closed-form radius, hand-built ball graphs, the true clusters,
 centralised EM with one client, EM's monotone likelihood, and the refusals."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,9 +22,11 @@ def blobs(seed, means, points, std=1.0):
 def random_model(seed, k, dim, diagonal):
   rng = np.random.default_rng(seed)
   shape = (k, dim) if diagonal else (k,)
-  return gmm.GMM(weights=jnp.asarray(rng.dirichlet(np.ones(k))),
-                 means=jnp.asarray(rng.normal(scale=3.0, size=(k, dim))),
-                 variances=jnp.asarray(rng.uniform(0.5, 3.0, size=shape)))
+  return gmm.GMM(
+    weights=jnp.asarray(rng.dirichlet(np.ones(k))),
+    means=jnp.asarray(rng.normal(scale=3.0, size=(k, dim))),
+    variances=jnp.asarray(rng.uniform(0.5, 3.0, size=shape)),
+  )
 
 
 @pytest.mark.parametrize("diagonal", [False, True])
@@ -35,8 +38,18 @@ def test_q_rises_inside_the_radius_and_falls_just_outside(diagonal):
     maximised, resp2, radii = fedgem.local_em(jnp.asarray(x), old)
     np.testing.assert_allclose(resp2, resp, rtol=1e-12)
     q_old = float(gmm.q_function(x, resp, old))
-    q_at = lambda k, mu: float(gmm.q_function(x, resp, old._replace(  # noqa: E731
-        means=old.means.at[k].set(mu))))
+
+    def q_at(k, mu):
+      return float(
+        gmm.q_function(
+          x,
+          resp,
+          old._replace(  # noqa: E731
+            means=old.means.at[k].set(mu)
+          ),
+        )
+      )
+
     rng = np.random.default_rng(2)
     variances = np.asarray(gmm.per_dim_variances(old.variances, 3))
     for k in range(3):
@@ -52,8 +65,9 @@ def test_q_rises_inside_the_radius_and_falls_just_outside(diagonal):
         assert all(q_at(k, centre + 1.001 * eps * u) < q_old for u in directions)
         mu = centre + 0.7 * eps * directions[0]
         count, var = float(jnp.sum(resp[:, k])), float(old.variances[k])
-        np.testing.assert_allclose(q_at(k, mu) - q_at(k, centre),
-                                   -count / (2 * var) * np.sum((mu - centre) ** 2), rtol=1e-9)
+        np.testing.assert_allclose(
+          q_at(k, mu) - q_at(k, centre), -count / (2 * var) * np.sum((mu - centre) ** 2), rtol=1e-9
+        )
 
 
 def test_means_inside_the_balls_never_lower_the_likelihood():
@@ -66,8 +80,11 @@ def test_means_inside_the_balls_never_lower_the_likelihood():
       old = random_model(10 + trial, 3, 2, diagonal=False)
       maximised, resp, radii = fedgem.local_em(x, old)
       step = rng.normal(size=(3, 2))
-      step *= (rng.uniform(size=(3, 1)) * np.asarray(radii)[:, None]
-               / np.linalg.norm(step, axis=1, keepdims=True))
+      step *= (
+        rng.uniform(size=(3, 1))
+        * np.asarray(radii)[:, None]
+        / np.linalg.norm(step, axis=1, keepdims=True)
+      )
       new = fedgem.set_means(x, resp, maximised, maximised.means + step)
       assert float(gmm.log_likelihood(x, new)) >= float(gmm.log_likelihood(x, old)) - 1e-9
 
@@ -82,7 +99,8 @@ def test_server_merge_joins_chains_of_intersecting_balls_of_different_clients():
   np.testing.assert_array_equal(merged, [0, 1, 0])  # 2 overlaps 1 less deeply than 0
   # Earlier groups stay joined.
   np.testing.assert_array_equal(
-      fedgem.server_merge([[0.0], [9.0]], [0.1, 0.1], [0, 1], groups=[4, 4]), [0, 0])
+    fedgem.server_merge([[0.0], [9.0]], [0.1, 0.1], [0, 1], groups=[4, 4]), [0, 0]
+  )
 
 
 def test_connected_components_are_the_true_clusters_on_separated_data():
@@ -103,8 +121,9 @@ def test_connected_components_are_the_true_clusters_on_separated_data():
       assert len(set(truth[g][predicted == result.component_cluster[g][k]])) == 1
     pairs |= set(zip(truth[g].tolist(), predicted.tolist()))
   assert len(pairs) == 8 and len({p for _, p in pairs}) == 8  # a bijection
-  np.testing.assert_allclose(np.sort(result.global_model.means[:, 0]),
-                             np.sort(means[:, 0]), atol=0.5)
+  np.testing.assert_allclose(
+    np.sort(result.global_model.means[:, 0]), np.sort(means[:, 0]), atol=0.5
+  )
 
 
 @pytest.mark.parametrize("diagonal", [False, True])
@@ -165,7 +184,8 @@ def test_refusals():
 def test_federated_clusters_hold_every_cluster_at_the_given_separation(seed):
   rng = np.random.default_rng(seed)
   data, labels, local_ks = synthetic.federated_clusters(
-      rng, 2.5, clusters=8, clients=5, held=(3, 4), dim=2, points=4000)
+    rng, 2.5, clusters=8, clients=5, held=(3, 4), dim=2, points=4000
+  )
   assert sorted(set(np.concatenate(labels).tolist())) == list(range(8))
   assert local_ks == [len(set(y.tolist())) for y in labels] and all(3 <= k <= 4 for k in local_ks)
   for x, y in zip(data, labels):
@@ -178,13 +198,20 @@ def test_federated_clusters_hold_every_cluster_at_the_given_separation(seed):
   np.testing.assert_allclose(residual.std(0), 1.0, atol=0.02)
 
 
-@pytest.mark.parametrize("held, clients, match", [
-    ((5, 4), 5, "min_held=5, max_held=4"), ((0, 2), 5, "min_held=0"),
-    ((3, 9), 5, "max_held=9, clusters=8"), ((1, 2), 3, "clients=3, max_held=2")])
+@pytest.mark.parametrize(
+  "held, clients, match",
+  [
+    ((5, 4), 5, "min_held=5, max_held=4"),
+    ((0, 2), 5, "min_held=0"),
+    ((3, 9), 5, "max_held=9, clusters=8"),
+    ((1, 2), 3, "clients=3, max_held=2"),
+  ],
+)
 def test_federation_refusals_name_the_values(held, clients, match):
   with pytest.raises(ConfigError, match=match):
-    synthetic.federated_clusters(np.random.default_rng(0), 2.0, clusters=8, clients=clients,
-                                 held=held, dim=2, points=5)
+    synthetic.federated_clusters(
+      np.random.default_rng(0), 2.0, clusters=8, clients=clients, held=held, dim=2, points=5
+    )
 
 
 def test_the_stopping_rule_is_relative_to_the_size_of_the_means():

@@ -3,6 +3,7 @@ brute-force objective change of every single-point move, its runs replayed by a
 float64 brute force, its objective never increasing; both algorithms recover
 separated clusters at d=2; Lloyd returns its initial partition at n=40,
 d=2000 while Hartigan recovers the clusters; NMI by hand; refusals."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -16,8 +17,9 @@ from moejax.mixtures import synthetic
 def objective64(X, labels, k):
   """Brute force in float64: sum over clusters of squared distances to the mean."""
   X = np.asarray(X, np.float64)
-  return sum(((X[labels == j] - X[labels == j].mean(0)) ** 2).sum()
-             for j in range(k) if np.any(labels == j))
+  return sum(
+    ((X[labels == j] - X[labels == j].mean(0)) ** 2).sum() for j in range(k) if np.any(labels == j)
+  )
 
 
 def single_moves(X, labels, i, k):
@@ -55,9 +57,10 @@ def random_labels(rng, n, k):
 
 
 # (n, d, k) from a short list (each new shape compiles), then a seed
-shapes = st.tuples(st.sampled_from([(7, 1, 1), (7, 5, 3), (12, 50, 4), (20, 1, 3), (20, 2, 2),
-                                    (20, 200, 5)]), st.integers(0, 2**31 - 1)).map(
-                                        lambda s: (*s[0], s[1]))
+shapes = st.tuples(
+  st.sampled_from([(7, 1, 1), (7, 5, 3), (12, 50, 4), (20, 1, 3), (20, 2, 2), (20, 200, 5)]),
+  st.integers(0, 2**31 - 1),
+).map(lambda s: (*s[0], s[1]))
 
 
 @settings(max_examples=60)
@@ -209,7 +212,7 @@ def test_lloyd_returns_its_initial_partition_in_high_d_and_hartigan_does_not():
   X, truth, init = two_cluster_trials(d=2)  # the same separation is easy at d=2
   lloyd = km.lloyd_trials(X, init)
   assert not np.any(np.all(np.asarray(lloyd.labels) == init, axis=1))
-  assert np.mean([nmi(t, l) for t, l in zip(truth, lloyd.labels)]) == pytest.approx(1.0)
+  assert np.mean([nmi(t, found) for t, found in zip(truth, lloyd.labels)]) == pytest.approx(1.0)
 
 
 def test_trials_equal_single_runs():
@@ -238,22 +241,22 @@ def test_two_clusters_puts_the_means_separation_apart(d, separation):
 
 X6 = np.zeros((6, 2))
 REFUSALS = [
-    (lambda: km.hartigan(X6, np.zeros(6, int), k=0), "(k=0)"),
-    (lambda: km.hartigan(X6, np.arange(6), k=7), "(k=7)"),
-    (lambda: km.lloyd(X6, init_centroids=np.zeros((7, 2))), "(k=7)"),
-    (lambda: km.lloyd(X6, init_centroids=np.zeros((2, 3))), "init_centroids.shape=(2, 3)"),
-    (lambda: km.lloyd(X6), "init_labels given=False"),
-    (lambda: km.lloyd(X6, np.zeros(6, int), init_centroids=np.zeros((1, 2))), "given=True"),
-    (lambda: km.hartigan(np.zeros(6), np.zeros(6, int)), "X.shape=(6,)"),
-    (lambda: km.hartigan(X6, np.zeros(5, int)), "init_labels.shape=(5,)"),
-    (lambda: km.hartigan(X6, np.zeros(6)), "init_labels.dtype=float64"),
-    (lambda: km.hartigan(X6, np.array([0, 1, 2, 0, 1, -1])), "range=[-1, 2]"),
-    (lambda: km.hartigan(X6, np.array([0, 2, 2, 0, 2, 0])), "empty cluster=1"),
-    (lambda: km.lloyd(X6, np.array([0, 0, 0, 0, 0, 0]), k=2), "empty cluster=1"),
-    (lambda: km.hartigan(X6, np.zeros(6, int), max_iter=0), "max_iter=0"),
-    (lambda: km.hartigan_step(X6, np.array([0, 1] * 3), 6), "(i=6)"),
-    (lambda: km.lloyd_trials(np.zeros((2, 6, 2)), np.zeros((3, 6), int)), "(3, 6)"),
-    (lambda: km.hartigan_trials(np.zeros((2, 6, 2)), np.zeros((2, 6), int), [0]), "=1)"),
+  (lambda: km.hartigan(X6, np.zeros(6, int), k=0), "(k=0)"),
+  (lambda: km.hartigan(X6, np.arange(6), k=7), "(k=7)"),
+  (lambda: km.lloyd(X6, init_centroids=np.zeros((7, 2))), "(k=7)"),
+  (lambda: km.lloyd(X6, init_centroids=np.zeros((2, 3))), "init_centroids.shape=(2, 3)"),
+  (lambda: km.lloyd(X6), "init_labels given=False"),
+  (lambda: km.lloyd(X6, np.zeros(6, int), init_centroids=np.zeros((1, 2))), "given=True"),
+  (lambda: km.hartigan(np.zeros(6), np.zeros(6, int)), "X.shape=(6,)"),
+  (lambda: km.hartigan(X6, np.zeros(5, int)), "init_labels.shape=(5,)"),
+  (lambda: km.hartigan(X6, np.zeros(6)), "init_labels.dtype=float64"),
+  (lambda: km.hartigan(X6, np.array([0, 1, 2, 0, 1, -1])), "range=[-1, 2]"),
+  (lambda: km.hartigan(X6, np.array([0, 2, 2, 0, 2, 0])), "empty cluster=1"),
+  (lambda: km.lloyd(X6, np.array([0, 0, 0, 0, 0, 0]), k=2), "empty cluster=1"),
+  (lambda: km.hartigan(X6, np.zeros(6, int), max_iter=0), "max_iter=0"),
+  (lambda: km.hartigan_step(X6, np.array([0, 1] * 3), 6), "(i=6)"),
+  (lambda: km.lloyd_trials(np.zeros((2, 6, 2)), np.zeros((3, 6), int)), "(3, 6)"),
+  (lambda: km.hartigan_trials(np.zeros((2, 6, 2)), np.zeros((2, 6), int), [0]), "=1)"),
 ]
 
 

@@ -1,7 +1,8 @@
 """MoLR-MoG score networks (moejax/mixtures/score_mixture.py, score_networks.py)
-against oracles: autodiff of log p_t, the dense Gaussian-mixture density, the two derivations of the n_k = 1
-score, the DSM identity at the true score, training, the study's subspace angle
-against a rotation by a known angle, and the refusals."""
+against oracles: autodiff of log p_t, the dense Gaussian-mixture density, the two
+derivations of the n_k = 1 score, the DSM identity at the true score, training, the
+study's subspace angle against a rotation by a known angle, and the refusals."""
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -22,11 +23,23 @@ def random_mixture(seed, dim=7, k=3, d=2, comps=3, full=True):
   rng = np.random.default_rng(seed)
   bases = np.linalg.qr(rng.normal(size=(k, dim, d)))[0]
   root = rng.normal(size=(k, comps, d, d))
-  cov = (root @ root.transpose(0, 1, 3, 2) + 0.2 * np.eye(d) if full
-         else rng.uniform(0.2, 2.0, size=(k, comps, d)))
-  return sm.MoLRMoG(*map(jnp.asarray, (rng.dirichlet(np.ones(k)), bases,
-                                       rng.dirichlet(np.ones(comps), size=k),
-                                       2.0 * rng.normal(size=(k, comps, d)), cov)))
+  cov = (
+    root @ root.transpose(0, 1, 3, 2) + 0.2 * np.eye(d)
+    if full
+    else rng.uniform(0.2, 2.0, size=(k, comps, d))
+  )
+  return sm.MoLRMoG(
+    *map(
+      jnp.asarray,
+      (
+        rng.dirichlet(np.ones(k)),
+        bases,
+        rng.dirichlet(np.ones(comps), size=k),
+        2.0 * rng.normal(size=(k, comps, d)),
+        cov,
+      ),
+    )
+  )
 
 
 def noisy_points(mix, n, sigma, seed):
@@ -54,12 +67,19 @@ def test_log_density_is_the_dense_gaussian_mixture():
     mix = random_mixture(4)
     for sigma in SIGMAS:
       x = noisy_points(mix, 32, sigma, 5)
-      dense = [jnp.log(mix.weights[k] * mix.component_weights[k, l]) + multivariate_normal.logpdf(
-          x, mix.bases[k] @ mix.means[k, l],
-          mix.bases[k] @ mix.covariances[k, l] @ mix.bases[k].T + sigma ** 2 * jnp.eye(7))
-               for k in range(3) for l in range(3)]
-      np.testing.assert_allclose(sm.molr_mog_log_density(x, sigma, mix),
-                                 jax.nn.logsumexp(jnp.stack(dense), 0), rtol=1e-10)
+      dense = [
+        jnp.log(mix.weights[k] * mix.component_weights[k, comp])
+        + multivariate_normal.logpdf(
+          x,
+          mix.bases[k] @ mix.means[k, comp],
+          mix.bases[k] @ mix.covariances[k, comp] @ mix.bases[k].T + sigma**2 * jnp.eye(7),
+        )
+        for k in range(3)
+        for comp in range(3)
+      ]
+      np.testing.assert_allclose(
+        sm.molr_mog_log_density(x, sigma, mix), jax.nn.logsumexp(jnp.stack(dense), 0), rtol=1e-10
+      )
 
 
 def test_sampler_is_seeded_and_lies_on_the_subspaces():
@@ -113,16 +133,17 @@ def test_dsm_at_the_true_score_is_its_minimum():
       s = jnp.full((n,), sigma)
       for scale, holds in ((1.0, True), (1.1, False), (0.9, False)):
         score = true(x + sigma * noise, s) * scale
-        gap = (jnp.sum((sigma * score + noise) ** 2, 1)
-               - (6 - sigma ** 2 * jnp.sum(score ** 2, 1)))
+        gap = jnp.sum((sigma * score + noise) ** 2, 1) - (6 - sigma**2 * jnp.sum(score**2, 1))
         within = abs(float(gap.mean())) < 4 * float(gap.std()) / np.sqrt(n)
         assert within == holds, (sigma, scale, float(gap.mean()), float(gap.std()))
       base = float(sn.dsm_loss(true, x, s, noise))
-      for shift in (lambda y: jnp.ones_like(y) / sigma,
-                    lambda y: 0.3 * jnp.roll(y, 1, axis=1) / (1 + sigma ** 2)):
+      for shift in (
+        lambda y: jnp.ones_like(y) / sigma,
+        lambda y: 0.3 * jnp.roll(y, 1, axis=1) / (1 + sigma**2),
+      ):
         perturbed = lambda y, t, f=shift: true(y, t) + f(y)  # noqa: E731
         rise = float(sn.dsm_loss(perturbed, x, s, noise)) - base
-        expected = sigma ** 2 * float(jnp.mean(jnp.sum(shift(x + sigma * noise) ** 2, 1)))
+        expected = sigma**2 * float(jnp.mean(jnp.sum(shift(x + sigma * noise) ** 2, 1)))
         assert rise == pytest.approx(expected, rel=0.15)
 
 
@@ -156,8 +177,10 @@ def test_init_from_data_finds_the_subspaces_and_components():
   """Clean data lie on the subspaces: the start is near the true score already."""
   mix = sm.make_mixture(2, 16, 3, 2, 2)
   data = sm.sample(mix, 600, 3)
-  for model in (sn.MoELatentMoG(16, 3, 2, 2, rngs=nnx.Rngs(0)),
-                sn.MoELatentGaussian(16, 3, 2, rngs=nnx.Rngs(0))):
+  for model in (
+    sn.MoELatentMoG(16, 3, 2, 2, rngs=nnx.Rngs(0)),
+    sn.MoELatentGaussian(16, 3, 2, rngs=nnx.Rngs(0)),
+  ):
     before = sm.score_error(model, mix, 0.5, num_samples=512)
     sn.init_from_data(model, data, seed=1)
     bases = sn.orthonormal(model.bases_raw[...])
@@ -177,13 +200,15 @@ def test_refusals():
   mix = sm.make_mixture(0, 6, 2, 2, 2)
   x = sm.sample(mix, 4, 0)
   model = sn.MoELatentMoG(6, 2, 2, 2, rngs=nnx.Rngs(0))
-  for call in (lambda: sm.molr_mog_score(x, -0.5, mix),
-               lambda: sm.molr_mog_log_density(x, -0.5, mix),
-               lambda: sm.score_error(model, mix, -0.5),
-               lambda: model(x, -0.5),
-               lambda: sn.MoELatentGaussian(6, 2, 2, rngs=nnx.Rngs(0))(x, -0.5),
-               lambda: sn.ScoreMLP(6, 3, rngs=nnx.Rngs(0))(x, -0.5),
-               lambda: sn.dsm_loss(model, x, jnp.array([1.0, 1.0, -0.5, 1.0]), x)):
+  for call in (
+    lambda: sm.molr_mog_score(x, -0.5, mix),
+    lambda: sm.molr_mog_log_density(x, -0.5, mix),
+    lambda: sm.score_error(model, mix, -0.5),
+    lambda: model(x, -0.5),
+    lambda: sn.MoELatentGaussian(6, 2, 2, rngs=nnx.Rngs(0))(x, -0.5),
+    lambda: sn.ScoreMLP(6, 3, rngs=nnx.Rngs(0))(x, -0.5),
+    lambda: sn.dsm_loss(model, x, jnp.array([1.0, 1.0, -0.5, 1.0]), x),
+  ):
     with pytest.raises(ConfigError, match="sigma=-0.5"):
       call()
   with pytest.raises(ConfigError, match="sigma=0 must be > 0"):
@@ -217,21 +242,25 @@ def test_subspace_angle_is_the_rotation_under_the_best_matching(degrees):
   learned = true.copy()
   learned[1, :, 0] = np.cos(theta) * q[:, 2] + np.sin(theta) * q[:, 9]  # out of every U_k
   for order in ([0, 1, 2], [2, 0, 1]):
-    assert molr_mog.subspace_angle(true, learned[order]) == pytest.approx(degrees, rel=1e-6,
-                                                                          abs=1e-9)
+    assert molr_mog.subspace_angle(true, learned[order]) == pytest.approx(
+      degrees, rel=1e-6, abs=1e-9
+    )
   assert molr_mog.subspace_angle(true, true[[1, 2, 0]]) == pytest.approx(0.0, abs=1e-6)
   with pytest.raises(ConfigError, match="model='unet' is not known"):
-    molr_mog.build("unet", 0, jnp.zeros((4, 6)), dim=6, subspaces=2, latent_dim=2,
-                   components=2)
+    molr_mog.build("unet", 0, jnp.zeros((4, 6)), dim=6, subspaces=2, latent_dim=2, components=2)
 
 
-@pytest.mark.parametrize("scale, want", [(1.0, 0.0), (0.0, 1.0), (2.0, 1.0), (1.5, 0.25),
-                                         (-1.0, 4.0)])
+@pytest.mark.parametrize(
+  "scale, want", [(1.0, 0.0), (0.0, 1.0), (2.0, 1.0), (1.5, 0.25), (-1.0, 4.0)]
+)
 def test_score_error_of_a_scaled_true_score_is_the_squared_relative_gap(scale, want):
   """s_theta = c s_true on the same samples: |c s - s|^2 / |s|^2 = (c - 1)^2 exactly,
   whatever the Monte Carlo draw (0 at the truth, 1 for a zero network)."""
   mix = random_mixture(2, dim=5, k=2, d=3, comps=2)
-  fn = lambda x, sigma: scale * sm.molr_mog_score(x, sigma, mix)
+
+  def fn(x, sigma):
+    return scale * sm.molr_mog_score(x, sigma, mix)
+
   assert sm.score_error(fn, mix, 0.3, num_samples=256, seed=4) == pytest.approx(want, abs=1e-5)
 
 

@@ -5,6 +5,7 @@ integral over the sphere, q = 0 against an isotropic tangent Gaussian by hand,
 monotone EM, parameter recovery, the vMF normaliser by quadrature, ARI by pair
 counting, a Gaussian's mass on the sphere in closed form, the synthetic bands' tangent
 spread, best-of-restarts fits, and the refusals."""
+
 import math
 
 import jax
@@ -42,15 +43,15 @@ def test_exp_of_log_and_log_of_exp_are_the_identity(d, seed):
     v = sp.log_map(mu, x)
     np.testing.assert_allclose(sp.exp_map(mu, v), x, atol=1e-6)
     np.testing.assert_allclose(v @ mu, 0, atol=1e-12)  # tangent
-    np.testing.assert_allclose(np.linalg.norm(v, axis=1), np.arccos(np.clip(x @ mu, -1, 1)),
-                               atol=1e-7)  # |Log| is the geodesic distance
+    np.testing.assert_allclose(
+      np.linalg.norm(v, axis=1), np.arccos(np.clip(x @ mu, -1, 1)), atol=1e-7
+    )  # |Log| is the geodesic distance
     w = tangent(rng, mu, 50, rng.uniform(0, np.pi - 1e-3, 50))
     w[0] = 0
     np.testing.assert_allclose(sp.log_map(mu, sp.exp_map(mu, w)), w, atol=1e-6)
   x32 = unit(rng, 50, d).astype(np.float32)  # float32 away from the antipode
   x32 *= np.where(x32 @ mu.astype(np.float32) < -0.9, -1, 1).astype(np.float32)[:, None]
-  np.testing.assert_allclose(sp.exp_map(mu, sp.log_map(mu.astype(np.float32), x32)), x32,
-                             atol=1e-6)
+  np.testing.assert_allclose(sp.exp_map(mu, sp.log_map(mu.astype(np.float32), x32)), x32, atol=1e-6)
 
 
 @pytest.mark.parametrize("d", [3, 11])
@@ -90,8 +91,12 @@ def test_frechet_mean_is_a_stationary_minimum_and_not_the_extrinsic_mean():
 def random_mgfa(rng, k, d, q):
   means = unit(rng, k, d)
   factors = np.stack([tangent(rng, m, q, rng.uniform(0.2, 0.8, q)).T for m in means])
-  return sp.MGFA(jnp.asarray(rng.dirichlet(np.ones(k))), jnp.asarray(means),
-                 jnp.asarray(factors.reshape(k, d, q)), jnp.asarray(rng.uniform(0.05, 0.3, k)))
+  return sp.MGFA(
+    jnp.asarray(rng.dirichlet(np.ones(k))),
+    jnp.asarray(means),
+    jnp.asarray(factors.reshape(k, d, q)),
+    jnp.asarray(rng.uniform(0.05, 0.3, k)),
+  )
 
 
 @pytest.mark.parametrize("d,q", [(3, 1), (6, 2), (6, 0)])
@@ -100,10 +105,11 @@ def test_tangent_density_equals_a_dense_gaussian_in_a_tangent_basis(d, q):
   with jax.enable_x64(True):
     model = random_mgfa(rng, 1, d, q)
     mu, w, s2 = np.asarray(model.means[0]), np.asarray(model.factors[0]), float(model.noise[0])
-    basis = np.linalg.svd(np.eye(d) - np.outer(mu, mu))[0][:, :d - 1]  # [d, d-1] tangent
+    basis = np.linalg.svd(np.eye(d) - np.outer(mu, mu))[0][:, : d - 1]  # [d, d-1] tangent
     v = tangent(rng, mu, 30, rng.uniform(0, 2, 30))
-    dense = stats.multivariate_normal(np.zeros(d - 1), basis.T @ (w @ w.T) @ basis +
-                                      s2 * np.eye(d - 1)).logpdf(v @ basis)
+    dense = stats.multivariate_normal(
+      np.zeros(d - 1), basis.T @ (w @ w.T) @ basis + s2 * np.eye(d - 1)
+    ).logpdf(v @ basis)
     np.testing.assert_allclose(sp.tangent_log_density(jnp.asarray(v), w, s2), dense, rtol=1e-10)
 
 
@@ -116,7 +122,7 @@ def test_zero_factors_give_the_isotropic_tangent_gaussian():
     by_hand = []
     for pi, mu, s2 in zip(model.weights, np.asarray(model.means), model.noise):
       theta = np.arccos(np.clip(x @ mu, -1, 1))
-      log_n = -(d - 1) / 2 * np.log(2 * np.pi * s2) - theta ** 2 / (2 * s2)
+      log_n = -(d - 1) / 2 * np.log(2 * np.pi * s2) - theta**2 / (2 * s2)
       by_hand.append(np.log(pi) + log_n - (d - 2) * np.log(np.sin(theta) / theta))
     expect = special.logsumexp(np.stack(by_hand), axis=0).sum()
     np.testing.assert_allclose(sp.log_likelihood(x, model), expect, rtol=1e-10)
@@ -124,8 +130,9 @@ def test_zero_factors_give_the_isotropic_tangent_gaussian():
     resp, _ = sp.e_step(jnp.asarray(x), model)
     new = sp.mgfa_m_step(jnp.asarray(x), resp, model)
     theta = np.asarray(sp.geodesic_distance(x[:, None], new.means[None]))
-    np.testing.assert_allclose(new.noise, (resp * theta ** 2).sum(0) / ((d - 1) * resp.sum(0)),
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+      new.noise, (resp * theta**2).sum(0) / ((d - 1) * resp.sum(0)), rtol=1e-9
+    )
 
 
 @pytest.mark.parametrize("d", [3, 4])
@@ -146,8 +153,9 @@ def test_the_density_integrates_to_one_over_the_sphere_with_the_jacobian(d):
 
 
 def bands(seed, d, k=3, n=150):
-  return synthetic.sphere_bands(np.random.default_rng(seed), d, k, n, spacing=0.4, major=0.5,
-                                minor=0.05)
+  return synthetic.sphere_bands(
+    np.random.default_rng(seed), d, k, n, spacing=0.4, major=0.5, minor=0.05
+  )
 
 
 @pytest.mark.parametrize("d,q", [(3, 1), (6, 2), (6, 0)])
@@ -196,8 +204,11 @@ def test_vmf_normaliser_makes_the_density_integrate_to_one(d, kappa):
   total = integrate.quad(f, -1, 1, points=[1 - 10 / max(kappa, 1)], limit=200)[0]
   np.testing.assert_allclose(ring * total, 1.0, rtol=1e-6)
   if d == 3:  # the closed form on S^2
-    expect = np.log(kappa / (2 * np.pi * (1 - np.exp(-2 * kappa)))) - kappa if kappa else \
-        -np.log(4 * np.pi)
+    expect = (
+      np.log(kappa / (2 * np.pi * (1 - np.exp(-2 * kappa)))) - kappa
+      if kappa
+      else -np.log(4 * np.pi)
+    )
     np.testing.assert_allclose(log_c, expect, rtol=1e-9)
 
 
@@ -214,34 +225,40 @@ def test_sphere_normaliser_of_a_gaussian_matches_closed_forms():
   for d, s2 in ((3, 0.5), (11, 2.0)):  # centred isotropic: N is constant on the sphere
     area = 2 * np.pi ** (d / 2) / math.gamma(d / 2)
     expect = np.log(area) - d / 2 * np.log(2 * np.pi * s2) - 1 / (2 * s2)
-    np.testing.assert_allclose(sphere_compare.gaussian_log_normalisers(np.zeros((1, d)), [s2], rng),
-                               [expect], rtol=1e-9)
+    np.testing.assert_allclose(
+      sphere_compare.gaussian_log_normalisers(np.zeros((1, d)), [s2], rng), [expect], rtol=1e-9
+    )
   m, s2 = np.array([[0.0, 0.9, 0.0]]), 0.05  # S^2, off-centre: 4 pi sinh(c) / c
   c = np.linalg.norm(m) / s2
-  expect = (-1.5 * np.log(2 * np.pi * s2) - (1 + 0.81) / (2 * s2) + c + np.log(2 * np.pi / c)
-            + np.log1p(-np.exp(-2 * c)))
+  expect = (
+    -1.5 * np.log(2 * np.pi * s2)
+    - (1 + 0.81) / (2 * s2)
+    + c
+    + np.log(2 * np.pi / c)
+    + np.log1p(-np.exp(-2 * c))
+  )
   got = sphere_compare.gaussian_log_normalisers(m, [[s2] * 3], rng, samples=20000)
   np.testing.assert_allclose(got, [expect], atol=0.01)
 
 
 X = unit(np.random.default_rng(0), 6, 3)
 REFUSALS = [
-    (lambda: sp.fit_mgfa(np.r_[X[:2], 1.01 * X[2:]], 2, 1), "first bad row 2"),
-    (lambda: sp.fit_vmf(np.r_[X[:4], [[np.nan] * 3], X[5:]], 2), "first bad row 4"),
-    (lambda: sp.frechet_mean(X * 0.5), "first bad row 0"),
-    (lambda: sp.fit_mgfa(X, 0, 1), "K=0"),
-    (lambda: sp.fit_mgfa(X, 7, 1), "K=7"),
-    (lambda: sp.fit_vmf(X, 0), "K=0"),
-    (lambda: sp.fit_vmf(X, 7), "K=7"),
-    (lambda: sp.init_mgfa(X, 2, 2), "q=2"),
-    (lambda: sp.init_mgfa(X, 2, -1), "q=-1"),
-    (lambda: sp.fit_mgfa(X, 2, 1, max_steps=0), "max_steps=0"),
-    (lambda: sp.frechet_mean(X, -np.ones(6)), "weights.shape=(6,)"),
-    (lambda: sp.frechet_mean(X, np.ones(5)), "weights.shape=(5,)"),
-    (lambda: sp.log_likelihood(X[0], sp.init_vmf(X, 2)), "x.shape=(3,)"),
-    (lambda: sp.frechet_mean(X, init=2 * X[0]), "first bad row 0"),
-    (lambda: sp.frechet_mean(X, init=X[:2]), "init.shape=(2, 3)"),
-    (lambda: sp.frechet_mean(np.r_[X[:1], -X[:1]]), "give init"),
+  (lambda: sp.fit_mgfa(np.r_[X[:2], 1.01 * X[2:]], 2, 1), "first bad row 2"),
+  (lambda: sp.fit_vmf(np.r_[X[:4], [[np.nan] * 3], X[5:]], 2), "first bad row 4"),
+  (lambda: sp.frechet_mean(X * 0.5), "first bad row 0"),
+  (lambda: sp.fit_mgfa(X, 0, 1), "K=0"),
+  (lambda: sp.fit_mgfa(X, 7, 1), "K=7"),
+  (lambda: sp.fit_vmf(X, 0), "K=0"),
+  (lambda: sp.fit_vmf(X, 7), "K=7"),
+  (lambda: sp.init_mgfa(X, 2, 2), "q=2"),
+  (lambda: sp.init_mgfa(X, 2, -1), "q=-1"),
+  (lambda: sp.fit_mgfa(X, 2, 1, max_steps=0), "max_steps=0"),
+  (lambda: sp.frechet_mean(X, -np.ones(6)), "weights.shape=(6,)"),
+  (lambda: sp.frechet_mean(X, np.ones(5)), "weights.shape=(5,)"),
+  (lambda: sp.log_likelihood(X[0], sp.init_vmf(X, 2)), "x.shape=(3,)"),
+  (lambda: sp.frechet_mean(X, init=2 * X[0]), "first bad row 0"),
+  (lambda: sp.frechet_mean(X, init=X[:2]), "init.shape=(2, 3)"),
+  (lambda: sp.frechet_mean(np.r_[X[:1], -X[:1]]), "give init"),
 ]
 
 
@@ -253,8 +270,9 @@ def test_refusals_name_the_value_in_one_line(call, value):
 
 
 def test_sphere_bands_spread_major_along_the_bands_and_minor_across():
-  x, labels, means = synthetic.sphere_bands(np.random.default_rng(3), 6, 3, 20000, spacing=0.4,
-                                            major=0.3, minor=0.05)
+  x, labels, means = synthetic.sphere_bands(
+    np.random.default_rng(3), 6, 3, 20000, spacing=0.4, major=0.3, minor=0.05
+  )
   assert x.dtype == np.float32 and x.shape == (60000, 6)
   np.testing.assert_allclose(np.linalg.norm(x.astype(np.float64), axis=1), 1, atol=1e-6)
   np.testing.assert_allclose(np.linalg.norm(means, axis=1), 1, atol=1e-12)
@@ -291,11 +309,12 @@ def test_a_centred_isotropic_gmm_restricted_to_the_sphere_is_uniform():
 
 
 def test_sphere_bands_axis_is_the_band_direction_and_the_sample_is_unchanged():
-  x, labels, means = synthetic.sphere_bands(np.random.default_rng(5), 6, 3, 4000, spacing=0.4,
-                                            major=0.3, minor=0.05)
-  x2, labels2, means2, axis = synthetic.sphere_bands(np.random.default_rng(5), 6, 3, 4000,
-                                                     spacing=0.4, major=0.3, minor=0.05,
-                                                     with_axis=True)
+  x, labels, means = synthetic.sphere_bands(
+    np.random.default_rng(5), 6, 3, 4000, spacing=0.4, major=0.3, minor=0.05
+  )
+  x2, labels2, means2, axis = synthetic.sphere_bands(
+    np.random.default_rng(5), 6, 3, 4000, spacing=0.4, major=0.3, minor=0.05, with_axis=True
+  )
   np.testing.assert_array_equal(x, x2)
   np.testing.assert_array_equal(means, means2)
   v = np.asarray(sp.log_map(means[1], x[labels == 1].astype(np.float64)))
@@ -306,10 +325,11 @@ def test_sphere_bands_axis_is_the_band_direction_and_the_sample_is_unchanged():
 def test_heavy_blobs_tangent_norms_follow_the_student_t_law():
   # |v|^2 / scale^2 = chi2_{d-1} / (chi2_df / df) = (d-1) F(d-1, df): KS against scipy
   d, scale, df = 5, 0.1, 3.0
-  x, labels, means = synthetic.sphere_heavy_blobs(np.random.default_rng(2), d, 3, 3000,
-                                                  spacing=0.4, scale=scale, df=df)
+  x, labels, means = synthetic.sphere_heavy_blobs(
+    np.random.default_rng(2), d, 3, 3000, spacing=0.4, scale=scale, df=df
+  )
   v = np.asarray(sp.log_map(means[labels], x.astype(np.float64)))
-  r2 = np.sum(v ** 2, 1) / scale ** 2 / (d - 1)
+  r2 = np.sum(v**2, 1) / scale**2 / (d - 1)
   kept = np.sqrt(r2 * (d - 1)) * scale < 2.5  # Log is exact below pi (float32 rounding aside)
   p = stats.kstest(r2[kept], stats.f(d - 1, df).cdf).pvalue
   assert kept.mean() > 0.99 and p > 1e-3, p
@@ -318,8 +338,7 @@ def test_heavy_blobs_tangent_norms_follow_the_student_t_law():
   np.testing.assert_allclose(tail, stats.f(d - 1, df).sf(16), atol=0.004)
   assert tail > 50 * stats.chi2(d - 1).sf(16 * (d - 1))
   with pytest.raises(ConfigError, match="df=0"):
-    synthetic.sphere_heavy_blobs(np.random.default_rng(0), d, 3, 10, spacing=0.4, scale=0.1,
-                                 df=0)
+    synthetic.sphere_heavy_blobs(np.random.default_rng(0), d, 3, 10, spacing=0.4, scale=0.1, df=0)
 
 
 def test_mean_direction_error_matches_components_and_is_exact_at_small_angles():
@@ -332,18 +351,22 @@ def test_mean_direction_error_matches_components_and_is_exact_at_small_angles():
     t -= (t @ m) * m
     moved.append(np.cos(a) * m + np.sin(a) * t / np.linalg.norm(t))
   fitted = np.asarray(moved)[[2, 0, 1]]  # the fit's components in another order
-  np.testing.assert_allclose(sphere_compare.mean_direction_error(means, fitted),
-                             angles.mean(), rtol=1e-9)
-  assert sphere_compare.mean_direction_error(means[:1], moved[:1]) == pytest.approx(1e-7,
-                                                                                      rel=1e-6)
+  np.testing.assert_allclose(
+    sphere_compare.mean_direction_error(means, fitted), angles.mean(), rtol=1e-9
+  )
+  assert sphere_compare.mean_direction_error(means[:1], moved[:1]) == pytest.approx(1e-7, rel=1e-6)
 
 
 def test_fit_best_with_init_adds_the_started_fit_as_a_candidate():
-  x, _, means, axis = synthetic.sphere_bands(np.random.default_rng(4), 3, 3, 80, spacing=0.4,
-                                             major=0.5, minor=0.05, with_axis=True)
-  truth = sp.MGFA(jnp.full(3, 1 / 3), jnp.asarray(means, x.dtype),
-                  jnp.asarray(0.5 * np.tile(axis[None, :, None], (3, 1, 1)), x.dtype),
-                  jnp.full(3, 0.05 ** 2, x.dtype))
+  x, _, means, axis = synthetic.sphere_bands(
+    np.random.default_rng(4), 3, 3, 80, spacing=0.4, major=0.5, minor=0.05, with_axis=True
+  )
+  truth = sp.MGFA(
+    jnp.full(3, 1 / 3),
+    jnp.asarray(means, x.dtype),
+    jnp.asarray(0.5 * np.tile(axis[None, :, None], (3, 1, 1)), x.dtype),
+    jnp.full(3, 0.05**2, x.dtype),
+  )
   alone = sp.fit_mgfa(x, 3, 1, init=truth, max_steps=30)
   steps, model = sphere_compare.fit_best("mgfa", x, 3, [], max_steps=30, init=truth)
   np.testing.assert_allclose(model.means, alone[0].means)

@@ -2,7 +2,9 @@
 its config validates, build_model builds it, a call returns (float32 logits, {"aux_loss":
 float32 scalar, "moe": one entry per MoE layer of the config}, None), the train step's
 loss is the cross-entropy plus the router losses, its gradient reaches every parameter,
-and a small step against it lowers the loss. A registered model without a case here fails test_every_registered_model_is_a_case."""
+and a small step against it lowers the loss. A registered model without a case here fails
+test_every_registered_model_is_a_case."""
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -54,11 +56,11 @@ def test_the_model_keeps_the_trainer_contract(name):
   config, batch, logits_shape = CASES[name]()
   assert config.model_name == name
   validate_config(config)
-  model = models.build_model(name, ml_collections.FrozenConfigDict(config.model),
-                             rngs=nnx.Rngs(0))
+  model = models.build_model(name, ml_collections.FrozenConfigDict(config.model), rngs=nnx.Rngs(0))
   graphdef, params, rest = step_lib.split_model(model)
   logits, aux, cache = jax.eval_shape(
-      lambda p, r: nnx.merge(graphdef, p, r)(batch["inputs"], train=False), params, rest)
+    lambda p, r: nnx.merge(graphdef, p, r)(batch["inputs"], train=False), params, rest
+  )
   assert logits.shape == logits_shape and logits.dtype == jnp.float32 and cache is None
   assert aux["aux_loss"].shape == () and aux["aux_loss"].dtype == jnp.float32
   assert len(aux["moe"]) == len(moe_layer_indices(config.model)) == 1
@@ -67,8 +69,11 @@ def test_the_model_keeps_the_trainer_contract(name):
   (loss, (ce, aux, _, _)), grads = value_and_grad(params, rest, batch, jax.random.key(1))
   assert float(loss) == pytest.approx(float(ce) + float(aux["aux_loss"]), rel=1e-6)
   assert float(aux["aux_loss"]) > 0  # the MoE layer's router losses are in the loss
-  zero = [jax.tree_util.keystr(path) for path, g in jax.tree_util.tree_leaves_with_path(grads)
-          if not np.any(np.asarray(g))]
+  zero = [
+    jax.tree_util.keystr(path)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads)
+    if not np.any(np.asarray(g))
+  ]
   assert zero == [], f"{name}: no gradient reaches {zero}"
   # A small step against the gradient lowers the loss on the same batch.
   stepped = jax.tree.map(lambda p, g: p - 1e-2 * g / optax.tree.norm(grads), params, grads)

@@ -2,8 +2,8 @@
 outputs, gradients and router state (1e-6); a scanned model built from a seed
 holds the loop model's parameters, stacked; layers that differ and unknown
 policies are refused by name before anything is built."""
+
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -66,9 +66,16 @@ def test_scanned_model_holds_the_loop_parameters_stacked():
   assert_trees_close(rest, loop[2], atol=0)
 
 
-@pytest.mark.parametrize("scan,remat", [(True, "none"), (False, "full"),
-                                        (False, "save_moe_routing"), (True, "save_moe_routing"),
-                                        (True, "dots")])
+@pytest.mark.parametrize(
+  "scan,remat",
+  [
+    (True, "none"),
+    (False, "full"),
+    (False, "save_moe_routing"),
+    (True, "save_moe_routing"),
+    (True, "dots"),
+  ],
+)
 def test_scan_and_remat_equal_the_loop(scan, remat, loop_reference):
   loss, grads, rest = loss_and_grads(model_config(scan_layers=scan, remat=remat))
   ref_loss, ref_grads, ref_rest = loop_reference
@@ -83,13 +90,20 @@ def test_every_remat_policy_is_covered():
   assert set(REMAT_POLICIES) == {"none", "full", "dots", "save_moe_routing"}
 
 
-@pytest.mark.parametrize("keys,message", [
-    (dict(scan_layers=True, ffn_type="moe", moe_first_dense=1),
-     r"model\.scan_layers=True needs identical layers; layers \[1, 2\] are MoE"),
+@pytest.mark.parametrize(
+  "keys,message",
+  [
+    (
+      dict(scan_layers=True, ffn_type="moe", moe_first_dense=1),
+      r"model\.scan_layers=True needs identical layers; layers \[1, 2\] are MoE",
+    ),
     (dict(scan_layers=True, windows=[0, 8, 0]), r"model\.attention\.windows=\[0, 8, 0\] differ"),
-    (dict(remat="everything"),
-     r"model\.remat='everything' is not known; valid: dots, full, none, save_moe_routing"),
-])
+    (
+      dict(remat="everything"),
+      r"model\.remat='everything' is not known; valid: dots, full, none, save_moe_routing",
+    ),
+  ],
+)
 def test_bad_scale_settings_are_refused_by_name(keys, message):
   m = get_config("size=tiny").model
   m.num_layers = 3
@@ -105,6 +119,7 @@ def test_bad_scale_settings_are_refused_by_name(keys, message):
 def test_the_trainer_runs_a_scanned_rematerialised_model_with_a_stateful_router(tmp_path):
   """Through train_and_evaluate: the bias router's state moves inside the scan."""
   from moejax.train.loop import train_and_evaluate
+
   c = get_config("size=tiny,router=sigmoid_bias")
   c.model.scan_layers, c.model.remat = True, "save_moe_routing"
   c.train.steps, c.train.log_every, c.train.eval_batches, c.train.progress_bar = 3, 1, 1, False

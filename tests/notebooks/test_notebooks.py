@@ -8,6 +8,7 @@ scripts/test.sh deselects them and .ci/run runs them as their own step
 copies, outputs and all, in DIR). A failure names the notebook, the cell
 (index and source) and the error; test_a_broken_cell_... shows that it does.
 """
+
 import importlib.util
 import os
 import time
@@ -21,13 +22,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 # Seconds each notebook may take, kernel start excluded: ~3x what it takes on 2
 # idle CPU cores, for CI machines shared with other jobs.
-BUDGET_S = {"01_quickstart": 600, "02_routers": 900, "03_real_checkpoints": 600,
-            "04_post_training": 900, "05_kernels_and_sharding": 600}
+BUDGET_S = {
+  "01_quickstart": 600,
+  "02_routers": 900,
+  "03_real_checkpoints": 600,
+  "04_post_training": 900,
+  "05_kernels_and_sharding": 600,
+}
 
 
 def load_build():
-  spec = importlib.util.spec_from_file_location("notebook_build",
-                                                os.path.join(NOTEBOOKS, "build.py"))
+  spec = importlib.util.spec_from_file_location(
+    "notebook_build", os.path.join(NOTEBOOKS, "build.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -48,19 +55,22 @@ def execute(nb, cwd: str, budget_s: float, name: str) -> float:
       deadline.append(time.monotonic() + budget_s)
     return max(1, int(deadline[0] - time.monotonic()))
 
-  client = NotebookClient(nb, timeout_func=timeout, kernel_name="python3",
-                          resources={"metadata": {"path": cwd}})
+  client = NotebookClient(
+    nb, timeout_func=timeout, kernel_name="python3", resources={"metadata": {"path": cwd}}
+  )
   start = time.monotonic()
   try:
     client.execute()
   except CellTimeoutError:
     index, cell = running_cell(nb, client)
-    raise NotebookFailed(f"{name}: cell {index} ran past the notebook's budget of "
-                         f"{budget_s:.0f} s:\n{cell.source}") from None
+    raise NotebookFailed(
+      f"{name}: cell {index} ran past the notebook's budget of {budget_s:.0f} s:\n{cell.source}"
+    ) from None
   except CellExecutionError as error:
     index, cell = failed_cell(nb)
-    raise NotebookFailed(f"{name}: cell {index} failed:\n{cell.source}\n---\n"
-                         f"{error.ename}: {error.evalue}") from None
+    raise NotebookFailed(
+      f"{name}: cell {index} failed:\n{cell.source}\n---\n{error.ename}: {error.evalue}"
+    ) from None
   return time.monotonic() - start
 
 
@@ -75,15 +85,17 @@ def failed_cell(nb):
 def running_cell(nb, client):
   """(index, cell) of the cell nbclient was executing when it timed out: the last
   code cell given an execution count."""
-  ran = [i for i, cell in enumerate(nb.cells)
-         if cell.cell_type == "code" and cell.get("execution_count") is not None]
+  ran = [
+    i
+    for i, cell in enumerate(nb.cells)
+    if cell.cell_type == "code" and cell.get("execution_count") is not None
+  ]
   index = ran[-1] if ran else 0
   return index, nb.cells[index]
 
 
 def notebook_paths():
-  return sorted(os.path.join(NOTEBOOKS, f) for f in os.listdir(NOTEBOOKS)
-                if f.endswith(".ipynb"))
+  return sorted(os.path.join(NOTEBOOKS, f) for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb"))
 
 
 def test_the_five_notebooks_are_stored_without_outputs_as_build_writes_them():
@@ -105,8 +117,9 @@ def test_the_five_notebooks_are_stored_without_outputs_as_build_writes_them():
 
 def test_a_percent_source_becomes_markdown_setup_and_code_cells():
   build = load_build()
-  cells = build.cells_of("# %% [markdown]\n# # Title\n# text\n\n# %% [setup]\nA = 1\n\n"
-                         "# %%\nprint(A)\n")
+  cells = build.cells_of(
+    "# %% [markdown]\n# # Title\n# text\n\n# %% [setup]\nA = 1\n\n# %%\nprint(A)\n"
+  )
   assert [c["cell_type"] for c in cells] == ["markdown", "code", "code"]
   assert cells[0]["source"] == "# Title\ntext"
   assert "A = 1\nimport jax" in cells[1]["source"]  # before jax is first imported
@@ -120,8 +133,11 @@ def tiny_notebook(*sources):
 
 
 def test_a_broken_cell_fails_the_test_naming_the_cell_and_its_error(tmp_path):
-  nb = tiny_notebook("x = 1", "y = x + 1\nraise ValueError(f'deliberately broken at {y}')",
-                     "open('never_written', 'w')")
+  nb = tiny_notebook(
+    "x = 1",
+    "y = x + 1\nraise ValueError(f'deliberately broken at {y}')",
+    "open('never_written', 'w')",
+  )
   with pytest.raises(NotebookFailed) as failure:
     execute(nb, str(tmp_path), 120, "broken.ipynb")
   message = str(failure.value)

@@ -4,6 +4,7 @@ force replays the dense (lax.scan, vmap) and the pruned (numpy) simulators on
 the same rewards; the pruned simulator's own sampling has the dense one's law;
 a row's regret does not depend on the other rows of its batch; refusals name the
 value."""
+
 import math
 
 import jax
@@ -61,10 +62,8 @@ def test_indices_equal_their_formulas_and_pick_by_hand():
   table[0, 2, 2] = 1  # expert 2: 1
   total, count = np.array([2, 1, 1, 0]), np.array([3, 2, 1, 0])
   log4 = 1.3862943611198906
-  lcb = [2 / 3 - math.sqrt(log4 / 3), 1 / 2 - math.sqrt(log4 / 2), 1 - math.sqrt(log4),
-         -math.inf]
-  ucb = [2 / 3 + math.sqrt(log4 / 3), 1 / 2 + math.sqrt(log4 / 2), 1 + math.sqrt(log4),
-         math.inf]
+  lcb = [2 / 3 - math.sqrt(log4 / 3), 1 / 2 - math.sqrt(log4 / 2), 1 - math.sqrt(log4), -math.inf]
+  ucb = [2 / 3 + math.sqrt(log4 / 3), 1 / 2 + math.sqrt(log4 / 2), 1 + math.sqrt(log4), math.inf]
   greedy = [2 / 3, 1 / 2, 1, -math.inf]
   for xp in (np, jax.numpy):  # jax in float32
     for policy, expected in (("lcb", lcb), ("ucb", ucb), ("greedy", greedy)):
@@ -82,8 +81,11 @@ def test_indices_equal_their_formulas_and_pick_by_hand():
 def test_brute_force_replays_both_simulators(horizon):
   key = jax.random.key(horizon)
   with jax.enable_x64(True):
-    for means in (ace.stochastic_means(horizon, 3, seed=2), ace.adversarial_means(horizon, 3),
-                  ace.stochastic_means(horizon, 3, seed=3, low=0.8, high=1.0)):  # near ties
+    for means in (
+      ace.stochastic_means(horizon, 3, seed=2),
+      ace.adversarial_means(horizon, 3),
+      ace.stochastic_means(horizon, 3, seed=3, low=0.8, high=1.0),
+    ):  # near ties
       table = np.asarray(ace.reward_matrix(key, means))
       for policy in ace.POLICIES:
         dense = ace.simulate_dense(key, means, policy)[0]
@@ -106,8 +108,10 @@ def test_pruned_sampling_has_the_dense_law(policy):
   # Its Binomial catch-ups and per-round draws against the dense model's draws:
   # mean regret over 400 seeds within 4 standard errors of the difference.
   horizon, seeds = 240, 400
-  for means in (ace.stochastic_means(horizon, seeds, seed=5),
-                ace.adversarial_means(horizon, seeds)):
+  for means in (
+    ace.stochastic_means(horizon, seeds, seed=5),
+    ace.adversarial_means(horizon, seeds),
+  ):
     pruned = ace.simulate(means, policy, seed=6, block=8)[1]
     dense = ace.simulate_dense(jax.random.key(7), means, policy)[1]
     se = math.sqrt(pruned.var() / seeds + dense.var() / seeds)
@@ -118,21 +122,26 @@ def test_a_rows_regret_does_not_depend_on_its_batch():
   # Row r draws from its own stream (rows[r]): rows 4 and 1 alone replay the full batch.
   means = ace.instance("stochastic", 300, range(6), seed=2)
   np.testing.assert_array_equal(means[[4, 1]], ace.instance("stochastic", 300, [4, 1], seed=2))
-  np.testing.assert_array_equal(ace.instance("adversarial", 300, [3, 0]),
-                                ace.adversarial_means(300, 2))
+  np.testing.assert_array_equal(
+    ace.instance("adversarial", 300, [3, 0]), ace.adversarial_means(300, 2)
+  )
   key = jax.random.key(3)
   for policy in ("lcb", "greedy"):
     whole = ace.simulate(means, policy, seed=1, block=16)
     part = ace.simulate(means[[4, 1]], policy, seed=1, block=16, rows=[4, 1])
     np.testing.assert_array_equal(part[0], whole[0][[4, 1]])
     dense = ace.simulate_dense(key, means, policy)[0]
-    np.testing.assert_array_equal(ace.simulate_dense(key, means[[4, 1]], policy, rows=[4, 1])[0],
-                                  dense[[4, 1]])
-  np.testing.assert_array_equal(ace.reward_matrix(key, means[[4]], rows=[4])[0],
-                                ace.reward_matrix(key, means)[4])
+    np.testing.assert_array_equal(
+      ace.simulate_dense(key, means[[4, 1]], policy, rows=[4, 1])[0], dense[[4, 1]]
+    )
+  np.testing.assert_array_equal(
+    ace.reward_matrix(key, means[[4]], rows=[4])[0], ace.reward_matrix(key, means)[4]
+  )
 
 
-@pytest.mark.parametrize("call, named", [
+@pytest.mark.parametrize(
+  "call, named",
+  [
     (lambda: ace.stochastic_means(0), "T=0"),
     (lambda: ace.adversarial_means(-3), "T=-3"),
     (lambda: ace.simulate(np.zeros((1, 0)), "lcb"), "shape=(1, 0)"),
@@ -142,17 +151,24 @@ def test_a_rows_regret_does_not_depend_on_its_batch():
     (lambda: ace.simulate(np.full((1, 5), 0.5), "thompson"), "'thompson'"),
     (lambda: ace.simulate(np.full((1, 5), 1.5), "lcb"), "1.5"),
     (lambda: ace.simulate(np.full((1, 3), 0.5), "lcb", table=np.ones((1, 3, 2))), "(1, 3, 2)"),
-    (lambda: ace.simulate_dense(jax.random.key(0), np.full((1, 5), 0.5), "lcb",
-                                rewards="gaussian", sigma=0.0), "sigma=0.0"),
-    (lambda: ace.reward_matrix(jax.random.key(0), np.full((1, 5), 0.5), rewards="cauchy"),
-     "'cauchy'"),
+    (
+      lambda: ace.simulate_dense(
+        jax.random.key(0), np.full((1, 5), 0.5), "lcb", rewards="gaussian", sigma=0.0
+      ),
+      "sigma=0.0",
+    ),
+    (
+      lambda: ace.reward_matrix(jax.random.key(0), np.full((1, 5), 0.5), rewards="cauchy"),
+      "'cauchy'",
+    ),
     (lambda: ace.stochastic_means(10, 0), "seeds=0"),
     (lambda: ace.adversarial_means(10, decoy=2.0), "decoy=2.0"),
     (lambda: ace.regret([[0.1, 0.2]], [[1, 1]]), "choices=[1]"),
     (lambda: ace.simulate(np.full((2, 5), 0.5), "lcb", rows=[0]), "rows=[0]"),
     (lambda: ace.instance("bursty", 10, [0]), "'bursty'"),
     (lambda: ace.instance("stochastic", 10, [-1]), "draws=[-1]"),
-])
+  ],
+)
 def test_refusals_name_the_value(call, named):
   with pytest.raises(ConfigError) as error:
     call()

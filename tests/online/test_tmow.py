@@ -5,6 +5,7 @@ domain gets that domain's expert; adding an expert keeps the old experts,
 prototypes and routing; the distilled expert solves its normal equations and
 spans least squares (strength 0) to the teacher (strength -> inf); the exact
 excess MSE matches sampling; refusals name the value."""
+
 import numpy as np
 import pytest
 
@@ -31,8 +32,9 @@ def test_refined_prototype_is_a_convex_combination(seed, tau):
   np.testing.assert_allclose(refined, w @ models.prototypes, rtol=1e-12, atol=1e-15)
   # softmax(cos(mean z, c_d) / tau), by hand in float64 (the router's float32 math)
   zbar = z.mean(0)
-  cos = models.prototypes @ zbar / (np.linalg.norm(models.prototypes, axis=1)
-                                    * np.linalg.norm(zbar))
+  cos = (
+    models.prototypes @ zbar / (np.linalg.norm(models.prototypes, axis=1) * np.linalg.norm(zbar))
+  )
   want = np.exp(cos / tau - np.max(cos / tau))
   np.testing.assert_allclose(w, want / want.sum(), rtol=2e-5, atol=1e-7)
   # in the hull, whatever the weights say: <u, c_new> <= max_d <u, c_d> for any u
@@ -84,8 +86,7 @@ def test_the_distilled_expert_fits_data_plus_teacher():
   for strength in (0.1, 2.0):
     grown, _ = tmow.add_expert(models, x, y, tau=0.1, strength=strength, teacher_weights=w)
     new = grown.experts[-1]  # gradient of the objective: (A X^T - Y^T) X + s (A - T) = 0
-    np.testing.assert_allclose((new @ x.T - y.T) @ x + strength * (new - teacher), 0,
-                               atol=1e-10)
+    np.testing.assert_allclose((new @ x.T - y.T) @ x + strength * (new - teacher), 0, atol=1e-10)
   huge, _ = tmow.add_expert(models, x, y, tau=0.1, strength=1e9, teacher_weights=w)
   np.testing.assert_allclose(huge.experts[-1], teacher, atol=1e-7)
   many = tmow.transitions(rng, a[0], 50, SIGMA)
@@ -99,7 +100,7 @@ def test_exact_excess_mse_matches_sampling_and_prototypes_estimate_dynamics():
   a, models, rng = world(6, count=4000)
   assert np.allclose(np.linalg.norm(a, ord=2, axis=(1, 2)), 0.9)
   x, y = tmow.transitions(rng, a[0], 200_000, SIGMA)
-  empirical = np.mean(np.sum((x @ models.experts[1].T - y) ** 2, 1)) / (N * SIGMA ** 2) - 1
+  empirical = np.mean(np.sum((x @ models.experts[1].T - y) ** 2, 1)) / (N * SIGMA**2) - 1
   exact = tmow.excess_mse(models.experts[1], a[0], SIGMA)
   assert empirical == pytest.approx(exact, rel=0.02)
   assert tmow.excess_mse(a[0], a[0], SIGMA) == 0.0
@@ -107,36 +108,66 @@ def test_exact_excess_mse_matches_sampling_and_prototypes_estimate_dynamics():
   np.testing.assert_allclose(models.prototypes, a.reshape(DOMAINS, -1), atol=0.1)
 
 
-@pytest.mark.parametrize("call,match", [
+@pytest.mark.parametrize(
+  "call,match",
+  [
     (lambda m: tmow.refine_prototype(m.prototypes, m.prototypes, 0.0), r"tau=0\.0"),
     (lambda m: tmow.refine_prototype(m.prototypes, m.prototypes, -2), r"tau=-2"),
-    (lambda m: tmow.refine_prototype(m.prototypes, np.ones((3, 5)), 0.1),
-     r"features shape \(3, 5\)"),
-    (lambda m: tmow.add_expert(m, np.ones((3, N)), np.ones((3, N + 1)), 0.1),
-     rf"x_next shape \(3, {N + 1}\)"),
-    (lambda m: tmow.add_expert(m, np.ones((3, N)), np.ones((3, N)), 0.1, strength=-1.0),
-     r"strength=-1\.0"),
-    (lambda m: tmow.transitions(np.random.default_rng(0), m.experts[0], 4, 0.0),
-     r"noise_std=0\.0"),
+    (
+      lambda m: tmow.refine_prototype(m.prototypes, np.ones((3, 5)), 0.1),
+      r"features shape \(3, 5\)",
+    ),
+    (
+      lambda m: tmow.add_expert(m, np.ones((3, N)), np.ones((3, N + 1)), 0.1),
+      rf"x_next shape \(3, {N + 1}\)",
+    ),
+    (
+      lambda m: tmow.add_expert(m, np.ones((3, N)), np.ones((3, N)), 0.1, strength=-1.0),
+      r"strength=-1\.0",
+    ),
+    (lambda m: tmow.transitions(np.random.default_rng(0), m.experts[0], 4, 0.0), r"noise_std=0\.0"),
     (lambda m: tmow.stable_matrices(np.random.default_rng(0), 2, N, radius=1.0), r"radius=1\.0"),
     (lambda m: tmow.fit_expert(np.ones((2, N)), np.ones((2, N))), r"K=2, ridge=0\.0"),
     (lambda m: tmow.route_weights(m.prototypes, m.prototypes, 0.1, top_k=0), r"top_k=0"),
     (lambda m: tmow.mixture_matrix(m.experts, [1.0]), r"weights shape \(1,\)"),
-    (lambda m: tmow.unseen_domain_errors(np.random.default_rng(0), [2], domains=1),
-     r"^domains=1 must be an integer >= 2"),
+    (
+      lambda m: tmow.unseen_domain_errors(np.random.default_rng(0), [2], domains=1),
+      r"^domains=1 must be an integer >= 2",
+    ),
     (lambda m: tmow.unseen_domain_errors(np.random.default_rng(0), [0]), r"^shots=0"),
-    (lambda m: tmow.check_settings(dim=2, domains=2, train=5, unseen=1, noise_std=0.1,
-                                   radius=0.5, concentration=1.0, tau=0.0, strength=1.0),
-     r"^tau=0\.0 must be a finite number > 0"),
-])
+    (
+      lambda m: tmow.check_settings(
+        dim=2,
+        domains=2,
+        train=5,
+        unseen=1,
+        noise_std=0.1,
+        radius=0.5,
+        concentration=1.0,
+        tau=0.0,
+        strength=1.0,
+      ),
+      r"^tau=0\.0 must be a finite number > 0",
+    ),
+  ],
+)
 def test_refusals_name_the_value(call, match):
   _, models, _ = world(7, count=20)
   with pytest.raises(ConfigError, match=match):
     call(models)
 
 
-LOWEST = dict(dim=1, domains=2, train=1, unseen=1, noise_std=1e-12, radius=1e-9,
-              concentration=1e-12, tau=1e-12, strength=0.0)
+LOWEST = dict(
+  dim=1,
+  domains=2,
+  train=1,
+  unseen=1,
+  noise_std=1e-12,
+  radius=1e-9,
+  concentration=1e-12,
+  tau=1e-12,
+  strength=0.0,
+)
 
 
 def test_settings_at_their_lower_bounds_are_accepted():
@@ -145,7 +176,9 @@ def test_settings_at_their_lower_bounds_are_accepted():
   tmow.check_settings(**LOWEST)
 
 
-@pytest.mark.parametrize("key, value, match", [
+@pytest.mark.parametrize(
+  "key, value, match",
+  [
     ("dim", 0, r"^dim=0 must be an integer >= 1"),
     ("domains", 1, r"^domains=1 must be an integer >= 2"),
     ("train", 0, r"^train=0 must be an integer >= 1"),
@@ -154,7 +187,9 @@ def test_settings_at_their_lower_bounds_are_accepted():
     ("concentration", 0.0, r"^concentration=0\.0 must be a finite number > 0"),
     ("strength", -1e-12, r"^strength=-1e-12 must be a finite number >= 0"),
     ("radius", 0.0, r"^radius=0\.0 must be in \(0, 1\)"),
-    ("radius", 1.0, r"^radius=1\.0 must be in \(0, 1\)")])
+    ("radius", 1.0, r"^radius=1\.0 must be in \(0, 1\)"),
+  ],
+)
 def test_one_step_past_each_lower_bound_is_refused(key, value, match):
   with pytest.raises(ConfigError, match=match):
     tmow.check_settings(**{**LOWEST, key: value})
@@ -165,8 +200,17 @@ def test_the_studys_routing_diagnostics_on_well_separated_domains():
   separated domains: the distilled expert is every unseen domain's top-1, and adding
   it changes the top-1 expert of no fresh old-domain feature mean
   (old_routing_kept = 1, the fraction of *unchanged* top-1 choices)."""
-  out = tmow.unseen_domain_errors(np.random.default_rng(0), [400], dim=3, domains=3, train=400,
-                                  unseen=3, noise_std=0.05, concentration=100.0, tau=0.05)
+  out = tmow.unseen_domain_errors(
+    np.random.default_rng(0),
+    [400],
+    dim=3,
+    domains=3,
+    train=400,
+    unseen=3,
+    noise_std=0.05,
+    concentration=100.0,
+    tau=0.05,
+  )
   assert out[("old_routing_kept", 400)] == 1.0
   assert out[("top1_is_new", 400)] == 1.0
   assert 0.5 < out[("weight_on_new", 400)] <= 1.0

@@ -5,6 +5,7 @@ Builds from a copy of the checkout (no build/ or egg-info left in the repo, and
 no stale build/lib from an earlier build leaking into the wheel), offline:
 --no-build-isolation uses the venv's setuptools.
 """
+
 import os
 import re
 import shutil
@@ -26,12 +27,32 @@ TOP_LEVEL_IMPORT = re.compile(r"^\s*(from|import)\s+(kernels|configs|experiments
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
   src, out = tmp_path_factory.mktemp("src") / "moejax", tmp_path_factory.mktemp("wheel")
-  shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
-      ".git", ".venv", "build", "runs", "*.egg-info", "__pycache__", ".hypothesis", "docs"))
+  shutil.copytree(
+    ROOT,
+    src,
+    symlinks=True,
+    ignore=shutil.ignore_patterns(
+      ".git", ".venv", "build", "runs", "*.egg-info", "__pycache__", ".hypothesis", "docs"
+    ),
+  )
   done = subprocess.run(
-      [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-       "--no-index", "-q", "-w", str(out), str(src)],
-      capture_output=True, text=True, timeout=120)
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "wheel",
+      "--no-deps",
+      "--no-build-isolation",
+      "--no-index",
+      "-q",
+      "-w",
+      str(out),
+      str(src),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   (path,) = out.glob("moejax-*.whl")
   with zipfile.ZipFile(path) as whl:
@@ -46,10 +67,16 @@ def test_only_the_moejax_namespace_is_installed(wheel):
 
 def test_kernels_and_configs_ship_inside_moejax(wheel):
   names = set(wheel.namelist())
-  for name in ("moejax/kernels/__init__.py", "moejax/kernels/grouped_matmul.py",
-               "moejax/kernels/gmm_gpu.py", "moejax/kernels/gmm_tpu.py",
-               "moejax/configs/__init__.py", "moejax/configs/lm_shakespeare_moe.py",
-               "moejax/configs/lm_shakespeare_dense.py", "moejax/dispatch/dropless.py"):
+  for name in (
+    "moejax/kernels/__init__.py",
+    "moejax/kernels/grouped_matmul.py",
+    "moejax/kernels/gmm_gpu.py",
+    "moejax/kernels/gmm_tpu.py",
+    "moejax/configs/__init__.py",
+    "moejax/configs/lm_shakespeare_moe.py",
+    "moejax/configs/lm_shakespeare_dense.py",
+    "moejax/dispatch/dropless.py",
+  ):
     assert name in names, name
 
 
@@ -66,9 +93,11 @@ def test_installed_code_imports_no_checkout_only_top_level_package(wheel):
 
 def test_runtime_dependencies_are_ranges_that_hold_the_tested_pins(wheel):
   (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
-  declared = [Requirement(line.split(":", 1)[1].strip())
-              for line in wheel.read(metadata).decode().splitlines()
-              if line.startswith("Requires-Dist:")]
+  declared = [
+    Requirement(line.split(":", 1)[1].strip())
+    for line in wheel.read(metadata).decode().splitlines()
+    if line.startswith("Requires-Dist:")
+  ]
   runtime = {canonicalize_name(r.name): r for r in declared if r.marker is None}
   pins = {}
   with open(os.path.join(ROOT, "requirements.txt")) as f:

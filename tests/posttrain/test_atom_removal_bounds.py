@@ -1,6 +1,7 @@
 """HEAPr's atom removal (moejax/posttrain/atoms.py remove_atoms) at its bounds:
 keeping a single atom is a model (width rounded up to 8), keeping none is refused,
 and the width steps from 8 to 16 between 8 and 9 kept atoms, capped at d_ff."""
+
 import jax
 import numpy as np
 import pytest
@@ -54,11 +55,13 @@ def test_the_atom_pruning_report_counts_experts_and_their_kept_atoms(tiny):
   count per expert, and the counts add up to 256 of the 512."""
   import types
   from moejax.posttrain import prune
+
   m, params = tiny
   sums = {block: {"predicted": 1.0, "h2": np.zeros((8, 32))} for block in (0, 1)}
   calibration = types.SimpleNamespace(atom_sums=sums)
-  _, _, _, layers = prune.prune_atoms(m, params, {}, calibration, keep="0.5",
-                                      method="atom_random", seed=3)
+  _, _, _, layers = prune.prune_atoms(
+    m, params, {}, calibration, keep="0.5", method="atom_random", seed=3
+  )
   assert [layer["block"] for layer in layers] == [0, 1]
   assert all(layer["experts"] == 8 and len(layer["kept_atoms"]) == 8 for layer in layers)
   assert sum(sum(layer["kept_atoms"]) for layer in layers) == 256

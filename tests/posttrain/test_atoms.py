@@ -1,6 +1,7 @@
 """HEAPr atom pruning (moejax/posttrain/atoms.py): the row-layout sums against a
 per-token loop, removal against zeroing, the global ranking by hand, and the
 scores against brute-force loss changes on a trained tiny MoE."""
+
 import functools
 
 import jax
@@ -37,8 +38,7 @@ def window_losses(graphdef, params, rest, s, window):
   for block in (0, 1):
     w = p["blocks"][block]["ffn"]["experts"]
     w["w_down"] = w["w_down"] * s[block][:, :, None]
-  logp = jax.nn.log_softmax(logits(graphdef, p, rest, window[None])[0, :-1]
-                            .astype(jnp.float32), -1)
+  logp = jax.nn.log_softmax(logits(graphdef, p, rest, window[None])[0, :-1].astype(jnp.float32), -1)
   return -jnp.take_along_axis(logp, window[1:, None], -1)[:, 0]
 
 
@@ -51,8 +51,9 @@ def brute_force(trained_tiny):
   _, graphdef, params, rest, windows = trained_tiny
   device, windows = jax.tree.map(jnp.asarray, params), jnp.asarray(windows)
   rng = np.random.default_rng(2)
-  picked = tuple(np.array([(rng.integers(2), rng.integers(8), rng.integers(32))
-                           for _ in range(200)]).T)
+  picked = tuple(
+    np.array([(rng.integers(2), rng.integers(8), rng.integers(32)) for _ in range(200)]).T
+  )
   ones = jnp.ones((2, 8, 32))
   per_window = functools.partial(window_losses, graphdef, device, rest)
   loss = jax.jit(lambda s: jnp.mean(jax.vmap(per_window, (None, 0))(s, windows)))
@@ -62,11 +63,13 @@ def brute_force(trained_tiny):
     s[atom] = 0.0
     delta.append(float(loss(jnp.asarray(s))) - base)
   jacobian = jax.jit(jax.jacrev(per_window))
-  per_token = np.concatenate([np.asarray(jacobian(ones, w), np.float64)
-                              [(slice(None),) + picked] for w in windows])
+  per_token = np.concatenate(
+    [np.asarray(jacobian(ones, w), np.float64)[(slice(None),) + picked] for w in windows]
+  )
   sums = atoms.atom_sums(graphdef, params, rest, [windows])
-  return dict(picked=picked, base=base, delta=np.asarray(delta),
-              per_token=per_token, sums=sums, params=params)
+  return dict(
+    picked=picked, base=base, delta=np.asarray(delta), per_token=per_token, sums=sums, params=params
+  )
 
 
 def stacked(scores):
@@ -78,13 +81,14 @@ def test_sums_equal_a_per_token_loop(tiny):
   config, graphdef, params, rest = tiny
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
   got = atoms.atom_sums(graphdef, params, rest, [tokens])
-  dy, moe, token_loss = jax.jit(token_gradients, static_argnums=0)(graphdef, params, rest,
-                                                                   tokens)
+  dy, moe, token_loss = jax.jit(token_gradients, static_argnums=0)(graphdef, params, rest, tokens)
   n = token_loss.shape[0]
-  silu = lambda v: v / (1.0 + np.exp(-v))
+
+  def silu(v):
+    return v / (1.0 + np.exp(-v))
+
   for block, (x, aux) in moe.items():
-    w = {k: np.asarray(v, np.float64) for k, v in params["blocks"][block]["ffn"]["experts"]
-         .items()}
+    w = {k: np.asarray(v, np.float64) for k, v in params["blocks"][block]["ffn"]["experts"].items()}
     e_count, width = w["w_gate"].shape[0], w["w_gate"].shape[2]
     want = {k: np.zeros((e_count, width)) for k in ("h2", "p2", "hp", "h2p2")}
     count = np.zeros(e_count)
@@ -106,8 +110,9 @@ def test_sums_equal_a_per_token_loop(tiny):
         count[e] += 1
     for key, value in want.items():
       scale = np.abs(value).max()
-      np.testing.assert_allclose(got[block][key], value, rtol=1e-4, atol=1e-6 * scale,
-                                 err_msg=f"block {block} {key}")
+      np.testing.assert_allclose(
+        got[block][key], value, rtol=1e-4, atol=1e-6 * scale, err_msg=f"block {block} {key}"
+      )
     np.testing.assert_array_equal(got[block]["count"], count)
     assert got[block]["predicted"] == n == 2 * 15
 
@@ -132,14 +137,16 @@ def test_removing_atoms_equals_zeroing_them_and_zeroed_atoms_score_zero(tiny):
   assert new_m.moe.expert_d_ff == width < 32 and most < width
   assert cut["blocks"][0]["ffn"]["experts"]["w_gate"].shape == (8, config.model.d_model, width)
   from moejax.models.decoder import abstract_model
+
   new_graphdef = abstract_model(new_m)[0]
   tokens = jnp.asarray(rng.integers(0, 256, (2, 16)), jnp.int32)
   zeroed = atoms.zero_atoms(params, keep)
   got = logits(new_graphdef, cut, rest, tokens)
   want = logits(graphdef, zeroed, rest, tokens)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-  assert not np.allclose(np.asarray(want), np.asarray(logits(graphdef, params, rest, tokens)),
-                         atol=1e-3)
+  assert not np.allclose(
+    np.asarray(want), np.asarray(logits(graphdef, params, rest, tokens)), atol=1e-3
+  )
   sums = atoms.atom_sums(graphdef, zeroed, rest, [tokens])  # the shape of the test above
   for score in ("heapr", "heapr_first_order", "exact_diagonal"):
     for block, value in atoms.atom_scores(sums, score).items():
@@ -159,9 +166,11 @@ def test_scores_rank_the_brute_force_loss_change_of_200_atoms(brute_force):
   for score in ("heapr_first_order", "heapr", "exact_diagonal", "magnitude", "random"):
     value = stacked(atoms.atom_scores(sums, score, brute_force["params"]))
     correlation[score] = spearmanr(value[picked], delta)[0]
-  print(f"calibration loss {brute_force['base']:.4f}, median |dL| "
-        f"{np.median(np.abs(delta)):.2e}; Spearman "
-        + ", ".join(f"{k} {v:.3f}" for k, v in correlation.items()))
+  print(
+    f"calibration loss {brute_force['base']:.4f}, median |dL| "
+    f"{np.median(np.abs(delta)):.2e}; Spearman "
+    + ", ".join(f"{k} {v:.3f}" for k, v in correlation.items())
+  )
   assert correlation["heapr_first_order"] > 0.8
   assert correlation["heapr_first_order"] > correlation["magnitude"] + 0.3
   assert abs(correlation["random"]) < 0.3
@@ -176,13 +185,18 @@ def test_heapr_ranks_the_brute_force_fisher_and_the_second_order_loss_change(bru
   normalisation, and the loss change of the removal minus its first-order term
   (dL/ds_k) with Spearman > 0.8 (0.89-0.90 measured); random atoms rank neither."""
   picked, per_token, sums = (brute_force[k] for k in ("picked", "per_token", "sums"))
-  fisher = 0.5 * np.mean(per_token ** 2, axis=0)
+  fisher = 0.5 * np.mean(per_token**2, axis=0)
   second_order = brute_force["delta"] + per_token.mean(axis=0)  # dL - (-dL/ds)
-  rank = lambda values, target: spearmanr(values[picked], target)[0]
+
+  def rank(values, target):
+    return spearmanr(values[picked], target)[0]
+
   for normalisation in atoms.NORMALISATIONS:
     heapr = stacked(atoms.atom_scores(sums, "heapr", normalisation=normalisation))
-    print(f"HEAPr ({normalisation}): Spearman {rank(heapr, fisher):.3f} against the Fisher "
-          f"cost, {rank(heapr, second_order):.3f} against dL minus its first-order term")
+    print(
+      f"HEAPr ({normalisation}): Spearman {rank(heapr, fisher):.3f} against the Fisher "
+      f"cost, {rank(heapr, second_order):.3f} against dL minus its first-order term"
+    )
     assert rank(heapr, fisher) > 0.95 and rank(heapr, second_order) > 0.8
   exact = stacked(atoms.atom_scores(sums, "exact_diagonal"))
   assert rank(exact, fisher) > 0.99
@@ -191,11 +205,20 @@ def test_heapr_ranks_the_brute_force_fisher_and_the_second_order_loss_change(bru
 
 
 def test_normalisations_divide_by_the_routed_tokens_once_twice_or_not():
-  sums = {0: {"h2": np.array([[2.0, 4.0], [1.0, 3.0]]), "p2": np.array([[3.0, 1.0], [5.0, 2.0]]),
-              "count": np.array([4.0, 0.0]), "predicted": 10.0}}
+  sums = {
+    0: {
+      "h2": np.array([[2.0, 4.0], [1.0, 3.0]]),
+      "p2": np.array([[3.0, 1.0], [5.0, 2.0]]),
+      "count": np.array([4.0, 0.0]),
+      "predicted": 10.0,
+    }
+  }
   raw = 0.5 / 10.0 * sums[0]["h2"] * sums[0]["p2"]  # 1/(2N) sum h^2 sum P^2
-  for normalisation, divisor in (("routed", [4.0, 1.0]), ("mean", [16.0, 1.0]),
-                                 ("sum", [1.0, 1.0])):
+  for normalisation, divisor in (
+    ("routed", [4.0, 1.0]),
+    ("mean", [16.0, 1.0]),
+    ("sum", [1.0, 1.0]),
+  ):
     got = atoms.atom_scores(sums, "heapr", normalisation=normalisation)[0]
     np.testing.assert_allclose(got, raw / np.array(divisor)[:, None])
   with pytest.raises(ConfigError, match="normalisation"):

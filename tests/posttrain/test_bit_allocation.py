@@ -1,5 +1,6 @@
 """GEMQ's global bit allocation (moejax/posttrain/bit_allocation.py): the DP
 against brute force over every assignment, global <= per-layer, refusals."""
+
 import itertools
 
 import numpy as np
@@ -21,9 +22,12 @@ def brute_force(costs, bits, budget, sizes):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), experts=st.integers(1, 6),
-       budget=st.sampled_from([2.0, 2.5, 3.0, 3.3, 4.0, 5.5, 8.0]),
-       unequal=st.booleans())
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  experts=st.integers(1, 6),
+  budget=st.sampled_from([2.0, 2.5, 3.0, 3.3, 4.0, 5.5, 8.0]),
+  unequal=st.booleans(),
+)
 def test_dp_equals_brute_force(seed, experts, budget, unequal):
   rng = np.random.default_rng(seed)
   # costs fall with bits (as quantization error does), with random slopes
@@ -31,8 +35,9 @@ def test_dp_equals_brute_force(seed, experts, budget, unequal):
   sizes = rng.integers(1, 4, experts) * 6 if unequal else None
   picked = ba.allocate(costs, BITS, budget, sizes)
   assert ba.average_bits(BITS, picked, sizes) <= budget + 1e-12
-  assert ba.total_cost(costs, picked) == pytest.approx(brute_force(costs, BITS, budget, sizes),
-                                                       rel=1e-12, abs=1e-12)
+  assert ba.total_cost(costs, picked) == pytest.approx(
+    brute_force(costs, BITS, budget, sizes), rel=1e-12, abs=1e-12
+  )
 
 
 def test_dp_equals_brute_force_on_costs_that_do_not_fall_with_bits():

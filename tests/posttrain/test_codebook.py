@@ -2,6 +2,7 @@
 fixed point, the LUT matmul against decode-then-matmul, rotations, exactness,
 outliers against RTN int4, and centroid fine-tuning against the least-squares
 optimum of the centroids."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -27,38 +28,49 @@ def group_members(book, W):
 
 
 @settings(max_examples=40)
-@given(seed=st.integers(0, 2**16), group_size=st.sampled_from([2, 4, 8]),
-       groups=st.integers(1, 3), d_out=st.integers(1, 6), bits=st.sampled_from([2, 3]),
-       init=st.sampled_from(cb.INITS), per_output_column=st.booleans(),
-       ties=st.booleans())
+@given(
+  seed=st.integers(0, 2**16),
+  group_size=st.sampled_from([2, 4, 8]),
+  groups=st.integers(1, 3),
+  d_out=st.integers(1, 6),
+  bits=st.sampled_from([2, 3]),
+  init=st.sampled_from(cb.INITS),
+  per_output_column=st.booleans(),
+  ties=st.booleans(),
+)
 def test_kmeans_objective_never_increases_and_ends_at_a_lloyd_fixed_point(
-    seed, group_size, groups, d_out, bits, init, per_output_column, ties):
+  seed, group_size, groups, d_out, bits, init, per_output_column, ties
+):
   rng = np.random.default_rng(seed)
   W = rng.normal(size=(groups * group_size, d_out)) * rng.uniform(0.1, 5)
   if ties:  # repeated values and exact midpoints
     W = np.round(W * 2) / 2
   W = W.astype(np.float32)
-  book = cb.kmeans_group_quant(W, bits, group_size, iterations=1000, init=init, seed=seed,
-                               per_output_column=per_output_column)
+  book = cb.kmeans_group_quant(
+    W, bits, group_size, iterations=1000, init=init, seed=seed, per_output_column=per_output_column
+  )
   history = np.asarray(book.history)
   assert np.all(np.diff(history) <= 1e-12 * history[0]), history
   values, indices, centroids = group_members(book, W)
   chosen = np.take_along_axis(centroids, indices, 1)
   scale = np.abs(values).max() + 1e-30
-  np.testing.assert_allclose(np.sum((values - chosen) ** 2), history[-1],
-                             rtol=1e-5, atol=1e-10 * scale ** 2)
+  np.testing.assert_allclose(
+    np.sum((values - chosen) ** 2), history[-1], rtol=1e-5, atol=1e-10 * scale**2
+  )
   nearest = np.abs(values[:, :, None] - centroids[:, None, :]).min(2)
   assert np.all(np.abs(values - chosen) <= nearest + 1e-6 * scale)
   for g in range(len(values)):  # every used centroid is its members' mean
     for k in np.unique(indices[g]):
-      np.testing.assert_allclose(centroids[g, k], values[g][indices[g] == k].mean(),
-                                 atol=1e-6 * scale)
+      np.testing.assert_allclose(
+        centroids[g, k], values[g][indices[g] == k].mean(), atol=1e-6 * scale
+      )
 
 
 def best_1d_kmeans(values, K):
   """The optimal 1-D k-means objective by brute force: optimal clusters are
   contiguous runs of the sorted values, so try every split into K runs."""
   import itertools
+
   v = np.sort(np.asarray(values, np.float64))
   best = np.inf
   for cuts in itertools.combinations(range(1, len(v)), K - 1):
@@ -81,21 +93,25 @@ def test_an_empty_cluster_is_reseeded_not_kept_stale():
 
 
 @settings(max_examples=40)
-@given(seed=st.integers(0, 2**16), bits=st.sampled_from([2, 3]),
-       init=st.sampled_from(cb.INITS), repeats=st.integers(0, 12))
-def test_every_code_is_used_when_a_group_has_enough_distinct_values(seed, bits, init,
-                                                                    repeats):
+@given(
+  seed=st.integers(0, 2**16),
+  bits=st.sampled_from([2, 3]),
+  init=st.sampled_from(cb.INITS),
+  repeats=st.integers(0, 12),
+)
+def test_every_code_is_used_when_a_group_has_enough_distinct_values(seed, bits, init, repeats):
   """A small group (16 values, some repeated) with at least K distinct values: at
   the end every one of the K centroids has members, and the objective is within
   the brute-force optimum's reach (never below it)."""
   rng = np.random.default_rng(seed)
-  K = 2 ** bits
+  K = 2**bits
   values = rng.normal(size=16 - repeats)
   group = np.concatenate([values, np.full(repeats, values[0])])
   if len(np.unique(group)) < K:
     return
-  book = cb.kmeans_group_quant(group[:, None].astype(np.float32), bits, 16,
-                               iterations=1000, init=init, seed=seed)
+  book = cb.kmeans_group_quant(
+    group[:, None].astype(np.float32), bits, 16, iterations=1000, init=init, seed=seed
+  )
   assert len(np.unique(book.indices)) == K
   if bits == 2:
     assert book.history[-1] >= best_1d_kmeans(group.astype(np.float32), K) * (1 - 1e-6)
@@ -106,7 +122,7 @@ def test_every_code_is_used_when_a_group_has_enough_distinct_values(seed, bits, 
 def test_lut_matmul_equals_decode_then_matmul(layout, bits):
   rng = np.random.default_rng(bits)
   d_in, d_out, group_size = 32, 24, 8
-  K = 2 ** bits
+  K = 2**bits
   shape = (d_in // group_size, d_out, K) if LAYOUTS[layout] else (d_in // group_size, K)
   centroids = rng.normal(size=shape).astype(np.float32)
   indices = rng.integers(0, K, size=(d_in, d_out)).astype(np.uint8)
@@ -149,12 +165,12 @@ def test_hadamard_and_random_rotations_leave_the_output_unchanged():
 @pytest.mark.parametrize("bits", [2, 3])
 def test_codebook_is_exact_with_a_centroid_per_distinct_value(layout, bits):
   rng = np.random.default_rng(bits)
-  d_in, d_out, group_size, K = 32, 8, 16, 2 ** bits
+  d_in, d_out, group_size, K = 32, 8, 16, 2**bits
   per_column = LAYOUTS[layout]
   W = np.empty((d_in, d_out), np.float32)
   for g in range(d_in // group_size):
     for j in range(d_out) if per_column else [slice(None)]:
-      block = W[g * group_size:(g + 1) * group_size, j]
+      block = W[g * group_size : (g + 1) * group_size, j]
       distinct = rng.normal(size=K).astype(np.float32)
       block[...] = rng.permutation(np.resize(distinct, block.size)).reshape(block.shape)
   book = cb.kmeans_group_quant(W, bits, group_size, per_output_column=per_column)
@@ -183,8 +199,10 @@ def test_an_outlier_gets_its_own_centroid_and_beats_rtn_int4(layout):
       assert np.sum(group == book.indices[r, c]) == 1 and W_hat[r, c] == W[r, c]
     codebook_mse = np.mean((W - W_hat) ** 2)
     rtn_mse = np.mean((W - qz.dequantize(qz.rtn(W, 4, group_size))) ** 2)
-    print(f"{layout} seed {seed}: 4-bit weight MSE codebook {codebook_mse:.4f}, "
-          f"RTN int4 {rtn_mse:.4f} (ratio {codebook_mse / rtn_mse:.3f})")
+    print(
+      f"{layout} seed {seed}: 4-bit weight MSE codebook {codebook_mse:.4f}, "
+      f"RTN int4 {rtn_mse:.4f} (ratio {codebook_mse / rtn_mse:.3f})"
+    )
     assert codebook_mse < rtn_mse
 
 
@@ -196,10 +214,10 @@ def finetune_case(seed=0, d_in=32, d_out=16, group_size=8, bits=2, n=128):
   W = rng.normal(size=(d_in, d_out)).astype(np.float32)
   x = (rng.normal(size=(n, d_in)) * np.geomspace(0.05, 5, d_in)).astype(np.float32)
   book = cb.kmeans_group_quant(W, bits, group_size, seed=seed)
-  K = 2 ** bits
+  K = 2**bits
   design = np.zeros((n, d_out, d_in // group_size * K))  # out = design @ vec(centroids)
   for r in range(d_in):
-    design[:, np.arange(d_out), r // group_size * K + book.indices[r]] += x[:, r:r + 1]
+    design[:, np.arange(d_out), r // group_size * K + book.indices[r]] += x[:, r : r + 1]
   design = design.reshape(n * d_out, -1)
   target = (x.astype(np.float64) @ W).ravel()
   best = np.linalg.lstsq(design, target, rcond=None)[0]
@@ -214,8 +232,10 @@ def test_sgd_finetuning_never_increases_the_calibration_error():
   lr = 1.0 / np.linalg.eigvalsh(precondition @ hessian @ precondition).max()
   result = cb.finetune_centroids(x, W, book.indices, book.centroids, 8, steps=60, lr=lr)
   errors = np.asarray(result.errors)
-  print(f"SGD lr={lr:.3f}: calibration MSE {errors[0]:.4f} -> {errors[-1]:.4f}, "
-        f"least-squares optimum {optimum:.4f}")
+  print(
+    f"SGD lr={lr:.3f}: calibration MSE {errors[0]:.4f} -> {errors[-1]:.4f}, "
+    f"least-squares optimum {optimum:.4f}"
+  )
   assert np.all(np.diff(errors) <= 1e-6 * errors[0])
   assert errors[-1] < errors[0] and np.all(errors >= optimum * (1 - 1e-5))
 
@@ -223,21 +243,27 @@ def test_sgd_finetuning_never_increases_the_calibration_error():
 def test_adam_finetuning_reaches_the_least_squares_centroids():
   x, W, book, optimum, _ = finetune_case(seed=1)
   shrunk = book.centroids * 0.5  # far from optimal: fine-tuning must recover
-  result = cb.finetune_centroids(x, W, book.indices, shrunk, 8, steps=200, lr=0.05,
-                                 optimizer="adam", reassign=True)
+  result = cb.finetune_centroids(
+    x, W, book.indices, shrunk, 8, steps=200, lr=0.05, optimizer="adam", reassign=True
+  )
   errors = np.asarray(result.errors)
-  best = np.asarray(cb.finetune_centroids(x, W, book.indices, result.centroids, 8,
-                                          steps=0).errors)[0]
-  print(f"Adam: calibration MSE {errors[0]:.4f} -> best {best:.4f}, "
-        f"least-squares optimum {optimum:.4f}, after reassignment {result.reassigned_error:.4f}")
+  best = np.asarray(cb.finetune_centroids(x, W, book.indices, result.centroids, 8, steps=0).errors)[
+    0
+  ]
+  print(
+    f"Adam: calibration MSE {errors[0]:.4f} -> best {best:.4f}, "
+    f"least-squares optimum {optimum:.4f}, after reassignment {result.reassigned_error:.4f}"
+  )
   assert best == min(errors) <= errors[0]
   assert np.all(errors >= optimum * (1 - 1e-5))
   assert best - optimum <= 1e-3 * (errors[0] - optimum)
   values, indices, centroids = group_members(
-      cb.Codebook(result.indices, result.centroids, 8, []), W)
+    cb.Codebook(result.indices, result.centroids, 8, []), W
+  )
   chosen = np.take_along_axis(centroids, indices, 1)
-  assert np.all(np.abs(values - chosen) <= np.abs(values[:, :, None]
-                                                  - centroids[:, None, :]).min(2) + 1e-6)
+  assert np.all(
+    np.abs(values - chosen) <= np.abs(values[:, :, None] - centroids[:, None, :]).min(2) + 1e-6
+  )
 
 
 def test_refusals_name_the_value():
@@ -249,8 +275,15 @@ def test_refusals_name_the_value():
   with pytest.raises(ConfigError, match="init='random'"):
     cb.kmeans_group_quant(W, 4, 16, init="random")
   with pytest.raises(ConfigError, match="optimizer='lbfgs'"):
-    cb.finetune_centroids(np.zeros((4, 64)), W, np.zeros((64, 8), np.uint8),
-                          np.zeros((4, 16)), 16, steps=1, optimizer="lbfgs")
+    cb.finetune_centroids(
+      np.zeros((4, 64)),
+      W,
+      np.zeros((64, 8), np.uint8),
+      np.zeros((4, 16)),
+      16,
+      steps=1,
+      optimizer="lbfgs",
+    )
 
 
 def test_history_starts_at_the_objective_of_the_initial_centroids():
@@ -270,7 +303,8 @@ def test_one_default_sgd_step_moves_a_centroid_by_the_documented_rate():
   """One weight (d_in = d_out = 1), x = 1, its centroid 0: MSE = (0 - 1)^2 = 1 with
   gradient -2 and one member, so one SGD step at the default lr = 1e-2 gives 0.02 and
   MSE 0.98^2; the other centroid has no member and does not move."""
-  result = cb.finetune_centroids(np.ones((1, 1)), np.ones((1, 1)), np.zeros((1, 1), np.uint8),
-                                 np.array([[0.0, 5.0]]), 1, steps=1)
+  result = cb.finetune_centroids(
+    np.ones((1, 1)), np.ones((1, 1)), np.zeros((1, 1), np.uint8), np.array([[0.0, 5.0]]), 1, steps=1
+  )
   np.testing.assert_allclose(result.centroids, [[0.02, 5.0]], rtol=1e-6)
-  np.testing.assert_allclose(result.errors, [1.0, 0.98 ** 2], rtol=1e-6)
+  np.testing.assert_allclose(result.errors, [1.0, 0.98**2], rtol=1e-6)

@@ -2,6 +2,7 @@
 tiny LM, against a per-token numpy loop over each token's routed experts and
 against the MoE layer's own output; the output Gram against every expert run on
 every token."""
+
 import functools
 
 import jax
@@ -20,8 +21,9 @@ from moejax.train.loop import init_state
 @pytest.fixture(scope="module")
 def tiny():
   graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny"))
-  batches = [np.random.default_rng(i).integers(0, 256, size=(2, 16)).astype(np.int32)
-             for i in range(2)]
+  batches = [
+    np.random.default_rng(i).integers(0, 256, size=(2, 16)).astype(np.int32) for i in range(2)
+  ]
   return graphdef, state.params, state.rest, batches
 
 
@@ -31,10 +33,16 @@ def routing_and_outputs(graphdef, params, rest, tokens):
   model = nnx.merge(graphdef, params, rest)
   _, aux, outputs = captured_forward(model, tokens)
   blocks = [i for i, b in enumerate(model.blocks) if b.is_moe]
-  return [(outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model),
-           layer_aux["expert_index"], layer_aux["combine_weight"], layer_aux["valid"],
-           outputs[("blocks", i, "ffn", "__call__")][0].reshape(-1, model.cfg.d_model))
-          for i, layer_aux in zip(blocks, aux["moe"])]
+  return [
+    (
+      outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, model.cfg.d_model),
+      layer_aux["expert_index"],
+      layer_aux["combine_weight"],
+      layer_aux["valid"],
+      outputs[("blocks", i, "ffn", "__call__")][0].reshape(-1, model.cfg.d_model),
+    )
+    for i, layer_aux in zip(blocks, aux["moe"])
+  ]
 
 
 def silu(x):
@@ -53,11 +61,13 @@ def test_statistics_equal_a_per_token_loop_and_sum_to_the_layer_output(tiny):
     outputs = np.zeros((e, e))  # every expert on every token, routed or not
     for tokens in batches:
       x, index, weight, valid, layer_out = map(
-          lambda a: np.asarray(a, np.float64),
-          routing_and_outputs(graphdef, params, rest, jnp.asarray(tokens))[[0, 1].index(s.block)])
+        lambda a: np.asarray(a, np.float64),
+        routing_and_outputs(graphdef, params, rest, jnp.asarray(tokens))[[0, 1].index(s.block)],
+      )
       for t in range(x.shape[0]):
-        every = np.stack([(silu(x[t] @ w["w_gate"][k]) * (x[t] @ w["w_up"][k])) @ w["w_down"][k]
-                          for k in range(e)])
+        every = np.stack(
+          [(silu(x[t] @ w["w_gate"][k]) * (x[t] @ w["w_up"][k])) @ w["w_down"][k] for k in range(e)]
+        )
         outputs += every @ every.T
         z = np.zeros((e, x.shape[1]))
         for slot in range(index.shape[1]):

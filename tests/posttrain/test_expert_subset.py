@@ -1,5 +1,6 @@
 """SCHUR-A* expert selection (moejax/posttrain/expert_subset.py) against brute
 force over every subset, least squares on the raw contributions, and closed forms."""
+
 import itertools
 import math
 import os
@@ -39,12 +40,15 @@ def correlated_experts(num_experts, seed, rank=4, n=64):
   """Contributions of experts that share a rank-4 subspace (near-duplicate experts):
   here greedy selection is often not optimal."""
   rng = np.random.default_rng(seed)
-  return (rng.normal(size=(num_experts, rank)) @ rng.normal(size=(rank, n))
-          + 0.3 * rng.normal(size=(num_experts, n)))
+  return rng.normal(size=(num_experts, rank)) @ rng.normal(size=(rank, n)) + 0.3 * rng.normal(
+    size=(num_experts, n)
+  )
 
 
-INSTANCES = {"routed_layer": lambda e, seed: simulated_layer(e, seed)[0],
-             "correlated": correlated_experts}
+INSTANCES = {
+  "routed_layer": lambda e, seed: simulated_layer(e, seed)[0],
+  "correlated": correlated_experts,
+}
 
 
 @pytest.mark.parametrize("objective", xs.OBJECTIVES)
@@ -60,8 +64,9 @@ def test_error_equals_least_squares_and_dropped_sum_on_the_contributions(objecti
     else:
       dropped = [e for e in range(6) if e not in keep]
       expected = np.sum(z[dropped].sum(0) ** 2) if dropped else 0.0
-    np.testing.assert_allclose(xs.subset_error(gram, keep, objective), expected,
-                               rtol=1e-9, atol=1e-9 * np.sum(y ** 2))
+    np.testing.assert_allclose(
+      xs.subset_error(gram, keep, objective), expected, rtol=1e-9, atol=1e-9 * np.sum(y**2)
+    )
 
 
 @pytest.mark.parametrize("objective", xs.OBJECTIVES)
@@ -73,8 +78,10 @@ def test_astar_equals_brute_force_over_924_subsets_and_expands_fewer(objective, 
     _, error = xs.brute_force(gram, 6, objective)
     result = xs.astar(gram, 6, objective)
     greedy = xs.subset_error(gram, xs.greedy_forward(gram, 6, objective), objective)
-    print(f"{objective} {instance} seed {seed}: expanded {result.expanded}, generated "
-          f"{result.generated} of {math.comb(12, 6)} subsets; greedy/optimum {greedy / error:.3f}")
+    print(
+      f"{objective} {instance} seed {seed}: expanded {result.expanded}, generated "
+      f"{result.generated} of {math.comb(12, 6)} subsets; greedy/optimum {greedy / error:.3f}"
+    )
     np.testing.assert_allclose(result.error, error, rtol=1e-10)
     assert xs.subset_error(gram, result.keep, objective) == pytest.approx(error, rel=1e-10)
     assert len(result.keep) == 6
@@ -92,8 +99,10 @@ def test_the_bound_is_admissible_at_every_expanded_node(objective):
   assert len(result.trace) > 10
   for included, undecided, excluded, f in result.trace:
     # the best completion: m - |included| more experts out of the undecided ones
-    best = min(xs.subset_error(gram, included + extra, objective)
-               for extra in itertools.combinations(undecided, m - len(included)))
+    best = min(
+      xs.subset_error(gram, included + extra, objective)
+      for extra in itertools.combinations(undecided, m - len(included))
+    )
     assert f <= best + 1e-9 * gram.sum(), (included, excluded, f, best)
 
 
@@ -101,12 +110,17 @@ def test_astar_beats_greedy_beats_routing_frequency():
   for seed in range(3):
     z, frequency, mass = simulated_layer(16, seed)
     gram = xs.gram_of(z)
-    err = lambda keep: xs.subset_error(gram, keep, "rescaled")
+
+    def err(keep):
+      return xs.subset_error(gram, keep, "rescaled")
+
     best = xs.astar(gram, 8).error
     greedy = err(xs.greedy_forward(gram, 8))
     by_frequency = err(xs.top_by_score(frequency, 8))
-    print(f"seed {seed}: A* {best:.4g} <= greedy {greedy:.4g} <= frequency {by_frequency:.4g}"
-          f" (mass {err(xs.top_by_score(mass, 8)):.4g})")
+    print(
+      f"seed {seed}: A* {best:.4g} <= greedy {greedy:.4g} <= frequency {by_frequency:.4g}"
+      f" (mass {err(xs.top_by_score(mass, 8)):.4g})"
+    )
     assert best <= greedy * (1 + 1e-12) and greedy < by_frequency
 
 
@@ -134,8 +148,10 @@ def test_equals_brute_force_on_the_six_zoo_s_layers(objective):
     result = xs.astar(layer.gram, 8, objective)
     greedy = xs.subset_error(layer.gram, xs.greedy_forward(layer.gram, 8, objective), objective)
     frequency = xs.subset_error(layer.gram, xs.top_by_score(layer.frequency, 8), objective)
-    print(f"zoo-s block {layer.block} {objective}: expanded {result.expanded} of 12870; "
-          f"err A* {result.error:.5g}, greedy {greedy:.5g}, frequency {frequency:.5g}")
+    print(
+      f"zoo-s block {layer.block} {objective}: expanded {result.expanded} of 12870; "
+      f"err A* {result.error:.5g}, greedy {greedy:.5g}, frequency {frequency:.5g}"
+    )
     np.testing.assert_allclose(result.error, error, rtol=1e-10)
     assert result.expanded < math.comb(16, 8)
     assert result.error <= greedy * (1 + 1e-12) <= frequency * (1 + 1e-12)
@@ -146,8 +162,10 @@ def test_e64_m32_is_solved():
   start = time.perf_counter()
   result = xs.astar(gram, 32, max_expanded=200_000)
   seconds = time.perf_counter() - start
-  print(f"E=64, m=32: {result.expanded} nodes expanded, {result.generated} generated, "
-        f"{seconds:.1f} s (C(64, 32) = {math.comb(64, 32):.3g} subsets)")
+  print(
+    f"E=64, m=32: {result.expanded} nodes expanded, {result.generated} generated, "
+    f"{seconds:.1f} s (C(64, 32) = {math.comb(64, 32):.3g} subsets)"
+  )
   assert len(result.keep) == 32
   assert result.error <= xs.subset_error(gram, xs.greedy_forward(gram, 32)) * (1 + 1e-12)
 
@@ -171,9 +189,13 @@ def test_bad_sizes_are_refused():
 def test_choose_runs_each_method_on_layer_statistics():
   from moejax.errors import ConfigError
   from moejax.posttrain.contributions import LayerStatistics
+
   z, frequency, mass = simulated_layer(12, seed=6)
   stats = LayerStatistics(0, xs.gram_of(z), frequency.astype(float), mass, 256)
-  order = lambda score: tuple(sorted(np.argsort(-score, kind="stable")[:5]))
+
+  def order(score):
+    return tuple(sorted(np.argsort(-score, kind="stable")[:5]))
+
   assert xs.choose(stats, 5, "frequency") == order(frequency)
   assert xs.choose(stats, 5, "router_mass") == order(mass)
   assert xs.choose(stats, 5, "output_norm") == order(np.sum(z * z, axis=1))
@@ -196,6 +218,7 @@ def test_knee_budgets_follow_each_layers_own_curve():
   layer keeps exactly its strong experts."""
   from moejax.posttrain import prune
   from moejax.posttrain.contributions import LayerStatistics
+
   energies = {0: [100.0, 90.0, 80.0] + [1.0] * 9, 1: [50.0] * 8 + [1.0] * 4}
   rng = np.random.default_rng(0)
   stats = []
@@ -211,8 +234,9 @@ def test_knee_budgets_follow_each_layers_own_curve():
     assert errors[0] == pytest.approx(9 / 279) and errors[1] == pytest.approx(4 / 404)
 
 
-@pytest.mark.parametrize("shift, scale", [(0.0, 1.0), (1000.0, 1.0), (-39.0, 1.0),
-                                          (0.0, 1e-6), (5.0, 1e4)])
+@pytest.mark.parametrize(
+  "shift, scale", [(0.0, 1.0), (1000.0, 1.0), (-39.0, 1.0), (0.0, 1e-6), (5.0, 1e4)]
+)
 def test_knee_is_the_same_on_a_shifted_and_scaled_curve(shift, scale):
   """Kneedle scales both axes to [0, 1], so err(m) * scale + shift has the same
   knee: a relative error curve, an absolute one, or one that ends far above zero

@@ -2,6 +2,7 @@
 kept count at exactly top_k and exactly E, fractions at 1.0 and just past it, atom
 fractions, and --keep=knee on a layer whose knee is at E - 1 (the last point of
 err(m), m = E, must be on the curve)."""
+
 import dataclasses
 
 import numpy as np
@@ -12,21 +13,26 @@ from moejax.posttrain import prune
 from moejax.posttrain.contributions import LayerStatistics
 
 
-@pytest.mark.parametrize("keep, count", [("2", 2), ("0.25", 2), ("8", 8), ("1.0", 8),
-                                         ("0.3", 2), ("0.32", 3)])
+@pytest.mark.parametrize(
+  "keep, count", [("2", 2), ("0.25", 2), ("8", 8), ("1.0", 8), ("0.3", 2), ("0.32", 3)]
+)
 def test_kept_count_accepts_exactly_top_k_and_exactly_every_expert(keep, count):
   # E = 8, top_k = 2: 0.3 * 8 = 2.4 rounds to 2 (kept), 0.32 * 8 = 2.56 to 3
   assert prune.kept_count(keep, 8, 2) == count
 
 
-@pytest.mark.parametrize("keep, message", [
+@pytest.mark.parametrize(
+  "keep, message",
+  [
     ("1", "keeps 1 experts, below the router's top_k=2"),
     ("0.125", "keeps 1 experts, below the router's top_k=2"),  # 0.125 * 8 = 1
     ("9", "larger than the layer's 8 experts"),
     ("1.01", "a fraction must be in \\(0, 1\\]"),
     ("0.0", "a fraction must be in \\(0, 1\\]"),
     ("-0.5", "a fraction must be in \\(0, 1\\]"),
-    ("half", "expected a fraction of the experts")])
+    ("half", "expected a fraction of the experts"),
+  ],
+)
 def test_kept_count_refuses_one_past_each_boundary(keep, message):
   with pytest.raises(ConfigError, match=f"--keep={keep}.*{message}|{message}"):
     prune.kept_count(keep, 8, 2)
@@ -70,12 +76,16 @@ def test_every_merge_rule_is_accepted_for_an_expert_method(merge):
   assert prune.merge_rule("greedy", merge) == (merge or "none")
 
 
-@pytest.mark.parametrize("request_, message", [
+@pytest.mark.parametrize(
+  "request_, message",
+  [
     (prune.Pruning("step", "4", merge="mean"), "--merge"),
     (prune.Pruning("step", "4", partner="gram"), "--partner"),
     (prune.Pruning("heapr", "0.5", merge="average"), "removes atoms, not experts to merge"),
     (prune.Pruning("step", "knee"), "--keep=knee reads err"),
-    (prune.Pruning("greedy", "4", rescale=True, merge="average"), "--rescale")])
+    (prune.Pruning("greedy", "4", rescale=True, merge="average"), "--rescale"),
+  ],
+)
 def test_options_a_request_cannot_take_are_refused(request_, message):
   with pytest.raises(ConfigError, match=message):
     prune.check_options(request_)

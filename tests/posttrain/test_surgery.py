@@ -1,6 +1,7 @@
 """Removing experts (moejax/posttrain/surgery.py) from a tiny LM: the pruned
 layer against a numpy MoE over the kept experts, untouched leaves, state cut
 along every expert axis, and refusals."""
+
 import functools
 
 import jax
@@ -22,7 +23,10 @@ KEEP = {0: [1, 3, 4, 6], 1: [0, 2, 5]}
 def tiny(router="topk"):
   config = lm_shakespeare_moe.get_config(f"size=tiny,router={router}")
   _, state, _ = init_state(config)
-  host = lambda tree: jax.tree.map(np.asarray, tree)
+
+  def host(tree):
+    return jax.tree.map(np.asarray, tree)
+
   return config, host(state.params), host(state.rest)
 
 
@@ -32,9 +36,14 @@ def moe_io(graphdef, params, rest, tokens):
   model = nnx.merge(graphdef, params, rest)
   _, _, outputs = captured_forward(model, tokens)
   d = model.cfg.d_model
-  return [(outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, d),
-           outputs[("blocks", i, "ffn", "__call__")][0].reshape(-1, d))
-          for i, b in enumerate(model.blocks) if b.is_moe]
+  return [
+    (
+      outputs[("blocks", i, "ffn_norm", "__call__")].reshape(-1, d),
+      outputs[("blocks", i, "ffn", "__call__")][0].reshape(-1, d),
+    )
+    for i, b in enumerate(model.blocks)
+    if b.is_moe
+  ]
 
 
 def numpy_moe(x, ffn, kept, top_k, scales=None):
@@ -67,20 +76,27 @@ def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
   # every leaf outside the MoE layers is the original array
   for path in (("embed",), ("head", "kernel"), ("blocks", 0, "attn", "q", "kernel")):
     np.testing.assert_array_equal(
-        functools.reduce(lambda t, k: t[k], path, new_params),
-        functools.reduce(lambda t, k: t[k], path, params))
+      functools.reduce(lambda t, k: t[k], path, new_params),
+      functools.reduce(lambda t, k: t[k], path, params),
+    )
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(2, 12)), jnp.int32)
   graphdef = abstract_model(new)[0]
   for block, (x, y) in zip(KEEP, moe_io(graphdef, new_params, new_rest, tokens)):
-    expected = numpy_moe(np.asarray(x), params["blocks"][block]["ffn"], KEEP[block],
-                         config.model.moe.top_k, None if scales is None else scales[block])
+    expected = numpy_moe(
+      np.asarray(x),
+      params["blocks"][block]["ffn"],
+      KEEP[block],
+      config.model.moe.top_k,
+      None if scales is None else scales[block],
+    )
     np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
 
 
 def test_keeping_every_expert_changes_nothing():
   config, params, rest = tiny()
-  new, new_params, _ = surgery.remove_experts(config.model, params, rest,
-                                              {0: range(8), 1: range(8)})
+  new, new_params, _ = surgery.remove_experts(
+    config.model, params, rest, {0: range(8), 1: range(8)}
+  )
   assert new.moe.num_experts == 8 and not new.moe.expert_counts
   jax.tree.map(np.testing.assert_array_equal, new_params, params)
 
@@ -92,12 +108,15 @@ def test_router_state_is_cut_along_its_expert_axis():
   np.testing.assert_array_equal(new_rest["blocks"][0]["ffn"]["router_state"]["bias"], KEEP[0])
 
 
-@pytest.mark.parametrize("keep,message", [
+@pytest.mark.parametrize(
+  "keep,message",
+  [
     ({0: [0]}, r"keep\[0\] has 1 experts, below model.moe.top_k=2"),
     ({0: [0, 0, 1]}, r"keep\[0\]=\[0, 0, 1\] must be distinct experts in \[0, 8\)"),
     ({0: [3, 8]}, r"must be distinct experts in \[0, 8\)"),
     ({5: [0, 1]}, r"keep names blocks \[5\], which are not MoE blocks \[0, 1\]"),
-])
+  ],
+)
 def test_bad_keep_sets_are_refused(keep, message):
   config, params, rest = tiny()
   with pytest.raises(ConfigError, match=message):
@@ -113,10 +132,13 @@ def test_merge_takes_the_mass_weighted_mean_of_the_merged_experts():
     np.testing.assert_allclose(got[1], (2 * w[1] + 3 * w[2] + 6 * w[5]) / 11, atol=1e-8)
     np.testing.assert_allclose(got[3], (4 * w[3] + 8 * w[7]) / 12, atol=1e-8)
     np.testing.assert_array_equal(got[0], w[0].astype(np.float32))
-    np.testing.assert_array_equal(merged["blocks"][1]["ffn"]["experts"][name],
-                                  params["blocks"][1]["ffn"]["experts"][name])
-  np.testing.assert_array_equal(params["blocks"][0]["ffn"]["experts"]["w_up"][1],
-                                tiny()[1]["blocks"][0]["ffn"]["experts"]["w_up"][1])  # no mutation
+    np.testing.assert_array_equal(
+      merged["blocks"][1]["ffn"]["experts"][name], params["blocks"][1]["ffn"]["experts"][name]
+    )
+  np.testing.assert_array_equal(
+    params["blocks"][0]["ffn"]["experts"]["w_up"][1],
+    tiny()[1]["blocks"][0]["ffn"]["experts"]["w_up"][1],
+  )  # no mutation
 
 
 def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest():
@@ -124,12 +146,16 @@ def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest():
   params are exactly the removal, with it the kept experts absorbed the pruned."""
   from moejax.posttrain import prune
   from moejax.posttrain.calibration import Calibration
+
   config, params, rest = tiny()
   windows = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
   calibration = Calibration(config.model, params, rest, windows)
-  run = {method: prune.prune_model(config.model, params, rest, keep="4", method=method,
-                                   calibration=calibration)
-         for method in ("step", "step_no_merge")}
+  run = {
+    method: prune.prune_model(
+      config.model, params, rest, keep="4", method=method, calibration=calibration
+    )
+    for method in ("step", "step_no_merge")
+  }
   kept = {layer["block"]: layer["kept"] for layer in run["step_no_merge"][3]}
   assert kept == {layer["block"]: layer["kept"] for layer in run["step"][3]}
   _, want, _ = surgery.remove_experts(config.model, params, rest, kept)
@@ -149,6 +175,7 @@ def test_deployed_error_equals_a_numpy_moe_and_the_proxy_where_nothing_re_routes
   outputs vanish with the original gates) exactly."""
   from moejax.posttrain import contributions, expert_subset, prune
   from moejax.posttrain.calibration import Calibration
+
   config = lm_shakespeare_moe.get_config("size=tiny,top_k=1")
   _, state, _ = init_state(config)
   params, rest = jax.tree.map(np.array, state.params), jax.tree.map(np.asarray, state.rest)
@@ -156,16 +183,26 @@ def test_deployed_error_equals_a_numpy_moe_and_the_proxy_where_nothing_re_routes
   graphdef = abstract_model(config.model)[0]
   calibration = Calibration(config.model, params, rest, windows)
   new_m, new_params, new_rest, layers = prune.prune_model(
-      config.model, params, rest, keep="5", method="frequency",
-      calibration=calibration, rescale=True, deployed=True)
+    config.model,
+    params,
+    rest,
+    keep="5",
+    method="frequency",
+    calibration=calibration,
+    rescale=True,
+    deployed=True,
+  )
   kept = {layer["block"]: layer["kept"] for layer in layers}
-  scales = {b: expert_subset.rescale_weights(s.gram, kept[b]) for b, s in
-            zip((0, 1), calibration.stats)}
+  scales = {
+    b: expert_subset.rescale_weights(s.gram, kept[b]) for b, s in zip((0, 1), calibration.stats)
+  }
   for block, layer in zip((0, 1), layers):
     want = 0.0
     for tokens in calibration.batches:
-      x, y = [np.asarray(a, np.float64) for a in
-              moe_io(graphdef, params, rest, jnp.asarray(tokens))[block]]
+      x, y = [
+        np.asarray(a, np.float64)
+        for a in moe_io(graphdef, params, rest, jnp.asarray(tokens))[block]
+      ]
       pruned = numpy_moe(x, params["blocks"][block]["ffn"], kept[block], 1, scales[block])
       want += np.sum((pruned - y) ** 2)
     gram = calibration.stats[block].gram
@@ -178,12 +215,13 @@ def test_deployed_error_equals_a_numpy_moe_and_the_proxy_where_nothing_re_routes
   keep = [0, 1, 2, 3, 5, 6, 7]  # 4 dropped, its zero-output twin kept
   choice = {0: keep, 1: range(8)}
   for objective, rescale in (("rescaled", True), ("no_rescale", False)):
-    scales = {0: expert_subset.rescale_weights(calibration.stats[0].gram, keep)} \
-        if rescale else None
-    new_m, new_params, new_rest = surgery.remove_experts(config.model, params, rest, choice,
-                                                         scales)
-    errors = contributions.deployed_errors(graphdef, params, rest, new_m, new_params,
-                                           new_rest, calibration.batches)
+    scales = (
+      {0: expert_subset.rescale_weights(calibration.stats[0].gram, keep)} if rescale else None
+    )
+    new_m, new_params, new_rest = surgery.remove_experts(config.model, params, rest, choice, scales)
+    errors = contributions.deployed_errors(
+      graphdef, params, rest, new_m, new_params, new_rest, calibration.batches
+    )
     proxy = expert_subset.subset_error(calibration.stats[0].gram, keep, objective)
     assert proxy > 0 and errors[1] == 0.0
     np.testing.assert_allclose(errors[0], proxy, rtol=1e-3)
@@ -196,6 +234,7 @@ def test_merge_partners_by_output_find_a_functional_twin_the_gram_cannot():
   are equal (output cosine 1): partner='output' merges 5 into 1."""
   from moejax.posttrain import prune
   from moejax.posttrain.calibration import Calibration
+
   config, params, rest = tiny()
   params = jax.tree.map(np.array, params)
   ffn = params["blocks"][0]["ffn"]

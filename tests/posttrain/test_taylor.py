@@ -2,6 +2,7 @@
 terms against a parameter gradient, the scores against any split of the windows
 into batches, against single-expert ablation on a trained tiny MoE (the spec's
 oracle), and the planted hard-few / easy-many layer."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,16 +34,18 @@ def test_per_token_terms_sum_to_the_gradient_of_an_output_scale():
 
   expected = jax.grad(loss)([jnp.ones(8), jnp.ones(8)])
   for layer_terms, grad in zip(terms, expected):
-    np.testing.assert_allclose(np.asarray(layer_terms).sum(0), np.asarray(grad),
-                               rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(
+      np.asarray(layer_terms).sum(0), np.asarray(grad), rtol=1e-4, atol=1e-7
+    )
 
 
 def test_step_prunes_the_many_easy_expert_frequency_the_few_hard_one():
   """Expert A (0) serves 10 hard tokens with large terms, B (1) 90 easy tokens with
   small ones, C and D (2, 3) 40 middling tokens each; one expert per token."""
   loss, terms, expert = [], [], []
-  for e, (count, token_loss, term) in enumerate([(10, 5.0, 1.0), (90, 0.1, 0.05),
-                                                  (40, 1.0, 0.3), (40, 1.0, 0.3)]):
+  for e, (count, token_loss, term) in enumerate(
+    [(10, 5.0, 1.0), (90, 0.1, 0.05), (40, 1.0, 0.3), (40, 1.0, 0.3)]
+  ):
     loss += [token_loss] * count
     expert += [e] * count
     row = np.zeros(4)
@@ -63,18 +66,24 @@ def test_scores_do_not_depend_on_how_the_windows_are_batched():
   (the gradient of the summed loss: a batch of one is not weighted 5x)."""
   graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny"))
   windows = np.random.default_rng(3).integers(0, 256, (5, 12)).astype(np.int32)
-  score = lambda batches: taylor.layer_step_scores(graphdef, state.params, state.rest,
-                                                   batches, rho=0.25)
+
+  def score(batches):
+    return taylor.layer_step_scores(graphdef, state.params, state.rest, batches, rho=0.25)
+
   whole = score([windows])
-  for batches in ([windows[:2], windows[2:4], windows[4:]],
-                  [windows[4:], windows[2:4], windows[:2]]):
+  for batches in (
+    [windows[:2], windows[2:4], windows[4:]],
+    [windows[4:], windows[2:4], windows[:2]],
+  ):
     for got, want in zip(score(batches), whole):
       np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6 * np.abs(want).max())
-  token_loss, terms = taylor.token_taylor_terms(graphdef, state.params, state.rest,
-                                                jnp.asarray(windows))
+  token_loss, terms = taylor.token_taylor_terms(
+    graphdef, state.params, state.rest, jnp.asarray(windows)
+  )
   rows = np.asarray(terms[0]).reshape(5, 12, -1)[:, :-1].reshape(55, -1)
-  np.testing.assert_allclose(whole[0], taylor.step_scores(np.asarray(token_loss), rows, 0.25),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    whole[0], taylor.step_scores(np.asarray(token_loss), rows, 0.25), rtol=1e-6
+  )
 
 
 def test_scores_rank_single_expert_ablation_on_a_trained_model(trained_tiny):
@@ -84,9 +93,9 @@ def test_scores_rank_single_expert_ablation_on_a_trained_model(trained_tiny):
   Spearman > 0.8."""
   from scipy.stats import spearmanr
   from moejax.posttrain.calibration import STEP_RHO
+
   _, graphdef, params, rest, windows = trained_tiny
-  scores = np.concatenate(taylor.layer_step_scores(graphdef, params, rest, [windows],
-                                                   STEP_RHO))
+  scores = np.concatenate(taylor.layer_step_scores(graphdef, params, rest, [windows], STEP_RHO))
   loss = jax.jit(mean_loss, static_argnums=0)
   base = float(loss(graphdef, params, rest, windows))
   zeroed = []

@@ -2,6 +2,7 @@
 rho that rounds to no token still keeps the single hardest one, a rho of 1 keeps
 every token, ties go to the earlier token, and a rho that rounds up by one token
 adds exactly that token."""
+
 import numpy as np
 import pytest
 
@@ -25,14 +26,15 @@ def test_rho_one_keeps_every_token_and_rounding_adds_the_next_hardest():
   loss, terms = terms_and_loss()
   np.testing.assert_array_equal(taylor.step_scores(loss, terms, 1.0), np.abs(terms).sum(0))
   # 2.6 / 7 * 7 = 2.6 rounds to 3 tokens: 4, 1, 6; 2.4 rounds to 2: 4, 1
-  np.testing.assert_array_equal(taylor.step_scores(loss, terms, 2.6 / 7),
-                                np.abs(terms[[4, 1, 6]]).sum(0))
-  np.testing.assert_array_equal(taylor.step_scores(loss, terms, 2.4 / 7),
-                                np.abs(terms[[4, 1]]).sum(0))
+  np.testing.assert_array_equal(
+    taylor.step_scores(loss, terms, 2.6 / 7), np.abs(terms[[4, 1, 6]]).sum(0)
+  )
+  np.testing.assert_array_equal(
+    taylor.step_scores(loss, terms, 2.4 / 7), np.abs(terms[[4, 1]]).sum(0)
+  )
 
 
 def test_equal_losses_select_the_earlier_token():
   loss = np.array([1.0, 3.0, 3.0, 0.0])
   terms = np.diag([1.0, 10.0, 100.0, 1000.0])
   np.testing.assert_array_equal(taylor.step_scores(loss, terms, 0.25), [0.0, 10.0, 0.0, 0.0])
-

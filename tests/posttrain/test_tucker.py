@@ -1,6 +1,7 @@
 """TD-MoE's whitened joint Tucker decomposition (moejax/posttrain/tucker.py)
 against Eckart-Young, the activation error computed directly, brute force over
 every rank triple, and per-expert SVD at equal parameters."""
+
 import itertools
 
 import numpy as np
@@ -45,8 +46,12 @@ def test_full_ranks_reconstruct_exactly(whitening):
     outputs = anisotropic_inputs(50, 5, seed=2) if whitening == "input_and_output" else None
     model = tk.td_moe(W, anisotropic_inputs(80, 6, seed=1), W.shape, output_samples=outputs)
   assert relative(model.reconstruct(), W) < 1e-5
-  assert relative(np.einsum("ia,eab,ob->eio", model.input_factor, model.expert_cores(),
-                            model.output_factor), W) < 1e-5
+  assert (
+    relative(
+      np.einsum("ia,eab,ob->eio", model.input_factor, model.expert_cores(), model.output_factor), W
+    )
+    < 1e-5
+  )
   assert model.parameters == tk.tucker_parameters(W.shape, W.shape) == 4 * 6 * 5 + 16 + 36 + 25
   assert relative(tk.per_expert_svd(W, 5).reconstruct(), W) < 1e-5
 
@@ -78,7 +83,7 @@ def test_hooi_lowers_the_hosvd_error_and_truncation_errors_are_the_hosvd_errors(
         np.testing.assert_allclose(factor.T @ factor, np.eye(factor.shape[1]), atol=1e-10)
       # orthonormal factors and G the projection: the error is the energy left out
       error = np.sum((W - model.reconstruct()) ** 2)
-      assert error == pytest.approx(np.sum(W ** 2) - np.sum(model.core ** 2), rel=1e-8, abs=1e-10)
+      assert error == pytest.approx(np.sum(W**2) - np.sum(model.core**2), rel=1e-8, abs=1e-10)
     assert fit_error(W, ranks, 0) == pytest.approx(table[ranks], rel=1e-8, abs=1e-10)
     assert fit_error(W, ranks, 5) <= table[ranks] * (1 + 1e-10)
     assert table[ranks] <= tk.spectral_bound(tk.mode_spectra(W), ranks) * (1 + 1e-10)
@@ -90,17 +95,21 @@ def test_whitened_error_times_n_is_the_activation_error():
   X = anisotropic_inputs(120, 9, seed=6, spread=1.5)
   S = tk.whitening(X, damping=0.0)
   np.testing.assert_allclose(S @ S.T, X.T @ X / 120, rtol=1e-12, atol=1e-14)
-  for W_hat in (tk.td_moe(W, X, (2, 4, 3), damping=0.0).reconstruct(),
-                tk.per_expert_svd(W, 2).reconstruct(), W + rng.normal(size=W.shape)):
+  for W_hat in (
+    tk.td_moe(W, X, (2, 4, 3), damping=0.0).reconstruct(),
+    tk.per_expert_svd(W, 2).reconstruct(),
+    W + rng.normal(size=W.shape),
+  ):
     direct = tk.activation_error(W, W_hat, X)
     loop = sum(np.sum((X @ W[e] - X @ W_hat[e]) ** 2) for e in range(4))
     assert direct == pytest.approx(loop, rel=1e-12)
     assert 120 * tk.whitened_error(W, W_hat, S) == pytest.approx(direct, rel=1e-6)
     # with damping: the exact identity of the module doc
     damped = tk.whitening(X, damping=1e-2)
-    lam = 1e-2 * np.mean(np.sum(X ** 2, axis=0) / 120)
+    lam = 1e-2 * np.mean(np.sum(X**2, axis=0) / 120)
     assert 120 * tk.whitened_error(W, W_hat, damped) == pytest.approx(
-        direct + 120 * lam * np.sum((W - W_hat) ** 2), rel=1e-9)
+      direct + 120 * lam * np.sum((W - W_hat) ** 2), rel=1e-9
+    )
 
 
 def test_td_moe_error_is_the_tucker_error_of_the_whitened_tensor():
@@ -113,11 +122,13 @@ def test_td_moe_error_is_the_tucker_error_of_the_whitened_tensor():
   whitened = tk.whiten(W, S)
   expected = fit_error(whitened, ranks)
   assert tk.whitened_error(W, tk.td_moe(W, X, ranks).reconstruct(), S) == pytest.approx(
-      expected, rel=1e-8)
+    expected, rel=1e-8
+  )
   both = np.einsum("ejo,ol->ejl", whitened, R)
   W_hat = tk.td_moe(W, X, ranks, output_samples=Y).reconstruct()
   assert np.sum(np.einsum("ejo,ol->ejl", tk.whiten(W - W_hat, S), R) ** 2) == pytest.approx(
-      fit_error(both, ranks), rel=1e-8)
+    fit_error(both, ranks), rel=1e-8
+  )
 
 
 @pytest.mark.parametrize("shape", [(8, 32, 32), (4, 7, 6), (2, 5, 20)])
@@ -127,6 +138,7 @@ def test_a_factorisation_never_costs_more_than_the_dense_tensor(shape):
   allocated at any budget, or capped from full ranks, never exceed the dense size;
   budgets split per tensor are (1 - removed) of each tensor's dense size."""
   from moejax.posttrain import factorise
+
   W = decaying_tensor(shape, seed=3)
   dense = tk.dense_parameters(shape)
   assert tk.tucker_parameters(shape, shape) > dense
@@ -139,8 +151,9 @@ def test_a_factorisation_never_costs_more_than_the_dense_tensor(shape):
   assert tk.capped_ranks(W, (1, 2, 2)) == (1, 2, 2)  # under dense: kept
   e, d, f = shape
   experts = {"w_gate": W, "w_up": W, "w_down": np.swapaxes(W, 1, 2)}
-  full = factorise.resolve_ranks({p: np.shape(v) for p, v in experts.items()}, (0, 0, 0),
-                                 experts, cap=True)
+  full = factorise.resolve_ranks(
+    {p: np.shape(v) for p, v in experts.items()}, (0, 0, 0), experts, cap=True
+  )
   assert all(tk.tucker_parameters(np.shape(experts[p]), r) <= dense for p, r in full.items())
   assert tk.tensor_budgets([shape, (e, f, d)], 0.4) == [int(0.6 * dense)] * 2
 
@@ -158,20 +171,27 @@ def is_maximal(shape, ranks, budget):
 def low_multilinear_rank(shape, ranks, seed):
   """Exactly of Tucker ranks `ranks`: every larger triple has zero error (ties)."""
   rng = np.random.default_rng(seed)
-  return tk.reconstruct(rng.normal(size=ranks), *[rng.normal(size=(d, r))
-                                                  for d, r in zip(shape, ranks)])
+  return tk.reconstruct(
+    rng.normal(size=ranks), *[rng.normal(size=(d, r)) for d, r in zip(shape, ranks)]
+  )
 
 
 @pytest.mark.parametrize("method", tk.ALLOCATIONS)
-@pytest.mark.parametrize("shape, planted", [((4, 7, 6), None), ((8, 16, 12), None),
-                                            ((3, 5, 20), None), ((6, 9, 8), (2, 2, 3))])
+@pytest.mark.parametrize(
+  "shape, planted",
+  [((4, 7, 6), None), ((8, 16, 12), None), ((3, 5, 20), None), ((6, 9, 8), (2, 2, 3))],
+)
 def test_allocation_meets_the_budget_and_is_maximal(method, shape, planted):
-  W = (decaying_tensor(shape, seed=sum(shape)) if planted is None
-       else low_multilinear_rank(shape, planted, seed=1))
+  W = (
+    decaying_tensor(shape, seed=sum(shape))
+    if planted is None
+    else low_multilinear_rank(shape, planted, seed=1)
+  )
   full = tk.tucker_parameters(shape, shape)
   minimum = tk.tucker_parameters(shape, (1, 1, 1))
-  for budget in sorted({minimum, minimum + 1, int(0.2 * full), int(0.5 * full), full - 1, full,
-                        10 * full}):
+  for budget in sorted(
+    {minimum, minimum + 1, int(0.2 * full), int(0.5 * full), full - 1, full, 10 * full}
+  ):
     if budget < minimum:
       continue
     ranks = tk.allocate_ranks(W, budget, method)
@@ -186,13 +206,16 @@ def hand_choices(shape, budget):
   with equal in/out ranks, and ranks proportional to the dims; each the largest
   that fits."""
   e, di, do = shape
-  rules = {"cube": lambda r: (min(r, e), min(r, di), min(r, do)),
-           "all_experts": lambda r: (e, min(r, di), min(r, do)),
-           "proportional": lambda r: tuple(max(1, round(r * d / max(shape))) for d in shape)}
+  rules = {
+    "cube": lambda r: (min(r, e), min(r, di), min(r, do)),
+    "all_experts": lambda r: (e, min(r, di), min(r, do)),
+    "proportional": lambda r: tuple(max(1, round(r * d / max(shape))) for d in shape),
+  }
   out = {}
   for name, rule in rules.items():
-    fits = [rule(r) for r in range(1, max(shape) + 1)
-            if tk.tucker_parameters(shape, rule(r)) <= budget]
+    fits = [
+      rule(r) for r in range(1, max(shape) + 1) if tk.tucker_parameters(shape, rule(r)) <= budget
+    ]
     if fits:
       out[name] = fits[-1]
   return out
@@ -212,9 +235,11 @@ def test_allocation_matches_brute_force_over_every_rank_triple(seed):
     assert hosvd[ranks] == pytest.approx(min(hosvd[r] for r in feasible), rel=1e-9, abs=1e-12)
     best = min(hooi[r] for r in feasible)
     hands = hand_choices(shape, budget)
-    print(f"seed {seed} budget {budget}: exact {ranks} HOOI error / brute-force best "
-          f"{hooi[ranks] / best:.3f}, greedy {greedy} {hooi[greedy] / best:.3f}, "
-          + ", ".join(f"{k} {r} {hooi[r] / best:.3f}" for k, r in hands.items()))
+    print(
+      f"seed {seed} budget {budget}: exact {ranks} HOOI error / brute-force best "
+      f"{hooi[ranks] / best:.3f}, greedy {greedy} {hooi[greedy] / best:.3f}, "
+      + ", ".join(f"{k} {r} {hooi[r] / best:.3f}" for k, r in hands.items())
+    )
     # it ranks triples by the HOSVD error, HOOI's start: near the HOOI optimum,
     # and no worse than a hand rule beyond that gap (seed 2, budget 90: 0.5%)
     assert hooi[ranks] <= 1.05 * best
@@ -227,8 +252,9 @@ def test_allocation_matches_brute_force_over_every_rank_triple(seed):
 
 def test_allocate_layers_shares_one_budget_and_favours_the_energetic_layer():
   shapes = [(4, 10, 8), (4, 10, 8), (6, 8, 12)]
-  tensors = [scale * decaying_tensor(s, seed) for seed, (s, scale)
-             in enumerate(zip(shapes, (1.0, 4.0, 0.5)))]
+  tensors = [
+    scale * decaying_tensor(s, seed) for seed, (s, scale) in enumerate(zip(shapes, (1.0, 4.0, 0.5)))
+  ]
   budget = sum(tk.tucker_parameters(s, s) for s in shapes) // 3
   ranks = tk.allocate_layers(tensors, budget)
   used = [tk.tucker_parameters(s, r) for s, r in zip(shapes, ranks)]
@@ -238,28 +264,40 @@ def test_allocate_layers_shares_one_budget_and_favours_the_energetic_layer():
   assert used[1] > used[0]  # same shape, 4x the weights
   joint = sum(fit_error(t, r) for t, r in zip(tensors, ranks))
   equal_split = sum(fit_error(t, tk.allocate_ranks(t, budget // 3)) for t in tensors)
-  print(f"ranks {ranks}, parameters {used} of {budget}; error global / equal split "
-        f"{joint / equal_split:.3f}")
+  print(
+    f"ranks {ranks}, parameters {used} of {budget}; error global / equal split "
+    f"{joint / equal_split:.3f}"
+  )
   assert joint < equal_split
 
 
-@pytest.mark.parametrize("shapes, scales", [([(4, 7, 6), (3, 4, 12)], (1.0, 1.0)),
-                                             ([(4, 7, 6), (3, 4, 12)], (3.0, 0.5)),
-                                             ([(2, 5, 5), (4, 8, 6)], (1.0, 2.0)),
-                                             ([(6, 3, 10), (2, 9, 4)], (1.0, 1.0))])
+@pytest.mark.parametrize(
+  "shapes, scales",
+  [
+    ([(4, 7, 6), (3, 4, 12)], (1.0, 1.0)),
+    ([(4, 7, 6), (3, 4, 12)], (3.0, 0.5)),
+    ([(2, 5, 5), (4, 8, 6)], (1.0, 2.0)),
+    ([(6, 3, 10), (2, 9, 4)], (1.0, 1.0)),
+  ],
+)
 def test_allocate_layers_is_near_the_brute_force_best_spectral_bound(shapes, scales):
   """Every pair of rank triples of two tensors: the greedy's total HOSVD bound
   against the least one within the budget (either greedy order alone: up to 1.2x)."""
   worst = 1.0
   for seed in range(3):
-    tensors = [s * decaying_tensor(shape, 7 * seed + i)
-               for i, (shape, s) in enumerate(zip(shapes, scales))]
+    tensors = [
+      s * decaying_tensor(shape, 7 * seed + i) for i, (shape, s) in enumerate(zip(shapes, scales))
+    ]
     spectra = [tk.mode_spectra(t) for t in tensors]
     tables = []
     for shape, spectrum in zip(shapes, spectra):
       triples = list(itertools.product(*[range(1, d + 1) for d in shape]))
-      tables.append((np.array([tk.tucker_parameters(shape, r) for r in triples]),
-                     np.array([tk.spectral_bound(spectrum, r) for r in triples])))
+      tables.append(
+        (
+          np.array([tk.tucker_parameters(shape, r) for r in triples]),
+          np.array([tk.spectral_bound(spectrum, r) for r in triples]),
+        )
+      )
     params = tables[0][0][:, None] + tables[1][0][None, :]
     bounds = tables[0][1][:, None] + tables[1][1][None, :]
     for fraction in (0.15, 0.3, 0.5):
@@ -276,8 +314,9 @@ def shared_output_basis_experts(seed, experts=8, d_in=16, d_out=48, rank=4, nois
   """W_e = A_e @ B: every expert's rows lie in one shared rank-4 subspace, plus noise."""
   rng = np.random.default_rng(seed)
   shared = rng.normal(size=(rank, d_out))
-  return (rng.normal(size=(experts, d_in, rank)) @ shared
-          + noise * rng.normal(size=(experts, d_in, d_out)))
+  return rng.normal(size=(experts, d_in, rank)) @ shared + noise * rng.normal(
+    size=(experts, d_in, d_out)
+  )
 
 
 @pytest.mark.parametrize("svd_rank", [2, 3])
@@ -289,12 +328,19 @@ def test_joint_decomposition_beats_per_expert_svd_at_equal_parameters(svd_rank):
     assert tk.svd_rank_for_budget(W.shape, budget) == svd_rank
     joint = tk.compress(W, X, budget)
     assert joint.parameters <= budget
-    errors = {name: tk.activation_error(W, model.reconstruct(), X) for name, model in
-              [("td_moe", joint), ("svd", tk.per_expert_svd(W, svd_rank)),
-               ("whitened_svd", tk.whitened_per_expert_svd(W, X, svd_rank))]}
-    print(f"seed {seed} budget {budget}: td_moe ranks {joint.core.shape} ({joint.parameters}); "
-          f"activation error td_moe / per-expert SVD {errors['td_moe'] / errors['svd']:.4f}, "
-          f"/ whitened per-expert SVD {errors['td_moe'] / errors['whitened_svd']:.4f}")
+    errors = {
+      name: tk.activation_error(W, model.reconstruct(), X)
+      for name, model in [
+        ("td_moe", joint),
+        ("svd", tk.per_expert_svd(W, svd_rank)),
+        ("whitened_svd", tk.whitened_per_expert_svd(W, X, svd_rank)),
+      ]
+    }
+    print(
+      f"seed {seed} budget {budget}: td_moe ranks {joint.core.shape} ({joint.parameters}); "
+      f"activation error td_moe / per-expert SVD {errors['td_moe'] / errors['svd']:.4f}, "
+      f"/ whitened per-expert SVD {errors['td_moe'] / errors['whitened_svd']:.4f}"
+    )
     assert errors["td_moe"] < 0.05 * errors["whitened_svd"]
     assert errors["whitened_svd"] <= errors["svd"] * (1 + 1e-9)
 
@@ -306,19 +352,25 @@ def test_whitening_helps_on_anisotropic_inputs():
     X = anisotropic_inputs(400, 16, seed=50 + seed)
     ranks = (4, 6, 6)
     whitened, plain = tk.td_moe(W, X, ranks), tk.tucker(W, ranks)
-    ratio = (tk.activation_error(W, whitened.reconstruct(), X)
-             / tk.activation_error(W, plain.reconstruct(), X))
-    svd_ratio = (tk.activation_error(W, tk.whitened_per_expert_svd(W, X, 4).reconstruct(), X)
-                 / tk.activation_error(W, tk.per_expert_svd(W, 4).reconstruct(), X))
-    print(f"seed {seed}: activation error whitened / plain joint Tucker {ratio:.3f}, "
-          f"whitened / plain per-expert SVD {svd_ratio:.3f}")
+    ratio = tk.activation_error(W, whitened.reconstruct(), X) / tk.activation_error(
+      W, plain.reconstruct(), X
+    )
+    svd_ratio = tk.activation_error(
+      W, tk.whitened_per_expert_svd(W, X, 4).reconstruct(), X
+    ) / tk.activation_error(W, tk.per_expert_svd(W, 4).reconstruct(), X)
+    print(
+      f"seed {seed}: activation error whitened / plain joint Tucker {ratio:.3f}, "
+      f"whitened / plain per-expert SVD {svd_ratio:.3f}"
+    )
     assert ratio < 0.8 and svd_ratio < 0.8
 
 
 W_SMALL = np.ones((4, 6, 5))
 
 
-@pytest.mark.parametrize("call, named", [
+@pytest.mark.parametrize(
+  "call, named",
+  [
     (lambda: tk.allocate_ranks(W_SMALL, 15), "budget=15"),  # minimum 1 + 4 + 6 + 5 = 16
     (lambda: tk.allocate_layers([W_SMALL, W_SMALL], 31), "budget=31"),
     (lambda: tk.allocate_ranks(W_SMALL, 100, "optimal"), "method='optimal'"),
@@ -329,7 +381,8 @@ W_SMALL = np.ones((4, 6, 5))
     (lambda: tk.per_expert_svd(W_SMALL, 6), "rank=6"),
     (lambda: tk.whitened_per_expert_svd(W_SMALL, np.ones((3, 6)), 0), "rank=0"),
     (lambda: tk.svd_rank_for_budget(W_SMALL.shape, 43), "budget=43"),  # one rank: 44
-])
+  ],
+)
 def test_bad_budgets_and_ranks_are_refused(call, named):
   with pytest.raises(ConfigError, match=named):
     call()

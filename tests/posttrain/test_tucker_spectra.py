@@ -1,5 +1,6 @@
 """Mode spectra of TD-MoE's Tucker model (moejax/posttrain/tucker.py) at unequal mode
 sizes, against the eigenvalues of each mode's Gram matrix."""
+
 import numpy as np
 import pytest
 

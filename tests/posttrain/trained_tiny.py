@@ -2,6 +2,7 @@
 entropy: the model the pruning scores are checked against brute-force loss
 changes on (tests/posttrain/test_atoms.py, test_taylor.py). Trained once per
 test run (`trained`, the `trained_tiny` fixture of tests/posttrain/conftest.py)."""
+
 import fcntl
 import functools
 import os
@@ -38,6 +39,7 @@ def bigram_source(seed, vocab=16, concentration=0.5):
       u = rng.random(n)[:, None]
       out[:, i] = np.minimum((u > cumulative[out[:, i - 1]]).sum(1), vocab - 1)
     return out
+
   return sample
 
 

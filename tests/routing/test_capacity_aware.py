@@ -2,6 +2,7 @@
 numpy brute force of the released algorithm: gamma -> infinity is top-k, loads never
 exceed C, each expert keeps its top-C tokens by score, expanded candidates, r = 1
 is Token Drop, and per-shard capacity."""
+
 import functools
 import math
 
@@ -22,8 +23,9 @@ shapes = st.tuples(st.sampled_from([(24, 6, 2), (40, 8, 3), (9, 4, 1)]), st.inte
 def router(**cfg):
   """The registered router for a config (eager)."""
   cfg = moe_cfg(router="capacity_aware", **cfg)
-  return functools.partial(get_router("capacity_aware").route, cfg=cfg, state={}, rng=None,
-                           train=False)
+  return functools.partial(
+    get_router("capacity_aware").route, cfg=cfg, state={}, rng=None, train=False
+  )
 
 
 # Capacity and candidate count traced: one compile per shape, whatever gamma and r.
@@ -33,9 +35,13 @@ core = jax.jit(capacity_route, static_argnames=("top_k", "num_shards", "renormal
 def route(logits, k, gamma, expand_r=1.0, shards=0):
   """The router's computation for (gamma, r), with C and ceil(k r) as the router sets them."""
   t, e = logits.shape
-  return core(jax.nn.softmax(jnp.asarray(logits), -1), top_k=k,
-              capacity=token_capacity(t, shards or e, k, gamma),
-              num_cand=num_candidates(e, k, expand_r), num_shards=shards)
+  return core(
+    jax.nn.softmax(jnp.asarray(logits), -1),
+    top_k=k,
+    capacity=token_capacity(t, shards or e, k, gamma),
+    num_cand=num_candidates(e, k, expand_r),
+    num_shards=shards,
+  )
 
 
 def softmax(x):
@@ -54,8 +60,7 @@ def brute_force(probs, k, gamma, r=1.0, shards=0):
     per = e_ // groups
     kept = set()
     for grp in range(groups):
-      pairs = sorted((p for p in cand if p[1] // per == grp),
-                     key=lambda p: (-probs[p], p[0], p[1]))
+      pairs = sorted((p for p in cand if p[1] // per == grp), key=lambda p: (-probs[p], p[0], p[1]))
       kept |= set(pairs[:cap])
   else:
     kept = cand
@@ -76,8 +81,13 @@ def kept_pairs(routing):
 def test_gamma_to_infinity_is_top_k(shape, renormalize):
   (t, e, k), seed = shape
   logits = random_logits(seed, t, e)
-  got = core(jax.nn.softmax(jnp.asarray(logits), -1), top_k=k,
-             capacity=token_capacity(t, e, k, 1e6), num_cand=k, renormalize=renormalize)
+  got = core(
+    jax.nn.softmax(jnp.asarray(logits), -1),
+    top_k=k,
+    capacity=token_capacity(t, e, k, 1e6),
+    num_cand=k,
+    renormalize=renormalize,
+  )
   probs = softmax(logits.astype(np.float64))
   index = np.argsort(-probs, 1, kind="stable")[:, :k]
   weight = np.take_along_axis(probs, index, 1)
@@ -153,12 +163,12 @@ def test_registered_router_matches_brute_force():
   logits = random_logits(5, 40, 8)
   probs = softmax(logits.astype(np.float64))
   for gamma, r, shards in ((0.5, 1.0, 0), (0.75, 2.0, 0), (0.5, 1.5, 4)):
-    out = router(num_experts=8, top_k=2, capacity_aware=dict(
-        gamma=gamma, expand_r=r, num_shards=shards))(jnp.asarray(logits))
+    out = router(
+      num_experts=8, top_k=2, capacity_aware=dict(gamma=gamma, expand_r=r, num_shards=shards)
+    )(jnp.asarray(logits))
     assert kept_pairs(out.routing) == brute_force(probs, 2, gamma, r, shards)
     dropped = 1 - np.asarray(out.routing.valid).mean()
-    np.testing.assert_allclose(float(out.metrics["router_dropped_fraction"]), dropped,
-                               atol=1e-6)
+    np.testing.assert_allclose(float(out.metrics["router_dropped_fraction"]), dropped, atol=1e-6)
 
 
 def test_single_token_is_never_dropped():
@@ -184,8 +194,10 @@ def test_weights_match_the_official_masked_logits_path():
     masked[t, e] = logits[t, e]
   host = softmax(masked)
   for routing, expected in ((renorm, host), (raw, probs)):
-    idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight,
-                                              routing.valid))
+    idx, w, valid = (
+      np.asarray(a) for a in (routing.expert_index, routing.combine_weight, routing.valid)
+    )
     got = {(int(t), int(idx[t, s])): float(w[t, s]) for t, s in zip(*np.nonzero(valid))}
-    np.testing.assert_allclose([got[p] for p in sorted(kept)],
-                               [expected[p] for p in sorted(kept)], rtol=1e-5)
+    np.testing.assert_allclose(
+      [got[p] for p in sorted(kept)], [expected[p] for p in sorted(kept)], rtol=1e-5
+    )

@@ -1,8 +1,8 @@
 """Group-limited routing (DeepSeek-V3) against a per-token brute force, and its
 reduction to sigmoid_bias routing with one group."""
+
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,9 +20,10 @@ def brute_force(logits, bias, groups, keep, k):
   size = logits.shape[1] // groups
   out = []
   for row in choice:
-    group_score = [np.sort(row[g * size:(g + 1) * size])[-2:].sum() for g in range(groups)]
-    best = max(itertools.combinations(range(groups), keep),
-               key=lambda gs: sum(group_score[g] for g in gs))
+    group_score = [np.sort(row[g * size : (g + 1) * size])[-2:].sum() for g in range(groups)]
+    best = max(
+      itertools.combinations(range(groups), keep), key=lambda gs: sum(group_score[g] for g in gs)
+    )
     allowed = [e for g in best for e in range(g * size, (g + 1) * size)]
     out.append(sorted(sorted(allowed, key=lambda e: -row[e])[:k]))
   return np.array(out), scores
@@ -32,18 +33,26 @@ def brute_force(logits, bias, groups, keep, k):
 def test_matches_brute_force(groups, keep, k):
   logits = random_logits(0, 24, 16)
   bias = np.random.default_rng(1).normal(0, 0.3, 16).astype(np.float32)
-  cfg = moe_cfg(router="group_limited", num_experts=16, top_k=k, num_groups=groups,
-                topk_groups=keep, routed_scaling_factor=2.5)
+  cfg = moe_cfg(
+    router="group_limited",
+    num_experts=16,
+    top_k=k,
+    num_groups=groups,
+    topk_groups=keep,
+    routed_scaling_factor=2.5,
+  )
   spec = get_router("group_limited")
   spec.validate(cfg)
-  out = spec.route(jnp.asarray(logits), cfg=cfg, state={"bias": jnp.asarray(bias)}, rng=None,
-                   train=False)
+  out = spec.route(
+    jnp.asarray(logits), cfg=cfg, state={"bias": jnp.asarray(bias)}, rng=None, train=False
+  )
   want, scores = brute_force(logits, bias, groups, keep, k)
   index = np.asarray(out.routing.expert_index)
   np.testing.assert_array_equal(np.sort(index, -1), want)
   weight = np.take_along_axis(scores, index, -1)
-  np.testing.assert_allclose(np.asarray(out.routing.combine_weight),
-                             2.5 * weight / weight.sum(-1, keepdims=True), rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(out.routing.combine_weight), 2.5 * weight / weight.sum(-1, keepdims=True), rtol=1e-5
+  )
 
 
 def test_one_group_is_sigmoid_bias_routing():
@@ -56,12 +65,15 @@ def test_one_group_is_sigmoid_bias_routing():
   np.testing.assert_allclose(ours.routing.combine_weight, ref.routing.combine_weight, rtol=1e-6)
 
 
-@pytest.mark.parametrize("overrides,message", [
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
     (dict(num_groups=3), "must be >= 1 and divide"),
     (dict(num_groups=4, topk_groups=5), r"topk_groups=5 must be in \[1, num_groups=4\]"),
     (dict(num_groups=4, topk_groups=1, top_k=3), "exceeds the 2 experts"),
     (dict(num_groups=8), "top 2 experts"),
-])
+  ],
+)
 def test_bad_group_settings_are_refused(overrides, message):
   with pytest.raises(ConfigError, match=message):
     get_router("group_limited").validate(moe_cfg(router="group_limited", **overrides))

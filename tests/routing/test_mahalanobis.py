@@ -1,6 +1,7 @@
 """MP-MoE (router 'mahalanobis'): incremental-Cholesky gains against direct linear
 solves, the Sigma = I limit, perfectly correlated experts, greedy vs brute force,
 and the co-occurrence EMA state."""
+
 import functools
 import itertools
 
@@ -52,14 +53,14 @@ def test_incremental_gains_equal_direct_recomputation(seed):
   a = rng.standard_normal((e, e))
   sigma = a @ a.T / e + 0.1 * np.eye(e)  # a generic SPD matrix, not just co-occurrence
   g = softmax(rng.standard_normal((5, e)))
-  index, gains = (np.asarray(x) for x in greedy(jnp.asarray(g, jnp.float32),
-                                                jnp.asarray(sigma, jnp.float32), k))
+  index, gains = (
+    np.asarray(x) for x in greedy(jnp.asarray(g, jnp.float32), jnp.asarray(sigma, jnp.float32), k)
+  )
   for t in range(5):
     chosen = []
     for step in range(k):
       base = objective(g[t], sigma, chosen) if chosen else 0.0
-      direct = {j: objective(g[t], sigma, chosen + [j]) - base
-                for j in range(e) if j not in chosen}
+      direct = {j: objective(g[t], sigma, chosen + [j]) - base for j in range(e) if j not in chosen}
       np.testing.assert_allclose(gains[t, step], direct[index[t, step]], rtol=2e-3, atol=1e-6)
       assert direct[index[t, step]] >= max(direct.values()) * (1 - 2e-3)  # the argmax
       chosen.append(int(index[t, step]))
@@ -73,7 +74,8 @@ def test_identity_sigma_is_top_k(shape, seed):
   logits = random_logits(seed, t, e)
   state = get_router("mahalanobis").init_state(e)  # 0: Sigma = ridge * I
   mp = jitted_route("mahalanobis", True, num_experts=e, top_k=k)(
-      jnp.asarray(logits), state=state).routing
+    jnp.asarray(logits), state=state
+  ).routing
   tk = jitted_route("topk", True, num_experts=e, top_k=k)(jnp.asarray(logits), state={}).routing
   np.testing.assert_array_equal(mp.expert_index, tk.expert_index)
   np.testing.assert_allclose(mp.combine_weight, tk.combine_weight, rtol=1e-6)
@@ -114,16 +116,20 @@ def test_cooccurrence_ema_state_and_inference_top_k():
   cfg = dict(num_experts=e, top_k=k, ema_decay=decay)
   old = np.random.default_rng(1).random((e, e)).astype(np.float32)
   old = old @ old.T / e
-  out = jitted_route("mahalanobis", True, **cfg)(jnp.asarray(logits),
-                                                 state={"cooc_cov": jnp.asarray(old)})
+  out = jitted_route("mahalanobis", True, **cfg)(
+    jnp.asarray(logits), state={"cooc_cov": jnp.asarray(old)}
+  )
   z = np.zeros((40, e))
   np.put_along_axis(z, np.asarray(out.routing.expert_index), 1.0, 1)
-  np.testing.assert_allclose(out.state["cooc_cov"], decay * old + (1 - decay) * np.cov(
-      z.T, bias=True), rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(batch_cooccurrence_cov(out.routing, e), np.cov(z.T, bias=True),
-                             atol=1e-6)
-  ev = jitted_route("mahalanobis", False, **cfg)(jnp.asarray(logits),
-                                                 state={"cooc_cov": jnp.asarray(old)})
+  np.testing.assert_allclose(
+    out.state["cooc_cov"], decay * old + (1 - decay) * np.cov(z.T, bias=True), rtol=1e-5, atol=1e-7
+  )
+  np.testing.assert_allclose(
+    batch_cooccurrence_cov(out.routing, e), np.cov(z.T, bias=True), atol=1e-6
+  )
+  ev = jitted_route("mahalanobis", False, **cfg)(
+    jnp.asarray(logits), state={"cooc_cov": jnp.asarray(old)}
+  )
   np.testing.assert_array_equal(ev.state["cooc_cov"], old)
   tk = jitted_route("topk", False, **cfg)(jnp.asarray(logits), state={})
   np.testing.assert_array_equal(ev.routing.expert_index, tk.routing.expert_index)

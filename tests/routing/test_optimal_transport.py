@@ -1,6 +1,7 @@
 """As-COOT (router 'as_coot'): exact expert marginals with free token marginals,
 a float64 numpy Sinkhorn as oracle, the tau -> infinity limit, outlier mass, and
 balanced load on a skewed batch where argmax routing piles onto one expert."""
+
 import functools
 
 import jax
@@ -43,8 +44,9 @@ def test_expert_marginals_exact_token_marginals_free(tau):
   np.testing.assert_allclose(pi.sum(0) * 6, 1.0, atol=1e-5)
   rows = pi.sum(1) * 64
   assert np.abs(rows - 1).max() > 0.1  # the token side is relaxed, not enforced
-  np.testing.assert_allclose(pi, numpy_sinkhorn(scores.astype(np.float64), 0.1, tau, 30),
-                             rtol=2e-4, atol=1e-9)
+  np.testing.assert_allclose(
+    pi, numpy_sinkhorn(scores.astype(np.float64), 0.1, tau, 30), rtol=2e-4, atol=1e-9
+  )
 
 
 def test_outlier_token_carries_less_than_its_mass():
@@ -68,10 +70,12 @@ def test_every_slot_is_balanced_with_top_2():
   gave max/mean 1.17 here: near-one-hot rows leave the second choice to the logits.)"""
   scores = skewed_scores(4) * 3
   e = scores.shape[1]
-  cfg = moe_cfg(router="as_coot", num_experts=e, top_k=2,
-                as_coot=dict(epsilon=0.05, tau=0.0, iters=200))
-  r = jax.jit(functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None,
-                                train=False))(jnp.asarray(scores)).routing
+  cfg = moe_cfg(
+    router="as_coot", num_experts=e, top_k=2, as_coot=dict(epsilon=0.05, tau=0.0, iters=200)
+  )
+  r = jax.jit(
+    functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None, train=False)
+  )(jnp.asarray(scores)).routing
   index = np.asarray(r.expert_index)
   assert np.all(index[:, 0] != index[:, 1])
   for counts in (np.bincount(index[:, 0], minlength=e), np.bincount(index.ravel(), minlength=e)):
@@ -83,10 +87,12 @@ def test_every_slot_is_balanced_with_top_2():
 def test_skewed_batch_load_is_balanced():
   scores = skewed_scores(3)
   e = scores.shape[1]
-  cfg = moe_cfg(router="as_coot", num_experts=e, top_k=1,
-                as_coot=dict(epsilon=0.05, tau=1.0, iters=50))
-  route = jax.jit(functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None,
-                                    train=False))
+  cfg = moe_cfg(
+    router="as_coot", num_experts=e, top_k=1, as_coot=dict(epsilon=0.05, tau=1.0, iters=50)
+  )
+  route = jax.jit(
+    functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None, train=False)
+  )
   r = route(jnp.asarray(scores)).routing
   counts = np.bincount(np.asarray(r.expert_index)[:, 0], minlength=e)
   argmax = np.bincount(scores.argmax(1), minlength=e)
@@ -95,7 +101,9 @@ def test_skewed_batch_load_is_balanced():
   probs = np.asarray(jax.nn.softmax(jnp.asarray(scores), -1))
   np.testing.assert_allclose(r.combine_weight[:, 0], 1.0, rtol=1e-6)  # renormalised top-1
   cfg2 = moe_cfg(router="as_coot", num_experts=e, top_k=2, renormalize=False)
-  r2 = jax.jit(functools.partial(get_router("as_coot").route, cfg=cfg2, state={}, rng=None,
-                                 train=True))(jnp.asarray(scores)).routing
-  np.testing.assert_allclose(r2.combine_weight,
-                             np.take_along_axis(probs, np.asarray(r2.expert_index), 1), rtol=1e-6)
+  r2 = jax.jit(
+    functools.partial(get_router("as_coot").route, cfg=cfg2, state={}, rng=None, train=True)
+  )(jnp.asarray(scores)).routing
+  np.testing.assert_allclose(
+    r2.combine_weight, np.take_along_axis(probs, np.asarray(r2.expert_index), 1), rtol=1e-6
+  )

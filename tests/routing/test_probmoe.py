@@ -3,6 +3,7 @@ subsets, exact sampling against the marginals, dynamic-k's law of k, the
 straight-through gradient, and the deterministic evaluation rules; marginals at
 logits up to +-30, and the two official gradients of the marginals (log q
 detached or kept) against the enumerated covariance."""
+
 import functools
 import itertools
 
@@ -24,8 +25,8 @@ N_SAMPLES = 50_000
 
 def bernoulli64(logits_row):
   """(p, q) in float64, q = sigmoid(-l) directly (1 - p loses q's digits for l >~ 20)."""
-  l = np.asarray(logits_row, np.float64)
-  return 1 / (1 + np.exp(-l)), 1 / (1 + np.exp(l))
+  logit = np.asarray(logits_row, np.float64)
+  return 1 / (1 + np.exp(-logit)), 1 / (1 + np.exp(logit))
 
 
 def enumerate_subsets(logits_row, sizes):
@@ -51,12 +52,13 @@ def route(logits, train, rng=None, **cfg):
 
 
 def test_marginals_equal_enumeration_of_all_56_subsets():
-  logits = np.concatenate([random_logits(s, 2, 8, scale=sc) for s, sc in
-                           ((0, 0.5), (1, 2.0), (2, 4.0))])
+  logits = np.concatenate(
+    [random_logits(s, 2, 8, scale=sc) for s, sc in ((0, 0.5), (1, 2.0), (2, 4.0))]
+  )
 
   @jax.jit
-  def dp(l):
-    log_p, log_q = pm.bernoulli_log_probs(l)
+  def dp(logit):
+    log_p, log_q = pm.bernoulli_log_probs(logit)
     return pm.marginals(log_p, log_q, 3, 3), pm.count_table(log_p, log_q, 3)[-1, :, 3]
 
   m, log_z = (np.asarray(a) for a in dp(jnp.asarray(logits)))
@@ -88,8 +90,13 @@ def test_exact_samples_have_k_ones_and_marginal_frequencies():
 def test_dynamic_k_lies_in_band_with_the_dp_law():
   k_min, k_max = 2, 4
   logits = random_logits(5, 1, 8, scale=1.0) - 0.5
-  out = route(np.repeat(logits, N_SAMPLES, 0), True, jax.random.key(1), top_k=2,
-              probmoe=dict(k_min=k_min, k_max=k_max))
+  out = route(
+    np.repeat(logits, N_SAMPLES, 0),
+    True,
+    jax.random.key(1),
+    top_k=2,
+    probmoe=dict(k_min=k_min, k_max=k_max),
+  )
   r = out.routing
   assert r.expert_index.shape == (N_SAMPLES, k_max)
   ks = np.asarray(r.valid).sum(1)
@@ -118,19 +125,18 @@ def test_straight_through_gradient():
   rng = jax.random.key(3)
   c = jnp.asarray(np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32))
 
-  def through_router(l):
-    r = route(l, True, rng, top_k=2).routing
+  def through_router(logit):
+    r = route(logit, True, rng, top_k=2).routing
     return jnp.sum(jnp.take_along_axis(c, r.expert_index, 1) * r.combine_weight)
 
   z = np.zeros((4, 6), np.float32)
-  np.put_along_axis(z, np.asarray(route(logits, True, rng, top_k=2).routing.expert_index),
-                    1.0, 1)
+  np.put_along_axis(z, np.asarray(route(logits, True, rng, top_k=2).routing.expert_index), 1.0, 1)
 
-  def surrogate(l):
-    log_p, log_q = pm.bernoulli_log_probs(l)
+  def surrogate(logit):
+    log_p, log_q = pm.bernoulli_log_probs(logit)
     m = pm.marginals(log_p, log_q, 2, 2)
     g = jax.lax.stop_gradient(z - m) + m
-    return jnp.sum(c * z * g * jax.nn.softmax(l, -1))
+    return jnp.sum(c * z * g * jax.nn.softmax(logit, -1))
 
   got, want = jax.jit(jax.grad(through_router))(logits), jax.jit(jax.grad(surrogate))(logits)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -141,9 +147,17 @@ def test_eval_is_deterministic_top_k():
   logits = random_logits(11, 16, 8)
   for renormalize in (True, False):
     got = route(logits, False, top_k=3, renormalize=renormalize).routing
-    want = get_router("topk").route(jnp.asarray(logits), cfg=moe_cfg(top_k=3,
-                                    renormalize=renormalize), state={}, rng=None,
-                                    train=False).routing
+    want = (
+      get_router("topk")
+      .route(
+        jnp.asarray(logits),
+        cfg=moe_cfg(top_k=3, renormalize=renormalize),
+        state={},
+        rng=None,
+        train=False,
+      )
+      .routing
+    )
     np.testing.assert_array_equal(got.expert_index, want.expert_index)
     np.testing.assert_allclose(got.combine_weight, want.combine_weight, rtol=1e-6)
 
@@ -156,13 +170,12 @@ def test_dynamic_eval_keeps_prefix_sum_argmax():
   for t in range(32):
     order = np.argsort(-logits[t], kind="stable")
     prefix = np.cumsum(logits[t][order])
-    k_star = k_min + int(np.argmax(prefix[k_min - 1:k_max]))
+    k_star = k_min + int(np.argmax(prefix[k_min - 1 : k_max]))
     valid = np.asarray(r.valid[t])
     assert valid.sum() == k_star and valid[:k_star].all()
     np.testing.assert_array_equal(np.asarray(r.expert_index[t])[:k_star], order[:k_star])
     w = probs[t][order[:k_star]]
-    np.testing.assert_allclose(np.asarray(r.combine_weight[t])[:k_star], w / w.sum(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(r.combine_weight[t])[:k_star], w / w.sum(), rtol=1e-5)
 
 
 def test_training_without_rng_is_refused():
@@ -178,35 +191,42 @@ ISSUE_LOGITS = [20.0, 19.0, 18.0, 17.0, 16.0, -1.0, -2.0, 0.0, 1.0, 2.0]
 @functools.lru_cache(maxsize=None)
 def dp_marginals(k_min, k_max, detach_log_q=True):
   @jax.jit
-  def fn(l):
+  def fn(logit):
     if detach_log_q:  # the default, the one-argument call
-      log_p, log_q = pm.bernoulli_log_probs(l)
+      log_p, log_q = pm.bernoulli_log_probs(logit)
     else:
-      log_p, log_q = pm.bernoulli_log_probs(l, detach_log_q=False)
+      log_p, log_q = pm.bernoulli_log_probs(logit, detach_log_q=False)
     return pm.marginals(log_p, log_q, k_min, k_max)
+
   return fn
 
 
 def test_marginals_at_large_logits_equal_enumeration():
   """The issue's case: log p must not saturate at l ~ 16 (exact marginals 0.988,
   0.968, 0.914, 0.766, 0.364; the clamped log p gave 0.805 x 4, 0.78)."""
-  rows = [ISSUE_LOGITS, [-v for v in ISSUE_LOGITS],
-          [30.0, 29.0, 25.0, 22.0, 17.0, 16.5, -30.0, -29.0, -20.0, 0.0],
-          [-30.0, -29.5, -28.0, -25.0, -24.0, -22.0, -20.0, -18.0, -16.0, -30.0]]
+  rows = [
+    ISSUE_LOGITS,
+    [-v for v in ISSUE_LOGITS],
+    [30.0, 29.0, 25.0, 22.0, 17.0, 16.5, -30.0, -29.0, -20.0, 0.0],
+    [-30.0, -29.5, -28.0, -25.0, -24.0, -22.0, -20.0, -18.0, -16.0, -30.0],
+  ]
   logits = np.asarray(rows, np.float32)
   for k_min, k_max in ((4, 4), (1, 1), (3, 6)):
     m = np.asarray(dp_marginals(k_min, k_max)(jnp.asarray(logits)))
     for t in range(len(rows)):
       expected, _ = enumerate_subsets(logits[t], range(k_min, k_max + 1))
-      np.testing.assert_allclose(m[t], expected, rtol=0, atol=1e-5,
-                                 err_msg=f"row {t}, k in [{k_min}, {k_max}]")
+      np.testing.assert_allclose(
+        m[t], expected, rtol=0, atol=1e-5, err_msg=f"row {t}, k in [{k_min}, {k_max}]"
+      )
   m = np.asarray(dp_marginals(4, 4)(jnp.asarray(logits[:1])))[0]
   np.testing.assert_allclose(m[:5], [0.988, 0.968, 0.914, 0.766, 0.364], atol=1e-3)
 
 
 @settings(max_examples=30)  # each new shape compiles (suite budget)
-@given(logits=hnp.arrays(np.float32, (3, 8), elements=st.floats(-30, 30, width=32)),
-       band=st.sampled_from([(1, 1), (2, 2), (4, 4), (7, 7), (2, 5)]))
+@given(
+  logits=hnp.arrays(np.float32, (3, 8), elements=st.floats(-30, 30, width=32)),
+  band=st.sampled_from([(1, 1), (2, 2), (4, 4), (7, 7), (2, 5)]),
+)
 def test_marginals_equal_enumeration_for_logits_in_pm30(logits, band):
   k_min, k_max = band
   m = np.asarray(dp_marginals(k_min, k_max)(jnp.asarray(logits)))
@@ -240,9 +260,9 @@ def test_log_q_gradient_variants_differ_by_q_per_expert(scale):
   logits = random_logits(21, 2, 7, scale=scale)
   for t in range(logits.shape[0]):
     cov, q = enumerate_covariance(logits[t], k)
-    row = jnp.asarray(logits[t:t + 1])
-    kept = np.asarray(jax.jacobian(lambda l: dp_marginals(k, k, False)(l)[0])(row))[:, 0]
-    detached = np.asarray(jax.jacobian(lambda l: dp_marginals(k, k, True)(l)[0])(row))[:, 0]
+    row = jnp.asarray(logits[t : t + 1])
+    kept = np.asarray(jax.jacobian(lambda logit: dp_marginals(k, k, False)(logit)[0])(row))[:, 0]
+    detached = np.asarray(jax.jacobian(lambda logit: dp_marginals(k, k, True)(logit)[0])(row))[:, 0]
     np.testing.assert_allclose(kept, cov, rtol=0, atol=2e-6)
     np.testing.assert_allclose(detached, cov * q[None, :], rtol=0, atol=2e-6)
     assert np.abs(kept - detached).max() > 1e-3  # the two variants are distinguishable
@@ -254,29 +274,31 @@ def test_straight_through_gradient_follows_the_log_q_option():
   rng = jax.random.key(5)
   c = jnp.asarray(np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32))
   z = np.zeros((4, 6), np.float32)
-  np.put_along_axis(z, np.asarray(route(logits, True, rng, top_k=2).routing.expert_index),
-                    1.0, 1)
+  np.put_along_axis(z, np.asarray(route(logits, True, rng, top_k=2).routing.expert_index), 1.0, 1)
   grads = {}
   for detach in (True, False):
-    def through_router(l):
-      r = route(l, True, rng, top_k=2, probmoe=dict(detach_log_q=detach)).routing
+
+    def through_router(logit):
+      r = route(logit, True, rng, top_k=2, probmoe=dict(detach_log_q=detach)).routing
       return jnp.sum(jnp.take_along_axis(c, r.expert_index, 1) * r.combine_weight)
 
-    def surrogate(l):
-      log_p, log_q = pm.bernoulli_log_probs(l, detach)
+    def surrogate(logit):
+      log_p, log_q = pm.bernoulli_log_probs(logit, detach)
       m = pm.marginals(log_p, log_q, 2, 2)
       g = jax.lax.stop_gradient(z - m) + m
-      return jnp.sum(c * z * g * jax.nn.softmax(l, -1))
+      return jnp.sum(c * z * g * jax.nn.softmax(logit, -1))
 
     grads[detach] = np.asarray(jax.jit(jax.grad(through_router))(logits))
-    np.testing.assert_allclose(grads[detach], jax.jit(jax.grad(surrogate))(logits),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      grads[detach], jax.jit(jax.grad(surrogate))(logits), rtol=1e-5, atol=1e-6
+    )
   assert np.abs(grads[True] - grads[False]).max() > 1e-4
 
 
 def test_detach_log_q_option_is_validated():
   from moejax.validation import validate_moe
   from moejax.errors import ConfigError
+
   c = base_config().model.moe
   c.router = "probmoe"
   validate_moe(c, 4)
@@ -292,12 +314,16 @@ def test_stored_flat_probmoe_keys_load_into_model_moe_probmoe():
   """Workdirs and sweep results saved before the section keep loading (and matching)."""
   from moejax.migrate import with_defaults
   from moejax.train.sweep import fingerprint, same_config
+
   saved = base_config().to_dict()
   moe = saved["model"]["moe"]
   del moe["probmoe"]
   moe.update(probmoe_k_min=1, probmoe_k_max=3, probmoe_detach_log_q=False)
   assert with_defaults(saved)["model"]["moe"]["probmoe"] == {
-      "k_min": 1, "k_max": 3, "detach_log_q": False}
+    "k_min": 1,
+    "k_max": 3,
+    "detach_log_q": False,
+  }
   current = base_config()
   current.model.moe.probmoe.update(dict(k_min=1, k_max=3, detach_log_q=False))
   assert same_config(fingerprint(saved), current)

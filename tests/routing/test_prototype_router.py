@@ -2,6 +2,7 @@
 multiple of) prototype d routes to d for every d, in the plain function, the
 registered router and the MoE layer; logits are cos / tau by hand; the layer
 trains the prototypes; bad tau, shapes and top_k are refused naming the value."""
+
 import math
 
 import jax
@@ -49,8 +50,9 @@ def test_logits_are_cosines_over_tau_by_hand():
   z = np.array([[1.0, 0.0], [0.0, 0.0]], np.float32)  # the zero token: cosine 0 everywhere
   c = np.array([[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]], np.float32)
   logits = np.asarray(cosine_logits(z, c, tau=0.5))
-  np.testing.assert_allclose(logits, [[2.0, 0.0, -math.sqrt(2.0)], [0.0, 0.0, 0.0]],
-                             rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+    logits, [[2.0, 0.0, -math.sqrt(2.0)], [0.0, 0.0, 0.0]], rtol=1e-6, atol=1e-7
+  )
   assert logits.dtype == np.float32
   _, probs = prototype_routing(z, c, tau=0.5, top_k=3)
   e = np.exp([2.0, 0.0, -math.sqrt(2.0)])
@@ -61,16 +63,25 @@ def test_logits_are_cosines_over_tau_by_hand():
 def test_a_lower_tau_routes_more_sharply():
   z = np.random.default_rng(2).standard_normal((32, D)).astype(np.float32)
   c = prototypes(3)
-  entropy = lambda tau: float(get_router("prototype").route(
-      cosine_logits(z, c, tau), cfg=moe_cfg(router="prototype", num_experts=E, top_k=2,
-                                             prototype=dict(tau=tau)),
-      state={}, rng=None, train=False).metrics["routing_entropy"])
+
+  def entropy(tau):
+    return float(
+      get_router("prototype")
+      .route(
+        cosine_logits(z, c, tau),
+        cfg=moe_cfg(router="prototype", num_experts=E, top_k=2, prototype=dict(tau=tau)),
+        state={},
+        rng=None,
+        train=False,
+      )
+      .metrics["routing_entropy"]
+    )
+
   assert entropy(0.05) < entropy(0.5) < entropy(5.0) < math.log(E)
 
 
 def test_the_moe_layer_routes_prototypes_to_their_experts_and_trains_them():
-  cfg = moe_cfg(router="prototype", num_experts=4, top_k=2, expert_d_ff=6,
-                prototype=dict(tau=0.1))
+  cfg = moe_cfg(router="prototype", num_experts=4, top_k=2, expert_d_ff=6, prototype=dict(tau=0.1))
   layer = MoELayer(D, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
   c = prototypes(4, e=4)
   layer.router_projection["prototypes"].set_value(jnp.asarray(c))

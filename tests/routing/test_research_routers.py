@@ -1,6 +1,7 @@
 """The batch-1 research routers against the generic Routing contract, both dispatch
 backends against a numpy per-token loop, the MoE layer end to end (state
 updates), and ConfigErrors that name the bad key and value."""
+
 import functools
 
 import jax
@@ -19,13 +20,13 @@ from moejax.routing import Routing, get_router
 from tests.helpers import moe_cfg, random_logits, set_key
 
 ROUTERS = {  # name: extra config
-    "probmoe": {},
-    "probmoe_dynamic": dict(probmoe=dict(k_min=1, k_max=3)),
-    "smooth_topk": dict(smooth_topk=dict(eta_init=0.0)),
-    "mahalanobis": {},
-    "as_coot": {},
-    "capacity_aware": dict(capacity_aware=dict(gamma=0.75, expand_r=2.0)),
-    "sere": dict(sere=dict(rho=0.2)),
+  "probmoe": {},
+  "probmoe_dynamic": dict(probmoe=dict(k_min=1, k_max=3)),
+  "smooth_topk": dict(smooth_topk=dict(eta_init=0.0)),
+  "mahalanobis": {},
+  "as_coot": {},
+  "capacity_aware": dict(capacity_aware=dict(gamma=0.75, expand_r=2.0)),
+  "sere": dict(sere=dict(rho=0.2)),
 }
 D, F = 8, 12
 
@@ -49,16 +50,19 @@ def setup(label, e, k, train, seed=0, t=24):
 def padded(routing, num_slots):
   """The same routing with invalid slots appended up to `num_slots` (one shape for all)."""
   pad = num_slots - routing.num_slots
-  return Routing(jnp.pad(routing.expert_index, ((0, 0), (0, pad))),
-                 jnp.pad(routing.combine_weight, ((0, 0), (0, pad))),
-                 jnp.pad(routing.valid, ((0, 0), (0, pad))))
+  return Routing(
+    jnp.pad(routing.expert_index, ((0, 0), (0, pad))),
+    jnp.pad(routing.combine_weight, ((0, 0), (0, pad))),
+    jnp.pad(routing.valid, ((0, 0), (0, pad))),
+  )
 
 
 def numpy_reference(x, routing, weights):
   """y[t] = sum over valid slots of weight * expert(x[t]), one token at a time (float64)."""
   x = np.asarray(x, np.float64)
-  idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight,
-                                            routing.valid))
+  idx, w, valid = (
+    np.asarray(a) for a in (routing.expert_index, routing.combine_weight, routing.valid)
+  )
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
     for s in range(idx.shape[1]):
@@ -73,8 +77,10 @@ def numpy_reference(x, routing, weights):
 def dispatcher(name, e, k):
   """A compiled dispatch backend over fixed random SwiGLU experts."""
   rng = np.random.default_rng(3)
-  w = {n: (rng.standard_normal(s) / np.sqrt(s[-2])).astype(np.float32) for n, s in
-       (("w_gate", (e, D, F)), ("w_up", (e, D, F)), ("w_down", (e, F, D)))}
+  w = {
+    n: (rng.standard_normal(s) / np.sqrt(s[-2])).astype(np.float32)
+    for n, s in (("w_gate", (e, D, F)), ("w_up", (e, D, F)), ("w_down", (e, F, D)))
+  }
   fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, w))
   cfg = moe_cfg(dispatch=name, num_experts=e, top_k=k, capacity_factor=float(e) * 3)
   return jax.jit(functools.partial(get_dispatcher(name), expert_fn=fn, cfg=cfg)), w
@@ -113,33 +119,58 @@ def test_moe_layer_training_call(label):
   """The layer in training: rng reaches ProbMoE, the scalar eta state of SmoothSMoE and
   the covariance EMA of MP-MoE are carried as router state, the latter written back.
   (Gradients: ProbMoE's straight-through gradient is checked in test_probmoe.py.)"""
-  cfg = moe_cfg(router=label, num_experts=4, top_k=2, expert_d_ff=6, **ROUTERS[label],
-                loss_weights={"load_balance": 0.01, "dpsl": 0.1,
-                              **({"smooth_boundary": 0.1} if label == "smooth_topk" else {})})
+  cfg = moe_cfg(
+    router=label,
+    num_experts=4,
+    top_k=2,
+    expert_d_ff=6,
+    **ROUTERS[label],
+    loss_weights={
+      "load_balance": 0.01,
+      "dpsl": 0.1,
+      **({"smooth_boundary": 0.1} if label == "smooth_topk" else {}),
+    },
+  )
   layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
   x = jax.random.normal(jax.random.key(1), (2, 6, 8))
 
   def loss(layer):
     y, aux = layer(x, train=True, rng=jax.random.key(2))
-    return jnp.sum(y ** 2) + aux["aux_loss"]
+    return jnp.sum(y**2) + aux["aux_loss"]
 
   assert np.isfinite(float(nnx.jit(loss)(layer)))
   if label == "mahalanobis":
     assert np.abs(np.asarray(layer.router_state["cooc_cov"][...])).sum() > 0
 
 
-@pytest.mark.parametrize("key,value", [
-    ("probmoe.k_min", 3), ("probmoe.k_max", 9), ("probmoe.k_min", -1),
-    ("smooth_topk.b", 0.0), ("smooth_topk.a", -1.0), ("smooth_topk.h_offset", -0.1),
-    ("losses.smooth_boundary.alpha", -0.5), ("losses.dpsl.alpha", 0.0),
-    ("mahalanobis.ema_decay", 1.0), ("mahalanobis.ridge", 0.0),
-    ("as_coot.epsilon", 0.0), ("as_coot.iters", 0), ("as_coot.tau", -1.0),
-    ("capacity_aware.gamma", 0.0), ("capacity_aware.gamma", -2.0),
+@pytest.mark.parametrize(
+  "key,value",
+  [
+    ("probmoe.k_min", 3),
+    ("probmoe.k_max", 9),
+    ("probmoe.k_min", -1),
+    ("smooth_topk.b", 0.0),
+    ("smooth_topk.a", -1.0),
+    ("smooth_topk.h_offset", -0.1),
+    ("losses.smooth_boundary.alpha", -0.5),
+    ("losses.dpsl.alpha", 0.0),
+    ("mahalanobis.ema_decay", 1.0),
+    ("mahalanobis.ridge", 0.0),
+    ("as_coot.epsilon", 0.0),
+    ("as_coot.iters", 0),
+    ("as_coot.tau", -1.0),
+    ("capacity_aware.gamma", 0.0),
+    ("capacity_aware.gamma", -2.0),
     ("capacity_aware.expand_r", 0.5),
-    ("capacity_aware.num_shards", 3), ("capacity_aware.num_shards", -1),
-    ("sere.rho", 1.5), ("sere.rho", -0.1), ("sere.primary_slots", 0),
-    ("topk_rounded.tile", 0), ("topk_rounded.tile", -4),
-])
+    ("capacity_aware.num_shards", 3),
+    ("capacity_aware.num_shards", -1),
+    ("sere.rho", 1.5),
+    ("sere.rho", -0.1),
+    ("sere.primary_slots", 0),
+    ("topk_rounded.tile", 0),
+    ("topk_rounded.tile", -4),
+  ],
+)
 def test_bad_values_raise_config_error_naming_key_and_value(key, value):
   c = base_config()
   set_key(c.model.moe, key, value)

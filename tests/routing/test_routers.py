@@ -1,7 +1,7 @@
 """Router invariants (hypothesis, >= 200 cases each) against numpy oracles."""
+
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
@@ -14,8 +14,10 @@ from tests.helpers import moe_cfg, random_logits
 CASES = settings(max_examples=20)  # each new shape compiles: the suite has 15 min on 2 cores
 # Few distinct shapes (each new shape compiles), many random contents.
 shapes = st.sampled_from([1, 2, 5, 8]).flatmap(
-    lambda e: st.tuples(st.sampled_from([1, 6, 16]), st.just(e), st.integers(1, e),
-                        st.integers(0, 2**16)))
+  lambda e: st.tuples(
+    st.sampled_from([1, 6, 16]), st.just(e), st.integers(1, e), st.integers(0, 2**16)
+  )
+)
 
 
 def softmax(x):
@@ -58,8 +60,13 @@ def test_sigmoid_bias_selects_on_biased_scores_weights_on_raw(shape, scaling):
   t, e, k, seed = shape
   logits = random_logits(seed, t, e)
   bias = np.random.default_rng(seed + 1).normal(0, 0.3, e).astype(np.float32)
-  out = route("sigmoid_bias", logits, top_k=k, routed_scaling_factor=scaling,
-              state={"bias": jnp.asarray(bias)})
+  out = route(
+    "sigmoid_bias",
+    logits,
+    top_k=k,
+    routed_scaling_factor=scaling,
+    state={"bias": jnp.asarray(bias)},
+  )
   r = out.routing
   scores = 1 / (1 + np.exp(-logits.astype(np.float64)))
   expected = np.argsort(-(scores + bias), axis=1, kind="stable")[:, :k]
@@ -103,8 +110,7 @@ def test_bias_updates_balance_a_skewed_router():
   state = {"bias": jnp.zeros(8)}
   loads = []
   for _ in range(300):
-    out = route("sigmoid_bias", logits, train=True, state=state, top_k=2,
-                bias_update_rate=0.01)
+    out = route("sigmoid_bias", logits, train=True, state=state, top_k=2, bias_update_rate=0.01)
     counts = np.asarray(out.routing.expert_counts(8))
     loads.append(counts.max() / counts.mean())
     state = out.state
@@ -114,6 +120,7 @@ def test_bias_updates_balance_a_skewed_router():
 
 
 def test_bias_frozen_in_eval():
-  out = route("sigmoid_bias", random_logits(0, 16, 4), train=False, top_k=1,
-              state={"bias": jnp.ones(4)})
+  out = route(
+    "sigmoid_bias", random_logits(0, 16, 4), train=False, top_k=1, state={"bias": jnp.ones(4)}
+  )
   np.testing.assert_array_equal(out.state["bias"], np.ones(4))

@@ -2,6 +2,7 @@
 Gram-matrix numpy oracle, re-routing against a numpy brute force, the
 no-op cases, fewer distinct experts, and duplicated experts giving identical
 layer outputs."""
+
 import functools
 
 import jax
@@ -25,8 +26,9 @@ reroute = jax.jit(sere_reroute, static_argnums=2)
 
 def top_k_routing(logits, k):
   cfg = moe_cfg(num_experts=logits.shape[1], top_k=k)
-  return get_router("topk").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None,
-                                  train=False).routing
+  return (
+    get_router("topk").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None, train=False).routing
+  )
 
 
 def random_similarity(rng, e):
@@ -38,8 +40,9 @@ def random_similarity(rng, e):
 
 def pairs(routing):
   """{(token, expert): total weight} over valid slots."""
-  idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight,
-                                            routing.valid))
+  idx, w, valid = (
+    np.asarray(a) for a in (routing.expert_index, routing.combine_weight, routing.valid)
+  )
   out = {}
   for t, s in zip(*np.nonzero(valid)):
     out[(int(t), int(idx[t, s]))] = out.get((int(t), int(idx[t, s])), 0.0) + float(w[t, s])
@@ -68,8 +71,10 @@ def test_linear_cka_matches_gram_formula_and_invariances():
   x[2] = x[0] @ np.linalg.qr(rng.standard_normal((5, 5)))[0] * 3.0  # rotated + scaled
   cka = np.asarray(linear_cka_matrix(jnp.asarray(x, jnp.float32)))
   h = np.eye(30) - 1 / 30
+
   def hsic(a, b):
     return np.trace(a @ a.T @ h @ b @ b.T @ h)
+
   for a in range(4):
     for b in range(4):
       want = hsic(x[a], x[b]) / np.sqrt(hsic(x[a], x[a]) * hsic(x[b], x[b]))
@@ -92,8 +97,9 @@ def test_reroute_matches_brute_force(shape, s, rho):
   before = set(np.asarray(routing.expert_index).ravel().tolist())
   after = {p[1] for p in got}
   assert after <= before
-  np.testing.assert_allclose(np.asarray(out.masked_weight()).sum(1),
-                             np.asarray(routing.combine_weight).sum(1), rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out.masked_weight()).sum(1), np.asarray(routing.combine_weight).sum(1), rtol=1e-6
+  )
   idx = np.asarray(out.expert_index)[np.asarray(out.valid)]
   assert ((idx >= 0) & (idx < e)).all() and (np.asarray(out.combine_weight) >= 0).all()
 
@@ -115,8 +121,10 @@ def test_identity_or_high_rho_leaves_routing_unchanged(shape, s):
 def test_duplicated_experts_give_identical_outputs():
   e, k, d, f = 6, 2, 8, 12
   rng = np.random.default_rng(0)
-  w = {n: (rng.standard_normal(s) / np.sqrt(s[-2])).astype(np.float32) for n, s in
-       (("w_gate", (e, d, f)), ("w_up", (e, d, f)), ("w_down", (e, f, d)))}
+  w = {
+    n: (rng.standard_normal(s) / np.sqrt(s[-2])).astype(np.float32)
+    for n, s in (("w_gate", (e, d, f)), ("w_up", (e, d, f)), ("w_down", (e, f, d)))
+  }
   for name in w:  # expert 4 duplicates expert 1, expert 5 duplicates expert 0
     w[name][4], w[name][5] = w[name][1], w[name][0]
   expert_fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, w))
@@ -130,12 +138,15 @@ def test_duplicated_experts_give_identical_outputs():
   rho = float(others.max()) + 1e-3  # only the duplicates qualify
   # token 0: experts 1 (primary) and 0; token 1: expert 0 (primary) then 4 (the copy of 1);
   # token 2: expert 5 (primary, copy of 0) then 4
-  routing = Routing(jnp.asarray([[1, 0], [0, 4], [5, 4]], jnp.int32),
-                    jnp.asarray([[0.6, 0.4], [0.7, 0.3], [0.8, 0.2]], jnp.float32),
-                    jnp.ones((3, 2), bool))
+  routing = Routing(
+    jnp.asarray([[1, 0], [0, 4], [5, 4]], jnp.int32),
+    jnp.asarray([[0.6, 0.4], [0.7, 0.3], [0.8, 0.2]], jnp.float32),
+    jnp.ones((3, 2), bool),
+  )
   out = reroute(routing, jnp.asarray(sim), 1, rho)
-  assert pairs(out) == pytest.approx({(0, 1): 0.6, (0, 0): 0.4, (1, 0): 0.7, (1, 1): 0.3,
-                                      (2, 5): 0.8, (2, 1): 0.2}, rel=1e-6)
+  assert pairs(out) == pytest.approx(
+    {(0, 1): 0.6, (0, 0): 0.4, (1, 0): 0.7, (1, 1): 0.3, (2, 5): 0.8, (2, 1): 0.2}, rel=1e-6
+  )
   x = jnp.asarray(rng.standard_normal((3, d)), jnp.float32)
   for name in ("dropless", "capacity"):
     cfg = moe_cfg(num_experts=e, top_k=k, dispatch=name, capacity_factor=float(e))
@@ -155,8 +166,10 @@ def test_router_reroutes_only_at_evaluation():
   spec = get_router("sere")
   state = {"expert_similarity": jnp.asarray(sim)}
   plain = top_k_routing(logits, k)
-  route = {train: jax.jit(functools.partial(spec.route, cfg=cfg, rng=None, train=train))
-           for train in (True, False)}
+  route = {
+    train: jax.jit(functools.partial(spec.route, cfg=cfg, rng=None, train=train))
+    for train in (True, False)
+  }
   trained = route[True](jnp.asarray(logits), state=state)
   np.testing.assert_array_equal(trained.routing.expert_index, plain.expert_index)
   ev = route[False](jnp.asarray(logits), state=state)

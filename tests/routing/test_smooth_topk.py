@@ -1,6 +1,7 @@
 """SmoothSMoE (router 'smooth_topk', loss 'smooth_boundary'): continuity across a
 top-k switch where hard top-k jumps, the eta -> 0 limit, the active-expert count,
 and the boundary loss against numpy."""
+
 import math
 
 import jax
@@ -89,14 +90,18 @@ def test_active_count_is_the_band(shape, eta):
 def test_boundary_loss_value_and_gradient():
   logits = random_logits(4, 32, 8)
   eta, k, alpha, h = 0.4, 2, 0.7, 0.5
-  cfg = moe_cfg(router="smooth_topk", top_k=k,
-                smooth_topk=dict(eta_init=eta_param(eta), h_offset=h),
-                losses=dict(smooth_boundary=dict(alpha=alpha)))
+  cfg = moe_cfg(
+    router="smooth_topk",
+    top_k=k,
+    smooth_topk=dict(eta_init=eta_param(eta), h_offset=h),
+    losses=dict(smooth_boundary=dict(alpha=alpha)),
+  )
   spec = get_router("smooth_topk")
 
   def loss(offset):
-    out = spec.route(jnp.asarray(logits), cfg=cfg, state={"eta_offset": offset}, rng=None,
-                     train=True)
+    out = spec.route(
+      jnp.asarray(logits), cfg=cfg, state={"eta_offset": offset}, rng=None, train=True
+    )
     return get_loss("smooth_boundary")(out, cfg)
 
   g_k = np.sort(logits, 1)[:, -k][:, None]
@@ -104,8 +109,7 @@ def test_boundary_loss_value_and_gradient():
   np.testing.assert_allclose(float(loss(0.0)), alpha * eta * (x - k - h) * 32, rtol=1e-5)
   # d/d offset = alpha * T * (X - k - h) * sigmoid(eta_p): widens the band iff X < k + h
   sig = 1 / (1 + math.exp(-eta_param(eta)))
-  np.testing.assert_allclose(float(jax.grad(loss)(0.0)), alpha * 32 * (x - k - h) * sig,
-                             rtol=1e-4)
+  np.testing.assert_allclose(float(jax.grad(loss)(0.0)), alpha * 32 * (x - k - h) * sig, rtol=1e-4)
 
 
 def test_router_sweep_uses_the_official_loss_scale():
@@ -114,6 +118,7 @@ def test_router_sweep_uses_the_official_loss_scale():
   alpha 1, h 0.5, eta_init -9, a 1, b 50. The sweep once weighted L_b at 1.0 (100x)."""
   from moejax.studies import runner
   from moejax.train.sweep import load_config_file
+
   _, scorer = runner.prepare(load_config_file("configs/studies/routers.py"))
   moe = scorer.config("smooth_topk", {}, 0).model.moe
   assert moe.router == "smooth_topk"

@@ -2,6 +2,7 @@
 its rounding guarantees, the reference's gates (own top-k pairs renormalised,
 added pairs raw P) on a hand-worked case, the top-k limit, eval fallback and
 config errors."""
+
 import functools
 
 import jax
@@ -22,21 +23,26 @@ from tests.helpers import moe_cfg, random_logits
 CASES = settings(max_examples=16)  # each new shape compiles (suite budget)
 MODES = ("up", "down", "nearest")
 # T a multiple of every tile (no cap at T), few shapes (each compiles), random contents.
-cases = st.tuples(st.sampled_from([(48, 4, 2), (32, 8, 3), (64, 6, 1)]),
-                  st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(MODES),
-                  st.integers(0, 2**16))
+cases = st.tuples(
+  st.sampled_from([(48, 4, 2), (32, 8, 3), (64, 6, 1)]),
+  st.sampled_from([1, 2, 4, 8, 16]),
+  st.sampled_from(MODES),
+  st.integers(0, 2**16),
+)
 
 
 def route(logits, train=True, **cfg):
   cfg = moe_cfg(router="topk_rounded", num_experts=logits.shape[1], **cfg)
-  return get_router("topk_rounded").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None,
-                                          train=train)
+  return get_router("topk_rounded").route(
+    jnp.asarray(logits), cfg=cfg, state={}, rng=None, train=train
+  )
 
 
 def pairs(routing):
   """{(token, expert): weight} of the valid slots."""
-  idx, w, valid = (np.asarray(a) for a in (routing.expert_index, routing.combine_weight,
-                                            routing.valid))
+  idx, w, valid = (
+    np.asarray(a) for a in (routing.expert_index, routing.combine_weight, routing.valid)
+  )
   return {(t, int(idx[t, s])): float(w[t, s]) for t, s in zip(*np.nonzero(valid))}
 
 
@@ -53,15 +59,19 @@ def brute_force(probs, k, tile, mode):
   top_p = np.where(chose, p64, 0.0)
   renorm = top_p / top_p.sum(1, keepdims=True)
   f = chose.sum(0)
-  rounded = {"up": np.ceil(f / tile), "down": np.floor(f / tile),
-             "nearest": np.round(f / tile)}[mode]  # np.round: half to even
+  rounded = {"up": np.ceil(f / tile), "down": np.floor(f / tile), "nearest": np.round(f / tile)}[
+    mode
+  ]  # np.round: half to even
   target = np.minimum(rounded.astype(int) * tile, t)
   kept = np.zeros((t, e), bool)
   for j in range(e):
-    by_score = lambda score: np.lexsort((np.arange(t), -p64[:, j], -score))
+
+    def by_score(score):
+      return np.lexsort((np.arange(t), -p64[:, j], -score))
+
     own = [i for i in by_score(renorm[:, j]) if chose[i, j]]
     others = [i for i in by_score(p64[:, j]) if not chose[i, j]]
-    kept[(own + others)[:target[j]], j] = True
+    kept[(own + others)[: target[j]], j] = True
   return kept, f, target, np.where(chose, renorm, p64)
 
 
@@ -83,8 +93,9 @@ def test_matches_numpy_brute_force(case):
   # slots hold distinct experts, the first k being the token's top-k
   idx = np.asarray(r.expert_index)
   assert all(len(set(row)) == len(row) for row in idx.tolist())
-  np.testing.assert_array_equal(np.sort(idx[:, :k], 1),
-                                np.sort(np.argsort(-probs, 1, kind="stable")[:, :k], 1))
+  np.testing.assert_array_equal(
+    np.sort(idx[:, :k], 1), np.sort(np.argsort(-probs, 1, kind="stable")[:, :k], 1)
+  )
 
 
 @CASES
@@ -94,9 +105,13 @@ def test_counts_are_tile_multiples_within_rounding_distance(case):
   logits = random_logits(seed, t, e)
   out = route(logits, top_k=k, topk_rounded=dict(tile=tile, mode=mode))
   counts = np.asarray(out.routing.expert_counts(e))
-  f = np.asarray(get_router("topk").route(jnp.asarray(logits), cfg=moe_cfg(num_experts=e, top_k=k),
-                                          state={}, rng=None, train=False
-                                          ).routing.expert_counts(e))
+  f = np.asarray(
+    get_router("topk")
+    .route(
+      jnp.asarray(logits), cfg=moe_cfg(num_experts=e, top_k=k), state={}, rng=None, train=False
+    )
+    .routing.expert_counts(e)
+  )
   assert (counts % tile == 0).all()
   assert float(padding_waste(jnp.asarray(counts), tile)) == 0.0
   diff = counts - f
@@ -113,8 +128,13 @@ def test_tile_one_is_top_k(case):
   (t, e, k), _, mode, seed = case
   logits = random_logits(seed, t, e)
   rounded = route(logits, top_k=k, topk_rounded=dict(tile=1, mode=mode))
-  plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=True,
-                                   cfg=moe_cfg(num_experts=e, top_k=k, renormalize=True))
+  plain = get_router("topk").route(
+    jnp.asarray(logits),
+    state={},
+    rng=None,
+    train=True,
+    cfg=moe_cfg(num_experts=e, top_k=k, renormalize=True),
+  )
   got, expected = pairs(rounded.routing), pairs(plain.routing)
   assert got.keys() == expected.keys()
   np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
@@ -126,20 +146,35 @@ def test_tile_one_is_top_k(case):
 #   t0 [.5 .3  .2 ] top {0,1} sum .8     t1 [.6 .1  .3 ] top {0,2} sum .9
 #   t2 [.2 .5  .3 ] top {1,2} sum .8     t3 [.4 .35 .25] top {0,1} sum .75
 # counts f = [3, 3, 2].
-HAND_PROBS = np.array([[.5, .3, .2], [.6, .1, .3], [.2, .5, .3], [.4, .35, .25]], np.float32)
+HAND_PROBS = np.array(
+  [[0.5, 0.3, 0.2], [0.6, 0.1, 0.3], [0.2, 0.5, 0.3], [0.4, 0.35, 0.25]], np.float32
+)
 HAND_GATES = {
-    # 'up' -> [4, 4, 2]: expert 0 adds t2 (its only non-top-k token), expert 1 adds t1.
-    # Own top-k pairs get P / (top-k sum), the two added pairs their raw P.
-    "up": {(0, 0): .5 / .8, (0, 1): .3 / .8, (1, 0): .6 / .9, (1, 2): .3 / .9,
-           (1, 1): .1,  # added
-           (2, 1): .5 / .8, (2, 2): .3 / .8,
-           (2, 0): .2,  # added
-           (3, 0): .4 / .75, (3, 1): .35 / .75},
-    # 'down' -> [2, 2, 2]: expert 0 drops its lowest renormalised score (t3, .533),
-    # expert 1 drops t0 (.375). Kept pairs stay renormalised over the token's whole
-    # top-k (t0's gate is .625, t3's .467, not 1).
-    "down": {(0, 0): .5 / .8, (1, 0): .6 / .9, (1, 2): .3 / .9,
-             (2, 1): .5 / .8, (2, 2): .3 / .8, (3, 1): .35 / .75},
+  # 'up' -> [4, 4, 2]: expert 0 adds t2 (its only non-top-k token), expert 1 adds t1.
+  # Own top-k pairs get P / (top-k sum), the two added pairs their raw P.
+  "up": {
+    (0, 0): 0.5 / 0.8,
+    (0, 1): 0.3 / 0.8,
+    (1, 0): 0.6 / 0.9,
+    (1, 2): 0.3 / 0.9,
+    (1, 1): 0.1,  # added
+    (2, 1): 0.5 / 0.8,
+    (2, 2): 0.3 / 0.8,
+    (2, 0): 0.2,  # added
+    (3, 0): 0.4 / 0.75,
+    (3, 1): 0.35 / 0.75,
+  },
+  # 'down' -> [2, 2, 2]: expert 0 drops its lowest renormalised score (t3, .533),
+  # expert 1 drops t0 (.375). Kept pairs stay renormalised over the token's whole
+  # top-k (t0's gate is .625, t3's .467, not 1).
+  "down": {
+    (0, 0): 0.5 / 0.8,
+    (1, 0): 0.6 / 0.9,
+    (1, 2): 0.3 / 0.9,
+    (2, 1): 0.5 / 0.8,
+    (2, 2): 0.3 / 0.8,
+    (3, 1): 0.35 / 0.75,
+  },
 }
 
 
@@ -156,9 +191,12 @@ def test_gates_hand_worked_own_pairs_renormalised_added_pairs_raw(mode):
 
 def test_rounded_counts_worked_example():
   counts = jnp.array([0, 5, 8, 12, 13, 4, 20])
-  expect = {"up": [0, 8, 8, 16, 16, 8, 24], "down": [0, 0, 8, 8, 8, 0, 16],
-            # 12/8 = 1.5 -> 2 (even), 4/8 = 0.5 -> 0 (even), 20/8 = 2.5 -> 2 (even)
-            "nearest": [0, 8, 8, 16, 16, 0, 16]}
+  expect = {
+    "up": [0, 8, 8, 16, 16, 8, 24],
+    "down": [0, 0, 8, 8, 8, 0, 16],
+    # 12/8 = 1.5 -> 2 (even), 4/8 = 0.5 -> 0 (even), 20/8 = 2.5 -> 2 (even)
+    "nearest": [0, 8, 8, 16, 16, 0, 16],
+  }
   for mode, values in expect.items():
     np.testing.assert_array_equal(rounded_counts(counts, 8, mode, 100), values)
   np.testing.assert_array_equal(rounded_counts(counts, 8, "up", 14), [0, 8, 8, 14, 14, 8, 14])
@@ -167,6 +205,7 @@ def test_rounded_counts_worked_example():
 def test_dropless_pads_nothing_when_tiles_match():
   """Rounding tile == dispatch tile: zero padding rows, and the output is the per-token loop."""
   from tests.dispatch.test_dispatch import expert_weights, reference_loop
+
   t, e, k, tile = 64, 4, 2, 8
   out = route(random_logits(5, t, e), top_k=k, topk_rounded=dict(tile=tile, mode="up"))
   x = np.random.default_rng(0).standard_normal((t, 8)).astype(np.float32)
@@ -182,21 +221,30 @@ def test_dropless_pads_nothing_when_tiles_match():
 def test_eval_falls_back_to_plain_top_k():
   logits = random_logits(3, 40, 8)
   out = route(logits, train=False, top_k=2, topk_rounded=dict(tile=16, mode="up"))
-  plain = get_router("topk").route(jnp.asarray(logits), state={}, rng=None, train=False,
-                                   cfg=moe_cfg(num_experts=8, top_k=2, renormalize=True))
+  plain = get_router("topk").route(
+    jnp.asarray(logits),
+    state={},
+    rng=None,
+    train=False,
+    cfg=moe_cfg(num_experts=8, top_k=2, renormalize=True),
+  )
   assert out.routing.num_slots == 2
   got, expected = pairs(out.routing), pairs(plain.routing)  # the reference's renormalised top-k
   assert got.keys() == expected.keys()
   np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
-  assert pairs(route(logits, train=True, top_k=2,
-                     topk_rounded=dict(tile=16, mode="up")).routing) != pairs(plain.routing)
+  assert pairs(
+    route(logits, train=True, top_k=2, topk_rounded=dict(tile=16, mode="up")).routing
+  ) != pairs(plain.routing)
 
 
-@pytest.mark.parametrize("key,value,message", [
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
     ("mode", "sideways", "model.moe.topk_rounded.mode='sideways'"),
     ("tile", 0, "model.moe.topk_rounded.tile=0"),
     ("tile", -4, "model.moe.topk_rounded.tile=-4"),
-])
+  ],
+)
 def test_bad_rounding_config_names_key_and_value(key, value, message):
   c = base_config()
   c.model.moe.router = "topk_rounded"

@@ -4,6 +4,7 @@ The main test session keeps one device; checks that need 8 (or 2 x 4 across
 processes) run in children started with
 XLA_FLAGS=--xla_force_host_platform_device_count=N, set before jax is imported.
 """
+
 import atexit
 import contextlib
 import os
@@ -35,10 +36,17 @@ def compilation_cache_dir() -> str:
 
 
 def device_env(num_devices: int) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compilation_cache_dir(),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    JAX_COMPILATION_CACHE_DIR=compilation_cache_dir(),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
+  flags = [
+    f
+    for f in env.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={num_devices}"])
   return env
 
@@ -46,10 +54,15 @@ def device_env(num_devices: int) -> dict:
 def run(args, num_devices: int, timeout: float, env=None) -> subprocess.CompletedProcess:
   """`python args...` in the repo on num_devices devices (and `env` set); output
   captured (a timeout kills it)."""
-  return subprocess.run([sys.executable, *args], cwd=REPO,
-                        env={**device_env(num_devices), **(env or {})},
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                        timeout=timeout)
+  return subprocess.run(
+    [sys.executable, *args],
+    cwd=REPO,
+    env={**device_env(num_devices), **(env or {})},
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def free_port() -> int:
@@ -66,8 +79,15 @@ def started(commands, num_devices: int, log_dir: str):
   try:
     for i, args in enumerate(commands):
       log = open(os.path.join(log_dir, f"{i}.log"), "w")
-      procs.append(subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=log,
-                                    stderr=subprocess.STDOUT, env=device_env(num_devices)))
+      procs.append(
+        subprocess.Popen(
+          [sys.executable, *args],
+          cwd=REPO,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          env=device_env(num_devices),
+        )
+      )
       log.close()
     yield procs
   finally:

@@ -5,6 +5,7 @@ multidevice/on8_training.py shows one process on that mesh equals it too);
 process 0 alone writes the metrics, and the checkpoint they write together
 restores (here, on one device) to the reference's parameters. The children are
 killed when the test fails or times out."""
+
 import json
 import os
 import time
@@ -25,10 +26,18 @@ TRAIN = dict(steps=STEPS, log_every=1, progress_bar=False)
 
 
 def train_args(workdir, data_dir, *extra):
-  return ["-m", "experiments.train", f"--config={CONFIG}", f"--workdir={workdir}",
-          f"--config.data.data_dir={data_dir}", "--config.mesh.data=2", "--config.mesh.expert=4",
-          *(f"--config.train.{key}={value}" for key, value in TRAIN.items()),
-          f"--stop_at_step={STOP}", *extra]
+  return [
+    "-m",
+    "experiments.train",
+    f"--config={CONFIG}",
+    f"--workdir={workdir}",
+    f"--config.data.data_dir={data_dir}",
+    "--config.mesh.data=2",
+    "--config.mesh.expert=4",
+    *(f"--config.train.{key}={value}" for key, value in TRAIN.items()),
+    f"--stop_at_step={STOP}",
+    *extra,
+  ]
 
 
 def train_on_one_device(workdir, data_dir):
@@ -60,12 +69,21 @@ def test_two_processes_match_one_device(tmp_path):
   train_on_one_device(tmp_path / "single", data_dir)
 
   port = subprocesses.free_port()
-  commands = [train_args(tmp_path / "multi", data_dir, f"--coordinator_address=127.0.0.1:{port}",
-                         "--num_processes=2", f"--process_id={i}") for i in range(2)]
+  commands = [
+    train_args(
+      tmp_path / "multi",
+      data_dir,
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+    )
+    for i in range(2)
+  ]
   with subprocesses.started(commands, 4, str(tmp_path)) as procs:
     codes = wait_all(procs, timeout=600)
-  logs = "\n".join(f"--- process {i}\n" + subprocesses.tail(str(tmp_path / f"{i}.log"))
-                   for i in range(2))
+  logs = "\n".join(
+    f"--- process {i}\n" + subprocesses.tail(str(tmp_path / f"{i}.log")) for i in range(2)
+  )
   assert codes == [0, 0], logs
   assert losses(tmp_path / "multi") == pytest.approx(losses(tmp_path / "single"), rel=1e-5)
   multi, single = (restored_params(tmp_path / name) for name in ("multi", "single"))

@@ -2,6 +2,7 @@
 devices (this session keeps its single device). One child, not one per module:
 each child pays ~15 s of imports and data preparation before its first check;
 its output names any check that fails."""
+
 import os
 
 from tests.sharding import subprocesses
@@ -13,11 +14,27 @@ def test_on_8_simulated_devices(tmp_path):
   # The tiny DeepSeek-V3 checkpoint is written here, where the HF tests of this
   # worker import transformers anyway, not in the child (~10 s of imports).
   from tests.interop.hf_tiny import make_model, save_model
-  env = {HF_DIR_VARIABLE: save_model(make_model("deepseek_v3", vocab_size=256),
-                                     str(tmp_path / "deepseek_v3"))}
-  result = subprocesses.run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-                             "-o", "python_files=on8_*.py",
-                             os.path.join("tests", "sharding", "multidevice")],
-                            8, timeout=1500, env=env)
+
+  env = {
+    HF_DIR_VARIABLE: save_model(
+      make_model("deepseek_v3", vocab_size=256), str(tmp_path / "deepseek_v3")
+    )
+  }
+  result = subprocesses.run(
+    [
+      "-m",
+      "pytest",
+      "-q",
+      "-rA",
+      "-p",
+      "no:cacheprovider",
+      "-o",
+      "python_files=on8_*.py",
+      os.path.join("tests", "sharding", "multidevice"),
+    ],
+    8,
+    timeout=1500,
+    env=env,
+  )
   assert result.returncode == 0, result.stdout[-8000:]
   assert " passed" in result.stdout and "no tests ran" not in result.stdout

@@ -2,6 +2,7 @@
 
 The rules are checked against an abstract 4-axis mesh (no devices needed);
 everything that runs on 8 devices is in multidevice/ (test_on_8_devices.py)."""
+
 import math
 
 import jax
@@ -25,7 +26,9 @@ def layout(data=1, fsdp=1, expert=1, tensor=1, **rules):
   return sharding.Layout(mesh, sharding.parse_rules(rules))
 
 
-@pytest.mark.parametrize("axes,shape,spec", [
+@pytest.mark.parametrize(
+  "axes,shape,spec",
+  [
     (("expert", "embed", "mlp"), (8, 32, 64), P("expert", "fsdp", "tensor")),  # expert FFN
     (("vocab", "embed"), (256, 32), P("tensor", "fsdp")),  # embedding table
     (("embed", "heads"), (32, 64), P("fsdp", "tensor")),  # q projection
@@ -33,7 +36,8 @@ def layout(data=1, fsdp=1, expert=1, tensor=1, **rules):
     (("batch", "length"), (16, 128), P(("data", "fsdp", "expert"), None)),
     (("batch", "length", "act_vocab"), (16, 8, 256), P(("data", "fsdp", "expert"), None, "tensor")),
     ((None,), (32,), P(None)),  # norm scales
-])
+  ],
+)
 def test_rules_map_logical_axes_to_mesh_axes(axes, shape, spec):
   assert layout(data=2, fsdp=2, expert=2, tensor=2).spec(axes, shape) == spec
 
@@ -51,8 +55,11 @@ def test_a_mesh_axis_is_used_once_per_array():
 
 @pytest.mark.parametrize("family", ("moejax",) + FAMILY_NAMES)
 def test_every_parameter_of_every_family_names_its_axes(family):
-  m = (base_config().model if family == "moejax"
-       else from_hf_config(family_configs()[family].to_dict()))
+  m = (
+    base_config().model
+    if family == "moejax"
+    else from_hf_config(family_configs()[family].to_dict())
+  )
   model = nnx.eval_shape(lambda: Decoder(m, rngs=nnx.Rngs(0)))
   _, params, _ = nnx.split(model, nnx.Param, ...)
   axes_tree = sharding.logical_axes_of(params)
@@ -65,24 +72,35 @@ def test_every_parameter_of_every_family_names_its_axes(family):
   assert experts["w_down"].names == ("expert", "mlp", "embed")
 
 
-@pytest.mark.parametrize("mesh,devices,sizes", [
+@pytest.mark.parametrize(
+  "mesh,devices,sizes",
+  [
     (dict(data=-1, fsdp=1, expert=1, tensor=1), 8, dict(data=8, fsdp=1, expert=1, tensor=1)),
     (dict(data=2, fsdp=1, expert=-1, tensor=1), 8, dict(data=2, fsdp=1, expert=4, tensor=1)),
     (dict(data=1, fsdp=2, expert=2, tensor=2), 8, dict(data=1, fsdp=2, expert=2, tensor=2)),
-])
+  ],
+)
 def test_minus_one_takes_the_remaining_devices(mesh, devices, sizes):
   assert sharding.mesh_shape(mesh, devices) == sizes
 
 
-@pytest.mark.parametrize("section,key,value,message", [
+@pytest.mark.parametrize(
+  "section,key,value,message",
+  [
     ("mesh", "data", 0, r"mesh.data=0 must be an int >= 1, or -1 for the rest"),
     ("mesh", "expert", -1, r"mesh.data=-1 and mesh.expert=-1: at most one axis may be -1"),
     ("sharding.rules", "mlp", "tensr", r"sharding.rules.mlp='tensr': 'tensr' is not a mesh axis"),
     ("sharding.rules", "mlp", "expert", r"sharding.rules.mlp='expert' shares mesh axes"),
-    ("sharding.rules", "expert", "tensor", r"sharding.rules.expert='tensor' must be among the "
-                                           r"batch axes"),
+    (
+      "sharding.rules",
+      "expert",
+      "tensor",
+      r"sharding.rules.expert='tensor' must be among the "
+      r"batch axes",
+    ),
     ("sharding", "a2a_capacity_factor", -1.0, r"sharding.a2a_capacity_factor=-1.0 must be >= 0"),
-])
+  ],
+)
 def test_bad_sharding_config_is_rejected(section, key, value, message):
   config = base_config()
   node = config
@@ -120,17 +138,17 @@ def test_one_device_runs_the_plain_program():
 # the spec shows exactly which axes a rule names. Mapping a rule to another axis, or
 # dropping one, changes the spec.
 EXPECTED_RULES = {
-    "batch": ("data", "fsdp", "expert"),
-    "length": None,
-    "act_embed": None,
-    "act_vocab": "tensor",
-    "vocab": "tensor",
-    "embed": "fsdp",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "mlp": "tensor",
-    "expert": "expert",
-    "lookup_rows": None,
+  "batch": ("data", "fsdp", "expert"),
+  "length": None,
+  "act_embed": None,
+  "act_vocab": "tensor",
+  "vocab": "tensor",
+  "embed": "fsdp",
+  "heads": "tensor",
+  "kv_heads": "tensor",
+  "mlp": "tensor",
+  "expert": "expert",
+  "lookup_rows": None,
 }
 PRIMES = dict(data=2, fsdp=3, expert=5, tensor=7)
 
@@ -158,14 +176,17 @@ def test_every_rule_replicates_a_dimension_only_another_axis_divides(name):
   assert lay.spec((name,), (1,)) == P(None)
 
 
-@pytest.mark.parametrize("axes,shape,spec", [
+@pytest.mark.parametrize(
+  "axes,shape,spec",
+  [
     (("embed", "kv_heads"), (6, 14), P("fsdp", "tensor")),  # k / v projections
     (("heads", "embed"), (14, 6), P("tensor", "fsdp")),  # o projection
     (("expert", "mlp", "embed"), (5, 7, 3), P("expert", "tensor", "fsdp")),  # expert w_down
     (("embed", "vocab"), (3, 7), P("fsdp", "tensor")),  # LM head
     (("batch", "length", "act_embed"), (30, 4, 6), P(("data", "fsdp", "expert"), None, None)),
     (("lookup_rows", "embed"), (210, 3), P(None, "fsdp")),
-])
+  ],
+)
 def test_parameter_and_activation_specs_at_divisible_shapes(axes, shape, spec):
   assert layout(**PRIMES).spec(axes, shape) == spec
 
@@ -176,7 +197,8 @@ def test_rule_overrides_parse_and_round_trip():
   assert rules["kv_heads"] == () and rules["mlp"] == ()
   assert rules["embed"] == ("data", "fsdp")
   assert {k: v for k, v in rules.items() if k not in ("kv_heads", "embed", "mlp")} == {
-      k: v for k, v in sharding.RULES.items() if k not in ("kv_heads", "embed", "mlp")}
+    k: v for k, v in sharding.RULES.items() if k not in ("kv_heads", "embed", "mlp")
+  }
   lay = sharding.Layout(AbstractMesh(tuple(PRIMES.values()), sharding.MESH_AXES), rules)
   assert lay.spec(("embed", "kv_heads"), (6, 14)) == P(("data", "fsdp"), None)
   assert sharding.rules_as_strings()["batch"] == "data,fsdp,expert"

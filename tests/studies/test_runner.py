@@ -1,4 +1,5 @@
 """The study runner: resume gives the same bytes, pairing by draw, checks before any run."""
+
 import json
 import os
 import random
@@ -21,8 +22,9 @@ def toy_scorer():
 def run(config, out, **kwargs):
   spec, scorer = runner.prepare(config)
   stored = runner.check_output(spec, out)
-  return runner.run(spec, scorer, out, stored=stored, plot=False, log=lambda _: None,
-                    **kwargs), scorer
+  return runner.run(
+    spec, scorer, out, stored=stored, plot=False, log=lambda _: None, **kwargs
+  ), scorer
 
 
 def read(out):
@@ -67,8 +69,10 @@ def test_claims_pair_by_draw_not_by_position(tmp_path):
   random.Random(0).shuffle(shuffled)
   assert report.claim_rows(spec, shuffled) == results["claims"]
   # pairing by list position instead of by draw would not cancel the offsets
-  by_position = [[r["metrics"]["loss"] for r in shuffled if r["arm"] == arm
-                  and r["level"]["x"] == 4] for arm in ("up", "base")]
+  by_position = [
+    [r["metrics"]["loss"] for r in shuffled if r["arm"] == arm and r["level"]["x"] == 4]
+    for arm in ("up", "base")
+  ]
   wrong = stats.paired_difference(*by_position)
   assert wrong.hi - wrong.lo > 1.0
 
@@ -90,28 +94,48 @@ def test_slope_and_wilson_claims(tmp_path):
   assert [r["p_holm"] for r in results["claims"]] == stats.holm(p)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(claims=[dict(arm="nope", metric="loss", text="t")]),
-     r"study.claims\[0\].arm='nope' is not an arm of the study; arms: base, up"),
-    (dict(claims=[dict(arm="up", metric="accuracy", text="t")]),
-     r"study.claims\[0\].metric='accuracy' is not a metric of the scorer; metrics: loss, hit"),
-    (dict(claims=[dict(arm="up", reference="ref", metric="loss", text="t")]),
-     r"study.claims\[0\].reference='ref' is not an arm"),
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (
+      dict(claims=[dict(arm="nope", metric="loss", text="t")]),
+      r"study.claims\[0\].arm='nope' is not an arm of the study; arms: base, up",
+    ),
+    (
+      dict(claims=[dict(arm="up", metric="accuracy", text="t")]),
+      r"study.claims\[0\].metric='accuracy' is not a metric of the scorer; metrics: loss, hit",
+    ),
+    (
+      dict(claims=[dict(arm="up", reference="ref", metric="loss", text="t")]),
+      r"study.claims\[0\].reference='ref' is not an arm",
+    ),
     (dict(draws=0), r"study.draws=0 must be an integer >= 1"),
     (dict(scorer="nope"), r"study.scorer='nope' is not known; valid: .*spy"),
-    (dict(settings={"nois": 1}), r"study.settings.nois is not a setting of scorer 'spy'; valid: misalign, model_shift, noise, offset"),
-    (dict(arms=[{"name": "base", "shfit": 1}, {"name": "up"}]),
-     r"study.arms\[0\].shfit \(arm 'base'\) is not an arm setting; valid: shift"),
+    (
+      dict(settings={"nois": 1}),
+      r"study.settings.nois is not a setting of scorer 'spy'; "
+      r"valid: misalign, model_shift, noise, offset",
+    ),
+    (
+      dict(arms=[{"name": "base", "shfit": 1}, {"name": "up"}]),
+      r"study.arms\[0\].shfit \(arm 'base'\) is not an arm setting; valid: shift",
+    ),
     (dict(reference="other"), r"study.reference='other' is not an arm"),
-    (dict(claims=[dict(arm="up", metric="loss", text="t", at={"x": 3})]),
-     r"study.claims\[0\].at=\{'x': 3\} matches no level"),
-    (dict(claims=[dict(arm="up", metric="loss", text="t", interval="slope")]),
-     r"study.claims\[0\].over=None must name a level axis: x"),
-])
+    (
+      dict(claims=[dict(arm="up", metric="loss", text="t", at={"x": 3})]),
+      r"study.claims\[0\].at=\{'x': 3\} matches no level",
+    ),
+    (
+      dict(claims=[dict(arm="up", metric="loss", text="t", interval="slope")]),
+      r"study.claims\[0\].over=None must name a level axis: x",
+    ),
+  ],
+)
 def test_bad_studies_are_refused_before_any_run(tmp_path, overrides, message):
   calls = []
-  with scoring.SCORERS.temporarily("spy", type("Spy", (toy.Toy,), {
-      "score": lambda self, *a: calls.append(a)})):
+  with scoring.SCORERS.temporarily(
+    "spy", type("Spy", (toy.Toy,), {"score": lambda self, *a: calls.append(a)})
+  ):
     with pytest.raises(ConfigError, match=message):
       runner.prepare(toy.config(**{"scorer": "spy", **overrides}))
   assert calls == []
@@ -167,27 +191,37 @@ def test_a_study_over_models_takes_its_interval_over_the_models(tmp_path):
   models' mean paired differences; the draw-level interval pools all 15 pairs."""
   import numpy as np
   import scipy.stats
+
   results, scorer = run(toy.config(models=MODELS), str(tmp_path / "out"))
   assert len(results["runs"]) == 2 * 3 * 5 * 3 and {r["model"] for r in results["runs"]} == {
-      0, 1, 2}
+    0,
+    1,
+    2,
+  }
   assert [m.settings["model_shift"] for m in scorer.models] == [0.0, 0.05, -0.02]
   row = next(r for r in results["claims"] if r["claim"] == 0 and r["level"] == {"x": 2})
-  loss = {(r["arm"], r["model"], r["draw"]): r["metrics"]["loss"] for r in results["runs"]
-          if r["level"] == {"x": 2}}
-  diffs = np.array([[loss[("up", m, d)] - loss[("base", m, d)] for d in range(5)]
-                    for m in range(3)])
+  loss = {
+    (r["arm"], r["model"], r["draw"]): r["metrics"]["loss"]
+    for r in results["runs"]
+    if r["level"] == {"x": 2}
+  }
+  diffs = np.array(
+    [[loss[("up", m, d)] - loss[("base", m, d)] for d in range(5)] for m in range(3)]
+  )
   means = diffs.mean(1)
   np.testing.assert_allclose(means, 2 * (0.1 + np.array([0.0, 0.05, -0.02])), atol=0.05)
   t = scipy.stats.ttest_1samp(means, 0.0)
   lo, hi = t.confidence_interval(0.95)
   got = row["interval"]
   assert got["n"] == 3
-  np.testing.assert_allclose([got["mean"], got["lo"], got["hi"], got["p"]],
-                             [means.mean(), lo, hi, t.pvalue], rtol=1e-12)
+  np.testing.assert_allclose(
+    [got["mean"], got["lo"], got["hi"], got["p"]], [means.mean(), lo, hi, t.pvalue], rtol=1e-12
+  )
   pooled = scipy.stats.ttest_1samp(diffs.ravel(), 0.0).confidence_interval(0.95)
   assert row["interval_over_draws"]["n"] == 15
-  np.testing.assert_allclose([row["interval_over_draws"]["lo"],
-                              row["interval_over_draws"]["hi"]], pooled, rtol=1e-12)
+  np.testing.assert_allclose(
+    [row["interval_over_draws"]["lo"], row["interval_over_draws"]["hi"]], pooled, rtol=1e-12
+  )
   text = open(tmp_path / "out" / runner.MARKDOWN).read()
   assert "over models: mean ± std [95% CI]" in text and "3 models" in text
 
@@ -205,13 +239,18 @@ def test_a_study_over_models_resumes_to_the_same_bytes(tmp_path, monkeypatch):
   assert read(stopped) == read(str(tmp_path / "straight")) and resumed == straight
 
 
-@pytest.mark.parametrize("models, message", [
+@pytest.mark.parametrize(
+  "models, message",
+  [
     ([{"model_shift": 0.0}, {"nope": 1}], "study.models[1].nope is not a setting"),
     ([], "study.models=[] must be a non-empty list"),
     ([{"model_shift": 0.1}, {"model_shift": 0.1}], "study.models gives a model twice"),
-    ([{"model_shift": 0.1}, {"model_shift": 2.0}],
-     "study.models[1] (model_shift=2.0): study.settings.model_shift=2.0 must be <= 1"),
-])
+    (
+      [{"model_shift": 0.1}, {"model_shift": 2.0}],
+      "study.models[1] (model_shift=2.0): study.settings.model_shift=2.0 must be <= 1",
+    ),
+  ],
+)
 def test_bad_models_are_refused_before_any_run(tmp_path, models, message):
   with pytest.raises(ConfigError, match=re.escape(message)):
     runner.prepare(toy.config(models=models))

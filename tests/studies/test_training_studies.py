@@ -1,6 +1,7 @@
 """The `training` scorer: one run per (arm, seed), re-used when finished, refused when
 changed; every bad input a ConfigError before any run; its paired statistics equal the
 committed sweep tables on the same per-run results; a tiny study end to end."""
+
 import json
 import os
 import re
@@ -12,7 +13,6 @@ import pytest
 
 from moejax.errors import ConfigError
 from moejax.studies import report, runner
-from moejax.studies.scorers.training import Training
 from moejax.train.sweep import load_config_file
 
 MOE = "configs/lm_shakespeare_moe.py:size=tiny"
@@ -30,21 +30,36 @@ class FakeTrain:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
       for step in range(1, config.train.steps + 1):
-        f.write(json.dumps({"step": step, "tokens_per_second": 1000.0 * config.seed + step,
-                            "ce_loss": 5.0 / step}) + "\n")
+        f.write(
+          json.dumps(
+            {"step": step, "tokens_per_second": 1000.0 * config.seed + step, "ce_loss": 5.0 / step}
+          )
+          + "\n"
+        )
     bpb = 2.0 + config.model.moe.top_k / 10 + config.seed / 100 + config.model.moe.num_experts
-    return types.SimpleNamespace(state=types.SimpleNamespace(params={"w": np.zeros((3, 4))}),
-                                 eval={"val_bpb": bpb, "val_loss": 1.0})
+    return types.SimpleNamespace(
+      state=types.SimpleNamespace(params={"w": np.zeros((3, 4))}),
+      eval={"val_bpb": bpb, "val_loss": 1.0},
+    )
 
 
 def study(workdir, draws=2, **changes):
   c = ml_collections.ConfigDict()
   c.name, c.scorer, c.draws, c.reference = "tiny_training", "training", draws, "top2"
   c.settings = {"workdir": str(workdir), "steps": 3, "common": ["train.eval_every=2"]}
-  c.arms = [{"name": "top2", "config": MOE},
-            {"name": "top1", "config": MOE, "overrides": ["model.moe.top_k=1"]}]
-  c.claims = [{"arm": "top1", "reference": "top2", "metric": "val_bpb", "expect": "lower",
-               "text": "top-1 lower"}]
+  c.arms = [
+    {"name": "top2", "config": MOE},
+    {"name": "top1", "config": MOE, "overrides": ["model.moe.top_k=1"]},
+  ]
+  c.claims = [
+    {
+      "arm": "top1",
+      "reference": "top2",
+      "metric": "val_bpb",
+      "expect": "lower",
+      "text": "top-1 lower",
+    }
+  ]
   for key, value in changes.items():
     c[key] = value
   return c
@@ -53,8 +68,14 @@ def study(workdir, draws=2, **changes):
 def run(config, out, fake):
   spec, scorer = runner.prepare(config)
   scorer.train_fn = fake
-  return runner.run(spec, scorer, str(out), stored=runner.check_output(spec, str(out)),
-                    plot=False, log=lambda _: None)
+  return runner.run(
+    spec,
+    scorer,
+    str(out),
+    stored=runner.check_output(spec, str(out)),
+    plot=False,
+    log=lambda _: None,
+  )
 
 
 def test_each_arm_trains_once_per_seed_and_pairs_by_seed(tmp_path):
@@ -62,8 +83,9 @@ def test_each_arm_trains_once_per_seed_and_pairs_by_seed(tmp_path):
   results = run(study(tmp_path / "runs"), tmp_path / "out", fake)
   assert fake.calls == ["top2/seed_0", "top1/seed_0", "top2/seed_1", "top1/seed_1"]
   bpb = {(r["arm"], r["draw"]): r["metrics"]["val_bpb"] for r in results["runs"]}
-  assert bpb == pytest.approx({("top2", 0): 10.2, ("top1", 0): 10.1,
-                               ("top2", 1): 10.21, ("top1", 1): 10.11})
+  assert bpb == pytest.approx(
+    {("top2", 0): 10.2, ("top1", 0): 10.1, ("top2", 1): 10.21, ("top1", 1): 10.11}
+  )
   (claim,) = results["claims"]
   assert claim["interval"]["mean"] == pytest.approx(-0.1) and claim["interval"]["n"] == 2
   run_ = results["runs"][2]["metrics"]  # summarize: median speed, params, steps
@@ -88,34 +110,49 @@ def test_each_arm_trains_once_per_seed_and_pairs_by_seed(tmp_path):
 
 def test_levels_are_overrides_with_their_own_run_directories(tmp_path):
   fake = FakeTrain(tmp_path / "runs")
-  config = study(tmp_path / "runs", draws=1, levels=[{"model.moe.num_experts": 4},
-                                                     {"model.moe.num_experts": 8}])
+  config = study(
+    tmp_path / "runs", draws=1, levels=[{"model.moe.num_experts": 4}, {"model.moe.num_experts": 8}]
+  )
   results = run(config, tmp_path / "out", fake)
-  assert fake.calls[:2] == ["top2/model.moe.num_experts=4/seed_0",
-                            "top1/model.moe.num_experts=4/seed_0"]
-  bpb = {(r["arm"], r["level"]["model.moe.num_experts"]): r["metrics"]["val_bpb"]
-         for r in results["runs"]}
-  assert bpb == pytest.approx({("top2", 4): 6.2, ("top1", 4): 6.1, ("top2", 8): 10.2,
-                               ("top1", 8): 10.1})
+  assert fake.calls[:2] == [
+    "top2/model.moe.num_experts=4/seed_0",
+    "top1/model.moe.num_experts=4/seed_0",
+  ]
+  bpb = {
+    (r["arm"], r["level"]["model.moe.num_experts"]): r["metrics"]["val_bpb"]
+    for r in results["runs"]
+  }
+  assert bpb == pytest.approx(
+    {("top2", 4): 6.2, ("top1", 4): 6.1, ("top2", 8): 10.2, ("top1", 8): 10.1}
+  )
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     (dict(settings={"workdir": ""}), r"study\.settings\.workdir=''"),
     (dict(settings={"steps": 0}), r"study\.settings\.steps=0 must be an integer >= 1"),
     (dict(settings={"seeds": [0, 1, 0]}), r"study\.settings\.seeds=\[0, 1, 0\] gives seed 0 twice"),
     (dict(settings={"seeds": [4]}), r"study\.settings\.seeds=\[4\] has 1 seeds for study\.draws=2"),
     (dict(settings={"common": ["seed=3"]}), r"study\.settings\.common sets 'seed'"),
     (dict(settings={"domains": ["drama"]}), r"study\.settings\.domains needs"),
-    (dict(arms=[{"name": "top2", "config": MOE, "overrides": ["model.moe.topk=1"]}]),
-     r"study\.arms\[0\] \(arm 'top2'\): override model\.moe\.topk=.*no config key"),
-    (dict(arms=[{"name": "top2", "config": MOE, "overrides": ["model.moe.top_k=9"]}]),
-     r"study\.arms\[0\] \(arm 'top2'\).*top_k"),
+    (
+      dict(arms=[{"name": "top2", "config": MOE, "overrides": ["model.moe.topk=1"]}]),
+      r"study\.arms\[0\] \(arm 'top2'\): override model\.moe\.topk=.*no config key",
+    ),
+    (
+      dict(arms=[{"name": "top2", "config": MOE, "overrides": ["model.moe.top_k=9"]}]),
+      r"study\.arms\[0\] \(arm 'top2'\).*top_k",
+    ),
     (dict(arms=[{"name": "top2", "config": "configs/nope.py"}]), r"study\.arms\[0\].*nope\.py"),
-    (dict(arms=[{"name": "top2", "config": MOE, "overrides": ["train.steps=9"]}]),
-     r"study\.arms\[0\]\.overrides \(arm 'top2'\) sets 'train\.steps'"),
+    (
+      dict(arms=[{"name": "top2", "config": MOE, "overrides": ["train.steps=9"]}]),
+      r"study\.arms\[0\]\.overrides \(arm 'top2'\) sets 'train\.steps'",
+    ),
     (dict(arms=[{"name": "a/b", "config": MOE}]), r"study\.arms\[0\]\.name='a/b'"),
     (dict(levels=[{"model.moe.nope": 1}]), r"study\.arms\[0\] \(arm 'top2'\) at level"),
-])
+  ],
+)
 def test_bad_input_is_one_config_error_before_any_run(tmp_path, change, message):
   config = study(tmp_path / "runs")
   for key, value in change.items():
@@ -144,8 +181,11 @@ def committed_rows(path: str) -> dict:
   for line in open(os.path.join(ROOT, path)):
     if line.startswith("#"):
       title = line.strip("# \n")
-    match = re.match(rf"\| (\w+) \| [\d,]+ \| {number} ± {number} \| {number} ± {number} \| "
-                     rf"\[{number}, {number}\]", line)
+    match = re.match(
+      rf"\| (\w+) \| [\d,]+ \| {number} ± {number} \| {number} ± {number} \| "
+      rf"\[{number}, {number}\]",
+      line,
+    )
     if match:
       tables.setdefault(title, {})[match[1]] = tuple(map(float, match.groups()[1:]))
   return tables
@@ -157,8 +197,15 @@ def test_paired_statistics_equal_the_committed_sweep_tables():
   tables (docs/results/ablations/routers_zoo_xs.md and _routing.md) to their 4 decimals."""
   spec, _ = runner.prepare(load_config_file("configs/studies/routers_seeds.py:base=zoo_xs"))
   old = json.load(open(os.path.join(ROOT, "docs/results/ablations/routers_zoo_xs.json")))
-  runs = [{"arm": r["name"], "level": {}, "draw": r["seed"],
-           "metrics": {k: v for k, v in r.items() if isinstance(v, float)}} for r in old]
+  runs = [
+    {
+      "arm": r["name"],
+      "level": {},
+      "draw": r["seed"],
+      "metrics": {k: v for k, v in r.items() if isinstance(v, float)},
+    }
+    for r in old
+  ]
   by_key = report.index_runs(runs)
   tables = committed_rows("docs/results/ablations/routers_zoo_xs.md")
   tables.update(committed_rows("docs/results/ablations/routers_zoo_xs_routing.md"))
@@ -175,34 +222,41 @@ def test_paired_statistics_equal_the_committed_sweep_tables():
   assert claims[("dpsl", "routing_entropy")] == "reproduces"
   assert claims[("expert_choice", "max_over_mean_load")] == "reproduces"
   assert claims[("smooth_topk", "heldout_bpb")].startswith(
-      "no detectable difference (|delta| < 0.0126")
+    "no detectable difference (|delta| < 0.0126"
+  )
 
 
 def test_a_tiny_study_end_to_end(tmp_path):
   """2 arms x 2 seeds of the tiny MoE, 4 steps, scored by the harness on the first
   4096 held-out bytes: real training, the results, the table and the curves."""
   from tests.cli.harness import run_entry
+
   config = tmp_path / "tiny.py"
   config.write_text(
-      "import ml_collections\n"
-      "def get_config():\n"
-      "  c = ml_collections.ConfigDict()\n"
-      "  c.name, c.scorer, c.draws, c.reference = 'tiny', 'training', 2, 'top2'\n"
-      f"  c.settings = {{'workdir': {str(tmp_path / 'runs')!r}, 'steps': 4,\n"
-      "                'common': ['train.eval_every=2', 'train.log_every=2',\n"
-      "                           'train.eval_batches=1'],\n"
-      "                'heldout_bytes_per_domain': 4096, 'domains': ['shakespeare']}\n"
-      f"  c.arms = [{{'name': 'top2', 'config': {MOE!r}}},\n"
-      f"            {{'name': 'top1', 'config': {MOE!r}, 'overrides': ['model.moe.top_k=1']}}]\n"
-      "  c.claims = [{'arm': 'top1', 'reference': 'top2', 'metric': 'heldout_bpb',\n"
-      "               'expect': None, 'text': 'top-1 against top-2'}]\n"
-      "  return c\n")
+    "import ml_collections\n"
+    "def get_config():\n"
+    "  c = ml_collections.ConfigDict()\n"
+    "  c.name, c.scorer, c.draws, c.reference = 'tiny', 'training', 2, 'top2'\n"
+    f"  c.settings = {{'workdir': {str(tmp_path / 'runs')!r}, 'steps': 4,\n"
+    "                'common': ['train.eval_every=2', 'train.log_every=2',\n"
+    "                           'train.eval_batches=1'],\n"
+    "                'heldout_bytes_per_domain': 4096, 'domains': ['shakespeare']}\n"
+    f"  c.arms = [{{'name': 'top2', 'config': {MOE!r}}},\n"
+    f"            {{'name': 'top1', 'config': {MOE!r}, 'overrides': ['model.moe.top_k=1']}}]\n"
+    "  c.claims = [{'arm': 'top1', 'reference': 'top2', 'metric': 'heldout_bpb',\n"
+    "               'expect': None, 'text': 'top-1 against top-2'}]\n"
+    "  return c\n"
+  )
   out = tmp_path / "out"
   result = run_entry("experiments.study", f"--config={config}", f"--out={out}")
   assert result.code == 0, result.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert [(r["arm"], r["draw"]) for r in results["runs"]] == [
-      ("top2", 0), ("top1", 0), ("top2", 1), ("top1", 1)]
+    ("top2", 0),
+    ("top1", 0),
+    ("top2", 1),
+    ("top1", 1),
+  ]
   for r in results["runs"]:
     m = r["metrics"]
     assert m["steps"] == 4 and m["heldout_bytes"] == 4096
@@ -212,7 +266,8 @@ def test_a_tiny_study_end_to_end(tmp_path):
   bpb = {(r["arm"], r["draw"]): r["metrics"]["heldout_bpb"] for r in results["runs"]}
   assert bpb[("top2", 0)] != bpb[("top2", 1)]  # the seed changes the run
   (claim,) = results["claims"]
-  assert claim["interval"]["mean"] == pytest.approx(np.mean(
-      [bpb[("top1", d)] - bpb[("top2", d)] for d in (0, 1)]))
+  assert claim["interval"]["mean"] == pytest.approx(
+    np.mean([bpb[("top1", d)] - bpb[("top2", d)] for d in (0, 1)])
+  )
   assert "| top1 |" in (out / "results.md").read_text()
   assert (out / "results.png").stat().st_size > 10_000  # the training curves

@@ -2,10 +2,11 @@
 
 Draw d has a shared offset base_d (large, differs by draw) and a small per-arm noise;
 arm 'up' adds (shift + model_shift) * x, where model_shift is the setting that a
-study over models varies from model to model. Paired by draw, up - base = shift * x + small noise, so a
-correct pairing gives a tight interval around shift * x, and any other pairing a
-wide one (the offsets do not cancel).
+study over models varies from model to model. Paired by draw,
+up - base = shift * x + small noise, so a correct pairing gives a tight interval
+around shift * x, and any other pairing a wide one (the offsets do not cancel).
 """
+
 import ml_collections
 import numpy as np
 
@@ -28,8 +29,8 @@ class Toy(scoring.Scorer):
   def check(self):
     if self.settings["model_shift"] > 1:
       from moejax.errors import ConfigError
-      raise ConfigError(f"study.settings.model_shift={self.settings['model_shift']} must "
-                        "be <= 1")
+
+      raise ConfigError(f"study.settings.model_shift={self.settings['model_shift']} must be <= 1")
 
   def score(self, level, draw, arms):
     if self.stop_after is not None and len(self.calls) >= self.stop_after:
@@ -42,22 +43,49 @@ class Toy(scoring.Scorer):
       base = np.random.default_rng(data_draw).normal() * self.settings["offset"]
       noise = np.random.default_rng((data_draw, len(name))).normal() * self.settings["noise"]
       shift = arm["shift"] + (self.settings["model_shift"] if arm["shift"] else 0.0)
-      out[name] = {"loss": base + shift * level["x"] + noise,
-                   "hit": float(arm["shift"] > 0), scoring.PAIRING: str(data_draw)}
+      out[name] = {
+        "loss": base + shift * level["x"] + noise,
+        "hit": float(arm["shift"] > 0),
+        scoring.PAIRING: str(data_draw),
+      }
     return out
 
 
 def config(**overrides) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(dict(
-      name="toy", description="A toy study.", scorer="toy", settings={},
+  c = ml_collections.ConfigDict(
+    dict(
+      name="toy",
+      description="A toy study.",
+      scorer="toy",
+      settings={},
       arms=[{"name": "base"}, {"name": "up", "shift": 0.1}],
-      levels=grid(("x", [1, 2, 4])), draws=5, reference="base",
-      claims=[dict(arm="up", reference="base", metric="loss", expect="higher",
-                   text="up is higher"),
-              dict(arm="up", metric="hit", interval="wilson", null=0.5, expect="higher",
-                   at={"x": 4}, source="spec", text="up hits"),
-              dict(arm="up", reference="base", metric="loss", interval="slope", over="x",
-                   expect="higher", text="the gap grows with x")]))
+      levels=grid(("x", [1, 2, 4])),
+      draws=5,
+      reference="base",
+      claims=[
+        dict(arm="up", reference="base", metric="loss", expect="higher", text="up is higher"),
+        dict(
+          arm="up",
+          metric="hit",
+          interval="wilson",
+          null=0.5,
+          expect="higher",
+          at={"x": 4},
+          source="spec",
+          text="up hits",
+        ),
+        dict(
+          arm="up",
+          reference="base",
+          metric="loss",
+          interval="slope",
+          over="x",
+          expect="higher",
+          text="the gap grows with x",
+        ),
+      ],
+    )
+  )
   for key, value in overrides.items():
     c[key] = value
   return c

@@ -3,6 +3,7 @@ training starts from exactly the HF weights, the loss drops over 30 steps, and
 the exported result loads in transformers with moejax's logits (1e-4).
 The family in the config must match the directory's, checked before anything
 is written."""
+
 import os
 
 import jax
@@ -28,6 +29,7 @@ def byte_checkpoints(tmp_path_factory):
       model = make_model(family, vocab_size=256)
       made[family] = save_model(model, str(tmp_path_factory.mktemp(f"{family}_hf")))
     return made[family]
+
   return get
 
 
@@ -45,18 +47,19 @@ def test_training_starts_from_the_checkpoint_weights(byte_checkpoints):
   _, state, optimizer = init_state(config)
   start = init_from.initial_state(config, state, optimizer)
   theirs = import_hf(hf_dir)
-  for a, b in zip(jax.tree.leaves((start.params, start.rest)),
-                  jax.tree.leaves((theirs.params, theirs.rest))):
+  for a, b in zip(
+    jax.tree.leaves((start.params, start.rest)), jax.tree.leaves((theirs.params, theirs.rest))
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert int(start.step) == 0
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
-def test_finetune_30_steps_then_export_matches_transformers(family, byte_checkpoints,
-                                                            tmp_path):
+def test_finetune_30_steps_then_export_matches_transformers(family, byte_checkpoints, tmp_path):
   workdir = str(tmp_path / "run")
-  run = train_and_evaluate(finetune_config(family, byte_checkpoints(family)), workdir,
-                           write_metrics=False)
+  run = train_and_evaluate(
+    finetune_config(family, byte_checkpoints(family)), workdir, write_metrics=False
+  )
   losses = [r["loss"] for r in run.history]
   assert len(losses) == 6 and losses[-1] < losses[0] - 0.5, losses
 
@@ -68,7 +71,8 @@ def test_finetune_30_steps_then_export_matches_transformers(family, byte_checkpo
 
 
 def test_a_directory_of_another_family_is_refused_before_anything_is_written(
-    byte_checkpoints, tmp_path):
+  byte_checkpoints, tmp_path
+):
   config = finetune_config("mixtral", byte_checkpoints("qwen3_moe"))
   workdir = tmp_path / "run"
   with pytest.raises(ConfigError, match=r"holds a qwen3_moe model.*model\.family='mixtral'"):

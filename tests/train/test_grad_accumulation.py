@@ -11,6 +11,7 @@ forward-only pass first), so it is exact (measured: grads 7.5e-9); with
 'micro_batch' each uses its own f, a different loss (grads differ by 5.7e-5
 on topk, 2.6e-5 on sigmoid_bias).
 """
+
 import functools
 
 import jax
@@ -58,8 +59,11 @@ def host(tree):
 
 
 def max_diff(a, b) -> float:
-  diffs = jax.tree.leaves(jax.tree.map(lambda x, y: np.max(np.abs(
-      np.asarray(x, np.float64) - np.asarray(y, np.float64))), a, b))
+  diffs = jax.tree.leaves(
+    jax.tree.map(
+      lambda x, y: np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))), a, b
+    )
+  )
   return float(max(diffs, default=0.0))
 
 
@@ -76,8 +80,9 @@ def grads_of(router, micro_batches, balance_statistics="step", model=()):
   in the loop layout (a scanned model's layers unstacked)."""
   config, graphdef, state, _ = setup(router, model)
   grad_fn = jax.jit(step_lib.make_grad_fn(graphdef, micro_batches, balance_statistics))
-  grads, metrics, rest = host(grad_fn(state.params, state.rest, random_batch(config),
-                                      jax.random.key(0)))
+  grads, metrics, rest = host(
+    grad_fn(state.params, state.rest, random_batch(config), jax.random.key(0))
+  )
   _, grads, rest = unstack_layers(config.model, grads, rest)
   return grads, metrics, rest
 
@@ -95,8 +100,9 @@ def test_grads_of_4x8_equal_one_batch_of_32(router):
   # load fractions are token means: averaged over micro-batches they are the batch's;
   # the logged load-balance loss uses the step's f: the one-batch value too
   for key in ("load_fraction", "load_balance"):
-    np.testing.assert_allclose(micro[1]["moe"][0][key], one[1]["moe"][0][key], atol=1e-6,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      micro[1]["moe"][0][key], one[1]["moe"][0][key], atol=1e-6, err_msg=key
+    )
   assert max_diff(one[2], micro[2]) <= 1e-6  # router state (sigmoid_bias: the bias)
 
 
@@ -143,8 +149,7 @@ def test_train_step_4x8_equals_one_batch_and_the_bias_moves_once():
   grad_fn = jax.jit(step_lib.make_grad_fn(graphdef, 1))
   rest = state.rest
   for m in range(MICRO):
-    rest = grad_fn(state.params, rest, jax.tree.map(lambda x: x[m], rows),
-                   jax.random.key(0))[2]
+    rest = grad_fn(state.params, rest, jax.tree.map(lambda x: x[m], rows), jax.random.key(0))[2]
   per_micro_batch = max_diff(host(rest), after[1].rest)
   print(f"bias updated per micro-batch: max diff {per_micro_batch:.3g}")
   assert per_micro_batch > 1e-4 > 1e-6  # the 1e-6 check above would catch it
@@ -158,12 +163,15 @@ def test_micro_batches_are_strided_so_each_keeps_rows_on_every_shard():
   np.testing.assert_array_equal(micro[:, :, 0] // 2, [[0, 4], [1, 5], [2, 6], [3, 7]])
 
 
-@pytest.mark.parametrize("router,extra", [
+@pytest.mark.parametrize(
+  "router,extra",
+  [
     ("sigmoid_bias", {}),
     ("group_limited", {"num_groups": 4, "topk_groups": 2}),
     ("mahalanobis", {"mahalanobis": {"ema_decay": 0.9}}),
     ("sere", {}),
-])
+  ],
+)
 def test_router_state_from_summed_stats_equals_one_call(router, extra):
   """Router level: route 4 strided groups of tokens from the same state, sum their
   stats, update once == one call on all the tokens."""
@@ -190,13 +198,17 @@ def test_router_state_from_summed_stats_equals_one_call(router, extra):
 
 
 def test_bfloat16_params_and_optimizer_state_are_used():
-  config = tiny_config("sigmoid_bias", param_dtype="bfloat16", opt_state_dtype="bfloat16",
-                       micro_batches=2)
+  config = tiny_config(
+    "sigmoid_bias", param_dtype="bfloat16", opt_state_dtype="bfloat16", micro_batches=2
+  )
   graphdef, state, optimizer = init_state(config)
 
   def dtypes(tree):
-    return {jax.tree_util.keystr(k): v.dtype
-            for k, v in jax.tree_util.tree_leaves_with_path(tree) if hasattr(v, "dtype")}
+    return {
+      jax.tree_util.keystr(k): v.dtype
+      for k, v in jax.tree_util.tree_leaves_with_path(tree)
+      if hasattr(v, "dtype")
+    }
 
   def check(state):
     params = dtypes(state.params)
@@ -208,34 +220,58 @@ def test_bfloat16_params_and_optimizer_state_are_used():
     assert all(d == jnp.float32 for d in dtypes(state.rest).values())  # router state
 
   check(state)
-  train_step = step_lib.make_train_step(graphdef, optimizer, config.seed, None,
-                                        config.train.micro_batches)
+  train_step = step_lib.make_train_step(
+    graphdef, optimizer, config.seed, None, config.train.micro_batches
+  )
   new_state, metrics = train_step(state, random_batch(config))
   check(new_state)
   assert np.isfinite(float(metrics["loss"]))
   assert int(new_state.step) == 1
 
 
-@pytest.mark.parametrize("key,value,message", [
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
     ("train.micro_batches", 0, r"^train\.micro_batches=0 must be an int >= 1$"),
     ("train.micro_batches", -2, r"^train\.micro_batches=-2 must be an int >= 1$"),
     ("train.micro_batches", 3, r"^train\.micro_batches=3 must divide data\.batch_size=32$"),
-    ("mesh.data", 4, r"^train\.micro_batches=16 must divide the 8 rows of each of the 4 "
-                     r"batch shards \(data\.batch_size=32\)"),
-    ("train.param_dtype", "float16",
-     r"^train\.param_dtype='float16' is not known; valid: bfloat16, float32$"),
-    ("train.opt_state_dtype", "fp8",
-     r"^train\.opt_state_dtype='fp8' is not known; valid: bfloat16, float32$"),
-    ("train.balance_statistics", "exact",
-     r"^train\.balance_statistics='exact' is not known; valid: micro_batch, step$"),
-    ("model.moe.loss_weights.dpsl", 1e-2,
-     r"^train\.micro_batches=16 with train\.balance_statistics='step' is not supported "
-     r"with model\.moe\.loss_weights\.dpsl=0\.01: "),
-    ("model.moe.router", "smooth_topk",
-     r"^train\.micro_batches=16 is not supported with model\.moe\.router='smooth_topk'"),
-])
-def test_bad_accumulation_config_is_rejected_before_compilation(tmp_path, monkeypatch, key,
-                                                                value, message):
+    (
+      "mesh.data",
+      4,
+      r"^train\.micro_batches=16 must divide the 8 rows of each of the 4 "
+      r"batch shards \(data\.batch_size=32\)",
+    ),
+    (
+      "train.param_dtype",
+      "float16",
+      r"^train\.param_dtype='float16' is not known; valid: bfloat16, float32$",
+    ),
+    (
+      "train.opt_state_dtype",
+      "fp8",
+      r"^train\.opt_state_dtype='fp8' is not known; valid: bfloat16, float32$",
+    ),
+    (
+      "train.balance_statistics",
+      "exact",
+      r"^train\.balance_statistics='exact' is not known; valid: micro_batch, step$",
+    ),
+    (
+      "model.moe.loss_weights.dpsl",
+      1e-2,
+      r"^train\.micro_batches=16 with train\.balance_statistics='step' is not supported "
+      r"with model\.moe\.loss_weights\.dpsl=0\.01: ",
+    ),
+    (
+      "model.moe.router",
+      "smooth_topk",
+      r"^train\.micro_batches=16 is not supported with model\.moe\.router='smooth_topk'",
+    ),
+  ],
+)
+def test_bad_accumulation_config_is_rejected_before_compilation(
+  tmp_path, monkeypatch, key, value, message
+):
   config = base_config()
   config.data.batch_size = ROWS
   config.train.micro_batches = 16
@@ -252,8 +288,11 @@ def test_bad_accumulation_config_is_rejected_before_compilation(tmp_path, monkey
 def test_stateful_router_without_the_protocol_refuses_micro_batches():
   spec = RouterSpec("needs_protocol", route=None, init_state=lambda e: {"ema": jnp.zeros(e)})
   check_micro_batches(spec, moe_cfg(), 1)  # one batch: its own update, as always
-  with pytest.raises(ConfigError, match=r"^train\.micro_batches=2 is not supported with "
-                                        r"model\.moe\.router='needs_protocol': "):
+  with pytest.raises(
+    ConfigError,
+    match=r"^train\.micro_batches=2 is not supported with "
+    r"model\.moe\.router='needs_protocol': ",
+  ):
     check_micro_batches(spec, moe_cfg(), 2)
   # every registered router with state implements the protocol
   for name in ("sigmoid_bias", "group_limited", "mahalanobis", "sere"):

@@ -11,6 +11,7 @@ model.omni) restores to the state it was written from, exactly.
 Checked once by hand against a workdir the previous code (commit 0f4161c)
 trained: load_from_workdir gives its logits with max difference 0.0.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,11 +38,17 @@ def tiny_omnimoe():
 def former_layer(old_params, old_rest, shared, x, cfg, *, train):
   """The former OmniMoELayer's forward on its own variables."""
   stats = {k: jnp.asarray(v) for k, v in old_rest["bn_stats"].items()}
-  routing, _, _ = route_product_key(x @ old_params["router_x"], x @ old_params["router_y"],
-                                    stats, top_k=cfg.top_k, per_axis_k=per_axis_k_of(cfg),
-                                    train=train)
-  return atomic_naive(x, old_params["up"], old_params["down"], routing,
-                      cfg.atomic.activation) + shared(x)
+  routing, _, _ = route_product_key(
+    x @ old_params["router_x"],
+    x @ old_params["router_y"],
+    stats,
+    top_k=cfg.top_k,
+    per_axis_k=per_axis_k_of(cfg),
+    train=train,
+  )
+  return atomic_naive(
+    x, old_params["up"], old_params["down"], routing, cfg.atomic.activation
+  ) + shared(x)
 
 
 def test_former_layer_on_old_layout_equals_the_moe_layer():
@@ -69,17 +76,33 @@ def test_old_omnimoe_workdir_restores_exactly(tmp_path):
   state = state.replace(step=np.int32(5), rest=jax.tree.map(lambda v: v + 0.25, state.rest))
   e = config.model.moe
   old = base_config()  # the old OmniMoE config: the default MoE section, ffn_type, model.omni
-  old.model.update(dict(d_model=config.model.d_model, num_layers=config.model.num_layers,
-                        num_heads=config.model.num_heads, num_kv_heads=config.model.num_kv_heads,
-                        head_dim=config.model.head_dim, d_ff=config.model.d_ff))
+  old.model.update(
+    dict(
+      d_model=config.model.d_model,
+      num_layers=config.model.num_layers,
+      num_heads=config.model.num_heads,
+      num_kv_heads=config.model.num_kv_heads,
+      head_dim=config.model.head_dim,
+      d_ff=config.model.d_ff,
+    )
+  )
   old_dict = old.to_dict()
   old_dict["model"]["ffn_type"] = "omnimoe"
   old_dict["model"]["omni"] = dict(
-      num_atomic_experts=e.num_experts, top_k=e.top_k, per_axis_k=0, shared_d_ff=e.shared_d_ff,
-      activation="silu", schedule="naive", grouped_matmul="tiled", tile=8, block_rows=512)
+    num_atomic_experts=e.num_experts,
+    top_k=e.top_k,
+    per_axis_k=0,
+    shared_d_ff=e.shared_d_ff,
+    activation="silu",
+    schedule="naive",
+    grouped_matmul="tiled",
+    tile=8,
+    block_rows=512,
+  )
   ckpt = Checkpointer(str(tmp_path))
-  ckpt.save(5, OMNIMOE_LAYER.to_old(jax.tree.map(np.asarray, state)), {},
-            {"config": jsonable(old_dict)})
+  ckpt.save(
+    5, OMNIMOE_LAYER.to_old(jax.tree.map(np.asarray, state)), {}, {"config": jsonable(old_dict)}
+  )
   ckpt.wait()
   ckpt.close()
   restored, graphdef, params, rest, _ = load_from_workdir(str(tmp_path))

@@ -5,6 +5,7 @@ The kill is simulated from an uninterrupted 10-step run (checkpoints every 4
 steps, a record every step): a copy of its workdir, cut back to what a job
 killed after logging step 7 leaves behind (checkpoints 8 and 10 deleted, so the
 last is step 4; metrics.jsonl up to step 7), is resumed; it replays 5-7."""
+
 import json
 import os
 import shutil
@@ -13,15 +14,15 @@ import numpy as np
 
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import train_and_evaluate
-from moejax.train.metrics import (MetricWriter, expert_load_series, purge_jsonl,
-                                  read_jsonl)
+from moejax.train.metrics import MetricWriter, expert_load_series, purge_jsonl, read_jsonl
 
 STEPS, EVERY, KILLED_AT = 10, 4, 7
 
 
 def test_resume_after_kill_leaves_one_record_per_step(tiny_config, tmp_path):
-  config = tiny_config(steps=STEPS, checkpoint_every=EVERY, log_every=1, eval_every=100,
-                       eval_batches=1, max_to_keep=5)
+  config = tiny_config(
+    steps=STEPS, checkpoint_every=EVERY, log_every=1, eval_every=100, eval_batches=1, max_to_keep=5
+  )
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
   train_and_evaluate(config, straight)
   shutil.copytree(straight, killed)
@@ -49,8 +50,9 @@ def test_resume_after_kill_leaves_one_record_per_step(tiny_config, tmp_path):
   for layer in want:
     assert got[layer].keys() == want[layer].keys() and len(want[layer]) == 8
     for expert in want[layer]:  # resume is bit exact, so are the logged loads
-      np.testing.assert_array_equal(got[layer][expert], want[layer][expert],
-                                    err_msg=f"{layer} {expert}")
+      np.testing.assert_array_equal(
+        got[layer][expert], want[layer][expert], err_msg=f"{layer} {expert}"
+      )
   assert os.path.exists(os.path.join(killed, "expert_load.png"))
 
 
@@ -77,14 +79,15 @@ def tensorboard_scalars(logdir: str, tag: str):
   import struct
 
   from tensorboardX.proto import event_pb2
+
   starts, shown = [], []
   for name in sorted(os.listdir(logdir)):  # event files sort by creation time
     with open(os.path.join(logdir, name), "rb") as f:
       data = f.read()
     pos = 0
     while pos < len(data):
-      (length,) = struct.unpack("<Q", data[pos:pos + 8])
-      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      (length,) = struct.unpack("<Q", data[pos : pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
       pos += 12 + length + 4
       if event.HasField("session_log") and event.session_log.status == 1:  # START
         starts.append(event.step)
@@ -105,8 +108,9 @@ def test_writer_purges_on_start_and_hides_later_tensorboard_events(tmp_path):
   for step in range(5, 11):
     writer.write(step, {"loss": 10.0 * step})
   writer.close()
-  assert [r["step"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == \
-      list(range(1, 11))
+  assert [r["step"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == list(
+    range(1, 11)
+  )
   starts, shown = tensorboard_scalars(os.path.join(workdir, "tensorboard"), "loss")
   assert starts == [5]  # purge_step on the resumed writer only
   assert shown == [(s, float(s)) for s in range(1, 5)] + [(s, 10.0 * s) for s in range(5, 11)]

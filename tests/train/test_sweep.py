@@ -1,5 +1,6 @@
 """Training runs for studies (moejax/train/sweep.py): overrides, run configs, summaries,
 re-use of finished runs, seeds."""
+
 import json
 import os
 import types
@@ -15,26 +16,37 @@ MOE = "configs/lm_shakespeare_moe.py"
 
 def test_overrides_are_typed_and_unknown_keys_named():
   c = sweep_lib.load_config_file(MOE + ":size=tiny")
-  sweep_lib.apply_overrides(c, ("model.moe.top_k=1", "model.moe.capacity_factor=2",
-                                "model.moe.router=probmoe", "train.progress_bar=false",
-                                "model.moe.loss_weights.dpsl=1e-2", "train.steps=1e3"))
+  sweep_lib.apply_overrides(
+    c,
+    (
+      "model.moe.top_k=1",
+      "model.moe.capacity_factor=2",
+      "model.moe.router=probmoe",
+      "train.progress_bar=false",
+      "model.moe.loss_weights.dpsl=1e-2",
+      "train.steps=1e3",
+    ),
+  )
   assert c.model.moe.top_k == 1 and isinstance(c.model.moe.top_k, int)
   assert c.model.moe.capacity_factor == 2.0 and isinstance(c.model.moe.capacity_factor, float)
   assert c.model.moe.router == "probmoe" and c.train.progress_bar is False
   assert c.model.moe.loss_weights.dpsl == 0.01 and c.train.steps == 1000
-  for bad, named in [("model.moe.topk=1", "model.moe.topk"),
-                     ("model.moe.nope.x=1", "model.moe.nope.x"),
-                     ("model.moe.top_k=two", "model.moe.top_k"),
-                     ("train.steps", "train.steps"),
-                     ("train.steps=2.5", "train.steps"),
-                     ("model.l3.layers=1", "model.l3.layers")]:
+  for bad, named in [
+    ("model.moe.topk=1", "model.moe.topk"),
+    ("model.moe.nope.x=1", "model.moe.nope.x"),
+    ("model.moe.top_k=two", "model.moe.top_k"),
+    ("train.steps", "train.steps"),
+    ("train.steps=2.5", "train.steps"),
+    ("model.l3.layers=1", "model.l3.layers"),
+  ]:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
       sweep_lib.apply_overrides(c, (bad,))
 
 
 def test_run_config_sets_seed_and_budget_after_the_overrides_and_validates():
-  c = sweep_lib.run_config(MOE + ":size=tiny", ["model.moe.top_k=1", "train.steps=9"],
-                           seed=7, steps=3)
+  c = sweep_lib.run_config(
+    MOE + ":size=tiny", ["model.moe.top_k=1", "train.steps=9"], seed=7, steps=3
+  )
   assert (c.seed, c.train.steps, c.model.moe.top_k, c.train.progress_bar) == (7, 3, 1, False)
   with pytest.raises(ConfigError, match="top_k"):
     sweep_lib.run_config(MOE + ":size=tiny", ["model.moe.top_k=9"], seed=0, steps=3)
@@ -45,10 +57,15 @@ def test_run_config_sets_seed_and_budget_after_the_overrides_and_validates():
 def test_summary_is_median_speed_and_late_layer_mean():
   records = []
   for step in range(1, 9):
-    records.append({"step": step, "tokens_per_second": float(step * 100),
-                    "moe/layer0/max_over_mean_load": float(step),
-                    "moe/layer1/max_over_mean_load": float(step + 2),
-                    "moe/layer0/load_fraction/e0": 9.0})
+    records.append(
+      {
+        "step": step,
+        "tokens_per_second": float(step * 100),
+        "moe/layer0/max_over_mean_load": float(step),
+        "moe/layer1/max_over_mean_load": float(step + 2),
+        "moe/layer0/load_fraction/e0": 9.0,
+      }
+    )
   records.append({**records[-1], "tokens_per_second": 800.0})  # step 8 re-logged on resume
   out = sweep_lib.summarize(records, {"val_bpb": 2.5}, 10)
   # 8 distinct steps: median of 100..800 = 450; last quarter = steps 7, 8 over both
@@ -70,8 +87,10 @@ class FakeTrain:
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
       for step in range(1, config.train.steps + 1):
         f.write(json.dumps({"step": step, "tokens_per_second": 1000.0}) + "\n")
-    return types.SimpleNamespace(state=types.SimpleNamespace(params={"w": np.zeros((3, 4))}),
-                                 eval={"val_bpb": 2.0 + config.model.moe.top_k / 10})
+    return types.SimpleNamespace(
+      state=types.SimpleNamespace(params={"w": np.zeros((3, 4))}),
+      eval={"val_bpb": 2.0 + config.model.moe.top_k / 10},
+    )
 
 
 def test_a_finished_run_is_read_back_and_a_changed_one_refused(tmp_path):
@@ -94,17 +113,26 @@ def test_a_finished_run_is_read_back_and_a_changed_one_refused(tmp_path):
 
 def test_a_result_from_an_older_schema_still_counts_as_finished():
   config = sweep_lib.load_config_file(MOE + ":size=tiny")
-  saved = {k: v for k, v in sweep_lib.fingerprint(config.to_dict()).items()
-           if not k.startswith("model.l3.")}  # written before model.l3 existed
+  saved = {
+    k: v
+    for k, v in sweep_lib.fingerprint(config.to_dict()).items()
+    if not k.startswith("model.l3.")
+  }  # written before model.l3 existed
   assert sweep_lib.same_config(saved, config)
   saved["model.moe.top_k"] = 1
   assert not sweep_lib.same_config(saved, config)
 
 
-@pytest.mark.parametrize("seeds,message", [
-    ((), r"seeds=\(\) is empty"), ((0, 1, 0), r"gives seed 0 twice"),
-    ((0, -1), r"must be ints in \[0, 2\*\*32\)"), ((True,), r"must be ints"),
-    ("01", r"must be a list of ints")])
+@pytest.mark.parametrize(
+  "seeds,message",
+  [
+    ((), r"seeds=\(\) is empty"),
+    ((0, 1, 0), r"gives seed 0 twice"),
+    ((0, -1), r"must be ints in \[0, 2\*\*32\)"),
+    ((True,), r"must be ints"),
+    ("01", r"must be a list of ints"),
+  ],
+)
 def test_bad_seeds_are_refused(seeds, message):
   with pytest.raises(ConfigError, match=message):
     sweep_lib.check_seeds(seeds)

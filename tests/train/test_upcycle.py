@@ -1,4 +1,5 @@
 """Sparse upcycling (moejax/train/upcycle.py): an MoE started from a dense checkpoint."""
+
 import os
 
 import jax
@@ -33,8 +34,7 @@ def dense_workdir(tmp_path_factory):
   return workdir
 
 
-def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logits(
-    dense_workdir):
+def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logits(dense_workdir):
   config = tiny(upcycle_from=dense_workdir)
   validate_config(config)
   init_from.check_sources(config)
@@ -46,17 +46,22 @@ def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logit
     dense_ffn = dense_params["blocks"][i]["ffn"]
     for e in range(8):  # expert e holds segment e mod 2 of the 64 dense columns
       cols = slice(32 * (e % 2), 32 * (e % 2) + 32)
-      np.testing.assert_array_equal(block["ffn"]["experts"]["w_gate"][e],
-                                    dense_ffn["gate"]["kernel"][:, cols])
-      np.testing.assert_array_equal(block["ffn"]["experts"]["w_up"][e],
-                                    dense_ffn["up"]["kernel"][:, cols])
-      np.testing.assert_array_equal(block["ffn"]["experts"]["w_down"][e],
-                                    k * np.asarray(dense_ffn["down"]["kernel"][cols]))
-    np.testing.assert_array_equal(block["attn"]["q"]["kernel"],
-                                  dense_params["blocks"][i]["attn"]["q"]["kernel"])
+      np.testing.assert_array_equal(
+        block["ffn"]["experts"]["w_gate"][e], dense_ffn["gate"]["kernel"][:, cols]
+      )
+      np.testing.assert_array_equal(
+        block["ffn"]["experts"]["w_up"][e], dense_ffn["up"]["kernel"][:, cols]
+      )
+      np.testing.assert_array_equal(
+        block["ffn"]["experts"]["w_down"][e], k * np.asarray(dense_ffn["down"]["kernel"][cols])
+      )
+    np.testing.assert_array_equal(
+      block["attn"]["q"]["kernel"], dense_params["blocks"][i]["attn"]["q"]["kernel"]
+    )
     # the router keeps its fresh initialisation
-    np.testing.assert_array_equal(block["ffn"]["router_kernel"],
-                                  state.params["blocks"][i]["ffn"]["router_kernel"])
+    np.testing.assert_array_equal(
+      block["ffn"]["router_kernel"], state.params["blocks"][i]["ffn"]["router_kernel"]
+    )
   # A zero router: equal weights 1/2 on experts 0 and 1 (ties pick the lowest),
   # segments 0 and 1 once each, times top_k = 2: the dense FFN exactly.
   for block in params["blocks"].values():
@@ -76,25 +81,36 @@ def test_the_trainer_starts_from_the_upcycled_weights(dense_workdir, tmp_path):
   assert run.start_step == 0
   _, _, dense_params, _, _ = load_from_workdir(dense_workdir)
   fresh = init_state(config)[1].params
-  q = lambda p: np.asarray(p["blocks"][0]["attn"]["q"]["kernel"])
+
+  def q(p):
+    return np.asarray(p["blocks"][0]["attn"]["q"]["kernel"])
+
   moved = np.max(np.abs(q(run.state.params) - q(dense_params)))
   assert moved <= 1.01 * config.train.learning_rate  # one Adam step from the dense weights
   assert np.max(np.abs(q(fresh) - q(dense_params))) > 20 * config.train.learning_rate
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     (dict(hf_dir="/x"), r"init\.upcycle_from=.* and init\.hf_dir=/x are both set"),
     (dict(upcycle_step=7), r"no checkpoint of step 7; it holds \[2\]"),
     (dict(expert_d_ff=48), r"dense d_ff=64 must be a multiple of model\.moe\.expert_d_ff=48"),
     (dict(num_experts=3), r"num_experts=3 a multiple of the 2 segments"),
     (dict(d_model=48), r"model\.d_model=48 but the dense model has 32"),
     (dict(ffn_type="dense"), r"starts an MoE \(model\.ffn_type='dense'\) from a dense"),
-])
+  ],
+)
 def test_refused_before_anything_is_built(dense_workdir, tmp_path, change, message):
   config = tiny(upcycle_from=dense_workdir)
   for key, value in change.items():
-    section = (config.init if key in ("hf_dir", "upcycle_step") else
-               config.model.moe if key in ("expert_d_ff", "num_experts") else config.model)
+    section = (
+      config.init
+      if key in ("hf_dir", "upcycle_step")
+      else config.model.moe
+      if key in ("expert_d_ff", "num_experts")
+      else config.model
+    )
     section[key] = value
   with pytest.raises(ConfigError, match=message):
     train_and_evaluate(config, str(tmp_path / "run"), write_metrics=False)
@@ -109,16 +125,37 @@ def test_a_directory_without_checkpoints_is_refused(tmp_path):
 def test_upcycle_params_copies_whole_ffns_when_widths_match():
   """Sparse Upcycling's own case (G = 1): every expert is the whole dense FFN."""
   rng = np.random.default_rng(0)
-  dense = {"embed": rng.normal(size=(4, 2)), "blocks": {0: {"ffn": {
-      "gate": {"kernel": rng.normal(size=(2, 3))}, "up": {"kernel": rng.normal(size=(2, 3))},
-      "down": {"kernel": rng.normal(size=(3, 2))}}}}}
-  moe = {"embed": np.zeros((4, 2)), "blocks": {0: {"ffn": {
-      "router_kernel": np.ones((2, 4)), "experts": {
-          "w_gate": np.zeros((4, 2, 3)), "w_up": np.zeros((4, 2, 3)),
-          "w_down": np.zeros((4, 3, 2))}}}}}
+  dense = {
+    "embed": rng.normal(size=(4, 2)),
+    "blocks": {
+      0: {
+        "ffn": {
+          "gate": {"kernel": rng.normal(size=(2, 3))},
+          "up": {"kernel": rng.normal(size=(2, 3))},
+          "down": {"kernel": rng.normal(size=(3, 2))},
+        }
+      }
+    },
+  }
+  moe = {
+    "embed": np.zeros((4, 2)),
+    "blocks": {
+      0: {
+        "ffn": {
+          "router_kernel": np.ones((2, 4)),
+          "experts": {
+            "w_gate": np.zeros((4, 2, 3)),
+            "w_up": np.zeros((4, 2, 3)),
+            "w_down": np.zeros((4, 3, 2)),
+          },
+        }
+      }
+    },
+  }
   out = upcycle_params(dense, moe, top_k=1)
   for e in range(4):
-    np.testing.assert_array_equal(out["blocks"][0]["ffn"]["experts"]["w_down"][e],
-                                  dense["blocks"][0]["ffn"]["down"]["kernel"])
+    np.testing.assert_array_equal(
+      out["blocks"][0]["ffn"]["experts"]["w_down"][e], dense["blocks"][0]["ffn"]["down"]["kernel"]
+    )
   np.testing.assert_array_equal(out["embed"], dense["embed"])
   np.testing.assert_array_equal(out["blocks"][0]["ffn"]["router_kernel"], 1.0)

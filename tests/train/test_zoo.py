@@ -1,5 +1,6 @@
 """The checkpoint zoo's machinery (moejax/train/zoo.py) on a tiny stand-in model:
 cached builds, snapshot digests, bit-exact regeneration and its failure."""
+
 import json
 import os
 
@@ -38,8 +39,11 @@ def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
   monkeypatch.setattr(zoo, "train", lambda *a, **k: pytest.fail("retrained"))
   assert zoo.build(tiny_config, "xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
   assert "| xs | 6 |" in zoo.table([entry])
+
   # another config for the same name is refused, not silently re-used
-  other_seed = lambda n, d, seed=0: tiny_config(n, d, seed=1)
+  def other_seed(n, d, seed=0):
+    return tiny_config(n, d, seed=1)
+
   with pytest.raises(ConfigError, match="trained with another config"):
     zoo.build(other_seed, "xs", zoo_dir, 2048, 4, log=id)
 
@@ -57,16 +61,21 @@ def test_a_second_training_seed_is_its_own_model(tiny_zoo):
   assert zoo.verify(tiny_config, "xs", zoo_dir, log=id, seed=1)["bit_exact"]
 
 
-@pytest.mark.parametrize("study", ["pruning", "pruning_knee", "gemq", "codequant", "td_moe",
-                                   "phenomena"])
+@pytest.mark.parametrize(
+  "study", ["pruning", "pruning_knee", "gemq", "codequant", "td_moe", "phenomena"]
+)
 def test_post_training_studies_run_over_training_seeds(study):
   """configs/studies/<study>.py:seeds=3 repeats the study on zoo-s at seeds 0, 1, 2;
   without the arg it is the one model of its settings."""
   from moejax.train.sweep import load_config_file
+
   path = f"configs/studies/{study}.py"
   over = load_config_file(f"{path}:seeds=3")
-  assert over.models == [{"workdir": "runs/zoo/s"}, {"workdir": "runs/zoo/s_seed1"},
-                         {"workdir": "runs/zoo/s_seed2"}]
+  assert over.models == [
+    {"workdir": "runs/zoo/s"},
+    {"workdir": "runs/zoo/s_seed1"},
+    {"workdir": "runs/zoo/s_seed2"},
+  ]
   plain = load_config_file(path)
   assert "models" not in plain and plain.settings.workdir == "runs/zoo/s"
   with pytest.raises(ConfigError, match="seeds=0 must be >= 1"):
@@ -118,21 +127,53 @@ def test_zoo_configs():
 
 def test_table_of_two_entries():
   """The three tables, cell by cell (a probe without an accuracy shows a dash)."""
+
   def entry(name, seconds, bpb, accuracy, routing):
-    return {"name": name, "steps": 600, "train_seconds": seconds, "tokens_per_second": 2051.6,
-            "eval": {"bpb": bpb, "probes": {"copy": {"short": {"accuracy": accuracy, "n": 32}}},
-                     "routing": routing}}
-  layer = {"mutual_information_bits": 0.12345, "domain_entropy_bits": 2.5,
-           "max_over_mean_load": 1.5}
-  text = zoo.table([entry("xs", 678.0, {"code": 3.0512, "prose": 2.8419, "all": 2.6759}, 0.25, [layer]),
-                    entry("s", 60.0, {"code": 2.0, "prose": 1.5, "all": 1.75}, None, [])])
-  rule = lambda n: "|" + "---|" * n  # the separator row of an n-column table
-  assert text == "\n".join([
-      "| model | steps | train min | tokens/s | code | prose | all |",
-      rule(7),
-      "| xs | 600 | 11.3 | 2052 | 3.051 | 2.842 | 2.676 |",
-      "| s | 600 | 1.0 | 2052 | 2.000 | 1.500 | 1.750 |", "",
-      "| model | probe | group | accuracy (n) |", rule(4),
-      "| xs | copy | short | 0.250 (32) |", "| s | copy | short | — (32) |", "",
-      "| model | MoE layer | I(domain; expert) bits | of H(domain) | max/mean load |",
-      rule(5), "| xs | 0 | 0.1235 | 2.5000 | 1.500 |"]) + "\n"
+    return {
+      "name": name,
+      "steps": 600,
+      "train_seconds": seconds,
+      "tokens_per_second": 2051.6,
+      "eval": {
+        "bpb": bpb,
+        "probes": {"copy": {"short": {"accuracy": accuracy, "n": 32}}},
+        "routing": routing,
+      },
+    }
+
+  layer = {
+    "mutual_information_bits": 0.12345,
+    "domain_entropy_bits": 2.5,
+    "max_over_mean_load": 1.5,
+  }
+  text = zoo.table(
+    [
+      entry("xs", 678.0, {"code": 3.0512, "prose": 2.8419, "all": 2.6759}, 0.25, [layer]),
+      entry("s", 60.0, {"code": 2.0, "prose": 1.5, "all": 1.75}, None, []),
+    ]
+  )
+
+  def rule(n):
+    return "|" + "---|" * n  # the separator row of an n-column table
+
+  assert (
+    text
+    == "\n".join(
+      [
+        "| model | steps | train min | tokens/s | code | prose | all |",
+        rule(7),
+        "| xs | 600 | 11.3 | 2052 | 3.051 | 2.842 | 2.676 |",
+        "| s | 600 | 1.0 | 2052 | 2.000 | 1.500 | 1.750 |",
+        "",
+        "| model | probe | group | accuracy (n) |",
+        rule(4),
+        "| xs | copy | short | 0.250 (32) |",
+        "| s | copy | short | — (32) |",
+        "",
+        "| model | MoE layer | I(domain; expert) bits | of H(domain) | max/mean load |",
+        rule(5),
+        "| xs | 0 | 0.1235 | 2.5000 | 1.500 |",
+      ]
+    )
+    + "\n"
+  )

@@ -2,6 +2,7 @@
 the same bytes on two builds, scikit-learn's own images and labels, the known class
 counts, a stratified split that never repeats an image, and every test image seen
 once by an evaluation."""
+
 import collections
 import hashlib
 
@@ -46,6 +47,7 @@ def test_two_builds_write_the_same_bytes(digits_dir, tmp_path):
 
 def test_the_examples_are_sklearns_digits_with_the_known_class_counts(digits_dir):
   from sklearn.datasets import load_digits
+
   digits = load_digits()
   builder = vision_digits.prepare_digits(digits_dir)
   seen = {}
@@ -61,8 +63,10 @@ def test_the_examples_are_sklearns_digits_with_the_known_class_counts(digits_dir
   test = collections.Counter(int(label) for _, label, split in seen.values() if split == "test")
   assert [test[c] for c in range(10)] == [round(0.2 * n) for n in CLASS_COUNTS]
   assert len(builder.info.splits["train"].filepaths) == 1
-  assert (builder.info.splits["train"].num_examples,
-          builder.info.splits["test"].num_examples) == (1438, 359)
+  assert (builder.info.splits["train"].num_examples, builder.info.splits["test"].num_examples) == (
+    1438,
+    359,
+  )
 
 
 def test_the_split_is_fixed_by_the_titles_not_the_row_order():
@@ -80,8 +84,9 @@ def test_an_altered_source_file_is_refused(monkeypatch):
 
 
 def data_cfg(digits_dir, **changes):
-  cfg = ConfigDict(dict(name="digits", train_split="train", eval_split="test",
-                        batch_size=64, data_dir=digits_dir))
+  cfg = ConfigDict(
+    dict(name="digits", train_split="train", eval_split="test", batch_size=64, data_dir=digits_dir)
+  )
   cfg.update(changes)
   return cfg
 
@@ -102,8 +107,10 @@ def test_train_batches_are_shards_of_one_global_order_and_resume(digits_dir):
   whole = vision.build_image_data(data_cfg(digits_dir), seed=3)
   first = [next(whole.train_iter) for _ in range(3)]
   assert first[0]["inputs"].shape == (64, 8, 8, 1) and first[0]["targets"].dtype == np.int32
-  shards = [vision.build_image_data(data_cfg(digits_dir), seed=3, shard_index=s,
-                                    shard_count=2) for s in range(2)]
+  shards = [
+    vision.build_image_data(data_cfg(digits_dir), seed=3, shard_index=s, shard_count=2)
+    for s in range(2)
+  ]
   rows = [next(shard.train_iter)["targets"] for shard in shards]
   np.testing.assert_array_equal(np.concatenate(rows), first[0]["targets"])
   resumed = vision.build_image_data(data_cfg(digits_dir), seed=3)
@@ -114,12 +121,15 @@ def test_train_batches_are_shards_of_one_global_order_and_resume(digits_dir):
   np.testing.assert_array_equal(next(again.train_iter)["inputs"], first[1]["inputs"])
 
 
-@pytest.mark.parametrize("changes, names", [
+@pytest.mark.parametrize(
+  "changes, names",
+  [
     (dict(name="cifar"), ["data.name='cifar'", "digits"]),
     (dict(eval_split="validation"), ["data.eval_split='validation'", "test"]),
     (dict(batch_size=0), ["data.batch_size=0"]),
     (dict(batch_size=2000), ["data.batch_size=2000", "1438"]),
-])
+  ],
+)
 def test_bad_settings_are_refused_by_name(digits_dir, changes, names):
   with pytest.raises(ConfigError) as error:
     vision.build_image_data(data_cfg(digits_dir, **changes), seed=0)

@@ -3,6 +3,7 @@ initialisation and input-dependent after one step while VPT's are constants, par
 counts by hand from the shapes, the prompted forward against the sequence built by hand,
 the depthwise convolution against a numpy loop over the grid, and train.trainable
 freezing every other parameter bit for bit."""
+
 import itertools
 
 import jax
@@ -105,26 +106,29 @@ def by_hand(model, x, prompts_per_block, prefix):
   for i, block in enumerate(model.blocks):
     if prompts_per_block[i] is not None:
       p = jnp.broadcast_to(prompts_per_block[i], (h.shape[0], *prompts_per_block[i].shape))
-      h = jnp.concatenate([h[:, :prefix], p, h[:, prefix + n:]], axis=1)
+      h = jnp.concatenate([h[:, :prefix], p, h[:, prefix + n :]], axis=1)
       n = p.shape[1]
-    h, _, _ = block(h, None, allowed, None, None, 0, train=False,
-                    rng=jax.random.fold_in(jax.random.key(0), i))
-  h = model.final_norm(jnp.concatenate([h[:, :prefix], h[:, prefix + n:]], axis=1))
+    h, _, _ = block(
+      h, None, allowed, None, None, 0, train=False, rng=jax.random.fold_in(jax.random.key(0), i)
+    )
+  h = model.final_norm(jnp.concatenate([h[:, :prefix], h[:, prefix + n :]], axis=1))
   pooled = h[:, 0] if prefix else jnp.mean(h, axis=1)
   return model.head(pooled).astype(jnp.float32)
 
 
-@pytest.mark.parametrize("adapter, pooling", list(itertools.product(
-    ["vpt_shallow", "vpt_deep", "vapt"], ["cls", "mean"])))
+@pytest.mark.parametrize(
+  "adapter, pooling", list(itertools.product(["vpt_shallow", "vpt_deep", "vapt"], ["cls", "mean"]))
+)
 def test_the_prompted_vit_is_the_plain_vit_on_the_sequence_built_by_hand(adapter, pooling):
   model = build(prompted_cfg(adapter, pooling=pooling))
   prefix = int(pooling == "cls")
-  tokens = {"vpt_shallow": lambda: [model.prompt.tokens[0], None],
-            "vpt_deep": lambda: list(model.prompt.tokens[...]),
-            "vapt": lambda: [jnp.zeros((3, 16))] * 2}[adapter]()  # VAPT: 0 at init
+  tokens = {
+    "vpt_shallow": lambda: [model.prompt.tokens[0], None],
+    "vpt_deep": lambda: list(model.prompt.tokens[...]),
+    "vapt": lambda: [jnp.zeros((3, 16))] * 2,
+  }[adapter]()  # VAPT: 0 at init
   logits, _, _ = model(images())
-  np.testing.assert_allclose(logits, by_hand(model, images(), tokens, prefix),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(logits, by_hand(model, images(), tokens, prefix), rtol=1e-5, atol=1e-6)
   # The slots take part in the attention: even prompts of 0 change the logits.
   plain = by_hand(model, images(), [None, None], prefix)
   assert np.abs(np.asarray(logits - plain)).max() > 1e-4
@@ -147,21 +151,28 @@ def test_the_depthwise_conv_is_the_numpy_loop_over_the_grid(kernel, padding):
   side = 5 + 2 * padding - kernel + 1
   want = np.zeros((2, side, side, 3), np.float32)
   for b, r, c, ch in itertools.product(range(2), range(side), range(side), range(3)):
-    want[b, r, c, ch] = sum(k[u, v] * padded[b, r + u, c + v, ch]
-                            for u in range(kernel) for v in range(kernel))
+    want[b, r, c, ch] = sum(
+      k[u, v] * padded[b, r + u, c + v, ch] for u in range(kernel) for v in range(kernel)
+    )
   got = depthwise_conv(jnp.asarray(grid), jnp.asarray(k), padding)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
 def flat(params) -> dict:
-  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
-          for path, v in jax.tree_util.tree_leaves_with_path(params)}
+  return {
+    "/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+    for path, v in jax.tree_util.tree_leaves_with_path(params)
+  }
 
 
-@pytest.mark.parametrize("trainable, trained, moved", [
+@pytest.mark.parametrize(
+  "trainable, trained, moved",
+  [
     ("prompt", ("prompt/", "head/"), ("prompt/", "head/")),
     ("head", ("head/",), ("head/",)),
-    ("all", ("",), ("prompt/", "head/", "blocks/", "patch_embed/", "position"))])
+    ("all", ("",), ("prompt/", "head/", "blocks/", "patch_embed/", "position")),
+  ],
+)
 def test_trainable_updates_only_its_parameters_bit_for_bit(trainable, trained, moved):
   t = base_config().train
   t.trainable, t.warmup_steps, t.steps, t.learning_rate = trainable, 0, 10, 1e-2
@@ -190,17 +201,24 @@ def digits_cfg(**changes):
   return c
 
 
-@pytest.mark.parametrize("changes, names", [
+@pytest.mark.parametrize(
+  "changes, names",
+  [
     ({"model.vit.prompt.adapter": "vpt_wide"}, ["model.vit.prompt.adapter='vpt_wide'", "vapt"]),
     ({"model.vit.prompt.depth": 2}, ["model.vit.prompt", "'depth'"]),
     ({"model.vit.prompt.vapt.kernal": 2}, ["model.vit.prompt.vapt", "'kernal'", "'kernel'"]),
     ({"model.vit.prompt.num_tokens": 0}, ["model.vit.prompt.num_tokens=0"]),
-    ({"model.vit.prompt.adapter": "vapt", "model.vit.prompt.vapt.kernel": 6},
-     ["model.vit.prompt.vapt.kernel=6", "4x4"]),
-    ({"model.vit.prompt.adapter": "vpt_deep", "model.scan_layers": True},
-     ["model.vit.prompt.adapter='vpt_deep'", "model.scan_layers=False"]),
+    (
+      {"model.vit.prompt.adapter": "vapt", "model.vit.prompt.vapt.kernel": 6},
+      ["model.vit.prompt.vapt.kernel=6", "4x4"],
+    ),
+    (
+      {"model.vit.prompt.adapter": "vpt_deep", "model.scan_layers": True},
+      ["model.vit.prompt.adapter='vpt_deep'", "model.scan_layers=False"],
+    ),
     ({"train.trainable": "prompt"}, ["train.trainable='prompt'", "model.vit.prompt.adapter"]),
-])
+  ],
+)
 def test_bad_prompt_settings_are_refused_in_one_line_naming_the_key(changes, names):
   c = digits_cfg()
   with c.unlocked():
@@ -225,6 +243,7 @@ def test_every_registered_adapter_validates_with_its_defaults():
 @pytest.mark.parametrize("trainable", ["prompt", "head"])
 def test_prompt_or_head_tuning_of_a_decoder_is_refused_naming_the_key(trainable):
   from moejax.validation import validate_task
+
   c = base_config()
   c.train.trainable = trainable
   with pytest.raises(ConfigError, match=f"train.trainable='{trainable}'.*not 'decoder'"):

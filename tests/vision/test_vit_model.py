@@ -2,6 +2,7 @@
 the non-causal attention is softmax(Q K^T / sqrt(d)) V written by hand, and
 permuting the patches with their position embeddings leaves mean-pooled logits
 unchanged (attention, MoE routing and dispatch are per-token equivariant)."""
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -46,8 +47,9 @@ def unpatchify(patches_BxNxD, image_size: int, patch_size: int, channels: int):
   out = np.zeros((b, image_size, image_size, channels), np.float32)
   for n in range(side * side):
     row, col = divmod(n, side)
-    out[:, row * patch_size:(row + 1) * patch_size, col * patch_size:(col + 1) * patch_size] = (
-        np.asarray(patches_BxNxD[:, n]).reshape(b, patch_size, patch_size, channels))
+    out[:, row * patch_size : (row + 1) * patch_size, col * patch_size : (col + 1) * patch_size] = (
+      np.asarray(patches_BxNxD[:, n]).reshape(b, patch_size, patch_size, channels)
+    )
   return out
 
 
@@ -62,8 +64,12 @@ def test_one_expert_at_weight_one_is_the_dense_vit(pooling):
   """ViT-MoE, E = 1, top-1 (router weight softmax over one expert = 1) with the dense
   ViT's MLP weights as its expert: the same logits."""
   dense = build(tiny_model_cfg(ffn_type="dense", **{"vit.pooling": pooling}), seed=0)
-  moe = build(tiny_model_cfg(**{"vit.pooling": pooling, "moe.num_experts": 1,
-                                "moe.top_k": 1, "moe.expert_d_ff": 24}), seed=1)
+  moe = build(
+    tiny_model_cfg(
+      **{"vit.pooling": pooling, "moe.num_experts": 1, "moe.top_k": 1, "moe.expert_d_ff": 24}
+    ),
+    seed=1,
+  )
   dense_params = nnx.to_pure_dict(nnx.state(dense, nnx.Param))
   moe_params = nnx.to_pure_dict(nnx.state(moe, nnx.Param))
   for key in dense_params:
@@ -86,7 +92,8 @@ def test_one_expert_at_weight_one_is_the_dense_vit(pooling):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
   # The check can fail: another expert width-slice changes the logits.
   moe_params["blocks"][0]["ffn"]["experts"]["w_up"] = (
-      moe_params["blocks"][0]["ffn"]["experts"]["w_up"] * 1.5)
+    moe_params["blocks"][0]["ffn"]["experts"]["w_up"] * 1.5
+  )
   nnx.update(moe, moe_params)
   assert not np.allclose(np.asarray(moe(x)[0]), np.asarray(want), atol=1e-3)
 
@@ -95,8 +102,9 @@ def test_non_causal_attention_is_the_hand_written_softmax():
   """Every query sees every key: out = concat_h softmax(q_h k_g^T / sqrt(d)) v_g, then W_o,
   for query head h reading key/value head g = h // (H / G), in float64 numpy."""
   m = tiny_model_cfg()
-  attn = GroupedQueryAttention(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(3),
-                               dtype=jnp.float32)
+  attn = GroupedQueryAttention(
+    ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(3), dtype=jnp.float32
+  )
   x = jax.random.normal(jax.random.key(4), (2, 5, m.d_model), jnp.float32)
   got, _ = attn(x, None, jnp.ones((1, 1, 1), bool))
   w = {name: np.asarray(getattr(attn, name).kernel[...], np.float64) for name in "qkvo"}
@@ -155,13 +163,14 @@ def test_scan_and_remat_compute_the_loop_model(scan_layers, remat):
 
     def loss(p):
       logits = nnx.merge(graphdef, p, rest)(x)[0]
-      return jnp.sum(logits ** 2), logits
+      return jnp.sum(logits**2), logits
 
     (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     return np.asarray(logits), np.asarray(grads["position"][...])
 
   want_logits, want_grad = logits_and_position_grad(build(tiny_model_cfg()))
   logits, grad = logits_and_position_grad(
-      build(tiny_model_cfg(scan_layers=scan_layers, remat=remat)))
+    build(tiny_model_cfg(scan_layers=scan_layers, remat=remat))
+  )
   np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)

@@ -2,6 +2,7 @@
 run of a tiny ViT-MoE beats chance by far on the held-out test split, its checkpoint
 restores through the one reader (moejax/train/restore.py) to the same accuracy, and
 bad settings are refused in one line naming the key."""
+
 import jax
 import numpy as np
 import pytest
@@ -67,7 +68,9 @@ def test_the_dense_arm_trains_with_the_same_loop(tmp_path):
   assert 0.0 <= run.eval["val_accuracy"] <= 1.0
 
 
-@pytest.mark.parametrize("key, value, names", [
+@pytest.mark.parametrize(
+  "key, value, names",
+  [
     ("model.vit.patch_size", 3, ["model.vit.patch_size=3", "model.vit.image_size=8"]),
     ("model.vit.pooling", "max", ["model.vit.pooling='max'", "cls", "mean"]),
     ("model.vit.num_classes", 0, ["model.vit.num_classes=0"]),
@@ -78,9 +81,11 @@ def test_the_dense_arm_trains_with_the_same_loop(tmp_path):
     ("task", "regression", ["task='regression'", "classification"]),
     ("model_name", "decoder", ["model_name='decoder'", "classification"]),
     ("data.name", "shakespeare", ["data.name='shakespeare'", "image dataset"]),
-])
+  ],
+)
 def test_bad_vit_settings_are_refused_naming_the_key(key, value, names):
   from moejax.validation import validate_config
+
   c = vit_digits_moe.get_config()
   set_key(c, key, value)
   with pytest.raises(ConfigError) as error:
@@ -92,19 +97,27 @@ def test_bad_vit_settings_are_refused_naming_the_key(key, value, names):
 
 def test_an_lm_config_on_an_image_dataset_is_refused():
   from moejax.validation import validate_config
+
   c = base_config()
   c.data.name = "digits"
   with pytest.raises(ConfigError, match="data.name='digits' is an image dataset"):
     validate_config(c)
 
 
-@pytest.mark.parametrize("override, line", [
+@pytest.mark.parametrize(
+  "override, line",
+  [
     ("--config.model.vit.no_such_key=1", "error: unknown config key model.vit.no_such_key"),
     ("--config.model.vit.pooling=max", "error: model.vit.pooling='max' is not known"),
-])
+  ],
+)
 def test_the_train_command_refuses_a_bad_vit_key_in_one_line(tmp_path, override, line):
-  result = run_entry("experiments.train", "--config=configs/vit_digits_moe.py",
-                     f"--workdir={tmp_path / 'run'}", override)
+  result = run_entry(
+    "experiments.train",
+    "--config=configs/vit_digits_moe.py",
+    f"--workdir={tmp_path / 'run'}",
+    override,
+  )
   assert result.code == 2 and "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith(line)
   assert not (tmp_path / "run").exists()

@@ -35,6 +35,7 @@ the SVD baselines have no expert type, so neither byte count.
 settings.equal_bytes lists [arm, level, other arm, other level] pairs compared in
 the notes: the claims pair arms at one level, these pairs cross levels.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,13 +58,30 @@ AT = ("all", "integer", "fractional")
 
 @SCORERS.register("compression")
 class Compression(SourceScorer):
-  settings = {**SourceScorer.settings, "num_windows": 32, "group_size": 32,
-              "bit_choices": [2, 3, 4, 8], "bracket_bits": False, "finetune_steps": 32,
-              "finetune_lr": 1e-4, "finetune_aux_losses": False, "reroute_windows": 16,
-              "matched_control": False, "equal_bytes": []}
-  arm_settings = {"method": NONE, "fractional_method": "", "quantizer": "gptq", "rounds": 1,
-                  "bit_step": 0.5, "finetune": False, "finetune_multiple": 1,
-                  "damping": 1e-6, "at": "all"}
+  settings = {
+    **SourceScorer.settings,
+    "num_windows": 32,
+    "group_size": 32,
+    "bit_choices": [2, 3, 4, 8],
+    "bracket_bits": False,
+    "finetune_steps": 32,
+    "finetune_lr": 1e-4,
+    "finetune_aux_losses": False,
+    "reroute_windows": 16,
+    "matched_control": False,
+    "equal_bytes": [],
+  }
+  arm_settings = {
+    "method": NONE,
+    "fractional_method": "",
+    "quantizer": "gptq",
+    "rounds": 1,
+    "bit_step": 0.5,
+    "finetune": False,
+    "finetune_multiple": 1,
+    "damping": 1e-6,
+    "at": "all",
+  }
 
   def __init__(self, spec):
     super().__init__(spec)
@@ -71,8 +89,14 @@ class Compression(SourceScorer):
 
   def extra_metrics(self):
     matched = ("rerouted_matched", "bpb_vs_matched") if self.settings["matched_control"] else ()
-    return ("rerouted", *matched, "average_bits", "expert_parameters", "packed_expert_bytes",
-            "stored_bytes")
+    return (
+      "rerouted",
+      *matched,
+      "average_bits",
+      "expert_parameters",
+      "packed_expert_bytes",
+      "stored_bytes",
+    )
 
   @property
   def axis(self) -> str:
@@ -80,30 +104,40 @@ class Compression(SourceScorer):
 
   def check(self) -> None:
     from moejax.posttrain.request import check_request
+
     super().check()
     s = self.settings
     self.check_integers({"group_size": 0, "finetune_steps": 1, "reroute_windows": 1})
     if not isinstance(s["finetune_lr"], (int, float)) or not s["finetune_lr"] > 0:
       raise ConfigError(f"study.settings.finetune_lr={s['finetune_lr']!r} must be > 0")
     if not isinstance(s["finetune_aux_losses"], bool):
-      raise ConfigError(f"study.settings.finetune_aux_losses={s['finetune_aux_losses']!r} "
-                        "must be true or false")
+      raise ConfigError(
+        f"study.settings.finetune_aux_losses={s['finetune_aux_losses']!r} must be true or false"
+      )
     if not isinstance(s["bit_choices"], list) or not all(
-        isinstance(b, int) and not isinstance(b, bool) for b in s["bit_choices"]):
-      raise ConfigError(f"study.settings.bit_choices={s['bit_choices']!r} must be a list of "
-                        "integers")
+      isinstance(b, int) and not isinstance(b, bool) for b in s["bit_choices"]
+    ):
+      raise ConfigError(
+        f"study.settings.bit_choices={s['bit_choices']!r} must be a list of integers"
+      )
     axis = self.check_levels(("bits", "removed"), (int, float))
     m = self.source_config.model
     for i, (name, arm) in enumerate(self.spec.arms):
       for key in ("bit_step", "finetune_multiple"):
         value = arm[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            value > 0 if key == "bit_step" else (isinstance(value, int) and value >= 1)):
-          raise ConfigError(f"study.arms[{i}].{key}={value!r} (arm {name!r}) must be "
-                            f"{'> 0' if key == 'bit_step' else 'an integer >= 1'}")
+        if (
+          isinstance(value, bool)
+          or not isinstance(value, (int, float))
+          or not (value > 0 if key == "bit_step" else (isinstance(value, int) and value >= 1))
+        ):
+          raise ConfigError(
+            f"study.arms[{i}].{key}={value!r} (arm {name!r}) must be "
+            f"{'> 0' if key == 'bit_step' else 'an integer >= 1'}"
+          )
       if arm["at"] not in AT:
-        raise ConfigError(f"study.arms[{i}].at={arm['at']!r} (arm {name!r}) must be one of "
-                          f"{', '.join(AT)}")
+        raise ConfigError(
+          f"study.arms[{i}].at={arm['at']!r} (arm {name!r}) must be one of {', '.join(AT)}"
+        )
       if arm["method"] == NONE:
         continue
       for j, level in enumerate(self.spec.levels):
@@ -113,26 +147,48 @@ class Compression(SourceScorer):
         which = "fractional_method" if r.method != arm["method"] else "method"
         factorised = cp.family(r.method) == "factorised" if r.method in cp.METHODS else None
         if factorised is not None and factorised != (axis == "removed"):
-          raise ConfigError(f"study.arms[{i}].{which}={r.method!r} needs levels of "
-                            f"{'removed' if factorised else 'bits'}, not {axis}")
-        keys = {"method": f"study.arms[{i}].{which}", "level": f"study.levels[{j}].{axis}",
-                "quantizer": f"study.arms[{i}].quantizer", "rounds": f"study.arms[{i}].rounds",
-                "group_size": "study.settings.group_size",
-                "bit_choices": "study.settings.bit_choices",
-                "finetune_steps": "study.settings.finetune_steps", **self.context_keys()}
-        check_request(m, r, num_windows=s["num_windows"], context=self.source_config.data.seq_len,
-                      source=self.where, keys=keys, rounds=arm["rounds"],
-                      finetune_steps=self.finetune_steps(arm))
+          raise ConfigError(
+            f"study.arms[{i}].{which}={r.method!r} needs levels of "
+            f"{'removed' if factorised else 'bits'}, not {axis}"
+          )
+        keys = {
+          "method": f"study.arms[{i}].{which}",
+          "level": f"study.levels[{j}].{axis}",
+          "quantizer": f"study.arms[{i}].quantizer",
+          "rounds": f"study.arms[{i}].rounds",
+          "group_size": "study.settings.group_size",
+          "bit_choices": "study.settings.bit_choices",
+          "finetune_steps": "study.settings.finetune_steps",
+          **self.context_keys(),
+        }
+        check_request(
+          m,
+          r,
+          num_windows=s["num_windows"],
+          context=self.source_config.data.seq_len,
+          source=self.where,
+          keys=keys,
+          rounds=arm["rounds"],
+          finetune_steps=self.finetune_steps(arm),
+        )
     self._check_equal_bytes()
 
   def _check_equal_bytes(self) -> None:
     values = [level[self.axis] for level in self.spec.levels]
     for k, pair in enumerate(self.settings["equal_bytes"]):
-      ok = (isinstance(pair, list) and len(pair) == 4 and pair[0] in self.spec.arm_names
-            and pair[2] in self.spec.arm_names and pair[1] in values and pair[3] in values)
+      ok = (
+        isinstance(pair, list)
+        and len(pair) == 4
+        and pair[0] in self.spec.arm_names
+        and pair[2] in self.spec.arm_names
+        and pair[1] in values
+        and pair[3] in values
+      )
       if not ok:
-        raise ConfigError(f"study.settings.equal_bytes[{k}]={pair!r} must be [arm, level, "
-                          f"other arm, other level] of the study's arms and {self.axis} levels")
+        raise ConfigError(
+          f"study.settings.equal_bytes[{k}]={pair!r} must be [arm, level, "
+          f"other arm, other level] of the study's arms and {self.axis} levels"
+        )
 
   def finetune_steps(self, arm: dict) -> int:
     """Router fine-tuning steps of each of the arm's rounds (0 without fine-tuning)."""
@@ -151,19 +207,28 @@ class Compression(SourceScorer):
     choices = tuple(self.settings["bit_choices"])
     if self.settings["bracket_bits"] and value != int(value):
       choices = cp.bit_choices_for(cp.Request("kmeans", value))
-    return cp.Request(method, value, quantizer=arm["quantizer"],
-                      group_size=self.settings["group_size"], bit_choices=choices, seed=draw,
-                      damping=arm["damping"])
+    return cp.Request(
+      method,
+      value,
+      quantizer=arm["quantizer"],
+      group_size=self.settings["group_size"],
+      bit_choices=choices,
+      seed=draw,
+      damping=arm["damping"],
+    )
 
   # ---- the fp32 model and its matched control, each built once ----
 
   @functools.cached_property
   def fp32(self) -> dict:
     source = self.bench.source
-    return {**self.bench.evaluate(source.model, source.params, source.rest), "rerouted": 0.0,
-            "packed_expert_bytes": cw.packed_bytes(source.model, source.params, source.rest),
-            "stored_bytes": measure.parameter_bytes(source.params, source.rest),
-            "expert_parameters": measure.expert_parameters(source.params)}
+    return {
+      **self.bench.evaluate(source.model, source.params, source.rest),
+      "rerouted": 0.0,
+      "packed_expert_bytes": cw.packed_bytes(source.model, source.params, source.rest),
+      "stored_bytes": measure.parameter_bytes(source.params, source.rest),
+      "expert_parameters": measure.expert_parameters(source.params),
+    }
 
   @functools.cached_property
   def control(self) -> tuple[dict, np.ndarray]:
@@ -171,29 +236,41 @@ class Compression(SourceScorer):
     source, s = self.bench.source, self.settings
     config, step = source.training_run()
     with tempfile.TemporaryDirectory() as scratch:
-      tuned, _ = cw.finetune_routers(scratch, config, source.model, source.params,
-                                     source.rest, step, source.data_state,
-                                     s["finetune_steps"], s["finetune_lr"],
-                                     s["finetune_aux_losses"])
+      tuned, _ = cw.finetune_routers(
+        scratch,
+        config,
+        source.model,
+        source.params,
+        source.rest,
+        step,
+        source.data_state,
+        s["finetune_steps"],
+        s["finetune_lr"],
+        s["finetune_aux_losses"],
+      )
     sets = self.bench.routing_sets(tuned)
-    scores = {**self.bench.evaluate(source.model, tuned, source.rest),
-              "rerouted": measure.rerouted(self.bench.source_sets, sets)}
+    scores = {
+      **self.bench.evaluate(source.model, tuned, source.rest),
+      "rerouted": measure.rerouted(self.bench.source_sets, sets),
+    }
     return scores, sets
 
   def _matched(self, scores: dict, sets: np.ndarray, finetuned: bool) -> dict:
     if not self.settings["matched_control"]:
       return {}
-    reference, reference_sets = (self.control if finetuned
-                                 else (self.fp32, self.bench.source_sets))
-    return {"rerouted_matched": measure.rerouted(reference_sets, sets),
-            "bpb_vs_matched": scores["bpb"] - reference["bpb"]}
+    reference, reference_sets = self.control if finetuned else (self.fp32, self.bench.source_sets)
+    return {
+      "rerouted_matched": measure.rerouted(reference_sets, sets),
+      "bpb_vs_matched": scores["bpb"] - reference["bpb"],
+    }
 
   # ---- scoring ----
 
   def score(self, level, draw, arms):
     pairing = digest(self.bench.calibration(draw).windows)
-    return {name: {**self._cached(arm, level, draw), PAIRING: pairing}
-            for name, arm in arms.items()}
+    return {
+      name: {**self._cached(arm, level, draw), PAIRING: pairing} for name, arm in arms.items()
+    }
 
   def _cached(self, arm: dict, level: dict, draw: int) -> dict:
     if arm["method"] == NONE:
@@ -212,10 +289,17 @@ class Compression(SourceScorer):
   def _compressed(self, arm: dict, r: cp.Request, draw: int) -> dict:
     bench, s = self.bench, self.settings
     source = bench.source
-    out = cw.run(r, source, bench.calibration(draw), rounds=arm["rounds"],
-                 finetune_steps=self.finetune_steps(arm), finetune_lr=s["finetune_lr"],
-                 bit_step=arm["bit_step"], aux_losses=s["finetune_aux_losses"],
-                 log=lambda *_: None)
+    out = cw.run(
+      r,
+      source,
+      bench.calibration(draw),
+      rounds=arm["rounds"],
+      finetune_steps=self.finetune_steps(arm),
+      finetune_lr=s["finetune_lr"],
+      bit_step=arm["bit_step"],
+      aux_losses=s["finetune_aux_losses"],
+      log=lambda *_: None,
+    )
     scores = bench.evaluate(source.model, out.float_params, source.rest)
     sets = bench.routing_sets(out.float_params)
     scores["rerouted"] = measure.rerouted(bench.source_sets, sets)
@@ -243,17 +327,34 @@ class Compression(SourceScorer):
 
     rows = []
     for arm, level, other, other_level in self.settings["equal_bytes"]:
-      values = [report.values(self.spec, by_key, name, {self.axis: lv}, metric)
-                for name, lv in ((arm, level), (other, other_level))
-                for metric in ("bpb", "packed_expert_bytes")]
+      values = [
+        report.values(self.spec, by_key, name, {self.axis: lv}, metric)
+        for name, lv in ((arm, level), (other, other_level))
+        for metric in ("bpb", "packed_expert_bytes")
+      ]
       draws = sorted(set(values[0]) & set(values[2]))
       if not draws:
         continue
-      diff = stats.paired_difference([values[0][d] for d in draws],
-                                     [values[2][d] for d in draws])
-      rows.append([f"{arm} at {level}", size(values[1]), f"{other} at {other_level}",
-                   size(values[3]), stats.format_interval(diff),
-                   stats.verdict(diff, "lower", fmt="{:.4f}")])
-    table = stats.markdown_table(["arm", "packed bytes", "against", "packed bytes",
-                                  "bpb difference", "verdict (expect lower; ours)"], rows)
+      diff = stats.paired_difference([values[0][d] for d in draws], [values[2][d] for d in draws])
+      rows.append(
+        [
+          f"{arm} at {level}",
+          size(values[1]),
+          f"{other} at {other_level}",
+          size(values[3]),
+          stats.format_interval(diff),
+          stats.verdict(diff, "lower", fmt="{:.4f}"),
+        ]
+      )
+    table = stats.markdown_table(
+      [
+        "arm",
+        "packed bytes",
+        "against",
+        "packed bytes",
+        "bpb difference",
+        "verdict (expect lower; ours)",
+      ],
+      rows,
+    )
     return f"## At about equal packed expert bytes (bpb)\n\n{table}"

@@ -14,6 +14,7 @@ k_hat (the clusters found), k_hat_correct (1 if k_hat = K) and rounds.
 Every comparison (claims, tables, the figure) is paired by draw: arm - reference on the
 same instance (`paired_differences`), never two arms' separate intervals side by side.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,16 @@ The guesses behind FedGEM are listed in moejax/mixtures/fedgem.py."""
 
 @SCORERS.register("fedgem")
 class FedGEMStudy(Scorer):
-  settings = {"clusters": 8, "clients": 5, "min_held": 3, "max_held": 4, "dim": 2,
-              "points": 100, "max_rounds": 200, "seed": 0}
+  settings = {
+    "clusters": 8,
+    "clients": 5,
+    "min_held": 3,
+    "max_held": 4,
+    "dim": 2,
+    "points": 100,
+    "max_rounds": 200,
+    "seed": 0,
+  }
   arm_settings = {"method": "fedgem"}
 
   def metrics(self):
@@ -45,6 +54,7 @@ class FedGEMStudy(Scorer):
 
   def check(self):
     from moejax.mixtures import synthetic
+
     s = self.settings
     for key, value in s.items():
       minimum = 0 if key == "seed" else 1
@@ -56,22 +66,35 @@ class FedGEMStudy(Scorer):
       raise ConfigError(f"study.settings: {e}") from None
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["method"] not in METHODS:
-        raise ConfigError(f"study.arms[{i}].method={arm['method']!r} (arm {name!r}) must be "
-                          f"one of {', '.join(METHODS)}")
+        raise ConfigError(
+          f"study.arms[{i}].method={arm['method']!r} (arm {name!r}) must be "
+          f"one of {', '.join(METHODS)}"
+        )
     for i, level in enumerate(self.spec.levels):
       sep = level.get("separation")
-      if set(level) != {"separation"} or isinstance(sep, bool) or not isinstance(
-          sep, (int, float)) or not sep > 0:
+      if (
+        set(level) != {"separation"}
+        or isinstance(sep, bool)
+        or not isinstance(sep, (int, float))
+        or not sep > 0
+      ):
         raise ConfigError(f"study.levels[{i}]={level!r} must be {{'separation': a number > 0}}")
 
   def score(self, level, draw, arms):
     from moejax.evaluation.partitions import adjusted_rand_index
     from moejax.mixtures import fedgem, synthetic
+
     s, sep = self.settings, float(level["separation"])
     rng = np.random.default_rng([s["seed"], round(sep * 1000), draw])
     data, labels, local_ks = synthetic.federated_clusters(
-        rng, sep, clusters=s["clusters"], clients=s["clients"],
-        held=(s["min_held"], s["max_held"]), dim=s["dim"], points=s["points"])
+      rng,
+      sep,
+      clusters=s["clusters"],
+      clients=s["clients"],
+      held=(s["min_held"], s["max_held"]),
+      dim=s["dim"],
+      points=s["points"],
+    )
     truth, pairing, seed = np.concatenate(labels), digest(*data), s["seed"] + draw
 
     def ari(pred):
@@ -82,13 +105,17 @@ class FedGEMStudy(Scorer):
       method = arm["method"]
       if method in ("fedgem", "fedgem_pooled"):
         step = "pooled" if method == "fedgem_pooled" else "intersection"
-        fed = fedgem.fedgem(data, local_ks, seed=seed, max_rounds=s["max_rounds"],
-                            server_step=step)
-        scores = {"ari": ari(fed.labels), "k_hat": fed.num_clusters, "rounds": fed.rounds,
-                  "k_hat_correct": float(fed.num_clusters == s["clusters"])}
+        fed = fedgem.fedgem(data, local_ks, seed=seed, max_rounds=s["max_rounds"], server_step=step)
+        scores = {
+          "ari": ari(fed.labels),
+          "k_hat": fed.num_clusters,
+          "rounds": fed.rounds,
+          "k_hat_correct": float(fed.num_clusters == s["clusters"]),
+        }
       elif method == "central_em":
-        _, em_labels = fedgem.centralised_em(data, s["clusters"], seed=seed,
-                                             max_steps=s["max_rounds"])
+        _, em_labels = fedgem.centralised_em(
+          data, s["clusters"], seed=seed, max_steps=s["max_rounds"]
+        )
         scores = {"ari": ari(em_labels)}
       else:
         _, kfed_labels = fedgem.kfed(data, local_ks, s["clusters"], seed=seed)
@@ -113,8 +140,10 @@ class FedGEMStudy(Scorer):
     """ARI of each arm minus the reference's, paired by draw (mean, 95% t-interval),
     against the separation; P(K-hat = K) with Wilson intervals."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     spec, diffs = self.spec, self.paired_differences(results)
     by_key = report.index_runs(results["runs"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -122,25 +151,44 @@ class FedGEMStudy(Scorer):
       cells = sorted((sep, i) for (name, sep), i in diffs.items() if name == arm)
       if cells:
         xs = [sep for sep, _ in cells]
-        left.plot(xs, [i.mean for _, i in cells], "o-", color=f"C{a}",
-                  label=f"{arm} - {spec.reference}")
-        left.fill_between(xs, [i.mean if i.lo is None else i.lo for _, i in cells],
-                          [i.mean if i.hi is None else i.hi for _, i in cells],
-                          color=f"C{a}", alpha=0.2)
-      found = [(level["separation"], list(report.values(spec, by_key, arm, level,
-                                                        "k_hat_correct").values()))
-               for level in spec.levels]
+        left.plot(
+          xs, [i.mean for _, i in cells], "o-", color=f"C{a}", label=f"{arm} - {spec.reference}"
+        )
+        left.fill_between(
+          xs,
+          [i.mean if i.lo is None else i.lo for _, i in cells],
+          [i.mean if i.hi is None else i.hi for _, i in cells],
+          color=f"C{a}",
+          alpha=0.2,
+        )
+      found = [
+        (
+          level["separation"],
+          list(report.values(spec, by_key, arm, level, "k_hat_correct").values()),
+        )
+        for level in spec.levels
+      ]
       found = [(sep, v) for sep, v in found if v]
       if found:
         cells = [(sep, stats.wilson(int(sum(v)), len(v))) for sep, v in found]
-        right.errorbar([sep for sep, _ in cells], [i.mean for _, i in cells],
-                       yerr=[[i.mean - i.lo for _, i in cells], [i.hi - i.mean for _, i in cells]],
-                       fmt="o-", color=f"C{a}", capsize=3, label=arm)
+        right.errorbar(
+          [sep for sep, _ in cells],
+          [i.mean for _, i in cells],
+          yerr=[[i.mean - i.lo for _, i in cells], [i.hi - i.mean for _, i in cells]],
+          fmt="o-",
+          color=f"C{a}",
+          capsize=3,
+          label=arm,
+        )
     left.axhline(0, color="k", lw=0.8)
-    left.set(xlabel="separation (cluster stds)", ylabel="ARI difference",
-             title="ARI minus the reference's, paired by draw (95% t)")
-    right.set(xlabel="separation (cluster stds)", ylabel="P(K-hat = K)",
-              title="FedGEM finds K (95% Wilson)")
+    left.set(
+      xlabel="separation (cluster stds)",
+      ylabel="ARI difference",
+      title="ARI minus the reference's, paired by draw (95% t)",
+    )
+    right.set(
+      xlabel="separation (cluster stds)", ylabel="P(K-hat = K)", title="FedGEM finds K (95% Wilson)"
+    )
     left.legend(fontsize=7)
     right.legend(fontsize=7)
     fig.suptitle(f"{spec.name}: {spec.draws} draws")
@@ -151,12 +199,18 @@ class FedGEMStudy(Scorer):
 
   def notes(self, results):
     diffs = self.paired_differences(results)
-    rows = [[arm, f"{sep:g}", stats.format_interval(i, "{:+.4f}")]
-            for (arm, sep), i in sorted(diffs.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
-    lines = [NOTES, "", f"## ari: each arm minus {self.spec.reference}, paired by draw", "",
-             stats.markdown_table(["arm", "separation", "mean ± std [95% t-interval]"], rows),
-             ""]
+    rows = [
+      [arm, f"{sep:g}", stats.format_interval(i, "{:+.4f}")]
+      for (arm, sep), i in sorted(diffs.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+    ]
+    lines = [
+      NOTES,
+      "",
+      f"## ari: each arm minus {self.spec.reference}, paired by draw",
+      "",
+      stats.markdown_table(["arm", "separation", "mean ± std [95% t-interval]"], rows),
+      "",
+    ]
     for metric in ("k_hat", "rounds"):
-      lines += [f"## {metric}", "", report.summary_table(self.spec, results["runs"], metric),
-                ""]
+      lines += [f"## {metric}", "", report.summary_table(self.spec, results["runs"], metric), ""]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ with probability exactly 0.95; the normal one with P(|T_{n-1}| <= z_{0.975}) (0.
 at n = 5). A study of the statistics module itself, and the smallest example of a
 study (configs/studies/interval_coverage.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,7 @@ from moejax.studies.scoring import PAIRING, SCORERS, Scorer, digest
 
 def normal_interval(values, confidence: float = 0.95) -> tuple[float, float]:
   values = np.asarray(values, np.float64)
-  half = (scipy.stats.norm.ppf(0.5 + confidence / 2) * values.std(ddof=1)
-          / math.sqrt(values.size))
+  half = scipy.stats.norm.ppf(0.5 + confidence / 2) * values.std(ddof=1) / math.sqrt(values.size)
   return values.mean() - half, values.mean() + half
 
 
@@ -47,12 +47,15 @@ class IntervalCoverage(Scorer):
     if not self.settings["sigma"] > 0:
       raise ConfigError(f"study.settings.sigma={self.settings['sigma']} must be > 0")
     if not (isinstance(self.settings["resamples"], int) and self.settings["resamples"] >= 1):
-      raise ConfigError(f"study.settings.resamples={self.settings['resamples']} must be an "
-                        "integer >= 1")
+      raise ConfigError(
+        f"study.settings.resamples={self.settings['resamples']} must be an integer >= 1"
+      )
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["interval"] not in self.INTERVALS:
-        raise ConfigError(f"study.arms[{i}].interval={arm['interval']!r} (arm {name!r}) must "
-                          f"be one of {', '.join(self.INTERVALS)}")
+        raise ConfigError(
+          f"study.arms[{i}].interval={arm['interval']!r} (arm {name!r}) must "
+          f"be one of {', '.join(self.INTERVALS)}"
+        )
     for i, level in enumerate(self.spec.levels):
       if not (isinstance(level.get("n"), int) and level["n"] >= 2):
         raise ConfigError(f"study.levels[{i}].n={level.get('n')!r} must be an integer >= 2")
@@ -71,11 +74,13 @@ class IntervalCoverage(Scorer):
       else:
         found = stats.bootstrap_mean(sample, resamples=s["resamples"], seed=draw)
         lo, hi = found.lo, found.hi
-      out[name] = {"covers": float(lo <= s["mu"] <= hi), "width": hi - lo,
-                   PAIRING: digest(sample)}
+      out[name] = {"covers": float(lo <= s["mu"] <= hi), "width": hi - lo, PAIRING: digest(sample)}
     return out
 
   def notes(self, results):
     levels = sorted({r["level"]["n"] for r in results["runs"]})
-    return "Closed-form coverage of the normal interval: " + ", ".join(
-        f"n={n}: {normal_coverage(n):.3f}" for n in levels) + " (the t interval: 0.950)."
+    return (
+      "Closed-form coverage of the normal interval: "
+      + ", ".join(f"n={n}: {normal_coverage(n):.3f}" for n in levels)
+      + " (the t interval: 0.950)."
+    )

@@ -16,6 +16,7 @@ on the level's first request and are cached; each draw's data, partition and vis
 order come from its own generator, so a draw's result does not depend on which draws
 ran before.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,12 +47,15 @@ class LloydHartigan(Scorer):
   def check(self):
     for key, minimum in (("n", 2), ("max_iter", 1), ("seed", 0)):
       if not _positive_int(self.settings[key], minimum):
-        raise ConfigError(f"study.settings.{key}={self.settings[key]!r} must be an integer "
-                          f">= {minimum}")
+        raise ConfigError(
+          f"study.settings.{key}={self.settings[key]!r} must be an integer >= {minimum}"
+        )
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["algorithm"] not in ALGORITHMS:
-        raise ConfigError(f"study.arms[{i}].algorithm={arm['algorithm']!r} (arm {name!r}) "
-                          f"must be one of {', '.join(ALGORITHMS)}")
+        raise ConfigError(
+          f"study.arms[{i}].algorithm={arm['algorithm']!r} (arm {name!r}) "
+          f"must be one of {', '.join(ALGORITHMS)}"
+        )
     for i, level in enumerate(self.spec.levels):
       if set(level) != {"d", "separation"}:
         raise ConfigError(f"study.levels[{i}]={level!r} must have the axes d and separation")
@@ -71,6 +75,7 @@ class LloydHartigan(Scorer):
     """Every draw of one level: {algorithm: [metrics of draw 0, 1, ...]}."""
     from moejax.evaluation.partitions import nmi
     from moejax.mixtures import kmeans, synthetic
+
     s, d, sep = self.settings, level["d"], float(level["separation"])
     data = []
     for draw in range(self.spec.draws):
@@ -79,34 +84,49 @@ class LloydHartigan(Scorer):
       data.append((X, truth, init, int(rng.integers(2**31))))
     X, truth, init, orders = (np.stack([t[i] for t in data]) for i in range(4))
     pairing = [digest(x, i) for x, i in zip(X, init)]
-    out = {"initial": [{"nmi": nmi(t, i), PAIRING: p}
-                       for t, i, p in zip(truth, init, pairing)]}
-    results = {"lloyd": kmeans.lloyd_trials(X, init, max_iter=s["max_iter"]),
-               "hartigan": kmeans.hartigan_trials(X, init, list(orders),
-                                                  max_iter=s["max_iter"])}
+    out = {"initial": [{"nmi": nmi(t, i), PAIRING: p} for t, i, p in zip(truth, init, pairing)]}
+    results = {
+      "lloyd": kmeans.lloyd_trials(X, init, max_iter=s["max_iter"]),
+      "hartigan": kmeans.hartigan_trials(X, init, list(orders), max_iter=s["max_iter"]),
+    }
     for name, result in results.items():
       labels = np.asarray(result.labels)
-      out[name] = [{"returns_initial": float(np.array_equal(labels[t], init[t])),
-                    "nmi": nmi(truth[t], labels[t]),
-                    "objective": float(result.objective[t]),
-                    "iterations": float(result.iterations[t]),
-                    "converged": float(result.converged[t]), PAIRING: pairing[t]}
-                   for t in range(len(labels))]
+      out[name] = [
+        {
+          "returns_initial": float(np.array_equal(labels[t], init[t])),
+          "nmi": nmi(truth[t], labels[t]),
+          "objective": float(result.objective[t]),
+          "iterations": float(result.iterations[t]),
+          "converged": float(result.converged[t]),
+          PAIRING: pairing[t],
+        }
+        for t in range(len(labels))
+      ]
     return out
 
   def notes(self, results):
     n = self.settings["n"]
     d_max = max(level["d"] for level in self.spec.levels)
     lines = [
-        f"Regime: a point's own centroid contains it, which pulls it closer by about "
-        f"d (1/n_a + 1/n_b) ~ 4d/n (= {4 * d_max / n:g} at d={d_max}, n={n}) squared-"
-        "distance units, against a signal of at most separation^2 times the initial "
-        "partition's class imbalance (std ~ 1/sqrt(n) for a random split); Hartigan's "
-        "n/(n-1) and n/(n+1) factors cancel that bias, leaving separation^2 against noise "
-        "of order sqrt(d/n).", ""]
-    for metric, title in (("objective", "k-means objective (Hartigan minus Lloyd: its "
-                                        "criterion is the objective's exact change)"),
-                          ("iterations", "Lloyd assignment steps / Hartigan sweeps")):
-      lines += [f"## {metric}: {title}", "",
-                report.summary_table(self.spec, results["runs"], metric), ""]
+      f"Regime: a point's own centroid contains it, which pulls it closer by about "
+      f"d (1/n_a + 1/n_b) ~ 4d/n (= {4 * d_max / n:g} at d={d_max}, n={n}) squared-"
+      "distance units, against a signal of at most separation^2 times the initial "
+      "partition's class imbalance (std ~ 1/sqrt(n) for a random split); Hartigan's "
+      "n/(n-1) and n/(n+1) factors cancel that bias, leaving separation^2 against noise "
+      "of order sqrt(d/n).",
+      "",
+    ]
+    for metric, title in (
+      (
+        "objective",
+        "k-means objective (Hartigan minus Lloyd: its criterion is the objective's exact change)",
+      ),
+      ("iterations", "Lloyd assignment steps / Hartigan sweeps"),
+    ):
+      lines += [
+        f"## {metric}: {title}",
+        "",
+        report.summary_table(self.spec, results["runs"], metric),
+        "",
+      ]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ and the projectors are computed once per draw and shared by the arms.
 Metrics: editing/measure.py's, plus bpb/<domain> and bpb_other (the mean over the
 domains other than facts) on the same held-out bytes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,16 +24,31 @@ import numpy as np
 from moejax.studies.scorers.pruning import SourceScorer
 from moejax.studies.scoring import PAIRING, SCORERS, digest
 
-FACTS_METRICS = ("efficacy", "efficacy_score", "target_prob", "paraphrase",
-                 "paraphrase_score", "unedited_accuracy", "unedited_nll_change",
-                 "routing_kl", "topk_change")
+FACTS_METRICS = (
+  "efficacy",
+  "efficacy_score",
+  "target_prob",
+  "paraphrase",
+  "paraphrase_score",
+  "unedited_accuracy",
+  "unedited_nll_change",
+  "routing_kl",
+  "topk_change",
+)
 
 
 @SCORERS.register("moe_edit")
 class MoEEditScorer(SourceScorer):
-  settings = {"workdir": "runs/zoo/s", "num_windows": 16, "bytes_per_domain": 4096,
-              "probes": "", "probe_count": 1, "unedited": 50, "unrelated_windows": 8,
-              "layers": [1, 2]}
+  settings = {
+    "workdir": "runs/zoo/s",
+    "num_windows": 16,
+    "bytes_per_domain": 4096,
+    "probes": "",
+    "probe_count": 1,
+    "unedited": 50,
+    "unrelated_windows": 8,
+    "layers": [1, 2],
+  }
   arm_settings = {"method": "none", "project": True}
 
   def extra_metrics(self):
@@ -40,6 +56,7 @@ class MoEEditScorer(SourceScorer):
 
   def check(self) -> None:
     from moejax.editing import methods
+
     super().check()
     self.check_integers({"unedited": 1, "unrelated_windows": 1})
     self.check_levels(("edits",), int)
@@ -49,6 +66,7 @@ class MoEEditScorer(SourceScorer):
 
   def bound(self, arm: dict):
     from moejax.editing import methods
+
     overrides: dict[str, tuple | bool] = {"layers": tuple(self.settings["layers"])}
     if arm["method"] == "moe_edit":
       overrides["project"] = bool(arm["project"])
@@ -62,6 +80,7 @@ class MoEEditScorer(SourceScorer):
   @functools.cached_property
   def other_stream(self) -> np.ndarray:
     from moejax.data.pipeline import split_documents
+
     tokenizer, ids = self.bench.source.tokenizer, []
     for domain, text in split_documents(self.bench.run_config.data):
       if domain != "facts":
@@ -72,13 +91,13 @@ class MoEEditScorer(SourceScorer):
   def score(self, level, draw, arms):
     from moejax.editing import edit, facts, measure
     from moejax.posttrain.calibration import calibration_windows
+
     b, s = self.bench, self.settings
     src, seq_len = b.source, b.source.config.data.seq_len
     edits = facts.draw_facts(level["edits"], draw)
     unedited = facts.draw_facts(s["unedited"], 1000 + draw, exclude=[e.subject for e in edits])
     preserved = calibration_windows(b.train_stream, s["num_windows"], seq_len, seed=draw)
-    unrelated = calibration_windows(self.other_stream, s["unrelated_windows"], seq_len,
-                                    seed=draw)
+    unrelated = calibration_windows(self.other_stream, s["unrelated_windows"], seq_len, seed=draw)
     pairing = digest(preserved, unrelated, np.asarray([hash(e) % 2**31 for e in edits]))
     reference = measure.routing_reference(self.graphdef, src.params, src.rest, unrelated)
     first = min(s["layers"])
@@ -86,12 +105,25 @@ class MoEEditScorer(SourceScorer):
     for name, arm in arms.items():
       params = src.params
       if arm["method"] != "none":
-        params, _ = edit.edit_model(src.model, src.params, src.rest, src.tokenizer, src.eos_id,
-                                    edits, self.bound(arm), preserved, cache=cache)
-      got = measure.fact_metrics(self.graphdef, src.params, params, src.rest, src.tokenizer,
-                                 src.eos_id, edits, unedited)
-      got.update(measure.routing_shift(self.graphdef, src.params, params, src.rest, unrelated,
-                                       first, reference=reference))
+        params, _ = edit.edit_model(
+          src.model,
+          src.params,
+          src.rest,
+          src.tokenizer,
+          src.eos_id,
+          edits,
+          self.bound(arm),
+          preserved,
+          cache=cache,
+        )
+      got = measure.fact_metrics(
+        self.graphdef, src.params, params, src.rest, src.tokenizer, src.eos_id, edits, unedited
+      )
+      got.update(
+        measure.routing_shift(
+          self.graphdef, src.params, params, src.rest, unrelated, first, reference=reference
+        )
+      )
       got.update(b.evaluate(src.model, params, src.rest))
       others = [v for k, v in got.items() if k.startswith("bpb/") and k != "bpb/facts"]
       got["bpb_other"] = float(np.mean(others)) if others else float("nan")

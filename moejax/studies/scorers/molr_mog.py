@@ -17,6 +17,7 @@ training); at sigma = settings.report_sigma only (they do not depend on sigma):
 `dsm_excess` (held-out DSM loss above the true score's), `max_angle_deg` (MoE models),
 `params`, `final_train_loss`.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,7 @@ from moejax.studies import report
 from moejax.studies.scoring import PAIRING, SCORERS, Scorer, digest
 
 PER_MODEL = ("dsm_excess", "max_angle_deg", "params", "final_train_loss")
-INTEGERS = ("dim", "subspaces", "latent_dim", "components", "steps", "batch_size",
-            "eval_samples")
+INTEGERS = ("dim", "subspaces", "latent_dim", "components", "steps", "batch_size", "eval_samples")
 POSITIVE = ("mean_scale", "learning_rate", "sigma_min", "sigma_max", "report_sigma")
 
 
@@ -42,16 +42,30 @@ def _squared(cells):
   def value(c, v):
     return math.exp(2 * (c.mean if v is None else v))
 
-  return ([value(c, c.mean) for c in cells], [value(c, c.lo) for c in cells],
-          [value(c, c.hi) for c in cells])
+  return (
+    [value(c, c.mean) for c in cells],
+    [value(c, c.lo) for c in cells],
+    [value(c, c.hi) for c in cells],
+  )
 
 
 @SCORERS.register("molr_mog")
 class MoLRMoG(Scorer):
-  settings = {"dim": 64, "subspaces": 3, "latent_dim": 4, "components": 3, "mean_scale": 3.0,
-              "steps": 3000, "batch_size": 256, "learning_rate": 1e-2, "sigma_min": 0.05,
-              "sigma_max": 20.0, "eval_samples": 4096, "report_sigma": 1.0,
-              "data_components": None}
+  settings = {
+    "dim": 64,
+    "subspaces": 3,
+    "latent_dim": 4,
+    "components": 3,
+    "mean_scale": 3.0,
+    "steps": 3000,
+    "batch_size": 256,
+    "learning_rate": 1e-2,
+    "sigma_min": 0.05,
+    "sigma_max": 20.0,
+    "eval_samples": 4096,
+    "report_sigma": 1.0,
+    "data_components": None,
+  }
   arm_settings = {"model": None, "only_n": None}
 
   def __init__(self, spec):
@@ -78,31 +92,42 @@ class MoLRMoG(Scorer):
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be a finite number > 0")
     rich = s["data_components"]
     if rich is not None and (isinstance(rich, bool) or not isinstance(rich, int) or rich < 1):
-      raise ConfigError(f"study.settings.data_components={rich!r} must be null (the networks' "
-                        "family) or an integer >= 1")
+      raise ConfigError(
+        f"study.settings.data_components={rich!r} must be null (the networks' "
+        "family) or an integer >= 1"
+      )
     try:
       score_mixture.check_sizes(s["dim"], s["subspaces"], s["latent_dim"], s["components"])
     except ConfigError as e:
       raise ConfigError(f"study.settings: {e}") from None
     if s["sigma_min"] > s["sigma_max"]:
-      raise ConfigError(f"study.settings.sigma_min={s['sigma_min']} must be <= "
-                        f"study.settings.sigma_max={s['sigma_max']}")
-    for axis, ok, what in (("n", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-                           ("sigma", lambda v: isinstance(v, (int, float)) and v > 0,
-                            "a number > 0")):
+      raise ConfigError(
+        f"study.settings.sigma_min={s['sigma_min']} must be <= "
+        f"study.settings.sigma_max={s['sigma_max']}"
+      )
+    for axis, ok, what in (
+      ("n", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+      ("sigma", lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0"),
+    ):
       for i, level in enumerate(self.spec.levels):
         if isinstance(level.get(axis), bool) or not ok(level.get(axis)):
           raise ConfigError(f"study.levels[{i}].{axis}={level.get(axis)!r} must be {what}")
     if s["report_sigma"] not in self.axis("sigma"):
-      raise ConfigError(f"study.settings.report_sigma={s['report_sigma']} must be one of the "
-                        f"levels' sigma {self.axis('sigma')}")
+      raise ConfigError(
+        f"study.settings.report_sigma={s['report_sigma']} must be one of the "
+        f"levels' sigma {self.axis('sigma')}"
+      )
     for i, (name, arm) in enumerate(self.spec.arms):
       if self.model(name) not in molr_mog.MODELS:
-        raise ConfigError(f"study.arms[{i}].model={self.model(name)!r} (arm {name!r}) must "
-                          f"be one of {', '.join(molr_mog.MODELS)}")
+        raise ConfigError(
+          f"study.arms[{i}].model={self.model(name)!r} (arm {name!r}) must "
+          f"be one of {', '.join(molr_mog.MODELS)}"
+        )
       if arm["only_n"] is not None and arm["only_n"] not in self.axis("n"):
-        raise ConfigError(f"study.arms[{i}].only_n={arm['only_n']!r} (arm {name!r}) must be "
-                          f"one of the levels' n {self.axis('n')}")
+        raise ConfigError(
+          f"study.arms[{i}].only_n={arm['only_n']!r} (arm {name!r}) must be "
+          f"one of the levels' n {self.axis('n')}"
+        )
 
   def applies(self, arm, level):
     only = self.spec.arm(arm)["only_n"]
@@ -111,19 +136,39 @@ class MoLRMoG(Scorer):
   def fit(self, name: str, draw: int, n: int) -> dict:
     s = self.settings
     if self.data is None or self.data[0] != draw:
-      self.data = (draw, *molr_mog.instance(
-          draw, s["dim"], s["subspaces"], s["latent_dim"], s["components"],
-          mean_scale=s["mean_scale"], points=max(self.axis("n")),
-          data_components=s["data_components"]))
+      self.data = (
+        draw,
+        *molr_mog.instance(
+          draw,
+          s["dim"],
+          s["subspaces"],
+          s["latent_dim"],
+          s["components"],
+          mean_scale=s["mean_scale"],
+          points=max(self.axis("n")),
+          data_components=s["data_components"],
+        ),
+      )
     key = (draw, n, name)
     if key not in self.fits:
       self.fits = {k: v for k, v in self.fits.items() if k[:2] == (draw, n)}
-      train = {k: s[k] for k in ("subspaces", "latent_dim", "components", "steps",
-                                 "batch_size", "learning_rate", "sigma_min", "sigma_max",
-                                 "eval_samples")}
-      self.fits[key] = molr_mog.fit_and_score(self.model(name), self.data[1],
-                                              self.data[2][:n], draw, self.axis("sigma"),
-                                              **train)
+      train = {
+        k: s[k]
+        for k in (
+          "subspaces",
+          "latent_dim",
+          "components",
+          "steps",
+          "batch_size",
+          "learning_rate",
+          "sigma_min",
+          "sigma_max",
+          "eval_samples",
+        )
+      }
+      self.fits[key] = molr_mog.fit_and_score(
+        self.model(name), self.data[1], self.data[2][:n], draw, self.axis("sigma"), **train
+      )
       self.fits[key][PAIRING] = digest(np.asarray(self.data[2][:n]))
     return self.fits[key]
 
@@ -132,8 +177,12 @@ class MoLRMoG(Scorer):
     for name in arms:
       fit, sigma = self.fit(name, draw, level["n"]), level["sigma"]
       error = fit["score_error"][sigma]
-      out[name] = {"score_error": error, "log_l2_error": 0.5 * math.log(error),
-                   "start_score_error": fit["start_score_error"][sigma], PAIRING: fit[PAIRING]}
+      out[name] = {
+        "score_error": error,
+        "log_l2_error": 0.5 * math.log(error),
+        "start_score_error": fit["start_score_error"][sigma],
+        PAIRING: fit[PAIRING],
+      }
       if sigma == self.settings["report_sigma"]:
         out[name].update({k: fit[k] for k in PER_MODEL if k in fit})
     return out
@@ -141,14 +190,18 @@ class MoLRMoG(Scorer):
   def cells(self, results, metric):
     """{(arm, n, sigma): t_interval over draws}."""
     by_key = report.index_runs(results["runs"])
-    return {(arm, level["n"], level["sigma"]): stats.t_interval(list(found.values()))
-            for arm in self.spec.arm_names for level in self.spec.levels
-            if (found := report.values(self.spec, by_key, arm, level, metric))}
+    return {
+      (arm, level["n"], level["sigma"]): stats.t_interval(list(found.values()))
+      for arm in self.spec.arm_names
+      for level in self.spec.levels
+      if (found := report.values(self.spec, by_key, arm, level, metric))
+    }
 
   def full_n(self) -> int:
     """The n at which the most arms run (the largest such)."""
-    return max(self.axis("n"), key=lambda n: (sum(self.applies(a, {"n": n})
-                                                  for a in self.spec.arm_names), n))
+    return max(
+      self.axis("n"), key=lambda n: (sum(self.applies(a, {"n": n}) for a in self.spec.arm_names), n)
+    )
 
   def notes(self, results):
     n, report_sigma = self.full_n(), self.settings["report_sigma"]
@@ -166,64 +219,103 @@ class MoLRMoG(Scorer):
       def get(k, arm=arm):
         return extra[k].get((arm, n, report_sigma))
 
-      rows.append([arm, molr_mog.MODELS[self.model(arm)],
-                   f"{get('params').mean:.0f}" if get("params") else "—",
-                   *(fmt(error.get((arm, n, s))) for s in sigmas), fmt(get("start_score_error")),
-                   fmt(get("dsm_excess")),
-                   f"{get('max_angle_deg').mean:.2f} ± {get('max_angle_deg').std or 0:.2f}"
-                   if get("max_angle_deg") else "—"])
+      rows.append(
+        [
+          arm,
+          molr_mog.MODELS[self.model(arm)],
+          f"{get('params').mean:.0f}" if get("params") else "—",
+          *(fmt(error.get((arm, n, s))) for s in sigmas),
+          fmt(get("start_score_error")),
+          fmt(get("dsm_excess")),
+          f"{get('max_angle_deg').mean:.2f} ± {get('max_angle_deg').std or 0:.2f}"
+          if get("max_angle_deg")
+          else "—",
+        ]
+      )
     table = stats.markdown_table(
-        ["arm", "model", "params", *(f"sigma={s:g}" for s in sigmas),
-         f"at start, sigma={report_sigma:g}", "held-out DSM excess", "max subspace angle (deg)"],
-        rows)
-    slopes = [[arm, *(stats.format_interval(i, "{:+.3f}") if i else "—" for i in (
-        self.slope(results, arm, metric) for metric in ("score_error", "start_score_error")))]
-        for arm in self.spec.arm_names]
-    return (f"## Relative score error by noise level (n = {n})\n\nE|s_theta - s|^2 / E|s|^2, "
-            f"mean ± std over draws; DSM excess and angles at the end of training.\n\n{table}"
-            f"\n\n## Growth exponent in n (sigma = {report_sigma:g})\n\nPer draw, the "
-            "least-squares slope of ln of the relative L2 error (ln sqrt(score_error)) on ln n, "
-            "after training and at the start; mean ± std [95% t-interval] over draws.\n\n"
-            + stats.markdown_table(["arm", "slope", "slope at start"],
-                                   [row for row in slopes if row[1] != "—"]))
+      [
+        "arm",
+        "model",
+        "params",
+        *(f"sigma={s:g}" for s in sigmas),
+        f"at start, sigma={report_sigma:g}",
+        "held-out DSM excess",
+        "max subspace angle (deg)",
+      ],
+      rows,
+    )
+    slopes = [
+      [
+        arm,
+        *(
+          stats.format_interval(i, "{:+.3f}") if i else "—"
+          for i in (
+            self.slope(results, arm, metric) for metric in ("score_error", "start_score_error")
+          )
+        ),
+      ]
+      for arm in self.spec.arm_names
+    ]
+    return (
+      f"## Relative score error by noise level (n = {n})\n\nE|s_theta - s|^2 / E|s|^2, "
+      f"mean ± std over draws; DSM excess and angles at the end of training.\n\n{table}"
+      f"\n\n## Growth exponent in n (sigma = {report_sigma:g})\n\nPer draw, the "
+      "least-squares slope of ln of the relative L2 error (ln sqrt(score_error)) on ln n, "
+      "after training and at the start; mean ± std [95% t-interval] over draws.\n\n"
+      + stats.markdown_table(
+        ["arm", "slope", "slope at start"], [row for row in slopes if row[1] != "—"]
+      )
+    )
 
   def slope(self, results, arm, metric):
     """t-interval over draws of the slope of ln sqrt(metric) on ln n at report_sigma."""
     by_key = report.index_runs(results["runs"])
-    levels = [level for level in self.spec.levels
-              if level["sigma"] == self.settings["report_sigma"]]
-    found = [(level["n"], v) for level in levels
-             if (v := report.values(self.spec, by_key, arm, level, metric))]
+    levels = [
+      level for level in self.spec.levels if level["sigma"] == self.settings["report_sigma"]
+    ]
+    found = [
+      (level["n"], v)
+      for level in levels
+      if (v := report.values(self.spec, by_key, arm, level, metric))
+    ]
     draws = sorted(set.intersection(*(set(v) for _, v in found))) if len(found) > 1 else []
     if not draws:
       return None
     x = [math.log(n) for n, _ in found]
-    return stats.t_interval([stats.slope(x, [0.5 * math.log(v[d]) for _, v in found]).mean
-                             for d in draws])
+    return stats.t_interval(
+      [stats.slope(x, [0.5 * math.log(v[d]) for _, v in found]).mean for d in draws]
+    )
 
   def plot(self, results, path):
     import matplotlib
+
     matplotlib.use("Agg")
     from matplotlib import ticker
     import matplotlib.pyplot as plt
+
     error, n = self.cells(results, "log_l2_error"), self.full_n()
     report_sigma = self.settings["report_sigma"]
     sigmas, ns = self.axis("sigma"), sorted(self.axis("n"))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for a, arm in enumerate(self.spec.arm_names):
-      for axis, keys, xs in ((left, [(arm, n, s) for s in sigmas], sigmas),
-                             (right, [(arm, m, report_sigma) for m in ns], ns)):
+      for axis, keys, xs in (
+        (left, [(arm, n, s) for s in sigmas], sigmas),
+        (right, [(arm, m, report_sigma) for m in ns], ns),
+      ):
         kept = [(x, error[k]) for x, k in zip(xs, keys) if k in error]
         if len(kept) > 1:
           mean, low, high = _squared([c for _, c in kept])
-          axis.plot([x for x, _ in kept], mean, "o-", color=f"C{a}",
-                    label=molr_mog.MODELS[self.model(arm)])
+          axis.plot(
+            [x for x, _ in kept], mean, "o-", color=f"C{a}", label=molr_mog.MODELS[self.model(arm)]
+          )
           axis.fill_between([x for x, _ in kept], low, high, color=f"C{a}", alpha=0.2)
-    first = [error[k] for k in error if self.model(k[0]) == "mog"
-             and k[1:] == (ns[0], report_sigma)]
+    first = [
+      error[k] for k in error if self.model(k[0]) == "mog" and k[1:] == (ns[0], report_sigma)
+    ]
     if first:  # a 1/n guide through the first MoE-latent-MoG point
-      right.plot(ns, math.exp(2 * first[0].mean) * ns[0] / np.asarray(ns, float), "k:",
-                 label="slope -1")
+      right.plot(
+        ns, math.exp(2 * first[0].mean) * ns[0] / np.asarray(ns, float), "k:", label="slope -1"
+      )
     for axis in (left, right):
       axis.set(xscale="log", yscale="log", ylabel="relative score error")
       axis.legend(fontsize=7)
@@ -231,8 +323,10 @@ class MoLRMoG(Scorer):
     right.xaxis.set_minor_formatter(ticker.NullFormatter())
     left.set(xlabel="noise level sigma", title=f"by noise level (n = {n})")
     right.set(xlabel="training points n", title=f"against n (sigma = {report_sigma:g})")
-    fig.suptitle(f"MoLR-MoG: geometric mean of the relative score error over "
-                 f"{self.spec.draws} draws, 95% t-interval of its log")
+    fig.suptitle(
+      f"MoLR-MoG: geometric mean of the relative score error over "
+      f"{self.spec.draws} draws, 95% t-interval of its log"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

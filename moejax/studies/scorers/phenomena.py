@@ -23,6 +23,7 @@ accuracy of each of settings.probes ('auto': every probe, arithmetic included, f
 model; probe_count examples per group drawn with seed d).
 A draw's profile is computed once, on its first request, and shared by its arms.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,73 +40,122 @@ KINDS = ("none", "super_experts", "most_frequent", "random")
 
 @SCORERS.register("phenomena_ablation")
 class PhenomenaAblation(Scorer):
-  settings = {"workdir": "runs/zoo/s", "bytes_per_domain": 4096, "context": 0, "n": 0,
-              "rule": "official", "quantile": 99.5, "fraction_of_max": 0.1,
-              "include_layers": 0.75, "min_ratio": 100.0, "growth": 2.0, "batch_rows": 32,
-              "probes": "auto", "probe_count": 32}
+  settings = {
+    "workdir": "runs/zoo/s",
+    "bytes_per_domain": 4096,
+    "context": 0,
+    "n": 0,
+    "rule": "official",
+    "quantile": 99.5,
+    "fraction_of_max": 0.1,
+    "include_layers": 0.75,
+    "min_ratio": 100.0,
+    "growth": 2.0,
+    "batch_rows": 32,
+    "probes": "auto",
+    "probe_count": 32,
+  }
   CRITERION = ("rule", "quantile", "fraction_of_max", "include_layers", "min_ratio", "growth")
   arm_settings = {"ablate": "none"}
 
   def metrics(self):
-    return ("bpb", "loss_nats", "mean_mass_on_position_0", "max_residual",
-            "super_experts_found", *(f"probe/{p}" for p in self.probes))
+    return (
+      "bpb",
+      "loss_nats",
+      "mean_mass_on_position_0",
+      "max_residual",
+      "super_experts_found",
+      *(f"probe/{p}" for p in self.probes),
+    )
 
   @property
   def probes(self) -> tuple[str, ...]:
     """settings.probes as names ('auto': every probe for a mix model, else none)."""
     from moejax.posttrain.measure import probes_of
+
     if not isinstance(self.settings["probes"], str):
-      raise ConfigError(f"study.settings.probes={self.settings['probes']!r} must be 'auto', "
-                        "'' or comma-separated probe names")
+      raise ConfigError(
+        f"study.settings.probes={self.settings['probes']!r} must be 'auto', "
+        "'' or comma-separated probe names"
+      )
     from moejax.evaluation.probe_data import PROBES
+
     names = probes_of(self.settings["probes"], self.held_out.config.data)
     unknown = [p for p in names if p not in PROBES]
     if unknown:
-      raise ConfigError(f"study.settings.probes={self.settings['probes']!r}: {unknown[0]!r} "
-                        f"is not a probe; valid: {', '.join(sorted(PROBES))}")
+      raise ConfigError(
+        f"study.settings.probes={self.settings['probes']!r}: {unknown[0]!r} "
+        f"is not a probe; valid: {', '.join(sorted(PROBES))}"
+      )
     return names
 
   def check(self):
     s = self.settings
     from moejax.analysis.super_experts import RULES
+
     if s["rule"] not in RULES:
       raise ConfigError(f"study.settings.rule={s['rule']!r} must be one of {', '.join(RULES)}")
-    for key, low in (("bytes_per_domain", 1), ("context", 0), ("n", 0), ("batch_rows", 1),
-                     ("probe_count", 1)):
+    for key, low in (
+      ("bytes_per_domain", 1),
+      ("context", 0),
+      ("n", 0),
+      ("batch_rows", 1),
+      ("probe_count", 1),
+    ):
       if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < low:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
-    for key, low, high in (("quantile", 0, 100), ("fraction_of_max", 0, 1),
-                           ("include_layers", 0, 1)):
+    for key, low, high in (
+      ("quantile", 0, 100),
+      ("fraction_of_max", 0, 1),
+      ("include_layers", 0, 1),
+    ):
       if not low < s[key] <= high and not (key == "quantile" and s[key] == 0):
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be in "
-                          f"{'[' if key == 'quantile' else '('}{low}, {high}]")
+        raise ConfigError(
+          f"study.settings.{key}={s[key]!r} must be in "
+          f"{'[' if key == 'quantile' else '('}{low}, {high}]"
+        )
     for key in ("min_ratio", "growth"):
       if not s[key] >= 0:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be >= 0")
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["ablate"] not in KINDS:
-        raise ConfigError(f"study.arms[{i}].ablate={arm['ablate']!r} (arm {name!r}) must be "
-                          f"one of {', '.join(KINDS)}")
+        raise ConfigError(
+          f"study.arms[{i}].ablate={arm['ablate']!r} (arm {name!r}) must be "
+          f"one of {', '.join(KINDS)}"
+        )
     if self.spec.axes:
       raise ConfigError(f"study.levels have axes {self.spec.axes}; this scorer has none")
     from moejax.models.structure import expert_counts
+
     if s["n"] > sum(expert_counts(self.held_out.config.model)):
-      raise ConfigError(f"study.settings.n={s['n']} must be at most the model's "
-                        f"{sum(expert_counts(self.held_out.config.model))} experts")
+      raise ConfigError(
+        f"study.settings.n={s['n']} must be at most the model's "
+        f"{sum(expert_counts(self.held_out.config.model))} experts"
+      )
     for draw in range(self.spec.draws):
-      self.held_out.windows(draw, s["bytes_per_domain"], f"(study.settings.context="
-                            f"{s['context']}, bytes_per_domain={s['bytes_per_domain']}, "
-                            f"draw {draw})")
+      self.held_out.windows(
+        draw,
+        s["bytes_per_domain"],
+        f"(study.settings.context="
+        f"{s['context']}, bytes_per_domain={s['bytes_per_domain']}, "
+        f"draw {draw})",
+      )
 
   @functools.cached_property
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
-    return HeldOut.load(self.settings["workdir"], self.settings["context"],
-                        key="study.settings.workdir", context_key="study.settings.context")
+
+    return HeldOut.load(
+      self.settings["workdir"],
+      self.settings["context"],
+      key="study.settings.workdir",
+      context_key="study.settings.context",
+    )
 
   @functools.cached_property
   def model(self):
     from moejax.analysis.super_experts import model_of
+
     h = self.held_out
     return model_of((h.config, h.params, h.rest))
 
@@ -113,34 +163,59 @@ class PhenomenaAblation(Scorer):
   def profile(self, draw: int) -> dict:
     """The draw's documents, windows, measured parts, profile and arms' experts."""
     from moejax.analysis import super_experts as se
+
     m, graphdef, params, rest = self.model
     documents, windows, _ = self.held_out.windows(draw, self.settings["bytes_per_domain"])
     tokens = jnp.asarray(windows, jnp.int32)
     found = jax.device_get(se.measure(graphdef, params, rest, tokens, se.PARTS + ("counts",)))
     criterion = {k: self.settings[k] for k in self.CRITERION}
     report = se.profile_report(m, tokens.shape, found, **criterion)
-    n, arms = se.ablation_arms(report, found["peaks"], found["counts"],
-                               self.settings["n"] or None, seeds=(draw,))
-    return {"documents": documents, "tokens": tokens, "found": found, "report": report,
-            "n": n, "arms": dict(zip(KINDS, arms)), "digest": digest(windows)}
+    n, arms = se.ablation_arms(
+      report, found["peaks"], found["counts"], self.settings["n"] or None, seeds=(draw,)
+    )
+    return {
+      "documents": documents,
+      "tokens": tokens,
+      "found": found,
+      "report": report,
+      "n": n,
+      "arms": dict(zip(KINDS, arms)),
+      "digest": digest(windows),
+    }
 
   def score(self, level, draw, arms):
     from moejax.analysis import super_experts as se
+
     m, graphdef, params, rest = self.model
     p, out = self.profile(draw), {}
     for name, arm in arms.items():
       _, pairs = p["arms"][arm["ablate"]]
       effect = se.ablation_effect(
-          m, graphdef, params, rest, p["tokens"], p["found"], pairs,
-          score=functools.partial(self.held_out.bpb, p["documents"], probes=self.probes,
-                                  probe_count=self.settings["probe_count"], seed=draw),
-          batch_rows=self.settings["batch_rows"])
-      out[name] = {"bpb": effect["bpb"]["all"], "loss_nats": effect["loss_nats"],
-                   "mean_mass_on_position_0": effect["mean_mass_on_position_0"],
-                   "max_residual": effect["max_residual"],
-                   "super_experts_found": len(p["report"]["super_experts"]),
-                   **{f"probe/{k}": v for k, v in effect["probes"].items()},
-                   "pairing": p["digest"]}
+        m,
+        graphdef,
+        params,
+        rest,
+        p["tokens"],
+        p["found"],
+        pairs,
+        score=functools.partial(
+          self.held_out.bpb,
+          p["documents"],
+          probes=self.probes,
+          probe_count=self.settings["probe_count"],
+          seed=draw,
+        ),
+        batch_rows=self.settings["batch_rows"],
+      )
+      out[name] = {
+        "bpb": effect["bpb"]["all"],
+        "loss_nats": effect["loss_nats"],
+        "mean_mass_on_position_0": effect["mean_mass_on_position_0"],
+        "max_residual": effect["max_residual"],
+        "super_experts_found": len(p["report"]["super_experts"]),
+        **{f"probe/{k}": v for k, v in effect["probes"].items()},
+        "pairing": p["digest"],
+      }
     return out
 
   def notes(self, results):
@@ -153,15 +228,36 @@ class PhenomenaAblation(Scorer):
       def experts(kind, p=p):
         return ", ".join(f"{j}:{e}" for j, e in p["arms"][kind][1]) or "—"
 
-      rows.append([draw, f"{p['tokens'].shape[0]} x {p['tokens'].shape[1]}",
-                   p["arms"]["super_experts"][0], experts("super_experts"),
-                   experts("most_frequent"), experts("random"),
-                   report["massive_activations"]["massive_layers"] or "none", f"{ratio:.1f}",
-                   f"{min(report['attention_sinks']['mass_on_position_0']):.3f}-"
-                   f"{max(report['attention_sinks']['mass_on_position_0']):.3f}",
-                   f"{report['attention_sinks']['uniform_baseline']:.3f}"])
-    return ("### Per draw: the profile and the ablated experts (MoE layer:expert)\n\n"
-            + stats.markdown_table(
-                ["draw", "windows", "SE arm", "super_experts arm", "most_frequent",
-                 "random", "massive layers", "max residual max/median",
-                 "mass on position 0", "uniform"], rows))
+      rows.append(
+        [
+          draw,
+          f"{p['tokens'].shape[0]} x {p['tokens'].shape[1]}",
+          p["arms"]["super_experts"][0],
+          experts("super_experts"),
+          experts("most_frequent"),
+          experts("random"),
+          report["massive_activations"]["massive_layers"] or "none",
+          f"{ratio:.1f}",
+          f"{min(report['attention_sinks']['mass_on_position_0']):.3f}-"
+          f"{max(report['attention_sinks']['mass_on_position_0']):.3f}",
+          f"{report['attention_sinks']['uniform_baseline']:.3f}",
+        ]
+      )
+    return (
+      "### Per draw: the profile and the ablated experts (MoE layer:expert)\n\n"
+      + stats.markdown_table(
+        [
+          "draw",
+          "windows",
+          "SE arm",
+          "super_experts arm",
+          "most_frequent",
+          "random",
+          "massive layers",
+          "max residual max/median",
+          "mass on position 0",
+          "uniform",
+        ],
+        rows,
+      )
+    )

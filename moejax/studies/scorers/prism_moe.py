@@ -13,6 +13,7 @@ on the held-out trajectories, conversion/measure.py); kl, and bpb / bpb/<domain>
 (posttrain/measure.Bench) after fine-tuning for settings.budget of the dense run's
 steps (conversion/finetune.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,9 +28,19 @@ HELD_OUT_SEED = 10_000
 
 @SCORERS.register("prism_moe")
 class PrismMoEScorer(SourceScorer):
-  settings = {"workdir": "runs/zoo/s_dense", "num_windows": 16, "bytes_per_domain": 4096,
-              "probes": "", "probe_count": 1, "experts": 8, "top_k": 3, "trajectories": 16,
-              "length": 64, "held_out": 16, "budget": 0.1}
+  settings = {
+    "workdir": "runs/zoo/s_dense",
+    "num_windows": 16,
+    "bytes_per_domain": 4096,
+    "probes": "",
+    "probe_count": 1,
+    "experts": 8,
+    "top_k": 3,
+    "trajectories": 16,
+    "length": 64,
+    "held_out": 16,
+    "budget": 0.1,
+  }
   arm_settings = {"partition": "random", "supervision": 0.0}
 
   def extra_metrics(self):
@@ -37,58 +48,79 @@ class PrismMoEScorer(SourceScorer):
 
   def check(self) -> None:
     from moejax.conversion import convert
+
     super().check()
     s = self.settings
-    self.check_integers({"experts": 1, "top_k": 1, "trajectories": 1, "length": 1,
-                         "held_out": 1})
+    self.check_integers({"experts": 1, "top_k": 1, "trajectories": 1, "length": 1, "held_out": 1})
     if not isinstance(s["budget"], (int, float)) or not 0 < s["budget"] <= 1:
       raise ConfigError(f"study.settings.budget={s['budget']!r} must be in (0, 1]")
-    convert.check_source(self.source_config.model, s["experts"], s["top_k"],
-                         f"{self.WORKDIR}={s['workdir']}, study.settings.experts")
+    convert.check_source(
+      self.source_config.model,
+      s["experts"],
+      s["top_k"],
+      f"{self.WORKDIR}={s['workdir']}, study.settings.experts",
+    )
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["partition"] not in KINDS:
-        raise ConfigError(f"study.arms[{i}].partition={arm['partition']!r} (arm {name!r}) "
-                          f"must be one of {', '.join(KINDS)}")
+        raise ConfigError(
+          f"study.arms[{i}].partition={arm['partition']!r} (arm {name!r}) "
+          f"must be one of {', '.join(KINDS)}"
+        )
       w = arm["supervision"]
       if not isinstance(w, (int, float)) or isinstance(w, bool) or not w >= 0:
-        raise ConfigError(f"study.arms[{i}].supervision={w!r} (arm {name!r}) must be a "
-                          "number >= 0")
+        raise ConfigError(f"study.arms[{i}].supervision={w!r} (arm {name!r}) must be a number >= 0")
 
   @functools.cached_property
   def dense(self):
     """(model config, params, rest, start-of-document id) of the source, loop layout."""
     from moejax.models.decoder import unstack_layers
+
     src = self.bench.source
     m, params, rest = unstack_layers(src.model, src.params, src.rest)
     return m, params, rest, src.eos_id if src.eos_id is not None else 0
 
   def score(self, level, draw, arms):
     from moejax.conversion import convert, finetune, measure, trajectory
+
     s, (m, params, rest, prefix) = self.settings, self.dense
     length = min(s["length"], m.max_seq_len - 1)
-    held = trajectory.generate_trajectories(m, params, rest, s["held_out"], length,
-                                            HELD_OUT_SEED + draw, prefix)
-    config = convert.training_config(self.bench.source.config,
-                                     convert.moe_model(m, s["experts"], s["top_k"]),
-                                     s["budget"])
+    held = trajectory.generate_trajectories(
+      m, params, rest, s["held_out"], length, HELD_OUT_SEED + draw, prefix
+    )
+    config = convert.training_config(
+      self.bench.source.config, convert.moe_model(m, s["experts"], s["top_k"]), s["budget"]
+    )
     t = config.train
-    batches = finetune.windows(self.bench.train_stream, t.steps, config.data.batch_size,
-                               config.data.seq_len, seed=draw)
+    batches = finetune.windows(
+      self.bench.train_stream, t.steps, config.data.batch_size, config.data.seq_len, seed=draw
+    )
     pairing = digest(held, batches)
     converted, out = {}, {}
     for name, arm in arms.items():
       kind = arm["partition"]
       if kind not in converted:
         moe_m, moe_params, _ = convert.convert(
-            m, params, rest, kind, s["experts"], s["top_k"], seed=draw,
-            trajectories=s["trajectories"], length=length, prefix_id=prefix)
-        converted[kind] = (moe_params, measure.held_out(m, params, rest, moe_m, moe_params,
-                                                        held))
+          m,
+          params,
+          rest,
+          kind,
+          s["experts"],
+          s["top_k"],
+          seed=draw,
+          trajectories=s["trajectories"],
+          length=length,
+          prefix_id=prefix,
+        )
+        converted[kind] = (moe_params, measure.held_out(m, params, rest, moe_m, moe_params, held))
       moe_params, at0 = converted[kind]
-      tuned, _ = finetune.finetune(config, m, params, rest, moe_params, rest, batches,
-                                   float(arm["supervision"]))
-      got = {"kl0": at0["kl"], "mse0": at0["mse"],
-             "kl": measure.held_out(m, params, rest, config.model, tuned, held)["kl"]}
+      tuned, _ = finetune.finetune(
+        config, m, params, rest, moe_params, rest, batches, float(arm["supervision"])
+      )
+      got = {
+        "kl0": at0["kl"],
+        "mse0": at0["mse"],
+        "kl": measure.held_out(m, params, rest, config.model, tuned, held)["kl"],
+      }
       got.update(self.bench.evaluate(config.model, tuned, rest))
       got[PAIRING] = pairing
       out[name] = got

@@ -30,6 +30,7 @@ gates; expert methods), and layer_error, the deployed layer's own error on the
 calibration tokens (re-routed, renormalised, rescaled or merged as deployed) over
 the same ||Y||^2 (prune.prune_model, contributions.deployed_errors).
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,23 +47,35 @@ NONE = "none"  # the arm of the unmodified model
 
 class SourceScorer(Scorer):
   """A study of models made from one training workdir (study.settings.workdir)."""
-  settings = {"workdir": "runs/zoo/s", "num_windows": 64, "bytes_per_domain": 8192,
-              "probes": "auto", "probe_count": 16}
+
+  settings = {
+    "workdir": "runs/zoo/s",
+    "num_windows": 64,
+    "bytes_per_domain": 8192,
+    "probes": "auto",
+    "probe_count": 16,
+  }
   WORKDIR = "study.settings.workdir"
 
   @functools.cached_property
   def source_config(self):
     """The workdir's run config (metadata only); ConfigError naming the setting."""
     from moejax.posttrain import source
+
     return source.training_config(self.settings["workdir"], self.WORKDIR)[0]
 
   @functools.cached_property
   def bench(self) -> measure.Bench:
     s = self.settings
-    return measure.Bench(s["workdir"], num_windows=s["num_windows"],
-                         bytes_per_domain=s["bytes_per_domain"], probes=self.probes,
-                         probe_count=s["probe_count"],
-                         reroute_windows=s.get("reroute_windows", 0), key=self.WORKDIR)
+    return measure.Bench(
+      s["workdir"],
+      num_windows=s["num_windows"],
+      bytes_per_domain=s["bytes_per_domain"],
+      probes=self.probes,
+      probe_count=s["probe_count"],
+      reroute_windows=s.get("reroute_windows", 0),
+      key=self.WORKDIR,
+    )
 
   @property
   def probes(self) -> tuple[str, ...]:
@@ -72,8 +85,10 @@ class SourceScorer(Scorer):
     if not isinstance(self.settings["workdir"], str):
       raise ConfigError(f"{self.WORKDIR}={self.settings['workdir']!r} must be a path")
     if not isinstance(self.settings["probes"], str):
-      raise ConfigError(f"study.settings.probes={self.settings['probes']!r} must be 'auto', "
-                        "'' or comma-separated probe names")
+      raise ConfigError(
+        f"study.settings.probes={self.settings['probes']!r} must be 'auto', "
+        "'' or comma-separated probe names"
+      )
     data = self.source_config.data
     return measure.metric_names(measure.domains_of(data), self.probes) + self.extra_metrics()
 
@@ -90,23 +105,28 @@ class SourceScorer(Scorer):
 
   def check(self) -> None:
     from moejax.evaluation.probe_data import PROBES
+
     self.check_integers({"num_windows": 1, "bytes_per_domain": 0, "probe_count": 1})
     unknown = [p for p in self.probes if p not in PROBES]
     if unknown:
-      raise ConfigError(f"study.settings.probes={self.settings['probes']!r}: {unknown[0]!r} "
-                        f"is not a probe; valid: {', '.join(sorted(PROBES))}")
+      raise ConfigError(
+        f"study.settings.probes={self.settings['probes']!r}: {unknown[0]!r} "
+        f"is not a probe; valid: {', '.join(sorted(PROBES))}"
+      )
 
   def check_levels(self, axes: tuple[str, ...], kind) -> str:
     """The levels' one axis (one of `axes`); ConfigError unless every value is a `kind`."""
     axis = self.spec.axes
     if len(axis) != 1 or axis[0] not in axes:
-      raise ConfigError(f"study.levels={list(self.spec.levels)!r} must give one axis, "
-                        f"{' or '.join(axes)}")
+      raise ConfigError(
+        f"study.levels={list(self.spec.levels)!r} must give one axis, {' or '.join(axes)}"
+      )
     for j, level in enumerate(self.spec.levels):
       value = level[axis[0]]
       if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"study.levels[{j}].{axis[0]}={value!r} must be a "
-                          f"{getattr(kind, '__name__', 'number')}")
+        raise ConfigError(
+          f"study.levels[{j}].{axis[0]}={value!r} must be a {getattr(kind, '__name__', 'number')}"
+        )
     return axis[0]
 
   def context_keys(self) -> dict:
@@ -129,22 +149,36 @@ class SourceScorer(Scorer):
 @SCORERS.register("pruning")
 class Pruning(SourceScorer):
   settings = {**SourceScorer.settings, "objective": "rescaled"}
-  arm_settings = {"method": NONE, "merge": "", "partner": "output", "rescale": False,
-                  "normalisation": "routed"}
+  arm_settings = {
+    "method": NONE,
+    "merge": "",
+    "partner": "output",
+    "rescale": False,
+    "normalisation": "routed",
+  }
 
   def extra_metrics(self):
-    return ("parameter_bytes", "expert_parameters", "kept_experts", "proxy_error",
-            "layer_error")
+    return ("parameter_bytes", "expert_parameters", "kept_experts", "proxy_error", "layer_error")
 
   @staticmethod
   def request(arm: dict, keep: str, objective: str):
     from moejax.posttrain.prune import Pruning as Request
-    return Request(arm["method"], keep, objective, bool(arm["rescale"]), 0, arm["merge"],
-                   arm["partner"], arm["normalisation"])
+
+    return Request(
+      arm["method"],
+      keep,
+      objective,
+      bool(arm["rescale"]),
+      0,
+      arm["merge"],
+      arm["partner"],
+      arm["normalisation"],
+    )
 
   def check(self) -> None:
     from moejax.posttrain.prune import check_options
     from moejax.posttrain.request import check_request
+
     super().check()
     self.check_levels(("keep",), str)
     m = self.source_config.model
@@ -152,30 +186,47 @@ class Pruning(SourceScorer):
       if arm["method"] == NONE:
         continue
       for j, level in enumerate(self.spec.levels):
-        keys = {"method": f"study.arms[{i}].method", "keep": f"study.levels[{j}].keep",
-                "objective": "study.settings.objective", **self.context_keys(),
-                **{k: f"study.arms[{i}].{k}" for k in ("merge", "partner", "rescale",
-                                                        "normalisation")}}
+        keys = {
+          "method": f"study.arms[{i}].method",
+          "keep": f"study.levels[{j}].keep",
+          "objective": "study.settings.objective",
+          **self.context_keys(),
+          **{k: f"study.arms[{i}].{k}" for k in ("merge", "partner", "rescale", "normalisation")},
+        }
         request = self.request(arm, level["keep"], self.settings["objective"])
-        check_request(m, request, num_windows=self.settings["num_windows"],
-                      context=self.source_config.data.seq_len, source=self.where, keys=keys)
+        check_request(
+          m,
+          request,
+          num_windows=self.settings["num_windows"],
+          context=self.source_config.data.seq_len,
+          source=self.where,
+          keys=keys,
+        )
         check_options(request, keys)
 
   @functools.cached_property
   def unpruned(self) -> dict:
     from moejax.models.structure import expert_counts
+
     source = self.bench.source
-    return {**self.bench.evaluate(source.model, source.params, source.rest),
-            **self._sizes(source.params), "kept_experts": sum(expert_counts(source.model)),
-            "proxy_error": 0.0, "layer_error": 0.0}
+    return {
+      **self.bench.evaluate(source.model, source.params, source.rest),
+      **self._sizes(source.params),
+      "kept_experts": sum(expert_counts(source.model)),
+      "proxy_error": 0.0,
+      "layer_error": 0.0,
+    }
 
   @staticmethod
   def _sizes(params) -> dict:
-    return {"parameter_bytes": measure.parameter_bytes(params),
-            "expert_parameters": measure.expert_parameters(params)}
+    return {
+      "parameter_bytes": measure.parameter_bytes(params),
+      "expert_parameters": measure.expert_parameters(params),
+    }
 
   def score(self, level, draw, arms):
     from moejax.posttrain import prune
+
     bench = self.bench
     calibration = bench.calibration(draw)
     pairing = digest(calibration.windows)
@@ -185,12 +236,26 @@ class Pruning(SourceScorer):
         out[name] = {**self.unpruned, PAIRING: pairing}
         continue
       m, params, rest, layers = prune.prune_model(
-          bench.model, bench.source.params, bench.source.rest, keep=level["keep"],
-          method=arm["method"], objective=self.settings["objective"], seed=draw,
-          calibration=calibration, rescale=bool(arm["rescale"]), merge=arm["merge"],
-          partner=arm["partner"], normalisation=arm["normalisation"], deployed=True)
-      scores = {**bench.evaluate(m, params, rest), **self._sizes(params), PAIRING: pairing,
-                "layer_error": float(np.mean([layer["deployed_error"] for layer in layers]))}
+        bench.model,
+        bench.source.params,
+        bench.source.rest,
+        keep=level["keep"],
+        method=arm["method"],
+        objective=self.settings["objective"],
+        seed=draw,
+        calibration=calibration,
+        rescale=bool(arm["rescale"]),
+        merge=arm["merge"],
+        partner=arm["partner"],
+        normalisation=arm["normalisation"],
+        deployed=True,
+      )
+      scores = {
+        **bench.evaluate(m, params, rest),
+        **self._sizes(params),
+        PAIRING: pairing,
+        "layer_error": float(np.mean([layer["deployed_error"] for layer in layers])),
+      }
       if all("kept" in layer for layer in layers):
         scores["kept_experts"] = sum(len(layer["kept"]) for layer in layers)
         scores["proxy_error"] = float(np.mean([layer["relative_error"] for layer in layers]))

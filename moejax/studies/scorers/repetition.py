@@ -16,6 +16,7 @@ ttft_over_balanced (simulated_ttft over settings.expert_shards devices), prefill
 (measured, one device: expert parallelism is not simulated in it), drop_rate of capacity
 dispatch at settings.capacity_factor and busiest_device_capped (means over layers).
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,26 +31,53 @@ PROMPTS = ("natural", "repeated", "prefixed", "pattern", "chat")
 
 @SCORERS.register("repetition_curse")
 class RepetitionCurse(Scorer):
-  settings = {"workdir": "runs/zoo/s", "length": 0, "num_prompts": 8, "expert_shards": 8,
-              "capacity_factor": 1.25, "bytes_per_domain": 16384, "pattern": 3,
-              "prefix_text": "The story so far: ", "chat_open": "User: ",
-              "chat_close": "\nAssistant:", "prefill_repeats": 5}
+  settings = {
+    "workdir": "runs/zoo/s",
+    "length": 0,
+    "num_prompts": 8,
+    "expert_shards": 8,
+    "capacity_factor": 1.25,
+    "bytes_per_domain": 16384,
+    "pattern": 3,
+    "prefix_text": "The story so far: ",
+    "chat_open": "User: ",
+    "chat_close": "\nAssistant:",
+    "prefill_repeats": 5,
+  }
   arm_settings = {"prompt": "natural"}
 
   def metrics(self):
-    return ("same_set_fraction", "forced_identical", "max_over_mean_load",
-            "ttft_over_balanced", "prefill_seconds", "drop_rate", "busiest_device_capped")
+    return (
+      "same_set_fraction",
+      "forced_identical",
+      "max_over_mean_load",
+      "ttft_over_balanced",
+      "prefill_seconds",
+      "drop_rate",
+      "busiest_device_capped",
+    )
 
   @functools.cached_property
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
-    return HeldOut.load(self.settings["workdir"], self.settings["length"],
-                        key="study.settings.workdir", context_key="study.settings.length")
+
+    return HeldOut.load(
+      self.settings["workdir"],
+      self.settings["length"],
+      key="study.settings.workdir",
+      context_key="study.settings.length",
+    )
 
   def check(self):
     s = self.settings
-    for key in ("length", "num_prompts", "expert_shards", "bytes_per_domain", "pattern",
-                "prefill_repeats"):
+    for key in (
+      "length",
+      "num_prompts",
+      "expert_shards",
+      "bytes_per_domain",
+      "pattern",
+      "prefill_repeats",
+    ):
       low = 0 if key == "length" else 1
       if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < low:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
@@ -57,21 +85,27 @@ class RepetitionCurse(Scorer):
       raise ConfigError(f"study.settings.capacity_factor={s['capacity_factor']!r} must be > 0")
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["prompt"] not in PROMPTS:
-        raise ConfigError(f"study.arms[{i}].prompt={arm['prompt']!r} (arm {name!r}) must be "
-                          f"one of {', '.join(PROMPTS)}")
+        raise ConfigError(
+          f"study.arms[{i}].prompt={arm['prompt']!r} (arm {name!r}) must be "
+          f"one of {', '.join(PROMPTS)}"
+        )
     m = self.held_out.config.model
     if m.ffn_type != "moe" or m.moe.expert_counts:
-      raise ConfigError(f"study.settings.workdir={s['workdir']!r}: needs an MoE model with "
-                        "one expert count")
+      raise ConfigError(
+        f"study.settings.workdir={s['workdir']!r}: needs an MoE model with one expert count"
+      )
     if m.moe.num_experts % s["expert_shards"]:
-      raise ConfigError(f"study.settings.expert_shards={s['expert_shards']} must divide the "
-                        f"{m.moe.num_experts} experts")
+      raise ConfigError(
+        f"study.settings.expert_shards={s['expert_shards']} must divide the "
+        f"{m.moe.num_experts} experts"
+      )
     for draw in range(self.spec.draws):
       self.prompts(draw)
 
   @functools.cached_property
   def model(self):
     from moejax.analysis.super_experts import model_of
+
     h = self.held_out
     return model_of((h.config, h.params, h.rest))
 
@@ -80,13 +114,19 @@ class RepetitionCurse(Scorer):
     """{prompt kind: (tokens [N, length], span)} of draw `draw` (ConfigError when the
     held-out block has fewer than num_prompts windows or a prompt does not fit)."""
     from moejax.analysis import repetition as rep
+
     s, h = self.settings, self.held_out
     count, length = s["num_prompts"], h.context
-    _, windows, _ = h.windows(draw, s["bytes_per_domain"], f"(study.settings.length="
-                              f"{s['length']}, bytes_per_domain={s['bytes_per_domain']})")
+    _, windows, _ = h.windows(
+      draw,
+      s["bytes_per_domain"],
+      f"(study.settings.length={s['length']}, bytes_per_domain={s['bytes_per_domain']})",
+    )
     if len(windows) < count:
-      raise ConfigError(f"study.settings.num_prompts={count} must be at most the "
-                        f"{len(windows)} held-out windows of block {draw}")
+      raise ConfigError(
+        f"study.settings.num_prompts={count} must be at most the "
+        f"{len(windows)} held-out windows of block {draw}"
+      )
 
     def encode(text):
       return list(h.tokenizer.encode(text))
@@ -95,12 +135,13 @@ class RepetitionCurse(Scorer):
     chat = (encode(s["chat_open"]), encode(s["chat_close"]))
     ids = np.random.default_rng(draw).integers(32, 127, count * s["pattern"])
     try:
-      return {"natural": (windows[np.linspace(0, len(windows) - 1, count).astype(int)],
-                          slice(None)),
-              "repeated": rep.attack_prompts(ids[:count], length),
-              "prefixed": rep.attack_prompts(ids[:count], length, prefix=prefix),
-              "pattern": rep.attack_prompts(ids, length, prefix=prefix, pattern=s["pattern"]),
-              "chat": rep.attack_prompts(ids[:count], length, prefix=prefix, chat=chat)}
+      return {
+        "natural": (windows[np.linspace(0, len(windows) - 1, count).astype(int)], slice(None)),
+        "repeated": rep.attack_prompts(ids[:count], length),
+        "prefixed": rep.attack_prompts(ids[:count], length, prefix=prefix),
+        "pattern": rep.attack_prompts(ids, length, prefix=prefix, pattern=s["pattern"]),
+        "chat": rep.attack_prompts(ids[:count], length, prefix=prefix, chat=chat),
+      }
     except ValueError as e:
       raise ConfigError(f"{e} (study.settings.length={s['length']}, pattern={s['pattern']})")
 
@@ -108,27 +149,34 @@ class RepetitionCurse(Scorer):
     import jax.numpy as jnp
     from moejax.analysis import repetition as rep
     from moejax.dispatch.capacity import expert_capacity
+
     s, (m, graphdef, params, rest) = self.settings, self.model
     moe, prompts, out = m.moe, self.prompts(draw), {}
     for name, arm in arms.items():
       tokens, span = prompts[arm["prompt"]]
       routing = rep.routing_of(graphdef, params, rest, jnp.asarray(tokens))
-      capacity = expert_capacity(tokens.size, moe.num_experts, moe.top_k,
-                                 s["capacity_factor"], moe.min_capacity)
-      layers = rep.kind_report(routing, len(tokens), moe.num_experts, s["expert_shards"],
-                               capacity, span)
+      capacity = expert_capacity(
+        tokens.size, moe.num_experts, moe.top_k, s["capacity_factor"], moe.min_capacity
+      )
+      layers = rep.kind_report(
+        routing, len(tokens), moe.num_experts, s["expert_shards"], capacity, span
+      )
 
       def mean(key, layers=layers):
         return float(np.mean([layer[key] for layer in layers]))
 
-      out[name] = {"same_set_fraction": mean("same_set_fraction"),
-                   "forced_identical": rep.forced_identical(tokens),
-                   "max_over_mean_load": mean("max_over_mean_load"),
-                   "ttft_over_balanced": rep.simulated_ttft(
-                       routing, moe.num_experts, s["expert_shards"])["over_balanced"],
-                   "prefill_seconds": rep.prefill_seconds(graphdef, params, rest, tokens,
-                                                          s["prefill_repeats"]),
-                   "drop_rate": mean("drop_rate"),
-                   "busiest_device_capped": mean("busiest_device_capped"),
-                   "pairing": digest(prompts["natural"][0])}
+      out[name] = {
+        "same_set_fraction": mean("same_set_fraction"),
+        "forced_identical": rep.forced_identical(tokens),
+        "max_over_mean_load": mean("max_over_mean_load"),
+        "ttft_over_balanced": rep.simulated_ttft(routing, moe.num_experts, s["expert_shards"])[
+          "over_balanced"
+        ],
+        "prefill_seconds": rep.prefill_seconds(
+          graphdef, params, rest, tokens, s["prefill_repeats"]
+        ),
+        "drop_rate": mean("drop_rate"),
+        "busiest_device_capped": mean("busiest_device_capped"),
+        "pairing": digest(prompts["natural"][0]),
+      }
     return out

@@ -23,6 +23,7 @@ tokens of the call); bpb is the model's loss under that routing. The model's own
 router does not depend on the level: it is scored once per draw and paired with every
 level's arms.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,12 +40,14 @@ DEFAULT_WORKDIR = "runs/routers/topk/seed_0"  # configs/studies/routers.py, topk
 
 class _TrainedModel(Scorer):
   """Shared by the three: the model (loaded once) and the checks of its settings."""
+
   ROUTERS: tuple[str, ...] = ("model",)
   AXES: tuple[str, ...] = ()
 
   @functools.cached_property
   def model(self):
     from moejax.analysis.router_inference import TrainedMoE
+
     return TrainedMoE(self.settings["workdir"], key="study.settings.workdir")
 
   def _positive_int(self, key: str) -> None:
@@ -55,21 +58,27 @@ class _TrainedModel(Scorer):
   def check(self):
     workdir = self.settings["workdir"]
     if cli.workdir_kind(workdir) not in ("training", "mixed"):
-      raise ConfigError(f"study.settings.workdir={workdir!r} is not a training workdir "
-                        f"(checkpoints/): {cli.workdir_kind(workdir)}")
+      raise ConfigError(
+        f"study.settings.workdir={workdir!r} is not a training workdir "
+        f"(checkpoints/): {cli.workdir_kind(workdir)}"
+      )
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["router"] not in self.ROUTERS:
-        raise ConfigError(f"study.arms[{i}].router={arm['router']!r} (arm {name!r}) must be "
-                          f"one of {', '.join(self.ROUTERS)}")
+        raise ConfigError(
+          f"study.arms[{i}].router={arm['router']!r} (arm {name!r}) must be "
+          f"one of {', '.join(self.ROUTERS)}"
+        )
     if self.spec.axes != list(self.AXES):
-      raise ConfigError(f"study.levels have axes {self.spec.axes}; this scorer's are "
-                        f"{list(self.AXES)}")
+      raise ConfigError(
+        f"study.levels have axes {self.spec.axes}; this scorer's are {list(self.AXES)}"
+      )
     self.model  # loads it: a workdir that is not a byte-level MoE LM is refused here
 
   def _draws_at_most(self, available: int, what: str) -> None:
     if self.spec.draws > available:
-      raise ConfigError(f"study.draws={self.spec.draws}: the model's data has {available} "
-                        f"{what}, one per draw")
+      raise ConfigError(
+        f"study.draws={self.spec.draws}: the model's data has {available} {what}, one per draw"
+      )
 
 
 @SCORERS.register("router_inference_capacity")
@@ -88,24 +97,35 @@ class Capacity(_TrainedModel):
         raise ConfigError(f"study.levels[{i}].gamma={level['gamma']!r} must be > 0")
     for i, (name, arm) in enumerate(self.spec.arms):
       if not (isinstance(arm["expand_r"], (int, float)) and arm["expand_r"] >= 1):
-        raise ConfigError(f"study.arms[{i}].expand_r={arm['expand_r']!r} (arm {name!r}) "
-                          "must be >= 1")
+        raise ConfigError(
+          f"study.arms[{i}].expand_r={arm['expand_r']!r} (arm {name!r}) must be >= 1"
+        )
     self._draws_at_most(len(self.model.eval_batches()), "validation batches")
 
   @functools.cache
   def _graphdef(self, router: str, gamma: float, expand_r: float):
     from moejax.analysis.router_inference import with_router
+
     if router == "model":
       return with_router(self.model.config)[1]
-    return with_router(self.model.config, router=router,
-                       capacity_aware=dict(gamma=float(gamma), expand_r=float(expand_r)))[1]
+    return with_router(
+      self.model.config,
+      router=router,
+      capacity_aware=dict(gamma=float(gamma), expand_r=float(expand_r)),
+    )[1]
 
   @functools.cache
   def _score(self, router: str, gamma: float, expand_r: float, draw: int) -> dict:
     from moejax.analysis.router_inference import score_batches
+
     m = self.model
-    return score_batches(self._graphdef(router, gamma, expand_r), m.params, m.rest,
-                         [m.eval_batches()[draw]], m.config.model.moe.top_k)
+    return score_batches(
+      self._graphdef(router, gamma, expand_r),
+      m.params,
+      m.rest,
+      [m.eval_batches()[draw]],
+      m.config.model.moe.top_k,
+    )
 
   def score(self, level, draw, arms):
     def key(arm):
@@ -130,8 +150,9 @@ class AsCoot(_TrainedModel):
     super().check()
     for i, (name, arm) in enumerate(self.spec.arms):
       if not (isinstance(arm["tau"], (int, float)) and arm["tau"] >= 0):
-        raise ConfigError(f"study.arms[{i}].tau={arm['tau']!r} (arm {name!r}) must be >= 0 "
-                          "(0: infinity)")
+        raise ConfigError(
+          f"study.arms[{i}].tau={arm['tau']!r} (arm {name!r}) must be >= 0 (0: infinity)"
+        )
     self._draws_at_most(len(self.plays), "held-out plays")
 
   @functools.cached_property
@@ -140,24 +161,40 @@ class AsCoot(_TrainedModel):
 
   def score(self, level, draw, arms):
     from moejax.analysis.router_inference import score_batches, with_router
+
     m, out = self.model, {}
     for name, arm in arms.items():
-      keys = {} if arm["router"] == "model" else dict(router="as_coot",
-                                                       as_coot=dict(tau=float(arm["tau"])))
-      result = score_batches(with_router(m.config, **keys)[1], m.params, m.rest,
-                             self.plays[draw][1], m.config.model.moe.top_k)
+      keys = (
+        {}
+        if arm["router"] == "model"
+        else dict(router="as_coot", as_coot=dict(tau=float(arm["tau"])))
+      )
+      result = score_batches(
+        with_router(m.config, **keys)[1],
+        m.params,
+        m.rest,
+        self.plays[draw][1],
+        m.config.model.moe.top_k,
+      )
       out[name] = {k: result[k] for k in self.metrics()}
     return out
 
   def notes(self, results):
-    return "Draw d is held-out play d: " + ", ".join(
-        f"{d} {play}" for d, (play, _) in enumerate(self.plays[:self.spec.draws])) + "."
+    return (
+      "Draw d is held-out play d: "
+      + ", ".join(f"{d} {play}" for d, (play, _) in enumerate(self.plays[: self.spec.draws]))
+      + "."
+    )
 
 
 @SCORERS.register("router_inference_sere")
 class Sere(_TrainedModel):
-  settings = {"workdir": DEFAULT_WORKDIR, "calibration_batches": 2, "windows_per_draw": 64,
-              "decode_len": 64}
+  settings = {
+    "workdir": DEFAULT_WORKDIR,
+    "calibration_batches": 2,
+    "windows_per_draw": 64,
+    "decode_len": 64,
+  }
   arm_settings = {"router": "model"}
   ROUTERS, AXES = ("model", "sere"), ("batch", "rho")
 
@@ -171,29 +208,38 @@ class Sere(_TrainedModel):
     for i, level in enumerate(self.spec.levels):
       batch, rho = level["batch"], level["rho"]
       if not (isinstance(batch, int) and 1 <= batch <= self.settings["windows_per_draw"]):
-        raise ConfigError(f"study.levels[{i}].batch={batch!r} must be an integer in [1, "
-                          f"study.settings.windows_per_draw={self.settings['windows_per_draw']}]")
+        raise ConfigError(
+          f"study.levels[{i}].batch={batch!r} must be an integer in [1, "
+          f"study.settings.windows_per_draw={self.settings['windows_per_draw']}]"
+        )
       if not (isinstance(rho, (int, float)) and 0 <= rho <= 1):
         raise ConfigError(f"study.levels[{i}].rho={rho!r} must be in [0, 1]")
-    self.model.decode_windows(0, self.spec.draws * self.settings["windows_per_draw"],
-                              self.settings["decode_len"])
+    self.model.decode_windows(
+      0, self.spec.draws * self.settings["windows_per_draw"], self.settings["decode_len"]
+    )
 
   @functools.cached_property
   def loaded(self):
     from moejax.train.load import from_training_workdir
+
     return from_training_workdir(self.settings["workdir"])[0]
 
   @functools.cached_property
   def similarity(self) -> np.ndarray:
     """float32 [MoE layers, E, E]: linear CKA between experts on the calibration tokens."""
     from moejax.analysis.router_inference import calibrate_similarity
+
     m = self.model
-    return np.asarray(calibrate_similarity(m.graphdef, m.params, m.rest, m.calibration_tokens(
-        self.settings["calibration_batches"])))
+    return np.asarray(
+      calibrate_similarity(
+        m.graphdef, m.params, m.rest, m.calibration_tokens(self.settings["calibration_batches"])
+      )
+    )
 
   @functools.cache
   def _score(self, rho: float | None, batch: int, draw: int) -> dict:
     from moejax.analysis.router_inference import decode_score, with_sere
+
     w = self.settings["windows_per_draw"]
     windows = self.model.decode_windows(draw * w, w, self.settings["decode_len"])
     m, rest = self.loaded.config, self.loaded.rest
@@ -202,17 +248,22 @@ class Sere(_TrainedModel):
     return decode_score(m, self.loaded.params, rest, windows, batch)
 
   def score(self, level, draw, arms):
-    return {name: self._score(None if arm["router"] == "model" else float(level["rho"]),
-                              level["batch"], draw) for name, arm in arms.items()}
+    return {
+      name: self._score(
+        None if arm["router"] == "model" else float(level["rho"]), level["batch"], draw
+      )
+      for name, arm in arms.items()
+    }
 
   def notes(self, results):
     sim = self.similarity
     off = sim[:, ~np.eye(sim.shape[1], dtype=bool)].astype(np.float64)
-    rows = [[layer, f"{o.min():.2f}", f"{np.median(o):.2f}", f"{o.max():.2f}"]
-            for layer, o in enumerate(off)]
-    tokens = int(np.prod(self.model.calibration_tokens(
-        self.settings["calibration_batches"]).shape))
-    return (f"Linear CKA between experts (off-diagonal), calibrated on {tokens:,} training "
-            "tokens:\n\n" + stats.markdown_table(["MoE layer", "min", "median", "max"], rows))
-
-
+    rows = [
+      [layer, f"{o.min():.2f}", f"{np.median(o):.2f}", f"{o.max():.2f}"]
+      for layer, o in enumerate(off)
+    ]
+    tokens = int(np.prod(self.model.calibration_tokens(self.settings["calibration_batches"]).shape))
+    return (
+      f"Linear CKA between experts (off-diagonal), calibrated on {tokens:,} training "
+      "tokens:\n\n" + stats.markdown_table(["MoE layer", "min", "median", "max"], rows)
+    )

@@ -18,6 +18,7 @@ top-1 expert), mean over MoE layers, and heldout_bpb/<domain> for each domain na
 settings.domains, which must be the split's domains). A figure a run does not have
 (e.g. routing figures of a dense model) is left out, not stored as NaN.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,14 @@ from moejax.studies.scoring import SCORERS, Scorer
 from moejax.train import sweep
 
 RESERVED = ("seed", "train.steps")  # set by the draw and settings.steps
-FIGURES = (("tokens_per_second", "tokens/s", "{:,.0f}"), ("params", "params", "{:,.0f}"),
-           ("max_over_mean_load", "max/mean load", "{:.3f}"),
-           ("routing_entropy", "routing entropy (nats)", "{:.3f}"),
-           ("dropped_fraction", "dropped", "{:.3f}"), ("padding_waste", "padding waste", "{:.3f}"))
+FIGURES = (
+  ("tokens_per_second", "tokens/s", "{:,.0f}"),
+  ("params", "params", "{:,.0f}"),
+  ("max_over_mean_load", "max/mean load", "{:.3f}"),
+  ("routing_entropy", "routing entropy (nats)", "{:.3f}"),
+  ("dropped_fraction", "dropped", "{:.3f}"),
+  ("padding_waste", "padding waste", "{:.3f}"),
+)
 
 
 def _strings(value, key: str) -> list[str]:
@@ -44,15 +49,23 @@ def _strings(value, key: str) -> list[str]:
     raise ConfigError(f"{key}={value!r} must be a list of 'key=value' strings")
   for item in value:
     if item.partition("=")[0] in RESERVED:
-      raise ConfigError(f"{key} sets {item.partition('=')[0]!r}; the draw sets the seed "
-                        "and study.settings.steps the budget")
+      raise ConfigError(
+        f"{key} sets {item.partition('=')[0]!r}; the draw sets the seed "
+        "and study.settings.steps the budget"
+      )
   return value
 
 
 @SCORERS.register("training")
 class Training(Scorer):
-  settings = {"workdir": "", "steps": 600, "seeds": [], "common": [],
-              "heldout_bytes_per_domain": 0, "domains": []}
+  settings = {
+    "workdir": "",
+    "steps": 600,
+    "seeds": [],
+    "common": [],
+    "heldout_bytes_per_domain": 0,
+    "domains": [],
+  }
   arm_settings = {"config": "", "overrides": []}
   train_fn = None  # None: moejax.train.loop.train_and_evaluate (tests pass a stand-in)
 
@@ -65,9 +78,12 @@ class Training(Scorer):
     settings = self.spec.arm(arm)
     extra = [f"{k}={v}" for k, v in level.items()]
     try:
-      return sweep.run_config(settings["config"], list(self.settings["common"])
-                              + list(settings["overrides"]) + extra,
-                              seed=self.seed(draw), steps=self.settings["steps"])
+      return sweep.run_config(
+        settings["config"],
+        list(self.settings["common"]) + list(settings["overrides"]) + extra,
+        seed=self.seed(draw),
+        steps=self.settings["steps"],
+      )
     except ConfigError as e:
       where = f" at level {report.level_label(level)}" if level else ""
       raise ConfigError(f"study.arms[{i}] (arm {arm!r}){where}: {e}") from None
@@ -79,15 +95,19 @@ class Training(Scorer):
     return os.path.join(*parts, f"seed_{self.seed(draw)}")
 
   def metrics(self):
-    heldout = (sweep.HELDOUT + tuple(f"heldout_bpb/{d}" for d in self.settings["domains"])
-               if self.settings["heldout_bytes_per_domain"] else ())
+    heldout = (
+      sweep.HELDOUT + tuple(f"heldout_bpb/{d}" for d in self.settings["domains"])
+      if self.settings["heldout_bytes_per_domain"]
+      else ()
+    )
     return sweep.SUMMARY + heldout
 
   def _check_settings(self) -> None:
     s = self.settings
     if not isinstance(s["workdir"], str) or not s["workdir"]:
-      raise ConfigError(f"study.settings.workdir={s['workdir']!r} must name the directory "
-                        "the runs go to")
+      raise ConfigError(
+        f"study.settings.workdir={s['workdir']!r} must name the directory the runs go to"
+      )
     for key, low in (("steps", 1), ("heldout_bytes_per_domain", 0)):
       if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < low:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
@@ -95,20 +115,26 @@ class Training(Scorer):
     if not isinstance(s["domains"], list) or not all(isinstance(d, str) for d in s["domains"]):
       raise ConfigError(f"study.settings.domains={s['domains']!r} must be a list of domain names")
     if s["domains"] and not s["heldout_bytes_per_domain"]:
-      raise ConfigError("study.settings.domains needs study.settings.heldout_bytes_per_domain "
-                        "> 0 (the per-domain figures are the held-out ones)")
+      raise ConfigError(
+        "study.settings.domains needs study.settings.heldout_bytes_per_domain "
+        "> 0 (the per-domain figures are the held-out ones)"
+      )
     if s["seeds"]:
       try:
         seeds = sweep.check_seeds(s["seeds"])
       except ConfigError as e:
         raise ConfigError(f"study.settings.{e}") from None
       if len(seeds) < self.spec.draws:
-        raise ConfigError(f"study.settings.seeds={list(seeds)} has {len(seeds)} seeds for "
-                          f"study.draws={self.spec.draws}")
+        raise ConfigError(
+          f"study.settings.seeds={list(seeds)} has {len(seeds)} seeds for "
+          f"study.draws={self.spec.draws}"
+        )
     for i, (name, arm) in enumerate(self.spec.arms):
       if not isinstance(arm["config"], str) or not arm["config"]:
-        raise ConfigError(f"study.arms[{i}].config={arm['config']!r} (arm {name!r}) must be "
-                          "a config file, 'configs/file.py[:arg]'")
+        raise ConfigError(
+          f"study.arms[{i}].config={arm['config']!r} (arm {name!r}) must be "
+          "a config file, 'configs/file.py[:arg]'"
+        )
       _strings(arm["overrides"], f"study.arms[{i}].overrides (arm {name!r})")
       if "/" in name or name.startswith("."):
         raise ConfigError(f"study.arms[{i}].name={name!r} names a run directory: no '/'")
@@ -117,8 +143,10 @@ class Training(Scorer):
     self._check_settings()
     kind = cli.workdir_kind(self.settings["workdir"])
     if kind in ("file", "training", "converted", "mixed"):
-      raise ConfigError(f"study.settings.workdir={self.settings['workdir']!r} must be a "
-                        f"directory of runs (one per arm), not a {kind} path")
+      raise ConfigError(
+        f"study.settings.workdir={self.settings['workdir']!r} must be a "
+        f"directory of runs (one per arm), not a {kind} path"
+      )
     for level in self.spec.levels:  # every config builds, before any run
       for arm in self.spec.arm_names:
         self.config(arm, level, 0)
@@ -126,15 +154,23 @@ class Training(Scorer):
   def score(self, level, draw, arms):
     out = {}
     for arm in arms:
-      result = sweep.train_run(self.config(arm, level, draw), self.run_dir(arm, level, draw),
-                               heldout_bytes_per_domain=self.settings[
-                                   "heldout_bytes_per_domain"], train_fn=self.train_fn)
+      result = sweep.train_run(
+        self.config(arm, level, draw),
+        self.run_dir(arm, level, draw),
+        heldout_bytes_per_domain=self.settings["heldout_bytes_per_domain"],
+        train_fn=self.train_fn,
+      )
       found = sorted(k.partition("/")[2] for k in result if k.startswith("heldout_bpb/"))
       if self.settings["domains"] and found != sorted(self.settings["domains"]):
-        raise ConfigError(f"study.settings.domains={self.settings['domains']} but the eval "
-                          f"split of arm {arm!r} has domains {found}")
-      out[arm] = {k: float(result[k]) for k in self.metrics()
-                  if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
+        raise ConfigError(
+          f"study.settings.domains={self.settings['domains']} but the eval "
+          f"split of arm {arm!r} has domains {found}"
+        )
+      out[arm] = {
+        k: float(result[k])
+        for k in self.metrics()
+        if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])
+      }
     return out
 
   def notes(self, results):
@@ -149,12 +185,16 @@ class Training(Scorer):
       for arm in self.spec.arm_names:
         cells = []
         for key, _, fmt in FIGURES:
-          found = [v for v in report.values(self.spec, by_key, arm, level, key).values()
-                   if v is not None]
+          found = [
+            v for v in report.values(self.spec, by_key, arm, level, key).values() if v is not None
+          ]
           cells.append(fmt.format(np.mean(found)) if found else "—")
         rows.append([*level.values(), arm, *cells])
-    lines += ["### Training figures (mean over draws)", "",
-              stats.markdown_table([*self.spec.axes, "arm", *(t for _, t, _ in FIGURES)], rows)]
+    lines += [
+      "### Training figures (mean over draws)",
+      "",
+      stats.markdown_table([*self.spec.axes, "arm", *(t for _, t, _ in FIGURES)], rows),
+    ]
     return "\n".join(lines)
 
   def plot(self, results, path):

@@ -1,5 +1,6 @@
 """Fixtures for the 8-device sessions. Only fixtures: this file is also loaded
 by the main (1-device) session, which must not see any side effect."""
+
 import pytest
 
 

@@ -1,6 +1,7 @@
 """The expert-parallel dispatch against the single-device dispatchers and the
 per-token reference loop (fp32, 1e-5): both exchanges, capacity and dropless,
 gradients included, and a2a overflow drops against a numpy simulation."""
+
 import functools
 
 import jax
@@ -31,8 +32,9 @@ def problem(seed, skew=0.0, **cfg_kw):
   cfg = moe_cfg(num_experts=E, top_k=K, dropless_tile=8, min_capacity=1, **cfg_kw)
   logits = random_logits(seed, T, E)
   logits[:, 0] += skew  # skew > 0 overloads expert 0 (on peer 0)
-  routing = get_router("topk").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None,
-                                     train=False).routing
+  routing = (
+    get_router("topk").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None, train=False).routing
+  )
   x = np.random.default_rng(seed + 1).standard_normal((T, D)).astype(np.float32)
   weights = jax.tree.map(jnp.asarray, expert_weights(seed, E))
   return cfg, routing, jnp.asarray(x), weights
@@ -44,7 +46,8 @@ def single_device(cfg, x, routing, weights):
 
 def on_mesh(cfg, x, routing, weights, layout):
   return expert_parallel.expert_parallel_dispatch(
-      x, routing, weights, SwiGLUExperts.LOGICAL_AXES, swiglu_experts, cfg, layout)
+    x, routing, weights, SwiGLUExperts.LOGICAL_AXES, swiglu_experts, cfg, layout
+  )
 
 
 def loss_and_grads(dispatch_fn):
@@ -62,20 +65,28 @@ def loss_and_grads(dispatch_fn):
 def single_device_result(dispatch):
   cfg, routing, x, weights = problem(0, dispatch=dispatch, capacity_factor=1.0)
   return loss_and_grads(lambda x_, r, w: single_device(cfg, x_, r, w))(
-      x, routing.combine_weight, weights, routing)
+    x, routing.combine_weight, weights, routing
+  )
 
 
 # Each exchange meets each dispatch and each mesh once (compiles are the cost here).
-@pytest.mark.parametrize("dispatch,mesh,exchange", [
-    ("dropless", "data2_expert4", "fixed"), ("capacity", "fsdp2_expert2_tensor2", "fixed"),
-    ("dropless", "fsdp2_expert2_tensor2", "ragged"), ("capacity", "data2_expert4", "ragged")],
-    indirect=["exchange"])
+@pytest.mark.parametrize(
+  "dispatch,mesh,exchange",
+  [
+    ("dropless", "data2_expert4", "fixed"),
+    ("capacity", "fsdp2_expert2_tensor2", "fixed"),
+    ("dropless", "fsdp2_expert2_tensor2", "ragged"),
+    ("capacity", "data2_expert4", "ragged"),
+  ],
+  indirect=["exchange"],
+)
 def test_expert_parallel_equals_single_device(dispatch, mesh, exchange):
   cfg, routing, x, weights = problem(0, dispatch=dispatch, capacity_factor=1.0)
   layout = layout_for(MESHES[mesh], exchange)
   (_, (y1, m1)), g1 = single_device_result(dispatch)
   (_, (yn, mn)), gn = loss_and_grads(lambda x_, r, w: on_mesh(cfg, x_, r, w, layout))(
-      x, routing.combine_weight, weights, routing)
+    x, routing.combine_weight, weights, routing
+  )
   np.testing.assert_allclose(yn, y1, rtol=1e-5, atol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), gn, g1)
   np.testing.assert_allclose(float(mn["dropped_fraction"]), float(m1["dropped_fraction"]))
@@ -106,8 +117,11 @@ def simulated_a2a_keep(routing, exchange, rows_per_peer, data=2, peers=4):
       seen = np.zeros(peers, int)
       for e, s, t in order[i]:
         j = e // local_experts
-        limit = (rows_per_peer if exchange == "fixed" else
-                 np.clip(peers * rows_per_peer - landing[i, j], 0, pair[i, j]))
+        limit = (
+          rows_per_peer
+          if exchange == "fixed"
+          else np.clip(peers * rows_per_peer - landing[i, j], 0, pair[i, j])
+        )
         keep[t, s] = seen[j] < limit
         seen[j] += 1
   return keep
@@ -123,8 +137,9 @@ def test_overflow_drops_are_counted_and_contribute_nothing(exchange):
   assert overflow > 0.2, overflow  # the skew overflows the buffers
   np.testing.assert_allclose(float(metrics["a2a_overflow_fraction"]), overflow, rtol=1e-6)
   np.testing.assert_allclose(float(metrics["dropped_fraction"]), overflow, rtol=1e-6)
-  np.testing.assert_allclose(y, reference_loop(x, routing, jax.tree.map(np.asarray, weights),
-                                               keep), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    y, reference_loop(x, routing, jax.tree.map(np.asarray, weights), keep), rtol=1e-5, atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("skew", [0.0, 50.0])  # 50: every token on expert 0 (RepetitionCurse)
@@ -132,11 +147,13 @@ def test_busiest_device_rows_follow_the_latency_model(skew):
   """The most rows any device's experts run = analysis/repetition.device_rows's
   maximum: experts in 4 contiguous blocks, tokens in 2 contiguous data groups."""
   from moejax.analysis import repetition
+
   cfg, routing, x, weights = problem(2, skew=skew, dispatch="dropless")
   layout = layout_for(MESHES["data2_expert4"])
   _, metrics = jax.jit(lambda x_: on_mesh(cfg, x_, routing, weights, layout))(x)
-  rows = repetition.device_rows(routing.expert_index, routing.valid, E, expert_shards=4,
-                                token_groups=2)
+  rows = repetition.device_rows(
+    routing.expert_index, routing.valid, E, expert_shards=4, token_groups=2
+  )
   assert float(metrics["busiest_device_rows"]) == rows.max()
   if skew:  # each data group's 32 tokens all send a row to block 0: 32 vs 128 / 8 = 16
     assert repetition.busiest_device(rows) >= 2.0

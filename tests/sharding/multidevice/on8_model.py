@@ -1,5 +1,6 @@
 """The whole LM on the acceptance meshes against one device (loss and every
 gradient, fp32, 1e-5), parameter bytes per device, and bad mesh input."""
+
 import functools
 
 import jax
@@ -27,14 +28,19 @@ def config_for(dispatch, mesh=None):
 
 def loss_and_grads(config, layout):
   graphdef, params, rest = step_lib.split_model(build_model(config))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(
-      0, 256, (config.data.batch_size, config.data.seq_len + 1)), jnp.int32)
+  tokens = jnp.asarray(
+    np.random.default_rng(0).integers(0, 256, (config.data.batch_size, config.data.seq_len + 1)),
+    jnp.int32,
+  )
 
   def loss_fn(params):
-    logits, aux, _ = nnx.merge(graphdef, params, rest)(tokens[:, :-1], train=True,
-                                                       rng=jax.random.key(1))
-    return (step_lib.cross_entropy(logits, tokens[:, 1:]) + aux["aux_loss"],
-            step_lib.moe_metrics(aux))
+    logits, aux, _ = nnx.merge(graphdef, params, rest)(
+      tokens[:, :-1], train=True, rng=jax.random.key(1)
+    )
+    return (
+      step_lib.cross_entropy(logits, tokens[:, 1:]) + aux["aux_loss"],
+      step_lib.moe_metrics(aux),
+    )
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if layout is None:
@@ -48,16 +54,21 @@ def one_device_result(dispatch):
   return loss_and_grads(config_for(dispatch), None)
 
 
-@pytest.mark.parametrize("dispatch,mesh", [
-    ("dropless", "data8"), ("dropless", "data2_expert4"), ("dropless", "fsdp2_expert2_tensor2"),
-    ("capacity", "data8")])  # capacity on the EP meshes: on8_expert_parallel.py
+@pytest.mark.parametrize(
+  "dispatch,mesh",
+  [
+    ("dropless", "data8"),
+    ("dropless", "data2_expert4"),
+    ("dropless", "fsdp2_expert2_tensor2"),
+    ("capacity", "data8"),
+  ],
+)  # capacity on the EP meshes: on8_expert_parallel.py
 def test_loss_and_gradients_equal_one_device(dispatch, mesh):
   config = config_for(dispatch, MESHES[mesh])
   (loss, moe), grads = loss_and_grads(config, sharding.make_layout(config))
   (loss1, moe1), grads1 = one_device_result(dispatch)
   np.testing.assert_allclose(float(loss), float(loss1), rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               grads, grads1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, grads1)
   for layer, layer1 in zip(moe, moe1):
     np.testing.assert_allclose(layer["dropped_fraction"], layer1["dropped_fraction"], atol=1e-6)
   if dispatch == "capacity":
@@ -77,8 +88,7 @@ def per_device_bytes(array):
   return array.addressable_shards[0].data.nbytes
 
 
-@pytest.mark.parametrize("mesh,expert_factor", [("data2_expert4", 4),
-                                                 ("fsdp2_expert2_tensor2", 8)])
+@pytest.mark.parametrize("mesh,expert_factor", [("data2_expert4", 4), ("fsdp2_expert2_tensor2", 8)])
 def test_expert_weights_shrink_per_device(mesh, expert_factor):
   """Expert weights split by the expert axis (x fsdp x tensor on the 3-axis mesh);
   Adam's moments follow their parameters (ZeRO-3)."""
@@ -94,20 +104,39 @@ def test_expert_weights_shrink_per_device(mesh, expert_factor):
   assert per_device_bytes(embed) * (1 if mesh == "data2_expert4" else 4) == embed.nbytes
 
 
-@pytest.mark.parametrize("section,key,value,message", [
-    ("mesh", "data", 3, r"the mesh \(mesh.data=3, mesh.fsdp=1, mesh.expert=4, mesh.tensor=1\) "
-                        r"has 12 devices but 8 are available"),
+@pytest.mark.parametrize(
+  "section,key,value,message",
+  [
+    (
+      "mesh",
+      "data",
+      3,
+      r"the mesh \(mesh.data=3, mesh.fsdp=1, mesh.expert=4, mesh.tensor=1\) "
+      r"has 12 devices but 8 are available",
+    ),
     ("mesh", "expert", 3, r"mesh.data=-1 cannot fill the 8 devices"),
     ("mesh", "expert", 16, r"mesh.data=-1 cannot fill the 8 devices"),
-    ("model.moe", "num_experts", 6, r"model.moe.num_experts=6 is not divisible by the "
-                                    r"expert axis \(expert=4\)"),
-    ("sharding.rules", "embed", "fsdp,experts", r"sharding.rules.embed='fsdp,experts': "
-                                                r"'experts' is not a mesh axis"),
+    (
+      "model.moe",
+      "num_experts",
+      6,
+      r"model.moe.num_experts=6 is not divisible by the "
+      r"expert axis \(expert=4\)",
+    ),
+    (
+      "sharding.rules",
+      "embed",
+      "fsdp,experts",
+      r"sharding.rules.embed='fsdp,experts': "
+      r"'experts' is not a mesh axis",
+    ),
     ("data", "batch_size", 12, r"data.batch_size=12 is not divisible by the 8 batch shards"),
     ("sharding", "all_to_all", "nccl", r"sharding.all_to_all='nccl' is not known"),
-])
-def test_bad_mesh_input_is_rejected_before_compilation(data_dir, tmp_path, monkeypatch,
-                                                       section, key, value, message):
+  ],
+)
+def test_bad_mesh_input_is_rejected_before_compilation(
+  data_dir, tmp_path, monkeypatch, section, key, value, message
+):
   config = tiny_config(data_dir, mesh=dict(data=-1, expert=4 if key != "expert" else 1))
   set_key(config, f"{section}.{key}", value)
   compiled = []
@@ -126,19 +155,19 @@ def test_one_device_has_no_layout():
 # (path suffix, shape, spec). The k / v kernels are [32, 16] (1 kv head x 16): their
 # kv_heads dimension divides by the tensor axis, so a wrong kv_heads rule moves them.
 PLACEMENT = [
-    ("attn/k/kernel", (32, 16), P("fsdp", "tensor")),
-    ("attn/v/kernel", (32, 16), P("fsdp", "tensor")),
-    ("attn/q/kernel", (32, 32), P("fsdp", "tensor")),
-    ("attn/o/kernel", (32, 32), P("tensor", "fsdp")),
-    ("attn_norm/scale", (32,), P(None)),
-    ("ffn_norm/scale", (32,), P(None)),
-    ("experts/w_gate", (8, 32, 32), P("expert", "fsdp", "tensor")),
-    ("experts/w_up", (8, 32, 32), P("expert", "fsdp", "tensor")),
-    ("experts/w_down", (8, 32, 32), P("expert", "tensor", "fsdp")),
-    ("ffn/router_kernel", (32, 8), P("fsdp", None)),
-    ("embed", (256, 32), P("tensor", "fsdp")),
-    ("final_norm/scale", (32,), P(None)),
-    ("head/kernel", (32, 256), P("fsdp", "tensor")),
+  ("attn/k/kernel", (32, 16), P("fsdp", "tensor")),
+  ("attn/v/kernel", (32, 16), P("fsdp", "tensor")),
+  ("attn/q/kernel", (32, 32), P("fsdp", "tensor")),
+  ("attn/o/kernel", (32, 32), P("tensor", "fsdp")),
+  ("attn_norm/scale", (32,), P(None)),
+  ("ffn_norm/scale", (32,), P(None)),
+  ("experts/w_gate", (8, 32, 32), P("expert", "fsdp", "tensor")),
+  ("experts/w_up", (8, 32, 32), P("expert", "fsdp", "tensor")),
+  ("experts/w_down", (8, 32, 32), P("expert", "tensor", "fsdp")),
+  ("ffn/router_kernel", (32, 8), P("fsdp", None)),
+  ("embed", (256, 32), P("tensor", "fsdp")),
+  ("final_norm/scale", (32,), P(None)),
+  ("head/kernel", (32, 256), P("fsdp", "tensor")),
 ]
 
 
@@ -159,8 +188,9 @@ def assert_lands(array, mesh, shape, spec, what):
   got = array.sharding.devices_indices_map(shape)
   assert got == want, (what, array.sharding.spec, spec)
   for shard in array.addressable_shards:
-    assert shard.data.shape == tuple(len(range(*i.indices(n))) for i, n in
-                                     zip(shard.index, shape)), what
+    assert shard.data.shape == tuple(
+      len(range(*i.indices(n))) for i, n in zip(shard.index, shape)
+    ), what
 
 
 def test_parameters_and_adam_moments_land_where_their_rules_say():
