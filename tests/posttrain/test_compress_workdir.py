@@ -20,15 +20,14 @@ from moejax.posttrain import source as source_lib
 from moejax.posttrain.calibration import Calibration, calibration_windows
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir, restore
-from tests.posttrain.conftest import SOURCE_STEPS
+from tests.conftest import TINY_WORKDIR_STEPS as STEPS
 
-STEPS = SOURCE_STEPS
 GROUP = 16  # tiny: d_model = expert_d_ff = 32
 
 
 @pytest.fixture(scope="module")
-def source(tiny_source):
-  return tiny_source[1]
+def source(tiny_workdir):
+  return tiny_workdir[1]
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,12 @@ from moejax.posttrain.calibration import calibration_windows
 from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir
-from tests.posttrain.conftest import SOURCE_STEPS
-
-STEPS = SOURCE_STEPS
+from tests.conftest import TINY_WORKDIR_STEPS as STEPS
 
 
 @pytest.fixture(scope="module")
-def source(tiny_source):
-  return tiny_source
+def source(tiny_workdir):
+  return tiny_workdir
 
 
 def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tmp_path):

@@ -17,7 +17,6 @@ from moejax.errors import ConfigError
 from moejax.studies import runner
 from moejax.studies.scoring import digest
 from moejax.studies.spec import grid
-from tests.posttrain.conftest import tiny_source  # noqa: F401 (the fixture)
 
 GROUP = 16  # tiny: d_model = expert_d_ff = 32
 
@@ -49,7 +48,7 @@ def by_key(results):
   return {(r["arm"], tuple(r["level"].values())[0], r["draw"]): r for r in results["runs"]}
 
 
-def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_source, tmp_path):
+def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_workdir, tmp_path):
   from moejax.models.structure import expert_counts
   from moejax.data.pipeline import split_documents, train_token_stream
   from moejax.evaluation import harness
@@ -57,7 +56,7 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_source, tmp_path
   from moejax.posttrain import prune, source
   from moejax.posttrain.calibration import calibration_windows
   from moejax.posttrain.measure import expert_parameters
-  config, workdir = tiny_source
+  config, workdir = tiny_workdir
   arms = [{"name": n, "method": m} for n, m in (("unpruned", "none"), ("schur_astar",
                                                 "schur_astar"), ("frequency", "frequency"),
                                                ("random", "random"), ("heapr", "heapr"))]
@@ -100,11 +99,11 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_source, tmp_path
   assert row["interval"]["hi"] == pytest.approx(np.mean(d) + half, rel=1e-9)
 
 
-def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_source, tmp_path):
+def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_workdir, tmp_path):
   """td_moe at 40% removed: the study's draw 1 equals a fresh scorer asked for draw 1
   alone; per-expert SVD is calibration-free (the same on both draws), TD-MoE is not;
   both keep at most the budget, 60% of the fp32 model's expert parameters."""
-  _, workdir = tiny_source
+  _, workdir = tiny_workdir
   arms = [{"name": "fp32", "method": "none"}, {"name": "svd", "method": "svd"},
           {"name": "td_moe", "method": "td_moe"}]
   config = configure(td_moe_study.get_config(), workdir, arms, grid(("removed", [0.4])),
@@ -124,12 +123,12 @@ def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_source, tmp_p
   assert "packed_expert_bytes" not in svd[0] and td[0]["stored_bytes"] > 0  # no type
 
 
-def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_source, tmp_path):
+def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_workdir, tmp_path):
   """At 8 bits, where quantization changes almost nothing, the fine-tuned arm routes
   like the control (the fp32 model's routers fine-tuned by the same recipe) and
   unlike the fp32 model; an arm that was not fine-tuned keeps the fp32 model as its
   reference; bpb_vs_matched is the bpb difference to that reference."""
-  _, workdir = tiny_source
+  _, workdir = tiny_workdir
   arms = [{"name": "fp32", "method": "none"},
           {"name": "fp32_ft", "method": "none", "finetune": True},
           {"name": "gemq", "method": "gemq"},
@@ -149,12 +148,12 @@ def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_sou
   assert runs["gemq"]["average_bits"] == 8.0
 
 
-def test_gemq_progressive_is_compared_at_equal_total_router_finetuning_steps(tiny_source):
+def test_gemq_progressive_is_compared_at_equal_total_router_finetuning_steps(tiny_workdir):
   """The progressive arm (3 rounds of finetune_steps each) is claimed against a
   one-round arm fine-tuned 3 x finetune_steps; the fine-tuning claim is the gain net
   of the fp32 control; re-routing rows have no expected direction; router
   fine-tuning runs on the LM loss alone unless the study says otherwise."""
-  _, workdir = tiny_source
+  _, workdir = tiny_workdir
   config = gemq_study.get_config()
   config.settings.workdir, config.settings.group_size = workdir, GROUP
   spec, scorer = runner.prepare(config)
@@ -169,10 +168,10 @@ def test_gemq_progressive_is_compared_at_equal_total_router_finetuning_steps(tin
   assert scorer.settings["finetune_aux_losses"] is False
 
 
-def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
+def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_workdir):
   """codequant at 4 bits against rtn at 3: bpb differences 0.01, 0.03 by draw give
   mean 0.02, std 0.01414, t(0.975, 1) interval [-0.1071, +0.1471]."""
-  _, workdir = tiny_source
+  _, workdir = tiny_workdir
   spec, scorer = runner.prepare(configure(codequant_study.get_config(), workdir,
                                           codequant_study.get_config().arms,
                                           grid(("bits", [2.5, 3.0, 4.0])), group_size=GROUP))
@@ -222,9 +221,9 @@ def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_source):
     (td_moe_study, {"levels": grid(("removed", [1.2]))},
      "study.levels[0].removed=1.2: a factorisation removes a fraction"),
 ])
-def test_bad_settings_are_refused_naming_the_key(tiny_source, tmp_path, study, change,
+def test_bad_settings_are_refused_naming_the_key(tiny_workdir, tmp_path, study, change,
                                                  message):
-  _, workdir = tiny_source
+  _, workdir = tiny_workdir
   config = study.get_config()
   config.settings.workdir = workdir
   if "group_size" in config.settings:
