@@ -17,7 +17,9 @@ Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
 """
+
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from moejax import dispatch, experts, losses, routing, sharding
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
+from moejax.experts import merged
 from moejax.layers.dense import SwiGLU
 
 
@@ -51,24 +54,34 @@ class RouterStats(nnx.Intermediate):
 
 def router_variables(spec, num_experts: int):
   """(trained params, non-trained state) a router declares, as nnx.Dicts or None."""
-  params = (nnx.data(None) if spec.init_params is None else nnx.Dict(
-      {name: nnx.Param(v) for name, v in spec.init_params(num_experts).items()}))
-  state = (nnx.data(None) if spec.init_state is None else nnx.Dict(
-      {name: RouterState(v) for name, v in spec.init_state(num_experts).items()}))
+  params = (
+    nnx.data(None)
+    if spec.init_params is None
+    else nnx.Dict({name: nnx.Param(v) for name, v in spec.init_params(num_experts).items()})
+  )
+  state = (
+    nnx.data(None)
+    if spec.init_state is None
+    else nnx.Dict({name: RouterState(v) for name, v in spec.init_state(num_experts).items()})
+  )
   return params, state
 
 
 def variables(group) -> dict:
   """{name: Variable} of a router's nnx.Dict. Other entries are skipped, e.g. the
   `__captures__` that nnx.capture adds to every module it records."""
-  return {} if group is None else {name: var for name, var in group.items()
-                                   if isinstance(var, nnx.Variable)}
+  return (
+    {}
+    if group is None
+    else {name: var for name, var in group.items() if isinstance(var, nnx.Variable)}
+  )
 
 
 def router_inputs(params, state) -> dict:
   """The `state` dict a route call receives: router state and trained params."""
-  return {name: var.get_value() for group in (state, params)
-          for name, var in variables(group).items()}
+  return {
+    name: var.get_value() for group in (state, params) for name, var in variables(group).items()
+  }
 
 
 def load_metrics(counts: jax.Array, tile: int, num_tokens: int | None = None) -> dict:
@@ -80,16 +93,17 @@ def load_metrics(counts: jax.Array, tile: int, num_tokens: int | None = None) ->
   waste = dispatch.padding_waste(counts, tile)
   counts = counts.astype(jnp.float32)
   total = jnp.maximum(jnp.sum(counts), 1.0)
-  out = {"load_fraction": counts / total,
-         "max_over_mean_load": jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9),
-         "padding_waste": waste}
+  out = {
+    "load_fraction": counts / total,
+    "max_over_mean_load": jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9),
+    "padding_waste": waste,
+  }
   if num_tokens is not None:
     out["experts_per_token"] = jnp.sum(counts) / num_tokens
   return out
 
 
 class MoELayer(nnx.Module):
-
   def __init__(self, d_model: int, cfg, *, rngs: nnx.Rngs, dtype):
     self.cfg = cfg
     self.dtype = dtype
@@ -99,36 +113,46 @@ class MoELayer(nnx.Module):
     self.router_kernel = self.router_projection = nnx.data(None)
     if projection is None:
       # Small router init keeps early routing near uniform (ST-MoE sec. 3.2).
-      self.router_kernel = nnx.Param(jax.nn.initializers.variance_scaling(
-          cfg.router_init_scale, "fan_in", "truncated_normal")(
-              rngs.params(), (d_model, cfg.num_experts), jnp.float32),
-          logical_axes=("embed", None))
+      self.router_kernel = nnx.Param(
+        jax.nn.initializers.variance_scaling(cfg.router_init_scale, "fan_in", "truncated_normal")(
+          rngs.params(), (d_model, cfg.num_experts), jnp.float32
+        ),
+        logical_axes=("embed", None),
+      )
     else:  # the router's own parameters (routing/base.py, RouterProjection)
-      self.router_projection = nnx.Dict({
+      self.router_projection = nnx.Dict(
+        {
           name: nnx.Param(value, logical_axes=projection.logical_axes[name])
-          for name, value in projection.init(rngs.params(), d_model, cfg.num_experts,
-                                             cfg).items()})
-    self.router_params, self.router_state = router_variables(self.router_spec,
-                                                             cfg.num_experts)
+          for name, value in projection.init(rngs.params(), d_model, cfg.num_experts, cfg).items()
+        }
+      )
+    self.router_params, self.router_state = router_variables(self.router_spec, cfg.num_experts)
     self.expert_type = experts.get_expert_type(cfg.get("experts", "swiglu"))
     self.experts = self.expert_type.build(cfg.num_experts, d_model, cfg, rngs=rngs)
+    self.merge_rule = merged.rule_of(cfg)  # model.moe.merge (moejax/experts/merged.py)
+    self.merge_base = nnx.data(None)
+    if self.merge_rule is not None and self.merge_rule.needs_base:
+      self.merge_base = self.expert_type.build(1, d_model, cfg, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
     if cfg.num_shared_experts > 0:
-      self.shared = SwiGLU(d_model, cfg.num_shared_experts * cfg.shared_d_ff,
-                           rngs=rngs, dtype=dtype)
+      self.shared = SwiGLU(
+        d_model, cfg.num_shared_experts * cfg.shared_d_ff, rngs=rngs, dtype=dtype
+      )
       if cfg.get("shared_expert_gate", False):
-        self.shared_gate = nnx.Param(jnp.zeros((d_model, 1), jnp.float32),
-                                     logical_axes=("embed", None))
+        self.shared_gate = nnx.Param(
+          jnp.zeros((d_model, 1), jnp.float32), logical_axes=("embed", None)
+        )
 
-  def __call__(self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None,
-               step_stats=None):
+  def __call__(self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None, step_stats=None):
     """(y [B, L, d], aux): aux = {aux_loss, metrics, step_stats, and the Routing as
     expert_index, combine_weight, valid [T, S]} for analysis and parity tests.
 
     step_stats {loss name: stats}: the step's statistics of the losses that declare
     them (moejax/losses/base.py), used instead of this call's; aux["step_stats"]
     holds this call's (gradient accumulation sums them, moejax/train/step.py)."""
+    if self.merge_rule is not None:
+      return self.merged_call(x_BxLxD, token_mask)
     cfg = self.cfg
     b, length, d = x_BxLxD.shape
     x_TxD = sharding.constrain(x_BxLxD.reshape(b * length, d), ("batch", "act_embed"))
@@ -138,11 +162,16 @@ class MoELayer(nnx.Module):
     if train and cfg.router_jitter > 0:
       rng, jitter_rng = jax.random.split(rng)
       router_in = router_in * jax.random.uniform(
-          jitter_rng, router_in.shape, router_dtype,
-          1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
+        jitter_rng, router_in.shape, router_dtype, 1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter
+      )
     logits = checkpoint_name(self.router_logits(router_in), "moe_router_logits")
-    out = self.router_spec.route(logits, cfg=cfg, rng=rng, train=train,
-                                 state=router_inputs(self.router_params, self.router_state))
+    out = self.router_spec.route(
+      logits,
+      cfg=cfg,
+      rng=rng,
+      train=train,
+      state=router_inputs(self.router_params, self.router_state),
+    )
     if self.router_state is not None and train:
       for name, var in variables(self.router_state).items():
         var.set_value(jax.lax.stop_gradient(out.state[name]))
@@ -150,9 +179,10 @@ class MoELayer(nnx.Module):
         self.sow(RouterStats, "router_stats", dict(out.stats))
 
     assignment = dataclasses.replace(
-        out.routing,
-        expert_index=checkpoint_name(out.routing.expert_index, "moe_expert_index"),
-        combine_weight=checkpoint_name(out.routing.combine_weight, "moe_combine_weight"))
+      out.routing,
+      expert_index=checkpoint_name(out.routing.expert_index, "moe_expert_index"),
+      combine_weight=checkpoint_name(out.routing.combine_weight, "moe_combine_weight"),
+    )
     if token_mask is not None:
       assignment = assignment.with_valid(assignment.valid & token_mask.reshape(b * length, 1))
     y_TxD, dispatch_metrics = self.dispatch(x_TxD.astype(self.dtype), assignment)
@@ -167,19 +197,28 @@ class MoELayer(nnx.Module):
     diagnostics = DIAGNOSTIC_LOSSES if self.router_spec.gives_probs else ()
     names = sorted({*diagnostics, *cfg.loss_weights})
     loss_values = {name: losses.loss_value(name, out, cfg, step_stats) for name in names}
-    aux_loss = sum((cfg.loss_weights[name] * loss_values[name]
-                    for name in cfg.loss_weights), jnp.zeros((), jnp.float32))
+    aux_loss = sum(
+      (cfg.loss_weights[name] * loss_values[name] for name in cfg.loss_weights),
+      jnp.zeros((), jnp.float32),
+    )
     counts = assignment.expert_counts(cfg.num_experts)
-    metrics = {**out.metrics, **dispatch_metrics, **loss_values,
-               **load_metrics(counts, cfg.dropless_tile, num_tokens=b * length),
-               "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32)}
+    metrics = {
+      **out.metrics,
+      **dispatch_metrics,
+      **loss_values,
+      **load_metrics(counts, cfg.dropless_tile, num_tokens=b * length),
+      "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32),
+    }
     if cfg.num_experts > MAX_LOGGED_EXPERTS:  # [E] per layer per log step: too many
       metrics.pop("load_fraction")
     return self.gradient_probe(y_TxD.reshape(b, length, d)), {
-        "aux_loss": aux_loss, "metrics": metrics,
-        "step_stats": losses.step_stats_of(names, out, cfg),
-        "expert_index": assignment.expert_index,
-        "combine_weight": assignment.combine_weight, "valid": assignment.valid}
+      "aux_loss": aux_loss,
+      "metrics": metrics,
+      "step_stats": losses.step_stats_of(names, out, cfg),
+      "expert_index": assignment.expert_index,
+      "combine_weight": assignment.combine_weight,
+      "valid": assignment.valid,
+    }
 
   def gradient_probe(self, y_BxLxD):
     """y, plus the `output` perturbation when the call runs under
@@ -189,12 +228,41 @@ class MoELayer(nnx.Module):
       return y_BxLxD
     return self.perturb("output", y_BxLxD)
 
+  def merged_call(self, x_BxLxD, token_mask=None):
+    """model.moe.merge: per segment, one expert merged from all under the previous
+    segment's gates (moejax/experts/merged.py); (y, aux) as __call__."""
+    settings = merged.SETTINGS.options(self.cfg)
+    router_dtype = jnp.promote_types(jnp.float32, self.dtype)
+    gates, _ = merged.segment_gates(
+      x_BxLxD.astype(router_dtype), self.router_logits, settings["segment_len"], token_mask
+    )
+    base = (
+      None
+      if self.merge_base is None
+      else {name: w[0] for name, w in self.merge_base.weights(self.dtype).items()}
+    )
+    expert = functools.partial(self.expert_type.expert, **self.expert_type.options(self.cfg))
+    y = merged.merged_forward(
+      x_BxLxD.astype(self.dtype),
+      gates,
+      expert,
+      self.experts.weights(self.dtype),
+      base,
+      self.merge_rule,
+      settings["segment_len"],
+      settings["eta"],
+    )
+    return self.gradient_probe(y), merged.layer_aux(
+      gates, x_BxLxD.shape[1], settings["segment_len"], token_mask
+    )
+
   def router_logits(self, x_TxD):
     """What the router's `route` receives: x W, or its own projection of x."""
     if self.router_projection is None:
       return x_TxD @ self.router_kernel[...].astype(x_TxD.dtype)
-    params = {name: var[...].astype(x_TxD.dtype)
-              for name, var in variables(self.router_projection).items()}
+    params = {
+      name: var[...].astype(x_TxD.dtype) for name, var in variables(self.router_projection).items()
+    }
     return self.router_spec.projection.apply(params, x_TxD, self.cfg)
 
   def dispatch(self, x_TxD, assignment):
@@ -203,6 +271,6 @@ class MoELayer(nnx.Module):
     layout = sharding.current_layout()
     if layout is None:
       return self.dispatcher(x_TxD, assignment, bound, self.cfg)
-    return expert_parallel_dispatch(x_TxD, assignment, bound.weights, bound.type.logical_axes,
-                                    bound.apply, self.cfg, layout)
-
+    return expert_parallel_dispatch(
+      x_TxD, assignment, bound.weights, bound.type.logical_axes, bound.apply, self.cfg, layout
+    )
