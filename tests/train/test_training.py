@@ -53,21 +53,21 @@ def test_thirty_steps_lower_the_loss(tiny_config, tmp_path):
 
 @pytest.mark.parametrize("arg", ["", "router=sigmoid_bias"])
 def test_resume_is_bit_exact(tiny_config, tmp_path, arg):
-  config = tiny_config(arg, steps=20, checkpoint_every=100)
+  config = tiny_config(arg, steps=6, checkpoint_every=100, log_every=1)
   straight = train_and_evaluate(config, str(tmp_path / "straight"), write_metrics=False)
-  train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False, stop_at_step=10)
+  train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False, stop_at_step=3)
   resumed = train_and_evaluate(config, str(tmp_path / "resumed"), write_metrics=False)
-  assert resumed.start_step == 10 and int(resumed.state.step) == 20
+  assert resumed.start_step == 3 and int(resumed.state.step) == 6
   jax.tree.map(np.testing.assert_array_equal, params_of(straight), params_of(resumed))
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, straight.state.rest),
                jax.tree.map(np.asarray, resumed.state.rest))
   # the resumed half saw the same batches: same logged losses after the stop
-  assert [r["loss"] for r in straight.history if r["step"] > 10] == \
-         [r["loss"] for r in resumed.history]
+  assert [r["loss"] for r in straight.history if r["step"] > 3] == \
+         [r["loss"] for r in resumed.history] and len(resumed.history) == 3
 
 
 def test_same_seed_same_metrics(tiny_config, tmp_path):
-  config = tiny_config(steps=10, log_every=5)
+  config = tiny_config(steps=4, log_every=2)
   a = train_and_evaluate(config, str(tmp_path / "a"), write_metrics=False)
   b = train_and_evaluate(config, str(tmp_path / "b"), write_metrics=False)
   strip = lambda h: [{k: v for k, v in r.items() if k != "tokens_per_second"} for r in h]
