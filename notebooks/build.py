@@ -30,7 +30,7 @@ REPO_URL = "{repo_url}"
 import os, subprocess, sys, tempfile
 
 try:
-  import google.colab  # noqa: F401
+  import google.colab  # noqa: F401  (imported only to detect Colab)
   IN_COLAB = True
 except ImportError:
   IN_COLAB = False

@@ -7,8 +7,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import pytest  # noqa: E402  (after JAX_PLATFORMS is set)
+from hypothesis import settings  # noqa: E402  (after JAX_PLATFORMS is set)
 
 settings.register_profile("moejax", deadline=None, print_blob=True)
 settings.load_profile("moejax")

@@ -24,25 +24,25 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   ).strip()
 
-import functools  # noqa: E402
-import re  # noqa: E402
+import functools  # noqa: E402  (after XLA_FLAGS is set)
+import re  # noqa: E402  (after XLA_FLAGS is set)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+import jax  # noqa: E402  (after XLA_FLAGS is set)
+import jax.numpy as jnp  # noqa: E402  (after XLA_FLAGS is set)
+import numpy as np  # noqa: E402  (after XLA_FLAGS is set)
+from absl import app, flags  # noqa: E402  (after XLA_FLAGS is set)
 
-from moejax import cli, sharding  # noqa: E402
-from moejax.config import base_config  # noqa: E402
-from moejax.dispatch import get_dispatcher  # noqa: E402
-from moejax.dispatch.capacity import expert_capacity  # noqa: E402
-from moejax.dispatch.exchange import rows_per_peer  # noqa: E402
-from moejax.dispatch.expert_parallel import expert_parallel_dispatch  # noqa: E402
-from moejax.experts import swiglu_experts  # noqa: E402
-from moejax.evaluation.stats import markdown_table  # noqa: E402
-from moejax.experts.swiglu import SwiGLUExperts  # noqa: E402
-from moejax.profiling.timing import interleaved_times, medians, with_backward  # noqa: E402
-from moejax.routing import get_router  # noqa: E402
+from moejax import cli, sharding  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.config import base_config  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.dispatch import get_dispatcher  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.dispatch.capacity import expert_capacity  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.dispatch.exchange import rows_per_peer  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.dispatch.expert_parallel import expert_parallel_dispatch  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.experts import swiglu_experts  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.evaluation.stats import markdown_table  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.experts.swiglu import SwiGLUExperts  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.profiling.timing import interleaved_times, medians, with_backward  # noqa: E402  (after XLA_FLAGS is set)
+from moejax.routing import get_router  # noqa: E402  (after XLA_FLAGS is set)
 
 MESHES = {
   "data2_expert4": dict(data=2, expert=4),

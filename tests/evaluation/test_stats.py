@@ -5,6 +5,7 @@ import itertools
 import math
 
 import numpy as np
+import scipy.stats
 import pytest
 
 from moejax.errors import ConfigError
@@ -74,8 +75,6 @@ def test_bad_input():
 
 
 # ---- t, Wilson, bootstrap of a mean, slope, Holm, verdicts, tables ----------------------------
-
-import scipy.stats  # noqa: E402
 
 
 @pytest.mark.parametrize("seed, n", [(0, 2), (1, 3), (2, 7), (3, 40)])

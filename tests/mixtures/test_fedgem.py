@@ -44,9 +44,7 @@ def test_q_rises_inside_the_radius_and_falls_just_outside(diagonal):
         gmm.q_function(
           x,
           resp,
-          old._replace(  # noqa: E731
-            means=old.means.at[k].set(mu)
-          ),
+          old._replace(means=old.means.at[k].set(mu)),
         )
       )
 

@@ -128,7 +128,10 @@ def test_dsm_at_the_true_score_is_its_minimum():
     n = 20000
     x = sm.sample(mix, n, 0)
     noise = jax.random.normal(jax.random.key(1), x.shape, x.dtype)
-    true = lambda y, s: sm.molr_mog_score(y, s, mix)  # noqa: E731
+
+    def true(y, s):
+      return sm.molr_mog_score(y, s, mix)
+
     for sigma in (0.2, 1.0, 3.0):
       s = jnp.full((n,), sigma)
       for scale, holds in ((1.0, True), (1.1, False), (0.9, False)):
@@ -141,7 +144,10 @@ def test_dsm_at_the_true_score_is_its_minimum():
         lambda y: jnp.ones_like(y) / sigma,
         lambda y: 0.3 * jnp.roll(y, 1, axis=1) / (1 + sigma**2),
       ):
-        perturbed = lambda y, t, f=shift: true(y, t) + f(y)  # noqa: E731
+
+        def perturbed(y, t, f=shift):
+          return true(y, t) + f(y)
+
         rise = float(sn.dsm_loss(perturbed, x, s, noise)) - base
         expected = sigma**2 * float(jnp.mean(jnp.sum(shift(x + sigma * noise) ** 2, 1)))
         assert rise == pytest.approx(expected, rel=0.15)

@@ -81,7 +81,10 @@ def test_frechet_mean_is_a_stationary_minimum_and_not_the_extrinsic_mean():
     mean = sp.frechet_mean(x, w)
     grad = (w / w.sum()) @ np.asarray(sp.log_map(mean, x))
     assert np.linalg.norm(grad) < 1e-10
-    cost = lambda m: float(w @ sp.geodesic_distance(x, m) ** 2)  # noqa: E731
+
+    def cost(m):
+      return float(w @ sp.geodesic_distance(x, m) ** 2)
+
     for step in tangent(rng, np.asarray(mean), 20, np.full(20, 1e-3)):
       assert cost(sp.exp_map(mean, step)) > cost(mean)
     extrinsic = w @ x / np.linalg.norm(w @ x)
@@ -200,7 +203,10 @@ def test_vmf_normaliser_makes_the_density_integrate_to_one(d, kappa):
   """int_S C exp(kappa t) dS = C A_{d-2} int_{-1}^1 exp(kappa t) (1-t^2)^{(d-3)/2} dt."""
   log_c = float(sp.log_vmf_normaliser(kappa, d))
   ring = 2 * np.pi ** ((d - 1) / 2) / math.gamma((d - 1) / 2)
-  f = lambda t: np.exp(log_c + kappa * t) * (1 - t * t) ** ((d - 3) / 2)  # noqa: E731
+
+  def f(t):
+    return np.exp(log_c + kappa * t) * (1 - t * t) ** ((d - 3) / 2)
+
   total = integrate.quad(f, -1, 1, points=[1 - 10 / max(kappa, 1)], limit=200)[0]
   np.testing.assert_allclose(ring * total, 1.0, rtol=1e-6)
   if d == 3:  # the closed form on S^2
