@@ -26,8 +26,12 @@ REPO_URL = "https://github.com/<owner>/moejax"
 
 SETUP = '''\
 # Set-up: on Colab, clone moejax and install it; elsewhere use this checkout.
+import os
+import subprocess
+import sys
+import tempfile
+
 REPO_URL = "{repo_url}"
-import os, subprocess, sys, tempfile
 
 try:
   import google.colab  # noqa: F401  (imported only to detect Colab)
@@ -60,7 +64,7 @@ else:
   REPO = find_checkout()
 if REPO not in sys.path:
   sys.path.insert(0, REPO)  # configs/, experiments/ and tests/ of the checkout
-{pre_jax}import jax
+{pre_jax}import jax  # noqa: E402  (after the checkout is on sys.path)
 try:  # figures inline, even after a library call switches matplotlib's backend
   get_ipython().run_line_magic("matplotlib", "inline")
 except NameError:  # not in IPython

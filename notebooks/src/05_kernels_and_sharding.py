@@ -74,7 +74,11 @@ print("empty groups have zero weight gradients:", bool(jnp.all(w_grad[sizes == 0
 # `d rhs = tgmm(lhs, grad)`), so its gradients must equal the reference's.
 
 # %%
-loss = lambda f: (lambda a, b: jnp.sum(f(a, b, group_sizes) * grad))
+def loss(f):
+  """The scalar <f(a, b), grad> whose gradient is the VJP of f against grad."""
+  return lambda a, b: jnp.sum(f(a, b, group_sizes) * grad)
+
+
 g_kernel = jax.grad(loss(lambda a, b, g: gmm(a, b, g, **kernel)), argnums=(0, 1))(lhs, rhs)
 g_ref = jax.grad(loss(gmm_reference), argnums=(0, 1))(lhs, rhs)
 for name, a, b in zip(("d lhs", "d rhs"), g_kernel, g_ref):
