@@ -59,7 +59,7 @@ import platform
 from absl import flags
 
 from moejax import cli
-from moejax.profiling import generation, report
+from moejax.profiling import generation, generation_profile, report
 
 _FAMILIES = cli.checked(
   flags.DEFINE_list("families", list(generation.FAMILIES), "HF families."),
@@ -114,10 +114,10 @@ def main(argv):
   if not _PROFILE.value:
     measure, table, extra = generation.speed_rows, report.speed_table, ()
   elif _PHASE.value == "prefill":
-    measure, table = generation.profile_prefill, report.prefill_table
+    measure, table = generation_profile.profile_prefill, report.prefill_table
     extra = (_CALLS.value, _TORCH_THREADS.value)
   else:
-    measure, table = generation.profile_decode, report.profile_table
+    measure, table = generation_profile.profile_decode, report.profile_table
     extra = (_CALLS.value, _TORCH_THREADS.value)
   rows = []
   for family in _FAMILIES.value:

@@ -57,9 +57,8 @@ from moejax.dispatch import get_dispatcher
 from moejax.assignment.blocks import granule
 from moejax.assignment.layout import padding_waste
 from moejax.dispatch.dropless import get_grouped_matmul
-from moejax.dispatch.capacity import expert_capacity
-from moejax.evaluation.stats import markdown_table
 from moejax.experts import swiglu_experts
+from moejax.profiling import anchors, report
 from moejax.profiling.timing import compile_pass, cpu_model, interleaved_times
 from moejax.routing import get_router
 
@@ -150,29 +149,6 @@ def route(params, x, cfg):
   return spec.route(logits, cfg=cfg, state=state, rng=None, train=True).routing
 
 
-def gshard_einsum(x, routing, expert_fn, cfg):
-  """GShard (Lepikhin et al. 2020) one-hot dispatch/combine tensors [T, E, C] and einsums."""
-  num_tokens, num_slots = routing.expert_index.shape
-  num_experts = cfg.num_experts
-  capacity = expert_capacity(
-    num_tokens, num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
-  )
-  one_hot = jax.nn.one_hot(routing.expert_index.T, num_experts) * routing.valid.T[..., None]
-  # position of each assignment in its expert's buffer, slot-major priority
-  position = jnp.cumsum(one_hot.reshape(-1, num_experts), 0).reshape(one_hot.shape) - 1
-  position = jnp.sum(position * one_hot, -1)  # [S, T]
-  kept = one_hot * (position < capacity)[..., None]  # [S, T, E]
-  slot_one_hot = jax.nn.one_hot(position, capacity)  # [S, T, C]
-  dispatch = jnp.einsum("ste,stc->tec", kept, slot_one_hot)
-  weight = routing.masked_weight().T  # [S, T]
-  combine = jnp.einsum("ste,stc,st->tec", kept, slot_one_hot, weight)
-  rows = jnp.einsum("tec,td->ecd", dispatch, x)
-  out = expert_fn(rows, lambda r, w: jnp.einsum("eca,eab->ecb", r, w))
-  y = jnp.einsum("tec,ecd->td", combine, out)
-  waste = (num_experts * capacity - jnp.sum(kept)) / jnp.maximum(jnp.sum(kept), 1)
-  return y, {"padding_waste": waste}
-
-
 def capacity_waste(metrics, num_tokens, top_k, num_experts):
   kept = num_tokens * top_k * (1 - metrics["dropped_fraction"])
   return (num_experts * metrics["capacity"] - kept) / kept
@@ -204,7 +180,7 @@ def make_path(name, dims):
     return routing_layout_path(moe_cfg(e, k)), {"router": params["router"]}
   kind, _, matmul = name.partition("/")
   if kind == "anchor":
-    dispatch = gshard_einsum if matmul == "gshard_einsum" else get_dispatcher("dropless")
+    dispatch = anchors.gshard_einsum if matmul == "gshard_einsum" else get_dispatcher("dropless")
     cfg = moe_cfg(e, k, grouped_matmul="ragged_dot", dropless_tile=1)
   else:
     dispatch = get_dispatcher(kind)
@@ -361,82 +337,20 @@ def bench_shape(label, dims, paths, passes):
 
 
 def markdown(records) -> str:
-  load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-  lines = [
-    f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
-    f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}; "
-    f"load average at the end {load} (the machine is shared).",
-    f"fp32; router {_ROUTER.value}"
-    + (
-      f" ({_ROUNDING_MODE.value}, tile {_ROUNDING_TILE.value})"
-      if _ROUTER.value == "topk_rounded"
-      else ""
-    )
-    + f"; dropless_tile={_TILE.value}, dropless_min_block={_MIN_BLOCK.value}, "
-    f"dropless_block={_BLOCK.value}, capacity_factor={_CF.value}; "
-    f"medians of {_REPS.value} interleaved reps ({_SLOW_REPS.value} for "
-    "the E x FLOPs paths). ratio = dense time / path time.",
-    "",
-  ]
-
-  def fmt(r, key, spec):
-    if not r:
-      return "-"
-    if r[key] is None:
-      return "skipped"
-    if key == "ratio_to_dense" and r["path"] == "routing_layout":  # an overhead, not a path
-      return f"{1 / r[key]:.0%} of dense"
-    return format(r[key], spec)
-
-  for shape in dict.fromkeys(r["shape"] for r in records):
-    by = {(r["path"], r["pass"]): r for r in records if r["shape"] == shape}
-    r0 = next(iter(by.values()))
-    plain = by.get((PLAIN_SORT_GATHER, "fwd+bwd"))
-    rows = []
-    for path in dict.fromkeys(p for p, _ in by):
-      fwd, bwd = by.get((path, "fwd")), by.get((path, "fwd+bwd"))
-      rows.append(
-        [
-          path,
-          fmt(fwd, "time_ms", ".1f"),
-          fmt(fwd, "ratio_to_dense", ".2f"),
-          fmt(bwd, "time_ms", ".1f"),
-          fmt(bwd, "ratio_to_dense", ".2f"),
-          f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-",
-          f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-",
-          fmt(fwd or bwd, "padding_waste", ".3f"),
-        ]
-      )
-    lines += [
-      f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}",
-      "",
-      markdown_table(
-        [
-          "path",
-          "fwd ms",
-          "fwd ratio",
-          "fwd+bwd ms",
-          "fwd+bwd ratio",
-          "fwd+bwd temp MiB",
-          f"temp / {PLAIN_SORT_GATHER}",
-          "padding waste",
-        ],
-        rows,
-      ),
-    ]
-    naive = {w: by.get(("omnimoe/naive", w)) for w in ("fwd", "fwd+bwd")}
-    for path in (p for p in OMNI_PATHS[1:] if any((p, w) in by for w in naive)):
-      ratios = [
-        f"{w} {naive[w]['time_ms'] / by[path, w]['time_ms']:.2f}"
-        for w in naive
-        if naive[w] and by.get((path, w)) and by[path, w]["time_ms"]
-      ]
-      lines += [
-        "",
-        f"omnimoe/naive time / {path} time (tile {_OMNI_TILE.value}): " + ", ".join(ratios),
-      ]
-    lines.append("")
-  return "\n".join(lines)
+  rounding = (
+    f" ({_ROUNDING_MODE.value}, tile {_ROUNDING_TILE.value})"
+    if _ROUTER.value == "topk_rounded"
+    else ""
+  )
+  settings = (
+    f"fp32; router {_ROUTER.value}{rounding}; dropless_tile={_TILE.value}, "
+    f"dropless_min_block={_MIN_BLOCK.value}, dropless_block={_BLOCK.value}, "
+    f"capacity_factor={_CF.value}; medians of {_REPS.value} interleaved reps "
+    f"({_SLOW_REPS.value} for the E x FLOPs paths). ratio = dense time / path time."
+  )
+  return report.moe_layer_tables(
+    records, settings, PLAIN_SORT_GATHER, OMNI_PATHS[0], OMNI_PATHS[1:], _OMNI_TILE.value
+  )
 
 
 def main(argv):

@@ -1,11 +1,18 @@
-"""The markdown of the generation benchmark (experiments/benchmarks/generate.py): the
-speed table, and of its profile (--profile): per family and batch, each part's
-milliseconds and share, moejax against transformers, the MoE expert part by its
-loops' inner thunks, and the prefill's time to first token.
+"""The markdown of the benchmarks: the generation benchmark's
+(experiments/benchmarks/generate.py) speed table, and of its profile (--profile): per
+family and batch, each part's milliseconds and share, moejax against transformers, the
+MoE expert part by its loops' inner thunks, and the prefill's time to first token; the
+MoE layer benchmark's (experiments/benchmarks/moe_layer.py) per-shape path tables.
 """
 
-from moejax.profiling.xla_parts import PARTS
+import datetime
+import os
+
+import jax
+
 from moejax.evaluation.stats import markdown_table
+from moejax.profiling.timing import cpu_model
+from moejax.profiling.xla_parts import PARTS
 
 LABELS = {
   "attention": "attention (qkv, RoPE, cache write, scores, out)",
@@ -203,3 +210,79 @@ def speed_table(rows) -> str:
       for r in rows
     ],
   )
+
+
+def moe_layer_tables(
+  records, settings: str, reference: str, naive: str, omni_paths, omni_tile: int
+) -> str:
+  """experiments.benchmarks.moe_layer's tables: a machine line, `settings`, then per shape
+  each path's fwd and fwd+bwd time and ratio to dense, fwd+bwd temp memory (also over
+  the `reference` path's), padding waste, and `naive` OmniMoE time over each of
+  `omni_paths`' (at dropless tile `omni_tile`)."""
+  load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+  lines = [
+    f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+    f"backend {jax.default_backend()}; {datetime.date.today().isoformat()}; "
+    f"load average at the end {load} (the machine is shared).",
+    settings,
+    "",
+  ]
+
+  def fmt(r, key, spec):
+    if not r:
+      return "-"
+    if r[key] is None:
+      return "skipped"
+    if key == "ratio_to_dense" and r["path"] == "routing_layout":  # an overhead, not a path
+      return f"{1 / r[key]:.0%} of dense"
+    return format(r[key], spec)
+
+  for shape in dict.fromkeys(r["shape"] for r in records):
+    by = {(r["path"], r["pass"]): r for r in records if r["shape"] == shape}
+    r0 = next(iter(by.values()))
+    plain = by.get((reference, "fwd+bwd"))
+    rows = []
+    for path in dict.fromkeys(p for p, _ in by):
+      fwd, bwd = by.get((path, "fwd")), by.get((path, "fwd+bwd"))
+      rows.append(
+        [
+          path,
+          fmt(fwd, "time_ms", ".1f"),
+          fmt(fwd, "ratio_to_dense", ".2f"),
+          fmt(bwd, "time_ms", ".1f"),
+          fmt(bwd, "ratio_to_dense", ".2f"),
+          f"{bwd['temp_bytes'] / 2**20:.1f}" if bwd else "-",
+          f"{bwd['temp_bytes'] / plain['temp_bytes']:.2f}" if bwd and plain else "-",
+          fmt(fwd or bwd, "padding_waste", ".3f"),
+        ]
+      )
+    lines += [
+      f"### {shape}: T={r0['T']}, d={r0['d']}, f={r0['f']}, E={r0['E']}, k={r0['k']}",
+      "",
+      markdown_table(
+        [
+          "path",
+          "fwd ms",
+          "fwd ratio",
+          "fwd+bwd ms",
+          "fwd+bwd ratio",
+          "fwd+bwd temp MiB",
+          f"temp / {reference}",
+          "padding waste",
+        ],
+        rows,
+      ),
+    ]
+    naive_by = {w: by.get((naive, w)) for w in ("fwd", "fwd+bwd")}
+    for path in (p for p in omni_paths if any((p, w) in by for w in naive_by)):
+      ratios = [
+        f"{w} {naive_by[w]['time_ms'] / by[path, w]['time_ms']:.2f}"
+        for w in naive_by
+        if naive_by[w] and by.get((path, w)) and by[path, w]["time_ms"]
+      ]
+      lines += [
+        "",
+        f"{naive} time / {path} time (tile {omni_tile}): " + ", ".join(ratios),
+      ]
+    lines.append("")
+  return "\n".join(lines)

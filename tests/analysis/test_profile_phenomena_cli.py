@@ -1,6 +1,6 @@
 """The phenomena on a fresh tiny MoE workdir trained on two domains: the profile CLI's
 windows of the held-out documents, by hand, and its refusals; the held-out blocks; the
-super-experts ablation study, draw by draw, against super_experts.ablation_study and the
+super-experts ablation study, draw by draw, against super_expert_ablation.ablation_study and the
 harness's bpb by hand."""
 
 import json
@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moejax.analysis import super_expert_ablation as ablation
 from moejax.analysis import super_experts as se
 from moejax.analysis.phenomena import document_block
 from moejax.errors import ConfigError
@@ -131,7 +132,7 @@ def phenomena(area, draws=2, **settings):
 
 def test_ablation_study_scores_each_block_as_ablation_study_does(area):
   """Draw d: the super-experts ablation of the d-th block of 16 held-out bytes per domain
-  (random seed d); every arm equals super_experts.ablation_study on the same windows, its
+  (random seed d); every arm equals super_expert_ablation.ablation_study on the same windows, its
   bpb the harness's on the block's documents with the arm's experts ablated, and its
   arithmetic accuracy the probe's by hand (seed d)."""
   from moejax.evaluation import probes
@@ -159,7 +160,7 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
         )
       }
 
-    old = se.ablation_study((config, params, rest), windows, n=2, seeds=(draw,), score=score)
+    old = ablation.ablation_study((config, params, rest), windows, n=2, seeds=(draw,), score=score)
     assert [a["arm"] for a in old["arms"]] == [
       "none",
       "super_experts",
@@ -178,7 +179,7 @@ def test_ablation_study_scores_each_block_as_ablation_study_does(area):
       assert new["max_residual"] == pytest.approx(reference["max_residual"], rel=1e-6)
       assert new["super_experts_found"] == found
       pairs = [(e["moe_layer"], e["expert"]) for e in reference["experts"]]
-      lm = DecoderLM(config.model, se.ablate_experts(config.model, params, pairs), rest)
+      lm = DecoderLM(config.model, ablation.ablate_experts(config.model, params, pairs), rest)
       correct = probes.probe_correct(
         lm, tokenizer, 0, arithmetic_examples(draw, 2), "greedy", context=8, batch_size=16
       )

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from moejax.configs import lm_shakespeare_moe
+from moejax.analysis import super_expert_ablation as ablation
 from moejax.analysis import super_experts as se
 from moejax.errors import ConfigError
 from moejax.layers.rope import apply_rope, rope_frequencies
@@ -296,7 +297,7 @@ def test_ablation_removes_exactly_the_routed_contributions_of_the_expert(tiny):
   config, graphdef, params, rest, tokens = tiny
   pairs = [(1, 2), (1, 5)]
   before = np.asarray(params["blocks"][1]["ffn"]["experts"]["w_down"])
-  ablated = se.ablate_experts(config.model, params, pairs)
+  ablated = ablation.ablate_experts(config.model, params, pairs)
   np.testing.assert_array_equal(params["blocks"][1]["ffn"]["experts"]["w_down"], before)
   for name, value in params["blocks"][1]["ffn"].items():
     if name != "experts":  # the router is untouched
@@ -324,13 +325,13 @@ def test_ablation_refuses_a_pair_it_cannot_ablate(tiny):
   from moejax.errors import ConfigError
 
   with pytest.raises(ConfigError, match=r"2 MoE layers \(pair=\(2, 0\)\)"):
-    se.ablate_experts(config.model, params, [(0, 1), (2, 0)])
+    ablation.ablate_experts(config.model, params, [(0, 1), (2, 0)])
   with pytest.raises(ConfigError, match=r"has 8 experts \(pair=\(1, 8\)\)"):
-    se.ablate_experts(config.model, params, [(1, 8)])
+    ablation.ablate_experts(config.model, params, [(1, 8)])
   atomic = config.model.copy_and_resolve_references()
   atomic.moe.experts = "atomic"
   with pytest.raises(ConfigError, match=r"'atomic'.* \(pair=\(0, 0\)\)"):
-    se.ablate_experts(atomic, params, [(0, 0)])
+    ablation.ablate_experts(atomic, params, [(0, 0)])
 
 
 MARKER, CARRIER, CONSTANT = 0, 1, 2  # embedding channels of the planted model
@@ -384,18 +385,18 @@ def test_a_planted_super_expert_makes_the_sink_and_its_ablation_removes_it(tiny)
 
   uniform = se.uniform_sink_mass(tokens.shape[1])
   assert sink(planted)[1] > 0.9
-  assert sink(se.ablate_experts(config.model, planted, [(0, expert)]))[1] == pytest.approx(
+  assert sink(ablation.ablate_experts(config.model, planted, [(0, expert)]))[1] == pytest.approx(
     uniform, abs=1e-6
   )
   for other in (0, 7):  # another expert of the same layer, and one of the last
-    assert sink(se.ablate_experts(config.model, planted, [(other // 7, other)]))[1] > 0.9
+    assert sink(ablation.ablate_experts(config.model, planted, [(other // 7, other)]))[1] > 0.9
   assert sink(params)[1] < 0.5  # the unplanted model has no sink
 
 
 def test_study_arms_on_the_planted_model(tiny):
   config, graphdef, params, rest, tokens = tiny
   planted = plant_super_expert(config, params, 3)
-  study = se.ablation_study((config, planted, rest), tokens, seeds=(0, 1), batch_rows=4)
+  study = ablation.ablation_study((config, planted, rest), tokens, seeds=(0, 1), batch_rows=4)
   arms = {a["arm"]: a for a in study["arms"]}
   assert list(arms) == ["none", "super_experts", "most_frequent", "random_seed0", "random_seed1"]
   assert study["n"] == 1 and all(len(a["experts"]) == 1 for a in study["arms"][1:])
@@ -406,7 +407,7 @@ def test_study_arms_on_the_planted_model(tiny):
   assert arms["none"]["max_residual"] > 100 > 10 > arms["super_experts"]["max_residual"]
   # each arm's figures are those of its own ablated model
   for arm in study["arms"]:
-    ablated = se.ablate_experts(
+    ablated = ablation.ablate_experts(
       config.model, planted, [(e["moe_layer"], e["expert"]) for e in arm["experts"]]
     )
     np.testing.assert_allclose(
@@ -432,7 +433,7 @@ def next_token_loss_by_hand(graphdef, params, rest, tokens) -> float:
 def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
   config, graphdef, params, rest, tokens = tiny
   scored = []
-  study = se.ablation_study(
+  study = ablation.ablation_study(
     (config, params, rest),
     tokens,
     n=3,
@@ -470,7 +471,7 @@ def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
   assert counts.sum() == tokens.size * config.model.moe.top_k * 2
   layer, expert = np.unravel_index(np.argmax(counts), counts.shape)
   assert (layer, expert) in pairs["most_frequent"]
-  one = se.ablation_study((config, params, rest), tokens, seeds=(), batch_rows=3)
+  one = ablation.ablation_study((config, params, rest), tokens, seeds=(), batch_rows=3)
   assert [(e["moe_layer"], e["expert"]) for e in one["arms"][2]["experts"]] == [(layer, expert)]
   # the loss, batched with a padded last batch, = one forward by hand
   assert arms["none"]["loss_nats"] == pytest.approx(
@@ -479,9 +480,9 @@ def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
   from moejax.errors import ConfigError
 
   with pytest.raises(ConfigError, match="n=17"):
-    se.ablation_study((config, params, rest), tokens, n=17)
+    ablation.ablation_study((config, params, rest), tokens, n=17)
   with pytest.raises(ConfigError, match="twice"):
-    se.ablation_study((config, params, rest), tokens, seeds=(1, 1))
+    ablation.ablation_study((config, params, rest), tokens, seeds=(1, 1))
 
 
 def test_massive_layer_defaults_at_their_boundaries():

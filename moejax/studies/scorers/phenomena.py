@@ -12,7 +12,7 @@ blocks, P_quantile and max // (1 / fraction_of_max) over them) or "massive_layer
 ablates its experts (zeroes their down projection, the router untouched):
   none            nothing (the reference)
   super_experts   the super experts; where the rule names none, the n experts of
-                  largest a (super_experts.ablation_arms' `top_a`)
+                  largest a (super_expert_ablation.ablation_arms' `top_a`)
   most_frequent   the n experts the router sends most slots to on the draw's windows
   random          n experts drawn uniformly with numpy default_rng(d)
 n = settings.n, or 0: the number of super experts, 1 when none. Metrics: the harness's
@@ -162,6 +162,7 @@ class PhenomenaAblation(Scorer):
   @functools.cache
   def profile(self, draw: int) -> dict:
     """The draw's documents, windows, measured parts, profile and arms' experts."""
+    from moejax.analysis import super_expert_ablation as ablation
     from moejax.analysis import super_experts as se
 
     m, graphdef, params, rest = self.model
@@ -170,7 +171,7 @@ class PhenomenaAblation(Scorer):
     found = jax.device_get(se.measure(graphdef, params, rest, tokens, se.PARTS + ("counts",)))
     criterion = {k: self.settings[k] for k in self.CRITERION}
     report = se.profile_report(m, tokens.shape, found, **criterion)
-    n, arms = se.ablation_arms(
+    n, arms = ablation.ablation_arms(
       report, found["peaks"], found["counts"], self.settings["n"] or None, seeds=(draw,)
     )
     return {
@@ -184,13 +185,13 @@ class PhenomenaAblation(Scorer):
     }
 
   def score(self, level, draw, arms):
-    from moejax.analysis import super_experts as se
+    from moejax.analysis import super_expert_ablation as ablation
 
     m, graphdef, params, rest = self.model
     p, out = self.profile(draw), {}
     for name, arm in arms.items():
       _, pairs = p["arms"][arm["ablate"]]
-      effect = se.ablation_effect(
+      effect = ablation.ablation_effect(
         m,
         graphdef,
         params,
