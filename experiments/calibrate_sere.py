@@ -15,7 +15,7 @@ import os
 from absl import flags
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 
 from moejax.analysis.router_inference import calibrate_similarity
@@ -32,11 +32,11 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
   del argv
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
   out = (
     _OUT.value if _OUT.value is not None else os.path.join(_WORKDIR.value, "sere_similarity.npy")
   )
-  cli.output_file("out", out, suffixes=(".npy",))  # np.save appends .npy to other names
+  cli_files.output_file("out", out, suffixes=(".npy",))  # np.save appends .npy to other names
   config, graphdef, params, rest, _ = load_from_workdir(_WORKDIR.value)
   if config.model.ffn_type != "moe":
     raise ConfigError(

@@ -24,7 +24,7 @@ import json
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (float 'swiglu' experts).")
 _METHOD = flags.DEFINE_string("method", "gemq", "Compression method.")
@@ -80,9 +80,9 @@ flags.mark_flags_as_required(["workdir", "level"])
 
 def main(argv):
   del argv
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training",))
-  cli.output_dir("out", _OUT.value, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
-  cli.output_file("report", _REPORT.value)
+  cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training",))
+  cli_files.output_dir("out", _OUT.value, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
+  cli_files.output_file("report", _REPORT.value)
   choices = tuple(int(b) for b in _CHOICES.value)
   from moejax.posttrain import compress_pipeline as cp
   from moejax.posttrain import compress_workdir

@@ -28,7 +28,7 @@ import os
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 from moejax.interop import dense_experts, parity, streaming
 from moejax.interop.convert import WORKDIR_MODEL, export_hf
@@ -83,8 +83,8 @@ def refuse_flags_of_the_other_direction(holders, direction: str) -> None:
 
 def import_main() -> None:
   refuse_flags_of_the_other_direction(EXPORT_ONLY, "export (--out_hf_dir)")
-  cli.writable_workdir("workdir", _WORKDIR.value, "converted", allow_mixed=_ALLOW_MIXED.value)
-  cli.output_dir("workdir", _WORKDIR.value, not_inside=[("--hf_dir", _HF_DIR.value)])
+  cli_files.writable_workdir("workdir", _WORKDIR.value, "converted", allow_mixed=_ALLOW_MIXED.value)
+  cli_files.output_dir("workdir", _WORKDIR.value, not_inside=[("--hf_dir", _HF_DIR.value)])
   if not os.path.isdir(_HF_DIR.value):
     raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
   # tensor by tensor (moejax/interop/streaming.py): every tensor's presence, shape and
@@ -102,9 +102,9 @@ def import_main() -> None:
 
 def export_main() -> None:
   refuse_flags_of_the_other_direction(IMPORT_ONLY, "import (--hf_dir)")
-  cli.existing_workdir("workdir", _WORKDIR.value)
+  cli_files.existing_workdir("workdir", _WORKDIR.value)
   out = _OUT_HF_DIR.value
-  cli.output_dir("out_hf_dir", out, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
+  cli_files.output_dir("out_hf_dir", out, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
   if _CHECK_LOGITS.value:
     if _DTYPE.value not in (None, "float32"):
       raise cli.flag_error(_CHECK_LOGITS, f"compares float32 exports, not --dtype={_DTYPE.value}")

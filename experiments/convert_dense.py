@@ -18,7 +18,7 @@ configs/studies/prism_moe.py.
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.conversion.partition import KINDS
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The dense training workdir to read from.")
@@ -51,8 +51,8 @@ def main(argv):
   del argv
   if _TOP_K.value > _EXPERTS.value:
     raise cli.flag_error(_TOP_K, f"top_k must be <= --experts={_EXPERTS.value}")
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training",))
-  cli.output_dir("out", _OUT.value, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
+  cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training",))
+  cli_files.output_dir("out", _OUT.value, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
   from moejax.conversion.convert import check_source, convert_workdir
   from moejax.posttrain.source import training_config
 

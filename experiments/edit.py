@@ -24,7 +24,7 @@ import json
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training or converted workdir.")
@@ -95,9 +95,9 @@ def main(argv):
   del argv
   bound = bound_method()
   edits = read_edits()
-  kind = cli.one_source(_WORKDIR, _HF_DIR)
+  kind = cli_files.one_source(_WORKDIR, _HF_DIR)
   if _CALIBRATION.value is not None:
-    cli.input_file("calibration", _CALIBRATION.value)
+    cli_files.input_file("calibration", _CALIBRATION.value)
   imported = kind not in ("training", "mixed")
   if imported and _CALIBRATION.value is None:
     raise ConfigError(
@@ -109,8 +109,8 @@ def main(argv):
     ("--hf_dir", _HF_DIR.value),
     ("--calibration", _CALIBRATION.value),
   ]
-  cli.output_dir("out", _OUT.value, empty=True, not_inside=inputs)
-  cli.output_file("report", _REPORT.value, not_inside=inputs)
+  cli_files.output_dir("out", _OUT.value, empty=True, not_inside=inputs)
+  cli_files.output_file("report", _REPORT.value, not_inside=inputs)
   from moejax.editing import methods
   from moejax.posttrain import source as source_lib
 

@@ -22,7 +22,7 @@ import os
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.models.structure import expert_counts
 from moejax.errors import ConfigError
 from moejax.evaluation import harness
@@ -84,7 +84,7 @@ _OUT = flags.DEFINE_string("out", None, "Write the report here as JSON.")
 def read_docs(path: str) -> list[tuple[str, str]]:
   """(domain, text) of every line of a .jsonl file."""
   out = []
-  for where, record in cli.json_lines("docs", path, ("domain", "text")):
+  for where, record in cli_files.json_lines("docs", path, ("domain", "text")):
     if not record["text"]:
       raise ConfigError(f"the text is empty: it encodes to no tokens {where}")
     out.append((record["domain"], record["text"]))
@@ -119,11 +119,11 @@ def load(workdir, hf_dir, names=("workdir", "hf_dir")):
 
 def main(argv):
   del argv
-  cli.one_source(_WORKDIR, _HF_DIR)
+  cli_files.one_source(_WORKDIR, _HF_DIR)
   has_reference = _REF_WORKDIR.value is not None or _REF_HF_DIR.value is not None
   if has_reference:
-    cli.one_source(_REF_WORKDIR, _REF_HF_DIR)
-  cli.output_file("out", _OUT.value, not_inside=[("--docs", _DOCS.value)])
+    cli_files.one_source(_REF_WORKDIR, _REF_HF_DIR)
+  cli_files.output_file("out", _OUT.value, not_inside=[("--docs", _DOCS.value)])
   chosen = None if _PROBES.value is None else tuple(p for p in _PROBES.value if p)
   harness.Settings(1, probes=chosen or ()).check()
   if _DOCS.value is not None:

@@ -21,7 +21,7 @@ import os
 from absl import flags
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.models.structure import moe_layer_indices
 from moejax.errors import ConfigError
 from moejax.inference.generate import generate
@@ -66,7 +66,7 @@ _SERE_RHO = cli.checked(
 
 def load_similarity(path: str, m) -> np.ndarray:
   """The --sere_similarity array, checked against the model: float [MoE layers, E, E]."""
-  cli.input_file("sere_similarity", path)
+  cli_files.input_file("sere_similarity", path)
   try:
     similarity = np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError) as e:
@@ -88,11 +88,11 @@ def main(argv):
       f"(--workdir={_WORKDIR.value}, --hf_dir={_HF_DIR.value})"
     )
   if _WORKDIR.value is not None:
-    cli.existing_workdir("workdir", _WORKDIR.value)
+    cli_files.existing_workdir("workdir", _WORKDIR.value)
   elif not os.path.isdir(_HF_DIR.value):
     raise cli.flag_error(_HF_DIR, "expected an existing HF checkpoint directory")
   if _SERE.value is not None:
-    cli.input_file("sere_similarity", _SERE.value)
+    cli_files.input_file("sere_similarity", _SERE.value)
   loaded, tokenizer, eos_id = load_model(_WORKDIR.value, _HF_DIR.value)
   m, rest = loaded.config, loaded.rest
   if _TOP_K.value > m.vocab_size:

@@ -20,7 +20,7 @@ import os
 import numpy as np
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 from moejax.analysis.polyglot_floor import run_report
 from moejax.evaluation.stats import markdown_table, t_interval
@@ -86,11 +86,11 @@ def main(argv):
       f"give exactly one of --workdir and --sweep_dir (--workdir="
       f"{_WORKDIR.value}, --sweep_dir={_SWEEP_DIR.value})"
     )
-  cli.output_file("json", _JSON.value)
+  cli_files.output_file("json", _JSON.value)
   if _SWEEP_DIR.value is not None and not os.path.isdir(_SWEEP_DIR.value):
     raise cli.flag_error(_SWEEP_DIR, "expected an existing directory")
   if _WORKDIR.value is not None:
-    cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+    cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
     out = run_report(_WORKDIR.value)
     print(json.dumps(out, indent=1))
   else:

@@ -18,7 +18,7 @@ import json
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
 _BYTES_PER_DOMAIN = cli.checked(
@@ -90,8 +90,8 @@ def table(report: dict) -> str:
 
 def main(argv):
   del argv
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
-  cli.output_file("out", _OUT.value)
+  cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  cli_files.output_file("out", _OUT.value)
   from moejax.analysis import super_experts
   from moejax.analysis.phenomena import HeldOut
 

@@ -28,7 +28,7 @@ import json
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training or converted workdir.")
@@ -97,7 +97,7 @@ def table(report: dict) -> str:
 
 def main(argv):
   del argv
-  kind = cli.one_source(_WORKDIR, _HF_DIR)
+  kind = cli_files.one_source(_WORKDIR, _HF_DIR)
   if kind != "training" and _CALIBRATION.value is None:
     source = f"--hf_dir={_HF_DIR.value}" if _HF_DIR.value else f"--workdir={_WORKDIR.value}"
     raise ConfigError(
@@ -109,9 +109,11 @@ def main(argv):
     ("--hf_dir", _HF_DIR.value),
     ("--calibration", _CALIBRATION.value),
   ]
-  cli.output_dir("out", _OUT.value, empty=True, not_inside=inputs)
-  cli.output_file("report", _REPORT.value, not_inside=inputs[2:])
-  cli.output_file("save_statistics", _STATISTICS.value, suffixes=(".npz",), not_inside=inputs[2:])
+  cli_files.output_dir("out", _OUT.value, empty=True, not_inside=inputs)
+  cli_files.output_file("report", _REPORT.value, not_inside=inputs[2:])
+  cli_files.output_file(
+    "save_statistics", _STATISTICS.value, suffixes=(".npz",), not_inside=inputs[2:]
+  )
   from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
 
   options = dict(

@@ -17,7 +17,7 @@ import json
 from absl import flags
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
@@ -60,8 +60,8 @@ def table(report: dict) -> str:
 
 def main(argv):
   del argv
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
-  cli.output_file("out", _OUT.value)
+  cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  cli_files.output_file("out", _OUT.value)
   import jax.numpy as jnp
   from moejax.analysis import repetition as rep
   from moejax.data.pipeline import split_documents

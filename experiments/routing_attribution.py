@@ -16,7 +16,7 @@ import json
 from absl import flags
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (checkpoints/).")
@@ -49,9 +49,9 @@ def plot(report: dict, path: str) -> None:
 
 def main(argv):
   del argv
-  cli.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
-  cli.output_file("out", _OUT.value)
-  cli.output_file("plot", _PLOT.value, suffixes=cli.plot_suffixes())
+  cli_files.existing_workdir("workdir", _WORKDIR.value, kinds=("training", "mixed"))
+  cli_files.output_file("out", _OUT.value)
+  cli_files.output_file("plot", _PLOT.value, suffixes=cli_files.plot_suffixes())
   from moejax.analysis.routing_attribution import attribute, source_shares
   from moejax.data.pipeline import split_documents
   from moejax.evaluation.bpb import domain_windows

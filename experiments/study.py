@@ -12,7 +12,7 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.studies import runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A study config file.", lock_config=True)
@@ -25,7 +25,7 @@ def main(argv):
   del argv
   spec, scorer = runner.prepare(_CONFIG.value)
   out = _OUT.value or os.path.join("docs", "results", "studies", spec.name)
-  cli.output_dir("out", out, parents=_OUT.value is None)
+  cli_files.output_dir("out", out, parents=_OUT.value is None)
   stored = runner.check_output(spec, out, make_parents=_OUT.value is None)
   if stored:
     print(f"resuming {spec.name}: {len(stored['runs'])} of {stored['total_runs']} runs done")

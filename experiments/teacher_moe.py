@@ -12,7 +12,7 @@ import json
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.analysis import teacher_moe
 
 _STEPS = cli.checked(flags.DEFINE_integer("steps", 2000, "Training steps."), cli.at_least(1))
@@ -29,7 +29,7 @@ _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
 def main(argv):
   del argv
-  cli.output_file("json", _JSON.value)
+  cli_files.output_file("json", _JSON.value)
   settings = dataclasses.replace(
     teacher_moe.Settings(), steps=_STEPS.value, learning_rate=_LR.value
   )

@@ -17,7 +17,7 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.errors import ConfigError
 from moejax.validation import validate_config
 from moejax.train import distributed
@@ -80,9 +80,9 @@ def check_inputs(config, workdir: str) -> None:
   validate_config(config)
   if _STOP_AT.value is not None and _STOP_AT.value > config.train.steps:
     raise cli.flag_error(_STOP_AT, f"expected a step <= train.steps={config.train.steps}")
-  cli.writable_workdir("workdir", workdir, "training", allow_mixed=_ALLOW_MIXED.value)
-  cli.output_dir("workdir", workdir, not_inside=[("init.hf_dir", config.init.get("hf_dir"))])
-  if cli.workdir_kind(workdir) in ("training", "mixed") and os.path.isdir(
+  cli_files.writable_workdir("workdir", workdir, "training", allow_mixed=_ALLOW_MIXED.value)
+  cli_files.output_dir("workdir", workdir, not_inside=[("init.hf_dir", config.init.get("hf_dir"))])
+  if cli_files.workdir_kind(workdir) in ("training", "mixed") and os.path.isdir(
     os.path.join(workdir, "checkpoints")
   ):
     ckpt = Checkpointer(workdir, read_only=True)
@@ -99,12 +99,12 @@ def main(argv):
     _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _DISTRIBUTED.value
   )
   check_inputs(_CONFIG.value, _WORKDIR.value)
-  before = cli.workdir_kind(_WORKDIR.value)
+  before = cli_files.workdir_kind(_WORKDIR.value)
   try:
     run = train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop_at_step=_STOP_AT.value)
   except ConfigError:  # refused while loading (a damaged init.hf_dir): leave no new workdir
     if before in ("missing", "empty") and jax.process_index() == 0:
-      cli.undo_new_workdir(_WORKDIR.value, before)
+      cli_files.undo_new_workdir(_WORKDIR.value, before)
     raise
   logging.info("final eval: %s", run.eval)
   if jax.process_index() == 0:

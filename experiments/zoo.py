@@ -18,7 +18,7 @@ import tempfile
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.configs.zoo import MODELS, model_config
 from moejax.train import zoo
 
@@ -87,7 +87,7 @@ def main(argv):
   names = _MODELS.value
   check_models(names)
   seeds = check_seeds(_SEEDS.value)
-  cli.output_dir("zoo_dir", _ZOO_DIR.value)
+  cli_files.output_dir("zoo_dir", _ZOO_DIR.value)
   if _TIME_STEPS.value:
     return time_steps(names, _TIME_STEPS.value)
   if _VERIFY.value:

@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.models.structure import layer_moe_config
 from moejax.validation import validate_config
 from moejax.configs import zoo
@@ -118,7 +118,7 @@ _MAX_INNER = cli.checked(
 _REPS = cli.checked(
   flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median)."), cli.at_least(1)
 )
-OUTPUTS = cli.study_outputs(plot=False)
+OUTPUTS = cli_files.study_outputs(plot=False)
 
 
 def parse_size(spec: str):

@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402  (after XLA_FLAGS is set)
 import numpy as np  # noqa: E402  (after XLA_FLAGS is set)
 from absl import app, flags  # noqa: E402  (after XLA_FLAGS is set)
 
-from moejax import cli, sharding  # noqa: E402  (after XLA_FLAGS is set)
+from moejax import cli, cli_files, sharding  # noqa: E402  (after XLA_FLAGS is set)
 from moejax.config import base_config  # noqa: E402  (after XLA_FLAGS is set)
 from moejax.dispatch import get_dispatcher  # noqa: E402  (after XLA_FLAGS is set)
 from moejax.dispatch.capacity import expert_capacity  # noqa: E402  (after XLA_FLAGS is set)
@@ -58,7 +58,7 @@ _FACTORS = flags.DEFINE_list(
   "a2a_capacity_factors", ["0", "2"], "sharding.a2a_capacity_factor values (0: never overflows)."
 )
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
-OUTPUTS = cli.study_outputs(plot=False)
+OUTPUTS = cli_files.study_outputs(plot=False)
 
 
 def all_to_all_bytes(hlo_text: str) -> int:

@@ -58,7 +58,7 @@ import platform
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.profiling import generation, generation_profile, report
 
 _FAMILIES = cli.checked(
@@ -71,7 +71,7 @@ _BATCHES = cli.checked(
 _PROMPT = cli.checked(flags.DEFINE_integer("prompt_len", 32, "Prompt tokens."), cli.at_least(1))
 _NEW = cli.checked(flags.DEFINE_integer("new_tokens", 32, "Generated tokens."), cli.at_least(2))
 _REPS = cli.checked(flags.DEFINE_integer("reps", 3, "Timed repetitions."), cli.at_least(1))
-OUTPUTS = cli.study_outputs(plot=False)
+OUTPUTS = cli_files.study_outputs(plot=False)
 _PROFILE = flags.DEFINE_bool(
   "profile",
   False,

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.kernels import gmm, gmm_reference, tgmm
 from moejax.profiling.timing import blocked_times
 from moejax.evaluation.stats import markdown_table
@@ -49,7 +49,7 @@ SPEED_SHAPES = {
   "finer": (16384, 2048, 128, 128, 8),
 }
 
-OUTPUTS = cli.study_outputs(plot=False)
+OUTPUTS = cli_files.study_outputs(plot=False)
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per path (median).")
 _PARTS = flags.DEFINE_list("parts", ["correctness", "speed"], "Parts to run.")
 _TILINGS = flags.DEFINE_list(

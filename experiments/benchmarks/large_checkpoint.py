@@ -46,7 +46,7 @@ import time
 import psutil
 from absl import app, flags
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.interop.synthetic import (
   checkpoint_files,
   compare_exports,
@@ -80,7 +80,7 @@ _CHILD = flags.DEFINE_enum(
 )
 _SRC = flags.DEFINE_string("src", None, "Internal: the child's input.")
 _DST = flags.DEFINE_string("dst", None, "Internal: the child's output.")
-OUTPUTS = cli.study_outputs()
+OUTPUTS = cli_files.study_outputs()
 
 # ---------------------------------------------------------------- measuring
 

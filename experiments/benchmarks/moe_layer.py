@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax import cli
+from moejax import cli, cli_files
 from moejax.config import base_config
 from moejax.dispatch import get_dispatcher
 from moejax.assignment.blocks import granule
@@ -115,7 +115,7 @@ _MAX_TEMP = flags.DEFINE_float(
 _OMNI_TILE = flags.DEFINE_integer(
   "omni_tile", 8, "model.moe.dropless_tile of omnimoe/expert_centric*."
 )
-OUTPUTS = cli.study_outputs(plot=False)  # --json: one record per shape, path and pass
+OUTPUTS = cli_files.study_outputs(plot=False)  # --json: one record per shape, path and pass
 
 
 def parse_shape(spec: str):

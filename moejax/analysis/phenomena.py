@@ -68,14 +68,13 @@ class HeldOut:
     one, a model that is not an MoE, a
     context over model.max_seq_len or a tokenizer with no separator; context 0 = the
     training seq_len."""
-    from moejax import cli
+    from moejax import cli_files
     from moejax.data.pipeline import split_documents
     from moejax.train.restore import load_from_workdir
 
-    if cli.workdir_kind(workdir) not in ("training", "mixed"):
-      raise ConfigError(
-        f"{key}={workdir!r} is not a training workdir (checkpoints/): {cli.workdir_kind(workdir)}"
-      )
+    kind = cli_files.workdir_kind(workdir)
+    if kind not in ("training", "mixed"):
+      raise ConfigError(f"{key}={workdir!r} is not a training workdir (checkpoints/): {kind}")
     config, _, params, rest, tokenizer = load_from_workdir(workdir, for_generation=True)
     if config.model.ffn_type != "moe":
       raise ConfigError(

@@ -6,7 +6,7 @@ moejax/train/step.py trains) + `weight` * mean over MoE layers of
 routing_supervision(router logits, q, 1 - c), where c is the frozen dense model's
 max next-token probability on the same inputs and q each expert's share of the
 layer's output norm under the current experts (held constant: stop_gradient).
-The optimizer is the run config's (train/step.make_optimizer: AdamW, warmup,
+The optimizer is the run config's (train/optimizer.make_optimizer: AdamW, warmup,
 cosine). Batches: windows of the training token stream drawn with `seed`, the
 same for every arm of a draw. Guesses: the supervision's weight and target
 (supervision.py); the paper's own loop was not read.
@@ -75,7 +75,7 @@ def make_loss(dense_m, moe_m, weight: float):
 def finetune(config, dense_m, dense_params, dense_rest, params, rest, batches, weight: float):
   """(params, [(ce, supervision)] per step) after one step per batch of `batches`
   [steps, B, L + 1] (module doc); `config`: the converted run's (optimizer)."""
-  from moejax.train.step import make_optimizer
+  from moejax.train.optimizer import make_optimizer
 
   optimizer = make_optimizer(config.train)
   grad = jax.value_and_grad(make_loss(dense_m, config.model, weight), has_aux=True)

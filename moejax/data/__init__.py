@@ -4,7 +4,8 @@
 """
 
 from moejax.data.mix import DOMAINS as MIX_DOMAINS, prepare_mix
-from moejax.data.pipeline import BUILTIN_DATASETS, LMData, build_lm_data
+from moejax.data.builders import BUILTIN_DATASETS
+from moejax.data.pipeline import LMData, build_lm_data
 from moejax.data.shakespeare import VALIDATION_PLAYS, prepare_shakespeare, shakespeare_sources
 from moejax.data.tokenizers import TOKENIZERS, ByteTokenizer, SentencePieceTokenizer, get_tokenizer
 

@@ -54,9 +54,8 @@ from typing import Any
 
 import grain
 import numpy as np
-import tensorflow_datasets as tfds
 
-from moejax.data import files, mix, polyglot, shakespeare
+from moejax.data import builders, files, mix, polyglot
 from moejax.data.packing import PackedWindows, pack_documents
 from moejax.data.storage import resolve_data_dir
 from moejax.data.tokenizers import ByteTokenizer, Tokenizer, check_tokenizer_settings, get_tokenizer
@@ -64,14 +63,6 @@ from moejax.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
 
-# Built-in dataset name -> prepare(data_dir) of its builder.
-BUILTIN_DATASETS: dict[str, Callable[[str], tfds.core.DatasetBuilder]] = {
-  'shakespeare': functools.partial(shakespeare.prepare_shakespeare, config='modern'),
-  'shakespeare_folio': functools.partial(
-    shakespeare.prepare_shakespeare, config='modern_and_folio'
-  ),
-  'mix': mix.prepare_mix,
-}
 # Generated dataset name -> fn(data config) -> (dataset id, {split: texts}).
 GENERATED_DATASETS = {polyglot.NAME: polyglot.split_texts}
 OPTIONAL_DEFAULTS: dict[str, Any] = {
@@ -190,9 +181,11 @@ def _texts_and_tokenizer(cfg, settings: dict, data_dir: str):
   if settings['name'] in GENERATED_DATASETS:
     dataset_id, texts = _generated_texts(cfg, settings)
   else:
-    builder = _open_builder(settings['name'], data_dir)
+    builder = builders.open_builder(settings['name'], data_dir)
     dataset_id = builder.info.full_name.replace('/', '-')
-    sources = {key: _open_split(builder, settings, key) for key in ('train_split', 'eval_split')}
+    sources = {
+      key: builders.open_split(builder, settings, key) for key in ('train_split', 'eval_split')
+    }
     texts = {key: _read_texts(source, settings['text_key']) for key, source in sources.items()}
   train_domains = (
     _read_texts(sources['train_split'], 'domain') if settings['name'] == 'mix' else None
@@ -286,51 +279,6 @@ def _check_settings(settings: dict, seed, shard_index, shard_count) -> None:
     raise ConfigError(f'seed={seed!r} must be an int in [0, 2**32)')
 
 
-def _open_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
-  """The prepared, array_record-backed builder for ``data.name``."""
-  if name in BUILTIN_DATASETS:
-    return BUILTIN_DATASETS[name](data_dir)
-  hint = (
-    f"built-in names: {', '.join(BUILTIN_DATASETS)}, files; any TFDS dataset name also "
-    f"works once prepared with file_format='array_record' in data.data_dir"
-  )
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise ConfigError(
-      f'data.name={name!r} is not a known dataset in data.data_dir={data_dir!r} ({hint})'
-    ) from None
-  if not builder.is_prepared():
-    raise ConfigError(
-      f'data.name={name!r} is a TFDS builder but is not prepared in '
-      f'data.data_dir={data_dir!r} ({hint})'
-    )
-  formats = {builder.info.file_format, *builder.info.alternative_file_formats}
-  if tfds.core.FileFormat.ARRAY_RECORD not in formats:
-    raise ConfigError(
-      f'data.name={name!r} in data.data_dir={data_dir!r} is stored as '
-      f'{builder.info.file_format.value}, but reading without TensorFlow '
-      f"needs file_format='array_record'; prepare it again with that"
-    )
-  return builder
-
-
-def _open_split(builder, settings: dict, key: str) -> Sequence[dict]:
-  """A random-access source for the split named by ``settings[key]``."""
-  split, text_key = settings[key], settings['text_key']
-  if split.split('[')[0] not in builder.info.splits:  # 'train[:90%]' slices are fine.
-    raise ConfigError(
-      f'data.{key}={split!r} is not a split of data.name='
-      f"{settings['name']!r}; splits: {', '.join(builder.info.splits)}"
-    )
-  if text_key not in builder.info.features:
-    raise ConfigError(
-      f'data.text_key={text_key!r} is not a feature of data.name='
-      f"{settings['name']!r}; features: {', '.join(builder.info.features)}"
-    )
-  return builder.as_data_source(split, file_format=tfds.core.FileFormat.ARRAY_RECORD)
-
-
 def _read_texts(source: Sequence[dict], text_key: str) -> list[str]:
   texts = (source[i][text_key] for i in range(len(source)))
   return [text.decode('utf-8') if isinstance(text, bytes) else str(text) for text in texts]
@@ -405,8 +353,8 @@ def split_documents(cfg, split_key: str = 'eval_split') -> list[tuple[str, str]]
       ('files', text)
       for text in files.StreamedWindows(paths, ByteTokenizer(), 1, settings['text_key']).texts()
     ]
-  builder = _open_builder(settings['name'], resolve_data_dir(settings['data_dir']))
-  source = _open_split(builder, settings, split_key)
+  builder = builders.open_builder(settings['name'], resolve_data_dir(settings['data_dir']))
+  source = builders.open_split(builder, settings, split_key)
   texts = _read_texts(source, settings['text_key'])
   if 'domain' not in builder.info.features:
     return [(settings['name'], text) for text in texts]

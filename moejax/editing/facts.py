@@ -63,12 +63,12 @@ def make_fact(subject: str, attribute: str, target: str, where: str = "") -> Fac
 
 def read_facts(path: str, flag: str = "--facts") -> list[Fact]:
   """The facts of a JSON-lines file (module doc); blank lines are skipped."""
-  from moejax import cli
+  from moejax import cli_files
 
   fields = ("subject", "attribute", "target")
   out = [
     make_fact(record["subject"], record["attribute"], record["target"], f" {where}")
-    for where, record in cli.json_lines(flag.lstrip("-"), path, fields)
+    for where, record in cli_files.json_lines(flag.lstrip("-"), path, fields)
   ]
   if not out:
     raise ConfigError(f"no facts in the file ({flag}={path})")

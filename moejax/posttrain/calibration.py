@@ -111,9 +111,9 @@ def calibration_stream(
   flat), or a .jsonl file of {"text": ...} lines tokenized with the model's own
   tokenizer, each document followed by its eos id. Every id must lie in
   [0, vocab_size) (when given); every document must encode to at least one token."""
-  from moejax import cli
+  from moejax import cli_files
 
-  cli.input_file("calibration", path)
+  cli_files.input_file("calibration", path)
   where = f"(--calibration={path})"
   if path.endswith(".npy"):
     try:
@@ -131,7 +131,7 @@ def calibration_stream(
       f"give token ids as .npy {where}"
     )
   parts = []
-  for line_where, record in cli.json_lines("calibration", path, ("text",)):
+  for line_where, record in cli_files.json_lines("calibration", path, ("text",)):
     ids = np.asarray(tokenizer.encode(record["text"]), np.int64)
     if not ids.size:
       raise ConfigError(f"the text encodes to no tokens {line_where}")

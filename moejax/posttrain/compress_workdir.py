@@ -23,6 +23,7 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.posttrain import compress_pipeline as cp
+from moejax.posttrain import compressed_model
 from moejax.posttrain import source as source_lib
 from moejax.posttrain.calibration import Calibration, calibration_windows
 from moejax.posttrain.request import check_request
@@ -49,7 +50,7 @@ class Result:
 def _with_routers(float_params: dict, params: dict) -> dict:
   """float_params with every router parameter taken from `params` (a model of the
   same blocks): fine-tuned routers carried to the float model."""
-  from moejax.train.step import is_router_path
+  from moejax.train.optimizer import is_router_path
 
   new = jax.tree.map(lambda leaf: leaf, float_params)
   for block, layer in params["blocks"].items():
@@ -127,7 +128,9 @@ def run(
     params: dict | None = None
     rest: dict | None = None
     if c.kind != "baseline":
-      model, params, rest = cp.compressed_model(config.model, float_params, source.rest, c)
+      model, params, rest = compressed_model.compressed_model(
+        config.model, float_params, source.rest, c
+      )
     step = source_step
     if finetune_steps:
       with tempfile.TemporaryDirectory() as scratch:

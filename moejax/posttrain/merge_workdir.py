@@ -20,7 +20,7 @@ import os
 import jax
 import numpy as np
 
-from moejax import cli
+from moejax import cli_files
 from moejax.errors import ConfigError
 from moejax.merging.base import Merge, check_weights, uniform
 from moejax.posttrain import source
@@ -32,9 +32,11 @@ REPORT = "merge.json"
 def source_kind(path: str, key: str) -> str:
   """'training', 'converted', 'mixed' or 'hf' (a directory with config.json and no
   workdir markers); ConfigError naming `key=path` for anything else."""
-  if cli.workdir_kind(path) == "foreign" and os.path.isfile(os.path.join(path, "config.json")):
+  if cli_files.workdir_kind(path) == "foreign" and os.path.isfile(
+    os.path.join(path, "config.json")
+  ):
     return "hf"
-  return cli.checked_workdir(key, path)
+  return cli_files.checked_workdir(key, path)
 
 
 def check_inputs(
@@ -56,7 +58,7 @@ def check_inputs(
   if weights is not None:
     check_weights(weights, len(experts))
   inputs = ([("--base", base)] if base else []) + [("--experts", p) for p in experts]
-  cli.output_dir("out", out, empty=True, not_inside=inputs)
+  cli_files.output_dir("out", out, empty=True, not_inside=inputs)
   return kinds
 
 

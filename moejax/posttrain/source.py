@@ -70,10 +70,10 @@ def training_config(workdir: str, key: str = "--workdir"):
 
 def check_workdir(path: str, key: str, kinds=("training", "converted", "mixed")) -> str:
   """The kind of the workdir at `path`; ConfigError naming `key=path` unless it is one
-  of `kinds` (moejax.cli.checked_workdir)."""
-  from moejax import cli
+  of `kinds` (moejax.cli_files.checked_workdir)."""
+  from moejax import cli_files
 
-  return cli.checked_workdir(key, path, kinds)
+  return cli_files.checked_workdir(key, path, kinds)
 
 
 def load(workdir: str | None = None, hf_dir: str | None = None) -> Source:
@@ -129,10 +129,11 @@ def save_training_workdir(
   """A training workdir at `out` holding one checkpoint of the model of `config`
   (a fresh optimizer state for `params`, the source's data position):
   experiments.train continues it."""
+  from moejax.train import optimizer as optimizer_lib
   from moejax.train import step as step_lib
   from moejax.train.checkpoint import Checkpointer, jsonable
 
-  optimizer = step_lib.make_optimizer(config.train)
+  optimizer = optimizer_lib.make_optimizer(config.train)
   state = step_lib.TrainState(jnp.asarray(step, jnp.int32), params, rest, optimizer.init(params))
   os.makedirs(out, exist_ok=True)
   ckpt = Checkpointer(out, config.train.max_to_keep)

@@ -273,12 +273,12 @@ def moe_layer_tables(
         rows,
       ),
     ]
-    naive_by = {w: by.get((naive, w)) for w in ("fwd", "fwd+bwd")}
+    naive_by = {w: r for w in ("fwd", "fwd+bwd") if (r := by.get((naive, w)))}
     for path in (p for p in omni_paths if any((p, w) in by for w in naive_by)):
       ratios = [
         f"{w} {naive_by[w]['time_ms'] / by[path, w]['time_ms']:.2f}"
         for w in naive_by
-        if naive_by[w] and by.get((path, w)) and by[path, w]["time_ms"]
+        if by.get((path, w)) and by[path, w]["time_ms"]
       ]
       lines += [
         "",

@@ -7,6 +7,7 @@ from flax import nnx
 
 from moejax import models
 from moejax.layers import lookup
+from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
 
 
@@ -19,12 +20,12 @@ def build_model(config):
   if l3_weights is not None:
     inputs["l3_weights"] = l3_weights
   model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed), **inputs)
-  return step_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
+  return optimizer_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
 
 
 def init_state(config):
   """(graphdef, TrainState, optimizer) for a fresh run."""
   graphdef, params, rest = step_lib.split_model(build_model(config))
-  optimizer = step_lib.make_optimizer(config.train)
+  optimizer = optimizer_lib.make_optimizer(config.train)
   state = step_lib.TrainState(np.int32(0), params, rest, optimizer.init(params))
   return graphdef, state, optimizer

@@ -27,6 +27,7 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.errors import ConfigError
+from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
 
 DISTRIBUTED_MODES = ("auto", "on", "off")
@@ -152,7 +153,7 @@ def make_placement(config, layout, build_model) -> Placement:
   abstract = nnx.eval_shape(lambda: build_model(config))
   split = nnx.split(abstract, nnx.Param, ...)
   graphdef, params, rest = split  # type: ignore[misc]  # nnx.split stub: any arity
-  optimizer = step_lib.make_optimizer(config.train)
+  optimizer = optimizer_lib.make_optimizer(config.train)
 
   def init():
     _, p, r = step_lib.split_model(build_model(config))

@@ -31,7 +31,7 @@ say what must be refused):
 Exceptions (EXCEPTIONS) are few, each with its reason.
 
 Unwritable outputs are paths under a regular file: the suite runs as root, for
-whom no permission bit refuses a write (cli.output_dir's permission check is
+whom no permission bit refuses a write (cli_files.output_dir's permission check is
 tested by monkeypatching os.access in test_contract).
 
 Sampling: per command, hypothesis draws MAX_PER_COMMAND of its (flag, value) cases
@@ -320,7 +320,7 @@ PLANTED = r'''r"""A planted command.
 """
 from absl import flags
 
-from moejax import cli
+from moejax import cli, cli_files
 
 _COUNT = {define}
 

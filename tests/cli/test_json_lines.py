@@ -1,4 +1,4 @@
-"""cli.json_lines, the one reader of .jsonl inputs (--docs, --facts, --calibration):
+"""cli_files.json_lines, the one reader of .jsonl inputs (--docs, --facts, --calibration):
 records in order with blank lines skipped, and a one-line error naming the flag,
 file and line for a line that is not JSON or lacks a string field; and the
 calibration stream it feeds, against ids written out by hand."""
@@ -6,7 +6,7 @@ calibration stream it feeds, against ids written out by hand."""
 import numpy as np
 import pytest
 
-from moejax import cli
+from moejax import cli_files
 from moejax.errors import ConfigError
 from moejax.posttrain import calibration
 
@@ -19,7 +19,7 @@ def write(tmp_path, text):
 
 def test_records_in_order_blank_lines_skipped(tmp_path):
   path = write(tmp_path, '{"text": "ab"}\n\n{"text": "c", "x": 1}\n')
-  got = list(cli.json_lines("calibration", path, ("text",)))
+  got = list(cli_files.json_lines("calibration", path, ("text",)))
   assert got == [
     (f"(--calibration={path}, line 1)", {"text": "ab"}),
     (f"(--calibration={path}, line 3)", {"text": "c", "x": 1}),
@@ -37,7 +37,7 @@ def test_records_in_order_blank_lines_skipped(tmp_path):
 def test_a_bad_line_is_named(tmp_path, text, message):
   path = write(tmp_path, text)
   with pytest.raises(ConfigError, match="line 2") as error:
-    list(cli.json_lines("calibration", path, ("text",)))
+    list(cli_files.json_lines("calibration", path, ("text",)))
   assert message in str(error.value) and f"--calibration={path}" in str(error.value)
 
 

@@ -1,11 +1,11 @@
-"""cli.output_file and cli.output_dir, case by case against the filesystem they see
+"""cli_files.output_file and cli_files.output_dir, case by case against the filesystem they see
 (the permission cases by os.access, which refuses nothing to root)."""
 
 import os
 
 import pytest
 
-from moejax import cli
+from moejax import cli_files
 from moejax.errors import ConfigError
 
 
@@ -34,7 +34,7 @@ def tree(tmp_path):
 def test_output_file_refusals(tree, monkeypatch, name, kwargs, message):
   monkeypatch.chdir(tree)
   with pytest.raises(ConfigError, match=message) as e:
-    cli.output_file("out", name, **kwargs)
+    cli_files.output_file("out", name, **kwargs)
   assert str(e.value).endswith(f"(--out={name})")
 
 
@@ -50,7 +50,7 @@ def test_output_file_refusals(tree, monkeypatch, name, kwargs, message):
 )
 def test_output_file_accepts(tree, monkeypatch, name, kwargs):
   monkeypatch.chdir(tree)
-  cli.output_file("out", name, **kwargs)
+  cli_files.output_file("out", name, **kwargs)
   assert sorted(os.listdir(tree)) == ["afile", "full", "input"]  # nothing written
 
 
@@ -69,7 +69,7 @@ def test_output_file_accepts(tree, monkeypatch, name, kwargs):
 def test_output_dir_refusals(tree, monkeypatch, name, kwargs, message):
   monkeypatch.chdir(tree)
   with pytest.raises(ConfigError, match=message):
-    cli.output_dir("out", name, **kwargs)
+    cli_files.output_dir("out", name, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,7 @@ def test_output_dir_refusals(tree, monkeypatch, name, kwargs, message):
 )
 def test_output_dir_accepts(tree, monkeypatch, name, kwargs):
   monkeypatch.chdir(tree)
-  cli.output_dir("out", name, **kwargs)
+  cli_files.output_dir("out", name, **kwargs)
   assert sorted(os.listdir(tree)) == ["afile", "full", "input"]
 
 
@@ -96,11 +96,11 @@ def test_unwritable_directories_are_refused(tree, monkeypatch):
 
   monkeypatch.setattr(os, "access", writable)
   with pytest.raises(ConfigError, match=f"output directory {tree / 'full'} is not writable"):
-    cli.output_file("json", "full/out.json")
+    cli_files.output_file("json", "full/out.json")
   with pytest.raises(ConfigError, match="output directory is not writable"):
-    cli.output_dir("out", "full")
+    cli_files.output_dir("out", "full")
   with pytest.raises(ConfigError, match="is not writable"):
-    cli.output_dir("out", "full/new")
+    cli_files.output_dir("out", "full/new")
 
 
 def test_plot_suffixes_are_what_matplotlib_writes(tmp_path):
@@ -110,7 +110,7 @@ def test_plot_suffixes_are_what_matplotlib_writes(tmp_path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  suffixes = cli.plot_suffixes()
+  suffixes = cli_files.plot_suffixes()
   assert {".png", ".pdf", ".svg"} <= set(suffixes)
   fig = plt.figure()
   for suffix in (".png", ".pdf", ".svg", ".eps"):

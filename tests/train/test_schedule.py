@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from moejax.config import base_config
+from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
 
 PEAK, RATIO = 3e-3, 0.1
@@ -40,7 +41,7 @@ def learning_rates(t, num_updates):
   vector, AdamW's step is exactly -lr(count) (eps 1e-8 vanishes next to 1 in float32)."""
   t = ml_collections.ConfigDict(t.to_dict())
   t.b1, t.b2, t.weight_decay, t.grad_clip = 0.0, 0.0, 0.0, 0.0
-  opt = step_lib.make_optimizer(t)
+  opt = optimizer_lib.make_optimizer(t)
   params = {"scale": jnp.zeros((2,), jnp.float32)}
   grads = {"scale": jnp.ones((2,), jnp.float32)}
 
@@ -131,7 +132,7 @@ def test_adamw_trajectory_equals_numpy(grad_clip):
     for s in (5.0, 0.02, 3.0, 0.1, 8.0, 0.05, 1.0, 0.3, 0.01)
   ]
   want = numpy_adamw(t, params, grads_seq)
-  opt = step_lib.make_optimizer(t)
+  opt = optimizer_lib.make_optimizer(t)
   p = jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), params)
   state = opt.init(p)
   update = jax.jit(opt.update)
@@ -145,7 +146,7 @@ def test_adamw_trajectory_equals_numpy(grad_clip):
 def test_weight_decay_skips_vectors():
   # A zero gradient leaves only the decay: matrices shrink by lr * wd, vectors stay.
   t = train_cfg(steps=10, warmup_steps=0, weight_decay=0.5, learning_rate=0.1)
-  opt = step_lib.make_optimizer(t)
+  opt = optimizer_lib.make_optimizer(t)
   params = {"w": jnp.ones((2, 3)), "b": jnp.ones((3,)), "e": jnp.ones((2, 1, 2))}
   updates, _ = jax.jit(opt.update)(jax.tree.map(jnp.zeros_like, params), opt.init(params), params)
   np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 3)), rtol=1e-6)

@@ -20,6 +20,7 @@ from moejax.config import base_config
 from moejax.configs import vit_digits_moe
 from moejax.errors import ConfigError
 from moejax.models.vit import VisionTransformer, validate_vit
+from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
 from tests.helpers import set_key
 
@@ -177,7 +178,7 @@ def test_trainable_updates_only_its_parameters_bit_for_bit(trainable, trained, m
   t = base_config().train
   t.trainable, t.warmup_steps, t.steps, t.learning_rate = trainable, 0, 10, 1e-2
   graphdef, params, rest = step_lib.split_model(build(prompted_cfg("vapt")))
-  optimizer = step_lib.make_optimizer(t)
+  optimizer = optimizer_lib.make_optimizer(t)
 
   def loss(p):
     logits, _, _ = nnx.merge(graphdef, p, rest)(images(1))

@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from moejax import cli
+from moejax import cli_files
 from moejax.errors import ConfigError
 from moejax.evaluation import stats
 from moejax.studies.scoring import SCORERS, Scorer
@@ -57,10 +57,10 @@ class _TrainedModel(Scorer):
 
   def check(self):
     workdir = self.settings["workdir"]
-    if cli.workdir_kind(workdir) not in ("training", "mixed"):
+    if cli_files.workdir_kind(workdir) not in ("training", "mixed"):
       raise ConfigError(
         f"study.settings.workdir={workdir!r} is not a training workdir "
-        f"(checkpoints/): {cli.workdir_kind(workdir)}"
+        f"(checkpoints/): {cli_files.workdir_kind(workdir)}"
       )
     for i, (name, arm) in enumerate(self.spec.arms):
       if arm["router"] not in self.ROUTERS:

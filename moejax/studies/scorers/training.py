@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from moejax import cli
+from moejax import cli_files
 from moejax.errors import ConfigError
 from moejax.evaluation import stats
 from moejax.studies import report
@@ -141,7 +141,7 @@ class Training(Scorer):
 
   def check(self):
     self._check_settings()
-    kind = cli.workdir_kind(self.settings["workdir"])
+    kind = cli_files.workdir_kind(self.settings["workdir"])
     if kind in ("file", "training", "converted", "mixed"):
       raise ConfigError(
         f"study.settings.workdir={self.settings['workdir']!r} must be a "
