@@ -201,5 +201,6 @@ def test_fused_path_needs_swiglu_experts_and_auto_falls_back_to_loop():
       get_dispatcher(dispatch)(jnp.ones((3, D)), routing, expert_fn, cfg)
   cfg = moe_cfg(num_experts=2, top_k=1, grouped_matmul="auto")
   y, _ = jax.jit(lambda x: get_dispatcher("dropless")(x, routing, expert_fn, cfg))(
-      jnp.ones((3, D)))  # one program, not one per operation
+    jnp.ones((3, D))
+  )  # one program, not one per operation
   np.testing.assert_allclose(y, np.full((3, D), D))

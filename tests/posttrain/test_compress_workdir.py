@@ -2,6 +2,7 @@
 compress_workdir.py, expert_inputs.py, calibration.py): the calibration inputs against a brute
 force, the compressed model against the float model its arrays decode to,
 GEMQ's re-estimated costs, and router-only fine-tuning through the trainer."""
+
 import functools
 
 import jax
@@ -15,7 +16,7 @@ from moejax.models.capture import captured_forward
 from moejax.models.decoder import abstract_model
 from moejax.posttrain import compress_pipeline as cp
 from moejax.posttrain import compress_workdir as cw
-from moejax.posttrain import expert_inputs, gemq
+from moejax.posttrain import gemq
 from moejax.posttrain import source as source_lib
 from moejax.posttrain.calibration import Calibration, calibration_windows
 from moejax.train.loop import train_and_evaluate
@@ -33,6 +34,7 @@ def source(tiny_workdir):
 @pytest.fixture(scope="module")
 def calibrated(source):
   from moejax.data.pipeline import train_token_stream
+
   src = source_lib.load_training(source)
   windows = calibration_windows(train_token_stream(src.config.data), 8, 32, 0)
   calibration = Calibration(src.model, src.params, src.rest, windows)
@@ -48,8 +50,7 @@ def compressed(calibrated):
 
   def get(method, level):
     if (method, level) not in made:
-      made[method, level] = cw.run(cp.Request(method, level, group_size=GROUP), src,
-                                   calibration)
+      made[method, level] = cw.run(cp.Request(method, level, group_size=GROUP), src, calibration)
     return made[method, level]
 
   return get
@@ -87,25 +88,32 @@ def test_captured_inputs_are_the_routed_rows_and_their_swiglu_hidden(calibrated)
       want = x[np.any((index == e) & valid, axis=1)]  # every token routed to e, once
       got = layer.expert_rows(e, "w_gate")
       assert len(got) == len(want)
-      order = lambda a: a[np.lexsort(a.T[::-1])]
-      np.testing.assert_allclose(order(got), order(want), rtol=0, atol=1e-6)
+      np.testing.assert_allclose(sorted_rows(got), sorted_rows(want), rtol=0, atol=1e-6)
       gate = got.astype(np.float64) @ w["w_gate"][e]
       hidden = gate / (1 + np.exp(-gate)) * (got.astype(np.float64) @ w["w_up"][e])
-      np.testing.assert_allclose(layer.expert_rows(e, "w_down"), hidden, rtol=1e-5,
-                                 atol=1e-5 * np.abs(hidden).max())
+      np.testing.assert_allclose(
+        layer.expert_rows(e, "w_down"), hidden, rtol=1e-5, atol=1e-5 * np.abs(hidden).max()
+      )
     h = layer.hessians(w["w_gate"].shape[0])
-    np.testing.assert_allclose(h["w_down"][3], hidden_of(layer, 3).T @ hidden_of(layer, 3),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+      h["w_down"][3], hidden_of(layer, 3).T @ hidden_of(layer, 3), rtol=1e-12
+    )
+
+
+def sorted_rows(a):
+  return a[np.lexsort(a.T[::-1])]
 
 
 def hidden_of(layer, e):
   return layer.expert_rows(e, "w_down").astype(np.float64)
 
 
-@pytest.mark.parametrize("method, level", [("gemq", 2.5), ("per_layer", 3.0),
-                                           ("codequant", 2.5), ("td_moe", 0.4)])
+@pytest.mark.parametrize(
+  "method, level", [("gemq", 2.5), ("per_layer", 3.0), ("codequant", 2.5), ("td_moe", 0.4)]
+)
 def test_the_compressed_model_equals_the_float_model_its_arrays_decode_to(
-    calibrated, compressed, method, level):
+  calibrated, compressed, method, level
+):
   src, _, windows = calibrated
   out = compressed(method, level)
   m = src.config.model
@@ -119,15 +127,15 @@ def test_the_compressed_model_equals_the_float_model_its_arrays_decode_to(
     codes, zeros = (np.asarray(arrays[f"w_up_{k}"], np.float64) for k in ("codes", "zeros"))
     scales = np.repeat(np.asarray(arrays["w_up_scales"], np.float64), GROUP, axis=1)
     zeros = np.repeat(zeros, GROUP, axis=1)
-    np.testing.assert_allclose(out.float_params["blocks"][1]["ffn"]["experts"]["w_up"],
-                               (codes - zeros) * scales, rtol=1e-7)
+    np.testing.assert_allclose(
+      out.float_params["blocks"][1]["ffn"]["experts"]["w_up"], (codes - zeros) * scales, rtol=1e-7
+    )
     bits = np.concatenate([np.asarray(b) for b in out.report["bits"].values()])
     assert bits.mean() <= level + 1e-9
     if method == "per_layer":
       assert all(np.mean(b) <= level + 1e-9 for b in out.report["bits"].values())
   if method == "td_moe":
-    assert out.report["parameters"] <= out.report["budget"] <= 0.6 * out.report[
-        "dense_parameters"]
+    assert out.report["parameters"] <= out.report["budget"] <= 0.6 * out.report["dense_parameters"]
 
 
 def test_every_factorisation_keeps_each_tensors_share_within_one_rank(calibrated):
@@ -137,9 +145,12 @@ def test_every_factorisation_keeps_each_tensors_share_within_one_rank(calibrated
   (each is maximal within the tensor's budget: one more rank would not fit). The
   old single budget gave some tensors far more than their share."""
   from moejax.posttrain import tucker
+
   src, calibration, _ = calibrated
-  reports = {m: cp.compress_experts(cp.Request(m, 0.4), src.params, calibration).report
-             for m in ("td_moe", "tucker", "svd", "whitened_svd")}
+  reports = {
+    m: cp.compress_experts(cp.Request(m, 0.4), src.params, calibration).report
+    for m in ("td_moe", "tucker", "svd", "whitened_svd")
+  }
   for block, budgets in reports["svd"]["tensor_budgets"].items():
     for m, budget in budgets.items():
       shape = cp.expert_weights(src.params, block)[m].shape
@@ -153,9 +164,11 @@ def test_every_factorisation_keeps_each_tensors_share_within_one_rank(calibrated
           step[method] = svd_rank
         else:
           ranks = report["ranks"][block][m]
-          step[method] = min(tucker.tucker_parameters(
-              shape, [r + (k == i) for k, r in enumerate(ranks)]) - n
-              for i in range(3) if ranks[i] < shape[i])
+          step[method] = min(
+            tucker.tucker_parameters(shape, [r + (k == i) for k, r in enumerate(ranks)]) - n
+            for i in range(3)
+            if ranks[i] < shape[i]
+          )
         assert budget - n < step[method], (method, block, m)  # one more rank: over
       for method in reports:  # equal parameters per tensor, within one rank's worth
         assert abs(kept[method] - kept["svd"]) < max(step[method], svd_rank), (method, m)
@@ -166,20 +179,22 @@ def test_td_moe_whitens_the_input_and_the_output_mode(calibrated):
   projection's outputs on its routed inputs (a brute force per expert), whose
   Tucker error of the doubly whitened tensor (S_in^T W R_out) is HOOI's."""
   from moejax.posttrain import factorise
+
   src, calibration, _ = calibrated
   layer = calibration.inputs[0]
   w = cp.expert_weights(src.params, layer.block)
   outputs = factorise.routed_outputs(w, layer.rows, layer.hidden, layer.expert)
   for m in ("w_gate", "w_down"):
-    want = np.concatenate([layer.expert_rows(e, m).astype(np.float64) @ w[m][e]
-                           for e in range(len(w[m]))])
+    want = np.concatenate(
+      [layer.expert_rows(e, m).astype(np.float64) @ w[m][e] for e in range(len(w[m]))]
+    )
     np.testing.assert_allclose(outputs[m], want, rtol=1e-10)
   out = cp.compress_experts(cp.Request("td_moe", 0.4), src.params, calibration)
   ranks = {m: tuple(out.report["ranks"][layer.block][m]) for m in ("w_gate", "w_up", "w_down")}
-  factors, _ = factorise.factorise_experts(w, layer.inputs, ranks, hidden_inputs=layer.hidden,
-                                           output_samples=outputs)
-  input_only, _ = factorise.factorise_experts(w, layer.inputs, ranks,
-                                              hidden_inputs=layer.hidden)
+  factors, _ = factorise.factorise_experts(
+    w, layer.inputs, ranks, hidden_inputs=layer.hidden, output_samples=outputs
+  )
+  input_only, _ = factorise.factorise_experts(w, layer.inputs, ranks, hidden_inputs=layer.hidden)
   for m in ranks:
     np.testing.assert_array_equal(out.arrays[layer.block][m]["core"], factors[m]["core"])
     assert not np.allclose(factors[m]["output_factor"], input_only[m]["output_factor"])
@@ -192,6 +207,7 @@ def test_reestimated_costs_are_against_the_float_experts_on_the_current_model(ca
   recomputed by hand); the current allocation does not cost 0 (it did when the
   costs were measured against the current quantized experts)."""
   from moejax.posttrain.taylor import token_gradients
+
   src, calibration, windows = calibrated
   blocks, float_costs = calibration.costs((2, 4), GROUP)
   assert np.all(float_costs > 0)
@@ -201,28 +217,35 @@ def test_reestimated_costs_are_against_the_float_experts_on_the_current_model(ca
   graphdef = calibration.graphdef
   want = np.zeros_like(costs)
   for tokens in calibration.batches:
-    dy, moe, loss = jax.jit(token_gradients, static_argnums=0)(graphdef, at_two, src.rest,
-                                                               jnp.asarray(tokens))
+    dy, moe, loss = jax.jit(token_gradients, static_argnums=0)(
+      graphdef, at_two, src.rest, jnp.asarray(tokens)
+    )
     n = loss.shape[0]
     for i, block in enumerate(blocks):
       x, aux = moe[block]
       w = cp.expert_weights(src.params, block)
       for j, b in enumerate((2, 4)):
         for e in range(w["w_gate"].shape[0]):
+
           def out(weights):
             h = np.asarray(x, np.float64)
             gate = h @ weights["w_gate"][e]
             return (gate / (1 + np.exp(-gate)) * (h @ weights["w_up"][e])) @ weights["w_down"][e]
+
           q = {m: w[m].copy() for m in gemq.EXPERT_WEIGHTS}
           for m in gemq.EXPERT_WEIGHTS:
             q[m][e] = gemq.quantize.dequantize(gemq.quantize.rtn(w[m][e], b, GROUP))
           index = np.asarray(aux["expert_index"]).reshape(len(x), -1)
-          weight = np.where(np.asarray(aux["valid"]).reshape(index.shape),
-                            np.asarray(aux["combine_weight"]).reshape(index.shape), 0.0)
+          weight = np.where(
+            np.asarray(aux["valid"]).reshape(index.shape),
+            np.asarray(aux["combine_weight"]).reshape(index.shape),
+            0.0,
+          )
           g = np.sum(np.where(index == e, weight, 0.0), axis=1)[:, None]
           delta = g * (out(q) - out(w))
-          want[i, e, j] += np.sum(np.square(n * np.asarray(dy[block], np.float64))
-                                  * np.square(delta))
+          want[i, e, j] += np.sum(
+            np.square(n * np.asarray(dy[block], np.float64)) * np.square(delta)
+          )
   np.testing.assert_allclose(costs, want, rtol=2e-3)
 
 
@@ -233,8 +256,13 @@ def test_the_progressive_rounds_lower_the_budget_and_change_the_allocation(calib
   src, calibration, _ = calibrated
   assert cw.budgets(2.0, 3, 0.5, 8) == [3.0, 2.5, 2.0]
   assert cw.budgets(7.5, 3, 0.5, 8) == [8, 8.0, 7.5]
-  out = cw.run(cp.Request("gemq", 2.5, quantizer="rtn", group_size=GROUP), src,
-               calibration, rounds=3, log=lambda *_: None)
+  out = cw.run(
+    cp.Request("gemq", 2.5, quantizer="rtn", group_size=GROUP),
+    src,
+    calibration,
+    rounds=3,
+    log=lambda *_: None,
+  )
   rounds = out.report["rounds"]
   assert [x["budget"] for x in rounds] == [3.5, 3.0, 2.5]
   for x in rounds:
@@ -256,14 +284,15 @@ def test_router_finetuning_uses_the_lm_loss_alone_by_default(source):
   on = cp.router_finetune_config(config, 3, aux_losses=True)
   assert dict(on.model.moe.loss_weights) == dict(config.model.moe.loss_weights)
   assert on.model.moe.bias_update_rate == config.model.moe.bias_update_rate
-  assert config.model.moe.loss_weights == source_lib.training_config(source)[0].model.moe.loss_weights
+  assert (
+    config.model.moe.loss_weights == source_lib.training_config(source)[0].model.moe.loss_weights
+  )
 
 
 def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, tmp_path):
   out = str(tmp_path / "gemq")
   r = cp.Request("gemq", 3.0, group_size=GROUP, seed=1)
-  report = cw.compress_workdir(source, out, r, num_windows=8, finetune_steps=3,
-                               finetune_lr=1e-2)
+  report = cw.compress_workdir(source, out, r, num_windows=8, finetune_steps=3, finetune_lr=1e-2)
   assert report["step"] == STEPS + 3
   tuned = restore(out)
   config = tuned.config
@@ -283,6 +312,7 @@ def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, t
     np.testing.assert_array_equal(value, _at(untuned.rest, path))  # codes never trained
   # experiments.train continues it with the workdir's own config (configs/workdir.py)
   from moejax.configs import workdir as workdir_config
+
   again = workdir_config.get_config(f"path={out}")
   again.train.steps = STEPS + 4
   run = train_and_evaluate(again, out, write_metrics=False)
@@ -291,10 +321,16 @@ def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, t
 
 def _calibrated_for(workdir, seed):
   from moejax.data.pipeline import train_token_stream
+
   src = source_lib.load_training(workdir)
-  windows = calibration_windows(train_token_stream(src.config.data), 8,
-                                src.config.data.seq_len, seed)
+  windows = calibration_windows(
+    train_token_stream(src.config.data), 8, src.config.data.seq_len, seed
+  )
   return src, Calibration(src.model, src.params, src.rest, windows)
+
+
+def host(tree):
+  return jax.tree.map(np.asarray, tree)
 
 
 def _at(tree, path):
@@ -321,11 +357,14 @@ def test_a_compressed_workdir_restores_exactly_what_was_compressed(source, tmp_p
       got = np.asarray(rest["blocks"][block]["ffn"]["experts"][name])
       assert got.dtype == np.asarray(value).dtype
       np.testing.assert_array_equal(got, value, err_msg=f"block {block} {name}")
-  host = lambda tree: jax.tree.map(np.asarray, tree)
   tokens = np.asarray(calibration.batches[0][:2])
   want_logits = logits(src.config.model, want.float_params, src.rest, tokens)
-  np.testing.assert_allclose(logits(config.model, host(params), host(rest), tokens),
-                             want_logits, rtol=0, atol=2e-5 * np.abs(want_logits).max())
+  np.testing.assert_allclose(
+    logits(config.model, host(params), host(rest), tokens),
+    want_logits,
+    rtol=0,
+    atol=2e-5 * np.abs(want_logits).max(),
+  )
   with pytest.raises(ConfigError, match="'swiglu' experts.*'codebook'"):
     cw.compress_workdir(out, None, r, num_windows=8)
 
@@ -334,6 +373,7 @@ def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(
   """numpy oracle of the codebook decode: w = R @ c[e, r // g, index[e, r, :]] with R
   the Hadamard matrix (the codebook approximates R^T W)."""
   from moejax.experts.codebook import hadamard
+
   out = compressed("codequant", 2.5)
   experts = out.rest["blocks"][0]["ffn"]["experts"]
   for m in ("w_gate", "w_down"):
@@ -343,8 +383,13 @@ def test_codebook_float_weights_are_the_centroids_the_indices_pick_rotated_back(
     rows = np.arange(d_in) // GROUP
     decoded = centroids[np.arange(e)[:, None, None], rows[None, :, None], index]
     want = np.einsum("ab,ebo->eao", hadamard(d_in).astype(np.float64), decoded)
-    np.testing.assert_allclose(out.float_params["blocks"][0]["ffn"]["experts"][m], want,
-                               rtol=0, atol=1e-6 * np.abs(want).max())
+    np.testing.assert_allclose(
+      out.float_params["blocks"][0]["ffn"]["experts"][m],
+      want,
+      rtol=0,
+      atol=1e-6 * np.abs(want).max(),
+    )
   bits = np.asarray(experts["bits"])
   assert sorted(set(bits.tolist())) == [2, 3] and np.all(
-      np.asarray(experts["w_up_indices"]).max(axis=(1, 2)) < 2 ** bits)
+    np.asarray(experts["w_up_indices"]).max(axis=(1, 2)) < 2**bits
+  )

@@ -1,6 +1,7 @@
 """Pruning a training workdir end to end (moejax/posttrain/prune_workdir.py): the saved
 checkpoint holds exactly the surgery of the source's parameters on the chosen
 experts, and experiments.train continues it."""
+
 import jax
 import numpy as np
 import pytest
@@ -22,16 +23,19 @@ def source(tiny_workdir):
 def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tmp_path):
   config, workdir = source
   out = str(tmp_path / "pruned")
-  report = prune_workdir(workdir, out, keep="0.5", method="frequency", num_windows=8,
-                               seed=3)
+  report = prune_workdir(workdir, out, keep="0.5", method="frequency", num_windows=8, seed=3)
   kept = {layer["block"]: layer["kept"] for layer in report["layers"]}
   assert report["expert_counts"] == [4, 4] and report["step"] == STEPS
-  assert all(len(k) == 4 and 0 <= layer["relative_error"] <= 1
-             for k, layer in zip(kept.values(), report["layers"]))
+  assert all(
+    len(k) == 4 and 0 <= layer["relative_error"] <= 1
+    for k, layer in zip(kept.values(), report["layers"])
+  )
   src_config, _, params, rest, _ = load_from_workdir(workdir)
-  host = lambda tree: jax.tree.map(np.asarray, tree)
-  want_m, want_params, _ = surgery.remove_experts(src_config.model, host(params), host(rest),
-                                                  kept)
+
+  def host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+  want_m, want_params, _ = surgery.remove_experts(src_config.model, host(params), host(rest), kept)
   got_config, _, got_params, _, _ = load_from_workdir(out)
   assert got_config.model.moe.num_experts == 4 == want_m.moe.num_experts
   jax.tree.map(np.testing.assert_array_equal, host(got_params), want_params)
@@ -42,11 +46,11 @@ def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tm
   assert np.all(np.isfinite([r["loss"] for r in run.history]))
 
 
-def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_on(source,
-                                                                                tmp_path):
+def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_on(source, tmp_path):
   """HEAPr at 75% of all atoms: the checkpoint = atoms.remove_atoms of the source on
   the report's per-expert counts, with 3/4 of the atoms live, and it trains on."""
   from moejax.posttrain.measure import expert_parameters
+
   config, workdir = source
   out = str(tmp_path / "atoms")
   report = prune_workdir(workdir, out, keep="0.75", method="heapr", num_windows=8)
@@ -56,8 +60,7 @@ def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_o
   assert got_config.model.moe.expert_d_ff == min(-(-counts.max() // 8) * 8, 32)
   host = jax.tree.map(np.asarray, got_params)
   _, _, src_params, _, _ = load_from_workdir(workdir)
-  assert expert_parameters(host) == 0.75 * expert_parameters(jax.tree.map(np.asarray,
-                                                                          src_params))
+  assert expert_parameters(host) == 0.75 * expert_parameters(jax.tree.map(np.asarray, src_params))
   for block, row in zip((0, 1), counts):  # kept atoms first, then zero padding
     w_down = host["blocks"][block]["ffn"]["experts"]["w_down"]
     live = np.any(w_down != 0, axis=-1)
@@ -97,12 +100,21 @@ def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
   from moejax.interop.convert import import_hf
   from moejax.train.load import load_model
   from tests.interop.hf_tiny import make_model, save_model
+
   hf_dir = save_model(make_model("qwen3_moe", vocab_size=256), str(tmp_path / "hf"))
   ids = tmp_path / "ids.npy"
   np.save(ids, np.random.default_rng(0).integers(0, 256, 4096))
   out = str(tmp_path / "pruned")
-  report = prune_imported(hf_dir=hf_dir, workdir=None, out=out, calibration=str(ids),
-                                keep="4", method="schur_astar", num_windows=16, context=32)
+  report = prune_imported(
+    hf_dir=hf_dir,
+    workdir=None,
+    out=out,
+    calibration=str(ids),
+    keep="4",
+    method="schur_astar",
+    num_windows=16,
+    context=32,
+  )
   assert report["expert_counts"] == [4] * len(report["layers"])
   source = import_hf(hf_dir)
   kept = {layer["block"]: layer["kept"] for layer in report["layers"]}
@@ -111,5 +123,13 @@ def test_an_hf_checkpoint_is_pruned_into_a_converted_workdir(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got.params), want)
   with pytest.raises(ConfigError, match=r"token id 999 is outside the vocabulary \[0, "):
     np.save(ids, np.array([0, 999] * 100))
-    prune_imported(hf_dir=hf_dir, workdir=None, out=None, calibration=str(ids),
-                         keep="4", method="frequency", num_windows=1, context=64)
+    prune_imported(
+      hf_dir=hf_dir,
+      workdir=None,
+      out=None,
+      calibration=str(ids),
+      keep="4",
+      method="frequency",
+      num_windows=1,
+      context=64,
+    )

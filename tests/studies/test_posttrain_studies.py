@@ -4,6 +4,7 @@ calls they stand for (calibration windows of seed d, prune_model / compress, the
 harness), claims equal the paired t-interval by hand, a draw's figures do not
 depend on the draws run before it, the fine-tuned control is each fine-tuned arm's
 matched reference, and bad settings are refused naming their key before any run."""
+
 import jax
 import numpy as np
 import pytest
@@ -33,9 +34,15 @@ def configure(config, workdir, arms, levels, draws=2, claims=None, **settings):
   names = {arm["name"] for arm in arms}
   if config.reference not in names:
     config.reference = arms[0]["name"]
-  config.claims = claims if claims is not None else [
-      c for c in config.claims if c["arm"] in names and c["reference"] in names
-      and ("at" not in c or c["at"] in levels)]
+  config.claims = (
+    claims
+    if claims is not None
+    else [
+      c
+      for c in config.claims
+      if c["arm"] in names and c["reference"] in names and ("at" not in c or c["at"] in levels)
+    ]
+  )
   return config
 
 
@@ -56,12 +63,21 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_workdir, tmp_pat
   from moejax.posttrain import prune, source
   from moejax.posttrain.calibration import calibration_windows
   from moejax.posttrain.measure import expert_parameters
+
   config, workdir = tiny_workdir
-  arms = [{"name": n, "method": m} for n, m in (("unpruned", "none"), ("schur_astar",
-                                                "schur_astar"), ("frequency", "frequency"),
-                                               ("random", "random"), ("heapr", "heapr"))]
-  results, _ = run(configure(pruning_study.get_config(), workdir, arms,
-                             grid(("keep", ["0.5"]))), tmp_path / "out")
+  arms = [
+    {"name": n, "method": m}
+    for n, m in (
+      ("unpruned", "none"),
+      ("schur_astar", "schur_astar"),
+      ("frequency", "frequency"),
+      ("random", "random"),
+      ("heapr", "heapr"),
+    )
+  ]
+  results, _ = run(
+    configure(pruning_study.get_config(), workdir, arms, grid(("keep", ["0.5"]))), tmp_path / "out"
+  )
   runs = by_key(results)
   src = source.load_training(workdir)
   stream = train_token_stream(config.data)
@@ -71,10 +87,17 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_workdir, tmp_pat
     windows = calibration_windows(stream, 8, config.data.seq_len, seed=draw)
     assert runs[("schur_astar", "0.5", draw)]["pairing"] == digest(windows)
     for method in ("schur_astar", "random"):
-      m, params, rest, _ = prune.prune_model(src.model, src.params, src.rest, windows,
-                                             keep="0.5", method=method, seed=draw)
-      want = harness.evaluate(DecoderLM(m, params, rest), src.tokenizer, src.tokenizer.eos_id,
-                              documents, settings, expert_counts(m)).report["bpb"]
+      m, params, rest, _ = prune.prune_model(
+        src.model, src.params, src.rest, windows, keep="0.5", method=method, seed=draw
+      )
+      want = harness.evaluate(
+        DecoderLM(m, params, rest),
+        src.tokenizer,
+        src.tokenizer.eos_id,
+        documents,
+        settings,
+        expert_counts(m),
+      ).report["bpb"]
       got = runs[(method, "0.5", draw)]["metrics"]
       assert got["bpb"] == want["all"] and got["bpb/shakespeare"] == want["shakespeare"]
       assert got["parameter_bytes"] == sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
@@ -83,16 +106,20 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_workdir, tmp_pat
     assert heapr["expert_parameters"] == expert_parameters(src.params) / 2
     assert "kept_experts" not in heapr  # an atom method keeps every expert, narrower
     assert "proxy_error" not in heapr and heapr["layer_error"] > 0
-    _, _, _, layers = prune.prune_model(src.model, src.params, src.rest, windows, keep="0.5",
-                                        method="schur_astar", deployed=True)
+    _, _, _, layers = prune.prune_model(
+      src.model, src.params, src.rest, windows, keep="0.5", method="schur_astar", deployed=True
+    )
     got = runs[("schur_astar", "0.5", draw)]["metrics"]
     assert got["layer_error"] == np.mean([layer["deployed_error"] for layer in layers])
     assert got["proxy_error"] == np.mean([layer["relative_error"] for layer in layers])
   assert runs[("unpruned", "0.5", 0)]["metrics"] == runs[("unpruned", "0.5", 1)]["metrics"]
   assert runs[("random", "0.5", 0)]["pairing"] != runs[("random", "0.5", 1)]["pairing"]
   # the claim: schur_astar - frequency paired by draw, t-interval with 1 degree of freedom
-  d = [runs[("schur_astar", "0.5", k)]["metrics"]["bpb"]
-       - runs[("frequency", "0.5", k)]["metrics"]["bpb"] for k in (0, 1)]
+  d = [
+    runs[("schur_astar", "0.5", k)]["metrics"]["bpb"]
+    - runs[("frequency", "0.5", k)]["metrics"]["bpb"]
+    for k in (0, 1)
+  ]
   row = next(r for r in results["claims"] if r["reference"] == "frequency")
   half = scipy.stats.t.ppf(0.975, 1) * np.std(d, ddof=1) / np.sqrt(2)
   assert row["interval"]["mean"] == pytest.approx(np.mean(d), abs=1e-15)
@@ -104,10 +131,14 @@ def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_workdir, tmp_
   alone; per-expert SVD is calibration-free (the same on both draws), TD-MoE is not;
   both keep at most the budget, 60% of the fp32 model's expert parameters."""
   _, workdir = tiny_workdir
-  arms = [{"name": "fp32", "method": "none"}, {"name": "svd", "method": "svd"},
-          {"name": "td_moe", "method": "td_moe"}]
-  config = configure(td_moe_study.get_config(), workdir, arms, grid(("removed", [0.4])),
-                     reroute_windows=8)
+  arms = [
+    {"name": "fp32", "method": "none"},
+    {"name": "svd", "method": "svd"},
+    {"name": "td_moe", "method": "td_moe"},
+  ]
+  config = configure(
+    td_moe_study.get_config(), workdir, arms, grid(("removed", [0.4])), reroute_windows=8
+  )
   results, _ = run(config, tmp_path / "out")
   runs = by_key(results)
   spec, fresh = runner.prepare(config)
@@ -129,12 +160,23 @@ def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_wor
   unlike the fp32 model; an arm that was not fine-tuned keeps the fp32 model as its
   reference; bpb_vs_matched is the bpb difference to that reference."""
   _, workdir = tiny_workdir
-  arms = [{"name": "fp32", "method": "none"},
-          {"name": "fp32_ft", "method": "none", "finetune": True},
-          {"name": "gemq", "method": "gemq"},
-          {"name": "gemq_ft", "method": "gemq", "finetune": True}]
-  config = configure(gemq_study.get_config(), workdir, arms, grid(("bits", [8.0])), draws=1,
-                     group_size=GROUP, finetune_steps=3, finetune_lr=3e-3, reroute_windows=8)
+  arms = [
+    {"name": "fp32", "method": "none"},
+    {"name": "fp32_ft", "method": "none", "finetune": True},
+    {"name": "gemq", "method": "gemq"},
+    {"name": "gemq_ft", "method": "gemq", "finetune": True},
+  ]
+  config = configure(
+    gemq_study.get_config(),
+    workdir,
+    arms,
+    grid(("bits", [8.0])),
+    draws=1,
+    group_size=GROUP,
+    finetune_steps=3,
+    finetune_lr=3e-3,
+    reroute_windows=8,
+  )
   results, _ = run(config, tmp_path / "out")
   runs = {r["arm"]: r["metrics"] for r in results["runs"]}
   moved = runs["fp32_ft"]["rerouted"]  # the control against the fp32 model
@@ -172,57 +214,120 @@ def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_workdir):
   """codequant at 4 bits against rtn at 3: bpb differences 0.01, 0.03 by draw give
   mean 0.02, std 0.01414, t(0.975, 1) interval [-0.1071, +0.1471]."""
   _, workdir = tiny_workdir
-  spec, scorer = runner.prepare(configure(codequant_study.get_config(), workdir,
-                                          codequant_study.get_config().arms,
-                                          grid(("bits", [2.5, 3.0, 4.0])), group_size=GROUP))
-  run_ = lambda arm, bits, draw, bpb: {"arm": arm, "level": {"bits": bits}, "draw": draw,
-                                       "metrics": {"bpb": bpb, "packed_expert_bytes": 100}}
-  runs = [run_("codequant", 4.0, 0, 2.01), run_("codequant", 4.0, 1, 2.03),
-          run_("rtn", 3.0, 0, 2.0), run_("rtn", 3.0, 1, 2.0)]
+  spec, scorer = runner.prepare(
+    configure(
+      codequant_study.get_config(),
+      workdir,
+      codequant_study.get_config().arms,
+      grid(("bits", [2.5, 3.0, 4.0])),
+      group_size=GROUP,
+    )
+  )
+
+  def run_(arm, bits, draw, bpb):
+    return {
+      "arm": arm,
+      "level": {"bits": bits},
+      "draw": draw,
+      "metrics": {"bpb": bpb, "packed_expert_bytes": 100},
+    }
+
+  runs = [
+    run_("codequant", 4.0, 0, 2.01),
+    run_("codequant", 4.0, 1, 2.03),
+    run_("rtn", 3.0, 0, 2.0),
+    run_("rtn", 3.0, 1, 2.0),
+  ]
   table = scorer._equal_bytes({"runs": runs})
-  assert "| codequant at 4.0 | 100 | rtn at 3.0 | 100 | +0.0200 ± 0.0141 [-0.1071, +0.1471] |" \
-      in table
+  assert (
+    "| codequant at 4.0 | 100 | rtn at 3.0 | 100 | +0.0200 ± 0.0141 [-0.1071, +0.1471] |" in table
+  )
   assert "kmeans at 4.0" not in table  # pairs without runs are left out
 
 
-@pytest.mark.parametrize("study, change, message", [
-    (pruning_study, {"levels": grid(("keep", ["0.5", "9"])),
-                     "arms": [{"name": "u", "method": "none"}, {"name": "s", "method": "greedy"}]},
-     "study.levels[1].keep=9 is larger than the layer's 8 experts"),
-    (pruning_study, {"arms": [{"name": "x", "method": "obs"}]},
-     "study.arms[0].method='obs' is not known"),
-    (pruning_study, {"arms": [{"name": "x", "method": "heapr"}], "levels": grid(("keep",
-                                                                                 ["4"]))},
-     "study.levels[0].keep=4: an atom method keeps a fraction"),
-    (pruning_study, {"settings.num_windows": 1},
-     "study.settings.num_windows=1 x data.seq_len=32 routes 64"),
+@pytest.mark.parametrize(
+  "study, change, message",
+  [
+    (
+      pruning_study,
+      {
+        "levels": grid(("keep", ["0.5", "9"])),
+        "arms": [{"name": "u", "method": "none"}, {"name": "s", "method": "greedy"}],
+      },
+      "study.levels[1].keep=9 is larger than the layer's 8 experts",
+    ),
+    (
+      pruning_study,
+      {"arms": [{"name": "x", "method": "obs"}]},
+      "study.arms[0].method='obs' is not known",
+    ),
+    (
+      pruning_study,
+      {"arms": [{"name": "x", "method": "heapr"}], "levels": grid(("keep", ["4"]))},
+      "study.levels[0].keep=4: an atom method keeps a fraction",
+    ),
+    (
+      pruning_study,
+      {"settings.num_windows": 1},
+      "study.settings.num_windows=1 x data.seq_len=32 routes 64",
+    ),
     (pruning_study, {"settings.probes": "facts,nope"}, "study.settings.probes='facts,nope'"),
     (pruning_study, {"levels": grid(("keep", [0.5]))}, "study.levels[0].keep=0.5 must be a str"),
-    (pruning_study, {"arms": [{"name": "s", "method": "step", "merge": "sum"}]},
-     "study.arms[0].merge='sum'"),
-    (pruning_study, {"arms": [{"name": "s", "method": "step", "rescale": True}]},
-     "study.arms[0].rescale: the least-squares weights are those of the unmerged"),
-    (pruning_study, {"arms": [{"name": "h", "method": "heapr", "normalisation": "max"}]},
-     "study.arms[0].normalisation='max'"),
-    (gemq_study, {"levels": grid(("bits", [1.5]))},
-     "study.levels[0].bits=1.5 bits is below the minimum"),
+    (
+      pruning_study,
+      {"arms": [{"name": "s", "method": "step", "merge": "sum"}]},
+      "study.arms[0].merge='sum'",
+    ),
+    (
+      pruning_study,
+      {"arms": [{"name": "s", "method": "step", "rescale": True}]},
+      "study.arms[0].rescale: the least-squares weights are those of the unmerged",
+    ),
+    (
+      pruning_study,
+      {"arms": [{"name": "h", "method": "heapr", "normalisation": "max"}]},
+      "study.arms[0].normalisation='max'",
+    ),
+    (
+      gemq_study,
+      {"levels": grid(("bits", [1.5]))},
+      "study.levels[0].bits=1.5 bits is below the minimum",
+    ),
     (gemq_study, {"settings.group_size": 12}, "study.settings.group_size=12 must divide"),
     (gemq_study, {"settings.finetune_steps": 0}, "study.settings.finetune_steps=0"),
-    (gemq_study, {"arms": [{"name": "t", "method": "td_moe"}]},
-     "study.arms[0].method='td_moe' needs levels of removed, not bits"),
-    (gemq_study, {"arms": [{"name": "u", "method": "uniform", "at": "odd"}]},
-     "study.arms[0].at='odd'"),
-    (gemq_study, {"arms": [{"name": "g", "method": "gemq", "bit_step": 0}]},
-     "study.arms[0].bit_step=0 (arm 'g') must be > 0"),
-    (gemq_study, {"arms": [{"name": "g", "method": "gemq", "finetune_multiple": 1.5}]},
-     "study.arms[0].finetune_multiple=1.5 (arm 'g') must be an integer >= 1"),
-    (codequant_study, {"settings.equal_bytes": [["codequant", 5.0, "rtn", 3.0]]},
-     "study.settings.equal_bytes[0]"),
-    (td_moe_study, {"levels": grid(("removed", [1.2]))},
-     "study.levels[0].removed=1.2: a factorisation removes a fraction"),
-])
-def test_bad_settings_are_refused_naming_the_key(tiny_workdir, tmp_path, study, change,
-                                                 message):
+    (
+      gemq_study,
+      {"arms": [{"name": "t", "method": "td_moe"}]},
+      "study.arms[0].method='td_moe' needs levels of removed, not bits",
+    ),
+    (
+      gemq_study,
+      {"arms": [{"name": "u", "method": "uniform", "at": "odd"}]},
+      "study.arms[0].at='odd'",
+    ),
+    (
+      gemq_study,
+      {"arms": [{"name": "g", "method": "gemq", "bit_step": 0}]},
+      "study.arms[0].bit_step=0 (arm 'g') must be > 0",
+    ),
+    (
+      gemq_study,
+      {"arms": [{"name": "g", "method": "gemq", "finetune_multiple": 1.5}]},
+      "study.arms[0].finetune_multiple=1.5 (arm 'g') must be an integer >= 1",
+    ),
+    (
+      codequant_study,
+      {"settings.equal_bytes": [["codequant", 5.0, "rtn", 3.0]]},
+      "study.settings.equal_bytes[0]",
+    ),
+    (
+      td_moe_study,
+      {"levels": grid(("removed", [1.2]))},
+      "study.levels[0].removed=1.2: a factorisation removes a fraction",
+    ),
+  ],
+)
+def test_bad_settings_are_refused_naming_the_key(tiny_workdir, tmp_path, study, change, message):
   _, workdir = tiny_workdir
   config = study.get_config()
   config.settings.workdir = workdir
