@@ -34,6 +34,7 @@ mixture (module doc of add_expert).
 
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 from moejax.errors import ConfigError
@@ -153,15 +154,23 @@ def mean_feature(prototypes, z) -> np.ndarray:
   return z.mean(0) if z.ndim == 2 else z
 
 
+# The router's functions, compiled once per shape and setting: the studies route one
+# mean feature at a time, thousands of times, where op-by-op dispatch would dominate.
+_cosine_logits = jax.jit(cosine_logits, static_argnums=2)
+_prototype_routing = jax.jit(prototype_routing, static_argnums=(2, 3, 4))
+
+
 def route_weights(prototypes, z, tau: float, top_k: int | None = None) -> np.ndarray:
   """Dense routing weights [E] of the mean feature of z: softmax(cos / tau) over all
   experts (top_k None), or the router's renormalised top_k of it."""
+  check_tau(tau)
   zbar = mean_feature(prototypes, z)[None]
+  prototypes = np.asarray(prototypes, np.float32)
   if top_k is None:
-    logits = np.asarray(cosine_logits(zbar, prototypes, tau), np.float64)[0]
+    logits = np.asarray(_cosine_logits(zbar, prototypes, float(tau)), np.float64)[0]
     weights = np.exp(logits - logits.max())
     return weights / weights.sum()
-  routing, _ = prototype_routing(zbar, prototypes, tau, top_k, renormalize=True)
+  routing, _ = _prototype_routing(zbar, prototypes, float(tau), top_k, True)
   weights = np.zeros(len(prototypes))
   weights[np.asarray(routing.expert_index[0])] = np.asarray(routing.combine_weight[0])
   return weights
