@@ -9,6 +9,8 @@ here only when a comparison runs: `experiments.convert --check_logits` and
 tests/interop use this one module.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,12 +54,17 @@ def hf_forward(model, tokens, mask, positions):
   return out.logits.float().numpy(), routed
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, params, rest, tokens, mask):
+  return nnx.merge(graphdef, params, rest)(tokens, token_mask_BxL=mask)[:2]
+
+
 def moejax_forward(loaded, tokens, mask):
-  """(logits [B, L, V], per MoE layer expert indices) of a Loaded model."""
+  """(logits [B, L, V], per MoE layer expert indices) of a Loaded model (one compile
+  per model structure and shapes, reused across calls)."""
   graphdef, _, _ = abstract_model(loaded.config)
-  forward = jax.jit(lambda p, r, t, m: nnx.merge(graphdef, p, r)(t, token_mask_BxL=m)[:2])
-  logits, aux = forward(
-    loaded.params, loaded.rest, jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
+  logits, aux = _forward(
+    graphdef, loaded.params, loaded.rest, jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
   )
   return np.asarray(logits), [np.asarray(layer["expert_index"]) for layer in aux["moe"]]
 
