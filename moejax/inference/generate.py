@@ -84,13 +84,19 @@ def sample_tokens(logits, rng, temperature: float, top_k: int = 0, top_p: float 
 def generation_config(m):
   """m as decoding runs it: dropless dispatch with small tiles (a decode step sends
   a handful of rows to each expert; capacity drops would depend on the batch and
-  make decoding non-causal). ConfigError for a router that is not causal."""
+  make decoding non-causal). ConfigError for a router that is not causal, and for
+  merged experts (moejax/experts/merged.py), whose gates come from the previous segment."""
   from moejax import routing
 
   if m.ffn_type == "moe" and not routing.get_router(m.moe.router).causal:
     raise ConfigError(
       f"model.moe.router={m.moe.router!r} is not causal: a decoder "
       "routes each token from its own state only"
+    )
+  if m.ffn_type == "moe" and m.moe.get("merge", "none") != "none":
+    raise ConfigError(
+      f"model.moe.merge={m.moe.merge!r}: merged experts route by the previous segment, "
+      "which a KV-cache decode step of one token does not see; score with a full forward"
     )
   if m.get("scan_layers", False):
     raise ConfigError(

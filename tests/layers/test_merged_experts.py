@@ -247,3 +247,13 @@ def test_the_default_and_a_merged_config_validate():
   validate_config(c)
   c.model.moe.merge, c.model.moe.loss_weights = "ep_camex", {}
   validate_config(c)
+
+
+def test_kv_cache_decoding_of_merged_experts_is_refused_naming_the_key():
+  from moejax.inference.generate import generation_config
+
+  c = base_config()
+  c.model.moe.merge, c.model.moe.loss_weights = "smear", {}
+  with pytest.raises(ConfigError, match=r"^model\.moe\.merge='smear': merged experts route by"):
+    generation_config(c.model)
+  generation_config(base_config().model)  # the default decodes
