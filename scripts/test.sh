@@ -8,8 +8,9 @@ export JAX_PLATFORMS=cpu
 # older loop emitters instead of its MLIR fusion emitters halve it again (whole
 # suite on 2 cores, quiet machine: 826 s -> 436 s, the same 1133 tests passing).
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-# One compilation cache for this run's workers, empty at the start: a program
-# that several tests build (the tiny LM's train step, ...) compiles once.
+# One compilation cache for this run, empty at the start, with a directory per
+# worker (tests/conftest.py): a program that several tests of a worker build (the
+# tiny LM's train step, ...) compiles once.
 cache=$(mktemp -d -t moejax-test-cache-XXXXXX)
 trap 'rm -rf "$cache"' EXIT
 export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
