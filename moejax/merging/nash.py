@@ -62,7 +62,8 @@ def nash_weights(
     except np.linalg.LinAlgError:  # alpha diverged: K + diag(p / alpha^2) is numerically K
       break
     t, value = 1.0, objective(alpha)
-    while np.any(alpha - t * step <= 0) or objective(alpha - t * step) > value:
+    slack = 1e-12 * (1.0 + abs(value))  # near the optimum f changes below rounding
+    while np.any(alpha - t * step <= 0) or objective(alpha - t * step) > value + slack:
       t *= 0.5
       if t < 1e-30:
         break
