@@ -201,6 +201,21 @@ def token_ids(text: str, vocab_size: int, flag: str) -> list[int]:
   return ids
 
 
+def preset_or_ints(spec: str, presets: dict, fields: str, flag: str) -> tuple[str, tuple]:
+  """(spec, its ints) of one --flag entry: a `presets` name (none if empty) or `fields`
+  (e.g. 'd:f:E:k'), as many positive ints joined by ':'."""
+  if spec in presets:
+    return spec, presets[spec]
+  try:
+    ints = tuple(int(v) for v in spec.split(":"))
+  except ValueError:
+    ints = ()
+  if len(ints) != len(fields.split(":")) or min(ints) < 1:
+    preset = f"a preset {sorted(presets)} or " if presets else ""
+    raise ConfigError(f"{preset}{fields} of positive ints (--{flag}={spec})")
+  return spec, ints
+
+
 def flag_error(holder, expected: str) -> ConfigError:
   """ConfigError `expected ... (--name=value)` for a flag whose value main refuses."""
   return ConfigError(f"{expected} (--{holder.name}={holder.value})")
