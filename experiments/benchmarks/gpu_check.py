@@ -28,7 +28,6 @@ and --shapes trim the run to a lease's budget.
 
 import json
 import platform
-import statistics
 import traceback
 
 from absl import app, flags
@@ -38,16 +37,8 @@ import numpy as np
 
 from moejax import cli, cli_files
 from moejax.kernels import gmm, gmm_reference, tgmm
-from moejax.profiling.timing import blocked_times
-from moejax.evaluation.stats import markdown_table
+from moejax.profiling.gmm_speed import DRY_RUN_SHAPES, SPEED_SHAPES, check_speed, markdown
 from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
-
-# name: (tokens T, d, f, experts E, top_k): m = T * k grouped rows.
-SPEED_SHAPES = {
-  "coarse": (16384, 2048, 1024, 8, 2),
-  "fine": (16384, 2048, 256, 64, 8),
-  "finer": (16384, 2048, 128, 128, 8),
-}
 
 OUTPUTS = cli_files.study_outputs(plot=False)
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per path (median).")
@@ -174,139 +165,6 @@ def check_correctness(records):
   )
 
 
-def timed(fn, *args, reps):
-  """Median seconds of fn(*args) over `reps` calls after an untimed one."""
-  blocked_times(lambda: fn(*args), 1)
-  return statistics.median(blocked_times(lambda: fn(*args), reps))
-
-
-def balanced_sizes(rng, num_groups, m):
-  """Top-k-like loads: multinomial with mild skew, summing to m exactly."""
-  weights = rng.dirichlet(np.full(num_groups, 20.0))
-  return jnp.asarray(rng.multinomial(m, weights), jnp.int32)
-
-
-def check_speed(records):
-  rng = np.random.default_rng(2)
-  shapes = (
-    {"dry_run": (64, 32, 32, 4, 2)}
-    if _DRY_RUN.value
-    else {name: SPEED_SHAPES[name] for name in _SHAPES.value}
-  )
-  for shape, (tokens, d, f, experts, top_k) in shapes.items():
-    m = tokens * top_k
-    flops = 2.0 * m * d * f
-    x = jnp.asarray(rng.standard_normal((m, d)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((experts, d, f)) / np.sqrt(d), jnp.bfloat16)
-    dy = jnp.asarray(rng.standard_normal((m, f)), jnp.bfloat16)
-    dense_w = w[0]
-    gs = balanced_sizes(rng, experts, m)
-    paths = {
-      "dense": (
-        jax.jit(
-          lambda a, b, g: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
-        ),
-        (x, dense_w, gs),
-      ),
-      "ragged_dot": (
-        jax.jit(
-          lambda a, b, g: jax.lax.ragged_dot(a, b, g, preferred_element_type=jnp.float32).astype(
-            jnp.bfloat16
-          )
-        ),
-        (x, w, gs),
-      ),
-    }
-    fwd_bwd = {
-      "dense": lambda a, b, g: jnp.sum(
-        (jnp.dot(a, b, preferred_element_type=jnp.float32) * dy.astype(jnp.float32))
-      ),
-      "ragged_dot": lambda a, b, g: jnp.sum(
-        jax.lax.ragged_dot(a, b, g, preferred_element_type=jnp.float32) * dy.astype(jnp.float32)
-      ),
-    }
-    for spec in _TILINGS.value:
-      tiling = tuple(int(v) for v in spec.split(":"))
-      kw = dict(
-        backend="pallas_gpu",
-        interpret=_DRY_RUN.value,
-        tiling=tiling,
-        preferred_element_type=jnp.bfloat16,
-      )
-      paths[f"gmm{spec}"] = (jax.jit(lambda a, b, g, kw=kw: gmm(a, b, g, **kw)), (x, w, gs))
-      paths[f"tgmm{spec}"] = (jax.jit(lambda a, b, g, kw=kw: tgmm(a, b, g, **kw)), (x, dy, gs))
-      fwd_bwd[f"gmm{spec}"] = lambda a, b, g, kw=kw: jnp.sum(
-        gmm(a, b, g, **kw).astype(jnp.float32) * dy.astype(jnp.float32)
-      )
-    results = {}
-    for name, (fn, args) in paths.items():
-      try:
-        results[("fwd", name)] = timed(fn, *args, reps=_REPS.value)
-      except Exception as e:
-        print(f"speed {shape} fwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
-    for name, fn in fwd_bwd.items():
-      b = dense_w if name == "dense" else w
-      try:
-        step = jax.jit(jax.grad(fn, argnums=(0, 1)))
-        results[("fwd+bwd", name)] = timed(step, x, b, gs, reps=_REPS.value)
-      except Exception as e:
-        print(
-          f"speed {shape} fwd+bwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True
-        )
-    for (pass_, name), seconds in sorted(results.items()):
-      dense = results.get((pass_, "dense"))
-      factor = 3.0 if pass_ == "fwd+bwd" else 1.0
-      rec = {
-        "part": "speed",
-        "shape": shape,
-        "dims": [tokens, d, f, experts, top_k],
-        "pass": pass_,
-        "path": name,
-        "median_ms": seconds * 1e3,
-        "tflops": factor * flops / seconds / 1e12,
-        "dense_over_path": (dense / seconds) if dense else None,
-      }
-      records.append(rec)
-      print(json.dumps(rec), flush=True)
-
-
-def markdown(records):
-  lines = [f"# GPU check ({jax.devices()[0].device_kind}, jax {jax.__version__})", ""]
-  corr = [r for r in records if r["part"] == "correctness"]
-  if corr:
-    worst = {
-      key: max((r.get(key, 0.0) for r in corr if r["ok"]), default=float("nan"))
-      for key in ("gmm_bf16", "tgmm_bf16", "gmm_f32", "tgmm_f32", "grad_f32")
-    }
-    lines += [
-      f"Correctness of the compiled Triton kernels: {sum(r['ok'] for r in corr)}/"
-      f"{len(corr)} cases pass. Worst relative error (max|diff|/max|oracle|): "
-      + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()),
-      "",
-    ]
-    lines += [f"- FAILED {r['case']}: {r.get('error', r)}" for r in corr if not r["ok"]]
-    lines.append("")
-  speed = [r for r in records if r["part"] == "speed"]
-  if speed:
-    lines.append(
-      markdown_table(
-        ["shape (T, d, f, E, k)", "pass", "path", "median ms", "TFLOP/s", "dense / path"],
-        [
-          [
-            f"{r['shape']} {tuple(r['dims'])}",
-            r["pass"],
-            r["path"],
-            f"{r['median_ms']:.3f}",
-            f"{r['tflops']:.0f}",
-            "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}",
-          ]
-          for r in speed
-        ],
-      )
-    )
-  return "\n".join(lines) + "\n"
-
-
 def main(argv):
   del argv
   for flag, valid in ((_CASES, CASE_SETS), (_SHAPES, SPEED_SHAPES)):
@@ -316,7 +174,14 @@ def main(argv):
   OUTPUTS.check()
   print(f"jax {jax.__version__} on {jax.devices()} ({platform.node()})", flush=True)
   records = []
-  for part, fn in (("correctness", check_correctness), ("speed", check_speed)):
+  shapes = DRY_RUN_SHAPES if _DRY_RUN.value else {n: SPEED_SHAPES[n] for n in _SHAPES.value}
+  parts = {
+    "correctness": check_correctness,
+    "speed": lambda records: check_speed(
+      records, shapes, _TILINGS.value, _REPS.value, _DRY_RUN.value
+    ),
+  }
+  for part, fn in parts.items():
     if part in _PARTS.value:
       try:
         fn(records)
