@@ -92,6 +92,16 @@ PAPERS = {
     "2203.05482",
   ),
   "thickets": ("Neural Thickets (RandOpt)", ICML, "2603.12228"),
+  "mergemix": (
+    "MergeMix: Optimizing Mid-Training Data Mixtures via Learnable Model Merging",
+    ICML,
+    "2601.17858",
+  ),
+  "overtrained_experts": (
+    "From Memorization to Parameter Interference: How Overtraining Experts Harms Model Merging",
+    ICML,
+    "2506.14126",
+  ),
   "namex": ("NAMEx: Nash Merging of Experts", ICLR, "2510.16138"),
   "smear": ("Soft Merging of Experts with Adaptive Routing (SMEAR)", "TMLR 2024", "2306.03745"),
   "camex": ("CAMEx: Curvature-aware Merging of Experts", "ICLR 2025", "2502.18821"),
@@ -631,6 +641,17 @@ ENTRIES["merge method"] = {
     "built yet.",
     tests=MERGE_TESTS + ("tests/merging/test_nash.py",),
   ),
+  "mergemix": E(
+    "MergeMix: merging weights as a data-mixture proxy",
+    "theta(alpha) = base + sum_k alpha_k (theta_k - base), alpha on the simplex: the "
+    "merge of K domain experts scored in place of training on the mixture alpha; a "
+    "one-hot alpha returns that expert exactly.",
+    "mergemix",
+    guess="The paper optimises alpha against downstream benchmarks; here an exhaustive "
+    "simplex grid over a held-out loss.",
+    tests=MERGE_TESTS + ("tests/merging/test_mergemix.py", "tests/merging/test_mergemix_hf.py"),
+    studies=("mergemix",),
+  ),
   "average": E(
     "Weight averaging",
     "sum_i w_i theta_i with weights on the simplex; Step's "
@@ -756,6 +777,16 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "Knee layer budgets for SCHUR-A*",
     "schur_astar",
     ("tests/posttrain/test_expert_subset.py",),
+  ),
+  "mergemix": (
+    "MergeMix: merged domain experts against trained data mixtures, zoo-xs",
+    "mergemix",
+    ("tests/merging/test_mergemix.py", "tests/studies/test_domain_studies.py"),
+  ),
+  "overtrained_experts": (
+    "Overtrained experts merge worse, zoo-xs, 2 seeds",
+    "overtrained_experts",
+    ("tests/merging/test_overtraining.py", "tests/studies/test_domain_studies.py"),
   ),
   "randopt": (
     "RandOpt: neural thickets through pretraining",

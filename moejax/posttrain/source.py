@@ -105,11 +105,12 @@ def load(workdir: str | None = None, hf_dir: str | None = None) -> Source:
   )
 
 
-def load_training(workdir: str, key: str = "--workdir") -> Source:
-  """A training workdir's latest checkpoint (data-iterator state included)."""
+def load_training(workdir: str, key: str = "--workdir", step: int | None = None) -> Source:
+  """A training workdir's checkpoint of `step` (latest by default), data-iterator
+  state included."""
   from moejax.train.restore import restore
 
-  r = restore(workdir)
+  r = restore(workdir, step)
   return Source(
     "training",
     f"{key}={workdir}",

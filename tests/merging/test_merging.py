@@ -145,7 +145,11 @@ def test_simplex_tolerance_and_task_arithmetic_negation():
     ("task_arithmetic", {"scale": float("nan")}, r"--scale=nan"),
     ("task_arithmetic", {"scale": -1.0}, r"--scale=-1.0 must be a finite number > 0.0"),
     ("average", {"scale": 2.0}, r"--scale=2.0 is not a setting of --method=average"),
-    ("nope", {}, r"--method='nope' is not known; valid: average, nash, task_arithmetic, ties"),
+    (
+      "nope",
+      {},
+      r"--method='nope' is not known; valid: average, mergemix, nash, task_arithmetic, ties",
+    ),
   ],
 )
 def test_bad_settings_are_refused_once_at_bind(name, settings, message):
