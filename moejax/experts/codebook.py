@@ -24,8 +24,10 @@ which defines the type, rotates its input, x @ R, and computes the LUT matmul
 index, times the centroids). The grouped-matmul form and the fused path
 (SwiGLU's SonicMoE block loop) decode the codebooks to dense [E, d_in, d_out]
 with R folded in, R @ w_hat: the same function (the contract tests compare
-them with the per-token loop of the LUT form). Sharding: compressed.CODE_AXES
-(experts split, the FFN width never: w_down's rotation mixes all its rows).
+them with the per-token loop of the LUT form). The gathered form (a decode step's
+rows, experts/gathered.py) rotates the rows and reads only their experts' indices.
+Sharding: compressed.CODE_AXES (experts split, the FFN width never: w_down's
+rotation mixes all its rows).
 
 decode, lut_matmul and hadamard live here, once; the offline maths
 (posttrain/codebook.py: k-means, fine-tuning) imports them. `build` gives
@@ -37,8 +39,8 @@ in moejax/posttrain/compress.py and loaded with CodebookExperts.assign.
 
 Settings (model.moe.codebook): bits (2, 3, 4, 8), group_size (0: one group
 per whole matrix; else it must divide d_model and expert_d_ff), rotation
-('hadamard' needs power-of-two d_model and expert_d_ff); dims are checked when
-the layer is built.
+('hadamard' needs power-of-two d_model and expert_d_ff; dims are checked when
+the layer is built), decode_kernel (gathered.DECODE_KERNELS).
 
 Bytes: indices are held one per uint8 byte in memory and in checkpoints, and
 every codebook at Kmax entries. `packed_bytes` counts `pack`: per expert and
@@ -49,6 +51,9 @@ expert, nothing for the rotation.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,12 +61,13 @@ from flax import nnx
 
 from moejax.errors import ConfigError, choice_error
 from moejax.experts import compressed as cz
+from moejax.experts import gathered as gz
 from moejax.experts.base import ExpertType, register_expert_type
 from moejax.experts.swiglu import swiglu_experts, swiglu_fused
 from moejax.registry import settings_of
 
 NAME = "codebook"
-SETTINGS = {"bits": 4, "group_size": 0, "rotation": "none"}
+SETTINGS: dict[str, Any] = {"bits": 4, "group_size": 0, "rotation": "none", "decode_kernel": "auto"}
 ROTATIONS = ("none", "hadamard")
 HIGHEST = jax.lax.Precision.HIGHEST
 LOGICAL_AXES = {
@@ -125,6 +131,12 @@ def rotation_matrix(rotation: str, n: int, dtype):
   return None if rotation == "none" else jnp.asarray(hadamard(n), dtype)
 
 
+def rotate(v, rotation: str):
+  """v @ R of the setting (v itself for 'none')."""
+  R = rotation_matrix(rotation, v.shape[-1], v.dtype)
+  return v if R is None else jnp.matmul(v, R, precision=HIGHEST)
+
+
 def codebook_expert(weights_e: dict, x, *, rotation: str = "none", **settings):
   """One expert on rows x [n, d]: SwiGLU whose every matmul is (v @ R) then the
   LUT matmul of its codebook (the group size and K are read from the shapes)."""
@@ -133,8 +145,7 @@ def codebook_expert(weights_e: dict, x, *, rotation: str = "none", **settings):
   def project(v, m):
     centroids = weights_e[f"{m}_centroids"]
     indices = cz.as_index(weights_e[f"{m}_indices"], centroids.shape[-1])
-    R = rotation_matrix(rotation, v.shape[-1], v.dtype)
-    v = v if R is None else jnp.matmul(v, R, precision=HIGHEST)
+    v = rotate(v, rotation)
     group_size = indices.shape[0] // centroids.shape[0]
     return lut_matmul(v, indices, centroids, group_size).astype(x.dtype)
 
@@ -164,6 +175,21 @@ def codebook_fused(weights: dict, x, routing, cfg, *, rotation: str = "none", **
   """SwiGLU's fused path (SonicMoE block loop) on the decoded, rotated weights."""
   del settings
   return swiglu_fused(dense_weights(weights, x.dtype, rotation), x, routing, cfg)
+
+
+def dense_rows(x, row_expert, indices, centroids):
+  """x[r] @ decode(expert row_expert[r]) [R, d_out]: only the rows' experts'
+  indices gathered and decoded (the XLA form of the gathered path)."""
+  books = centroids[row_expert]
+  index = cz.as_index(indices[row_expert], books.shape[-1])
+  w_hat = jax.vmap(lambda i, c: decode(i, c, i.shape[0] // c.shape[0]))(index, books)
+  return jnp.einsum("ra,rab->rb", x, w_hat.astype(x.dtype))
+
+
+def codebook_gathered(weights, rows, row_expert, *, rotation="none", decode_kernel="auto", **_):
+  """Row r through expert row_expert[r]: rotated rows, then the rows' experts' LUT matmuls."""
+  parts, turn = ("indices", "centroids"), functools.partial(rotate, rotation=rotation)
+  return gz.swiglu_rows(weights, rows, row_expert, "lookup", parts, dense_rows, decode_kernel, turn)
 
 
 def quantile_codebook(w, bits: int, group_size: int):
@@ -345,12 +371,15 @@ def validate_codebook(section) -> None:
   cz.check_group_size(f"model.moe.{NAME}.group_size", section["group_size"])
   if section["rotation"] not in ROTATIONS:
     raise choice_error(f"model.moe.{NAME}.rotation", section["rotation"], ROTATIONS)
+  kernel = section.get("decode_kernel", SETTINGS["decode_kernel"])  # older configs lack it
+  gz.check_decode_kernel(f"model.moe.{NAME}.decode_kernel", kernel)
 
 
 def build_codebook(num_experts: int, d_model: int, cfg, *, rngs) -> CodebookExperts:
   """Quantile codebooks of the SwiGLU init at model.moe.codebook settings."""
   s = settings_of(cfg, NAME, SETTINGS)
   validate_codebook(s)
+  del s["decode_kernel"]  # read where the layer runs (codebook_gathered)
   return CodebookExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
 
 
@@ -362,6 +391,8 @@ CODEBOOK = register_expert_type(
     expert=codebook_expert,
     apply=codebook_experts,
     fused=codebook_fused,
+    gathered=codebook_gathered,
+    code_levels={f"{m}_indices": 2 ** SETTINGS["bits"] for m in cz.MATRICES},
     settings=SETTINGS,
     validate=validate_codebook,
   )

@@ -23,6 +23,7 @@ from moejax.errors import ConfigError
 from moejax.experts.swiglu import SwiGLUExperts
 
 SUPPORTED_BITS = (2, 3, 4, 8)
+MAX_LEVELS = 2 ** max(SUPPORTED_BITS)  # codes and indices fit one uint8
 MATRICES = ("w_gate", "w_up", "w_down")  # SwiGLU: x @ w_gate, x @ w_up [d, f]; h @ w_down [f, d]
 # Logical axes of codes / indices [E, d_in, d_out] (moejax/sharding.py). The FFN
 # width is never split ('mlp' -> None): groups along expert_d_ff and w_down's

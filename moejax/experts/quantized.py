@@ -15,11 +15,14 @@ has its own bit-width bits[e] (uint8 [E]): codes and zeros lie in
 (`check_arrays`) and the byte report (`packed_bytes`) read.
 
 The codes, scales, zeros and bits are CompressedWeight variables, not
-nnx.Params: saved in checkpoints, never trained. The expert function, the
-grouped-matmul form and the fused path (SwiGLU's SonicMoE block loop) all
+nnx.Params: saved in checkpoints, never trained; codes and zero points are read
+as integers (`cz.as_index`: no gradient flows to them). The expert function,
+the grouped-matmul form and the fused path (SwiGLU's SonicMoE block loop) all
 dequantize in float32 inside the traced computation and cast w_hat to the
-compute dtype; XLA materialises w_hat [E, d, f] for the layer call (no fused
-dequantizing kernel): memory is saved in storage, not in the layer's peak.
+compute dtype; XLA materialises w_hat [E, d, f] for the layer call: memory is
+saved in storage, not in the layer's peak. The gathered form (a decode step's
+few rows, experts/gathered.py) reads only the rows' experts' codes instead:
+through the FFI kernel 'affine' (kernels/cpu_gathered.py) or `dense_rows`.
 Sharding: compressed.CODE_AXES (experts split, the FFN width never).
 
 `build` quantizes the SwiGLU type's random initialisation (the same draws as
@@ -30,7 +33,8 @@ QuantizedExperts.assign loads them.
 
 Settings (model.moe.quantized): bits (2, 3, 4, 8), group_size (0: the whole
 input dim, one group per column; else it must divide d_model and
-expert_d_ff, checked when the layer is built), symmetric.
+expert_d_ff, checked when the layer is built), symmetric, decode_kernel
+(gathered.DECODE_KERNELS: how a decode step's rows are computed).
 
 Bytes: codes are held one per uint8 byte in memory and in checkpoints.
 `packed_bytes` counts the bit-packed form `pack` writes: per expert and
@@ -40,17 +44,20 @@ matrix ceil(bits_e n / 8) bytes of codes, the same for asymmetric zero points
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from moejax.experts import compressed as cz
+from moejax.experts import gathered as gz
 from moejax.experts.base import ExpertType, register_expert_type
 from moejax.experts.swiglu import swiglu_expert, swiglu_experts, swiglu_fused
 from moejax.registry import settings_of
 
 NAME = "quantized"
-SETTINGS = {"bits": 4, "group_size": 0, "symmetric": False}
+SETTINGS: dict[str, Any] = {"bits": 4, "group_size": 0, "symmetric": False, "decode_kernel": "auto"}
 LOGICAL_AXES = {
   **{f"{m}_codes": cz.CODE_AXES[m] for m in cz.MATRICES},
   **{
@@ -75,11 +82,24 @@ def dequantize(codes, scales, zeros=None):
 def dense_weights(weights: dict, dtype) -> dict:
   """{w_gate, w_up, w_down} dequantized, in `dtype`, from this type's weights."""
   return {
-    m: dequantize(weights[f"{m}_codes"], weights[f"{m}_scales"], weights[f"{m}_zeros"]).astype(
-      dtype
-    )
+    m: dequantize(
+      cz.as_index(weights[f"{m}_codes"], cz.MAX_LEVELS),
+      weights[f"{m}_scales"],
+      cz.as_index(weights[f"{m}_zeros"], cz.MAX_LEVELS),
+    ).astype(dtype)
     for m in cz.MATRICES
   }
+
+
+def dense_rows(x, row_expert, codes, scales, zeros):
+  """x[r] @ w_hat[row_expert[r]] [R, d_out]: only the rows' experts' codes
+  gathered and dequantized (the XLA form of the gathered path)."""
+  w_hat = dequantize(
+    cz.as_index(codes[row_expert], cz.MAX_LEVELS),
+    scales[row_expert],
+    cz.as_index(zeros[row_expert], cz.MAX_LEVELS),
+  )
+  return jnp.einsum("ra,rab->rb", x, w_hat.astype(x.dtype))
 
 
 def quantized_expert(weights_e: dict, x, **settings):
@@ -99,6 +119,13 @@ def quantized_fused(weights: dict, x, routing, cfg, **settings):
   """SwiGLU's fused path (SonicMoE block loop) on the dequantized weights."""
   del settings
   return swiglu_fused(dense_weights(weights, x.dtype), x, routing, cfg)
+
+
+def quantized_gathered(weights: dict, rows, row_expert, *, decode_kernel="auto", **settings):
+  """Row r through expert row_expert[r], reading only those experts' codes (gathered.py)."""
+  del settings
+  parts = ("codes", "scales", "zeros")
+  return gz.swiglu_rows(weights, rows, row_expert, "affine", parts, dense_rows, decode_kernel)
 
 
 def rtn(w, bits: int, group_size: int, symmetric: bool):
@@ -266,12 +293,15 @@ def validate_quantized(section) -> None:
   cz.check_bits(f"model.moe.{NAME}.bits", section["bits"])
   cz.check_group_size(f"model.moe.{NAME}.group_size", section["group_size"])
   cz.check_bool(f"model.moe.{NAME}.symmetric", section["symmetric"])
+  kernel = section.get("decode_kernel", SETTINGS["decode_kernel"])  # older configs lack it
+  gz.check_decode_kernel(f"model.moe.{NAME}.decode_kernel", kernel)
 
 
 def build_quantized(num_experts: int, d_model: int, cfg, *, rngs) -> QuantizedExperts:
   """RTN of the SwiGLU init at model.moe.quantized.{bits, group_size, symmetric}."""
   s = settings_of(cfg, NAME, SETTINGS)
   validate_quantized(s)
+  del s["decode_kernel"]  # read where the layer runs (quantized_gathered)
   return QuantizedExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
 
 
@@ -283,6 +313,10 @@ QUANTIZED = register_expert_type(
     expert=quantized_expert,
     apply=quantized_experts,
     fused=quantized_fused,
+    gathered=quantized_gathered,
+    code_levels={
+      f"{m}_{part}": 2 ** SETTINGS["bits"] for m in cz.MATRICES for part in ("codes", "zeros")
+    },
     settings=SETTINGS,
     validate=validate_quantized,
   )

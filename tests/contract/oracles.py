@@ -148,17 +148,20 @@ def expert_case(expert_type) -> ExpertCase:
   once per (expert function, build, settings), so a type that reuses another's
   (test_wrong_parts_fail.py) reuses its reference too."""
   return _expert_case(
-    expert_type.expert, expert_type.build, tuple(sorted(expert_type.settings.items()))
+    expert_type.expert,
+    expert_type.build,
+    tuple(sorted(expert_type.settings.items())),
+    tuple(sorted(expert_type.code_levels.items())),
   )
 
 
 @functools.cache
-def _expert_case(expert, build, settings) -> ExpertCase:
+def _expert_case(expert, build, settings, code_levels=()) -> ExpertCase:
   options = dict(settings)  # the type's defaults (contract_cfg leaves them)
   shapes = jax.eval_shape(
     lambda: build(E, D, contract_cfg(), rngs=nnx.Rngs(0)).weights(jnp.float32)
   )
-  weights = random_weights(shapes)
+  weights = random_weights(shapes, code_levels=dict(code_levels))
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
   proj = jnp.asarray(rng.standard_normal((T, D)), jnp.float32)
@@ -167,13 +170,19 @@ def _expert_case(expert, build, settings) -> ExpertCase:
   return ExpertCase(weights, x, routing, proj, options, y, grads)
 
 
-def random_weights(shapes: dict, seed: int = 0) -> dict:
-  """Standard normal over sqrt(fan-in) (the second-to-last axis), float32."""
+def random_weights(shapes: dict, seed: int = 0, code_levels=None) -> dict:
+  """Standard normal over sqrt(fan-in) (the second-to-last axis), float32; the
+  weights named in code_levels ({name: levels}, ExpertType.code_levels) integers
+  drawn uniformly in [0, levels)."""
   rng = np.random.default_rng(seed)
-  return {
-    key: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-2]), jnp.float32)
-    for key, s in sorted(shapes.items())
-  }
+  code_levels = code_levels or {}
+
+  def draw(key, shape):
+    if key in code_levels:
+      return rng.integers(0, code_levels[key], shape)
+    return rng.standard_normal(shape) / np.sqrt(shape[-2])
+
+  return {key: jnp.asarray(draw(key, s.shape), jnp.float32) for key, s in sorted(shapes.items())}
 
 
 def check_expert_type(expert_type) -> None:

@@ -48,15 +48,16 @@ def tiny_config(data_dir=None, experts="quantized", **settings):
   return c
 
 
-def equals_swiglu_model_on_dense_weights(m, dense):
-  """The compressed LM's logits equal a swiglu LM's whose experts hold `dense`
-  (layer weights -> {w_gate, w_up, w_down}), every other parameter shared."""
+def equals_swiglu_model_on_dense_weights(m, dense, shape=(2, 16)):
+  """The compressed LM's logits on random tokens [shape] equal a swiglu LM's whose
+  experts hold `dense` (layer weights -> {w_gate, w_up, w_down}), every other
+  parameter shared."""
   float_model, model = float_and_compressed(m)
   nnx.update(float_model, nnx.state(model, nnx.Param))
   for block, float_block in zip(model.blocks, float_model.blocks):
     for name, w in dense(block.ffn.experts.weights(jnp.float32)).items():
       getattr(float_block.ffn.experts, name).set_value(w)
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, m.vocab_size, (2, 16)))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, m.vocab_size, shape))
   got, want = model(tokens)[0], float_model(tokens)[0]
   np.testing.assert_allclose(got, want, atol=1e-5 * float(jnp.abs(want).max()), rtol=0)
 
