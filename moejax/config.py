@@ -109,8 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
   # Expert type (moejax/experts): swiglu | atomic; its own settings: model.moe.<type>.
   e.experts = "swiglu"
   e.dispatch = "dropless"
-  # none | smear | ep_camex: merge expert parameters per segment instead of dispatching
-  # tokens (moejax/experts/merged.py; settings model.moe.merged.segment_len, eta, gamma).
+  # none | smear | ep_camex | namex: merge expert parameters per segment instead of
+  # dispatching tokens (moejax/experts/merged.py; settings in model.moe.merged).
   e.merge = "none"
   # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
   e.grouped_matmul = "auto"

@@ -636,9 +636,8 @@ ENTRIES["merge method"] = {
     "namex",
     guess="The scale of the bargained direction (NAMEx's gamma) when "
     "merging whole models is ours; non-uniform weights as bargaining "
-    "powers are our extension. NAMEx's training-time layer (merging "
-    "inside each MoE layer, complex momentum across layers) is not "
-    "built yet.",
+    "powers are our extension. NAMEx's training-time layer is the "
+    "merged experts 'namex' (model.moe.merge).",
     tests=MERGE_TESTS + ("tests/merging/test_nash.py",),
   ),
   "mergemix": E(
@@ -699,6 +698,11 @@ ENTRIES["prompt adapter"] = {
   ),
 }
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
+  "namex": (
+    "NAMEx against SMEAR and EP-CAMEx: Brown genre fine-tuning",
+    "namex",
+    ("tests/layers/test_namex.py", "tests/data/test_brown_genres.py"),
+  ),
   "moe_edit": (
     "MoEEdit: knowledge editing through the experts, zoo-s, 3 seeds",
     "moe_edit",
@@ -864,6 +868,7 @@ MERGE_COMMAND = (
 )
 
 MERGED_TESTS = ("tests/layers/test_merged_experts.py",)
+MERGED_STUDIES = ("namex",)
 MERGED_GUESS = (
   "The first segment's gates are uniform (CAMEx's code reuses that segment's own "
   "gates, which is not causal); gates are the plain softmax of the router kernel "
@@ -878,6 +883,7 @@ ENTRIES["merged experts"] = {
     "smear",
     guess=MERGED_GUESS,
     tests=MERGED_TESTS,
+    studies=MERGED_STUDIES,
   ),
   "ep_camex": E(
     "EP-CAMEx: base expert plus gated task vectors",
@@ -885,20 +891,24 @@ ENTRIES["merged experts"] = {
     "camex",
     guess=MERGED_GUESS + " The curvature matrices are the identity (not learned).",
     tests=MERGED_TESTS,
+    studies=MERGED_STUDIES,
   ),
   "namex": E(
     "NAMEx: the base expert carried across layers by Nash weights",
-    "EP-CAMEx whose base expert moves to the next layer by E_b + gamma sum_i "
-    "alpha_i tau_i, alpha the Nash-bargaining weights of the task vectors.",
+    "EP-CAMEx whose base expert, owned by the first MoE layer, moves to the next "
+    "layer by E_b + Re(gamma mu), mu <- beta mu + sum_i alpha_i tau_i, alpha the "
+    "Nash-bargaining weights of the task vectors and beta the complex momentum "
+    "(model.moe.merged.momentum_real, momentum_imag; 0: no momentum).",
     "namex",
-    guess="Only the per-layer merge and the propagation step "
-    "(propagate_base, tested against nash_weights) exist: the decoder "
-    "does not carry the base between layers and there is no complex "
-    "momentum, so validation refuses model.moe.merge='namex'. alpha "
-    "is not differentiated (a guess).",
-    tests=MERGED_TESTS,
-    command="# refused in a model (see above); the tested step:\n"
-    "python -c 'from moejax.experts.merged import propagate_base'",
+    guess=MERGED_GUESS + " The curvature matrices are the identity; gamma is real; "
+    "alpha is not differentiated (the paper does not say); a task vector that is "
+    "exactly 0 takes no part in the bargaining. Not in scanned models "
+    "(model.scan_layers) or KV-cache decoding.",
+    tests=MERGED_TESTS + ("tests/layers/test_namex.py",),
+    studies=MERGED_STUDIES,
+    command="python -m experiments.train --config=configs/lm_shakespeare_moe.py "
+    "--workdir=runs/x \\\n    --config.model.moe.merge=namex "
+    "--config.model.moe.merged.eta=0.5 --config.model.moe.merged.momentum_real=0.7",
   ),
 }
 
@@ -920,6 +930,10 @@ def registries():
     "merge method": merging.MERGE_METHODS,
     "prompt adapter": adapters.ADAPTERS,
   }
+
+
+# Study pages named otherwise than their study (a part of that name has the page).
+STUDY_PAGES = {"namex": "namex_study"}
 
 
 def study_names() -> list[str]:
@@ -954,6 +968,7 @@ def entry_of(kind: str, name: str) -> Entry | None:
       tests=tests,
       studies=(name,),
       command=f"python -m experiments.study --config=configs/studies/{name}.py",
+      page=STUDY_PAGES.get(name),
     )
   return ENTRIES.get(kind, {}).get(name)
 

@@ -17,15 +17,20 @@ Merge rules (MERGE_RULES), for expert weights E_i, gates g_i, base expert E_b:
             with identity curvature M_i = I; the learned Kronecker-factored
             curvature is not built); E_b is a separate expert of the layer
   namex     ep_camex whose base is carried across layers (NAMEx, arXiv 2510.16138,
-            eqs. 7-9): E_b^{l+1} = E_b^l + gamma sum_i alpha_i tau_i^l with
-            (G^T G) alpha = 1 / alpha, G = [tau_1 ... tau_E] flattened
-            (`propagate_base`, alpha from `nash_weights_jnp`, the jit twin of
-            moejax.merging.nash.nash_weights). Missing: the decoder does not thread
-            the base from one MoE layer to the next (each MoE layer owns its base),
-            and the complex momentum (NAMEx eq. 11) is not built; validation
-            therefore refuses merge='namex' in a model, so it never trains silently
-            as ep_camex. alpha is a stop_gradient coefficient (a guess: the paper
-            does not say whether the solver is differentiated).
+            eqs. 7-11): only the first MoE layer owns a base expert; with
+            Delta E^l = sum_i alpha_i tau_i^l, (G^T G) alpha = 1 / alpha, G = [tau_1 ...
+            tau_E] of layer l flattened (alpha from `nash_weights_jnp`, the jit twin of
+            moejax.merging.nash.nash_weights), the complex momentum
+            mu^{l+1} = beta mu^l + Delta E^l (mu^0 = 0, beta = momentum_real +
+            i momentum_imag, mu kept as real and imaginary arrays) and
+            E_b^{l+1} = E_b^l + Re(gamma mu^{l+1}) (gamma real). beta = 0 is the plain
+            step E_b^l + gamma Delta E^l; a real beta is heavy-ball momentum over layers.
+            The decoder threads (E_b, mu) from one MoE layer to the next (`propagate`,
+            `pass_carry`; not in a scanned model). With eta = 1 the gates (summing to
+            1) cancel the base: ep_camex and namex are then smear.
+            alpha is a stop_gradient coefficient (a guess: the paper does not say
+            whether the solver is differentiated). A task vector that is exactly 0
+            (identical experts, as upcycling starts them) takes no part in the game.
 
 Only expert types whose parameters can be averaged into one expert of the same
 type qualify (MERGEABLE_EXPERT_TYPES: 'swiglu'). The routing losses do not apply
@@ -60,7 +65,7 @@ class MergeRule:
   name: str
   merge: Callable[..., dict]
   needs_base: bool
-  in_models: bool = True  # False: refused by validation (see the module doc, namex)
+  carries_base: bool = False  # the base comes from the previous MoE layer (namex)
 
   @property
   def settings(self) -> dict:
@@ -92,7 +97,7 @@ def ep_camex(expert_weights, base, gates, eta):
 
 MERGE_RULES.add("smear", MergeRule("smear", smear, needs_base=False))
 MERGE_RULES.add("ep_camex", MergeRule("ep_camex", ep_camex, needs_base=True))
-MERGE_RULES.add("namex", MergeRule("namex", ep_camex, needs_base=True, in_models=False))
+MERGE_RULES.add("namex", MergeRule("namex", ep_camex, needs_base=True, carries_base=True))
 
 
 def rule_of(cfg) -> MergeRule | None:
@@ -187,14 +192,57 @@ def nash_weights_jnp(gram, steps: int = NEWTON_STEPS):
   return jax.lax.fori_loop(0, steps, step, jnp.sqrt(1.0 / jnp.diag(k)))
 
 
-def propagate_base(base, expert_weights, gamma: float):
-  """E_b + gamma sum_i alpha_i tau_i with alpha = nash_weights(G^T G), G the task
-  vectors tau_i = E_i - E_b of every weight flattened into one column each (NAMEx
-  eqs. 7-9): the next layer's base expert."""
+def nash_step(base, expert_weights):
+  """Delta E = sum_i alpha_i tau_i, tau_i = E_i - E_b, alpha = nash_weights(G^T G) with G
+  the task vectors of every weight flattened into one column each (NAMEx eqs. 7-9).
+
+  A task vector that is exactly 0 takes no part: its row and column of G^T G become
+  the identity's, which leaves the other alphas those of the game without it (the
+  objective separates), and its alpha is set to 0. All zero: Delta E = 0."""
   taus = {name: w - base[name][None] for name, w in expert_weights.items()}
   g = jnp.concatenate([t.reshape(t.shape[0], -1) for t in taus.values()], axis=1)
-  alpha = jax.lax.stop_gradient(nash_weights_jnp(g @ g.T))
-  return {name: base[name] + gamma * gate_sum(alpha, tau) for name, tau in taus.items()}
+  g = g.astype(jnp.promote_types(jnp.float32, g.dtype))
+  gram = jax.lax.stop_gradient(g @ g.T)
+  taking_part = jnp.diag(gram) > 0
+  both = taking_part[:, None] & taking_part[None, :]
+  gram = jnp.where(both, gram, jnp.eye(gram.shape[0], dtype=gram.dtype))
+  alpha = jnp.where(taking_part, nash_weights_jnp(gram), 0.0)
+  return {name: gate_sum(alpha.astype(tau.dtype), tau) for name, tau in taus.items()}
+
+
+def initial_carry(base) -> dict:
+  """What the first NAMEx layer starts from: its own base expert, momentum mu = 0."""
+  zeros = {name: jnp.zeros_like(w) for name, w in base.items()}
+  return {"base": base, "momentum_real": zeros, "momentum_imag": dict(zeros)}
+
+
+def propagate(carry, expert_weights, gamma: float, beta: complex) -> dict:
+  """The carry the next MoE layer merges with (NAMEx eqs. 9-11): with Delta E from
+  `nash_step` on this layer's experts and carried base, mu <- beta mu + Delta E and
+  E_b <- E_b + Re(gamma mu), the complex mu held as its real and imaginary parts."""
+  step = nash_step(carry["base"], expert_weights)
+  real, imag = carry["momentum_real"], carry["momentum_imag"]
+  new_real = {n: beta.real * real[n] - beta.imag * imag[n] + step[n] for n in step}
+  new_imag = {n: beta.real * imag[n] + beta.imag * real[n] for n in step}
+  return {
+    "base": {n: carry["base"][n] + gamma * new_real[n] for n in step},
+    "momentum_real": new_real,
+    "momentum_imag": new_imag,
+  }
+
+
+def pass_carry(aux, carry):
+  """(aux without its "carry", the carry the next MoE layer receives), in the model's
+  loop over blocks; a block without one (dense) passes `carry` on."""
+  if aux is None or "carry" not in aux:
+    return aux, carry
+  aux = dict(aux)
+  return aux, aux.pop("carry")
+
+
+def momentum_of(settings: dict) -> complex:
+  """NAMEx's beta from model.moe.merged.momentum_real and momentum_imag."""
+  return complex(settings["momentum_real"], settings["momentum_imag"])
 
 
 # ---- settings
@@ -202,21 +250,27 @@ def propagate_base(base, expert_weights, gamma: float):
 
 def _validate(e) -> None:
   section = e.get("merged") or {}
-  segment_len, eta, gamma = (section.get(k, d) for k, d in SETTINGS.defaults)
+  values = {key: section.get(key, default) for key, default in SETTINGS.defaults}
+  segment_len = values.pop("segment_len")
   if isinstance(segment_len, bool) or not isinstance(segment_len, int) or segment_len < 1:
     raise ConfigError(f"model.moe.merged.segment_len={segment_len!r} must be an int >= 1")
-  for key, value in (("eta", eta), ("gamma", gamma)):
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-      raise ConfigError(f"model.moe.merged.{key}={value!r} must be a finite number >= 0")
+  for key, value in values.items():
+    low = 0 if key in ("eta", "gamma") else -math.inf
+    if isinstance(value, bool) or not (
+      isinstance(value, (int, float)) and math.isfinite(value) and value >= low
+    ):
+      bound = " >= 0" if low == 0 else ""
+      raise ConfigError(f"model.moe.merged.{key}={value!r} must be a finite number{bound}")
   rule = rule_of(e)
+  for key in ("momentum_real", "momentum_imag"):
+    if values[key] and (rule is None or not rule.carries_base):
+      raise ConfigError(
+        f"model.moe.merged.{key}={values[key]!r} is NAMEx's momentum over layers: it "
+        "needs model.moe.merge='namex'"
+      )
   if rule is None:
     return
   name = rule.name
-  if not rule.in_models:
-    raise ConfigError(
-      f"model.moe.merge={name!r}: the decoder does not carry the base expert "
-      "across layers (moejax/experts/merged.py); use 'ep_camex'"
-    )
   if e.get("experts", "swiglu") not in MERGEABLE_EXPERT_TYPES:
     raise ConfigError(
       f"model.moe.experts={e.experts!r}: model.moe.merge={name!r} averages "
@@ -242,6 +296,12 @@ def _validate(e) -> None:
 SETTINGS = PartSettings(
   "merged",
   "merged experts (model.moe.merge)",
-  (("segment_len", 16), ("eta", 1.0), ("gamma", 1.0)),
+  (
+    ("segment_len", 16),
+    ("eta", 1.0),
+    ("gamma", 1.0),
+    ("momentum_real", 0.0),
+    ("momentum_imag", 0.0),
+  ),
   validate=_validate,
 )

@@ -104,7 +104,9 @@ def load_metrics(counts: jax.Array, tile: int, num_tokens: int | None = None) ->
 
 
 class MoELayer(nnx.Module):
-  def __init__(self, d_model: int, cfg, *, rngs: nnx.Rngs, dtype):
+  def __init__(self, d_model: int, cfg, *, rngs: nnx.Rngs, dtype, receives_base: bool = False):
+    """receives_base: a NAMEx layer after the first (model.moe.merge='namex'), whose
+    base expert the previous MoE layer passes on (`carry`): it builds none."""
     self.cfg = cfg
     self.dtype = dtype
     self.router_spec = routing.get_router(cfg.router)
@@ -131,7 +133,8 @@ class MoELayer(nnx.Module):
     self.experts = self.expert_type.build(cfg.num_experts, d_model, cfg, rngs=rngs)
     self.merge_rule = merged.rule_of(cfg)  # model.moe.merge (moejax/experts/merged.py)
     self.merge_base = nnx.data(None)
-    if self.merge_rule is not None and self.merge_rule.needs_base:
+    rule = self.merge_rule
+    if rule is not None and rule.needs_base and not (rule.carries_base and receives_base):
       self.merge_base = self.expert_type.build(1, d_model, cfg, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
@@ -144,15 +147,18 @@ class MoELayer(nnx.Module):
           jnp.zeros((d_model, 1), jnp.float32), logical_axes=("embed", None)
         )
 
-  def __call__(self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None, step_stats=None):
+  def __call__(
+    self, x_BxLxD, *, token_mask=None, train: bool = False, rng=None, step_stats=None, carry=None
+  ):
     """(y [B, L, d], aux): aux = {aux_loss, metrics, step_stats, and the Routing as
     expert_index, combine_weight, valid [T, S]} for analysis and parity tests.
+    carry: NAMEx's base and momentum from the previous MoE layer (merged_call).
 
     step_stats {loss name: stats}: the step's statistics of the losses that declare
     them (moejax/losses/base.py), used instead of this call's; aux["step_stats"]
     holds this call's (gradient accumulation sums them, moejax/train/step.py)."""
     if self.merge_rule is not None:
-      return self.merged_call(x_BxLxD, token_mask)
+      return self.merged_call(x_BxLxD, token_mask, carry)
     cfg = self.cfg
     b, length, d = x_BxLxD.shape
     x_TxD = sharding.constrain(x_BxLxD.reshape(b * length, d), ("batch", "act_embed"))
@@ -228,9 +234,11 @@ class MoELayer(nnx.Module):
       return y_BxLxD
     return self.perturb("output", y_BxLxD)
 
-  def merged_call(self, x_BxLxD, token_mask=None):
+  def merged_call(self, x_BxLxD, token_mask=None, carry=None):
     """model.moe.merge: per segment, one expert merged from all under the previous
-    segment's gates (moejax/experts/merged.py); (y, aux) as __call__."""
+    segment's gates (moejax/experts/merged.py); (y, aux) as __call__. For NAMEx the
+    base is carry["base"] (the layer's own base and zero momentum when carry is None,
+    in the first MoE layer), and aux["carry"] is what the next MoE layer receives."""
     settings = merged.SETTINGS.options(self.cfg)
     router_dtype = jnp.promote_types(jnp.float32, self.dtype)
     gates, _ = merged.segment_gates(
@@ -241,20 +249,31 @@ class MoELayer(nnx.Module):
       if self.merge_base is None
       else {name: w[0] for name, w in self.merge_base.weights(self.dtype).items()}
     )
+    if self.merge_rule.carries_base:
+      if carry is None and base is None:
+        raise ValueError(
+          "model.moe.merge='namex': this MoE layer takes its base expert from the previous "
+          "one (call the whole Decoder, which passes it on)"
+        )
+      carry = merged.initial_carry(base) if carry is None else carry
+      base = carry["base"]
     expert = functools.partial(self.expert_type.expert, **self.expert_type.options(self.cfg))
+    expert_weights = self.experts.weights(self.dtype)
     y = merged.merged_forward(
       x_BxLxD.astype(self.dtype),
       gates,
       expert,
-      self.experts.weights(self.dtype),
+      expert_weights,
       base,
       self.merge_rule,
       settings["segment_len"],
       settings["eta"],
     )
-    return self.gradient_probe(y), merged.layer_aux(
-      gates, x_BxLxD.shape[1], settings["segment_len"], token_mask
-    )
+    aux = merged.layer_aux(gates, x_BxLxD.shape[1], settings["segment_len"], token_mask)
+    if self.merge_rule.carries_base:
+      beta = merged.momentum_of(settings)
+      aux["carry"] = merged.propagate(carry, expert_weights, settings["gamma"], beta)
+    return self.gradient_probe(y), aux
 
   def router_logits(self, x_TxD):
     """What the router's `route` receives: x W, or its own projection of x."""

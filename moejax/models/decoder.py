@@ -50,6 +50,7 @@ import numpy as np
 from flax import nnx
 
 from moejax import sharding
+from moejax.experts import merged
 from moejax.models.structure import (
   expert_counts,
   layer_moe_config,
@@ -94,6 +95,8 @@ def scan_layer_differences(m) -> str:
     return f"model.moe.expert_counts={list(m.moe.expert_counts)} differ"
   if m.get("l3") is not None and m.l3.enabled:
     return f"L3 layers follow blocks {list(m.l3.layers)}"
+  if moe and m.moe.get("merge") == "namex":
+    return "model.moe.merge='namex' passes the base expert from layer to layer"
   return ""
 
 
@@ -108,13 +111,25 @@ class DecoderBlock(nnx.Module):
     self.is_moe = layer in moe_layers
     self.ffn: MoELayer | SwiGLU
     if self.is_moe:
-      moe_cfg = layer_moe_config(m, moe_layers.index(layer))
-      self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype)
+      index = moe_layers.index(layer)
+      moe_cfg = layer_moe_config(m, index)
+      self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype, receives_base=index > 0)
     else:
       self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
 
   def __call__(
-    self, x, positions, allowed, token_mask, layer_cache, start, *, train, rng, step_stats=None
+    self,
+    x,
+    positions,
+    allowed,
+    token_mask,
+    layer_cache,
+    start,
+    *,
+    train,
+    rng,
+    step_stats=None,
+    carry=None,
   ):
     if self.window:
       allowed = allowed & windowed(allowed.shape, start, self.window)
@@ -122,9 +137,9 @@ class DecoderBlock(nnx.Module):
     x = x + h
     if not self.is_moe:
       return x + self.ffn(self.ffn_norm(x)), None, layer_cache
-    h, aux = self.ffn(
-      self.ffn_norm(x), token_mask=token_mask, train=train, rng=rng, step_stats=step_stats
-    )
+    # carry: NAMEx's base expert from the previous MoE layer (merged.pass_carry)
+    options = dict(token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry)
+    h, aux = self.ffn(self.ffn_norm(x), **options)
     return x + h, aux, layer_cache
 
 
@@ -133,23 +148,16 @@ def rematerialised(block, policy):
   the policy does not save. Router state the call updates is written back."""
   graphdef, params, rest = nnx.split(block, nnx.Param, ...)
 
-  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng, step_stats=None):
-    def apply(params, rest, x, step_stats):
+  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng, **traced):
+    """traced: the block's step_stats and carry, arguments of the checkpointed call."""
+
+    def apply(params, rest, x, traced):
       inner = nnx.merge(graphdef, params, rest)
-      out = inner(
-        x,
-        positions,
-        allowed,
-        token_mask,
-        layer_cache,
-        start,
-        train=train,
-        rng=rng,
-        step_stats=step_stats,
-      )
+      args = (x, positions, allowed, token_mask, layer_cache, start)
+      out = inner(*args, train=train, rng=rng, **traced)
       return out, nnx.split(inner, nnx.Param, ...)[2]
 
-    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x, step_stats)
+    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x, traced)
     nnx.update(block, new_rest)
     return out
 
@@ -320,6 +328,7 @@ class Decoder(nnx.Module):
       layers_aux = []
       moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
       block_stats = dict(zip(moe_blocks, step_stats or ()))
+      carry = None  # NAMEx: base expert and momentum, from MoE layer to MoE layer
       for i, block in enumerate(self.blocks):
         layer_cache = None if cache is None else cache.layers[i]
         call = block if policy is None else rematerialised(block, policy)
@@ -333,7 +342,9 @@ class Decoder(nnx.Module):
           train=train,
           rng=jax.random.fold_in(rng, i),
           step_stats=block_stats.get(i),
+          carry=carry,
         )
+        aux, carry = merged.pass_carry(aux, carry)
         x = sharding.constrain(x, RESIDUAL_AXES)
         new_layers.append(layer_cache)
         if str(i) in self.lookups:  # static routing by token id: needs the ids

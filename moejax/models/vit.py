@@ -32,6 +32,7 @@ from moejax import sharding
 from moejax.adapters import build_adapter, drop_prompts, place_prompts, validate_prompt
 from moejax.config import VIT_POOLINGS
 from moejax.errors import ConfigError, choice_error
+from moejax.experts import merged
 from moejax.layers.dense import Linear, RMSNorm
 from moejax.models.decoder import (
   DTYPES,
@@ -154,6 +155,7 @@ class VisionTransformer(nnx.Module):
       layers_aux = []
       moe_blocks = [i for i, block in enumerate(self.blocks) if block.is_moe]
       block_stats = dict(zip(moe_blocks, step_stats or ()))
+      carry = None  # NAMEx's base expert (merged.pass_carry)
       for i, block in enumerate(self.blocks):
         if i > 0 and self.prompt is not None:
           x = place_prompts(self.prompt, i, x, prefix)
@@ -168,7 +170,9 @@ class VisionTransformer(nnx.Module):
           train=train,
           rng=jax.random.fold_in(rng, i),
           step_stats=block_stats.get(i),
+          carry=carry,
         )
+        aux, carry = merged.pass_carry(aux, carry)
         x = sharding.constrain(x, RESIDUAL_AXES)
         layers_aux.append(aux)
     moe_aux = [aux for aux in layers_aux if aux is not None]

@@ -15,6 +15,10 @@ once with equal weights 1/top_k (top_k = G) gets the dense FFN's output
 exactly; a zero router does this (ties pick experts 0..k-1), which
 tests/train/test_upcycle.py checks on the whole model's logits. Sparse
 Upcycling copies the whole FFN into every expert (G = 1) and does not scale.
+
+A merged-experts layer's base expert (model.moe.merge 'ep_camex', 'namex';
+moejax/experts/merged.py) starts as a copy of expert 0, as CAMEx's code does
+(`init_res`); with G = 1 every task vector then starts at 0.
 """
 
 import os
@@ -102,6 +106,8 @@ def upcycle_params(dense_params: dict, moe_params: dict, top_k: int) -> dict:
       stacked = np.stack([segments[e % len(segments)] for e in range(num_experts)])
       experts[name] = stacked * top_k if name == "w_down" else stacked
     ffn["experts"] = experts
+    if "merge_base" in ffn:  # the first MoE layer's only, under NAMEx
+      ffn["merge_base"] = {name: w[:1].copy() for name, w in experts.items()}
     new["ffn"] = ffn
     out["blocks"][i] = new
   return out

@@ -1,4 +1,5 @@
-"""Merged-expert MoE layers (model.moe.merge: smear, ep_camex; namex's propagation):
+"""Merged-expert MoE layers (model.moe.merge: smear, ep_camex; namex's propagation step;
+namex in the decoder: tests/layers/test_namex.py):
 numpy oracles for the merge rules and the segment gates, causality across segments,
 finite-difference gradients, the Nash-weight twin against moejax.merging.nash, and
 one-line refusals of configs the merge cannot run."""
@@ -209,7 +210,7 @@ def test_namex_propagation_is_the_hand_formula_with_nash_weights():
   g = np.stack([np.concatenate([taus[k][i].ravel() for k in NAMES]) for i in range(E)], 1)
   alpha = nash_weights(g.T @ g)
   with jax.enable_x64(True):
-    got = merged.propagate_base(base, weights, 0.5)
+    got = merged.propagate(merged.initial_carry(base), weights, 0.5, 0j)["base"]
   for k in NAMES:
     want = base[k] + 0.5 * np.einsum("e,e...->...", alpha, taus[k])
     np.testing.assert_allclose(np.asarray(got[k]), want, rtol=1e-9, atol=1e-12)
@@ -224,7 +225,6 @@ def test_namex_propagation_is_the_hand_formula_with_nash_weights():
     ("experts", "atomic", "model.moe.experts='atomic'"),
     ("merged.segment_len", 0, "model.moe.merged.segment_len=0"),
     ("merged.eta", -1.0, "model.moe.merged.eta=-1.0"),
-    ("merge", "namex", "model.moe.merge='namex'"),
     ("merge", "soup", "model.moe.merge='soup'"),
     ("router", "sigmoid_bias", "model.moe.router='sigmoid_bias'"),
     ("num_shared_experts", 1, "model.moe.num_shared_experts=1"),
