@@ -6,8 +6,8 @@ moejax/merging/mergemix.py).
   python -m experiments.train --config=configs/zoo.py:model=xs --workdir=runs/zoo/xs
   python -m experiments.study --config=configs/studies/mergemix.py
 
-The base is zoo-xs's checkpoint at step 120 (20% of its 600 steps; the sizes below fit
-the study in about 20 CPU minutes on the shared 2-core machine).
+The base is zoo-xs's checkpoint at step 120 (20% of its 600 steps), and the sizes
+below are small, for a shared 2-core CPU machine (the run times are in provenance.json).
 """
 
 import ml_collections

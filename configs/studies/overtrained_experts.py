@@ -5,13 +5,16 @@ moejax/merging/overtraining.py).
 
   python -m experiments.train --config=configs/zoo.py:model=xs --workdir=runs/zoo/xs
   python -m experiments.study --config=configs/studies/overtrained_experts.py
+  python -m experiments.study --config=configs/studies/overtrained_experts.py:pool=120 \
+      --out=docs/results/studies/overtrained_experts/pool_120
 
-The base is zoo-xs's checkpoint at step 120 (20% of its 600 steps; the sizes below fit
-the study in about 20 CPU minutes on the shared 2-core machine).
+The base is zoo-xs's checkpoint at step 120 (20% of its 600 steps), and the sizes
+below are small, for a shared 2-core CPU machine (the run times are in provenance.json).
 """
 
 import ml_collections
 
+from moejax.config import parse_config_arg
 from moejax.studies.scorers.overtrained_experts import ARMS
 from moejax.studies.spec import grid
 
@@ -51,13 +54,15 @@ def claims():
   ]
 
 
-def get_config():
+def get_config(arg=None):
+  pool = parse_config_arg(arg, {"pool": 16}).pool
   c = ml_collections.ConfigDict()
   c.name = "overtrained_experts"
   c.description = (
     "Overtrained experts: K=4 experts (drama, prose, code, facts of the mix corpus) "
     "fine-tuned from zoo-xs (its step-120 checkpoint) for 60 steps of 4 windows of 64 "
-    "bytes, cycling over a pool of 16 training windows each (15 epochs), at a constant "
+    f"bytes, cycling over a pool of {pool} training windows each ({60 * 4 / pool:.0f} "
+    "epochs), at a constant "
     "learning rate 1e-3 (4 warmup steps), checkpointed every 12 steps. At each "
     "checkpoint the experts are merged with uniform weights by task arithmetic and by "
     "TIES (density 0.2), the scale of each tuned among 0.5, 1, 2 on the selection "
@@ -76,7 +81,7 @@ def get_config():
     "steps": 60,
     "checkpoint_every": 12,
     "early": 24,
-    "pool": 16,
+    "pool": pool,
     "batch": 4,
     "learning_rate": 1e-3,
     "warmup": 4,

@@ -66,7 +66,7 @@ class DomainData:
 def domain_data(source, bytes_per_domain: int, domains=None, seq_len=None) -> DomainData:
   """The DomainData of a training Source (posttrain/source.load_training) with windows
   of seq_len + 1 tokens (default: the run's seq_len); ConfigError when one of
-  `domains` (default: all) has no held-out window."""
+  `domains` (default: all) has fewer than two held-out windows."""
   from moejax.data.packing import pack_documents
   from moejax.data.pipeline import split_documents
   from moejax.evaluation import bpb, harness
@@ -83,11 +83,11 @@ def domain_data(source, bytes_per_domain: int, domains=None, seq_len=None) -> Do
   for domain, n in counts.items():
     held_out[domain] = windows[start : start + n]
     start += n
-  missing = [d for d in (train if domains is None else domains) if not len(held_out.get(d, ()))]
-  if missing:
+  few = [d for d in (train if domains is None else domains) if len(held_out.get(d, ())) < 2]
+  if few:
     raise ConfigError(
-      f"bytes_per_domain={bytes_per_domain} gives domain {missing[0]!r} no held-out "
-      f"window of {seq_len + 1} tokens"
+      f"bytes_per_domain={bytes_per_domain} gives domain {few[0]!r} fewer than 2 held-out "
+      f"windows of {seq_len + 1} tokens (one to select on, one to test)"
     )
   return DomainData(tuple(train), train, held_out, seq_len, eos)
 

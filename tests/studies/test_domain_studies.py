@@ -124,3 +124,11 @@ def test_a_base_not_trained_on_the_mix_corpus_is_refused(tmp_path):
   config.settings.workdir = "/nonexistent"
   with pytest.raises(ConfigError, match=r"study.settings.workdir=/nonexistent"):
     runner.prepare(config)
+
+
+def test_too_few_held_out_windows_are_refused(mix_workdir):
+  _, scorer = runner.prepare(study(mergemix_study, mix_workdir, bytes_per_domain=40))
+  with pytest.raises(
+    ConfigError, match=r"bytes_per_domain=40 gives domain 'drama' fewer than 2 held-out windows"
+  ):
+    scorer.data
