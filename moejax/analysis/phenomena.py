@@ -91,6 +91,17 @@ class HeldOut:
       raise ConfigError(f"the tokenizer names no separator (eos) token ({key}={workdir})")
     return cls(config, params, rest, tokenizer, separator, context, split_documents(config.data))
 
+  @classmethod
+  def of_study(cls, settings: dict, context_setting: str = "context") -> "HeldOut":
+    """HeldOut.load of a study's settings.workdir and settings.<context_setting>, its
+    errors naming those keys."""
+    return cls.load(
+      settings["workdir"],
+      settings[context_setting],
+      key="study.settings.workdir",
+      context_key=f"study.settings.{context_setting}",
+    )
+
   def windows(
     self, block: int, bytes_per_domain: int, where: str = ""
   ) -> tuple[list, np.ndarray, dict]:

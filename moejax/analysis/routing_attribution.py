@@ -223,3 +223,48 @@ def ablate_component(model_cfg, params, name: str) -> dict:
 def flip_rate(reference_sets: np.ndarray, sets: np.ndarray) -> float:
   """Fraction of tokens whose top-k set (bool [T, E]) changed."""
   return float(np.mean(np.any(np.asarray(reference_sets) != np.asarray(sets), axis=-1)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _routed_sets(graphdef, params, rest, tokens):
+  model = nnx.merge(graphdef, params, rest)
+  _, aux, _ = model(tokens)
+  experts = [b.ffn.cfg.num_experts for b in model.blocks if b.is_moe]
+  sets = []
+  for a, e in zip(aux["moe"], experts):
+    rows = jnp.arange(a["expert_index"].shape[0])[:, None]
+    counts = jnp.zeros((rows.shape[0], e), jnp.int32)
+    counts = counts.at[rows, a["expert_index"]].add(a["valid"].astype(jnp.int32), mode="drop")
+    sets.append(counts > 0)
+  return sets
+
+
+def routed_sets(graphdef, params, rest, tokens) -> list[np.ndarray]:
+  """Per MoE block (in order), bool [T, E]: the experts each token was routed to."""
+  return [np.asarray(s) for s in _routed_sets(graphdef, params, rest, jnp.asarray(tokens))]
+
+
+ABLATION_RANKS = ("top", "bottom", "random")
+
+
+def ablation_candidates(layer: dict) -> list[str]:
+  """The components of one MoE block's decomposition that ablate_component can remove:
+  attention heads and the experts of earlier MoE blocks."""
+  return [n for n in layer["names"] if ".head" in n or ".expert" in n]
+
+
+def pick_for_ablation(layer: dict, n: int, rank: str, seed: int = 0) -> list[str]:
+  """n of ablation_candidates(layer): the most influential ('top'), the least
+  ('bottom', ties to the earlier component) or a uniform draw ('random', `seed`)."""
+  if rank not in ABLATION_RANKS:
+    raise ValueError(f"rank={rank!r} must be one of {', '.join(ABLATION_RANKS)}")
+  names = ablation_candidates(layer)
+  if not 1 <= n <= len(names):
+    raise ValueError(f"n={n} must be in [1, {len(names)}] (the block's candidates)")
+  influence = dict(zip(layer["names"], layer["influence"]))
+  if rank == "random":
+    chosen = np.random.default_rng(seed).choice(len(names), n, replace=False)
+    return [names[i] for i in sorted(chosen)]
+  sign = -1.0 if rank == "top" else 1.0
+  order = sorted(range(len(names)), key=lambda i: (sign * influence[names[i]], i))
+  return [names[i] for i in order[:n]]

@@ -145,12 +145,7 @@ class PhenomenaAblation(Scorer):
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
 
-    return HeldOut.load(
-      self.settings["workdir"],
-      self.settings["context"],
-      key="study.settings.workdir",
-      context_key="study.settings.context",
-    )
+    return HeldOut.of_study(self.settings)
 
   @functools.cached_property
   def model(self):

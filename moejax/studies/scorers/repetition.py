@@ -61,12 +61,7 @@ class RepetitionCurse(Scorer):
   def held_out(self):
     from moejax.analysis.phenomena import HeldOut
 
-    return HeldOut.load(
-      self.settings["workdir"],
-      self.settings["length"],
-      key="study.settings.workdir",
-      context_key="study.settings.length",
-    )
+    return HeldOut.of_study(self.settings, "length")
 
   def check(self):
     s = self.settings
