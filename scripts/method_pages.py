@@ -845,6 +845,7 @@ STUDY_RESULTS = {
   "expert_types": ("ablations/expert_types.md",),
   "gemq": ("posttrain/gemq_zoo_s.md",),
   "l3_sentencepiece": ("ablations/l3_sentencepiece_zoo_xs.md",),
+  "overtrained_experts": ("studies/overtrained_experts/pool_120/results.md",),
   "phenomena": ("posttrain/super_experts_ablation_zoo_s.md",),
   "pruning": ("posttrain/pruning_zoo_s.md",),
   "pruning_knee": ("posttrain/pruning_knee_zoo_s.md",),
@@ -933,7 +934,7 @@ def registries():
 
 
 # Study pages named otherwise than their study (a part of that name has the page).
-STUDY_PAGES = {"namex": "namex_study"}
+STUDY_PAGES = {"namex": "namex_study", "mergemix": "mergemix_study"}
 
 
 def study_names() -> list[str]:
