@@ -22,7 +22,7 @@ QK_NORMS = ("none", "per_head", "across_heads")
 ROPE_SCALINGS = ("default", "yarn")
 BALANCE_STATISTICS = ("step", "micro_batch")  # train.balance_statistics
 TRAINABLE = ("all", "router", "prompt", "head")  # train.trainable
-TASKS = ("lm", "classification")  # task
+TASKS = ("lm", "classification", "distill")  # task (moejax/train/tasks.py)
 VIT_POOLINGS = ("cls", "mean")  # model.vit.pooling
 
 
@@ -30,8 +30,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model_name = "decoder"  # a registered model (moejax.models.MODELS)
-  # What the train loop optimises: 'lm' (next-token cross-entropy, val_bpb) or
-  # 'classification' (an image dataset of moejax/data/vision.py: cross-entropy, accuracy).
+  # What the train loop optimises: 'lm' (next-token cross-entropy, val_bpb),
+  # 'classification' (an image dataset of moejax/data/vision.py: cross-entropy, accuracy)
+  # or 'distill' (lm plus a term from a frozen teacher, the `distill` section below).
   c.task = "lm"
 
   # The one model schema (moejax/models/decoder.py): these defaults are the
@@ -217,6 +218,27 @@ def base_config() -> ml_collections.ConfigDict:
   # workdir's checkpoint (upcycle_step; 0 = its latest), experts cut from its FFNs.
   c.init.upcycle_from = ml_collections.config_dict.placeholder(str)
   c.init.upcycle_step = 0
+
+  # task='distill' (moejax/train/distill.py): the method ('kl' | 'residual'), its
+  # weight and temperature; the teacher (one of workdir, hf_dir); vocab_map ('none' |
+  # 'shared_prefix'); residual KD's stage-1 projector fit; a misleading teacher for
+  # studies: its logits permuted on rows of these comma-separated mix domains.
+  c.distill = ml_collections.ConfigDict(
+    dict(
+      method="residual",
+      weight=1.0,
+      temperature=1.0,
+      teacher=dict(
+        workdir=ml_collections.config_dict.placeholder(str),
+        hf_dir=ml_collections.config_dict.placeholder(str),
+      ),
+      vocab_map="none",
+      projector_steps=50,
+      projector_learning_rate=3e-3,
+      corrupt_domains="",
+      corrupt_seed=0,
+    )
+  )
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 2000

@@ -114,7 +114,7 @@ def validate_task(c) -> None:
       f"train.trainable={c.train.trainable!r} tunes the ViT's prompts or "
       f"head: model_name='vit', not {c.model_name!r}"
     )
-  if task == "lm":
+  if task in ("lm", "distill"):
     if c.data.name in VISION_DATASETS:
       raise ConfigError(f"data.name={c.data.name!r} is an image dataset: set task='classification'")
     return

@@ -36,6 +36,7 @@ KINDS = (
   "merge method",
   "merged experts",
   "prompt adapter",
+  "distillation method",
   "study",
 )
 
@@ -107,6 +108,8 @@ PAPERS = {
   "camex": ("CAMEx: Curvature-aware Merging of Experts", "ICLR 2025", "2502.18821"),
   "prism_moe": ("Prism-MoE: dense-to-MoE conversion", ICML, None),
   "vpt": ("Visual Prompt Tuning", "ECCV 2022", "2203.12119"),
+  "residual_kd": ("Knowledge distillation through residual learning", ICLR, None),
+  "hinton_kd": ("Distilling the Knowledge in a Neural Network", "arXiv 2015", "1503.02531"),
   "vapt": (
     "Adaptive Prompt: Unlocking the Power of Visual Prompt Tuning (VAPT)",
     ICLR,
@@ -828,6 +831,15 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "td_moe",
     ("tests/studies/test_posttrain_studies.py",),
   ),
+  "residual_kd": (
+    "Residual KD against KL-KD under a normal and a misleading MoE teacher, zoo-s, 3 seeds",
+    "residual_kd",
+    (
+      "tests/distill/test_distill_objectives.py",
+      "tests/distill/test_distill_modules.py",
+      "tests/train/test_distill_task.py",
+    ),
+  ),
   "tmow": (
     "TMoW: test-time prototype routing",
     "tmow",
@@ -862,11 +874,52 @@ CONFIG_KEY = {
   "merged experts": "model.moe.merge",
   "grouped matmul": "model.moe.grouped_matmul",
   "prompt adapter": "model.vit.prompt.adapter",
+  "distillation method": "distill.method",
 }
 CONTRACT_KINDS = ("router", "expert type", "dispatcher", "loss", "grouped matmul")
 MERGE_COMMAND = (
   "python -m experiments.merge --base=DIR --experts=A,B,C --method={name} [--weights=...] --out=OUT"
 )
+
+DISTILL_TESTS = (
+  "tests/distill/test_distill_objectives.py",
+  "tests/train/test_distill_task.py",
+)
+DISTILL_COMMAND = (
+  "python -m experiments.train --config=configs/distill.py:method={name} --workdir=runs/x \\\n"
+  "    --config.distill.teacher.workdir=runs/zoo/s"
+)
+ENTRIES["distillation method"] = {
+  "kl": E(
+    "KL knowledge distillation (the KD baseline)",
+    "Cross-entropy plus distill.weight * T^2 KL(softmax(z_t / T) || softmax(z_s / T)) "
+    "against a frozen teacher's logits (task='distill').",
+    "hinton_kd",
+    tests=DISTILL_TESTS,
+    studies=("residual_kd",),
+    command=DISTILL_COMMAND.format(name="kl"),
+    page="distill_kl",
+  ),
+  "residual": E(
+    "Residual KD: the student predicts from h_s - Proj(h_t) where the teacher is wrong",
+    "Stage 1: a projector from the teacher's features (an MoE teacher's last-layer "
+    "expert outputs fused by self-attention over experts) to the student's width, "
+    "trained as an autoencoder. Stage 2: cross-entropy plus the cross-entropy of "
+    "head(h_s - Proj(h_t)) at positions where the teacher's argmax is wrong.",
+    "residual_kd",
+    guess="Code 'TBD' and no equations found: the code width (the student's d_model), "
+    "the RMS-normalised code, the features (fused routed expert outputs of the last MoE "
+    "layer), the expert attention (no value projection, mean-pooled, trained with the "
+    "autoencoder), the relative reconstruction loss, no term at teacher-right positions, "
+    "the normalisation by all tokens and the argmax as the teacher's prediction are ours. "
+    "Two tokenizers: CrossModelAttention exists and is tested, but the trainer aligns "
+    "positions one to one (one tokenizer; a vocabulary map for different vocabularies).",
+    tests=DISTILL_TESTS + ("tests/distill/test_distill_modules.py",),
+    studies=("residual_kd",),
+    command=DISTILL_COMMAND.format(name="residual"),
+    page="distill_residual",
+  ),
+}
 
 MERGED_TESTS = ("tests/layers/test_merged_experts.py",)
 MERGED_STUDIES = ("namex",)
@@ -920,6 +973,7 @@ def registries():
   from moejax import adapters, merging
   from moejax.dispatch import grouped_matmul
   from moejax.experts import merged
+  from moejax.distill.objectives import DISTILL_METHODS
 
   return {
     "router": routing.ROUTERS,
@@ -930,6 +984,7 @@ def registries():
     "merged experts": merged.MERGE_RULES,
     "merge method": merging.MERGE_METHODS,
     "prompt adapter": adapters.ADAPTERS,
+    "distillation method": DISTILL_METHODS,
   }
 
 

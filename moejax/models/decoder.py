@@ -272,6 +272,13 @@ class Decoder(nnx.Module):
         m.d_model, m.vocab_size, rngs=rngs, dtype=self.dtype, logical_axes=("embed", "vocab")
       )
 
+  def output_projection(self, h):
+    """Logits of final hidden states h [..., d] (after final_norm): the head, or the
+    embedding table when tied. Linear, so it maps h_a - h_b to logits_a - logits_b."""
+    if self.head is None:  # tied: the embedding table is the output projection
+      return h.astype(self.dtype) @ self.embed[...].T.astype(self.dtype)
+    return self.head(h)
+
   def block_list(self) -> nnx.List[DecoderBlock]:
     """The blocks of the loop layout; ValueError for a scanned model (unstack_layers)."""
     if isinstance(self.blocks, ScannedBlocks):
@@ -354,11 +361,7 @@ class Decoder(nnx.Module):
     aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
     if last_logits_only:  # decoding reads only the last position's logits
       x = x[:, -1:]
-    x = self.final_norm(x)
-    if self.head is None:  # tied: the embedding table is the output projection
-      logits = x.astype(self.dtype) @ self.embed[...].T.astype(self.dtype)
-    else:
-      logits = self.head(x)
+    logits = self.output_projection(self.final_norm(x))
     logits = sharding.constrain(logits.astype(jnp.float32), ("batch", "length", "act_vocab"))
     if cache is not None:
       cache = cache.replace(

@@ -80,7 +80,12 @@ def train_and_evaluate(
     placement = make_placement(config, layout, build_model)
     data_shard, put = placement.data_shard(), placement.global_batch
   task = task_of(config)  # moejax/train/tasks.py: the data and the evaluation
+  # A task's own sources (a distillation teacher) are checked before data is read.
+  attach = None if task.prepare is None else task.prepare(config, layout)
   data = process_zero_first(lambda: task.build_data(config.data, seed=config.seed, **data_shard))
+  objective = None  # a task's term of the train step's loss
+  if attach is not None:
+    data, objective = attach(data)
   if hasattr(data, "vocab_size") and data.vocab_size > config.model.vocab_size:
     raise ConfigError(
       f"model.vocab_size={config.model.vocab_size} is smaller than the "
@@ -110,7 +115,7 @@ def train_and_evaluate(
     logging.info("starting from the weights in %s", config.init.hf_dir or config.init.upcycle_from)
 
   train_step = step_lib.make_train_step(
-    graphdef, optimizer, config.seed, placement, t.micro_batches, t.balance_statistics
+    graphdef, optimizer, config.seed, placement, t.micro_batches, t.balance_statistics, objective
   )
   eval_step = task.make_eval_step(graphdef, placement)
   start = int(state.step)

@@ -130,12 +130,14 @@ def _modules_by_path(model) -> list:
   ]
 
 
-def make_loss_fn(graphdef):
+def make_loss_fn(graphdef, objective=None):
   """(params, rest, batch, rng, step_stats=None) -> (loss, (ce, aux, new_rest, router_stats)).
 
   router_stats: {layer path: the stats its router reported} (the state-update
   protocol of moejax/routing/base.py). step_stats: the step's loss statistics per
-  MoE layer (Decoder), or None for the batch's own.
+  MoE layer (Decoder), or None for the batch's own. objective: a task's term
+  (moejax/train/tasks.py), objective(model, logits, batch) -> (float32 scalar added
+  to the loss, {metric: scalar} logged beside it, in aux["task"]).
   """
 
   def loss_fn(params, rest, batch, rng, step_stats=None):
@@ -145,6 +147,9 @@ def make_loss_fn(graphdef):
     )
     aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
     ce = cross_entropy(logits, batch["targets"])
+    extra = jnp.zeros((), jnp.float32)
+    if objective is not None:
+      extra, aux["task"] = objective(model, logits, batch)
     # {'blocks/0/ffn': stats}: what each MoE layer sowed on its one call. (A scanned
     # block sows stacked stats; config refuses micro-batching with a stateful router
     # there or under remat, so only the loop's layers reach apply_router_updates.)
@@ -152,7 +157,7 @@ def make_loss_fn(graphdef):
       "/".join(map(str, path[:-1])): var.get_value()[-1] for path, var in nnx.to_flat_state(sown)
     }
     _, _, new_rest = split_model(model)
-    return ce + aux["aux_loss"], (ce, aux, new_rest, stats)
+    return ce + aux["aux_loss"] + extra, (ce, aux, new_rest, stats)
 
   return loss_fn
 
@@ -203,16 +208,18 @@ def make_step_statistics_fn(graphdef, micro_batches: int):
   return step_statistics
 
 
-def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "step"):
+def make_grad_fn(
+  graphdef, micro_batches: int = 1, balance_statistics: str = "step", objective=None
+):
   """(params, rest, batch, rng) -> (grads, metrics, new_rest) of one optimizer step.
 
   metrics: loss, ce_loss, aux_loss, moe (per-layer metrics), grad_norm. With
   micro_batches > 1: float32 gradients averaged over strided micro-batches,
   metrics averaged, router state updated once from the summed stats; with
   balance_statistics='step' losses with step-level statistics use the whole
-  step's (module doc).
+  step's (module doc). objective: make_loss_fn's; its metrics are logged too.
   """
-  loss_fn = make_loss_fn(graphdef)
+  loss_fn = make_loss_fn(graphdef, objective)
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
   def metrics_of(loss, ce, aux, grads):
@@ -222,6 +229,7 @@ def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "st
       "aux_loss": aux["aux_loss"],
       "grad_norm": optax.tree.norm(grads),
       "moe": aux["moe"],
+      **aux.get("task", {}),
     }
 
   def one_batch(params, rest, batch, rng):
@@ -255,11 +263,13 @@ def make_grad_fn(graphdef, micro_batches: int = 1, balance_statistics: str = "st
   return one_batch if micro_batches == 1 else accumulated
 
 
-def train_step_fn(graphdef, optimizer, micro_batches: int = 1, balance_statistics: str = "step"):
+def train_step_fn(
+  graphdef, optimizer, micro_batches: int = 1, balance_statistics: str = "step", objective=None
+):
   """The unjitted step (state, batch, base_key) -> (new state, metrics); its PRNG
   key is fold_in(base_key, state.step). make_train_step closes it over the seed's
   key and jits it; it can also be vmapped over stacked states, batches and keys."""
-  grad_fn = make_grad_fn(graphdef, micro_batches, balance_statistics)
+  grad_fn = make_grad_fn(graphdef, micro_batches, balance_statistics, objective)
 
   def train_step(state: TrainState, batch, base_key):
     rng = jax.random.fold_in(base_key, state.step)
@@ -278,9 +288,10 @@ def make_train_step(
   placement=None,
   micro_batches: int = 1,
   balance_statistics: str = "step",
+  objective=None,
 ):
   base_key = jax.random.key(seed)
-  step_fn = train_step_fn(graphdef, optimizer, micro_batches, balance_statistics)
+  step_fn = train_step_fn(graphdef, optimizer, micro_batches, balance_statistics, objective)
 
   def train_step(state: TrainState, batch):
     return step_fn(state, batch, base_key)

@@ -11,9 +11,13 @@ cross-entropy, and the MoE layers' weighted router losses are added.
                   labels; eval over the whole eval split, each example once
                   (padding weighted 0): val_loss (mean cross-entropy, nats) and
                   val_accuracy (fraction of argmax hits).
+  distill         lm's data (mix rows labelled with their domain) and evaluation;
+                  the loss adds a distillation term from a frozen teacher
+                  (moejax/train/distill.py: config section `distill`).
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -25,6 +29,7 @@ import optax
 from moejax.data.pipeline import build_lm_data
 from moejax.data.vision import build_image_data
 from moejax.models.vit import num_tokens
+from moejax.train import distill
 from moejax.train import step as step_lib
 
 
@@ -33,12 +38,16 @@ class Task:
   """build_data(data cfg, *, seed, shard_index, shard_count) -> the run's data;
   make_eval_step(graphdef, placement) -> eval step; evaluate(eval_step, state, data,
   num_batches, put) -> {metric: float}; tokens_per_example(config) -> tokens the
-  model sees per example (the loop's throughput)."""
+  model sees per example (the loop's throughput); prepare(config, mesh layout or
+  None), if given, checks the task's own sources before any data is read and returns
+  attach(data) -> (data, objective), objective the task's term of the train step's
+  loss (moejax/train/step.py make_loss_fn)."""
 
   build_data: Callable
   make_eval_step: Callable
   evaluate: Callable
   tokens_per_example: Callable
+  prepare: Callable | None = None
 
 
 def evaluate_lm(eval_step, state, data, num_batches, put=lambda batch: batch) -> dict:
@@ -81,6 +90,13 @@ def evaluate_classification(eval_step, state, data, num_batches, put=lambda batc
 TASKS = {
   "lm": Task(
     build_lm_data, step_lib.make_eval_step, evaluate_lm, lambda config: config.data.seq_len
+  ),
+  "distill": Task(
+    functools.partial(build_lm_data, label_domains=True),
+    step_lib.make_eval_step,
+    evaluate_lm,
+    lambda config: config.data.seq_len,
+    distill.prepare,
   ),
   "classification": Task(
     build_image_data,
