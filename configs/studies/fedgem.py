@@ -9,6 +9,7 @@ centralised EM and outperforms existing federated clustering methods (k-FED here
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.studies.spec import grid
 
 
@@ -28,16 +29,7 @@ def get_config():
     "comparable to centralised EM and beats existing federated clustering methods."
   )
   c.scorer = "fedgem"
-  c.settings = {
-    "clusters": 8,
-    "clients": 5,
-    "min_held": 3,
-    "max_held": 4,
-    "dim": 2,
-    "points": 100,
-    "max_rounds": 200,
-    "seed": 0,
-  }
+  c.settings = scoring.defaults_with(c.scorer)
   c.arms = [
     {"name": "fedgem", "method": "fedgem"},
     {"name": "fedgem_pooled", "method": "fedgem_pooled"},

@@ -8,6 +8,7 @@ lie outside the networks' family
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.studies.spec import grid
 
 N_FULL = 2048  # the n at which every model runs
@@ -36,21 +37,12 @@ def get_config():
     "noise level on fresh points; log_l2_error is ln of its square root."
   )
   c.scorer = "molr_mog"
-  c.settings = {
-    "dim": 64,
-    "subspaces": 3,
-    "latent_dim": 4,
-    "components": 3,
-    "mean_scale": 3.0,
-    "steps": 3000,
-    "batch_size": 256,
-    "learning_rate": 1e-2,
-    "sigma_min": 0.05,
-    "sigma_max": 20.0,
-    "eval_samples": 4096,
-    "report_sigma": 1.0,
-    "data_components": 9,
-  }
+  c.settings = scoring.defaults_with(
+    c.scorer,
+    {
+      "data_components": 9,
+    },
+  )
   c.arms = [
     {"name": "mog_random"},
     {"name": "gaussian_random"},

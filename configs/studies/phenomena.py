@@ -16,6 +16,7 @@ largest a instead (`top_a`); super_experts_found says which. The profile alone
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.train import zoo
 
 
@@ -31,21 +32,7 @@ def get_config(arg=None):
     "none); draw d is the d-th block of 4096 held-out bytes per domain."
   )
   c.scorer = "phenomena_ablation"
-  c.settings = {
-    "workdir": "runs/zoo/s",
-    "bytes_per_domain": 4096,
-    "context": 0,
-    "n": 0,
-    "rule": "official",
-    "quantile": 99.5,
-    "fraction_of_max": 0.1,
-    "include_layers": 0.75,
-    "min_ratio": 100.0,
-    "growth": 2.0,
-    "batch_rows": 32,
-    "probes": "auto",
-    "probe_count": 32,
-  }
+  c.settings = scoring.defaults_with(c.scorer)
   c.arms = [
     {"name": "none", "ablate": "none"},
     {"name": "super_experts", "ablate": "super_experts"},

@@ -10,6 +10,7 @@ top-3 (37.5% active), fine-tuned for 10% of s_dense's steps
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.train import zoo
 
 PARTITIONS = ("random", "kmeans_lloyd", "kmeans_hartigan", "trajectory")
@@ -103,19 +104,12 @@ def get_config(arg=None):
     "bpb: after fine-tuning."
   )
   c.scorer = "prism_moe"
-  c.settings = {
-    "workdir": zoo.workdir_of("s_dense", "runs/zoo"),
-    "num_windows": 16,
-    "bytes_per_domain": 4096,
-    "probes": "",
-    "probe_count": 1,
-    "experts": 8,
-    "top_k": 3,
-    "trajectories": 16,
-    "length": 64,
-    "held_out": 16,
-    "budget": 0.1,
-  }
+  c.settings = scoring.defaults_with(
+    c.scorer,
+    {
+      "workdir": zoo.workdir_of("s_dense", "runs/zoo"),
+    },
+  )
   c.arms = arms()
   c.draws = 1
   c.reference = "random"

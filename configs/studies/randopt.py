@@ -14,6 +14,7 @@ and destroyed at 0.4, and 0.05 and 0.1 alike; 0.1 is the larger of the two.
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.studies.spec import grid
 from moejax.train import zoo
 
@@ -73,18 +74,7 @@ def get_config(arg=None):
     "base's; best_single: the top-1 member by selection accuracy, scored held out."
   )
   c.scorer = "randopt"
-  c.settings = {
-    "workdir": "runs/zoo/s",
-    "n": 32,
-    "k": 5,
-    "sigma": 0.1,
-    "chunk": 8,
-    "width": 1,
-    "per_domain": 4,
-    "per_size": 8,
-    "passage": 32,
-    "bytes_per_domain": 65536,
-  }
+  c.settings = scoring.defaults_with(c.scorer)
   c.arms = [{"name": name} for name in ("base", "perturbations", "best_single", "topk_vote")]
   c.levels = grid(("step", list(STEPS)), ("task", ["arithmetic", "next_passage"]))
   c.draws = 2

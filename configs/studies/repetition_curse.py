@@ -14,6 +14,7 @@ a chat-style turn. Time to first token is simulated over 8 expert-parallel devic
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.train import zoo
 
 
@@ -28,19 +29,7 @@ def get_config(arg=None):
     "with seed d and reads held-out block d for the natural text."
   )
   c.scorer = "repetition_curse"
-  c.settings = {
-    "workdir": "runs/zoo/s",
-    "length": 0,
-    "num_prompts": 8,
-    "expert_shards": 8,
-    "capacity_factor": 1.25,
-    "bytes_per_domain": 16384,
-    "pattern": 3,
-    "prefix_text": "The story so far: ",
-    "chat_open": "User: ",
-    "chat_close": "\nAssistant:",
-    "prefill_repeats": 5,
-  }
+  c.settings = scoring.defaults_with(c.scorer)
   c.arms = [
     {"name": kind, "prompt": kind}
     for kind in ("natural", "repeated", "prefixed", "pattern", "chat")

@@ -12,6 +12,7 @@ one model (MoE block x source): experiments/routing_attribution.py.
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.train import zoo
 
 
@@ -30,7 +31,7 @@ def get_config(arg=None):
     "(zoo-s), not the paper's open LLMs; the recursion runs through attention only."
   )
   c.scorer = "routing_attribution"
-  c.settings = {"workdir": "runs/zoo/s"}
+  c.settings = scoring.defaults_with(c.scorer)
   c.arms = [
     {"name": "top", "ablate": "top"},
     {"name": "bottom", "ablate": "bottom"},

@@ -7,6 +7,7 @@ moejax/online/tmow.py).
 
 import ml_collections
 
+from moejax.studies import scoring
 from moejax.studies.spec import grid
 
 HEADLINE = 8  # K of the claims and of the temperature sweep
@@ -30,19 +31,12 @@ def get_config():
     "set on a pilot run of 8 other seeds."
   )
   c.scorer = "tmow"
-  c.settings = {
-    "seed": 0,
-    "dim": 6,
-    "domains": 4,
-    "train": 500,
-    "unseen": 10,
-    "noise_std": 0.2,
-    "radius": 0.9,
-    "concentration": 1.0,
-    "tau": 0.3,
-    "strength": 4.0,
-    "headline_shots": HEADLINE,
-  }
+  c.settings = scoring.defaults_with(
+    c.scorer,
+    {
+      "headline_shots": HEADLINE,
+    },
+  )
   c.arms = [
     {"name": name}
     for name in (

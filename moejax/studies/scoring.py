@@ -80,6 +80,19 @@ def get(name: str) -> type[Scorer]:
   return SCORERS.get(name)
 
 
+def defaults_with(name: str, overrides: dict | None = None) -> dict:
+  """A study config's settings: scorer `name`'s declared settings with `overrides`
+  (every key present, so each can be set from the command line); ConfigError naming
+  an override the scorer does not declare."""
+  from moejax.errors import ConfigError
+
+  declared = get(name).settings
+  unknown = sorted(set(overrides or {}) - set(declared))
+  if unknown:
+    raise ConfigError(f"study.settings.{unknown[0]} is not a setting of scorer {name!r}")
+  return {**declared, **(overrides or {})}
+
+
 def digest(*arrays) -> str:
   """A short digest of arrays (shape, dtype and bytes): a draw's pairing key."""
   h = hashlib.sha256()

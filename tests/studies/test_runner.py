@@ -262,3 +262,13 @@ def test_a_one_model_study_keeps_its_results_format(tmp_path):
   results, _ = run(toy.config(), str(tmp_path / "out"))
   assert "models" not in results["study"] and "model" not in results["runs"][0]
   assert "interval_over_draws" not in results["claims"][0]
+
+
+def test_a_configs_settings_are_the_scorers_defaults_with_its_overrides():
+  declared = scoring.get("kmeans").settings
+  key = next(iter(declared))
+  changed = scoring.defaults_with("kmeans", {key: "changed"})
+  assert changed == {**declared, key: "changed"} and scoring.defaults_with("kmeans") == declared
+  assert scoring.get("kmeans").settings == declared  # the declaration is not edited
+  with pytest.raises(ConfigError, match="study.settings.nope is not a setting of scorer 'kmeans'"):
+    scoring.defaults_with("kmeans", {"nope": 1})
