@@ -115,6 +115,7 @@ PAPERS = {
     ICLR,
     "2501.18936",
   ),
+  "smope": ("SMoPE: Sparse Mixture of Prompt Experts", ICLR, "2509.24483"),
 }
 
 
@@ -699,8 +700,29 @@ ENTRIES["prompt adapter"] = {
     tests=PROMPT_TESTS,
     command=PROMPT_COMMAND.format(name="vapt"),
   ),
+  "smope": E(
+    "SMoPE: a sparse mixture of prompt experts",
+    "One shared prefix of N key/value prompt experts in the attention of the first "
+    "blocks; each image and head attends to the K experts with the highest proxy "
+    "score, the mean query's logit (= the mean of the per-query logits), and the "
+    "selected experts' logits are that score for every query. Usage after each task "
+    "penalises experts earlier tasks used often (training) and excludes unused ones "
+    "(evaluation).",
+    "smope",
+    guess="The usage penalties follow the official code (deterministic offsets, not "
+    "noise); its router and prototype losses (weighted 1e-5 there) are left out; the "
+    "dense first-task warm-up is the continual-learning loop's.",
+    tests=("tests/vision/test_smope.py", "tests/vision/test_class_stream.py"),
+    studies=("smope",),
+    command=PROMPT_COMMAND.format(name="smope"),
+  ),
 }
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
+  "smope": (
+    "SMoPE against a shared prompt and task prompts: class-incremental digits, 3 seeds",
+    "smope",
+    ("tests/vision/test_smope.py", "tests/vision/test_class_stream.py"),
+  ),
   "namex": (
     "NAMEx against SMEAR and EP-CAMEx: Brown genre fine-tuning",
     "namex",

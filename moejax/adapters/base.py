@@ -12,7 +12,9 @@ position embeddings:
     and the pooling, so CLS or the patch mean pools as without prompts.
 
 An adapter is an nnx.Module with `num_tokens` and `__call__(layer, patches_BxPxD)`
-returning [B, N, d] prompts for block `layer` or None (keep the slots). Its
+returning [B, N, d] prompts for block `layer` or None (keep the slots). One whose
+prompts are key/value prefixes inside the attention (SMoPE) has num_tokens 0 and an
+`attention_prefix(layer, train)` method giving block `layer`'s hook (or None). Its
 settings live in model.vit.prompt.<name> (defaults declared in its AdapterSpec,
 unknown keys refused); model.vit.prompt.num_tokens is N for every adapter.
 """
@@ -122,6 +124,13 @@ def place_prompts(adapter, layer: int, x_BxLxD, num_prefix: int):
   if prompts is None:
     return x_BxLxD
   return jnp.concatenate([x_BxLxD[:, :num_prefix], prompts.astype(x_BxLxD.dtype), patches], axis=1)
+
+
+def attention_prefix(adapter, layer: int, train: bool):
+  """Block `layer`'s key/value prefix hook (layers/attention.py prefixed_attention) from
+  an adapter whose prompts live inside the attention (SMoPE), or None."""
+  hook = getattr(adapter, "attention_prefix", None)
+  return None if hook is None else hook(layer, train)
 
 
 def drop_prompts(adapter, x_BxLxD, num_prefix: int):

@@ -21,7 +21,8 @@ queries attend over the whole cache. `allowed` [B, Lq, S] says which key
 slots each query may see (causal, padding, window); see moejax/models/decoder.py.
 Non-causal (the ViT, moejax/models/vit.py): every slot allowed, and positions
 None, which turns the rotary embedding off (the ViT adds learned position
-embeddings to its patches instead).
+embeddings to its patches instead). GroupedQueryAttention takes an optional
+key/value prefix hook (prefixed_attention: prefix tuning, SMoPE's prompt experts).
 Every projection carries logical axes (moejax/sharding.py): heads split over
 `tensor`, the model dimension over `fsdp`; MLA's low-rank latents stay whole.
 """
@@ -41,17 +42,21 @@ def projection(rngs, dtype):
   )
 
 
-def attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
-  """The softmax of every attention: float32 [B, G, R, L, S] over key slots S, for
-  H = G * R query heads (head h = g * R + r reads key/value head g); disallowed
-  slots get probability 0. Analysis reads it through the modules' `probabilities`
-  (moejax/analysis/super_experts.py: attention sinks)."""
+def attention_scores(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
+  """The scaled logits q.k * scale, float32 [B, G, R, L, S] for H = G * R query heads
+  (head h = g * R + r reads key/value head g); disallowed slots at the float32 minimum."""
   b, length, h, _ = q_BxLxHxK.shape
   g = k_BxSxGxK.shape[2]
   q = q_BxLxHxK.reshape(b, length, g, h // g, -1)
   scores = jnp.einsum("blgrk,bsgk->bgrls", q, k_BxSxGxK).astype(jnp.float32) * scale
-  scores = jnp.where(allowed_BxLxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(scores, axis=-1)
+  return jnp.where(allowed_BxLxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+
+
+def attention_probabilities(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale: float):
+  """The softmax of every attention: float32 [B, G, R, L, S] over key slots S
+  (attention_scores); disallowed slots get probability 0. Analysis reads it through
+  the modules' `probabilities` (moejax/analysis/super_experts.py: attention sinks)."""
+  return jax.nn.softmax(attention_scores(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale), axis=-1)
 
 
 def attend(probs_BxGxRxLxS, v_BxSxGxV):
@@ -59,6 +64,25 @@ def attend(probs_BxGxRxLxS, v_BxSxGxV):
   b, _, _, length, _ = probs_BxGxRxLxS.shape
   out = jnp.einsum("bgrls,bsgv->blgrv", probs_BxGxRxLxS.astype(v_BxSxGxV.dtype), v_BxSxGxV)
   return out.reshape(b, length, -1, v_BxSxGxV.shape[-1])
+
+
+def prefixed_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxV, allowed_BxLxS, scale: float, prefix):
+  """Attention over P prefix slots and the S key slots in one softmax -> [B, L, H, V]
+  (prefix tuning, Li and Liang 2021, sec. 4.2: keys [P_K; K], values [P_V; V]).
+
+  prefix(q) -> (logits [B, H, L, P] before the scale, values [B, H, P, V]): the hook of
+  a key/value prompt adapter (moejax/adapters/smope.py); dense prefix tuning gives
+  logits q_l . p_j^K. Every prefix slot is allowed to every query."""
+  b, length, h, _ = q_BxLxHxK.shape
+  g = k_BxSxGxK.shape[2]
+  prefix_logits, prefix_values = prefix(q_BxLxHxK)
+  p = prefix_logits.shape[-1]
+  extra = prefix_logits.astype(jnp.float32).reshape(b, g, h // g, length, p) * scale
+  scores = attention_scores(q_BxLxHxK, k_BxSxGxK, allowed_BxLxS, scale)
+  probs = jax.nn.softmax(jnp.concatenate([extra, scores], axis=-1), axis=-1)
+  to_prefix = probs[..., :p].reshape(b, h, length, p).astype(prefix_values.dtype)
+  out = jnp.einsum("bhlp,bhpv->blhv", to_prefix, prefix_values)
+  return out.astype(v_BxSxGxV.dtype) + attend(probs[..., p:], v_BxSxGxV)
 
 
 def probabilities(self, q_BxLxHxK, k_BxSxGxK, allowed_BxLxS):
@@ -108,7 +132,8 @@ class GroupedQueryAttention(nnx.Module):
       self.q_norm, self.k_norm = RMSNorm(q_dim, m.norm_eps), RMSNorm(kv_dim, m.norm_eps)
     self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, m.head_dim)
 
-  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0):
+  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0, prefix=None):
+    """prefix: None, or a key/value prefix hook (prefixed_attention)."""
     b, length, _ = x_BxLxD.shape
     q, k, v = self.q(x_BxLxD), self.k(x_BxLxD), self.v(x_BxLxD)
     if self.qk_norm == "across_heads":
@@ -122,7 +147,10 @@ class GroupedQueryAttention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     rope = rotary(self.rope_cfg, positions_BxL)
     cache = write_cache(layer_cache, {"k": rope(k), "v": v}, start)
-    out = attend(self.probabilities(rope(q), cache["k"], allowed_BxLxS), cache["v"])
+    if prefix is None:
+      out = attend(self.probabilities(rope(q), cache["k"], allowed_BxLxS), cache["v"])
+    else:
+      out = prefixed_attention(rope(q), cache["k"], cache["v"], allowed_BxLxS, self.scale, prefix)
     return self.o(out.reshape(b, length, -1)), cache
 
 

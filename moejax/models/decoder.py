@@ -130,10 +130,16 @@ class DecoderBlock(nnx.Module):
     rng,
     step_stats=None,
     carry=None,
+    prefix=None,
   ):
+    """prefix: None or a key/value prefix hook for grouped-query attention (a ViT
+    adapter's, layers/attention.py prefixed_attention)."""
     if self.window:
       allowed = allowed & windowed(allowed.shape, start, self.window)
-    h, layer_cache = self.attn(self.attn_norm(x), positions, allowed, layer_cache, start)
+    with_prefix = {} if prefix is None else {"prefix": prefix}
+    h, layer_cache = self.attn(
+      self.attn_norm(x), positions, allowed, layer_cache, start, **with_prefix
+    )
     x = x + h
     if not self.is_moe:
       return x + self.ffn(self.ffn_norm(x)), None, layer_cache

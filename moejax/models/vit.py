@@ -16,7 +16,8 @@ losses and logical axes. Which blocks are MoE is the decoder's rule
 (moejax/models/structure.py moe_layer_indices: model.ffn_type, model.moe.first_dense,
 every_n, dense_layers); model.scan_layers and model.remat work as in the decoder.
 V-MoE (Riquelme et al. 2021) is this model with MoE blocks. A prompt adapter
-(model.vit.prompt, moejax/adapters/: VPT, VAPT) adds tokens after the CLS token.
+(model.vit.prompt, moejax/adapters/: VPT, VAPT) adds tokens after the CLS token, or
+key/value prefixes to the blocks' attention (SMoPE).
 
     logits, aux, None = VisionTransformer(m)(images_BxHxWxC, train=False, rng=None)
 
@@ -30,6 +31,7 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.adapters import build_adapter, drop_prompts, place_prompts, validate_prompt
+from moejax.adapters.base import attention_prefix
 from moejax.config import VIT_POOLINGS
 from moejax.errors import ConfigError, choice_error
 from moejax.experts import merged
@@ -160,6 +162,7 @@ class VisionTransformer(nnx.Module):
         if i > 0 and self.prompt is not None:
           x = place_prompts(self.prompt, i, x, prefix)
         call = block if policy is None else rematerialised(block, policy)
+        hook = attention_prefix(self.prompt, i, train)  # SMoPE's experts, or None
         x, aux, _ = call(
           x,
           None,
@@ -171,6 +174,7 @@ class VisionTransformer(nnx.Module):
           rng=jax.random.fold_in(rng, i),
           step_stats=block_stats.get(i),
           carry=carry,
+          **({} if hook is None else {"prefix": hook}),
         )
         aux, carry = merged.pass_carry(aux, carry)
         x = sharding.constrain(x, RESIDUAL_AXES)
