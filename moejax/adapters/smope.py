@@ -25,7 +25,7 @@ then `end_task`). Training a later task subtracts c_j = penalty (0.4) times the
 spread from experts that earlier tasks used at least as often as their head's mean
 used expert (`frequent`, sticky), pushing new tasks to other experts; evaluation
 subtracts unused_penalty (2.0) times the spread from experts never counted, so
-they are never chosen. The brief's "adaptive noise" is this deterministic offset.
+they are never chosen. The "adaptive noise" of our spec is this deterministic offset.
 
 Left out: the official router loss (a margin cross-entropy on the selected
 scores) and its prototype loss on old keys, both weighted 1e-5 there, and the
