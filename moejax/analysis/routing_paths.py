@@ -134,7 +134,8 @@ def recursive_attribute(graphdef, params, rest, tokens) -> list[dict]:
   model = nnx.merge(graphdef, params, rest)
   check_supported(model)
   for i, block in enumerate(model.blocks):
-    if block.attn_adapted or type(block.attn.v).__name__ != "Linear":
+    adapted = getattr(block.attn, "adapter", None) is not None  # e.g. LoRA-Mixer projections
+    if adapted or type(block.attn.v).__name__ != "Linear":
       raise ConfigError(f"block {i}: the recursive decomposition needs a plain value projection")
   names = _source_names(model)
   moe_blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
