@@ -21,7 +21,7 @@ ATTENTION_KINDS = ("gqa", "mla")
 QK_NORMS = ("none", "per_head", "across_heads")
 ROPE_SCALINGS = ("default", "yarn")
 BALANCE_STATISTICS = ("step", "micro_batch")  # train.balance_statistics
-TRAINABLE = ("all", "router", "prompt", "head")  # train.trainable
+TRAINABLE = ("all", "router", "prompt", "head", "adapter", "adapter_router")  # train.trainable
 TASKS = ("lm", "classification", "distill")  # task (moejax/train/tasks.py)
 VIT_POOLINGS = ("cls", "mean")  # model.vit.pooling
 
@@ -83,6 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
   m.attention.mla = ml_collections.ConfigDict(
     dict(q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0)
   )
+  # An attention projection adapter (moejax/adapters/projection.py): 'none' or a
+  # registered one (lora_mixer), its settings in model.attention.<name>.
+  adapters.projection.add_adapter_sections(m.attention)
 
   m.moe = e = ml_collections.ConfigDict()
   e.num_experts = 8
@@ -272,7 +275,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Which parameters the optimizer updates (moejax/train/step.py): 'all', or
   # 'router' (router parameters only, every other update zero: GEMQ's router
   # fine-tuning of a quantized model, moejax/posttrain/compress_pipeline.py), or for
-  # the ViT 'prompt' (the prompt adapter and the head) or 'head' (a linear probe).
+  # the ViT 'prompt' (the prompt adapter and the head) or 'head' (a linear probe), or
+  # 'adapter' (the attention adapter: LoRA-Mixer's LoRAs and routers) or
+  # 'adapter_router' (only the adapter's routers).
   t.trainable = "all"
 
   # Device mesh (moejax/sharding.py): axis sizes, -1 = the devices left over.

@@ -7,6 +7,7 @@ training workdir to check (init.upcycle_from) the trainer checks itself
 import math
 
 from moejax import dispatch, experts, losses, routing, sharding
+from moejax.adapters.projection import validate_adapter_training, validate_projection_adapter
 from moejax.config import (
   ATTENTION_KINDS,
   BALANCE_STATISTICS,
@@ -93,6 +94,7 @@ def validate_config(c) -> None:
       raise choice_error(f"train.{key}", t[key], DTYPES)
   if t.trainable not in TRAINABLE:
     raise choice_error("train.trainable", t.trainable, TRAINABLE)
+  validate_adapter_training(c)
   sharding.validate_sharding_config(c)
   validate_micro_batches(c, fixed_batch_shards(c))
 
@@ -222,6 +224,7 @@ def validate_model(m) -> None:
     spec = routing.get_router(m.moe.router)
     if spec.validate is not None:
       spec.validate(layer_moe_config(m, i))
+  validate_projection_adapter(m)
   from moejax.models.decoder import REMAT_POLICIES, scan_layer_differences
 
   if m.remat not in REMAT_POLICIES:

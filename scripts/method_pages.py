@@ -36,6 +36,7 @@ KINDS = (
   "merge method",
   "merged experts",
   "prompt adapter",
+  "attention adapter",
   "distillation method",
   "study",
 )
@@ -108,6 +109,7 @@ PAPERS = {
   "camex": ("CAMEx: Curvature-aware Merging of Experts", "ICLR 2025", "2502.18821"),
   "prism_moe": ("Prism-MoE: dense-to-MoE conversion", ICML, None),
   "vpt": ("Visual Prompt Tuning", "ECCV 2022", "2203.12119"),
+  "lora_mixer": ("LoRA-Mixer", ICLR, "2507.00029"),
   "residual_kd": ("Knowledge distillation through residual learning", ICLR, None),
   "hinton_kd": ("Distilling the Knowledge in a Neural Network", "arXiv 2015", "1503.02531"),
   "vapt": (
@@ -377,6 +379,16 @@ ENTRIES = {
       "smooth_smoe",
       tests=("tests/routing/test_smooth_topk.py",),
       studies=("routers_seeds",),
+    ),
+    "rsl": E(
+      "RSL (LoRA-Mixer's routing specialization loss)",
+      "w_b E sum_i f_i Pbar_i + w_s mean_t H(p_t) - w_m H(Pbar): balanced load, decisive "
+      "tokens, a used marginal; minimal at one-hot tokens with a uniform marginal.",
+      "lora_mixer",
+      guess="The form and the fixed weights (1, 1, 1) are guesses: the paper's code is not "
+      "released and its weights adapt during training.",
+      tests=("tests/losses/test_rsl.py",),
+      studies=("lora_mixer",),
     ),
   },
   "grouped matmul": {
@@ -717,7 +729,30 @@ ENTRIES["prompt adapter"] = {
     command=PROMPT_COMMAND.format(name="smope"),
   ),
 }
+ENTRIES["attention adapter"] = {
+  "lora_mixer": E(
+    "LoRA-Mixer: token-routed LoRA experts on the attention projections",
+    "Each adapted projection (q, k, v, o) becomes W x + sum over the top-k of g_i B_i A_i x, "
+    "g from a per-projection token router softmax(W_r x); B starts at 0 (the base exactly). "
+    "Hard-soft routing: g = hard + p - stop_gradient(p), the hard top-k forward and the "
+    "softmax's gradient. Trained on a frozen base (train.trainable='adapter'), or routers "
+    "only over frozen LoRAs ('adapter_router'); router losses by name (RSL, load balance).",
+    "lora_mixer",
+    guess="The paper's code is not released: the straight-through form of its hard-soft "
+    "routing (hard = 1/k on the chosen experts), no alpha / r scaling, the router init, "
+    "and RSL's form and fixed weights are guesses; grouped-query attention only.",
+    tests=("tests/adapters/test_lora_mixer.py", "tests/losses/test_rsl.py"),
+    studies=("lora_mixer",),
+    command="python -m experiments.train --config=configs/lora_mixer.py \\\n"
+    "    --config.init.hf_dir=runs/base/converted --workdir=runs/lora_mixer",
+  ),
+}
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
+  "lora_mixer": (
+    "LoRA-Mixer: RSL against the load-balance loss and a single LoRA, polyglot tasks, 3 seeds",
+    "lora_mixer",
+    ("tests/adapters/test_lora_mixer.py", "tests/losses/test_rsl.py"),
+  ),
   "smope": (
     "SMoPE against a shared prompt and task prompts: class-incremental digits, 3 seeds",
     "smope",
@@ -896,6 +931,7 @@ CONFIG_KEY = {
   "merged experts": "model.moe.merge",
   "grouped matmul": "model.moe.grouped_matmul",
   "prompt adapter": "model.vit.prompt.adapter",
+  "attention adapter": "model.attention.adapter",
   "distillation method": "distill.method",
 }
 CONTRACT_KINDS = ("router", "expert type", "dispatcher", "loss", "grouped matmul")
@@ -1006,6 +1042,7 @@ def registries():
     "merged experts": merged.MERGE_RULES,
     "merge method": merging.MERGE_METHODS,
     "prompt adapter": adapters.ADAPTERS,
+    "attention adapter": adapters.PROJECTION_ADAPTERS,
     "distillation method": DISTILL_METHODS,
   }
 
@@ -1109,7 +1146,14 @@ def _settings(kind: str, name: str) -> list[tuple[str, object]]:
     from moejax.experts import merged
 
     return list(merged.SETTINGS.defaults)
-  if kind not in ("router", "expert type", "loss", "merge method", "prompt adapter"):
+  if kind not in (
+    "router",
+    "expert type",
+    "loss",
+    "merge method",
+    "prompt adapter",
+    "attention adapter",
+  ):
     return []
   item = registries()[kind].get(name)
   return list(dict(getattr(item, "settings", None) or {}).items())
@@ -1118,6 +1162,8 @@ def _settings(kind: str, name: str) -> list[tuple[str, object]]:
 def _section(kind: str, name: str) -> str:
   if kind == "prompt adapter":
     return f"model.vit.prompt.{name}"
+  if kind == "attention adapter":
+    return f"model.attention.{name}"
   if kind == "merged experts":
     return "model.moe.merged"
   return f"model.moe.losses.{name}" if kind == "loss" else f"model.moe.{name}"
@@ -1318,7 +1364,7 @@ def pages() -> dict[str, str]:
       "# Methods",
       "",
       "One page per registered router, expert type, dispatcher, loss, grouped matmul,",
-      "prompt adapter,",
+      "prompt adapter, attention adapter,",
       "post-training method and study: its paper, mechanism, what is a guess, config,",
       "command, test and results. Written by `scripts/method_pages.py` from the",
       "registries, the source and the study outputs under `docs/results/`.",

@@ -76,6 +76,19 @@ def build_adapter(m, *, rngs):
   return ADAPTERS.get(name).build(m, settings_of(m, name), rngs)
 
 
+def refuse_unknown_settings(parent, registry, prefix: str) -> None:
+  """ConfigError for a key that adapter `name`'s spec does not declare in its section
+  parent.<name> (`prefix`.<name>), for every adapter of `registry`."""
+  for other, spec in registry.items():
+    own = parent.get(other)
+    extra = sorted(set(own if own is not None else ()) - {k for k, _ in spec.settings})
+    if extra:
+      raise ConfigError(
+        f"{prefix}.{other} has unknown keys {extra}; adapter "
+        f"{other!r} has settings {sorted(k for k, _ in spec.settings)}"
+      )
+
+
 def validate_prompt(c) -> None:
   """ConfigError naming the key for a bad model.vit.prompt (unknown adapter or key, a
   bad value, a per-block adapter with scanned layers, train.trainable='prompt'
@@ -92,14 +105,7 @@ def validate_prompt(c) -> None:
     n = section.num_tokens
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ConfigError(f"model.vit.prompt.num_tokens={n!r} must be an int >= 1")
-    for other, spec in ADAPTERS.items():
-      own = section.get(other)
-      extra = sorted(set(own if own is not None else ()) - {k for k, _ in spec.settings})
-      if extra:
-        raise ConfigError(
-          f"model.vit.prompt.{other} has unknown keys {extra}; adapter "
-          f"{other!r} has settings {sorted(k for k, _ in spec.settings)}"
-        )
+    refuse_unknown_settings(section, ADAPTERS, "model.vit.prompt")
   if name == NO_ADAPTER:
     if c.train.get("trainable") == "prompt":
       raise ConfigError(

@@ -28,14 +28,20 @@ def top1_experts(graphdef, params, rest, batches) -> list[np.ndarray]:
   return [np.concatenate(layer) for layer in zip(*per_batch)]
 
 
-def run_report(workdir: str) -> dict:
-  """The figures of the module doc for one polyglot_synth training workdir."""
+def load_run(workdir: str):
+  """(config, graphdef, params, rest, its data) of a polyglot_synth training workdir's
+  latest checkpoint; ConfigError for a run on other data."""
   config, graphdef, params, rest, _ = load_from_workdir(workdir)
   if config.data.name != polyglot.NAME:
     raise ConfigError(
       f"trained on data.name={config.data.name!r}, not {polyglot.NAME!r} ({workdir})"
     )
-  data = build_lm_data(config.data, seed=config.seed)
+  return config, graphdef, params, rest, build_lm_data(config.data, seed=config.seed)
+
+
+def run_report(workdir: str) -> dict:
+  """The figures of the module doc for one polyglot_synth training workdir."""
+  config, graphdef, params, rest, data = load_run(workdir)
   num_batches = min(config.train.eval_batches, data.num_eval_batches)
   windows = num_batches * config.data.batch_size
   langs, splits = polyglot.build(config.data)

@@ -81,3 +81,10 @@ class RouterOutput:
     if value is None:
       raise ValueError(f"the router gives no {name} over all experts (gives_probs=False)")
     return value
+
+
+def routing_entropy(probs: jax.Array) -> jax.Array:
+  """Mean per-token entropy (nats) of a router's distribution over experts [T, E] (the
+  routers' metric, moejax/routing/; RSL's terms, moejax/losses/rsl.py)."""
+  p = jnp.clip(probs, 1e-30, 1.0)
+  return jnp.mean(-jnp.sum(probs * jnp.log(p), axis=-1))

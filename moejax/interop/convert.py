@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from moejax.adapters.projection import NO_ADAPTER, adapter_name
 from moejax.errors import ConfigError
 from moejax.interop import dense_experts
 from moejax.interop.hf_config import from_hf_config, to_hf_config
@@ -163,6 +164,11 @@ def export_hf(
   """
   if dtype and dtype not in PARAM_DTYPES:
     raise ConfigError(f"dtype={dtype!r}; valid: {', '.join(PARAM_DTYPES)}")
+  if adapter_name(m) != NO_ADAPTER:
+    raise ConfigError(
+      f"model.attention.adapter={adapter_name(m)!r}: an HF checkpoint has no place for an "
+      "attention adapter's token-routed terms (keep the training workdir, or export the base)"
+    )
   m, params, rest, experts_record = dense_experts.for_export(m, params, rest, dtype)
   m = config_for_params(m, params)
   check_shapes(m, params, rest)

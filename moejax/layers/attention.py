@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.adapters.projection import Projector, build_projection_adapters
 from moejax.layers.dense import Linear, RMSNorm
 from moejax.layers.rope import apply_rope, attention_scale, rope_frequencies
 
@@ -121,10 +122,16 @@ class GroupedQueryAttention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.num_kv_heads, m.head_dim
     q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     proj = projection(rngs, dtype)
-    self.q = proj(m.d_model, q_dim, ("embed", "heads"), a.qkv_bias)
-    self.k = proj(m.d_model, kv_dim, ("embed", "kv_heads"), a.qkv_bias)
-    self.v = proj(m.d_model, kv_dim, ("embed", "kv_heads"), a.qkv_bias)
-    self.o = proj(q_dim, m.d_model, ("heads", "embed"), a.out_bias)
+    shapes = {  # (d_in, d_out, logical axes) of each projection
+      "q": (m.d_model, q_dim, ("embed", "heads")),
+      "k": (m.d_model, kv_dim, ("embed", "kv_heads")),
+      "v": (m.d_model, kv_dim, ("embed", "kv_heads")),
+      "o": (q_dim, m.d_model, ("heads", "embed")),
+    }
+    self.q, self.k, self.v = (proj(*shapes[name], a.qkv_bias) for name in "qkv")
+    self.o = proj(*shapes["o"], a.out_bias)
+    # model.attention.adapter's term on the projections (moejax/adapters/projection.py)
+    self.adapter = build_projection_adapters(m, shapes, rngs=rngs, dtype=dtype)
     self.qk_norm, self.clip = a.qk_norm, a.clip_qkv
     if a.qk_norm == "per_head":
       self.q_norm, self.k_norm = RMSNorm(m.head_dim, m.norm_eps), RMSNorm(m.head_dim, m.norm_eps)
@@ -132,10 +139,23 @@ class GroupedQueryAttention(nnx.Module):
       self.q_norm, self.k_norm = RMSNorm(q_dim, m.norm_eps), RMSNorm(kv_dim, m.norm_eps)
     self.rope_cfg, self.scale = m.rope, attention_scale(m.rope, m.head_dim)
 
-  def __call__(self, x_BxLxD, positions_BxL, allowed_BxLxS, layer_cache=None, start=0, prefix=None):
-    """prefix: None, or a key/value prefix hook (prefixed_attention)."""
+  def __call__(
+    self,
+    x_BxLxD,
+    positions_BxL,
+    allowed_BxLxS,
+    layer_cache=None,
+    start=0,
+    prefix=None,
+    token_mask_BxL=None,
+    with_aux=False,
+  ):
+    """prefix: None, or a key/value prefix hook (prefixed_attention).
+    token_mask_BxL: the adapter's routing skips padding; with_aux: return (out, cache,
+    the adapter's aux or None) (DecoderBlock)."""
     b, length, _ = x_BxLxD.shape
-    q, k, v = self.q(x_BxLxD), self.k(x_BxLxD), self.v(x_BxLxD)
+    project = Projector(self.adapter, token_mask_BxL)
+    q, k, v = (project(name, getattr(self, name), x_BxLxD) for name in "qkv")
     if self.qk_norm == "across_heads":
       q, k = self.q_norm(q), self.k_norm(k)
     if self.clip:
@@ -151,7 +171,8 @@ class GroupedQueryAttention(nnx.Module):
       out = attend(self.probabilities(rope(q), cache["k"], allowed_BxLxS), cache["v"])
     else:
       out = prefixed_attention(rope(q), cache["k"], cache["v"], allowed_BxLxS, self.scale, prefix)
-    return self.o(out.reshape(b, length, -1)), cache
+    out = project("o", self.o, out.reshape(b, length, -1))
+    return (out, cache, project.aux()) if with_aux else (out, cache)
 
 
 class LatentAttention(nnx.Module):

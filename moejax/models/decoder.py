@@ -18,7 +18,9 @@ cache's next slot and attend over everything cached; without one the call is
 a full forward pass and returns cache=None.
 
 aux = {"aux_loss": the weighted router losses (float32 scalar), "moe": per
-MoE layer {"metrics", "step_stats", "expert_index", "combine_weight", "valid"}}.
+MoE layer {"metrics", "step_stats", "expert_index", "combine_weight", "valid"}},
+and with an attention adapter (model.attention.adapter, moejax/adapters/) "adapters":
+per block its aux (gather_aux).
 `step_stats`, one {loss name: stats} per MoE layer (gradient accumulation,
 moejax/train/step.py), replaces each layer's own loss statistics.
 
@@ -105,6 +107,7 @@ class DecoderBlock(nnx.Module):
     self.attn_norm = RMSNorm(m.d_model, m.norm_eps)
     attention = LatentAttention if m.attention.kind == "mla" else GroupedQueryAttention
     self.attn = attention(m, rngs=rngs, dtype=dtype)
+    self.attn_adapted = getattr(self.attn, "adapter", None) is not None
     self.window = m.attention.windows[layer] if m.attention.windows else 0
     self.ffn_norm = RMSNorm(m.d_model, m.norm_eps)
     moe_layers = moe_layer_indices(m)
@@ -116,6 +119,13 @@ class DecoderBlock(nnx.Module):
       self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype, receives_base=index > 0)
     else:
       self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
+
+  def attend(self, *args, token_mask=None, **kwargs):
+    """(h, layer_cache, the attention adapter's aux or None) of self.attn(*args, **kwargs),
+    the adapter's routing skipping padding (token_mask)."""
+    if not self.attn_adapted:
+      return (*self.attn(*args, **kwargs), None)
+    return self.attn(*args, token_mask_BxL=token_mask, with_aux=True, **kwargs)
 
   def __call__(
     self,
@@ -137,16 +147,53 @@ class DecoderBlock(nnx.Module):
     if self.window:
       allowed = allowed & windowed(allowed.shape, start, self.window)
     with_prefix = {} if prefix is None else {"prefix": prefix}
-    h, layer_cache = self.attn(
-      self.attn_norm(x), positions, allowed, layer_cache, start, **with_prefix
+    h, layer_cache, adapter_aux = self.attend(
+      self.attn_norm(x),
+      positions,
+      allowed,
+      layer_cache,
+      start,
+      **with_prefix,
+      token_mask=token_mask,
     )
     x = x + h
     if not self.is_moe:
-      return x + self.ffn(self.ffn_norm(x)), None, layer_cache
+      return x + self.ffn(self.ffn_norm(x)), with_adapter(None, adapter_aux), layer_cache
     # carry: NAMEx's base expert from the previous MoE layer (merged.pass_carry)
     options = dict(token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry)
     h, aux = self.ffn(self.ffn_norm(x), **options)
-    return x + h, aux, layer_cache
+    return x + h, with_adapter(aux, adapter_aux), layer_cache
+
+
+def with_adapter(aux, adapter_aux):
+  """A block's aux: its MoE layer's (or None) with the attention adapter's under
+  "adapter" when there is one (gather_aux separates them)."""
+  return aux if adapter_aux is None else {**(aux or {}), "adapter": adapter_aux}
+
+
+def is_moe_block(blocks) -> list[bool]:
+  """Per block, whether it is an MoE block (a scanned stack: the one block's flag)."""
+  if isinstance(blocks, ScannedBlocks):
+    return [blocks.block.is_moe] * blocks.num_layers
+  return [block.is_moe for block in blocks]
+
+
+def gather_aux(layers_aux, is_moe) -> dict:
+  """The model's aux from its blocks' (None or with_adapter's): {"aux_loss": the MoE
+  layers' and adapters' weighted losses, "moe": per MoE block its layer aux, and
+  "adapters": per adapted block {"aux_loss", "projections": {name: {"aux_loss",
+  "metrics", "expert_index", "valid"}}} when the attention has an adapter}."""
+  moe = [
+    {key: value for key, value in aux.items() if key != "adapter"}
+    for aux, sparse in zip(layers_aux, is_moe)
+    if sparse
+  ]
+  adapters = [aux["adapter"] for aux in layers_aux if aux is not None and "adapter" in aux]
+  aux_loss = sum((aux["aux_loss"] for aux in moe + adapters), jnp.zeros((), jnp.float32))
+  out = {"aux_loss": aux_loss, "moe": moe}
+  if adapters:
+    out["adapters"] = adapters
+  return out
 
 
 def rematerialised(block, policy):
@@ -363,8 +410,7 @@ class Decoder(nnx.Module):
         if str(i) in self.lookups:  # static routing by token id: needs the ids
           x = sharding.constrain(self.lookups[str(i)](x, tokens_BxL), RESIDUAL_AXES)
         layers_aux.append(aux)
-    moe_aux = [aux for aux in layers_aux if aux is not None]
-    aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
+    model_aux = gather_aux(layers_aux, is_moe_block(self.blocks))
     if last_logits_only:  # decoding reads only the last position's logits
       x = x[:, -1:]
     logits = self.output_projection(self.final_norm(x))
@@ -376,7 +422,7 @@ class Decoder(nnx.Module):
         length=start + length,
         next_position=first_position + jnp.sum(token_mask_BxL, axis=1),
       )
-    return logits, {"aux_loss": aux_loss, "moe": moe_aux}, cache
+    return logits, model_aux, cache
 
 
 def abstract_model(m):

@@ -42,6 +42,8 @@ from moejax.models.decoder import (
   RESIDUAL_AXES,
   DecoderBlock,
   ScannedBlocks,
+  gather_aux,
+  is_moe_block,
   rematerialised,
 )
 
@@ -179,11 +181,10 @@ class VisionTransformer(nnx.Module):
         aux, carry = merged.pass_carry(aux, carry)
         x = sharding.constrain(x, RESIDUAL_AXES)
         layers_aux.append(aux)
-    moe_aux = [aux for aux in layers_aux if aux is not None]
-    aux_loss = sum((aux["aux_loss"] for aux in moe_aux), jnp.zeros((), jnp.float32))
+    model_aux = gather_aux(layers_aux, is_moe_block(self.blocks))
     if self.prompt is not None:
       x = drop_prompts(self.prompt, x, prefix)
     x = self.final_norm(x)
     pooled = x[:, 0] if self.cls_token is not None else jnp.mean(x, axis=1)
     logits = sharding.constrain(self.head(pooled).astype(jnp.float32), ("batch", None))
-    return logits, {"aux_loss": aux_loss, "moe": moe_aux}, None
+    return logits, model_aux, None

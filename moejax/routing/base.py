@@ -46,7 +46,11 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 import jax
 import jax.numpy as jnp
 
-from moejax.assignment.routing import RouterOutput, Routing  # noqa: F401  (re-exported)
+from moejax.assignment.routing import (  # noqa: F401  (re-exported)
+  RouterOutput,
+  Routing,
+  routing_entropy,
+)
 from moejax.errors import ConfigError
 from moejax.registry import PartSettings, Registry
 
@@ -234,12 +238,6 @@ def check_micro_batches(spec: RouterSpec, cfg, micro_batches: int) -> None:
       f"train.micro_batches={micro_batches} is not supported with "
       f"model.moe.router={spec.name!r}: {reason}"
     )
-
-
-def routing_entropy(probs: jax.Array) -> jax.Array:
-  """Mean per-token entropy (nats) of the router's distribution over experts."""
-  p = jnp.clip(probs, 1e-30, 1.0)
-  return jnp.mean(-jnp.sum(probs * jnp.log(p), axis=-1))
 
 
 def top_k_slots(scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

@@ -23,6 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from moejax.adapters.projection import carry_adapter, with_adapter_params, without_adapter
 from moejax.errors import ConfigError
 from moejax.interop.convert import (
   WORKDIR_MODEL,
@@ -50,6 +51,7 @@ TRAINING_MOE_KEYS = (
   "dropless_min_block",
   "capacity_factor",
   "min_capacity",
+  "losses",  # the router losses' own settings (model.moe.losses.<name>)
 )
 
 
@@ -100,6 +102,7 @@ def resolve_config(config) -> ml_collections.ConfigDict:
   for key in TRAINING_MOE_KEYS:
     source.moe[key] = config.model.moe[key]
   source.dtype = config.model.dtype
+  carry_adapter(source, config.model)  # an attention adapter to train on it
   out.model = source
   return out
 
@@ -108,7 +111,7 @@ def pretrained(config):
   """(params, rest) of init.hf_dir, checked against the config's model."""
   directory = config.init.hf_dir
   loaded = load_workdir(directory) if is_converted_workdir(directory) else import_hf(directory)
-  check_shapes(config.model, loaded.params, loaded.rest)
+  check_shapes(without_adapter(config.model), loaded.params, loaded.rest)
   return loaded.params, loaded.rest
 
 
@@ -121,6 +124,7 @@ def initial_state(config, state: step_lib.TrainState, optimizer, placement=None)
     )
   else:
     params, rest = pretrained(config)
+    params = with_adapter_params(params, state.params)  # the adapter starts fresh
   params, rest = jax.tree.map(
     lambda x, s: np.asarray(x).astype(s.dtype), (params, rest), (state.params, state.rest)
   )

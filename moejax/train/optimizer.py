@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from moejax.adapters.projection import is_adapter_path
 from moejax.models.decoder import DTYPES
 
 
@@ -70,7 +71,31 @@ TRAINED_PATHS = {  # train.trainable -> path (keys) -> whether the optimizer upd
   "router": is_router_path,
   "prompt": lambda path: str(path[0]) in ("prompt", "head"),  # ViT prompt tuning
   "head": lambda path: str(path[0]) == "head",  # linear probe
+  # LoRA-Mixer's two regimes (moejax/adapters/lora_mixer.py): the attention adapter
+  # (LoRAs and routers) on a frozen base, or only the adapter's routers
+  "adapter": is_adapter_path,
+  "adapter_router": lambda path: is_adapter_path(path) and is_router_path(path),
 }
+
+
+def trained_labels(params, trainable: str):
+  """The tree of `params` with 'trained' where TRAINED_PATHS[trainable] selects the
+  parameter (every one for 'all'), 'frozen' elsewhere."""
+  is_trained = TRAINED_PATHS.get(trainable, lambda path: True)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, _: (
+      "trained"
+      if is_trained([getattr(k, "key", getattr(k, "name", k)) for k in path])
+      else "frozen"
+    ),
+    params,
+  )
+
+
+def trained_count(params, trainable: str) -> int:
+  """How many parameter values train.trainable=`trainable` trains."""
+  labels = jax.tree.leaves(trained_labels(params, trainable))
+  return sum(int(x.size) for x, label in zip(jax.tree.leaves(params), labels) if label == "trained")
 
 
 def trained_only(
@@ -78,17 +103,9 @@ def trained_only(
 ) -> optax.GradientTransformation:
   """`inner` on the parameters TRAINED_PATHS[trainable] selects, zero updates and no
   optimizer state for every other parameter (train.trainable other than 'all')."""
-  is_trained = TRAINED_PATHS[trainable]
 
   def labels(params):
-    return jax.tree_util.tree_map_with_path(
-      lambda path, _: (
-        "trained"
-        if is_trained([getattr(k, "key", getattr(k, "name", k)) for k in path])
-        else "frozen"
-      ),
-      params,
-    )
+    return trained_labels(params, trainable)
 
   return optax.multi_transform({"trained": inner, "frozen": optax.set_to_zero()}, labels)
 

@@ -399,6 +399,16 @@ CASES = [
     ["init.requires_hf_dir=True", "--config.init.hf_dir=DIR"],
   ),
   (TRAIN, [FINETUNE, NEW, "--config.init.hf_dir={bad}/hf_truncated"], ["hf_truncated"]),
+  (
+    TRAIN,
+    ["--config=configs/lora_mixer.py:top_k=5", "--config.init.hf_dir={converted}", NEW],
+    ["model.attention.lora_mixer.top_k=5", "model.attention.lora_mixer.num_experts=4"],
+  ),
+  (
+    TRAIN,
+    ["--config=configs/lora_mixer.py:rank=0", "--config.init.hf_dir={converted}", NEW],
+    ["model.attention.lora_mixer.rank=0"],
+  ),
   (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
   (ZOO, ["--models="], ["--models", "at least one"]),
   (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),

@@ -72,11 +72,16 @@ class Training(Scorer):
   def seed(self, draw: int) -> int:
     return self.settings["seeds"][draw] if self.settings["seeds"] else draw
 
+  def draw_overrides(self, draw: int) -> list[str]:
+    """Overrides every arm of draw `draw` gets (none here; a subclass may give some, e.g.
+    the draw's pretrained model)."""
+    return []
+
   def config(self, arm: str, level: dict, draw: int):
     """The run's config; a ConfigError names the arm (or the level) it came from."""
     i = self.spec.arm_names.index(arm)
     settings = self.spec.arm(arm)
-    extra = [f"{k}={v}" for k, v in level.items()]
+    extra = [f"{k}={v}" for k, v in level.items()] + self.draw_overrides(draw)
     try:
       return sweep.run_config(
         settings["config"],
