@@ -63,8 +63,8 @@ once per round), the weight bytes a decode step reads (every parameter but the
 expert stacks and embedding, the experts each MoE layer activated as stored:
 uint8 codes), the tok/s one core's read rate (numpy sum of 256 MiB) bounds that
 at, and the fraction of tokens equal to float32's. Models: --families' benchmark
-models (transformers only supplies their weights) and the training workdirs
---workdirs (e.g. runs/zoo/s).
+models (transformers only supplies their weights; the default list only when no
+--workdirs) and the training workdirs --workdirs (e.g. runs/zoo/s).
 """
 
 import datetime
@@ -157,7 +157,9 @@ def compressed_main(meta: dict) -> None:
 
   check_arms(_EXPERTS.value)
   OUTPUTS.check()
-  models = [(f, lambda f=f: generation.model_pair(f)[1]) for f in _FAMILIES.value]
+  # --families at its default is left out when --workdirs names the models
+  given = flags.FLAGS["families"].present or not _WORKDIRS.value
+  models = [(f, lambda f=f: generation.model_pair(f)[1]) for f in _FAMILIES.value if given]
   models += [(w, lambda w=w: from_training_workdir(w)[0]) for w in _WORKDIRS.value]
   rows = []
   for name, load in models:
