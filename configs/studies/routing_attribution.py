@@ -64,9 +64,10 @@ def get_config(arg=None):
     {
       "arm": "top",
       "metric": "moe_share_recursive",
-      "expect": None,
+      "null": 0.5,
+      "expect": "higher",
       "source": "ours",
-      "text": "share of routing written by earlier MoE layers, attention split into what it moved",
+      "text": "earlier MoE layers write most of what routers read, attention split into what it moved",
     },
   ]
   return zoo.over_seeds(c, arg)
