@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.errors import ConfigError
+from moejax.studies import report
 from moejax.studies.scoring import PAIRING, SCORERS, Scorer, digest
 
 INTEGER_SETTINGS = (
@@ -138,3 +139,13 @@ class SMoPE(Scorer):
       out[name] = {metric: float(result[metric]) for metric in METRICS if metric in result}
       out[name][PAIRING] = key
     return out
+
+  def notes(self, results):
+    """The metrics no claim tests: the head's accuracy and forgetting, the prompt
+    parameters and the key matching's task accuracy, mean ± std over draws."""
+    claimed = report.claimed_metrics(self.spec)
+    return "\n\n".join(
+      f"## {metric}\n\n{report.summary_table(self.spec, results['runs'], metric)}"
+      for metric in METRICS
+      if metric not in claimed
+    )
