@@ -59,6 +59,11 @@ PAPERS = {
   "sonicmoe": ("SonicMoE", ICLR, "2512.14080"),
   "capacity_aware": ("Capacity-Aware Token Drop / Expanded Drop", ICLR, "2503.05066"),
   "super_experts": ("Super Experts", ICLR, "2507.23279"),
+  "routing_contributions": (
+    "Cross-layer contributions to MoE routing (OpenReview BqyPLOkxFY)",
+    ICLR,
+    "",
+  ),
   "heapr": ("HEAPr", ICLR, "2509.22299"),
   "td_moe": ("TD-MoE", ICLR, None),
   "fedgem": ("FedGEM", ICLR, "2601.21160"),
@@ -817,6 +822,15 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "MoLR-MoG score networks",
     "molr_mog",
     ("tests/mixtures/test_score_mixture.py", "tests/studies/test_mixture_studies.py"),
+  ),
+  "routing_attribution": (
+    "Routing attribution: removing the most influential components against the least",
+    "routing_contributions",
+    (
+      "tests/analysis/test_routing_attribution.py",
+      "tests/analysis/test_routing_paths.py",
+      "tests/studies/test_routing_attribution_study.py",
+    ),
   ),
   "phenomena": (
     "Super-expert ablation",
