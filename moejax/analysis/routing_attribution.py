@@ -124,17 +124,22 @@ def attribute(graphdef, params, rest, tokens) -> list[dict]:
     contributions = np.asarray(layer["contributions"])
     first_own = names[contributions.shape[0]]
     assert first_own == f"moe{block}.expert0", (block, first_own)  # names follow the parts
-    out.append(
-      {
-        "block": block,
-        "names": names[: contributions.shape[0]],
-        "contributions": contributions,
-        "logits": np.asarray(layer["logits"]),
-        "top_k": model.blocks[block].ffn.cfg.top_k,
-        "influence": contributions.var(axis=1).sum(axis=-1),
-      }
-    )
+    out.append(layer_report(model, block, names, contributions, layer["logits"]))
   return out
+
+
+def layer_report(model, block: int, names, contributions, logits) -> dict:
+  """One MoE block's decomposition as the analyses read it: block, the names of its
+  C contributions, contributions [C, T, E], the router's logits, top_k and the
+  influence Var_t summed over experts [C]."""
+  return {
+    "block": block,
+    "names": names[: contributions.shape[0]],
+    "contributions": contributions,
+    "logits": np.asarray(logits),
+    "top_k": model.blocks[block].ffn.cfg.top_k,
+    "influence": contributions.var(axis=1).sum(axis=-1),
+  }
 
 
 def component_names(model) -> list[str]:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.routing_attribution import check_supported
+from moejax.analysis.routing_attribution import check_supported, layer_report
 from moejax.errors import ConfigError
 from moejax.layers.attention import attend
 from moejax.models.capture import captured_forward
@@ -142,16 +142,7 @@ def recursive_attribute(graphdef, params, rest, tokens) -> list[dict]:
   out = []
   for block, layer in zip(moe_blocks, _recursive(graphdef, params, rest, jnp.asarray(tokens))):
     contributions = np.asarray(layer["contributions"])
-    out.append(
-      {
-        "block": block,
-        "names": names[: contributions.shape[0]],
-        "contributions": contributions,
-        "logits": np.asarray(layer["logits"]),
-        "top_k": model.blocks[block].ffn.cfg.top_k,
-        "influence": contributions.var(axis=1).sum(axis=-1),
-      }
-    )
+    out.append(layer_report(model, block, names, contributions, layer["logits"]))
   return out
 
 
