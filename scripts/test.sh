@@ -8,9 +8,12 @@ export JAX_PLATFORMS=cpu
 # older loop emitters instead of its MLIR fusion emitters halve it again (whole
 # suite on 2 cores, quiet machine: 826 s -> 436 s, the same 1133 tests passing).
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-# No persistent compilation cache: with one (a directory per worker), workers crashed
-# in 3 of 4 full runs serialising an executable (put_executable_and_time), and xdist
-# then hung waiting for the dead worker.
+# One compilation cache for this run, empty at the start, with a directory per
+# worker (tests/conftest.py): a program that several tests of a worker build (the
+# tiny LM's train step, ...) compiles once.
+cache=$(mktemp -d -t moejax-test-cache-XXXXXX)
+trap 'rm -rf "$cache"' EXIT
+export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
 # One worker per core (MOEJAX_TEST_WORKERS=0 runs serially); a test file stays on one worker.
 # Files go out in collection order (tests/conftest.py puts the longest first), not
 # xdist's default of the files with the most tests first, which left the long

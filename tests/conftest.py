@@ -6,6 +6,13 @@ and initialised) and `tiny_workdir` (it trained for a few steps)."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache directory per xdist worker (scripts/test.sh makes the run's):
+# jax writes cache entries without a lock unless eviction is on, and a worker that
+# read another's half-written entry crashed deserialising it.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
+    os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"]
+  )
 
 import pytest  # noqa: E402  (after JAX_PLATFORMS is set)
 from hypothesis import settings  # noqa: E402  (after JAX_PLATFORMS is set)
