@@ -67,7 +67,9 @@ def get_config(arg=None):
       "null": 0.5,
       "expect": "higher",
       "source": "ours",
-      "text": "earlier MoE layers write most of what routers read, attention split into what it moved",
+      "text": (
+        "earlier MoE layers write most of what routers read, attention split into what it moved"
+      ),
     },
   ]
   return zoo.over_seeds(c, arg)
