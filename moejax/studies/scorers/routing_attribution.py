@@ -72,11 +72,11 @@ class RoutingAttribution(Scorer):
         f"study.settings.workdir={s['workdir']!r}: the model has {len(moe_blocks)} MoE "
         "block(s); the headline compares earlier MoE layers with attention (at least 2)"
       )
-    heads = self.model.blocks[moe_blocks[0]].attn.num_heads
+    heads = sum(self.model.blocks[j].attn.num_heads for j in range(moe_blocks[0] + 1))
     if s["n"] > heads:
       raise ConfigError(
         f"study.settings.n={s['n']} must be at most {heads}, the candidates of the first "
-        "MoE block (its attention heads)"
+        "MoE block (the attention heads up to it)"
       )
     for draw in range(self.spec.draws):
       self.held_out.windows(draw, s["bytes_per_domain"], f"(study.settings, draw {draw})")
