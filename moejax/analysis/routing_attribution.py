@@ -142,11 +142,16 @@ def layer_report(model, block: int, names, contributions, logits) -> dict:
   }
 
 
-def component_names(model) -> list[str]:
-  """The components of the stream in order (_components builds them in this order)."""
+def component_names(model, recursive: bool = False) -> list[str]:
+  """The components of the stream in order (_components builds them in this order);
+  recursive: the sources of routing_paths instead, where heads are paths and the
+  value bias is a source of its own."""
   names = ["embed"]
   for i, block in enumerate(model.blocks):
-    names += [f"attn{i}.head{h}" for h in range(block.attn.num_heads)]
+    if not recursive:
+      names += [f"attn{i}.head{h}" for h in range(block.attn.num_heads)]
+    elif block.attn.v.bias is not None:
+      names.append(f"attn{i}.v_bias")
     if block.attn.o.bias is not None:
       names.append(f"attn{i}.bias")
     if block.is_moe:

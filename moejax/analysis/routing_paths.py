@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.analysis.routing_attribution import check_supported, layer_report
+from moejax.analysis.routing_attribution import check_supported, component_names, layer_report
 from moejax.errors import ConfigError
 from moejax.layers.attention import attend
 from moejax.models.capture import captured_forward
@@ -137,27 +137,10 @@ def recursive_attribute(graphdef, params, rest, tokens) -> list[dict]:
     adapted = getattr(block.attn, "adapter", None) is not None  # e.g. LoRA-Mixer projections
     if adapted or type(block.attn.v).__name__ != "Linear":
       raise ConfigError(f"block {i}: the recursive decomposition needs a plain value projection")
-  names = _source_names(model)
+  names = component_names(model, recursive=True)
   moe_blocks = [i for i, block in enumerate(model.blocks) if block.is_moe]
   out = []
   for block, layer in zip(moe_blocks, _recursive(graphdef, params, rest, jnp.asarray(tokens))):
     contributions = np.asarray(layer["contributions"])
     out.append(layer_report(model, block, names, contributions, layer["logits"]))
   return out
-
-
-def _source_names(model) -> list[str]:
-  """The sources in stream order (_decompose appends them in this order)."""
-  names = ["embed"]
-  for i, block in enumerate(model.blocks):
-    if block.attn.v.bias is not None:
-      names.append(f"attn{i}.v_bias")
-    if block.attn.o.bias is not None:
-      names.append(f"attn{i}.bias")
-    if block.is_moe:
-      names += [f"moe{i}.expert{e}" for e in range(block.ffn.cfg.num_experts)]
-      if block.ffn.shared is not None:
-        names.append(f"moe{i}.shared")
-    else:
-      names.append(f"ffn{i}")
-  return names
