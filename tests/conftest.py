@@ -23,6 +23,21 @@ settings.load_profile("moejax")
 TINY_WORKDIR_STEPS = 4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+  """Drops every compiled program after each test file. XLA:CPU maps each executable
+  into its own pages and keeps it while jax's caches hold it: one worker that keeps
+  them all passes Linux's 65,530 memory maps (vm.max_map_count) after about ten
+  minutes of tests and then segfaults in the next compile."""
+  yield
+  import gc
+
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
   """The session's TFDS data directory (the corpus is prepared into it once)."""
