@@ -122,8 +122,12 @@ def test_bad_files_are_refused_in_one_line_before_anything_is_written(
 
 
 MEMORY_PROBE = textwrap.dedent('''
-    import resource, sys
+    import resource, sys, threading
     import ml_collections
+    # Address space, not memory, is what RLIMIT_AS limits: each new thread reserves
+    # its stack (8 MiB by default), and a few of grain's reader threads would use
+    # up the headroom before a byte is read.
+    threading.stack_size(1 << 20)
     from moejax.data import build_lm_data
     root, corpus_mb, headroom_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     vm_size = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status')
