@@ -23,19 +23,30 @@ settings.load_profile("moejax")
 TINY_WORKDIR_STEPS = 4
 
 
+MAX_MEMORY_MAPS = 10_000
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_programs():
-  """Drops every compiled program after each test file. XLA:CPU maps each executable
-  into its own pages and keeps it while jax's caches hold it: one worker that keeps
-  them all passes Linux's 65,530 memory maps (vm.max_map_count) after about ten
-  minutes of tests and then segfaults in the next compile."""
+  """Drops every compiled program after a test file once the worker holds more than
+  MAX_MEMORY_MAPS memory maps. XLA:CPU maps each executable into its own pages and
+  keeps it while jax's caches hold it: a worker that keeps them all passes Linux's
+  65,530 maps (vm.max_map_count) after about ten minutes of tests and segfaults in
+  the next compile. Not after every file: each clear costs ~1 CPU-s of recompiling
+  the eager ops that build a model."""
   yield
-  import gc
+  try:
+    with open("/proc/self/maps", "rb") as maps:
+      count = sum(1 for _ in maps)
+  except OSError:  # not Linux: no such limit
+    return
+  if count > MAX_MEMORY_MAPS:
+    import gc
 
-  import jax
+    import jax
 
-  jax.clear_caches()
-  gc.collect()
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
