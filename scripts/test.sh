@@ -24,5 +24,8 @@ export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_
 # 8-device sessions for the end.
 # The notebooks (marker `notebooks`, minutes each) are left out: `-m notebooks` in
 # the arguments runs them instead (.ci/run does, after the suite).
+# A worker that crashes ends the run at once, failed, naming the test it was in:
+# restarted workers re-ran a crashing file's tests on worker after worker, and one
+# CI run hung after a crash until its time limit.
 .venv/bin/python -m pytest -q --durations=40 -n "${MOEJAX_TEST_WORKERS:-auto}" --dist loadfile \
-  --no-loadscope-reorder -m "not notebooks" "$@" tests
+  --no-loadscope-reorder --max-worker-restart=0 -m "not notebooks" "$@" tests
