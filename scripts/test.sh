@@ -8,8 +8,7 @@ export JAX_PLATFORMS=cpu
 # older loop emitters instead of its MLIR fusion emitters halve it again (whole
 # suite on 2 cores, quiet machine: 826 s -> 436 s, the same 1133 tests passing).
 # One LLVM module per program instead of parallel codegen's split, and no
-# expensive LLVM passes, take another 10-15% of CPU time off (two test files:
-# 55-57 -> 48-51 CPU-s).
+# expensive LLVM passes, take more CPU time off (docs/results/test_suite_cpu.md).
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false \
   --xla_cpu_parallel_codegen_split_count=1 --xla_llvm_disable_expensive_passes=true"
 # One compilation cache for this run, empty at the start, with a directory per

@@ -31,9 +31,9 @@ def _release_compiled_programs():
   """Drops every compiled program after a test file once the worker holds more than
   MAX_MEMORY_MAPS memory maps. XLA:CPU maps each executable into its own pages and
   keeps it while jax's caches hold it: a worker that keeps them all passes Linux's
-  65,530 maps (vm.max_map_count) after about ten minutes of tests and segfaults in
-  the next compile. Not after every file: each clear costs ~1 CPU-s of recompiling
-  the eager ops that build a model."""
+  vm.max_map_count partway through the suite and segfaults in the next compile
+  (docs/results/test_suite_cpu.md). Not after every file: each clear recompiles the
+  eager ops that build a model."""
   yield
   try:
     with open("/proc/self/maps", "rb") as maps:
