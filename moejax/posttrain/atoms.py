@@ -46,13 +46,14 @@ from flax import nnx
 
 from moejax.errors import ConfigError
 from moejax.models.capture import routed_rows
+from moejax.posttrain.methods import NORMALISATIONS
 
 SCORES = ("heapr", "heapr_first_order", "exact_diagonal", "magnitude", "random")
-# HEAPr's per-expert normalisation of sum_t h^2 * sum_t P^2 (module doc): `routed`
-# divides by n_e (our default: the token-summed cost when h and P are independent),
-# `mean` by n_e^2 (the paper's mean_t(h^2) * w^T M_e w with M_e a mean over the
-# expert's tokens, read literally), `sum` by nothing.
-NORMALISATIONS = ("routed", "mean", "sum")
+# HEAPr's per-expert normalisation of sum_t h^2 * sum_t P^2 (module doc),
+# methods.NORMALISATIONS: `routed` divides by n_e (our default: the token-summed
+# cost when h and P are independent), `mean` by n_e^2 (the paper's
+# mean_t(h^2) * w^T M_e w with M_e a mean over the expert's tokens, read
+# literally), `sum` by nothing.
 
 
 def _segment(values_RxK, expert_R, num_experts):

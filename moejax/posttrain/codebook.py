@@ -51,9 +51,9 @@ import numpy as np
 import optax
 
 from moejax.experts.codebook import decode, hadamard, lut_matmul  # noqa: F401  (re-exported)
+from moejax.posttrain.methods import INITS
 from moejax.posttrain.quantize import check_grouping
 
-INITS = ("kmeans++", "quantile")
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -66,6 +66,10 @@ class Codebook:
   centroids: np.ndarray
   group_size: int
   history: list
+
+  def dequantize(self) -> np.ndarray:
+    """W_hat [d_in, d_out] float32, decoded as the 'codebook' expert type decodes."""
+    return np.asarray(decode(self.indices, self.centroids, self.group_size), np.float32)
 
 
 def _to_groups(W, group_size, per_output_column):
@@ -183,6 +187,24 @@ def kmeans_group_quant(
   return Codebook(
     indices.astype(np.uint8), centroids.reshape(shape).astype(np.float32), group_size, history
   )
+
+
+def kmeans_experts(
+  W,
+  bits: int,
+  group_size: int,
+  hessians=None,
+  *,
+  iterations: int = 100,
+  init: str = "kmeans++",
+  seed: int = 0,
+) -> list[Codebook]:
+  """The quantizer 'kmeans' (methods.QUANTIZERS): `kmeans_group_quant` of each W[e] of
+  W [E, d_in, d_out], seeded seed + e; it reads no hessians."""
+  return [
+    kmeans_group_quant(w, bits, group_size, iterations=iterations, init=init, seed=seed + e)
+    for e, w in enumerate(np.asarray(W))
+  ]
 
 
 def rotate(W, R) -> np.ndarray:

@@ -23,9 +23,9 @@ from moejax.errors import ConfigError, choice_error
 from moejax.experts import codebook as codebook_type
 from moejax.experts import quantized as quantized_type
 from moejax.experts.compressed import MATRICES, check_bits
-from moejax.posttrain import codebook, quantize
+from moejax.posttrain import codebook, methods
 
-QUANTIZERS = ("rtn", "gptq")
+QUANTIZERS = methods.INTEGER_QUANTIZERS  # the --quantizer names (methods.QUANTIZERS)
 COMPRESSED = (quantized_type.QuantizedExperts, codebook_type.CodebookExperts)
 
 
@@ -41,7 +41,7 @@ def _per_expert_bits(bits, num_experts: int) -> np.ndarray:
   return per.astype(int)
 
 
-def _stored(q: quantize.QuantizedWeight):
+def _stored(q):
   """(codes, zeros) uint8 of one QuantizedWeight, symmetric ones offset by 2^(b-1)."""
   if not q.symmetric:
     return q.codes, q.zero
@@ -65,37 +65,26 @@ def quantized_from_float(
   """The 'quantized' type's arrays for float SwiGLU experts `weights`.
 
   bits: one bit-width or one per expert [E]. group_size: input rows per group
-  (0: the whole input dim). quantizer 'rtn', or 'gptq' with hessians
-  {matrix: H [E, d_in, d_in]} of each expert's inputs (X^T X of the tokens
-  routed to it, quantize.input_hessian; w_gate and w_up see the same X).
+  (0: the whole input dim). quantizer: an integer quantizer of methods.QUANTIZERS
+  ('rtn', 'gptq'), with `symmetric` and `damp` where it has them as settings; one
+  that needs hessians (gptq) reads {matrix: H [E, d_in, d_in]} of each expert's
+  inputs (X^T X of the tokens routed to it, quantize.input_hessian; w_gate and w_up
+  see the same X).
   """
-  if quantizer not in QUANTIZERS:
-    raise choice_error("quantizer", quantizer, QUANTIZERS)
-  if quantizer == "gptq" and (hessians is None or set(MATRICES) - set(hessians)):
-    raise ConfigError(f"quantizer='gptq' needs hessians for {MATRICES}")
+  method = methods.integer_quantizer(quantizer, "quantizer")
+  if "hessians" in method.needs and (hessians is None or set(MATRICES) - set(hessians)):
+    raise ConfigError(f"quantizer={quantizer!r} needs hessians for {MATRICES}")
+  quantize = method.bind_from({"symmetric": symmetric, "damp": damp})
   per = _per_expert_bits(bits, np.shape(weights["w_gate"])[0])
   out = {"bits": per.astype(np.uint8)}
   for m in MATRICES:
     w = np.asarray(weights[m], np.float32)
     group = group_size or w.shape[1]
     parts: list[tuple] = [()] * len(per)
-    for b in np.unique(per):  # GPTQ: every expert of one bit-width in one pass
+    for b in np.unique(per):  # every expert of one bit-width in one call (GPTQ: one pass)
       members = np.flatnonzero(per == b)
-      if quantizer == "gptq":
-        assert hessians is not None  # checked above
-        # block_size changes no result (quantize.py); one group per lazy block is the
-        # fastest here (fewer in-block row updates, more of them in one matmul)
-        qs = quantize.gptq_stack(
-          w[members],
-          np.asarray(hessians[m])[members],
-          int(b),
-          group,
-          damp=damp,
-          block_size=group,
-          symmetric=symmetric,
-        )
-      else:
-        qs = [quantize.rtn(w[e], int(b), group, symmetric=symmetric) for e in members]
+      h = None if hessians is None else np.asarray(hessians[m])[members]
+      qs = quantize(w[members], int(b), group, h)
       for e, q in zip(members, qs):
         parts[int(e)] = (*_stored(q), q.scales)
     codes, zeros, scales = (np.stack(a) for a in zip(*parts))
@@ -149,6 +138,7 @@ def codebook_from_float(
       f"finetune_steps={finetune_steps} needs calibration_inputs "
       f"{{matrix: {num_experts} arrays}} for {MATRICES}"
     )
+  kmeans = methods.QUANTIZERS.get("kmeans")
   out = {"bits": per.astype(np.uint8)}
   for m in MATRICES:
     w = np.asarray(weights[m], np.float32)
@@ -157,9 +147,8 @@ def codebook_from_float(
     indices, centroids = [], []
     for e, (w_e, b) in enumerate(zip(w, per)):
       target = w_e if R is None else codebook.rotate(w_e, R)  # R^T W
-      book = codebook.kmeans_group_quant(
-        target, int(b), group, iterations=iterations, init=init, seed=seed + e
-      )
+      quantize = kmeans.bind(iterations=iterations, init=init, seed=seed + e)
+      book = quantize(target[None], int(b), group, None)[0]
       idx, cent = book.indices, book.centroids
       x = (
         None

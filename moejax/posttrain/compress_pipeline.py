@@ -50,17 +50,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.errors import choice_error
 from moejax.experts import codebook as codebook_type
 from moejax.experts import quantized as quantized_type
 from moejax.experts.compressed import MATRICES, SUPPORTED_BITS
-from moejax.posttrain import bit_allocation, compress, factorise, tucker
+from moejax.posttrain import bit_allocation, compress, factorise, methods, tucker
 from moejax.posttrain.calibration import Calibration
+from moejax.posttrain.methods import CODEBOOK, QUANTIZED, family  # noqa: F401  (re-exported)
+from moejax.posttrain.parts import Names, names
 
-QUANTIZED = ("uniform", "per_layer", "gemq")
-CODEBOOK = ("kmeans", "codequant")
-FACTORISED = ("td_moe", "tucker", "svd", "whitened_svd")
-METHODS = QUANTIZED + CODEBOOK + FACTORISED
+FACTORISED = Names(lambda: names(methods.DECOMPOSITIONS))  # the decompositions' names, live
+METHODS = methods.COMPRESSION
 QUANTIZERS = compress.QUANTIZERS
 DEFAULT_BIT_CHOICES = (2, 3, 4, 8)
 CENTROID_STEPS = 50  # CodeQuant centroid fine-tuning steps per expert matrix (a guess)
@@ -77,14 +76,9 @@ class Request:
   damping: float = 1e-6  # whitening: C = X^T X / n + damping * mean(diag) I (tucker.py)
 
 
-def family(method: str) -> str:
-  if method in QUANTIZED:
-    return "quantized"
-  if method in CODEBOOK:
-    return "codebook"
-  if method in FACTORISED:
-    return "factorised"
-  raise choice_error("--method", method, METHODS)
+def has_expert_type(method: str) -> bool:
+  """Whether an expert type stores what `method` makes (not a per-expert SVD baseline)."""
+  return family(method) != "factorised" or methods.decomposition(method).kind == "joint"
 
 
 def bit_choices_for(r: Request) -> tuple:
@@ -145,7 +139,8 @@ def _quantized(r, params, calibration, current=None) -> Compressed:
   float_weights, arrays = {}, {}
   for layer in calibration.inputs:
     w = expert_weights(params, layer.block)
-    hessians = layer.hessians(len(bits[layer.block])) if r.quantizer == "gptq" else None
+    needs = "hessians" in methods.integer_quantizer(r.quantizer).needs
+    hessians = layer.hessians(len(bits[layer.block])) if needs else None
     a = compress.quantized_from_float(
       w, bits[layer.block], r.group_size, quantizer=r.quantizer, hessians=hessians
     )
@@ -206,10 +201,17 @@ def _codebook(r, params, calibration) -> Compressed:
   return Compressed("codebook", float_weights, arrays, settings, _bits_report(bits))
 
 
+FACTORS = ("core", "expert_factor", "input_factor", "output_factor")  # a joint model's arrays
+
+
 def _factorised(r, params, calibration) -> Compressed:
   """Every stacked projection of every layer keeps (1 - level) of its dense
-  parameters (tucker.tensor_budgets), each factorised on its own: TD-MoE's
-  per-tensor rank allocation, and the baselines at the same per-tensor budgets."""
+  parameters (tucker.tensor_budgets), each decomposed on its own by the
+  decomposition r.method (methods.DECOMPOSITIONS): TD-MoE's per-tensor rank
+  allocation, and the baselines at the same per-tensor budgets. A joint one is
+  stored by expert type 'factorised'; a per-expert one is a baseline."""
+  method = methods.decomposition(r.method)
+  decompose = method.bind_from({"damping": r.damping})
   layers = calibration.inputs
   weights = {layer.block: expert_weights(params, layer.block) for layer in layers}
   budgets = {
@@ -220,48 +222,46 @@ def _factorised(r, params, calibration) -> Compressed:
     )
     for layer in layers
   }
-  if r.method in ("svd", "whitened_svd"):
-    return _per_expert_svd(r, weights, layers, budgets)
-  whiten = r.method == "td_moe"
-  float_weights, arrays, report, parameters = {}, {}, {}, {}
+  joint = method.kind == "joint"
+  float_weights: dict[int, dict] = {}
+  arrays: dict[int, dict] = {}
+  report: dict[int, dict] = {}
+  parameters: dict[int, dict] = {}
   for layer in layers:
-    w = weights[layer.block]
+    w, block = weights[layer.block], int(layer.block)
     outputs = (
-      factorise.routed_outputs(w, layer.rows, layer.hidden, layer.expert) if whiten else None
+      factorise.routed_outputs(w, layer.rows, layer.hidden, layer.expert)
+      if "outputs" in method.needs
+      else None
     )
-    tensors = (
-      factorise.whitened_tensors(w, layer.inputs, layer.hidden, r.damping, outputs)
-      if whiten
-      else {m: np.asarray(w[m], np.float64) for m in MATRICES}
-    )
-    layer_ranks = {m: tucker.allocate_ranks(tensors[m], budgets[layer.block][m]) for m in MATRICES}
-    factors, fitted = factorise.factorise_experts(
-      w,
-      layer.inputs if whiten else None,
-      layer_ranks,
-      hidden_inputs=layer.hidden if whiten else None,
-      damping=r.damping,
-      output_samples=outputs,
-    )
-    arrays[layer.block] = factors
-    float_weights[layer.block] = {
-      m: tucker.reconstruct(
-        f["core"], f["expert_factor"], f["input_factor"], f["output_factor"]
-      ).astype(np.float32)
-      for m, f in factors.items()
-    }
-    report[int(layer.block)] = {m: list(fitted[m]) for m in MATRICES}
-    parameters[int(layer.block)] = {
-      m: tucker.tucker_parameters(w[m].shape, fitted[m]) for m in MATRICES
-    }
+    float_weights[layer.block], report[block], parameters[block] = {}, {}, {}
+    factors: dict[str, dict] = {}
+    for m in MATRICES:
+      model = decompose(
+        w[m],
+        budgets[layer.block][m],
+        inputs=(layer.hidden if m == "w_down" else layer.inputs)
+        if "inputs" in method.needs
+        else None,
+        outputs=None if outputs is None else outputs[m],
+      )
+      if joint:  # what FactorisedExperts stores, float32, and the float model of it
+        factors[m] = {k: np.asarray(getattr(model, k), np.float32) for k in FACTORS}
+        float_weights[layer.block][m] = tucker.reconstruct(
+          *(factors[m][k] for k in FACTORS)
+        ).astype(np.float32)
+        report[block][m] = list(model.ranks)
+      else:
+        float_weights[layer.block][m] = model.reconstruct().astype(np.float32)
+        report[block][m] = model.ranks
+      parameters[block][m] = model.parameters
+    if joint:
+      arrays[layer.block] = factors
+  counts = _factorised_report(weights, budgets, report, parameters)
+  if not joint:
+    return Compressed("baseline", float_weights, {}, {}, counts)
   padded = {m: tuple(max(report[b][m][k] for b in report) for k in range(3)) for m in MATRICES}
-  return Compressed(
-    "factorised",
-    float_weights,
-    arrays,
-    {"ranks": padded},
-    _factorised_report(weights, budgets, report, parameters),
-  )
+  return Compressed("factorised", float_weights, arrays, {"ranks": padded}, counts)
 
 
 def _factorised_report(weights, budgets, ranks, parameters) -> dict:
@@ -273,30 +273,6 @@ def _factorised_report(weights, budgets, ranks, parameters) -> dict:
     "budget": int(sum(sum(v.values()) for v in budgets.values())),
     "dense_parameters": int(sum(w[m].size for w in weights.values() for m in MATRICES)),
   }
-
-
-def _per_expert_svd(r, weights, layers, budgets) -> Compressed:
-  float_weights: dict[int, dict] = {}
-  report: dict[int, dict] = {}
-  parameters: dict[int, dict] = {}
-  for layer in layers:
-    w = weights[layer.block]
-    block = int(layer.block)
-    float_weights[layer.block], report[block], parameters[block] = {}, {}, {}
-    for m in MATRICES:
-      rank = tucker.svd_rank_for_budget(w[m].shape, budgets[layer.block][m])
-      samples = layer.hidden if m == "w_down" else layer.inputs
-      low = (
-        tucker.whitened_per_expert_svd(w[m], samples, rank, r.damping)
-        if r.method == "whitened_svd"
-        else tucker.per_expert_svd(w[m], rank)
-      )
-      float_weights[layer.block][m] = low.reconstruct().astype(np.float32)
-      report[block][m] = rank
-      parameters[block][m] = low.parameters
-  return Compressed(
-    "baseline", float_weights, {}, {}, _factorised_report(weights, budgets, report, parameters)
-  )
 
 
 def compress_experts(
@@ -341,5 +317,8 @@ def router_finetune_config(
 
 def calibration_free(r: Request) -> bool:
   """Whether the model of `r` depends on neither the calibration windows nor the
-  seed (per-expert SVD, plain Tucker, uniform RTN)."""
-  return r.method in ("svd", "tucker") or (r.method == "uniform" and r.quantizer == "rtn")
+  seed: a decomposition that reads no calibration data (per-expert SVD, plain
+  Tucker), or uniform bits with a quantizer that reads none (RTN)."""
+  if family(r.method) == "factorised":
+    return not methods.decomposition(r.method).needs
+  return r.method == "uniform" and not methods.integer_quantizer(r.quantizer).needs

@@ -199,7 +199,7 @@ def compress_workdir(
     rounds=rounds,
     finetune_steps=finetune_steps,
   )
-  if out and r.method in ("svd", "whitened_svd"):
+  if out and not cp.has_expert_type(r.method):
     raise ConfigError(
       f"--out: {r.method} has no expert type to save (score it with configs/studies/td_moe.py)"
     )

@@ -35,7 +35,8 @@ import itertools
 
 import numpy as np
 
-OBJECTIVES = ("rescaled", "no_rescale")
+from moejax.posttrain.methods import OBJECTIVES, PRUNERS
+from moejax.posttrain.parts import lookup
 
 
 def gram_of(contributions_ExN: np.ndarray) -> np.ndarray:
@@ -191,43 +192,47 @@ def knee(errors) -> int:
   return int(np.argmax(below_chord)) + 1
 
 
-METHODS = (
-  "schur_astar",
-  "greedy",
-  "step",
-  "step_no_merge",
-  "frequency",
-  "router_mass",
-  "output_norm",
-  "random",
-)
-STEP_METHODS = ("step", "step_no_merge")  # read Step's token-selective scores
+# The expert pruners (methods.PRUNERS, kind 'expert'): select(stats, m, **settings)
+# -> the m experts one layer keeps, from its calibration statistics
+# (contributions.LayerStatistics).
 
 
-def choose(stats, m: int, method: str, objective: str = "rescaled", seed=0):
-  """The m experts `method` keeps in one layer, from its calibration statistics
-  (posttrain/contributions.LayerStatistics: gram, frequency, mass):
-  schur_astar (optimal for `objective`), greedy forward selection, or the top m
-  by Step's token-selective score (stats.step_score, posttrain/taylor.py; `step`
-  then merges the pruned experts in prune.prune_model, `step_no_merge` does not), routing
-  frequency, router mass, output energy diag(G), or a random score (`seed`:
-  anything numpy's default_rng takes)."""
-  if method not in METHODS:
-    from moejax.errors import choice_error
+def select_astar(stats, m: int, objective: str = "rescaled") -> tuple[int, ...]:
+  """SCHUR-A*: the subset of least err(S) of `objective` (optimal)."""
+  return astar(stats.gram, m, objective).keep
 
-    raise choice_error("method", method, METHODS)
-  if method == "schur_astar":
-    return astar(stats.gram, m, objective).keep
-  if method == "greedy":
-    return greedy_forward(stats.gram, m, objective)
-  if method in STEP_METHODS and stats.step_score is None:
+
+def select_greedy(stats, m: int, objective: str = "rescaled") -> tuple[int, ...]:
+  return greedy_forward(stats.gram, m, objective)
+
+
+def select_step(stats, m: int) -> tuple[int, ...]:
+  """Step: the top m by token-selective score (stats.step_score, posttrain/taylor.py)."""
+  if stats.step_score is None:
     raise ValueError("method 'step' needs the layer's step_score (posttrain/taylor.py)")
-  scores = {
-    "step": lambda: stats.step_score,
-    "step_no_merge": lambda: stats.step_score,
-    "frequency": lambda: stats.frequency,
-    "router_mass": lambda: stats.mass,
-    "output_norm": lambda: np.diag(stats.gram),
-    "random": lambda: np.random.default_rng(seed).random(len(stats.gram)),
-  }[method]()
-  return top_by_score(scores, m)
+  return top_by_score(stats.step_score, m)
+
+
+def select_frequency(stats, m: int) -> tuple[int, ...]:
+  return top_by_score(stats.frequency, m)
+
+
+def select_mass(stats, m: int) -> tuple[int, ...]:
+  return top_by_score(stats.mass, m)
+
+
+def select_output_norm(stats, m: int) -> tuple[int, ...]:
+  """The top m by output energy diag(G)."""
+  return top_by_score(np.diag(stats.gram), m)
+
+
+def select_random(stats, m: int, seed: int = 0) -> tuple[int, ...]:
+  """The top m by a random score drawn with [seed, stats.block] (each layer its own)."""
+  return top_by_score(np.random.default_rng([seed, stats.block]).random(len(stats.gram)), m)
+
+
+def choose(stats, m: int, method: str, objective: str = "rescaled", seed: int = 0):
+  """The m experts the expert pruner `method` (methods.PRUNERS) keeps in one layer,
+  with `objective` and `seed` where the method has them as settings."""
+  select = lookup(PRUNERS, method, "method", kind="expert")
+  return select.bind_from({"objective": objective, "seed": seed})(stats, m)

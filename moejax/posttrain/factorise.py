@@ -39,15 +39,24 @@ def whitened_tensors(
   """{projection: W~ [E, d_in, d_out]}, each whitened by its inputs and, given
   output_samples {projection: Y [m, d_out]}, by its outputs (module doc)."""
   inputs = {"w_gate": calibration_inputs, "w_up": calibration_inputs, "w_down": hidden_inputs}
-  out = {}
-  for p in PROJECTIONS:
-    w = np.asarray(experts[p], np.float64)
-    if inputs[p] is not None:
-      w = tucker.whiten(w, tucker.whitening(inputs[p], damping))
-      if output_samples is not None:
-        w = np.einsum("ejo,ol->ejl", w, tucker.whitening(output_samples[p], damping))
-    out[p] = w
-  return out
+  return {
+    p: whitened(
+      experts[p], inputs[p], None if output_samples is None else output_samples[p], damping
+    )
+    for p in PROJECTIONS
+  }
+
+
+def whitened(W, inputs=None, outputs=None, damping: float = 1e-6) -> np.ndarray:
+  """W~ [E, d_in, d_out] float64: W whitened by its inputs X [n, d_in] (W~_e = S^T W_e)
+  and, given outputs Y [m, d_out] too, by them (W~_e R); W itself without inputs."""
+  w = np.asarray(W, np.float64)
+  if inputs is None:
+    return w
+  w = tucker.whiten(w, tucker.whitening(inputs, damping))
+  if outputs is not None:
+    w = np.einsum("ejo,ol->ejl", w, tucker.whitening(outputs, damping))
+  return w
 
 
 def routed_outputs(experts: dict, rows, hidden, expert) -> dict:
@@ -152,6 +161,44 @@ def factorise_experts(
       "output_factor": model.output_factor,
     }
   return {p: {k: np.asarray(v, np.float32) for k, v in t.items()} for p, t in params.items()}, ranks
+
+
+# The decompositions (methods.DECOMPOSITIONS): decompose(W [E, d_in, d_out], budget,
+# inputs=X, outputs=Y, **settings) -> a model with reconstruct(), parameters (at most
+# min(budget, E d_in d_out)) and ranks, each at the best ranks within the budget.
+
+
+def td_moe_experts(W, budget: int, inputs=None, outputs=None, *, damping=1e-6, iterations=5):
+  """TD-MoE: the joint Tucker model of W whitened by its inputs X (required) and, given
+  them, its outputs Y, at the ranks of least whitened truncation error
+  (tucker.allocate_ranks)."""
+  _check_inputs("td_moe", inputs)
+  ranks = tucker.allocate_ranks(whitened(W, inputs, outputs, damping), budget)
+  return tucker.td_moe(
+    W, inputs, ranks, output_samples=outputs, damping=damping, iterations=iterations
+  )
+
+
+def tucker_experts(W, budget: int, inputs=None, outputs=None, *, iterations=5):
+  """The joint Tucker model of W itself (no whitening; inputs and outputs unread)."""
+  return tucker.tucker(W, tucker.allocate_ranks(whitened(W), budget), iterations)
+
+
+def svd_experts(W, budget: int, inputs=None, outputs=None):
+  """Each expert's truncated SVD, at the largest rank within the budget."""
+  return tucker.per_expert_svd(W, tucker.svd_rank_for_budget(np.shape(W), budget))
+
+
+def whitened_svd_experts(W, budget: int, inputs=None, outputs=None, *, damping=1e-6):
+  """Each expert's truncated SVD of S^T W_e (SVD-LLM style), S from the inputs X."""
+  _check_inputs("whitened_svd", inputs)
+  rank = tucker.svd_rank_for_budget(np.shape(W), budget)
+  return tucker.whitened_per_expert_svd(W, inputs, rank, damping)
+
+
+def _check_inputs(name: str, inputs) -> None:
+  if inputs is None:
+    raise ConfigError(f"{name} whitens by the calibration inputs: give inputs X [n, d_in]")
 
 
 def factorised_config(config, ranks: dict) -> ml_collections.ConfigDict:

@@ -1,6 +1,6 @@
 """Expert pruning of a model (loop layout, pure-dict params): calibration
-statistics -> expert_subset.choose per MoE layer (or HEAPr's global atom ranking)
--> surgery.remove_experts (or atoms.remove_atoms).
+statistics -> the pruner's selection per MoE layer (or an atom pruner's global
+ranking; methods.PRUNERS) -> surgery.remove_experts (or atoms.remove_atoms).
 
 `prune_model` prunes a model config and its parameters on a shared
 `calibration.Calibration`; `Pruning` is the request (method, keep level,
@@ -16,15 +16,15 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.merging.experts import merge_in_layer
-from moejax.posttrain import atoms, contributions, expert_subset, surgery
+from moejax.posttrain import atoms, contributions, expert_subset, methods, surgery
 from moejax.posttrain.calibration import Calibration
-from moejax.posttrain.methods import ATOM_METHODS
+from moejax.posttrain.parts import lookup
 
 
 KNEE = "knee"  # --keep=knee: each layer's budget at the knee of err(m) (expert_subset.knee)
 # How a pruned expert is merged into a kept one (moejax/merging/experts.py): not at all,
 # or the routing-mass-weighted mean of the raw parameters (Step's merge, our guess).
-# "" = the method's own: average for `step`, none for every other method.
+# "" = the method's own (its registered `merge`): average for `step`, none for the others.
 MERGES = ("none", "average")
 # The kept partner a pruned expert merges into: the most similar by `output` (every
 # expert run on the same calibration tokens, contributions.LayerStatistics.outputs),
@@ -34,7 +34,7 @@ PARTNERS = ("output", "contribution")
 
 @dataclasses.dataclass(frozen=True)
 class Pruning:
-  """A pruning request: `method` (methods.METHODS) keeps `keep` per MoE layer."""
+  """A pruning request: `method` (methods.PRUNERS) keeps `keep` per MoE layer."""
 
   method: str
   keep: str
@@ -43,12 +43,12 @@ class Pruning:
   seed: int = 0
   merge: str = ""  # MERGES, "" = the method's own (merge_rule)
   partner: str = "output"  # PARTNERS
-  normalisation: str = "routed"  # atoms.NORMALISATIONS (HEAPr's per-expert scaling)
+  normalisation: str = "routed"  # methods.NORMALISATIONS (HEAPr's per-expert scaling)
 
 
 def merge_rule(method: str, merge: str = "") -> str:
   """The merge `method` runs with: `merge`, or "" for the method's own (MERGES)."""
-  return merge or ("average" if method == "step" else "none")
+  return merge or methods.pruner(method).merge
 
 
 def check_options(r: Pruning, keys: dict | None = None) -> None:
@@ -65,15 +65,16 @@ def check_options(r: Pruning, keys: dict | None = None) -> None:
   }
   from moejax.errors import choice_error
 
+  pruner = methods.pruner(r.method, keys["method"])
   if r.merge and r.merge not in MERGES:
     raise choice_error(keys["merge"], r.merge, MERGES)
   if r.partner not in PARTNERS:
     raise choice_error(keys["partner"], r.partner, PARTNERS)
-  if r.normalisation not in atoms.NORMALISATIONS:
-    raise choice_error(keys["normalisation"], r.normalisation, atoms.NORMALISATIONS)
-  if merge_rule(r.method, r.merge) == "none":
+  if r.normalisation not in methods.NORMALISATIONS:
+    raise choice_error(keys["normalisation"], r.normalisation, methods.NORMALISATIONS)
+  if (r.merge or pruner.merge) == "none":
     return
-  if r.method in ATOM_METHODS:
+  if pruner.kind == "atom":
     raise ConfigError(
       f"{keys['merge']}={r.merge}: {keys['method']}={r.method} removes atoms, not experts to merge"
     )
@@ -122,10 +123,14 @@ def atom_fraction(keep: str, key: str = "--keep") -> float:
 
 
 def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, seed: int):
-  """{block: kept experts} and {block: err(S) / err(empty)} for every MoE layer.
-  keep=knee: per layer, the method's subsets for m = top_k..E, and the m at the
-  knee of their err(m) (SCHUR-A*'s layer budgets; with schur_astar, err(m) is the
-  optimal curve)."""
+  """{block: kept experts} and {block: err(S) / err(empty)} for every MoE layer, by
+  the expert pruner `method` (methods.PRUNERS) with `objective` and `seed` where it
+  has them. keep=knee: per layer, the method's subsets for m = top_k..E, and the m
+  at the knee of their err(m) (SCHUR-A*'s layer budgets; with schur_astar, err(m)
+  is the optimal curve)."""
+  select = lookup(methods.PRUNERS, method, kind="expert").bind_from(
+    {"objective": objective, "seed": seed}
+  )
   kept, errors = {}, {}
   for layer in stats:
     total = max(expert_subset.subset_error(layer.gram, (), objective), 1e-300)
@@ -134,7 +139,7 @@ def choose_experts(stats, keep: str, top_k: int, method: str, objective: str, se
       return expert_subset.subset_error(layer.gram, subset, objective) / total
 
     def pick(m, layer=layer):
-      return expert_subset.choose(layer, m, method, objective, [seed, layer.block])
+      return select(layer, m)
 
     if keep == KNEE:
       subsets = [pick(m) for m in range(top_k, len(layer.gram) + 1)]
@@ -168,11 +173,11 @@ def prune_atoms(
   normalisation: str = "routed",
 ):
   """HEAPr-style global atom pruning (posttrain/atoms.py): keep the `keep` fraction
-  of all atoms by ATOM_METHODS[method]'s score (`normalisation`: atoms.NORMALISATIONS)."""
+  of all atoms by the atom pruner `method`'s scores (methods.PRUNERS; `seed` and
+  `normalisation`, methods.NORMALISATIONS, where it has them)."""
   fraction = atom_fraction(keep)
-  scores = atoms.atom_scores(
-    calibration.atom_sums, ATOM_METHODS[method], params, seed, normalisation
-  )
+  score = methods.PRUNERS.get(method).bind_from({"seed": seed, "normalisation": normalisation})
+  scores = score(calibration.atom_sums, params=params)
   kept = atoms.global_keep(scores, fraction)
   new_m, params = atoms.remove_atoms(m, params, kept)
   layers = [
@@ -207,7 +212,7 @@ def prune_model(
 ):
   """(pruned model config, params, rest, per-layer report) of the model config `m`
   (loop layout) calibrated on token windows [N, L] (or a shared `calibration`);
-  pure-dict params and rest. Atom methods (ATOM_METHODS) keep a fraction of
+  pure-dict params and rest. Atom pruners (methods.PRUNERS) keep a fraction of
   every layer's atoms together; the others keep experts per layer, then merge the
   pruned into the kept by `merge` (MERGES, with partners by `partner`) and with
   `rescale` fold the rescaled objective's least-squares weights into the kept.
@@ -224,14 +229,13 @@ def prune_model(
     calibration = Calibration(m, params, rest, windows, batch_size)
   if save_statistics:
     contributions.save_statistics(save_statistics, calibration.stats)
-  if method in ATOM_METHODS:
+  pruner = methods.PRUNERS.get(method)
+  if pruner.kind == "atom":
     new_m, new_params, new_rest, layers = prune_atoms(
       m, params, rest, calibration, keep=keep, method=method, seed=seed, normalisation=normalisation
     )
   else:
-    stats = (
-      calibration.with_step_scores() if method in expert_subset.STEP_METHODS else calibration.stats
-    )
+    stats = calibration.with_step_scores() if "step_score" in pruner.needs else calibration.stats
     kept, errors = choose_experts(stats, keep, m.moe.top_k, method, objective, seed)
     scales = (
       {layer.block: expert_subset.rescale_weights(layer.gram, kept[layer.block]) for layer in stats}

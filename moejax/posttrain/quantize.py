@@ -65,6 +65,9 @@ class QuantizedWeight:
   def symmetric(self) -> bool:
     return self.zero is None
 
+  def dequantize(self) -> np.ndarray:
+    return dequantize(self)
+
 
 def _group_params(rows_GxO: np.ndarray, bits: int, symmetric: bool):
   """(scale, zero) [d_out] of one group of rows (module doc), float64 holding
@@ -124,6 +127,23 @@ def rtn(W, bits: int, group_size: int, symmetric: bool = False) -> QuantizedWeig
     scales.append(scale)
     zeros.append(zero)
   return _pack(codes, scales, None if symmetric else zeros, bits, group_size, symmetric)
+
+
+def rtn_experts(W, bits: int, group_size: int, hessians=None, *, symmetric: bool = False):
+  """The quantizer 'rtn' (methods.QUANTIZERS): `rtn` of each W[e] of W [E, d_in, d_out];
+  it reads no hessians."""
+  return [rtn(w, bits, group_size, symmetric=symmetric) for w in np.asarray(W)]
+
+
+def gptq_experts(
+  W, bits: int, group_size: int, hessians, *, symmetric: bool = False, damp: float = 0.01
+):
+  """The quantizer 'gptq' (methods.QUANTIZERS): `gptq_stack` of W [E, d_in, d_out]
+  against hessians [E, d_in, d_in], one group per lazy block (block_size changes no
+  result; the fewest in-block row updates)."""
+  if hessians is None:
+    raise ConfigError("quantizer 'gptq' needs the hessians X_e^T X_e of each expert's inputs")
+  return gptq_stack(W, hessians, bits, group_size, damp, group_size, symmetric)
 
 
 def input_hessian(X) -> np.ndarray:

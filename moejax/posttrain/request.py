@@ -11,8 +11,7 @@ from __future__ import annotations
 from moejax.models.structure import expert_counts, moe_layer_indices
 from moejax.errors import ConfigError, choice_error
 from moejax.posttrain import compress_pipeline as cp
-from moejax.posttrain import expert_subset, prune
-from moejax.posttrain.methods import ATOM_METHODS, METHODS
+from moejax.posttrain import methods, prune
 
 FIELDS = (
   "method",
@@ -86,9 +85,8 @@ def _calibration(m, num_windows: int, context: int, source: str, keys: dict) -> 
 
 def _pruning(m, r: "prune.Pruning", source: str, keys: dict) -> None:
   method, keep = keys["method"], keys["keep"]
-  if r.method not in METHODS:
-    raise choice_error(method, r.method, METHODS)
-  if r.method in ATOM_METHODS:
+  pruner = methods.pruner(r.method, method)
+  if pruner.kind == "atom":
     prune.atom_fraction(r.keep, keep)
     if m.moe.experts != "swiglu":
       raise ConfigError(
@@ -96,16 +94,16 @@ def _pruning(m, r: "prune.Pruning", source: str, keys: dict) -> None:
         f"of model.moe.experts={m.moe.experts!r} ({source})"
       )
   elif r.keep == prune.KNEE:
-    if r.method == "step":
+    if pruner.merge != "none":
       raise ConfigError(
-        f"{keep}=knee reads err(m) of the Gram objective; {method}=step "
+        f"{keep}=knee reads err(m) of the Gram objective; {method}={r.method} "
         "merges experts, which that error does not describe"
       )
   else:
     for count in expert_counts(m):
       prune.kept_count(r.keep, count, m.moe.top_k, keep)
-  if r.objective not in expert_subset.OBJECTIVES:
-    raise choice_error(keys["objective"], r.objective, expert_subset.OBJECTIVES)
+  if r.objective not in methods.OBJECTIVES:
+    raise choice_error(keys["objective"], r.objective, methods.OBJECTIVES)
   if r.rescale and r.objective != "rescaled":
     raise ConfigError(
       f"{keys['rescale']} folds the least-squares weights of "
@@ -117,15 +115,13 @@ def _compression(
   m, r: "cp.Request", source: str, keys: dict, rounds: int, finetune_steps: int
 ) -> None:
   level, choices_key = keys["level"], keys["bit_choices"]
-  if r.method not in cp.METHODS:
-    raise choice_error(keys["method"], r.method, cp.METHODS)
-  if r.quantizer not in cp.QUANTIZERS:
-    raise choice_error(keys["quantizer"], r.quantizer, cp.QUANTIZERS)
+  cp.family(r.method, keys["method"])
+  methods.integer_quantizer(r.quantizer, keys["quantizer"])
   if rounds > 1 and r.method != "gemq":
     raise ConfigError(
       f"{keys['rounds']}={rounds}: only gemq re-estimates its costs ({keys['method']}={r.method})"
     )
-  if finetune_steps and r.method in ("svd", "whitened_svd"):
+  if finetune_steps and not cp.has_expert_type(r.method):
     raise ConfigError(
       f"{keys['finetune_steps']}={finetune_steps}: {r.method} has no expert type to fine-tune"
     )

@@ -106,6 +106,10 @@ class Tucker:
     shape = (len(self.expert_factor), len(self.input_factor), len(self.output_factor))
     return tucker_parameters(shape, self.core.shape)
 
+  @property
+  def ranks(self) -> tuple[int, ...]:
+    return tuple(int(r) for r in self.core.shape)
+
   def expert_cores(self) -> np.ndarray:
     """G_e = sum_k U_E[e, k] G[k], [E, r_in, r_out]: W^_e = U_in G_e U_out^T."""
     return np.einsum("ek,kab->eab", self.expert_factor, self.core)
@@ -300,6 +304,10 @@ class LowRank:
   def parameters(self) -> int:
     return int(self.left.size + self.right.size)
 
+  @property
+  def ranks(self) -> int:
+    return int(self.left.shape[-1])
+
   def reconstruct(self) -> np.ndarray:
     return self.left @ self.right
 
@@ -310,8 +318,10 @@ def svd_parameters(shape, rank) -> int:
 
 
 def svd_rank_for_budget(shape, budget) -> int:
-  """The largest per-expert rank with svd_parameters <= budget."""
-  rank = min(int(budget) // svd_parameters(shape, 1), min(shape[1], shape[2]))
+  """The largest per-expert rank with svd_parameters <= min(budget, the dense size):
+  factors never cost more than the experts stored dense."""
+  within = min(int(budget), dense_parameters(shape))
+  rank = min(within // svd_parameters(shape, 1), min(shape[1], shape[2]))
   if rank < 1:
     raise ConfigError(
       f"budget={budget} parameters is below one rank per expert, "
