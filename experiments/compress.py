@@ -6,7 +6,8 @@ compress every MoE layer, save a training workdir of the compressed expert type.
   python -m experiments.evaluate --workdir=runs/compressed/s_gemq_25
   python -m experiments.convert --workdir=runs/compressed/s_gemq_25 --out_hf_dir=DIR
 
---method (moejax/posttrain/compress_pipeline.py): uniform, per_layer, gemq
+--method (moejax/posttrain/compress_pipeline.py; the quantizers and decompositions
+are registered in moejax/posttrain/methods.py): uniform, per_layer, gemq
 (experts='quantized'; --quantizer rtn or gptq, --bit_choices, --rounds of
 GEMQ's allocate-quantize-re-estimate loop), kmeans, codequant (experts=
 'codebook'), td_moe, tucker (experts='factorised'); svd and whitened_svd are
@@ -84,10 +85,13 @@ def main(argv):
   cli_files.output_dir("out", _OUT.value, empty=True, not_inside=[("--workdir", _WORKDIR.value)])
   cli_files.output_file("report", _REPORT.value)
   choices = tuple(int(b) for b in _CHOICES.value)
+  from moejax.posttrain import methods  # the names only: no jax yet
+
+  methods.family(_METHOD.value)
+  methods.integer_quantizer(_QUANTIZER.value)
   from moejax.posttrain import compress_pipeline as cp
   from moejax.posttrain import compress_workdir
 
-  cp.family(_METHOD.value)
   r = cp.Request(
     _METHOD.value,
     _LEVEL.value,

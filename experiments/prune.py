@@ -13,7 +13,8 @@ selective scores, then the pruned experts merged into the kept), step_no_merge
 (the same choice, no merge), frequency,
 router_mass, output_norm, random (moejax/posttrain/expert_subset.py), or an
 atom method: heapr, heapr_first_order, atom_magnitude, atom_random
-(moejax/posttrain/atoms.py). --keep: experts kept per MoE layer, a fraction
+(moejax/posttrain/atoms.py); every one is registered in
+moejax/posttrain/methods.py (PRUNERS). --keep: experts kept per MoE layer, a fraction
 (0.5), a count (8), or knee (each layer's own count, at the knee of the
 method's err(m) curve); for an atom method, the fraction of all atoms kept. Calibration:
 --num_windows windows of --context tokens drawn with --seed from the training
@@ -114,6 +115,9 @@ def main(argv):
   cli_files.output_file(
     "save_statistics", _STATISTICS.value, suffixes=(".npz",), not_inside=inputs[2:]
   )
+  from moejax.posttrain import methods  # the names only: no jax yet
+
+  methods.pruner(_METHOD.value)
   from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
 
   options = dict(
