@@ -1,9 +1,14 @@
-"""Every registered merge method (moejax/merging) and edit method (moejax/editing),
-driven by the registries, so a method added later is held to the same rules:
-settings bound once from declared defaults, an unknown setting refused naming it;
-merging copies of one model returns that model, and differing shapes name the
-parameter; a layer edit with nothing to change (R = 0) changes nothing, leaves
-experts no row routes to alone, and lowers the edit objective otherwise."""
+"""Every registered merge method (moejax/merging), edit method (moejax/editing) and
+post-training method (moejax/posttrain/methods.py: pruners, quantizers,
+decompositions), driven by the registries, so a method added later is held to the
+same rules: settings bound once from declared defaults, an unknown setting refused
+naming it; merging copies of one model returns that model, and differing shapes
+name the parameter; a layer edit with nothing to change (R = 0) changes nothing,
+leaves experts no row routes to alone, and lowers the edit objective otherwise; the
+post-training contracts of tests/contract/posttrain_oracles.py (a pruner at keep=1.0
+returns the model unchanged and selects valid subsets, a quantizer reproduces its
+grid and stays within half a step at 8 bits, a decomposition reproduces a low-rank
+stack and never stores more than dense)."""
 
 import numpy as np
 import pytest
@@ -11,6 +16,8 @@ import pytest
 from moejax.editing import methods as edit_methods
 from moejax.errors import ConfigError
 from moejax.merging import base as merging
+from moejax.posttrain import methods as posttrain
+from tests.contract import posttrain_oracles
 
 MERGES = list(merging.MERGE_METHODS)
 EDITS = list(edit_methods.EDIT_METHODS)
@@ -25,6 +32,22 @@ def tree(seed):
 def test_the_registries_hold_the_methods_this_file_is_about():
   assert {"task_arithmetic", "ties", "average"} <= set(MERGES)
   assert {"moe_edit", "lstsq", "finetune"} <= set(EDITS)
+  assert {"schur_astar", "step", "random", "heapr", "atom_random"} <= set(posttrain.PRUNERS)
+  assert {"rtn", "gptq", "kmeans"} <= set(posttrain.QUANTIZERS)
+  assert {"td_moe", "tucker", "svd", "whitened_svd"} <= set(posttrain.DECOMPOSITIONS)
+
+
+@pytest.mark.parametrize("kind,name", posttrain_oracles.every_method())
+def test_a_posttrain_method_keeps_its_contract(kind, name):
+  posttrain_oracles.check(kind, name)
+
+
+@pytest.mark.parametrize("kind,name", posttrain_oracles.every_method())
+def test_a_posttrain_method_refuses_an_unknown_setting_naming_it(kind, name):
+  registry = posttrain_oracles.REGISTRIES[kind][0]
+  flag = registry.config_key
+  with pytest.raises(ConfigError, match=f"^--nonsense=1 is not a setting of {flag}={name}; "):
+    registry.get(name).bind(nonsense=1)
 
 
 @pytest.mark.parametrize("name", MERGES)
