@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, GroupedMatmulSpec, tiled_matmul
@@ -96,3 +97,68 @@ def test_a_loss_that_misses_its_example_fails():
       check_loss(
         "load_balance_halved", LOSSES.get("load_balance_halved"), outputs, load_balance_example
       )
+
+
+# ---- post-training methods (tests/contract/posttrain_oracles.py)
+
+
+def test_a_pruner_that_numbers_experts_from_one_fails():
+  from moejax.posttrain.methods import PRUNERS
+  from moejax.posttrain.parts import Method
+  from tests.contract.posttrain_oracles import check_pruner
+
+  def off_by_one(stats, m):  # the top m by frequency, numbered 1..E instead of 0..E-1
+    return tuple(sorted(int(e) + 1 for e in np.argsort(-stats.frequency)[:m]))
+
+  with PRUNERS.temporarily(
+    "frequency_off_by_one", Method("frequency_off_by_one", "expert", off_by_one)
+  ):
+    with pytest.raises(AssertionError, match="pruner frequency_off_by_one: .*outside"):
+      check_pruner("frequency_off_by_one")
+  assert "frequency_off_by_one" not in PRUNERS
+  check_pruner("frequency")  # the correct part passes the same check
+
+
+def test_a_quantizer_that_truncates_fails():
+  from moejax.posttrain.methods import QUANTIZERS
+  from moejax.posttrain.parts import Method
+  from moejax.posttrain.quantize import rtn
+  from tests.contract.posttrain_oracles import check_quantizer
+
+  def truncating(W, bits, group_size, hessians=None):  # floor(w / s), not round: rtn's grid
+    out = []
+    for w in np.asarray(W, np.float64):
+      q = rtn(w, bits, group_size)
+      scale, zero = (np.repeat(a, group_size, axis=0) for a in (q.scales, q.zero))
+      codes = np.clip(np.floor(w / scale) + zero, 0, 2**bits - 1)
+      out.append(Dequantized(((codes - zero) * scale).astype(np.float32)))
+    return out
+
+  method = Method("rtn_floor", "integer", truncating, flag="--quantizer")
+  with QUANTIZERS.temporarily("rtn_floor", method):
+    with pytest.raises(AssertionError, match="quantizer rtn_floor: at 8 bits an error of"):
+      check_quantizer("rtn_floor")
+  check_quantizer("rtn")
+
+
+class Dequantized:
+  def __init__(self, w_hat):
+    self.w_hat = w_hat
+
+  def dequantize(self):
+    return self.w_hat
+
+
+def test_a_decomposition_that_ignores_its_budget_fails():
+  from moejax.posttrain import tucker
+  from moejax.posttrain.methods import DECOMPOSITIONS
+  from moejax.posttrain.parts import Method
+  from tests.contract.posttrain_oracles import check_decomposition
+
+  def full_rank_svd(W, budget, inputs=None, outputs=None):  # exact, but over any budget
+    return tucker.per_expert_svd(W, min(np.shape(W)[1:]))
+
+  with DECOMPOSITIONS.temporarily("svd_full", Method("svd_full", "per_expert", full_rank_svd)):
+    with pytest.raises(AssertionError, match="decomposition svd_full: budget .* stores"):
+      check_decomposition("svd_full")
+  check_decomposition("svd")
