@@ -1,8 +1,8 @@
 """The one decoder: moejax's own LM and every HF family (config: moejax/config.py `model`).
 
-Pre-norm blocks, h = x + attn(norm(x)); y = h + ffn(norm(h)), where ffn is
-the one MoE layer (moejax/layers/moe.py; OmniMoE is its product_key router
-with atomic experts) or a dense SwiGLU (which layers: moejax/models/structure.py
+Pre-norm blocks (moejax/models/block.py), h = x + attn(norm(x)); y = h + ffn(norm(h)),
+where ffn is the one MoE layer (moejax/layers/moe.py; OmniMoE is its product_key
+router with atomic experts) or a dense SwiGLU (which layers: moejax/models/structure.py
 moe_layer_indices). With model.l3.enabled
 an L3 layer (moejax/layers/lookup.py) follows each block in model.l3.layers.
 
@@ -26,12 +26,12 @@ moejax/train/step.py), replaces each layer's own loss statistics.
 
 Scale skeleton (MaxText's scan_layers and remat_policy):
   model.scan_layers  the blocks' variables are stacked on a leading layer axis
-                     and run by jax.lax.scan: one block is traced and compiled
-                     instead of num_layers. Only for identical layers
-                     (scan_layer_differences); the loop stays for the rest
-                     (pruned layers with unequal expert counts, L3, windows
-                     that differ). KV-cache decoding and export read the loop
-                     layout: unstack_layers converts (load.py does it).
+                     and run by jax.lax.scan (moejax/models/scanned.py): one block
+                     is traced and compiled instead of num_layers. Only for
+                     identical layers (scan_layer_differences); the loop stays for
+                     the rest (pruned layers with unequal expert counts, L3,
+                     windows that differ). KV-cache decoding and export read the
+                     loop layout: unstack_layers converts (load.py does it).
   model.remat        a jax.checkpoint policy per block, by name (REMAT_POLICIES):
                      'save_moe_routing' keeps the router logits and the Routing
                      (layers/moe.py ROUTING_NAMES) and recomputes the rest,
@@ -53,25 +53,14 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.experts import merged
-from moejax.models.structure import (
-  expert_counts,
-  layer_moe_config,
-  layer_windows,
-  moe_layer_indices,
-)
-from moejax.layers.attention import GroupedQueryAttention, LatentAttention
-from moejax.layers.dense import Linear, RMSNorm, SwiGLU
+from moejax.layers.dense import Linear, RMSNorm
 from moejax.layers.lookup import build_lookup_layer
-from moejax.layers.moe import ROUTING_NAMES, MoELayer
+from moejax.models.block import REMAT_POLICIES, RESIDUAL_AXES, DecoderBlock, rematerialised
+from moejax.models.scanned import ScannedBlocks
+from moejax.models.scanned import scan_layer_differences as scan_layer_differences
+from moejax.models.scanned import unstack_layers as unstack_layers
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-RESIDUAL_AXES = ("batch", "length", "act_embed")
-REMAT_POLICIES = {
-  "none": None,  # keep every activation
-  "full": jax.checkpoint_policies.nothing_saveable,  # keep only block inputs
-  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
-  "save_moe_routing": jax.checkpoint_policies.save_only_these_names(*ROUTING_NAMES),
-}
 
 
 class DecodeCache(Protocol):
@@ -84,91 +73,6 @@ class DecodeCache(Protocol):
   length: jax.Array  # int32 scalar
 
   def replace(self, **changes: Any) -> "DecodeCache": ...
-
-
-def scan_layer_differences(m) -> str:
-  """Why the layers of `m` cannot be scanned ('' when they are identical)."""
-  moe = moe_layer_indices(m)
-  if moe and len(moe) != m.num_layers:
-    return f"layers {moe} are MoE and the others dense"
-  if len(set(layer_windows(m))) > 1:
-    return f"model.attention.windows={list(m.attention.windows)} differ"
-  if len(set(expert_counts(m))) > 1:
-    return f"model.moe.expert_counts={list(m.moe.expert_counts)} differ"
-  if m.get("l3") is not None and m.l3.enabled:
-    return f"L3 layers follow blocks {list(m.l3.layers)}"
-  if moe and m.moe.get("merge") == "namex":
-    return "model.moe.merge='namex' passes the base expert from layer to layer"
-  return ""
-
-
-class DecoderBlock(nnx.Module):
-  def __init__(self, m, layer: int, *, rngs: nnx.Rngs, dtype):
-    self.attn_norm = RMSNorm(m.d_model, m.norm_eps)
-    attention = LatentAttention if m.attention.kind == "mla" else GroupedQueryAttention
-    self.attn = attention(m, rngs=rngs, dtype=dtype)
-    self.attn_adapted = getattr(self.attn, "adapter", None) is not None
-    self.window = m.attention.windows[layer] if m.attention.windows else 0
-    self.ffn_norm = RMSNorm(m.d_model, m.norm_eps)
-    moe_layers = moe_layer_indices(m)
-    self.is_moe = layer in moe_layers
-    self.ffn: MoELayer | SwiGLU
-    if self.is_moe:
-      index = moe_layers.index(layer)
-      moe_cfg = layer_moe_config(m, index)
-      self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype, receives_base=index > 0)
-    else:
-      self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
-
-  def attend(self, *args, token_mask=None, **kwargs):
-    """(h, layer_cache, the attention adapter's aux or None) of self.attn(*args, **kwargs),
-    the adapter's routing skipping padding (token_mask)."""
-    if not self.attn_adapted:
-      return (*self.attn(*args, **kwargs), None)
-    return self.attn(*args, token_mask_BxL=token_mask, with_aux=True, **kwargs)
-
-  def __call__(
-    self,
-    x,
-    positions,
-    allowed,
-    token_mask,
-    layer_cache,
-    start,
-    *,
-    train,
-    rng,
-    step_stats=None,
-    carry=None,
-    prefix=None,
-  ):
-    """prefix: None or a key/value prefix hook for grouped-query attention (a ViT
-    adapter's, layers/attention.py prefixed_attention)."""
-    if self.window:
-      allowed = allowed & windowed(allowed.shape, start, self.window)
-    with_prefix = {} if prefix is None else {"prefix": prefix}
-    h, layer_cache, adapter_aux = self.attend(
-      self.attn_norm(x),
-      positions,
-      allowed,
-      layer_cache,
-      start,
-      **with_prefix,
-      token_mask=token_mask,
-    )
-    x = x + h
-    if not self.is_moe:
-      return x + self.ffn(self.ffn_norm(x)), with_adapter(None, adapter_aux), layer_cache
-    # carry: NAMEx's base expert from the previous MoE layer (merged.pass_carry)
-    options = dict(token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry)
-    h, aux = self.ffn(self.ffn_norm(x), **options)
-    return x + h, with_adapter(aux, adapter_aux), layer_cache
-
-
-def with_adapter(aux, adapter_aux):
-  """A block's aux: its MoE layer's (or None) with the attention adapter's under
-  "adapter" when there is one (gather_aux separates them)."""
-  return aux if adapter_aux is None else {**(aux or {}), "adapter": adapter_aux}
 
 
 def is_moe_block(blocks) -> list[bool]:
@@ -194,103 +98,6 @@ def gather_aux(layers_aux, is_moe) -> dict:
   if adapters:
     out["adapters"] = adapters
   return out
-
-
-def rematerialised(block, policy):
-  """block's call under jax.checkpoint(policy): the backward pass recomputes what
-  the policy does not save. Router state the call updates is written back."""
-  graphdef, params, rest = nnx.split(block, nnx.Param, ...)
-
-  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng, **traced):
-    """traced: the block's step_stats and carry, arguments of the checkpointed call."""
-
-    def apply(params, rest, x, traced):
-      inner = nnx.merge(graphdef, params, rest)
-      args = (x, positions, allowed, token_mask, layer_cache, start)
-      out = inner(*args, train=train, rng=rng, **traced)
-      return out, nnx.split(inner, nnx.Param, ...)[2]
-
-    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x, traced)
-    nnx.update(block, new_rest)
-    return out
-
-  return call
-
-
-class ScannedBlocks(nnx.Module):
-  """num_layers identical DecoderBlocks as one block whose variables carry a
-  leading layer axis (logical axis None), run by jax.lax.scan. Built as the
-  loop builds them, block by block from the same rngs, then stacked: the same
-  seed gives the loop model's parameters."""
-
-  def __init__(self, m, *, rngs: nnx.Rngs, dtype):
-    blocks = [DecoderBlock(m, i, rngs=rngs, dtype=dtype) for i in range(m.num_layers)]
-    states = [nnx.state(b) for b in blocks]
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
-    self.block = blocks[0]
-    nnx.update(self.block, stacked)
-    for _, variable in nnx.iter_graph(self.block):
-      if isinstance(variable, nnx.Variable):
-        axes = variable.get_metadata().get("logical_axes")
-        if axes is not None:
-          variable.set_metadata(logical_axes=(None, *axes))
-    self.num_layers = m.num_layers
-
-  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy, step_stats=None):
-    """step_stats: one per layer (Decoder), scanned over as [L, ...]."""
-    graphdef, params, rest = nnx.split(self.block, nnx.Param, ...)
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *step_stats) if step_stats else None
-
-    def body(x, layer):
-      params_i, rest_i, index, stats_i = layer
-      block = nnx.merge(graphdef, params_i, rest_i)
-      x, aux, _ = block(
-        x,
-        positions,
-        allowed,
-        token_mask,
-        None,
-        0,
-        train=train,
-        rng=jax.random.fold_in(rng, index),
-        step_stats=stats_i,
-      )
-      return sharding.constrain(x, RESIDUAL_AXES), (aux, nnx.split(block, nnx.Param, ...)[2])
-
-    if policy is not None:
-      body = jax.checkpoint(body, policy=policy)
-    x, (aux, rest) = jax.lax.scan(body, x, (params, rest, jnp.arange(self.num_layers), stacked))
-    nnx.update(self.block, rest)
-    if aux is None:
-      return x, []
-    return x, [jax.tree.map(lambda a, i=i: a[i], aux) for i in range(self.num_layers)]
-
-
-def unstack_layers(m, params: dict, rest: dict):
-  """(m, params, rest) of a scanned model in the loop layout (blocks 0..L-1), which
-  the KV cache, export and the loop read; unchanged for a loop model."""
-  if not m.get("scan_layers", False):
-    return m, params, rest
-
-  def unstack(tree):
-    if "blocks" not in tree:
-      return tree
-    block = tree["blocks"]["block"]
-    return {
-      **tree,
-      "blocks": {i: jax.tree.map(lambda a, i=i: a[i], block) for i in range(m.num_layers)},
-    }
-
-  m = ml_collections.ConfigDict(m.to_dict())
-  m.scan_layers = False
-  return m, unstack(params), unstack(rest)
-
-
-def windowed(shape, start, window: int):
-  """[1, Lq, S]: key slot within `window` slots of the query slot (Mistral)."""
-  _, lq, s = shape
-  query_slot = start + jnp.arange(lq)[:, None]
-  return (query_slot - jnp.arange(s)[None, :] < window)[None]
 
 
 class Decoder(nnx.Module):

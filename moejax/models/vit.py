@@ -8,7 +8,7 @@ pooling 'mean') and learned position embeddings E_pos are added; pre-norm blocks
 follow (eq. 2-3), then a final norm, the pooled token (the CLS token's output, or
 the mean over patches) and a linear head to num_classes logits (eq. 4).
 
-The blocks are the decoder's own DecoderBlock (moejax/models/decoder.py): the one
+The blocks are the decoder's own DecoderBlock (moejax/models/block.py): the one
 attention module, here non-causal (every key slot allowed) and without rotary
 embeddings (positions None: the learned E_pos carry the position), and the one FFN,
 a dense SwiGLU or the one MoELayer with its routers, expert types, dispatchers,
@@ -36,16 +36,9 @@ from moejax.config import VIT_POOLINGS
 from moejax.errors import ConfigError, choice_error
 from moejax.experts import merged
 from moejax.layers.dense import Linear, RMSNorm
-from moejax.models.decoder import (
-  DTYPES,
-  REMAT_POLICIES,
-  RESIDUAL_AXES,
-  DecoderBlock,
-  ScannedBlocks,
-  gather_aux,
-  is_moe_block,
-  rematerialised,
-)
+from moejax.models.block import REMAT_POLICIES, RESIDUAL_AXES, DecoderBlock, rematerialised
+from moejax.models.decoder import DTYPES, gather_aux, is_moe_block
+from moejax.models.scanned import ScannedBlocks
 
 POSITION_INIT_STDDEV = 0.02  # ViT and BERT's initialisation of learned positions
 

@@ -1,0 +1,125 @@
+"""One pre-norm decoder block and its rematerialised call (moejax/models/decoder.py
+builds the model of them; moejax/models/scanned.py stacks them for scan_layers).
+
+  h = x + attn(attn_norm(x));  y = h + ffn(ffn_norm(h))
+
+ffn is the one MoE layer (moejax/layers/moe.py) or a dense SwiGLU (which layers:
+moejax/models/structure.py moe_layer_indices). model.remat names a jax.checkpoint
+policy (REMAT_POLICIES; MaxText's remat_policy): 'save_moe_routing' keeps the router
+logits and the Routing (layers/moe.py ROUTING_NAMES) and recomputes the rest, expert
+activations included, in the backward pass.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.layers.attention import GroupedQueryAttention, LatentAttention
+from moejax.layers.dense import RMSNorm, SwiGLU
+from moejax.layers.moe import ROUTING_NAMES, MoELayer
+from moejax.models.structure import layer_moe_config, moe_layer_indices
+
+RESIDUAL_AXES = ("batch", "length", "act_embed")
+REMAT_POLICIES = {
+  "none": None,  # keep every activation
+  "full": jax.checkpoint_policies.nothing_saveable,  # keep only block inputs
+  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+  "save_moe_routing": jax.checkpoint_policies.save_only_these_names(*ROUTING_NAMES),
+}
+
+
+class DecoderBlock(nnx.Module):
+  def __init__(self, m, layer: int, *, rngs: nnx.Rngs, dtype):
+    self.attn_norm = RMSNorm(m.d_model, m.norm_eps)
+    attention = LatentAttention if m.attention.kind == "mla" else GroupedQueryAttention
+    self.attn = attention(m, rngs=rngs, dtype=dtype)
+    self.attn_adapted = getattr(self.attn, "adapter", None) is not None
+    self.window = m.attention.windows[layer] if m.attention.windows else 0
+    self.ffn_norm = RMSNorm(m.d_model, m.norm_eps)
+    moe_layers = moe_layer_indices(m)
+    self.is_moe = layer in moe_layers
+    self.ffn: MoELayer | SwiGLU
+    if self.is_moe:
+      index = moe_layers.index(layer)
+      moe_cfg = layer_moe_config(m, index)
+      self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype, receives_base=index > 0)
+    else:
+      self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
+
+  def attend(self, *args, token_mask=None, **kwargs):
+    """(h, layer_cache, the attention adapter's aux or None) of self.attn(*args, **kwargs),
+    the adapter's routing skipping padding (token_mask)."""
+    if not self.attn_adapted:
+      return (*self.attn(*args, **kwargs), None)
+    return self.attn(*args, token_mask_BxL=token_mask, with_aux=True, **kwargs)
+
+  def __call__(
+    self,
+    x,
+    positions,
+    allowed,
+    token_mask,
+    layer_cache,
+    start,
+    *,
+    train,
+    rng,
+    step_stats=None,
+    carry=None,
+    prefix=None,
+  ):
+    """prefix: None or a key/value prefix hook for grouped-query attention (a ViT
+    adapter's, layers/attention.py prefixed_attention)."""
+    if self.window:
+      allowed = allowed & windowed(allowed.shape, start, self.window)
+    with_prefix = {} if prefix is None else {"prefix": prefix}
+    h, layer_cache, adapter_aux = self.attend(
+      self.attn_norm(x),
+      positions,
+      allowed,
+      layer_cache,
+      start,
+      **with_prefix,
+      token_mask=token_mask,
+    )
+    x = x + h
+    if not self.is_moe:
+      return x + self.ffn(self.ffn_norm(x)), with_adapter(None, adapter_aux), layer_cache
+    # carry: NAMEx's base expert from the previous MoE layer (merged.pass_carry)
+    options = dict(token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry)
+    h, aux = self.ffn(self.ffn_norm(x), **options)
+    return x + h, with_adapter(aux, adapter_aux), layer_cache
+
+
+def with_adapter(aux, adapter_aux):
+  """A block's aux: its MoE layer's (or None) with the attention adapter's under
+  "adapter" when there is one (gather_aux separates them)."""
+  return aux if adapter_aux is None else {**(aux or {}), "adapter": adapter_aux}
+
+
+def rematerialised(block, policy):
+  """block's call under jax.checkpoint(policy): the backward pass recomputes what
+  the policy does not save. Router state the call updates is written back."""
+  graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+
+  def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng, **traced):
+    """traced: the block's step_stats and carry, arguments of the checkpointed call."""
+
+    def apply(params, rest, x, traced):
+      inner = nnx.merge(graphdef, params, rest)
+      args = (x, positions, allowed, token_mask, layer_cache, start)
+      out = inner(*args, train=train, rng=rng, **traced)
+      return out, nnx.split(inner, nnx.Param, ...)[2]
+
+    out, new_rest = jax.checkpoint(apply, policy=policy)(params, rest, x, traced)
+    nnx.update(block, new_rest)
+    return out
+
+  return call
+
+
+def windowed(shape, start, window: int):
+  """[1, Lq, S]: key slot within `window` slots of the query slot (Mistral)."""
+  _, lq, s = shape
+  query_slot = start + jnp.arange(lq)[:, None]
+  return (query_slot - jnp.arange(s)[None, :] < window)[None]
