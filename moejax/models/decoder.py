@@ -26,12 +26,15 @@ moejax/train/step.py), replaces each layer's own loss statistics.
 
 Scale skeleton (MaxText's scan_layers and remat_policy):
   model.scan_layers  the blocks' variables are stacked on a leading layer axis
-                     and run by jax.lax.scan (moejax/models/scanned.py): one block
-                     is traced and compiled instead of num_layers. Only for
-                     identical layers (scan_layer_differences); the loop stays for
-                     the rest (pruned layers with unequal expert counts, L3,
-                     windows that differ). KV-cache decoding and export read the
-                     loop layout: unstack_layers converts (load.py does it).
+                     (moejax/models/scanned.py): nnx.vmap builds them and nnx.scan
+                     runs them, so one block is traced and compiled instead of
+                     num_layers. Only for identical layers
+                     (scan_layer_differences); the loop stays for the rest
+                     (pruned layers with unequal expert counts, L3, windows
+                     that differ). A seed gives other parameters than the loop
+                     model's; stack_layers and unstack_layers convert between
+                     the layouts. KV-cache decoding and export read the loop
+                     layout (load.py unstacks).
   model.remat        a jax.checkpoint policy per block, by name (REMAT_POLICIES):
                      'save_moe_routing' keeps the router logits and the Routing
                      (layers/moe.py ROUTING_NAMES) and recomputes the rest,
@@ -58,6 +61,7 @@ from moejax.layers.lookup import build_lookup_layer
 from moejax.models.block import REMAT_POLICIES, RESIDUAL_AXES, DecoderBlock, rematerialised
 from moejax.models.scanned import ScannedBlocks
 from moejax.models.scanned import scan_layer_differences as scan_layer_differences
+from moejax.models.scanned import stack_layers as stack_layers
 from moejax.models.scanned import unstack_layers as unstack_layers
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -1,8 +1,19 @@
 """Scan over layers (MaxText's scan_layers; config model.scan_layers): num_layers
-identical DecoderBlocks held as one block whose variables carry a leading layer axis
-(logical axis None), run by jax.lax.scan: one block is traced and compiled instead of
-num_layers. unstack_layers converts to the loop layout (blocks 0..L-1), which KV-cache
-decoding and export read (train/load.py does it).
+identical DecoderBlocks held as one block whose variables carry a leading layer axis.
+
+The stack is built by nnx.vmap over rngs split per layer (nnx.split_rngs, the Flax
+"scan over layers" pattern): the block's construction is traced once, not num_layers
+times. It runs under nnx.scan: the block's call is traced and compiled once. LAYER_AXIS,
+the transforms' metadata, puts the layer axis (logical axis None) in front of every
+variable's `logical_axes`, which sharding.logical_axes_of reads, and takes it off
+inside the scanned call.
+
+Layer i's parameters come from the i-th split key, not from the stream the loop draws
+block by block, so one seed gives the scanned and the loop model different parameters.
+stack_layers and unstack_layers convert between the loop layout (blocks 0..L-1) and the
+scanned one (blocks.block, leaves [L, ...]): given the loop model's parameters stacked,
+the scanned model computes what the loop computes (tests/models/test_scale_skeleton.py).
+KV-cache decoding and export read the loop layout (train/load.py unstacks).
 """
 
 import jax
@@ -11,8 +22,11 @@ import ml_collections
 from flax import nnx
 
 from moejax import sharding
-from moejax.models.block import RESIDUAL_AXES, DecoderBlock
+from moejax.models.block import RESIDUAL_AXES, DecoderBlock, rematerialised
 from moejax.models.structure import expert_counts, layer_windows, moe_layer_indices
+
+# nnx.vmap / nnx.scan transform_metadata: the layer axis is logical axis None.
+LAYER_AXIS = {nnx.PARTITION_NAME: None, "logical_axes": None}
 
 
 def scan_layer_differences(m) -> str:
@@ -32,47 +46,36 @@ def scan_layer_differences(m) -> str:
 
 
 class ScannedBlocks(nnx.Module):
-  """num_layers identical DecoderBlocks as one block whose variables carry a
-  leading layer axis (logical axis None), run by jax.lax.scan. Built as the
-  loop builds them, block by block from the same rngs, then stacked: the same
-  seed gives the loop model's parameters."""
+  """num_layers identical DecoderBlocks as one block whose variables (parameters,
+  router state, lookup tables alike) carry a leading layer axis. Built by nnx.vmap
+  over rngs split per layer: layer i draws from the i-th key (not the loop's
+  parameters; stack_layers gives a scanned model those)."""
 
   def __init__(self, m, *, rngs: nnx.Rngs, dtype):
-    blocks = [DecoderBlock(m, i, rngs=rngs, dtype=dtype) for i in range(m.num_layers)]
-    self.block = blocks[0]
-    nnx.update(self.block, stack([nnx.state(b) for b in blocks]))
-    for _, variable in nnx.iter_graph(self.block):
-      if isinstance(variable, nnx.Variable):
-        axes = variable.get_metadata().get("logical_axes")
-        if axes is not None:
-          variable.set_metadata(logical_axes=(None, *axes))
+    @nnx.split_rngs(splits=m.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYER_AXIS)
+    def build(rngs):
+      # every layer is layer 0's (scan_layer_differences refuses layers that differ)
+      return DecoderBlock(m, 0, rngs=rngs, dtype=dtype)
+
+    self.block = build(rngs)
     self.num_layers = m.num_layers
 
   def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy, step_stats=None):
-    """step_stats: one per layer (Decoder), scanned over as [L, ...]."""
-    graphdef, params, rest = nnx.split(self.block, nnx.Param, ...)
+    """(x after the last layer, per layer its aux as the loop's list) under nnx.scan, the
+    block rematerialised as the loop's (rematerialised(block, policy)) when policy is not
+    None. step_stats: one per layer (Decoder), scanned over as [L, ...]. Layer i draws
+    from fold_in(rng, i), as in the loop, and its router state is written back to row i."""
     stacked = stack(step_stats) if step_stats else None
 
-    def body(x, layer):
-      params_i, rest_i, index, stats_i = layer
-      block = nnx.merge(graphdef, params_i, rest_i)
-      x, aux, _ = block(
-        x,
-        positions,
-        allowed,
-        token_mask,
-        None,
-        0,
-        train=train,
-        rng=jax.random.fold_in(rng, index),
-        step_stats=stats_i,
-      )
-      return sharding.constrain(x, RESIDUAL_AXES), (aux, nnx.split(block, nnx.Param, ...)[2])
+    @nnx.scan(in_axes=(0, nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0), transform_metadata=LAYER_AXIS)
+    def layer(block, x, index, stats):
+      call = block if policy is None else rematerialised(block, policy)
+      args = (x, positions, allowed, token_mask, None, 0)
+      x, aux, _ = call(*args, train=train, rng=jax.random.fold_in(rng, index), step_stats=stats)
+      return sharding.constrain(x, RESIDUAL_AXES), aux
 
-    if policy is not None:
-      body = jax.checkpoint(body, policy=policy)
-    x, (aux, rest) = jax.lax.scan(body, x, (params, rest, jnp.arange(self.num_layers), stacked))
-    nnx.update(self.block, rest)
+    x, aux = layer(self.block, x, jnp.arange(self.num_layers), stacked)
     if aux is None:
       return x, []
     return x, unstack(aux, self.num_layers)
@@ -107,3 +110,21 @@ def unstack_layers(m, params: dict, rest: dict):
     return {**tree, "blocks": dict(enumerate(unstack(tree["blocks"]["block"], m.num_layers)))}
 
   return with_scan_layers(m, False), unstack_blocks(params), unstack_blocks(rest)
+
+
+def stack_layers(m, params: dict, rest: dict):
+  """(m, params, rest) of a loop model in the scanned layout (blocks.block, leaves
+  [L, ...]), which a model.scan_layers=True model merges: the inverse of
+  unstack_layers; unchanged for a scanned model. ValueError when the layers differ
+  (scan_layer_differences)."""
+  if m.get("scan_layers", False):
+    return m, params, rest
+  if why := scan_layer_differences(m):
+    raise ValueError(f"the layers cannot be stacked: {why}")
+
+  def stack_blocks(tree):
+    if "blocks" not in tree:
+      return tree
+    return {**tree, "blocks": {"block": stack([tree["blocks"][i] for i in range(m.num_layers)])}}
+
+  return with_scan_layers(m, True), stack_blocks(params), stack_blocks(rest)

@@ -1,7 +1,8 @@
 """Scan over layers and remat policies compute what the plain loop computes:
-outputs, gradients and router state (1e-6); a scanned model built from a seed
-holds the loop model's parameters, stacked; layers that differ and unknown
-policies are refused by name before anything is built."""
+outputs, gradients and router state (1e-6), the scanned model holding the loop
+model's variables stacked (stack_layers: built from a seed, it draws one key per
+layer, other parameters); layers that differ and unknown policies are refused by
+name before anything is built."""
 
 import jax
 import ml_collections
@@ -13,7 +14,9 @@ from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.models import Decoder
-from moejax.models.decoder import REMAT_POLICIES, unstack_layers
+from moejax.models.decoder import REMAT_POLICIES, abstract_model, stack_layers, unstack_layers
+from moejax.models.scanned import with_scan_layers
+from moejax.sharding import logical_axes_of
 from moejax.train.step import cross_entropy, split_model
 
 
@@ -30,9 +33,20 @@ def model_config(**keys):
 TOKENS = jax.random.randint(jax.random.key(3), (2, 16), 0, 256)
 
 
+def loop_variables(m):
+  """(graphdef, params, rest) of Decoder(m) holding the loop model's seed-0 variables,
+  stacked when m is scanned."""
+  loop_m = ml_collections.FrozenConfigDict(with_scan_layers(m, False))
+  _, params, rest = split_model(Decoder(loop_m, rngs=nnx.Rngs(0)))
+  if m.scan_layers:
+    _, params, rest = stack_layers(loop_m, params, rest)
+  return abstract_model(m)[0], params, rest
+
+
 def loss_and_grads(m):
-  """(loss, grads, rest after the step) of one training forward+backward, in the loop layout."""
-  graphdef, params, rest = split_model(Decoder(m, rngs=nnx.Rngs(0)))
+  """(loss, grads, rest after the step) of one training forward+backward from the loop
+  model's variables, in the loop layout."""
+  graphdef, params, rest = loop_variables(m)
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params, rest)
@@ -43,6 +57,10 @@ def loss_and_grads(m):
   (loss, new_rest), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
   _, grads, new_rest = unstack_layers(m, grads, new_rest)
   return loss, grads, new_rest
+
+
+def shapes(tree):
+  return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
 
 
 def assert_trees_close(a, b, atol):
@@ -57,13 +75,29 @@ def loop_reference():
 
 
 def test_scanned_model_holds_the_loop_parameters_stacked():
-  loop = split_model(Decoder(model_config(), rngs=nnx.Rngs(0)))
-  scanned_m = model_config(scan_layers=True)
-  scanned = split_model(Decoder(scanned_m, rngs=nnx.Rngs(0)))
-  assert scanned[1]["blocks"]["block"]["attn"]["q"]["kernel"].shape[0] == 3
-  _, params, rest = unstack_layers(scanned_m, scanned[1], scanned[2])
+  """stack_layers gives the loop model's variables the scanned model's tree, which the
+  scanned graph holds as they are and unstack_layers gives back exactly; the logical
+  axes gain the layer axis (None) in front; each layer draws from its own key."""
+  loop_m, scanned_m = model_config(), model_config(scan_layers=True)
+  loop_model = Decoder(loop_m, rngs=nnx.Rngs(0))
+  scanned_model = Decoder(scanned_m, rngs=nnx.Rngs(0))
+  loop, scanned = split_model(loop_model), split_model(scanned_model)
+  stacked_m, params, rest = stack_layers(loop_m, loop[1], loop[2])
+  assert stacked_m.scan_layers and stack_layers(scanned_m, params, rest)[1] is params
+  assert shapes((params, rest)) == shapes(scanned[1:])
+  held = split_model(nnx.merge(scanned[0], params, rest))
+  assert_trees_close(held[1:], (params, rest), atol=0)
+  _, params, rest = unstack_layers(stacked_m, params, rest)
   assert_trees_close(params, loop[1], atol=0)
   assert_trees_close(rest, loop[2], atol=0)
+
+  assert rest["blocks"][0]["ffn"]["router_state"]["bias"].shape == (8,)
+  assert scanned[2]["blocks"]["block"]["ffn"]["router_state"]["bias"].shape == (3, 8)
+  loop_axes = logical_axes_of(nnx.state(loop_model))["blocks"][0]
+  scanned_axes = logical_axes_of(nnx.state(scanned_model))["blocks"]["block"]
+  assert scanned_axes == jax.tree.map(lambda a: type(a)((None, *a.names)), loop_axes)
+  kernel = np.asarray(scanned[1]["blocks"]["block"]["attn"]["q"]["kernel"])
+  assert kernel.shape[0] == 3 and len({layer.tobytes() for layer in kernel}) == 3
 
 
 @pytest.mark.parametrize(
