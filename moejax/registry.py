@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 import ml_collections
@@ -70,6 +71,54 @@ class Registry(Generic[T]):
     return len(self._items)
 
 
+def frozen(value):
+  """`value` as a hashable constant: mappings (dict, ConfigDict) as Settings, lists
+  and tuples as tuples, anything else unchanged."""
+  if isinstance(value, (Mapping, ml_collections.ConfigDict)):
+    return Settings(value)
+  if isinstance(value, (list, tuple)):
+    return tuple(frozen(v) for v in value)
+  return value
+
+
+class Settings(Mapping[str, Any]):
+  """A frozen, hashable mapping over sorted keys: a part's parsed settings
+  (`PartSettings.parse`), and any other constant map a module keeps. Being
+  hashable and no pytree, it is a static attribute of an nnx Module (part of the
+  graph definition, like the layer's FrozenConfigDict) and a constant under jit."""
+
+  __slots__ = ("_items", "_dict")
+  _items: tuple[tuple[str, Any], ...]
+  _dict: dict[str, Any]
+
+  def __init__(self, values=()):
+    pairs = values.items() if hasattr(values, "items") else values
+    items = tuple(sorted((str(key), frozen(value)) for key, value in pairs))
+    object.__setattr__(self, "_items", items)
+    object.__setattr__(self, "_dict", dict(items))
+
+  def __getitem__(self, key: str):
+    return self._dict[key]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._dict)
+
+  def __len__(self) -> int:
+    return len(self._items)
+
+  def __hash__(self) -> int:
+    return hash(self._items)
+
+  def __setattr__(self, name, value):
+    raise dataclasses.FrozenInstanceError(f"Settings are frozen: cannot set {name!r}")
+
+  def __reduce__(self):
+    return (Settings, (self._items,))
+
+  def __repr__(self) -> str:
+    return f"Settings({self._dict!r})"
+
+
 # A part's own settings (routers, expert types, losses): defaults declared in
 # the part's file, held in one config section under model.moe, which
 # config.base_config builds from the registries (adding a part edits no config.py):
@@ -116,8 +165,9 @@ class PartSettings:
   defaults: ((key, default), ...). legacy_keys: ((flat model.moe key of older
   configs, key), ...), moved into the section when a stored config loads
   (`migrate`) and refused in a live config (a flat key would be ignored).
-  validate: moe cfg -> None, ConfigError naming model.moe.<path>.<key> and the
-  value; it runs whether or not the part is in use.
+  validate: model.moe ConfigDict -> None, ConfigError naming model.moe.<path>.<key>
+  and the value; it runs whether or not the part is in use (a router or loss
+  declares its own check on its parsed config; RouterSpec, LossSpec).
   """
 
   path: str
@@ -125,6 +175,13 @@ class PartSettings:
   defaults: tuple[tuple[str, Any], ...]
   legacy_keys: tuple[tuple[str, str], ...] = ()
   validate: Callable[[Any], None] | None = None
+
+  def parse(self, moe=None) -> Settings:
+    """The settings from `moe` (a model.moe ConfigDict), defaults where absent or
+    for None; ConfigError for a flat key of older configs. Parts receive the result
+    (built once, where the layer is built) instead of looking their settings up."""
+    self.refuse_flat_keys(moe)
+    return Settings(settings_of(moe, self.path, self.defaults))
 
   def options(self, cfg) -> dict:
     """The settings from `cfg` (the layer's MoE config), defaults where absent."""
