@@ -175,7 +175,7 @@ def validate_micro_batches(c, batch_shards: int = 1) -> None:
         f"model.moe.router={c.model.moe.router!r} updates its state inside "
         "the scanned or rematerialised block; use the loop without remat"
       )
-    routing.base.check_micro_batches(spec, c.model.moe, m)
+    routing.base.check_micro_batches(spec, routing.router_config(spec, c.model.moe), m)
     losses.check_step_statistics(c.model.moe.loss_weights, m, c.train.balance_statistics)
 
 
@@ -223,7 +223,7 @@ def validate_model(m) -> None:
   for i in range(len(counts)):
     spec = routing.get_router(m.moe.router)
     if spec.validate is not None:
-      spec.validate(layer_moe_config(m, i))
+      spec.validate(routing.router_config(spec, layer_moe_config(m, i)))
   validate_projection_adapter(m)
   from moejax.models.decoder import REMAT_POLICIES, scan_layer_differences
 
@@ -267,7 +267,7 @@ def validate_moe(e, num_layers: int) -> None:
     raise ConfigError(f"model.moe.router_jitter={e.router_jitter} must be in [0, 1)")
   spec = routing.get_router(e.router)
   if spec.validate is not None:
-    spec.validate(e)
+    spec.validate(routing.router_config(spec, e))
   if e.loss_weights and not spec.gives_probs:
     raise ConfigError(
       f"model.moe.loss_weights={dict(e.loss_weights)}: model.moe.router="

@@ -16,6 +16,10 @@ invalid slots, so they cost no expert compute and do not count in the load.
 Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
+
+The router's RouterConfig (routing/base.py) is built once, with the layer: frozen
+and hashable, nnx keeps it as a static attribute (in the graph definition,
+beside the FrozenConfigDict `cfg`), out of the layer's state.
 """
 
 import dataclasses
@@ -110,6 +114,7 @@ class MoELayer(nnx.Module):
     self.cfg = cfg
     self.dtype = dtype
     self.router_spec = routing.get_router(cfg.router)
+    self.router_config = routing.router_config(self.router_spec, cfg)
     self.dispatcher = dispatch.get_dispatcher(cfg.dispatch)
     projection = self.router_spec.projection
     self.router_kernel = self.router_projection = nnx.data(None)
@@ -125,7 +130,9 @@ class MoELayer(nnx.Module):
       self.router_projection = nnx.Dict(
         {
           name: nnx.Param(value, logical_axes=projection.logical_axes[name])
-          for name, value in projection.init(rngs.params(), d_model, cfg.num_experts, cfg).items()
+          for name, value in projection.init(
+            rngs.params(), d_model, cfg.num_experts, self.router_config
+          ).items()
         }
       )
     self.router_params, self.router_state = router_variables(self.router_spec, cfg.num_experts)
@@ -173,7 +180,7 @@ class MoELayer(nnx.Module):
     logits = checkpoint_name(self.router_logits(router_in), "moe_router_logits")
     out = self.router_spec.route(
       logits,
-      cfg=cfg,
+      cfg=self.router_config,
       rng=rng,
       train=train,
       state=router_inputs(self.router_params, self.router_state),
@@ -282,7 +289,7 @@ class MoELayer(nnx.Module):
     params = {
       name: var[...].astype(x_TxD.dtype) for name, var in variables(self.router_projection).items()
     }
-    return self.router_spec.projection.apply(params, x_TxD, self.cfg)
+    return self.router_spec.projection.apply(params, x_TxD, self.router_config)
 
   def dispatch(self, x_TxD, assignment):
     """The configured dispatcher; across the mesh (expert parallel) under a Layout."""

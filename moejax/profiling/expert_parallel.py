@@ -23,7 +23,7 @@ from moejax.evaluation.stats import markdown_table
 from moejax.experts import swiglu_experts
 from moejax.experts.swiglu import SwiGLUExperts
 from moejax.profiling.timing import interleaved_times, medians, with_backward
-from moejax.routing import get_router
+from moejax.routing import call_router
 
 MESHES = {
   "data2_expert4": dict(data=2, expert=4),
@@ -49,7 +49,7 @@ def layer_fn(cfg, layout):
 
   def layer(params, x):
     logits = x.astype(jnp.float32) @ params["router"]
-    routing = get_router("topk").route(logits, cfg=cfg, state={}, rng=None, train=True).routing
+    routing = call_router("topk", logits, cfg, train=True).routing
     if layout is None:
       return get_dispatcher(cfg.dispatch)(
         x, routing, functools.partial(swiglu_experts, params["experts"]), cfg

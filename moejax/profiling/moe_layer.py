@@ -19,7 +19,7 @@ from moejax.dispatch.dropless import get_grouped_matmul
 from moejax.experts import swiglu_experts
 from moejax.profiling import anchors
 from moejax.profiling.timing import compile_pass, interleaved_times
-from moejax.routing import get_router
+from moejax.routing import call_router
 
 PRESETS = {  # T, d, f, E, k
   "coarse": (4096, 512, 1024, 8, 2),
@@ -58,9 +58,7 @@ def moe_cfg(settings: dict, num_experts, top_k, **overrides):
 def route(params, x, cfg):
   """The Routing of cfg.router on x @ params['router'] (train mode)."""
   logits = x.astype(jnp.float32) @ params["router"]
-  spec = get_router(cfg.router)
-  state = spec.init_state(cfg.num_experts) if spec.init_state else {}
-  return spec.route(logits, cfg=cfg, state=state, rng=None, train=True).routing
+  return call_router(cfg.router, logits, cfg, train=True).routing
 
 
 def capacity_waste(metrics, num_tokens, top_k, num_experts):

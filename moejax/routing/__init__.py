@@ -1,4 +1,4 @@
-"""Routers: pure functions from float32 logits to a Routing (see base.py).
+"""Routers: pure functions from float32 logits and a RouterConfig to a Routing (see base.py).
 
 Importing this package imports every module in it, so a router is one file
 here that calls `register_router` (README, "Adding a router").
@@ -8,12 +8,25 @@ from moejax.registry import import_package_modules
 from moejax.routing.base import (
   ROUTERS,
   Routing,
+  RouterConfig,
   RouterOutput,
   RouterSpec,
+  call_router,
   get_router,
   register_router,
+  router_config,
 )
 
 import_package_modules(__name__, __path__)
 
-__all__ = ["ROUTERS", "Routing", "RouterOutput", "RouterSpec", "get_router", "register_router"]
+__all__ = [
+  "ROUTERS",
+  "Routing",
+  "RouterConfig",
+  "RouterOutput",
+  "RouterSpec",
+  "call_router",
+  "get_router",
+  "register_router",
+  "router_config",
+]

@@ -8,6 +8,20 @@ form [T, E] (product keys over N = n^2 experts) returns probs = logits = None an
 declares gives_probs=False: no loss applies to it, and config validation
 refuses loss weights with it.
 
+Router configuration (RouterConfig)
+-----------------------------------
+A router never reads the model.moe ConfigDict. `router_config(spec, moe)`, the
+one function that reads model.moe for routers, builds a frozen, hashable
+RouterConfig once, where the MoE layer is built (and where config validation
+checks a config): the shared routing keys routers read (top_k, num_experts,
+renormalize, routed_scaling_factor, bias_update_rate, capacity_factor,
+num_groups, topk_groups, loss_weights) and `settings`, the router's own parsed
+section model.moe.<name> (registry.Settings). Every callback of a RouterSpec
+receives that object as `cfg`: route, update_state, validate, validate_settings,
+accumulation_check and the projection's init and apply; `spec.route` refuses
+anything else. Tests and benchmarks call a router by name on a ConfigDict with
+`call_router`.
+
 Router inputs (RouterSpec.projection)
 -------------------------------------
 By default the MoE layer owns the router kernel W [d, E] and `route` receives
@@ -26,7 +40,8 @@ the whole step's batch. A router does that by splitting its update in two:
   * `RouterOutput.stats`: accumulable statistics of the call, *sums* over its
     tokens (per-expert assignment counts, co-occurrence sums, the token count),
     so the sum over micro-batches is the statistic of the whole batch;
-  * `RouterSpec.update_state(state, stats, cfg) -> new state`: pure.
+  * `RouterSpec.update_state(state, stats, cfg) -> new state`: pure (cfg: the
+    layer's RouterConfig).
 In training `route` itself returns update_state(state, stats, cfg), so one call
 is one update. With train.micro_batches = M > 1 the train step
 (moejax/train/step.py) runs every micro-batch from the state at the start of
@@ -52,7 +67,25 @@ from moejax.assignment.routing import (  # noqa: F401  (re-exported)
   routing_entropy,
 )
 from moejax.errors import ConfigError
-from moejax.registry import PartSettings, Registry
+from moejax.registry import PartSettings, Registry, Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+  """What a router reads (the module doc): the shared routing keys of model.moe
+  and its own settings. Frozen and hashable: a static attribute of the MoE layer
+  and a constant under jit. Built by `router_config` only."""
+
+  num_experts: int
+  top_k: int
+  renormalize: bool
+  routed_scaling_factor: float
+  bias_update_rate: float
+  capacity_factor: float
+  num_groups: int  # expert groups of group-limited routing
+  topk_groups: int  # ... and the groups each token may use
+  loss_weights: Settings  # model.moe.loss_weights (accumulation checks)
+  settings: Settings  # the router's own section, model.moe.<name>
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (static in nnx graphs)
@@ -64,6 +97,7 @@ class RouterProjection:
   logical_axes: {name: logical axes} of each parameter (sharding);
   apply(params, x_f32 [T, d], cfg) -> the float32 array `route` receives in
     place of the logits.
+  cfg: the layer's RouterConfig.
   """
 
   init: Callable[..., dict[str, jax.Array]]
@@ -72,14 +106,14 @@ class RouterProjection:
 
 
 class Route(Protocol):
-  """A router's routing function: RouterSpec.route (see there)."""
+  """A router's routing function: RouterSpec.fn (see there)."""
 
   def __call__(
     self,
     logits: jax.Array,
     /,
     *,
-    cfg: Any,
+    cfg: RouterConfig,
     state: Mapping[str, jax.Array],
     rng: jax.Array | None,
     train: bool,
@@ -88,11 +122,13 @@ class Route(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class RouterSpec:
-  """A registered router.
+  """A registered router. `cfg` below is always the layer's RouterConfig (the
+  module doc), built once by `router_config`; no callback reads model.moe.
 
-  route: pure function (logits_f32 [T, E], *, cfg, state, rng, train)
-    -> RouterOutput. `cfg` is the layer's MoE ConfigDict (read-only). With a
-    `projection`, its first argument is what the projection returns.
+  fn: pure function (logits_f32 [T, E], *, cfg, state, rng, train)
+    -> RouterOutput, the router itself; call it through `route`, which refuses a
+    cfg that is not a RouterConfig. With a `projection`, its first argument is
+    what the projection returns.
   init_state: num_experts -> dict of float32 arrays kept as non-trained
     router state (e.g. the aux-loss-free bias), or None.
   init_params: num_experts -> dict of float32 arrays the router trains
@@ -102,7 +138,8 @@ class RouterSpec:
   causal: False when a token's routing depends on later tokens
     (expert choice); such a router must not be used for autoregressive
     generation without care.
-  validate: cfg -> None, raising ConfigError for bad router settings.
+  validate: cfg -> None, raising ConfigError for a config this router, in use,
+    cannot run (e.g. top_k > num_experts).
   update_state: (state, summed stats, cfg) -> new state, pure: the state-update
     protocol of the module doc. None: the state (if any) is whatever `route`
     returns, and micro-batching is refused when there is one.
@@ -113,11 +150,11 @@ class RouterSpec:
     (tests/contract/) then check, from PROMISES.
   settings: ((key, default), ...) the router's own settings, held in the config
     section model.moe.<name> (config.base_config builds it from this registry);
-    `options(cfg)` reads them. legacy_keys: ((flat model.moe key of older
-    configs, setting), ...), moved into the section when a stored config is
-    loaded (moejax/migrate.with_defaults). validate_settings: moe cfg -> None,
-    ConfigError naming model.moe.<name>.<key> and the value, checked whatever
-    the router. See registry.PartSettings.
+    they reach the router parsed, as cfg.settings. legacy_keys: ((flat model.moe
+    key of older configs, setting), ...), moved into the section when a stored
+    config is loaded (moejax/migrate.with_defaults). validate_settings: cfg ->
+    None, ConfigError naming model.moe.<name>.<key> and the value, checked
+    whatever the router in use. See registry.PartSettings.
   projection: the router's own RouterProjection, or None for the layer's
     kernel x W [d, E] (the module doc).
   gives_probs: False when the RouterOutput has no logits / probs over all E
@@ -125,30 +162,48 @@ class RouterSpec:
   """
 
   name: str
-  route: Route
+  fn: Route
   init_state: Callable[[int], dict[str, jax.Array]] | None = None
   causal: bool = True
-  validate: Callable[[Any], None] | None = None
+  validate: Callable[[RouterConfig], None] | None = None
   init_params: Callable[[int], dict[str, jax.Array]] | None = None
-  update_state: Callable[[dict, dict, Any], dict] | None = None
-  accumulation_check: Callable[[Any], str | None] | None = None
+  update_state: Callable[[dict, dict, RouterConfig], dict] | None = None
+  accumulation_check: Callable[[RouterConfig], str | None] | None = None
   promises: frozenset[str] = frozenset()
   settings: tuple[tuple[str, Any], ...] = ()
   legacy_keys: tuple[tuple[str, str], ...] = ()
-  validate_settings: Callable[[Any], None] | None = None
+  validate_settings: Callable[[RouterConfig], None] | None = None
   projection: RouterProjection | None = None
   gives_probs: bool = True
 
+  def route(
+    self,
+    logits: jax.Array,
+    *,
+    cfg: RouterConfig,
+    state: Mapping[str, jax.Array],
+    rng: jax.Array | None,
+    train: bool,
+  ) -> RouterOutput:
+    """`fn` on the layer's RouterConfig (TypeError for anything else, e.g. the
+    model.moe ConfigDict: routers receive their parsed config, built once)."""
+    if not isinstance(cfg, RouterConfig):
+      raise TypeError(
+        f"router {self.name!r} takes a RouterConfig (routing.router_config), not "
+        f"{type(cfg).__name__}"
+      )
+    return self.fn(logits, cfg=cfg, state=state, rng=rng, train=train)
+
   @property
   def config_section(self) -> PartSettings:
-    """Its settings section, model.moe.<name>."""
-    return PartSettings(
-      self.name, f"router {self.name!r}", self.settings, self.legacy_keys, self.validate_settings
-    )
+    """Its settings section, model.moe.<name>; its check runs validate_settings on
+    the RouterConfig of the model.moe it checks."""
+    check = None if self.validate_settings is None else self._check_settings
+    return PartSettings(self.name, f"router {self.name!r}", self.settings, self.legacy_keys, check)
 
-  def options(self, cfg) -> dict:
-    """This router's settings from model.moe.<name> of `cfg` (defaults where absent)."""
-    return self.config_section.options(cfg)
+  def _check_settings(self, moe) -> None:
+    if self.validate_settings is not None:
+      self.validate_settings(router_config(self, moe))
 
   def __post_init__(self):
     unknown = set(self.promises) - set(PROMISES)
@@ -181,14 +236,14 @@ def register_router(
   *,
   init_state: Callable[[int], dict[str, jax.Array]] | None = None,
   causal: bool = True,
-  validate: Callable[[Any], None] | None = None,
+  validate: Callable[[RouterConfig], None] | None = None,
   init_params: Callable[[int], dict[str, jax.Array]] | None = None,
-  update_state: Callable[[dict, dict, Any], dict] | None = None,
-  accumulation_check: Callable[[Any], str | None] | None = None,
+  update_state: Callable[[dict, dict, RouterConfig], dict] | None = None,
+  accumulation_check: Callable[[RouterConfig], str | None] | None = None,
   promises: Iterable[str] = (),
   settings: Mapping[str, Any] | None = None,
   legacy_keys: Mapping[str, str] | None = None,
-  validate_settings: Callable[[Any], None] | None = None,
+  validate_settings: Callable[[RouterConfig], None] | None = None,
   projection: RouterProjection | None = None,
   gives_probs: bool = True,
 ) -> Callable[[Route], Route]:
@@ -222,9 +277,45 @@ def register_router(
 get_router = ROUTERS.get
 
 
-def check_micro_batches(spec: RouterSpec, cfg, micro_batches: int) -> None:
+def router_config(spec: RouterSpec | str, moe) -> RouterConfig:
+  """The RouterConfig of router `spec` (or its name) from `moe`, a model.moe
+  ConfigDict: the one place that maps model.moe's routing keys to what routers
+  read (ConfigError for a flat key of older configs in its section)."""
+  spec = get_router(spec) if isinstance(spec, str) else spec
+  return RouterConfig(
+    num_experts=moe.num_experts,
+    top_k=moe.top_k,
+    renormalize=moe.renormalize,
+    routed_scaling_factor=moe.routed_scaling_factor,
+    bias_update_rate=moe.bias_update_rate,
+    capacity_factor=moe.capacity_factor,
+    num_groups=moe.get("num_groups", 1),  # older MoE configs lack them
+    topk_groups=moe.get("topk_groups", 1),
+    loss_weights=Settings(moe.loss_weights),
+    settings=spec.config_section.parse(moe),
+  )
+
+
+def call_router(
+  name: str,
+  logits: jax.Array,
+  moe,
+  *,
+  state: Mapping[str, jax.Array] | None = None,
+  rng: jax.Array | None = None,
+  train: bool = False,
+) -> RouterOutput:
+  """Router `name` on `logits` with its RouterConfig from `moe` (a model.moe
+  ConfigDict); state: its initial state (RouterSpec.initial_state) where None.
+  For tests and benchmarks: the MoE layer builds its RouterConfig once."""
+  spec = get_router(name)
+  state = spec.initial_state(moe.num_experts) if state is None else state
+  return spec.route(logits, cfg=router_config(spec, moe), state=state, rng=rng, train=train)
+
+
+def check_micro_batches(spec: RouterSpec, cfg: RouterConfig, micro_batches: int) -> None:
   """ConfigError unless `micro_batches` micro-batches give this router the
-  one-batch training step (see the module doc)."""
+  one-batch training step (see the module doc); cfg: its RouterConfig."""
   if micro_batches == 1:
     return
   reason = spec.accumulation_check(cfg) if spec.accumulation_check is not None else None

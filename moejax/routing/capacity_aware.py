@@ -59,16 +59,15 @@ call (prefill batch), as intended for inference-time load shaping.
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
 from moejax.routing.base import (
+  RouterConfig,
   RouterOutput,
   Routing,
-  get_router,
   register_router,
   routing_entropy,
   top_k_slots,
@@ -138,10 +137,10 @@ LEGACY_KEYS = {
 }
 
 
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: RouterConfig) -> None:
   """model.moe.capacity_aware: gamma > 0, expand_r >= 1, num_shards 0 or dividing
   num_experts (whatever the router)."""
-  s = get_router("capacity_aware").options(cfg)
+  s = cfg.settings
   if s["gamma"] <= 0:
     raise ConfigError(f"model.moe.capacity_aware.gamma={s['gamma']} must be > 0")
   if s["expand_r"] < 1:
@@ -164,10 +163,15 @@ def validate_keys(cfg) -> None:
   validate_settings=validate_keys,
 )
 def route_capacity_aware(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng, train
-  s = get_router("capacity_aware").options(cfg)
+  s = cfg.settings
   probs = jax.nn.softmax(logits, axis=-1)
   num_tokens, num_experts = logits.shape
   shards = s["num_shards"]

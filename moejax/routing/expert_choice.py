@@ -15,13 +15,18 @@ Slot view: S = E, slot e is expert e, valid when expert e chose the token.
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+)
 from moejax.routing.topk import validate_top_k
 
 
@@ -31,7 +36,7 @@ def expert_choice_capacity(
   return min(num_tokens, max(1, math.ceil(capacity_factor * top_k * num_tokens / num_experts)))
 
 
-def validate_expert_choice(cfg) -> None:
+def validate_expert_choice(cfg: RouterConfig) -> None:
   validate_top_k(cfg)
   if cfg.capacity_factor <= 0:
     raise ConfigError(f"model.moe.capacity_factor={cfg.capacity_factor} must be > 0")
@@ -57,7 +62,12 @@ def expert_choice(probs: jax.Array, capacity: int) -> Routing:
   promises={"weights_proportional_to_probs"},
 )
 def route_expert_choice(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng, train
   probs = jax.nn.softmax(logits, axis=-1)

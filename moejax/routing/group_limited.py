@@ -13,18 +13,24 @@ With num_groups = topk_groups = 1 this is `sigmoid_bias` routing (optionally
 without renormalisation). The bias follows sigmoid_bias's sign rule while
 training (`bias_update_rate`; 0 keeps a loaded checkpoint's bias fixed), with its
 state-update protocol (expert counts summed over micro-batches, one update per step).
-Config keys (read with defaults, so older MoE configs still work):
-model.moe.num_groups (G, default 1) and model.moe.topk_groups (default 1).
+Config keys: model.moe.num_groups (G) and model.moe.topk_groups (1 where an
+older MoE config lacks them; RouterConfig).
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+  top_k_slots,
+)
 from moejax.routing.sigmoid_bias import (
   init_bias_state,
   load_stats,
@@ -33,13 +39,9 @@ from moejax.routing.sigmoid_bias import (
 )
 
 
-def group_settings(cfg) -> tuple[int, int]:
-  return cfg.get("num_groups", 1), cfg.get("topk_groups", 1)
-
-
-def validate_group_limited(cfg) -> None:
+def validate_group_limited(cfg: RouterConfig) -> None:
   validate_bias_router(cfg)
-  groups, keep = group_settings(cfg)
+  groups, keep = cfg.num_groups, cfg.topk_groups
   if groups < 1 or cfg.num_experts % groups:
     raise ConfigError(
       f"model.moe.num_groups={groups} must be >= 1 and divide "
@@ -83,10 +85,15 @@ def group_limited_choice(
   update_state=update_bias_state,
 )
 def route_group_limited(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng
-  num_groups, topk_groups = group_settings(cfg)
+  num_groups, topk_groups = cfg.num_groups, cfg.topk_groups
   scores = jax.nn.sigmoid(logits.astype(jnp.float32))
   bias = jax.lax.stop_gradient(state["bias"])
   index = group_limited_choice(scores + bias, num_groups, topk_groups, cfg.top_k)

@@ -40,13 +40,18 @@ following is reconstructed (guesses marked):
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 _TINY = 1e-12
@@ -114,9 +119,9 @@ def cov_from_stats(stats: dict) -> jax.Array:
   return stats["indicator_outer_sum"] / tokens - jnp.outer(mean, mean)
 
 
-def update_mp_state(state, stats, cfg):
+def update_mp_state(state, stats, cfg: RouterConfig):
   """The state-update protocol: one EMA step towards the covariance of the summed stats."""
-  decay = get_router("mahalanobis").options(cfg)["ema_decay"]
+  decay = cfg.settings["ema_decay"]
   cov = jax.lax.stop_gradient(state["cooc_cov"])
   return {"cooc_cov": decay * cov + (1 - decay) * cov_from_stats(stats)}
 
@@ -130,9 +135,9 @@ SETTINGS = {"ema_decay": 0.99, "ridge": 1e-3}
 LEGACY_KEYS = {"mp_ema_decay": "ema_decay", "mp_ridge": "ridge"}
 
 
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: RouterConfig) -> None:
   """model.moe.mahalanobis: ema_decay in [0, 1), ridge > 0 (whatever the router)."""
-  s = get_router("mahalanobis").options(cfg)
+  s = cfg.settings
   if not 0 <= s["ema_decay"] < 1:
     raise ConfigError(f"model.moe.mahalanobis.ema_decay={s['ema_decay']} must be in [0, 1)")
   if s["ridge"] <= 0:
@@ -149,7 +154,12 @@ def validate_keys(cfg) -> None:
   validate_settings=validate_keys,
 )
 def route_mahalanobis(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng
   num_experts = logits.shape[-1]
@@ -159,7 +169,7 @@ def route_mahalanobis(
   if not train:
     routing, _ = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
     return RouterOutput(routing, logits, probs, metrics, state)
-  ridge = get_router("mahalanobis").options(cfg)["ridge"]
+  ridge = cfg.settings["ridge"]
   sigma = cov + ridge * jnp.eye(num_experts, dtype=jnp.float32)
   index, gains = greedy_mahalanobis(jax.lax.stop_gradient(probs), sigma, cfg.top_k)
   weight = jnp.take_along_axis(probs, index, axis=-1)

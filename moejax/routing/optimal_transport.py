@@ -35,13 +35,18 @@ routing is implemented.
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+)
 from moejax.routing.topk import validate_top_k
 
 
@@ -85,9 +90,9 @@ SETTINGS = {"epsilon": 0.05, "tau": 1.0, "iters": 50}
 LEGACY_KEYS = {"ot_epsilon": "epsilon", "ot_tau": "tau", "ot_iters": "iters"}
 
 
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: RouterConfig) -> None:
   """model.moe.as_coot: epsilon > 0, iters >= 1, tau >= 0 (whatever the router)."""
-  s = get_router("as_coot").options(cfg)
+  s = cfg.settings
   if s["epsilon"] <= 0:
     raise ConfigError(f"model.moe.as_coot.epsilon={s['epsilon']} must be > 0")
   if s["iters"] < 1:
@@ -108,10 +113,15 @@ def validate_keys(cfg) -> None:
   validate_settings=validate_keys,
 )
 def route_as_coot(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng, train
-  s = get_router("as_coot").options(cfg)
+  s = cfg.settings
   probs = jax.nn.softmax(logits, axis=-1)
   scores, chosen, slots, plans = (
     jax.lax.stop_gradient(logits),

@@ -60,16 +60,15 @@ logits cannot fall below the sentinel); everything is float32.
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
 from moejax.routing.base import (
+  RouterConfig,
   RouterOutput,
   Routing,
-  get_router,
   register_router,
   routing_entropy,
   top_k_slots,
@@ -170,9 +169,9 @@ def sample_band_k(rng, table: jax.Array, k_min: int, k_max: int) -> jax.Array:
   return (jax.random.categorical(rng, logits, axis=-1) + k_min).astype(jnp.int32)
 
 
-def band(cfg) -> tuple[int, int, bool]:
+def band(cfg: RouterConfig) -> tuple[int, int, bool]:
   """(k_min, k_max, dynamic) from the config: exact-k uses top_k."""
-  s = settings(cfg)
+  s = cfg.settings
   if s["k_min"] > 0 or s["k_max"] > 0:
     return s["k_min"], s["k_max"], True
   return cfg.top_k, cfg.top_k, False
@@ -222,15 +221,10 @@ LEGACY_KEYS = {
 }
 
 
-def settings(cfg) -> dict:
-  """model.moe.probmoe of this layer's MoE config (defaults where absent)."""
-  return get_router("probmoe").options(cfg)
-
-
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: RouterConfig) -> None:
   """Checks model.moe.probmoe (k_min, k_max: 0, 0 = exact-k; detach_log_q) whatever
   the router."""
-  s = settings(cfg)
+  s = cfg.settings
   if not isinstance(s["detach_log_q"], bool):
     raise ConfigError(f"model.moe.probmoe.detach_log_q={s['detach_log_q']!r} must be True or False")
   lo, hi = s["k_min"], s["k_max"]
@@ -258,7 +252,12 @@ def validate_keys(cfg) -> None:
   validate_settings=validate_keys,
 )
 def route_probmoe(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   k_min, k_max, dynamic = band(cfg)
   probs = jax.nn.softmax(logits, axis=-1)
@@ -266,7 +265,7 @@ def route_probmoe(
   if train:
     if rng is None:
       raise ValueError("router 'probmoe' samples its routing in training: pass rng")
-    routing, m = probmoe_train(logits, rng, k_min, k_max, settings(cfg)["detach_log_q"])
+    routing, m = probmoe_train(logits, rng, k_min, k_max, cfg.settings["detach_log_q"])
     metrics["probmoe_marginal_max"] = jnp.mean(jnp.max(m, axis=-1))
   elif dynamic:
     routing = dynamic_eval(logits, k_min, k_max, cfg.renormalize)

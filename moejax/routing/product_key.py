@@ -48,10 +48,10 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.routing.base import (
+  RouterConfig,
   RouterOutput,
   RouterProjection,
   Routing,
-  get_router,
   register_router,
   routing_entropy,
 )
@@ -72,17 +72,15 @@ def grid_size(num_experts: int) -> int:
   return n
 
 
-def per_axis_k_of(cfg) -> int:
+def per_axis_k_of(cfg: RouterConfig) -> int:
   """model.moe.product_key.per_axis_k, 0 meaning min(top_k, n) (the smallest exact choice)."""
-  return get_router("product_key").options(cfg)["per_axis_k"] or min(
-    cfg.top_k, grid_size(cfg.num_experts)
-  )
+  return cfg.settings["per_axis_k"] or min(cfg.top_k, grid_size(cfg.num_experts))
 
 
-def validate_product_key(cfg) -> None:
+def validate_product_key(cfg: RouterConfig) -> None:
   """The grid, top_k and per_axis_k (ConfigError naming key and value)."""
   n = grid_size(cfg.num_experts)
-  per_axis_k = get_router("product_key").options(cfg)["per_axis_k"]
+  per_axis_k = cfg.settings["per_axis_k"]
   if not 0 <= per_axis_k <= n:
     raise ConfigError(
       f"model.moe.product_key.per_axis_k={per_axis_k} must be in [0, n={n}] (0: min(top_k, n))"
@@ -162,8 +160,9 @@ def route_product_key(z_x, z_y, stats: dict, *, top_k: int, per_axis_k: int, tra
   return routing, metrics, new_stats
 
 
-def init_projection(key, d_model: int, num_experts: int, cfg=None) -> dict:
+def init_projection(key, d_model: int, num_experts: int, cfg: RouterConfig) -> dict:
   """W_x, W_y [d, n]: the dense fan-in init (BatchNorm makes the router scale-invariant)."""
+  del cfg
   n = grid_size(num_experts)
   init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
   key_x, key_y = jax.random.split(key)
@@ -173,8 +172,9 @@ def init_projection(key, d_model: int, num_experts: int, cfg=None) -> dict:
   }
 
 
-def project(params, x, cfg=None):
+def project(params, x, cfg: RouterConfig):
   """z = [x W_x, x W_y] [T, 2n]."""
+  del cfg
   return jnp.concatenate([x @ params["w_x"], x @ params["w_y"]], axis=-1)
 
 
@@ -201,7 +201,7 @@ def init_batch_norm_state(num_experts: int) -> dict:
     "its BatchNorm normalises by the tokens of each call, so micro-batches route differently"
   ),
 )
-def product_key_router(z, *, cfg, state, rng=None, train=False) -> RouterOutput:
+def product_key_router(z, *, cfg: RouterConfig, state, rng=None, train=False) -> RouterOutput:
   """OmniMoE's router on z = [z_x, z_y] (the module doc); BatchNorm statistics as state."""
   del rng
   n = z.shape[-1] // 2

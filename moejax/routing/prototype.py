@@ -28,7 +28,6 @@ or mismatched shapes with a ConfigError naming the value.
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +35,9 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.routing.base import (
+  RouterConfig,
   RouterOutput,
   RouterProjection,
-  get_router,
   register_router,
   routing_entropy,
 )
@@ -96,26 +95,21 @@ def prototype_routing(z, prototypes, tau, top_k: int, renormalize: bool = True):
   return softmax_top_k(cosine_logits(z, prototypes, tau), top_k, renormalize)
 
 
-def tau_of(cfg) -> float:
-  """model.moe.prototype.tau."""
-  return get_router("prototype").options(cfg)["tau"]
-
-
-def validate_settings(cfg) -> None:
+def validate_settings(cfg: RouterConfig) -> None:
   """model.moe.prototype.tau must be finite and > 0 (checked whatever the router)."""
-  check_tau(tau_of(cfg), where="model.moe.prototype.tau")
+  check_tau(cfg.settings["tau"], where="model.moe.prototype.tau")
 
 
-def init_prototypes(key, d_model: int, num_experts: int, cfg=None) -> dict:
+def init_prototypes(key, d_model: int, num_experts: int, cfg: RouterConfig) -> dict:
   """Prototypes [E, d] ~ N(0, 1/d) (a GUESS; the module doc)."""
   del cfg
   scale = 1.0 / math.sqrt(d_model)
   return {"prototypes": scale * jax.random.normal(key, (num_experts, d_model), jnp.float32)}
 
 
-def project(params, x, cfg) -> jax.Array:
+def project(params, x, cfg: RouterConfig) -> jax.Array:
   """What `route` receives: cos(x, prototypes) / tau [T, E], float32."""
-  return cosine_logits(jnp.asarray(x, jnp.float32), params["prototypes"], tau_of(cfg))
+  return cosine_logits(jnp.asarray(x, jnp.float32), params["prototypes"], cfg.settings["tau"])
 
 
 @register_router(
@@ -127,13 +121,18 @@ def project(params, x, cfg) -> jax.Array:
   projection=RouterProjection(init_prototypes, {"prototypes": (None, "embed")}, project),
 )
 def route_prototype(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   """Top-k of softmax(cos / tau) (the module doc); logits = the projection's cos / tau."""
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
   metrics = {
     "routing_entropy": routing_entropy(probs),
-    "prototype_max_cosine": jnp.mean(jnp.max(logits, axis=-1)) * tau_of(cfg),
+    "prototype_max_cosine": jnp.mean(jnp.max(logits, axis=-1)) * cfg.settings["tau"],
   }
   return RouterOutput(routing, logits, probs, metrics, state)

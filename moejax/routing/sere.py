@@ -35,13 +35,18 @@ exact for it.
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 
@@ -96,26 +101,26 @@ SETTINGS = {"primary_slots": 1, "rho": 0.5}
 LEGACY_KEYS = {"sere_primary_slots": "primary_slots", "sere_rho": "rho"}
 
 
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: RouterConfig) -> None:
   """model.moe.sere: rho in [0, 1], primary_slots >= 1 (whatever the router)."""
-  s = get_router("sere").options(cfg)
+  s = cfg.settings
   if not 0.0 <= s["rho"] <= 1.0:
     raise ConfigError(f"model.moe.sere.rho={s['rho']} must be in [0, 1]")
   if s["primary_slots"] < 1:
     raise ConfigError(f"model.moe.sere.primary_slots={s['primary_slots']} must be >= 1")
 
 
-def validate_sere(cfg) -> None:
+def validate_sere(cfg: RouterConfig) -> None:
   """The router in use: top_k, and primary_slots <= top_k."""
   validate_top_k(cfg)
-  slots = get_router("sere").options(cfg)["primary_slots"]
+  slots = cfg.settings["primary_slots"]
   if slots > cfg.top_k:
     raise ConfigError(
       f"model.moe.sere.primary_slots={slots} must be <= model.moe.top_k={cfg.top_k}"
     )
 
 
-def keep_sere_state(state, stats, cfg):
+def keep_sere_state(state, stats, cfg: RouterConfig):
   """The state-update protocol: training leaves the similarity matrix alone."""
   del stats, cfg
   return state
@@ -132,7 +137,12 @@ def keep_sere_state(state, stats, cfg):
   validate_settings=validate_keys,
 )
 def route_sere(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)
@@ -140,7 +150,7 @@ def route_sere(
   metrics = {"routing_entropy": routing_entropy(probs)}
   if not train:
     before = jnp.sum(routing.expert_counts(num_experts) > 0)
-    s = get_router("sere").options(cfg)
+    s = cfg.settings
     routing = sere_reroute(
       routing, jax.lax.stop_gradient(state["expert_similarity"]), s["primary_slots"], s["rho"]
     )

@@ -16,13 +16,19 @@ from the load of the whole batch, exactly as with one batch.
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+  top_k_slots,
+)
 from moejax.routing.topk import validate_top_k
 
 
@@ -30,7 +36,7 @@ def init_bias_state(num_experts: int):
   return {"bias": jnp.zeros((num_experts,), jnp.float32)}
 
 
-def validate_bias_router(cfg) -> None:
+def validate_bias_router(cfg: RouterConfig) -> None:
   validate_top_k(cfg)
   if cfg.bias_update_rate < 0:
     raise ConfigError(f"model.moe.bias_update_rate={cfg.bias_update_rate} must be >= 0")
@@ -42,7 +48,7 @@ def bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
   return bias + rate * jnp.sign(jnp.mean(counts) - counts)
 
 
-def update_bias_state(state, stats, cfg):
+def update_bias_state(state, stats, cfg: RouterConfig):
   """The state-update protocol: one sign-rule step from the summed expert counts."""
   return {
     "bias": bias_update(
@@ -63,7 +69,12 @@ def load_stats(routing: Routing, num_experts: int) -> dict:
   update_state=update_bias_state,
 )
 def route_sigmoid_bias(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng
   scores = jax.nn.sigmoid(logits)

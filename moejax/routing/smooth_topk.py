@@ -73,7 +73,6 @@ routing weights and the boundary loss, as in the paper.
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -81,9 +80,9 @@ import jax.numpy as jnp
 from moejax.errors import ConfigError
 from moejax.losses.base import get_loss, register_loss
 from moejax.routing.base import (
+  RouterConfig,
   RouterOutput,
   Routing,
-  get_router,
   register_router,
   routing_entropy,
   top_k_slots,
@@ -142,9 +141,9 @@ LEGACY_KEYS = {
 }
 
 
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: RouterConfig) -> None:
   """model.moe.smooth_topk: a, b > 0, h_offset >= 0 (whatever the router)."""
-  s = get_router("smooth_topk").options(cfg)
+  s = cfg.settings
   for key in ("a", "b"):
     if s[key] <= 0:
       raise ConfigError(f"model.moe.smooth_topk.{key}={s[key]} must be > 0")
@@ -159,7 +158,7 @@ def validate_loss_keys(cfg) -> None:
     raise ConfigError(f"model.moe.losses.smooth_boundary.alpha={alpha} must be >= 0")
 
 
-def boundary_loss_accumulation(cfg) -> str | None:
+def boundary_loss_accumulation(cfg: RouterConfig) -> str | None:
   """Why micro-batches would change the step (the boundary loss is scaled by T), or None."""
   if cfg.loss_weights.get("smooth_boundary", 0.0) > 0:
     return (
@@ -179,10 +178,15 @@ def boundary_loss_accumulation(cfg) -> str | None:
   validate_settings=validate_keys,
 )
 def route_smooth_top_k(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng, train
-  s = get_router("smooth_topk").options(cfg)
+  s = cfg.settings
   num_experts = logits.shape[-1]
   eta = jax.nn.softplus(s["eta_init"] + state["eta_offset"])
   weights, active, g_k = smooth_top_k_weights(logits, cfg.top_k, eta, s["a"], s["b"])

@@ -73,13 +73,18 @@ measured with them do not stand for this router.
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError, choice_error
-from moejax.routing.base import RouterOutput, Routing, get_router, register_router, routing_entropy
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+)
 from moejax.routing.topk import softmax_top_k, validate_top_k
 
 ROUNDING_MODES = ("up", "down", "nearest")
@@ -88,9 +93,9 @@ SETTINGS = {"tile": 128, "mode": "nearest"}
 LEGACY_KEYS = {"rounding_tile": "tile", "rounding_mode": "mode"}
 
 
-def validate_rounding(cfg) -> None:
+def validate_rounding(cfg: RouterConfig) -> None:
   """model.moe.topk_rounded: tile an int >= 1, mode a known one (whatever the router)."""
-  s = get_router("topk_rounded").options(cfg)
+  s = cfg.settings
   if s["mode"] not in ROUNDING_MODES:
     raise choice_error("model.moe.topk_rounded.mode", s["mode"], ROUNDING_MODES)
   check_tile(s["tile"])
@@ -191,12 +196,17 @@ def token_rounding_routing(probs: jax.Array, k: int, tile: int, mode: str):
   validate_settings=validate_rounding,
 )
 def route_token_rounding(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng
   probs = jax.nn.softmax(logits, axis=-1)
   if train:
-    s = get_router("topk_rounded").options(cfg)
+    s = cfg.settings
     routing, metrics = token_rounding_routing(probs, cfg.top_k, s["tile"], s["mode"])
   else:
     routing, _ = softmax_top_k(logits, cfg.top_k, renormalize=True)

@@ -9,16 +9,22 @@ function stays deterministic given its logits.
 """
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.routing.base import RouterOutput, Routing, register_router, routing_entropy, top_k_slots
+from moejax.routing.base import (
+  RouterConfig,
+  RouterOutput,
+  Routing,
+  register_router,
+  routing_entropy,
+  top_k_slots,
+)
 
 
-def validate_top_k(cfg) -> None:
+def validate_top_k(cfg: RouterConfig) -> None:
   if cfg.top_k < 1:
     raise ConfigError(f"model.moe.top_k={cfg.top_k} must be >= 1")
   if cfg.top_k > cfg.num_experts:
@@ -38,7 +44,12 @@ def softmax_top_k(logits: jax.Array, k: int, renormalize: bool) -> tuple[Routing
 
 @register_router("topk", validate=validate_top_k, promises={"weights_proportional_to_probs"})
 def route_top_k(
-  logits: jax.Array, *, cfg: Any, state: Mapping[str, jax.Array], rng: jax.Array | None, train: bool
+  logits: jax.Array,
+  *,
+  cfg: RouterConfig,
+  state: Mapping[str, jax.Array],
+  rng: jax.Array | None,
+  train: bool,
 ) -> RouterOutput:
   del rng, train
   routing, probs = softmax_top_k(logits, cfg.top_k, cfg.renormalize)

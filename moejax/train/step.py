@@ -164,13 +164,13 @@ def make_loss_fn(graphdef, objective=None):
 
 def apply_router_updates(graphdef, params, rest, stats: dict) -> dict:
   """`rest` with each reporting layer's router state advanced once by
-  update_state(state, summed stats, cfg); everything else unchanged."""
+  update_state(state, summed stats, its RouterConfig); everything else unchanged."""
   model = nnx.merge(graphdef, params, rest)
   layers = {path: node for node, path in _modules_by_path(model)}
   for key, layer_stats in stats.items():
     layer = layers[key]
     state = {name: var.get_value() for name, var in layer.router_state.items()}
-    new_state = layer.router_spec.update_state(state, layer_stats, layer.cfg)
+    new_state = layer.router_spec.update_state(state, layer_stats, layer.router_config)
     for name, var in layer.router_state.items():
       var.set_value(jax.lax.stop_gradient(new_state[name]).astype(var.get_value().dtype))
   return split_model(model)[2]

@@ -37,8 +37,7 @@ from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.experts import EXPERT_TYPES, experts_of
 from moejax.experts.compressed import CompressedWeight
-from moejax.routing import Routing
-from moejax.routing import get_router as routing_spec
+from moejax.routing import Routing, get_router as routing_spec, router_config
 from moejax.routing.base import PROMISES
 
 T, E, S, D, F = 10, 5, 3, 8, 6
@@ -314,7 +313,7 @@ def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
 def router_outputs(spec) -> dict:
   """{train: RouterOutput} of this router on fixed logits, or on its projection of
   fixed features (one compile for both)."""
-  cfg = router_cfg(spec.name)
+  cfg = router_config(spec, router_cfg(spec.name))
   if spec.projection is None:
     logits = jnp.asarray(2.0 * np.random.default_rng(3).standard_normal((T_R, E_R)), jnp.float32)
   else:

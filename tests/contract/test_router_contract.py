@@ -8,14 +8,18 @@ per test worker): a finite float32 scalar on the training output of every
 registered router it accepts (ConfigError for the others, at least one
 accepted), a finite gradient, its step statistics (micro-batches given the
 summed stats make the one-batch loss and gradient) and its declared
-hand-worked example (oracles.check_loss)."""
+hand-worked example (oracles.check_loss).
 
+A router receives its parsed RouterConfig, built once; called with the model.moe
+ConfigDict itself, it refuses it."""
+
+import jax.numpy as jnp
 import pytest
 
 from moejax.losses import LOSSES
 from moejax.losses.base import LOSS_EXAMPLES
-from moejax.routing import ROUTERS
-from tests.contract.oracles import check_loss, check_router, router_outputs
+from moejax.routing import ROUTERS, router_config
+from tests.contract.oracles import E_R, check_loss, check_router, router_cfg, router_outputs
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
@@ -27,6 +31,17 @@ def test_router_keeps_the_routing_contract(router):
 def test_loss_keeps_the_loss_contract(loss):
   outputs = {f"{name} (train=True)": router_outputs(ROUTERS.get(name))[True] for name in ROUTERS}
   check_loss(loss, LOSSES.get(loss), outputs, LOSS_EXAMPLES.get(loss), LOSSES.get(loss).step_stats)
+
+
+@pytest.mark.parametrize("router", list(ROUTERS))
+def test_a_router_refuses_the_moe_config_dict(router):
+  spec, moe = ROUTERS.get(router), router_cfg(router)
+  with pytest.raises(TypeError, match=rf"router '{router}' takes a RouterConfig"):
+    spec.route(jnp.zeros((4, E_R)), cfg=moe, state=spec.initial_state(E_R), rng=None, train=False)
+  config = router_config(spec, moe)  # frozen, hashable, equal when built again
+  assert config == router_config(spec, moe) and hash(config) == hash(router_config(spec, moe))
+  assert config.settings == spec.config_section.parse(moe)
+  assert (config.top_k, config.num_experts) == (moe.top_k, moe.num_experts)
 
 
 def test_balance_and_dpsl_declare_examples():

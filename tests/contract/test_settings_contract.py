@@ -18,7 +18,7 @@ from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.losses import LOSSES, register_loss
 from moejax.registry import section_of
-from moejax.routing import ROUTERS, RouterOutput, register_router
+from moejax.routing import ROUTERS, RouterConfig, RouterOutput, call_router, register_router
 from moejax.routing.topk import softmax_top_k
 from moejax.train.sweep import apply_overrides
 from tests.helpers import moe_cfg, set_key
@@ -102,7 +102,8 @@ def test_a_router_is_one_file_and_one_test(monkeypatch):
   router (sweep overrides and --config.* flags), bad values are refused by name."""
 
   def validate(cfg):
-    width = ROUTERS.get("throwaway").options(cfg)["width"]
+    assert isinstance(cfg, RouterConfig)  # parsed once, never model.moe itself
+    width = cfg.settings["width"]
     if width < 1:
       raise ConfigError(f"model.moe.throwaway.width={width} must be >= 1")
 
@@ -114,7 +115,8 @@ def test_a_router_is_one_file_and_one_test(monkeypatch):
   )
   def route(logits, *, cfg, state, rng, train):
     del rng, train
-    s = ROUTERS.get("throwaway").options(cfg)
+    assert isinstance(cfg, RouterConfig)
+    s = cfg.settings
     routing, probs = softmax_top_k(s["scale"] * logits, s["width"], cfg.renormalize)
     return RouterOutput(routing, logits, probs, {}, state)
 
@@ -123,9 +125,7 @@ def test_a_router_is_one_file_and_one_test(monkeypatch):
     assert c.model.moe.throwaway.to_dict() == {"width": 2, "scale": 1.0}
     apply_overrides(c, ["model.moe.router=throwaway", "model.moe.throwaway.width=3"])
     validate_config(c)
-    out = ROUTERS.get("throwaway").route(
-      jnp.zeros((4, 8)), cfg=c.model.moe, state={}, rng=None, train=True
-    )
+    out = call_router("throwaway", jnp.zeros((4, 8)), c.model.moe, train=True)
     assert out.routing.num_slots == 3
 
     argv = ["prog", "--config.model.moe.throwaway.width=0"]

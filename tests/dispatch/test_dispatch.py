@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from moejax.dispatch import get_dispatcher
 from moejax.dispatch.capacity import expert_capacity
 from moejax.experts import swiglu_experts
-from moejax.routing import get_router
+from moejax.routing import call_router
 from tests.helpers import moe_cfg, random_logits
 
 D, F = 8, 12
@@ -89,10 +89,8 @@ def dispatch(x, routing, weights, cfg):
 
 def run(dispatch_name, router_name, seed, t, e, k, **cfg_kw):
   cfg = moe_cfg(router=router_name, dispatch=dispatch_name, num_experts=e, top_k=k, **cfg_kw)
-  spec = get_router(router_name)
   logits = random_logits(seed, t, e)
-  state = spec.initial_state(e)
-  routing = spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=False).routing
+  routing = call_router(router_name, jnp.asarray(logits), cfg).routing
   x = np.random.default_rng(seed + 7).standard_normal((t, D)).astype(np.float32)
   weights = expert_weights(seed, e)
   y, metrics = dispatch(x, routing, weights, cfg)

@@ -21,7 +21,7 @@ from moejax.assignment.layout import tile_layout
 from moejax.dispatch import get_dispatcher
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
-from moejax.routing import Routing, get_router
+from moejax.routing import Routing, call_router
 from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 
@@ -83,11 +83,7 @@ def test_every_grouped_matmul_equals_per_token_loop(matmul, tile, block, min_blo
     dropless_block=block,
     dropless_min_block=min_block,
   )
-  routing = (
-    get_router("topk")
-    .route(jnp.asarray(random_logits(1, t, e)), cfg=cfg, state={}, rng=None, train=False)
-    .routing
-  )
+  routing = call_router("topk", jnp.asarray(random_logits(1, t, e)), cfg).routing
   x = np.random.default_rng(2).standard_normal((t, D)).astype(np.float32)
   weights = expert_weights(3, e)
   fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
@@ -117,9 +113,7 @@ def layer_loss(dispatch, router="topk", t=48, e=6, k=2, tile=4, block=8, **cfg_k
   proj = jnp.asarray(rng.standard_normal((t, D)), jnp.float32)
 
   def loss(x, router_kernel, weights):
-    routing = (
-      get_router(router).route(x @ router_kernel, cfg=cfg, state={}, rng=None, train=True).routing
-    )
+    routing = call_router(router, x @ router_kernel, cfg, train=True).routing
     y, _ = get_dispatcher(dispatch)(x, routing, functools.partial(swiglu_experts, weights), cfg)
     return jnp.sum(y * proj)
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from moejax.routing import get_router
+from moejax.routing import call_router
 from moejax.routing.capacity_aware import capacity_route, num_candidates, token_capacity
 from tests.helpers import moe_cfg, random_logits
 
@@ -23,9 +23,7 @@ shapes = st.tuples(st.sampled_from([(24, 6, 2), (40, 8, 3), (9, 4, 1)]), st.inte
 def router(**cfg):
   """The registered router for a config (eager)."""
   cfg = moe_cfg(router="capacity_aware", **cfg)
-  return functools.partial(
-    get_router("capacity_aware").route, cfg=cfg, state={}, rng=None, train=False
-  )
+  return functools.partial(call_router, "capacity_aware", moe=cfg)
 
 
 # Capacity and candidate count traced: one compile per shape, whatever gamma and r.

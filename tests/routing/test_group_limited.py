@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moejax.errors import ConfigError
-from moejax.routing import get_router
+from moejax.routing import call_router, get_router, router_config
 from tests.helpers import moe_cfg, random_logits
 
 
@@ -41,11 +41,8 @@ def test_matches_brute_force(groups, keep, k):
     topk_groups=keep,
     routed_scaling_factor=2.5,
   )
-  spec = get_router("group_limited")
-  spec.validate(cfg)
-  out = spec.route(
-    jnp.asarray(logits), cfg=cfg, state={"bias": jnp.asarray(bias)}, rng=None, train=False
-  )
+  get_router("group_limited").validate(router_config("group_limited", cfg))
+  out = call_router("group_limited", jnp.asarray(logits), cfg, state={"bias": jnp.asarray(bias)})
   want, scores = brute_force(logits, bias, groups, keep, k)
   index = np.asarray(out.routing.expert_index)
   np.testing.assert_array_equal(np.sort(index, -1), want)
@@ -59,8 +56,8 @@ def test_one_group_is_sigmoid_bias_routing():
   logits = jnp.asarray(random_logits(2, 32, 8))
   state = {"bias": jnp.linspace(-0.2, 0.2, 8)}
   cfg = moe_cfg(router="group_limited", top_k=2, routed_scaling_factor=1.5)
-  ours = get_router("group_limited").route(logits, cfg=cfg, state=state, rng=None, train=False)
-  ref = get_router("sigmoid_bias").route(logits, cfg=cfg, state=state, rng=None, train=False)
+  ours = call_router("group_limited", logits, cfg, state=state)
+  ref = call_router("sigmoid_bias", logits, cfg, state=state)
   np.testing.assert_array_equal(ours.routing.expert_index, ref.routing.expert_index)
   np.testing.assert_allclose(ours.routing.combine_weight, ref.routing.combine_weight, rtol=1e-6)
 
@@ -76,4 +73,5 @@ def test_one_group_is_sigmoid_bias_routing():
 )
 def test_bad_group_settings_are_refused(overrides, message):
   with pytest.raises(ConfigError, match=message):
-    get_router("group_limited").validate(moe_cfg(router="group_limited", **overrides))
+    cfg = moe_cfg(router="group_limited", **overrides)
+    get_router("group_limited").validate(router_config("group_limited", cfg))

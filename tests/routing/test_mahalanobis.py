@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from moejax.routing import get_router
+from moejax.routing import call_router, get_router
 from moejax.routing.mahalanobis import batch_cooccurrence_cov, greedy_mahalanobis
 from tests.helpers import moe_cfg, random_logits
 
@@ -24,7 +24,7 @@ def jitted_route(name, train, ema_decay=None, **cfg):
   if ema_decay is not None:
     cfg["mahalanobis"] = dict(ema_decay=ema_decay)
   cfg = moe_cfg(router=name, **cfg)
-  return jax.jit(functools.partial(get_router(name).route, cfg=cfg, rng=None, train=train))
+  return jax.jit(functools.partial(call_router, name, moe=cfg, rng=None, train=train))
 
 
 def objective(g, sigma, subset):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.routing import get_router
+from moejax.routing import call_router
 from moejax.routing.optimal_transport import semi_relaxed_sinkhorn
 from tests.helpers import moe_cfg
 
@@ -73,9 +73,9 @@ def test_every_slot_is_balanced_with_top_2():
   cfg = moe_cfg(
     router="as_coot", num_experts=e, top_k=2, as_coot=dict(epsilon=0.05, tau=0.0, iters=200)
   )
-  r = jax.jit(
-    functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None, train=False)
-  )(jnp.asarray(scores)).routing
+  r = jax.jit(functools.partial(call_router, "as_coot", moe=cfg, train=False))(
+    jnp.asarray(scores)
+  ).routing
   index = np.asarray(r.expert_index)
   assert np.all(index[:, 0] != index[:, 1])
   for counts in (np.bincount(index[:, 0], minlength=e), np.bincount(index.ravel(), minlength=e)):
@@ -90,9 +90,7 @@ def test_skewed_batch_load_is_balanced():
   cfg = moe_cfg(
     router="as_coot", num_experts=e, top_k=1, as_coot=dict(epsilon=0.05, tau=1.0, iters=50)
   )
-  route = jax.jit(
-    functools.partial(get_router("as_coot").route, cfg=cfg, state={}, rng=None, train=False)
-  )
+  route = jax.jit(functools.partial(call_router, "as_coot", moe=cfg, train=False))
   r = route(jnp.asarray(scores)).routing
   counts = np.bincount(np.asarray(r.expert_index)[:, 0], minlength=e)
   argmax = np.bincount(scores.argmax(1), minlength=e)
@@ -101,9 +99,9 @@ def test_skewed_batch_load_is_balanced():
   probs = np.asarray(jax.nn.softmax(jnp.asarray(scores), -1))
   np.testing.assert_allclose(r.combine_weight[:, 0], 1.0, rtol=1e-6)  # renormalised top-1
   cfg2 = moe_cfg(router="as_coot", num_experts=e, top_k=2, renormalize=False)
-  r2 = jax.jit(
-    functools.partial(get_router("as_coot").route, cfg=cfg2, state={}, rng=None, train=True)
-  )(jnp.asarray(scores)).routing
+  r2 = jax.jit(functools.partial(call_router, "as_coot", moe=cfg2, train=True))(
+    jnp.asarray(scores)
+  ).routing
   np.testing.assert_allclose(
     r2.combine_weight, np.take_along_axis(probs, np.asarray(r2.expert_index), 1), rtol=1e-6
   )

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from moejax.config import base_config
-from moejax.routing import get_router
+from moejax.routing import call_router, router_config
 from moejax.routing import probmoe as pm
 from tests.helpers import moe_cfg, random_logits
 
@@ -47,7 +47,7 @@ def enumerate_subsets(logits_row, sizes):
 
 def route(logits, train, rng=None, **cfg):
   cfg = moe_cfg(router="probmoe", num_experts=logits.shape[1], **cfg)
-  fn = functools.partial(get_router("probmoe").route, cfg=cfg, state={}, train=train)
+  fn = functools.partial(call_router, "probmoe", moe=cfg, state={}, train=train)
   return jax.jit(fn)(jnp.asarray(logits), rng=rng)
 
 
@@ -147,17 +147,9 @@ def test_eval_is_deterministic_top_k():
   logits = random_logits(11, 16, 8)
   for renormalize in (True, False):
     got = route(logits, False, top_k=3, renormalize=renormalize).routing
-    want = (
-      get_router("topk")
-      .route(
-        jnp.asarray(logits),
-        cfg=moe_cfg(top_k=3, renormalize=renormalize),
-        state={},
-        rng=None,
-        train=False,
-      )
-      .routing
-    )
+    want = call_router(
+      "topk", jnp.asarray(logits), moe_cfg(top_k=3, renormalize=renormalize)
+    ).routing
     np.testing.assert_array_equal(got.expert_index, want.expert_index)
     np.testing.assert_allclose(got.combine_weight, want.combine_weight, rtol=1e-6)
 
@@ -307,7 +299,7 @@ def test_detach_log_q_option_is_validated():
   c = base_config().model.moe.to_dict()
   c["probmoe"]["detach_log_q"] = "no"
   with pytest.raises(ConfigError, match=r"model\.moe\.probmoe\.detach_log_q='no'"):
-    pm.validate_keys(ml_collections.ConfigDict(c))
+    pm.validate_keys(router_config("probmoe", ml_collections.ConfigDict(c)))
 
 
 def test_stored_flat_probmoe_keys_load_into_model_moe_probmoe():

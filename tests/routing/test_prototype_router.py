@@ -15,7 +15,7 @@ from moejax.config import base_config
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.layers.moe import MoELayer
-from moejax.routing import get_router
+from moejax.routing import call_router, get_router, router_config
 from moejax.routing.prototype import cosine_logits, prototype_routing
 from tests.helpers import moe_cfg
 
@@ -37,7 +37,9 @@ def test_a_token_equal_to_prototype_d_routes_to_d(scale):
 
 def test_the_registered_router_routes_prototype_d_to_d():
   spec = get_router("prototype")
-  cfg = moe_cfg(router="prototype", num_experts=E, top_k=2, prototype=dict(tau=0.2))
+  cfg = router_config(
+    spec, moe_cfg(router="prototype", num_experts=E, top_k=2, prototype=dict(tau=0.2))
+  )
   c = prototypes(1)
   logits = spec.projection.apply({"prototypes": jnp.asarray(c)}, jnp.asarray(2.0 * c), cfg)
   out = spec.route(logits, cfg=cfg, state={}, rng=None, train=True)
@@ -65,17 +67,8 @@ def test_a_lower_tau_routes_more_sharply():
   c = prototypes(3)
 
   def entropy(tau):
-    return float(
-      get_router("prototype")
-      .route(
-        cosine_logits(z, c, tau),
-        cfg=moe_cfg(router="prototype", num_experts=E, top_k=2, prototype=dict(tau=tau)),
-        state={},
-        rng=None,
-        train=False,
-      )
-      .metrics["routing_entropy"]
-    )
+    cfg = moe_cfg(router="prototype", num_experts=E, top_k=2, prototype=dict(tau=tau))
+    return float(call_router("prototype", cosine_logits(z, c, tau), cfg).metrics["routing_entropy"])
 
   assert entropy(0.05) < entropy(0.5) < entropy(5.0) < math.log(E)
 

@@ -16,7 +16,7 @@ from moejax.dispatch import get_dispatcher
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.layers.moe import MoELayer
-from moejax.routing import Routing, get_router
+from moejax.routing import Routing, get_router, router_config
 from tests.helpers import moe_cfg, random_logits, set_key
 
 ROUTERS = {  # name: extra config
@@ -42,7 +42,7 @@ def setup(label, e, k, train, seed=0, t=24):
   if name == "sere":
     s = np.random.default_rng(seed).random((e, e)).astype(np.float32)
     state = {"expert_similarity": jnp.asarray((s + s.T) / 2)}
-  route = functools.partial(spec.route, cfg=cfg, state=state, train=train)
+  route = functools.partial(spec.route, cfg=router_config(spec, cfg), state=state, train=train)
   out = jax.jit(route)(jnp.asarray(random_logits(seed, t, e)), rng=jax.random.key(seed))
   return out, cfg
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from moejax.routing import get_router
+from moejax.routing import call_router
 from moejax.routing.expert_choice import expert_choice_capacity
 from moejax.routing.sigmoid_bias import bias_update
 from tests.helpers import moe_cfg, random_logits
@@ -26,10 +26,8 @@ def softmax(x):
 
 
 def route(name, logits, train=False, state=None, **cfg):
-  spec = get_router(name)
   cfg = moe_cfg(router=name, num_experts=logits.shape[1], **cfg)
-  state = state if state is not None else spec.initial_state(logits.shape[1])
-  return spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=train)
+  return call_router(name, jnp.asarray(logits), cfg, state=state, train=train)
 
 
 @CASES

@@ -15,7 +15,7 @@ from moejax.analysis.expert_similarity import linear_cka_matrix
 from moejax.dispatch import get_dispatcher
 from moejax.experts import swiglu_experts
 from moejax.models.capture import expert_outputs_on_tokens
-from moejax.routing import Routing, get_router
+from moejax.routing import Routing, call_router, get_router
 from moejax.routing.sere import sere_reroute
 from tests.helpers import moe_cfg, random_logits
 
@@ -26,9 +26,7 @@ reroute = jax.jit(sere_reroute, static_argnums=2)
 
 def top_k_routing(logits, k):
   cfg = moe_cfg(num_experts=logits.shape[1], top_k=k)
-  return (
-    get_router("topk").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None, train=False).routing
-  )
+  return call_router("topk", jnp.asarray(logits), cfg).routing
 
 
 def random_similarity(rng, e):
@@ -167,7 +165,7 @@ def test_router_reroutes_only_at_evaluation():
   state = {"expert_similarity": jnp.asarray(sim)}
   plain = top_k_routing(logits, k)
   route = {
-    train: jax.jit(functools.partial(spec.route, cfg=cfg, rng=None, train=train))
+    train: jax.jit(functools.partial(call_router, "sere", moe=cfg, rng=None, train=train))
     for train in (True, False)
   }
   trained = route[True](jnp.asarray(logits), state=state)

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from moejax.losses import get_loss
-from moejax.routing import get_router
+from moejax.routing import call_router
 from tests.helpers import moe_cfg, random_logits
 
 shapes = st.tuples(st.sampled_from([(6, 5, 2), (16, 8, 3)]), st.integers(0, 2**16))
@@ -23,9 +23,7 @@ def eta_param(eta):
 
 def route(name, logits, **cfg):
   cfg = moe_cfg(router=name, num_experts=logits.shape[1], **cfg)
-  spec = get_router(name)
-  state = spec.initial_state(logits.shape[1])
-  return spec.route(jnp.asarray(logits), cfg=cfg, state=state, rng=None, train=True)
+  return call_router(name, jnp.asarray(logits), cfg, train=True)
 
 
 def dense_weights(routing, num_experts):
@@ -96,11 +94,10 @@ def test_boundary_loss_value_and_gradient():
     smooth_topk=dict(eta_init=eta_param(eta), h_offset=h),
     losses=dict(smooth_boundary=dict(alpha=alpha)),
   )
-  spec = get_router("smooth_topk")
 
   def loss(offset):
-    out = spec.route(
-      jnp.asarray(logits), cfg=cfg, state={"eta_offset": offset}, rng=None, train=True
+    out = call_router(
+      "smooth_topk", jnp.asarray(logits), cfg, state={"eta_offset": offset}, train=True
     )
     return get_loss("smooth_boundary")(out, cfg)
 

@@ -16,7 +16,7 @@ from moejax.validation import validate_config
 from moejax.dispatch import get_dispatcher, padding_waste
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
-from moejax.routing import get_router
+from moejax.routing import call_router
 from moejax.routing.token_rounding import rounded_counts
 from tests.helpers import moe_cfg, random_logits
 
@@ -33,9 +33,7 @@ cases = st.tuples(
 
 def route(logits, train=True, **cfg):
   cfg = moe_cfg(router="topk_rounded", num_experts=logits.shape[1], **cfg)
-  return get_router("topk_rounded").route(
-    jnp.asarray(logits), cfg=cfg, state={}, rng=None, train=train
-  )
+  return call_router("topk_rounded", jnp.asarray(logits), cfg, train=train)
 
 
 def pairs(routing):
@@ -105,13 +103,8 @@ def test_counts_are_tile_multiples_within_rounding_distance(case):
   logits = random_logits(seed, t, e)
   out = route(logits, top_k=k, topk_rounded=dict(tile=tile, mode=mode))
   counts = np.asarray(out.routing.expert_counts(e))
-  f = np.asarray(
-    get_router("topk")
-    .route(
-      jnp.asarray(logits), cfg=moe_cfg(num_experts=e, top_k=k), state={}, rng=None, train=False
-    )
-    .routing.expert_counts(e)
-  )
+  plain = call_router("topk", jnp.asarray(logits), moe_cfg(num_experts=e, top_k=k))
+  f = np.asarray(plain.routing.expert_counts(e))
   assert (counts % tile == 0).all()
   assert float(padding_waste(jnp.asarray(counts), tile)) == 0.0
   diff = counts - f
@@ -128,13 +121,8 @@ def test_tile_one_is_top_k(case):
   (t, e, k), _, mode, seed = case
   logits = random_logits(seed, t, e)
   rounded = route(logits, top_k=k, topk_rounded=dict(tile=1, mode=mode))
-  plain = get_router("topk").route(
-    jnp.asarray(logits),
-    state={},
-    rng=None,
-    train=True,
-    cfg=moe_cfg(num_experts=e, top_k=k, renormalize=True),
-  )
+  cfg = moe_cfg(num_experts=e, top_k=k, renormalize=True)
+  plain = call_router("topk", jnp.asarray(logits), cfg, train=True)
   got, expected = pairs(rounded.routing), pairs(plain.routing)
   assert got.keys() == expected.keys()
   np.testing.assert_allclose([got[p] for p in expected], list(expected.values()), rtol=1e-6)
@@ -221,12 +209,8 @@ def test_dropless_pads_nothing_when_tiles_match():
 def test_eval_falls_back_to_plain_top_k():
   logits = random_logits(3, 40, 8)
   out = route(logits, train=False, top_k=2, topk_rounded=dict(tile=16, mode="up"))
-  plain = get_router("topk").route(
-    jnp.asarray(logits),
-    state={},
-    rng=None,
-    train=False,
-    cfg=moe_cfg(num_experts=8, top_k=2, renormalize=True),
+  plain = call_router(
+    "topk", jnp.asarray(logits), moe_cfg(num_experts=8, top_k=2, renormalize=True)
   )
   assert out.routing.num_slots == 2
   got, expected = pairs(out.routing), pairs(plain.routing)  # the reference's renormalised top-k

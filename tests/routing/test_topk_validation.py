@@ -3,13 +3,14 @@
 import pytest
 
 from moejax.errors import ConfigError
+from moejax.routing import router_config
 from moejax.routing.topk import validate_top_k
 from tests.helpers import moe_cfg
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 8])
 def test_top_k_from_one_to_num_experts_is_accepted(top_k):
-  validate_top_k(moe_cfg(num_experts=8, top_k=top_k))
+  validate_top_k(router_config("topk", moe_cfg(num_experts=8, top_k=top_k)))
 
 
 @pytest.mark.parametrize(
@@ -26,4 +27,4 @@ def test_top_k_from_one_to_num_experts_is_accepted(top_k):
 )
 def test_top_k_outside_is_refused(top_k, message):
   with pytest.raises(ConfigError, match=message):
-    validate_top_k(moe_cfg(num_experts=8, top_k=top_k))
+    validate_top_k(router_config("topk", moe_cfg(num_experts=8, top_k=top_k)))

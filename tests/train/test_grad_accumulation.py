@@ -23,7 +23,7 @@ from moejax.config import apply_size, base_config
 from moejax.validation import validate_config, validate_micro_batches
 from moejax.errors import ConfigError
 from moejax.models.decoder import unstack_layers
-from moejax.routing import get_router
+from moejax.routing import get_router, router_config
 from moejax.routing.base import RouterSpec, check_micro_batches
 from moejax.train import step as step_lib
 from moejax.train.loop import init_state, train_and_evaluate
@@ -182,6 +182,7 @@ def test_router_state_from_summed_stats_equals_one_call(router, extra):
   if router == "mahalanobis":  # a non-trivial covariance to start from
     a = np.random.default_rng(2).random((8, 8)).astype(np.float32)
     state = {"cooc_cov": jnp.asarray(a @ a.T / 8)}
+  cfg = router_config(spec, cfg)
   route = jax.jit(functools.partial(spec.route, cfg=cfg, rng=None, train=True))
   whole = route(logits, state=state)
   parts = [route(logits[m::MICRO], state=state) for m in range(MICRO)]
@@ -286,14 +287,14 @@ def test_bad_accumulation_config_is_rejected_before_compilation(
 
 
 def test_stateful_router_without_the_protocol_refuses_micro_batches():
-  spec = RouterSpec("needs_protocol", route=None, init_state=lambda e: {"ema": jnp.zeros(e)})
-  check_micro_batches(spec, moe_cfg(), 1)  # one batch: its own update, as always
+  spec = RouterSpec("needs_protocol", fn=None, init_state=lambda e: {"ema": jnp.zeros(e)})
+  check_micro_batches(spec, router_config(spec, moe_cfg()), 1)  # one batch: its own update
   with pytest.raises(
     ConfigError,
     match=r"^train\.micro_batches=2 is not supported with "
     r"model\.moe\.router='needs_protocol': ",
   ):
-    check_micro_batches(spec, moe_cfg(), 2)
+    check_micro_batches(spec, router_config(spec, moe_cfg()), 2)
   # every registered router with state implements the protocol
   for name in ("sigmoid_bias", "group_limited", "mahalanobis", "sere"):
     assert get_router(name).update_state is not None, name

@@ -12,7 +12,7 @@ import pytest
 from moejax.dispatch import exchange as exchange_lib, expert_parallel, get_dispatcher
 from moejax.experts import swiglu_experts
 from moejax.experts.swiglu import SwiGLUExperts
-from moejax.routing import get_router
+from moejax.routing import call_router
 from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 from tests.sharding.multidevice.common import MESHES, layout_for
@@ -32,9 +32,7 @@ def problem(seed, skew=0.0, **cfg_kw):
   cfg = moe_cfg(num_experts=E, top_k=K, dropless_tile=8, min_capacity=1, **cfg_kw)
   logits = random_logits(seed, T, E)
   logits[:, 0] += skew  # skew > 0 overloads expert 0 (on peer 0)
-  routing = (
-    get_router("topk").route(jnp.asarray(logits), cfg=cfg, state={}, rng=None, train=False).routing
-  )
+  routing = call_router("topk", jnp.asarray(logits), cfg).routing
   x = np.random.default_rng(seed + 1).standard_normal((T, D)).astype(np.float32)
   weights = jax.tree.map(jnp.asarray, expert_weights(seed, E))
   return cfg, routing, jnp.asarray(x), weights
