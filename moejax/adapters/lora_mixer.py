@@ -82,7 +82,8 @@ class LoRAMixer(nnx.Module):
     )
     self.top_k, self.scale, self.dtype = settings["top_k"], settings["scale"], dtype
     self.loss_weights = dict(settings["loss_weights"].items())
-    self.loss_cfg = m.moe  # the losses' own settings: model.moe.losses.<name>
+    # Each loss's LossConfig, from its own settings in model.moe.losses.<name>.
+    self.loss_configs = losses.loss_configs(self.loss_weights, m.moe)
 
   def route(self, x_TxD, valid_T=None) -> RouterOutput:
     """Top-k of softmax(x W_r) in float32, combine weight 1/k per slot (the hard gate)."""
@@ -101,7 +102,9 @@ class LoRAMixer(nnx.Module):
     a, b_ = self.lora_a[...].astype(self.dtype), self.lora_b[...].astype(self.dtype)
     low = jnp.einsum("td,edr->ter", x_TxD.astype(self.dtype), a) * gates[..., None]
     term = self.scale * jnp.einsum("ter,erf->tf", low, b_)
-    values = {name: losses.loss_value(name, out, self.loss_cfg) for name in self.loss_weights}
+    values = {
+      name: losses.loss_value(name, out, self.loss_configs[name]) for name in self.loss_weights
+    }
     aux_loss = sum(
       (w * values[name] for name, w in self.loss_weights.items()), jnp.zeros((), jnp.float32)
     )

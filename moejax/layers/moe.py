@@ -17,9 +17,10 @@ Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
 
-The router's RouterConfig (routing/base.py) is built once, with the layer: frozen
-and hashable, nnx keeps it as a static attribute (in the graph definition,
-beside the FrozenConfigDict `cfg`), out of the layer's state.
+The router's RouterConfig (routing/base.py) and each loss's LossConfig
+(losses/base.py) are built once, with the layer: frozen and hashable, nnx keeps
+them as static attributes (in the graph definition, beside the FrozenConfigDict
+`cfg`), out of the layer's state.
 """
 
 import dataclasses
@@ -115,6 +116,9 @@ class MoELayer(nnx.Module):
     self.dtype = dtype
     self.router_spec = routing.get_router(cfg.router)
     self.router_config = routing.router_config(self.router_spec, cfg)
+    # A router without probs over all experts takes no loss (config validation).
+    diagnostics = DIAGNOSTIC_LOSSES if self.router_spec.gives_probs else ()
+    self.loss_configs = losses.loss_configs(sorted({*diagnostics, *cfg.loss_weights}), cfg)
     self.dispatcher = dispatch.get_dispatcher(cfg.dispatch)
     projection = self.router_spec.projection
     self.router_kernel = self.router_projection = nnx.data(None)
@@ -206,10 +210,10 @@ class MoELayer(nnx.Module):
         shared = shared * jax.nn.sigmoid(gate).astype(shared.dtype)
       y_TxD = y_TxD + shared
 
-    # A router without probs over all experts takes no loss (config validation).
-    diagnostics = DIAGNOSTIC_LOSSES if self.router_spec.gives_probs else ()
-    names = sorted({*diagnostics, *cfg.loss_weights})
-    loss_values = {name: losses.loss_value(name, out, cfg, step_stats) for name in names}
+    loss_values = {
+      name: losses.loss_value(name, out, loss_cfg, step_stats)
+      for name, loss_cfg in self.loss_configs.items()
+    }
     aux_loss = sum(
       (cfg.loss_weights[name] * loss_values[name] for name in cfg.loss_weights),
       jnp.zeros((), jnp.float32),
@@ -227,7 +231,7 @@ class MoELayer(nnx.Module):
     return self.gradient_probe(y_TxD.reshape(b, length, d)), {
       "aux_loss": aux_loss,
       "metrics": metrics,
-      "step_stats": losses.step_stats_of(names, out, cfg),
+      "step_stats": losses.step_stats_of(self.loss_configs, out),
       "expert_index": assignment.expert_index,
       "combine_weight": assignment.combine_weight,
       "valid": assignment.valid,

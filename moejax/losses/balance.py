@@ -5,7 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moejax.losses.base import register_loss
+from moejax.losses.base import LossConfig, register_loss
 from moejax.assignment.routing import RouterOutput, Routing
 
 
@@ -33,7 +33,7 @@ def z_loss_example():
   return _output([[0], [0]], [[True], [True]], probs, logits), None, 2.5 * math.log(2.0) ** 2
 
 
-def load_balance_stats(out: RouterOutput, cfg=None) -> dict:
+def load_balance_stats(out: RouterOutput, cfg: LossConfig | None = None) -> dict:
   """The non-differentiable part of the load-balance loss as a sum over tokens:
   valid assignments per expert [E] (moejax/losses/base.py, step-level statistics)."""
   num_experts = out.over_experts("probs").shape[-1]
@@ -41,7 +41,9 @@ def load_balance_stats(out: RouterOutput, cfg=None) -> dict:
 
 
 @register_loss("load_balance", example=load_balance_example, step_stats=load_balance_stats)
-def load_balance_loss(out: RouterOutput, cfg=None, step_stats=None) -> jax.Array:
+def load_balance_loss(
+  out: RouterOutput, cfg: LossConfig | None = None, step_stats=None
+) -> jax.Array:
   """Switch Transformer eq. 4: E * sum_e f_e * P_e.
 
   f_e: fraction of valid assignments that go to expert e (for k > 1 the
@@ -60,6 +62,6 @@ def load_balance_loss(out: RouterOutput, cfg=None, step_stats=None) -> jax.Array
 
 
 @register_loss("z_loss", example=z_loss_example)
-def router_z_loss(out: RouterOutput, cfg=None) -> jax.Array:
+def router_z_loss(out: RouterOutput, cfg: LossConfig | None = None) -> jax.Array:
   """ST-MoE eq. 5: mean over tokens of logsumexp(logits)^2."""
   return jnp.mean(jnp.square(jax.nn.logsumexp(out.over_experts("logits"), axis=-1)))

@@ -40,7 +40,8 @@ import jax.numpy as jnp
 from jax.scipy.special import betainc
 
 from moejax.errors import ConfigError
-from moejax.losses.base import get_loss, register_loss
+from moejax.losses.base import LossConfig, register_loss
+from moejax.registry import Settings
 from moejax.assignment.routing import RouterOutput, Routing
 
 DEFAULT_ALPHA = 1.0
@@ -82,17 +83,15 @@ def dpsl_example():
   """E = 2, alpha = 1: Beta(1, 1) is Uniform, so u = p. probs [0.3, 0.7] and
   [0.6, 0.4]: sorted columns (0.3, 0.6) and (0.4, 0.7) against targets
   (0.25, 0.75) give (0.05^2 + 0.15^2) / 2 = 0.0125 each, 0.025 in all."""
-  import ml_collections
-
   probs = jnp.asarray([[0.3, 0.7], [0.6, 0.4]], jnp.float32)
   routing = Routing(jnp.asarray([[1], [0]], jnp.int32), jnp.ones((2, 1)), jnp.ones((2, 1), bool))
   out = RouterOutput(routing, jnp.log(probs), probs, {}, {})
-  return out, ml_collections.ConfigDict({"losses": {"dpsl": {"alpha": 1.0}}}), 0.025
+  return out, LossConfig(Settings({"alpha": 1.0})), 0.025
 
 
-def validate_keys(cfg) -> None:
+def validate_keys(cfg: LossConfig) -> None:
   """model.moe.losses.dpsl: alpha > 0 (whatever the losses in use)."""
-  alpha = get_loss("dpsl").options(cfg)["alpha"]
+  alpha = cfg.settings["alpha"]
   if not alpha > 0:
     raise ConfigError(f"model.moe.losses.dpsl.alpha={alpha} must be > 0")
 
@@ -107,7 +106,8 @@ def validate_keys(cfg) -> None:
   "tokens of a call (sorted ranks), which no sums over "
   "micro-batches reproduce",
 )
-def dpsl(out: RouterOutput, cfg=None) -> jax.Array:
-  """DPSL with the router's prior if it reports one, else model.moe.losses.dpsl.alpha."""
-  default = get_loss("dpsl").options(cfg)["alpha"]
+def dpsl(out: RouterOutput, cfg: LossConfig) -> jax.Array:
+  """DPSL with the router's prior if it reports one, else model.moe.losses.dpsl.alpha
+  (cfg.settings)."""
+  default = cfg.settings["alpha"]
   return dpsl_loss(out.over_experts("probs"), out.metrics.get("dpsl_alpha", default))

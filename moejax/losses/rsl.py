@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from moejax.assignment.routing import RouterOutput, Routing, routing_entropy
 from moejax.errors import ConfigError
 from moejax.losses.balance import load_balance_loss
-from moejax.losses.base import get_loss, register_loss
+from moejax.losses.base import LossConfig, register_loss
+from moejax.registry import Settings
 
 WEIGHTS = ("balance_weight", "token_entropy_weight", "marginal_entropy_weight")
 
@@ -50,18 +51,16 @@ def rsl_example():
   1/2) and goes to expert 1. f = (1/2, 1/2), Pbar = (3/4, 1/4): balance 2 (3/8 + 1/8)
   = 1; mean token entropy (0 + log 2) / 2; H(Pbar) = 2 log 2 - (3/4) log 3. With
   weights 1: RSL = 1 - (3/2) log 2 + (3/4) log 3."""
-  import ml_collections
-
   probs = jnp.asarray([[1.0, 0.0], [0.5, 0.5]], jnp.float32)
   routing = Routing(jnp.asarray([[0], [1]], jnp.int32), jnp.ones((2, 1)), jnp.ones((2, 1), bool))
   out = RouterOutput(routing, jnp.log(jnp.maximum(probs, 1e-30)), probs, {}, {})
-  cfg = ml_collections.ConfigDict({"losses": {"rsl": dict.fromkeys(WEIGHTS, 1.0)}})
+  cfg = LossConfig(Settings(dict.fromkeys(WEIGHTS, 1.0)))
   return out, cfg, 1.0 - 1.5 * math.log(2.0) + 0.75 * math.log(3.0)
 
 
-def validate_weights(cfg) -> None:
+def validate_weights(cfg: LossConfig) -> None:
   """model.moe.losses.rsl: every weight >= 0."""
-  for key, value in get_loss("rsl").options(cfg).items():
+  for key, value in cfg.settings.items():
     if not value >= 0:
       raise ConfigError(f"model.moe.losses.rsl.{key}={value} must be >= 0")
 
@@ -74,9 +73,9 @@ def validate_weights(cfg) -> None:
   batch_statistic="the entropy of the mean routing distribution over a call's tokens "
   "is not a sum over micro-batches",
 )
-def rsl(out: RouterOutput, cfg=None) -> jax.Array:
-  """RSL (module doc) with the weights of model.moe.losses.rsl."""
-  w = get_loss("rsl").options(cfg)
+def rsl(out: RouterOutput, cfg: LossConfig) -> jax.Array:
+  """RSL (module doc) with the weights of model.moe.losses.rsl (cfg.settings)."""
+  w = cfg.settings
   terms = rsl_terms(out)
   return (
     w["balance_weight"] * terms["balance"]

@@ -37,7 +37,8 @@ gradient alpha * T * (X - k - h) on eta widens the band while fewer than
 k + h experts are active on average and narrows it otherwise. The router
 computes the term without alpha (it knows eta, k and h) as
 `metrics["smooth_boundary_term"]`, and the loss multiplies it by its own
-setting alpha (`model.moe.losses.smooth_boundary.alpha`).
+setting alpha (`model.moe.losses.smooth_boundary.alpha`, which reaches the loss
+in its LossConfig; the router never reads it).
 
 Loss weights. The official code returns L_b added to the balance loss as the
 layer's auxiliary loss (`extract_critical_smooth` returns `l_loss + bd_loss`),
@@ -78,7 +79,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import ConfigError
-from moejax.losses.base import get_loss, register_loss
+from moejax.losses.base import LossConfig, register_loss
 from moejax.routing.base import (
   RouterConfig,
   RouterOutput,
@@ -151,9 +152,9 @@ def validate_keys(cfg: RouterConfig) -> None:
     raise ConfigError(f"model.moe.smooth_topk.h_offset={s['h_offset']} must be >= 0")
 
 
-def validate_loss_keys(cfg) -> None:
+def validate_loss_keys(cfg: LossConfig) -> None:
   """model.moe.losses.smooth_boundary: alpha >= 0."""
-  alpha = get_loss("smooth_boundary").options(cfg)["alpha"]
+  alpha = cfg.settings["alpha"]
   if alpha < 0:
     raise ConfigError(f"model.moe.losses.smooth_boundary.alpha={alpha} must be >= 0")
 
@@ -210,8 +211,9 @@ def route_smooth_top_k(
   legacy_keys={"smooth_boundary_alpha": "alpha"},
   validate_settings=validate_loss_keys,
 )
-def smooth_boundary_loss(out: RouterOutput, cfg=None) -> jax.Array:
-  """The SmoothSMoE boundary loss: alpha times the term the "smooth_topk" router computes."""
+def smooth_boundary_loss(out: RouterOutput, cfg: LossConfig) -> jax.Array:
+  """The SmoothSMoE boundary loss: its own alpha (cfg.settings) times the term the
+  "smooth_topk" router computes."""
   if "smooth_boundary_term" not in out.metrics:
     raise ConfigError("model.moe.loss_weights.smooth_boundary needs model.moe.router='smooth_topk'")
-  return get_loss("smooth_boundary").options(cfg)["alpha"] * out.metrics["smooth_boundary_term"]
+  return cfg.settings["alpha"] * out.metrics["smooth_boundary_term"]

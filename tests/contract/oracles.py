@@ -37,6 +37,7 @@ from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.errors import ConfigError
 from moejax.experts import EXPERT_TYPES, experts_of
 from moejax.experts.compressed import CompressedWeight
+from moejax.losses import loss_config
 from moejax.routing import Routing, get_router as routing_spec, router_config
 from moejax.routing.base import PROMISES
 
@@ -418,7 +419,7 @@ def check_loss(name: str, loss, outputs: dict, example=None, step_stats=None) ->
   ConfigError for the others; at least one accepted), a finite gradient (probs
   and logits) on the first accepted, its step statistics if it declares them
   (check_step_stats) and its declared hand-worked example."""
-  cfg = router_cfg("topk")
+  cfg = loss_config(loss, router_cfg("topk"))
   accepted = []
   for router, out in outputs.items():
     if out.probs is None:  # gives_probs=False: no loss applies (config validation refuses)

@@ -10,13 +10,13 @@ accepted), a finite gradient, its step statistics (micro-batches given the
 summed stats make the one-batch loss and gradient) and its declared
 hand-worked example (oracles.check_loss).
 
-A router receives its parsed RouterConfig, built once; called with the model.moe
-ConfigDict itself, it refuses it."""
+Both receive their parsed config (RouterConfig, LossConfig), built once; called
+with the model.moe ConfigDict itself, they refuse it."""
 
 import jax.numpy as jnp
 import pytest
 
-from moejax.losses import LOSSES
+from moejax.losses import LOSSES, loss_config
 from moejax.losses.base import LOSS_EXAMPLES
 from moejax.routing import ROUTERS, router_config
 from tests.contract.oracles import E_R, check_loss, check_router, router_cfg, router_outputs
@@ -42,6 +42,15 @@ def test_a_router_refuses_the_moe_config_dict(router):
   assert config == router_config(spec, moe) and hash(config) == hash(router_config(spec, moe))
   assert config.settings == spec.config_section.parse(moe)
   assert (config.top_k, config.num_experts) == (moe.top_k, moe.num_experts)
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_a_loss_refuses_the_moe_config_dict(loss):
+  out = router_outputs(ROUTERS.get("topk"))[True]
+  with pytest.raises(TypeError, match=rf"loss '{loss}' takes a LossConfig"):
+    LOSSES.get(loss)(out, router_cfg("topk"))
+  config = loss_config(loss, router_cfg("topk"))
+  assert hash(config) == hash(loss_config(loss, router_cfg("topk")))
 
 
 def test_balance_and_dpsl_declare_examples():

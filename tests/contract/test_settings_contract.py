@@ -16,7 +16,7 @@ from moejax.config import base_config, parts_with_settings
 from moejax.migrate import with_defaults
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
-from moejax.losses import LOSSES, register_loss
+from moejax.losses import LOSSES, loss_config, register_loss
 from moejax.registry import section_of
 from moejax.routing import ROUTERS, RouterConfig, RouterOutput, call_router, register_router
 from moejax.routing.topk import softmax_top_k
@@ -151,13 +151,13 @@ def test_a_loss_is_one_file_and_one_test():
   model.moe.losses.sere, apart from the router's model.moe.sere."""
 
   def validate(cfg):
-    scale = LOSSES.get("sere").options(cfg)["scale"]
+    scale = cfg.settings["scale"]
     if scale <= 0:
       raise ConfigError(f"model.moe.losses.sere.scale={scale} must be > 0")
 
   @register_loss("sere", settings={"scale": 1.0}, validate_settings=validate)
-  def scaled_z_loss(out, cfg=None):
-    return LOSSES.get("sere").options(cfg)["scale"] * jnp.mean(jnp.square(out.logits))
+  def scaled_z_loss(out, cfg):
+    return cfg.settings["scale"] * jnp.mean(jnp.square(out.logits))
 
   try:
     c = base_config()
@@ -167,7 +167,7 @@ def test_a_loss_is_one_file_and_one_test():
     c.model.moe.loss_weights.sere = 1e-2
     validate_config(c)
     out = RouterOutput(None, jnp.ones((2, 4)), jnp.full((2, 4), 0.25), {}, {})
-    assert float(LOSSES.get("sere")(out, c.model.moe)) == 3.0
+    assert float(LOSSES.get("sere")(out, loss_config("sere", c.model.moe))) == 3.0
     c.model.moe.losses.sere.scale = -1.0
     with pytest.raises(ConfigError, match=r"model\.moe\.losses\.sere\.scale=-1\.0 must be > 0"):
       validate_config(c)

@@ -193,14 +193,16 @@ def test_router_trained_parameters_get_gradients():
 
 
 def test_dpsl_reads_its_prior_from_the_config():
+  """The layer parses model.moe.losses.dpsl once, into the LossConfig the loss receives."""
   from moejax.losses import get_loss
   from moejax.losses.dpsl import dpsl_loss
 
+  cfg = moe_cfg(num_experts=4, loss_weights={"dpsl": 1e-2}, losses=dict(dpsl=dict(alpha=0.5)))
+  layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
+  assert sorted(layer.loss_configs) == ["dpsl", "load_balance", "z_loss"]
   probs = jax.nn.softmax(jax.random.normal(jax.random.key(0), (32, 4)), -1)
   out = RouterOutput(None, jnp.log(probs), probs, {}, {})
   np.testing.assert_allclose(
-    get_loss("dpsl")(out, moe_cfg(losses=dict(dpsl=dict(alpha=0.5)))),
-    dpsl_loss(probs, 0.5),
-    rtol=1e-6,
+    get_loss("dpsl")(out, layer.loss_configs["dpsl"]), dpsl_loss(probs, 0.5), rtol=1e-6
   )
   assert not np.isclose(dpsl_loss(probs, 0.5), dpsl_loss(probs, 1.0))

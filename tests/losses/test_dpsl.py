@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from moejax.losses import get_loss
+from moejax.losses import get_loss, loss_config
 from moejax.losses.dpsl import dpsl_loss, ks_statistics, pit_values
 from moejax.routing import call_router
 from tests.helpers import moe_cfg, random_logits
@@ -98,8 +98,11 @@ def test_registered_loss_works_with_any_router():
   logits = jnp.asarray(random_logits(0, 64, 8))
   for name in ("topk", "expert_choice"):
     cfg = moe_cfg(router=name)
+    loss_cfg = loss_config("dpsl", cfg)
     loss = jax.jit(
-      jax.value_and_grad(lambda z: get_loss("dpsl")(call_router(name, z, cfg, train=True), cfg))
+      jax.value_and_grad(
+        lambda z: get_loss("dpsl")(call_router(name, z, cfg, train=True), loss_cfg)
+      )
     )
     value, g = loss(logits)
     assert value.dtype == jnp.float32 and np.isfinite(float(value))
@@ -114,7 +117,7 @@ def test_registered_loss_prior_router_then_config_then_symmetric_one():
   out = RouterOutput(None, jnp.log(rows), rows, {}, {})
   loss = get_loss("dpsl")
   np.testing.assert_allclose(loss(out, None), dpsl_loss(rows, 1.0), rtol=1e-6)
-  cfg = moe_cfg(losses=dict(dpsl=dict(alpha=0.3)))
+  cfg = loss_config("dpsl", moe_cfg(losses=dict(dpsl=dict(alpha=0.3))))
   np.testing.assert_allclose(loss(out, cfg), dpsl_loss(rows, 0.3), rtol=1e-6)
   assert abs(float(dpsl_loss(rows, 0.3)) - float(dpsl_loss(rows, 1.0))) > 1e-3
   routed = out.replace(metrics={"dpsl_alpha": jnp.asarray([0.5, 1.0, 2.0, 3.5])})

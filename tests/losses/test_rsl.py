@@ -6,16 +6,16 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from moejax.assignment.routing import RouterOutput, Routing
 from moejax.errors import ConfigError
-from moejax.losses import get_loss
+from moejax.losses import LossConfig, get_loss
 from moejax.losses.rsl import rsl_terms
 from moejax.validation import validate_part_settings
 from moejax.config import base_config
+from moejax.registry import Settings
 
 LOG2, LOG3 = math.log(2.0), math.log(3.0)
 
@@ -28,16 +28,14 @@ def output(probs, index):
 
 
 def weights(balance, token, marginal):
-  return ml_collections.ConfigDict(
-    {
-      "losses": {
-        "rsl": {
-          "balance_weight": balance,
-          "token_entropy_weight": token,
-          "marginal_entropy_weight": marginal,
-        }
+  return LossConfig(
+    Settings(
+      {
+        "balance_weight": balance,
+        "token_entropy_weight": token,
+        "marginal_entropy_weight": marginal,
       }
-    }
+    )
   )
 
 

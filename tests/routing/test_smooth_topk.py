@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from moejax.losses import get_loss
+from moejax.losses import get_loss, loss_config
 from moejax.routing import call_router
 from tests.helpers import moe_cfg, random_logits
 
@@ -94,12 +94,13 @@ def test_boundary_loss_value_and_gradient():
     smooth_topk=dict(eta_init=eta_param(eta), h_offset=h),
     losses=dict(smooth_boundary=dict(alpha=alpha)),
   )
+  loss_cfg = loss_config("smooth_boundary", cfg)
 
   def loss(offset):
     out = call_router(
       "smooth_topk", jnp.asarray(logits), cfg, state={"eta_offset": offset}, train=True
     )
-    return get_loss("smooth_boundary")(out, cfg)
+    return get_loss("smooth_boundary")(out, loss_cfg)
 
   g_k = np.sort(logits, 1)[:, -k][:, None]
   x = (logits > g_k - eta).sum(1).mean()
