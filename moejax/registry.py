@@ -183,11 +183,6 @@ class PartSettings:
     self.refuse_flat_keys(moe)
     return Settings(settings_of(moe, self.path, self.defaults))
 
-  def options(self, cfg) -> dict:
-    """The settings from `cfg` (the layer's MoE config), defaults where absent."""
-    self.refuse_flat_keys(cfg)
-    return settings_of(cfg, self.path, self.defaults)
-
   def refuse_flat_keys(self, cfg) -> None:
     """ConfigError for a flat key of older configs in a live `cfg` (it would be ignored)."""
     if cfg is None:

@@ -38,8 +38,9 @@ backend knows any type by name or identity:
       draw them as integers in [0, levels).
   settings: {key: default}
       The type's own settings; the config holds them in the section
-      model.moe.<name> (built from this registry, see config.base_config) and
-      `options(cfg)` passes them to expert/apply/fused as keyword arguments.
+      model.moe.<name> (built from this registry, see config.base_config).
+      `parse(cfg)` reads them once (a frozen registry.Settings, defaults where
+      absent) and `bind` passes them to expert/apply/fused as keyword arguments.
   validate(section) -> None: ConfigError for bad settings (optional).
 
 A new kind of expert (LoRA, quantized, pruned, ...) is one file here calling
@@ -47,7 +48,8 @@ A new kind of expert (LoRA, quantized, pruned, ...) is one file here calling
 it through every dispatcher and grouped matmul without a test edit.
 
 Bound experts. Dispatchers take `expert_fn(rows, matmul)`; the MoE layer
-passes `BoundExperts` (type + weights + options), which is such a callable
+passes `BoundExperts` (type + weights + options: the settings it parsed once,
+where it was built), which is such a callable
 and also carries the fused path. For older callers,
 `functools.partial(<registered apply>, weights, **options)` is recognised
 too (`experts_of`), looked up in the registry, not by identity with any one
@@ -63,7 +65,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from moejax.errors import ConfigError
-from moejax.registry import PartSettings, Registry
+from moejax.registry import PartSettings, Registry, Settings
 
 GroupedMatmul = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -93,19 +95,22 @@ class ExpertType:
       validate=self._validate_section,
     )
 
-  def options(self, cfg=None) -> dict:
-    """This type's settings from model.moe.<name> of `cfg` (defaults where absent)."""
-    return self.config_section.options(cfg)
+  def parse(self, cfg=None) -> Settings:
+    """This type's settings from model.moe.<name> of `cfg`, a model.moe ConfigDict
+    (defaults where absent or for None), frozen."""
+    return self.config_section.parse(cfg)
 
   def bind(self, weights: dict, cfg=None, **options) -> "BoundExperts":
-    """These experts with their weights; options from `cfg`, overridden by keywords."""
+    """These experts with their weights; options parsed from `cfg` (a model.moe
+    ConfigDict, or this type's Settings already parsed), overridden by keywords."""
     unknown = set(options) - set(self.settings)
     if unknown:
       raise TypeError(
         f"expert type {self.name!r} has no settings {sorted(unknown)}; "
         f"its settings: {sorted(self.settings)}"
       )
-    return BoundExperts(self, weights, {**self.options(cfg), **options})
+    parsed = cfg if isinstance(cfg, Settings) else self.parse(cfg)
+    return BoundExperts(self, weights, Settings({**parsed, **options}))
 
   def validate_settings(self, moe_cfg) -> None:
     """Check model.moe.<name> (ConfigError naming the key)."""
@@ -183,5 +188,5 @@ def experts_of(expert_fn) -> BoundExperts | None:
     return None
   for _, spec in EXPERT_TYPES.items():
     if spec.apply is func and set(keywords) <= set(spec.settings):
-      return BoundExperts(spec, args[0], {**spec.options(), **keywords})
+      return BoundExperts(spec, args[0], Settings({**spec.parse(), **keywords}))
   return None

@@ -45,7 +45,7 @@ def _quantized(layer) -> dict:
 
 
 def _quantized_details(layers) -> str:
-  s = layers[0].expert_type.options(layers[0].cfg)
+  s = layers[0].expert_settings
   return ", ".join(
     [
       _bits_text([layer.experts.arrays() for layer in layers], "codes"),
@@ -56,12 +56,12 @@ def _quantized_details(layers) -> str:
 
 
 def _codebook(layer) -> dict:
-  rotation = layer.expert_type.options(layer.cfg)["rotation"]
+  rotation = layer.expert_settings["rotation"]
   return codebook.dense_weights(layer.experts.weights(jnp.float32), jnp.float32, rotation)
 
 
 def _codebook_details(layers) -> str:
-  s = layers[0].expert_type.options(layers[0].cfg)
+  s = layers[0].expert_settings
   arrays = [layer.experts.arrays() for layer in layers]
   if all("bits" in a for a in arrays):
     bits = _bits_text(arrays, "indices")

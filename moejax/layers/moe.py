@@ -17,10 +17,12 @@ Under a mesh Layout (moejax/sharding.py) the routed experts run expert
 parallel (dispatch/expert_parallel.py); the router and shared experts are
 plain XLA SPMD over the same mesh.
 
-The router's RouterConfig (routing/base.py) and each loss's LossConfig
-(losses/base.py) are built once, with the layer: frozen and hashable, nnx keeps
-them as static attributes (in the graph definition, beside the FrozenConfigDict
-`cfg`), out of the layer's state.
+The parts' configs are parsed once, when the layer is built: the router's
+RouterConfig (routing/base.py), each loss's LossConfig (losses/base.py), the
+expert type's and the merge rule's settings. They are frozen and hashable, so
+nnx keeps them as static attributes (in the graph definition, beside the
+FrozenConfigDict `cfg`), out of the layer's state: split/merge, jit, scan and
+checkpoints see the same arrays as before.
 """
 
 import dataclasses
@@ -141,8 +143,10 @@ class MoELayer(nnx.Module):
       )
     self.router_params, self.router_state = router_variables(self.router_spec, cfg.num_experts)
     self.expert_type = experts.get_expert_type(cfg.get("experts", "swiglu"))
+    self.expert_settings = self.expert_type.parse(cfg)
     self.experts = self.expert_type.build(cfg.num_experts, d_model, cfg, rngs=rngs)
     self.merge_rule = merged.rule_of(cfg)  # model.moe.merge (moejax/experts/merged.py)
+    self.merge_settings = None if self.merge_rule is None else merged.SETTINGS.parse(cfg)
     self.merge_base = nnx.data(None)
     rule = self.merge_rule
     if rule is not None and rule.needs_base and not (rule.carries_base and receives_base):
@@ -250,7 +254,7 @@ class MoELayer(nnx.Module):
     segment's gates (moejax/experts/merged.py); (y, aux) as __call__. For NAMEx the
     base is carry["base"] (the layer's own base and zero momentum when carry is None,
     in the first MoE layer), and aux["carry"] is what the next MoE layer receives."""
-    settings = merged.SETTINGS.options(self.cfg)
+    settings = self.merge_settings
     router_dtype = jnp.promote_types(jnp.float32, self.dtype)
     gates, _ = merged.segment_gates(
       x_BxLxD.astype(router_dtype), self.router_logits, settings["segment_len"], token_mask
@@ -268,7 +272,7 @@ class MoELayer(nnx.Module):
         )
       carry = merged.initial_carry(base) if carry is None else carry
       base = carry["base"]
-    expert = functools.partial(self.expert_type.expert, **self.expert_type.options(self.cfg))
+    expert = functools.partial(self.expert_type.expert, **self.expert_settings)
     expert_weights = self.experts.weights(self.dtype)
     y = merged.merged_forward(
       x_BxLxD.astype(self.dtype),
@@ -297,7 +301,7 @@ class MoELayer(nnx.Module):
 
   def dispatch(self, x_TxD, assignment):
     """The configured dispatcher; across the mesh (expert parallel) under a Layout."""
-    bound = self.expert_type.bind(self.experts.weights(self.dtype), self.cfg)
+    bound = self.expert_type.bind(self.experts.weights(self.dtype), self.expert_settings)
     layout = sharding.current_layout()
     if layout is None:
       return self.dispatcher(x_TxD, assignment, bound, self.cfg)

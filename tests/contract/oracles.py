@@ -218,7 +218,7 @@ def check_expert_type(expert_type) -> None:
   # partial(bound.apply, local weights), bind the same type with the same options.
   bound = experts_of(functools.partial(expert_type.apply, weights))
   assert bound is not None and bound.type is expert_type, f"{name}: experts_of(partial) = {bound}"
-  options = expert_type.options(cfg)
+  options = expert_type.parse(cfg)
   local = experts_of(functools.partial(expert_type.bind(weights, cfg).apply, weights))
   assert local is not None and local.type is expert_type and dict(local.options) == options, (
     f"{name}: experts_of(partial(bound.apply, w)) = {local}"
@@ -347,7 +347,7 @@ def router_dispatch():
   run = jax.jit(
     lambda x, routing, weights: dispatch(x, routing, expert_type.bind(weights, cfg), cfg)[0]
   )
-  options = expert_type.options(cfg)
+  options = expert_type.parse(cfg)
   loop = jax.jit(
     lambda weights, x, r: per_token_loop(
       expert_type.expert, weights, x, r.expert_index, r.combine_weight, r.valid, options

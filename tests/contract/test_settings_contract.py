@@ -93,7 +93,7 @@ def test_a_flat_key_in_a_live_config_is_refused(path, old, key):
   with pytest.raises(ConfigError, match=rf"model\.moe\.{old}=.*model\.moe\.{path}\.{key}"):
     validate_config(c)
   with pytest.raises(ConfigError, match=rf"model\.moe\.{old}="):
-    PARTS[path].options(c.model.moe)  # also where a part reads it (a hand-built cfg)
+    PARTS[path].parse(c.model.moe)  # also where a part's config is built (a hand-built cfg)
 
 
 def test_a_router_is_one_file_and_one_test(monkeypatch):

@@ -206,3 +206,22 @@ def test_dpsl_reads_its_prior_from_the_config():
     get_loss("dpsl")(out, layer.loss_configs["dpsl"]), dpsl_loss(probs, 0.5), rtol=1e-6
   )
   assert not np.isclose(dpsl_loss(probs, 0.5), dpsl_loss(probs, 1.0))
+
+
+def test_parsed_configs_are_static_and_survive_split_merge_and_jit():
+  """RouterConfig, LossConfigs and expert settings are parsed once at build: static
+  (graph definition, hashable), no part of the state, the same after split/merge."""
+  cfg = moe_cfg(router="sere", num_experts=4, top_k=2, sere=dict(rho=0.25))
+  layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
+  assert layer.router_config.settings["rho"] == 0.25 and layer.router_config.top_k == 2
+  graphdef, state = nnx.split(layer)
+  hash(graphdef)  # static attributes must hash (jit caches on the graph definition)
+  paths = {".".join(map(str, path)) for path, _ in nnx.to_flat_state(state)}
+  assert not any("config" in path or "settings" in path for path in paths), paths
+  again = nnx.merge(graphdef, state)
+  assert again.router_config == layer.router_config
+  assert again.loss_configs == layer.loss_configs
+  assert again.expert_settings == layer.expert_settings
+  x = jax.random.normal(jax.random.key(1), (2, 3, 8))
+  y, _ = nnx.jit(lambda m, x: m(x))(again, x)
+  np.testing.assert_allclose(y, layer(x)[0], rtol=1e-6, atol=1e-6)
