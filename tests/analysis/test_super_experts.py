@@ -17,6 +17,7 @@ from moejax.analysis import super_experts as se
 from moejax.errors import ConfigError
 from moejax.layers.rope import apply_rope, rope_frequencies
 from moejax.models.capture import captured_forward
+from moejax.models.decoder import stack_layers
 from moejax.train.loop import init_state
 
 SINK_TOKEN = 0
@@ -276,15 +277,16 @@ def test_a_scanned_model_is_profiled_in_the_loop_layout(tiny):
   config, graphdef, params, rest, tokens = tiny
   scanned = config.copy_and_resolve_references()
   scanned.model.scan_layers = True
-  scanned_graphdef, state, _ = init_state(scanned)  # the same seed: the loop model's, stacked
-  assert "block" in state.params["blocks"]
-  assert se.profile((scanned, state.params, state.rest), tokens) == se.profile(
+  scanned_graphdef = init_state(scanned)[0]
+  _, scanned_params, scanned_rest = stack_layers(config.model, params, rest)  # the loop's
+  assert "block" in scanned_params["blocks"]
+  assert se.profile((scanned, scanned_params, scanned_rest), tokens) == se.profile(
     (config, params, rest), tokens
   )
   from moejax.errors import ConfigError
 
   with pytest.raises(ConfigError, match="unstack_layers"):
-    se.measure(scanned_graphdef, state.params, state.rest, tokens)
+    se.measure(scanned_graphdef, scanned_params, scanned_rest, tokens)
 
 
 # ---- ablation (arXiv 2507.23279) -------------------------------------------------------

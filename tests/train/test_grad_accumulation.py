@@ -22,7 +22,7 @@ import pytest
 from moejax.config import apply_size, base_config
 from moejax.validation import validate_config, validate_micro_batches
 from moejax.errors import ConfigError
-from moejax.models.decoder import unstack_layers
+from moejax.models.decoder import stack_layers, unstack_layers
 from moejax.routing import get_router, router_config
 from moejax.routing.base import RouterSpec, check_micro_batches
 from moejax.train import step as step_lib
@@ -69,8 +69,13 @@ def max_diff(a, b) -> float:
 
 @functools.lru_cache(maxsize=None)
 def setup(router, model=()):
+  """A scanned model holds the loop model's variables, stacked (from a seed it draws its own)."""
   config = tiny_config(router, model)
   graphdef, state, optimizer = init_state(config)
+  if config.model.scan_layers:
+    loop, _, loop_state, _ = setup(router, tuple(kv for kv in model if kv[0] != "scan_layers"))
+    _, params, rest = stack_layers(loop.model, loop_state.params, loop_state.rest)
+    state = state.replace(params=params, rest=rest, opt_state=optimizer.init(params))
   return config, graphdef, host(state), optimizer
 
 
@@ -118,7 +123,7 @@ def test_micro_batch_statistics_give_a_different_load_balance_loss():
 
 def test_scanned_rematerialised_blocks_get_the_step_statistics():
   """model.scan_layers with remat: the step's counts reach every scanned layer
-  (stacked [L, ...]); the same seed gives the loop model's parameters."""
+  (stacked [L, ...]), the scanned model holding the loop model's parameters."""
   model = (("scan_layers", True), ("remat", "full"))
   one, micro = grads_of("topk", 1), grads_of("topk", MICRO, model=model)
   grad_diff = max_diff(one[0], micro[0])

@@ -19,6 +19,7 @@ from moejax.adapters.vapt import depthwise_conv
 from moejax.config import base_config
 from moejax.configs import vit_digits_moe
 from moejax.errors import ConfigError
+from moejax.models.decoder import stack_layers
 from moejax.models.vit import VisionTransformer, validate_vit
 from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
@@ -136,10 +137,12 @@ def test_the_prompted_vit_is_the_plain_vit_on_the_sequence_built_by_hand(adapter
 
 
 def test_vpt_shallow_over_scanned_blocks_computes_the_loop_model():
-  """Scanned blocks from the same seed hold the loop model's parameters (the decoder's
-  scale skeleton); the first block's prompts enter before the scan."""
+  """Scanned blocks holding the loop model's parameters stacked (the decoder's scale
+  skeleton: stack_layers) compute the loop model; the first block's prompts enter
+  before the scan."""
   loop, scanned = (build(prompted_cfg("vpt_shallow", scan=scan)) for scan in (False, True))
-  np.testing.assert_array_equal(loop.prompt.tokens[...], scanned.prompt.tokens[...])
+  _, params, rest = stack_layers(loop.cfg, *step_lib.split_model(loop)[1:])
+  scanned = nnx.merge(nnx.graphdef(scanned), params, rest)
   np.testing.assert_allclose(scanned(images())[0], loop(images())[0], rtol=1e-5, atol=1e-5)
 
 

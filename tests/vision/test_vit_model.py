@@ -12,7 +12,9 @@ from flax import nnx
 
 from moejax.config import base_config
 from moejax.layers.attention import GroupedQueryAttention
+from moejax.models.decoder import stack_layers
 from moejax.models.vit import VisionTransformer, num_tokens, patchify
+from moejax.train.step import split_model
 
 BATCH = 3
 
@@ -154,8 +156,9 @@ def test_the_cls_token_and_the_moe_blocks_are_where_the_config_says():
 
 @pytest.mark.parametrize("scan_layers, remat", [(True, "none"), (False, "save_moe_routing")])
 def test_scan_and_remat_compute_the_loop_model(scan_layers, remat):
-  """The decoder's scale skeleton: a scanned ViT built from the same seed has the loop
-  model's parameters and logits; remat recomputes the same logits and gradients."""
+  """The decoder's scale skeleton: a scanned ViT holding the loop model's parameters
+  stacked (stack_layers; from a seed it draws its own) computes the loop model's logits;
+  remat recomputes the same logits and gradients."""
   x = images(seed=6)
 
   def logits_and_position_grad(model):
@@ -168,9 +171,12 @@ def test_scan_and_remat_compute_the_loop_model(scan_layers, remat):
     (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     return np.asarray(logits), np.asarray(grads["position"][...])
 
-  want_logits, want_grad = logits_and_position_grad(build(tiny_model_cfg()))
-  logits, grad = logits_and_position_grad(
-    build(tiny_model_cfg(scan_layers=scan_layers, remat=remat))
-  )
+  loop = build(tiny_model_cfg())
+  model = build(tiny_model_cfg(scan_layers=scan_layers, remat=remat))
+  if scan_layers:  # from a seed a scanned model draws its own parameters: the loop's, stacked
+    _, params, rest = stack_layers(loop.cfg, *split_model(loop)[1:])
+    model = nnx.merge(nnx.graphdef(model), params, rest)
+  want_logits, want_grad = logits_and_position_grad(loop)
+  logits, grad = logits_and_position_grad(model)
   np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
