@@ -48,7 +48,7 @@ def cases(expert_type):
   ]
   # The gmm kernel backends that are distinct on this platform (on CPU 'auto' and
   # 'reference' run the jnp reference, 'pallas' is 'pallas_tpu' interpreted).
-  plans = {_make_plan(DEFAULTS.gmm_backend, None, DEFAULT_TILING)}
+  plans = {_make_plan(DEFAULTS.gmm.backend, None, DEFAULT_TILING)}
   for backend in BACKENDS:
     try:
       plan = _make_plan(backend, None, DEFAULT_TILING)
@@ -74,7 +74,7 @@ def test_expert_type_builds_what_it_declares(expert_type):
   ids=["-".join(filter(None, case)) for case in CASES],
 )
 def test_dispatch_equals_per_token_loop_with_gradients(expert_type, dispatcher, matmul, backend):
-  overrides = {} if backend is None else {"gmm_backend": backend}
+  overrides = {} if backend is None else {"gmm": {"backend": backend}}
   check_dispatch(EXPERT_TYPES.get(expert_type), dispatcher, matmul, **overrides)
 
 

@@ -2,7 +2,7 @@
 GShard capacity drops against a brute-force priority simulation, and
 capacity/dropless invariants under hypothesis.
 
-Dropless runs at dropless_tile 1 (no padding: a row off by one lands in another
+Dropless runs at dropless.tile 1 (no padding: a row off by one lands in another
 token's or expert's row), 3 (groups end mid-tile) and the default 128 (where the
 padding would hide such a shift)."""
 
@@ -69,7 +69,7 @@ def gshard_keep(routing, num_experts, capacity):
   return keep
 
 
-TILES = [1, 3, 128]  # 128: the default dropless_tile
+TILES = [1, 3, 128]  # 128: the default dropless.tile
 
 
 @functools.cache
@@ -102,9 +102,9 @@ def run(dispatch_name, router_name, seed, t, e, k, **cfg_kw):
 @pytest.mark.parametrize("router", ["topk", "sigmoid_bias", "expert_choice"])
 @pytest.mark.parametrize("dispatch,tile", [("dropless", t) for t in TILES] + [("capacity", 128)])
 def test_dispatch_equals_per_token_loop(dispatch, tile, router):
-  # capacity_factor = E makes C >= T * k: nothing can drop.
+  # capacity.factor = E makes C >= T * k: nothing can drop.
   x, routing, weights, y, metrics, cfg = run(
-    dispatch, router, 3, 24, 6, 2, capacity_factor=6.0, dropless_tile=tile
+    dispatch, router, 3, 24, 6, 2, capacity={"factor": 6.0}, dropless={"tile": tile}
   )
   assert float(metrics["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
@@ -119,7 +119,7 @@ def test_dispatch_equals_per_token_loop(dispatch, tile, router):
 def test_capacity_drops_follow_gshard_priority(seed, shape, capacity_factor):
   t, e, k = shape
   x, routing, weights, y, metrics, cfg = run(
-    "capacity", "topk", seed, t, e, k, capacity_factor=capacity_factor, min_capacity=1
+    "capacity", "topk", seed, t, e, k, capacity={"factor": capacity_factor, "min": 1}
   )
   capacity = expert_capacity(t, e, k, capacity_factor, 1)
   keep = gshard_keep(routing, e, capacity)
@@ -140,19 +140,21 @@ def test_capacity_drops_follow_gshard_priority(seed, shape, capacity_factor):
 )
 def test_dropless_drops_nothing_under_any_skew(seed, shape, tile):
   t, e, k = shape
-  x, routing, weights, y, metrics, cfg = run("dropless", "topk", seed, t, e, k, dropless_tile=tile)
+  x, routing, weights, y, metrics, cfg = run(
+    "dropless", "topk", seed, t, e, k, dropless={"tile": tile}
+  )
   assert float(metrics["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tile", TILES)
 def test_invalid_slots_contribute_nothing(tile):
-  x, routing, weights, _, _, cfg = run("dropless", "topk", 1, 10, 4, 2, dropless_tile=tile)
+  x, routing, weights, _, _, cfg = run("dropless", "topk", 1, 10, 4, 2, dropless={"tile": tile})
   valid = np.asarray(routing.valid).copy()
   valid[::2, 1] = False
   routing = routing.with_valid(jnp.asarray(valid))
   for name in ("dropless", "capacity"):
     y, _ = dispatch(
-      x, routing, weights, moe_cfg(dispatch=name, num_experts=4, top_k=2, dropless_tile=tile)
+      x, routing, weights, moe_cfg(dispatch=name, num_experts=4, top_k=2, dropless={"tile": tile})
     )
     np.testing.assert_allclose(y, reference_loop(x, routing, weights), rtol=1e-5, atol=1e-5)

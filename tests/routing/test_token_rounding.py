@@ -212,7 +212,7 @@ def test_dropless_pads_nothing_when_tiles_match():
   weights = expert_weights(0, e)
   fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
   for name in ("dropless", "dropless_memeff"):
-    cfg = moe_cfg(num_experts=e, top_k=k, dropless_tile=tile, dropless_block=16)
+    cfg = moe_cfg(num_experts=e, top_k=k, dropless={"tile": tile, "block": 16})
     y, metrics = get_dispatcher(name)(jnp.asarray(x), out.routing, fn, cfg)
     assert float(metrics["padding_waste"]) == 0.0
     np.testing.assert_allclose(y, reference_loop(x, out.routing, weights), rtol=1e-5, atol=1e-5)
