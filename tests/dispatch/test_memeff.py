@@ -22,7 +22,7 @@ from moejax.dispatch import get_dispatcher
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.routing import Routing, get_router
-from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
+from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 
 

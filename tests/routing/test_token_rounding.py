@@ -204,7 +204,7 @@ def test_rounded_counts_worked_example():
 
 def test_dropless_pads_nothing_when_tiles_match():
   """Rounding tile == dispatch tile: zero padding rows, and the output is the per-token loop."""
-  from tests.dispatch.test_dispatch import expert_weights, reference_loop
+  from tests.contract.dispatch_oracles import expert_weights, reference_loop
 
   t, e, k, tile = 64, 4, 2, 8
   out = route(random_logits(5, t, e), top_k=k, topk_rounded=dict(tile=tile, mode="up"))

@@ -13,7 +13,7 @@ from moejax.dispatch import exchange as exchange_lib, expert_parallel, get_dispa
 from moejax.experts import swiglu_experts
 from moejax.experts.swiglu import SwiGLUExperts
 from moejax.routing import get_router
-from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
+from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 from tests.sharding.multidevice.common import MESHES, layout_for
 
