@@ -9,7 +9,7 @@ Variants by arg (comma-separated key=value):
   :router=expert_choice     expert-choice routing (non-causal, see its doc)
   :router=sigmoid_bias      DeepSeek-V3 aux-loss-free bias routing
   :router=probmoe           ProbMoE conditional-Bernoulli sampling (renormalize off)
-  :dispatch=capacity        GShard capacity dispatch (capacity_factor 1.25)
+  :dispatch=capacity        GShard capacity dispatch (model.moe.capacity.factor 1.25)
   :size=tiny                a seconds-long smoke run
   :shared=1                 one shared expert beside the routed ones
   :experts=16,top_k=4       more, finer experts
@@ -41,7 +41,7 @@ def get_config(arg=None):
   c.model.moe.top_k = a.top_k
   c.model.moe.router = a.router
   c.model.moe.dispatch = a.dispatch
-  c.model.moe.num_shared_experts = a.shared
+  c.model.moe.shared.count = a.shared
   if a.router == "sigmoid_bias":
     # Aux-loss-free: the bias balances the load; keep only a tiny z-loss.
     c.model.moe.loss_weights = {"z_loss": 1e-3}

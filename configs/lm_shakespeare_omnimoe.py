@@ -52,9 +52,9 @@ def get_config(arg=None):
     from moejax.errors import choice_error
 
     raise choice_error("config arg schedule", a.schedule, SCHEDULES)
-  e.grouped_matmul, e.dropless_tile = SCHEDULES[a.schedule], TILE
+  e.grouped_matmul, e.dropless.tile = SCHEDULES[a.schedule], TILE
   e.loss_weights = {}
   n = int(round(e.num_experts**0.5))  # validate_config checks n * n = N
-  e.num_shared_experts = 1
-  e.shared_d_ff = max(1, round((3 * active - 2 * n - 2 * e.top_k) / 3))
+  e.shared.count = 1
+  e.shared.d_ff = max(1, round((3 * active - 2 * n - 2 * e.top_k) / 3))
   return c

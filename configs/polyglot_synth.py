@@ -19,7 +19,7 @@ def get_config(arg=None):
   c = lm_shakespeare_moe.get_config(arg)
   m = c.model
   m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim = 64, 2, 2, 1, 32
-  m.moe.expert_d_ff = m.moe.shared_d_ff = 128
+  m.moe.expert_d_ff = m.moe.shared.d_ff = 128
   m.d_ff = m.moe.top_k * m.moe.expert_d_ff  # the dense twin's active width
   c.data.name = "polyglot_synth"
   c.data.seq_len = c.data.polyglot.doc_len

@@ -64,7 +64,7 @@ def get_config(arg=None):
     kv_heads,
     head_dim,
   )
-  m.moe.expert_d_ff = m.moe.shared_d_ff = width
+  m.moe.expert_d_ff = m.moe.shared.d_ff = width
   m.d_ff = top_k * width  # the dense twin's width: the MoE's active FFN width
   if a.model == "s_dense":
     m.ffn_type = "dense"

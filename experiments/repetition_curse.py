@@ -86,7 +86,7 @@ def main(argv):
     raise cli.flag_error(_NUM_PROMPTS, f"expected at most the {len(windows)} held-out windows")
   natural = windows[np.linspace(0, len(windows) - 1, count).astype(int)]
   capacity = expert_capacity(
-    count * length, moe.num_experts, moe.top_k, _CAPACITY_FACTOR.value, moe.min_capacity
+    count * length, moe.num_experts, moe.top_k, _CAPACITY_FACTOR.value, moe.capacity.min
   )
   report = {
     "model": _WORKDIR.value,

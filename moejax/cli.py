@@ -87,8 +87,14 @@ def _flag_message(error: Exception, argv: list[str]) -> str:
     for arg in argv:
       name, _, value = arg.lstrip("-").partition("=")
       if "." in name and key in name.split(".")[1:]:
+        dotted = name.split(".", 1)[1]
+        from moejax.config import moved_key  # the schema, only for a refused key
+
+        if moved_key(dotted):
+          use = f"a flat key of older configs: use {moved_key(dotted)}"
+          return f"{dotted} is {use} (--{name}={value})"
         suggestion = f"; did you mean {hint.group(1)}?" if hint else ""
-        return f"unknown config key {name.split('.', 1)[1]}{suggestion} (--{name}={value})"
+        return f"unknown config key {dotted}{suggestion} (--{name}={value})"
     if isinstance(error, OSError):
       config_arg = next((a for a in argv if re.match(r"--?config=", a)), "--config")
       return _config_file_message(error, config_arg)

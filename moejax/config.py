@@ -10,8 +10,9 @@ are upgraded by moejax/migrate.py.
 
 import ml_collections
 
-from moejax import adapters, experts, losses, routing, sharding
+from moejax import adapters, dispatch, experts, losses, routing, sharding
 from moejax.experts import merged
+from moejax.layers import moe as moe_layer
 from moejax.errors import ConfigError, choice_error
 from moejax.registry import PartSettings
 
@@ -87,52 +88,50 @@ def base_config() -> ml_collections.ConfigDict:
   # registered one (lora_mixer), its settings in model.attention.<name>.
   adapters.projection.add_adapter_sections(m.attention)
 
+  # The MoE layer. A key stays flat here only where no one part owns it: the layer's
+  # shape and placement, the names that choose its parts, the loss weights, and (for
+  # now: they move into the routers' sections in a later step) the routing keys that
+  # more than one router or an HF family (moejax/interop/hf_config.py) reads and that
+  # decide what a loaded model computes. Each part's own settings are in its section
+  # (add_part_sections, below).
   m.moe = e = ml_collections.ConfigDict()
-  e.num_experts = 8
-  e.top_k = 2
-  e.expert_d_ff = 256  # fine-grained experts: independent of d_ff
-  e.num_shared_experts = 0
-  e.shared_d_ff = 256
-  e.every_n = 1
-  e.first_dense = 0
-  e.dense_layers = []  # further layers kept dense (HF mlp_only_layers)
-  e.expert_counts = []  # experts per MoE layer after pruning ([] = num_experts everywhere)
-  e.shared_expert_gate = False  # sigmoid(x w) scales the shared expert (Qwen2-MoE)
-  e.router = "topk"
-  e.renormalize = True
-  e.router_jitter = 0.0
-  e.router_init_scale = 0.1
-  # Routing keys of the model schema, kept flat (not in one router's section): the
-  # HF families read and write them (moejax/interop/hf_config.py: DeepSeek-V3
-  # n_group, topk_group, routed_scaling_factor) and they decide what a loaded model
-  # computes; more than one router reads routed_scaling_factor and the bias rate.
-  e.num_groups = 1  # expert groups (group-limited routing)
-  e.topk_groups = 1  # ... and the groups each token may use
-  e.bias_update_rate = 1e-3  # aux-loss-free bias step (0: a loaded bias stays fixed)
-  e.routed_scaling_factor = 1.0
-  # Expert type (moejax/experts): swiglu | atomic; its own settings: model.moe.<type>.
+  e.num_experts = 8  # flat: the layer's shape, read by every part
+  e.top_k = 2  # flat: the layer's shape (slots per token), read by routers and dispatch
+  e.expert_d_ff = 256  # flat: the layer's shape; fine-grained experts: independent of d_ff
+  e.every_n = 1  # flat: placement of the MoE layers (moejax/models/structure.py)
+  e.first_dense = 0  # flat: placement, as every_n
+  e.dense_layers = []  # flat: placement; further layers kept dense (HF mlp_only_layers)
+  # flat: the model's per-layer shape after pruning ([] = num_experts everywhere)
+  e.expert_counts = []
+  e.router = "topk"  # flat: chooses the router (its settings: model.moe.<router>)
+  e.renormalize = True  # flat, routing: several routers; HF norm_topk_prob
+  e.router_jitter = 0.0  # flat, routing: noise on the layer's router input, any router
+  e.router_init_scale = 0.1  # flat, routing: the layer's router kernel init, any router
+  e.num_groups = 1  # flat, routing: HF n_group; expert groups (group-limited routing)
+  e.topk_groups = 1  # flat, routing: HF topk_group; the groups each token may use
+  # flat, routing: two routers (sigmoid_bias, group_limited); aux-loss-free bias
+  # step (0: a loaded bias stays fixed)
+  e.bias_update_rate = 1e-3
+  e.routed_scaling_factor = 1.0  # flat, routing: two routers; HF routed_scaling_factor
+  # flat: chooses the expert type (swiglu | atomic); its own settings: model.moe.<type>.
   e.experts = "swiglu"
+  # flat: chooses the dispatcher (its settings: model.moe.dropless, model.moe.capacity).
   e.dispatch = "dropless"
-  # none | smear | ep_camex | namex: merge expert parameters per segment instead of
-  # dispatching tokens (moejax/experts/merged.py; settings in model.moe.merged).
+  # flat, chooses: none | smear | ep_camex | namex: merge expert parameters per segment
+  # instead of dispatching tokens (moejax/experts/merged.py; settings in model.moe.merged).
   e.merge = "none"
-  # dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop | tiled | ragged_dot | gmm
+  # flat, chooses: dropless only, moejax/dispatch/grouped_matmul.py: auto | fused | loop |
+  # tiled | ragged_dot | gmm (gmm's settings: model.moe.gmm).
   e.grouped_matmul = "auto"
-  # grouped_matmul 'gmm' (also 'auto' on TPU/GPU): kernels.BACKENDS, checked when gmm is used
-  e.gmm_backend = "auto"
-  e.dropless_tile = 128  # rows per expert tile in the dropless layout (the padding unit)
-  e.dropless_block = 512  # rows per matmul block of the loop paths (loop, dropless_memeff)
-  # their smallest block: each expert's rows are computed up to a multiple of
-  # gcd(dropless_tile, dropless_min_block); 64 for fine-grained experts (a few hundred
-  # rows per expert: +5-8% fwd+bwd); default: the tile, as before (moejax/assignment/blocks.py)
-  e.dropless_min_block = 128
-  e.capacity_factor = 1.25
-  e.min_capacity = 4
+  # flat: a table of weights, one per chosen loss (an open dict: its keys are loss
+  # names); each loss's own settings: model.moe.losses.<loss>.
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
-  # Each part's own settings (a router's, an expert type's, a loss's) are in its
-  # section, added here from the registries at the defaults the part declares:
-  # model.moe.<router or expert type> (model.moe.sere.rho, model.moe.atomic.activation)
-  # and model.moe.losses.<loss> (model.moe.losses.dpsl.alpha); see moejax/registry.py.
+  # Each part's own settings are in its section, added here from the registries at
+  # the defaults the part declares: a router's or expert type's, model.moe.<name>
+  # (model.moe.sere.rho, model.moe.atomic.activation); a loss's, model.moe.losses.<loss>
+  # (model.moe.losses.dpsl.alpha); a dispatcher's or grouped matmul's
+  # (model.moe.dropless.tile, model.moe.capacity.factor, model.moe.gmm.backend); the
+  # shared expert's, model.moe.shared (count, d_ff, gate); see moejax/registry.py.
   add_part_sections(e)
 
   # L3 Large Lookup Layers (moejax/layers/lookup.py): static token-id routing to
@@ -291,14 +290,36 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def parts_with_settings() -> list[PartSettings]:
-  """The settings section of every registered router, expert type and loss that
-  declares settings (moejax/registry.py, PartSettings)."""
-  return [
+  """The settings section of every registered router, expert type, loss, dispatcher
+  and grouped matmul that declares settings, of merged experts and of the shared
+  expert (moejax/registry.py, PartSettings); a section that parts share, once."""
+  sections = [
     spec.config_section
     for registry in (routing.ROUTERS, experts.EXPERT_TYPES, losses.LOSSES)
     for _, spec in registry.items()
     if spec.settings
-  ] + [merged.SETTINGS]
+  ] + [
+    spec.settings
+    for registry in (dispatch.DISPATCHERS, dispatch.GROUPED_MATMULS)
+    for _, spec in registry.items()
+    if spec.settings is not None
+  ]
+  out: dict[str, PartSettings] = {}
+  for part in [*sections, merged.SETTINGS, moe_layer.SHARED]:
+    if out.setdefault(part.path, part) is not part:
+      raise ValueError(f"model.moe.{part.path}: declared by {out[part.path].what} and {part.what}")
+  return list(out.values())
+
+
+def moved_key(key: str) -> str | None:
+  """The key a flat model.moe key of older configs moved to (a part's legacy_keys:
+  model.moe.dropless_tile -> model.moe.dropless.tile), or None for any other key."""
+  prefix = "model.moe."
+  for part in parts_with_settings() if key.startswith(prefix) else ():
+    for old, new in part.legacy_keys:
+      if key == prefix + old:
+        return f"{prefix}{part.path}.{new}"
+  return None
 
 
 def add_part_sections(e) -> None:
@@ -345,7 +366,7 @@ def apply_size(c: ml_collections.ConfigDict, size: str) -> None:
     c.data.batch_size,
     c.train.steps,
   ) = SIZES[size]
-  c.model.moe.shared_d_ff = c.model.moe.expert_d_ff
+  c.model.moe.shared.d_ff = c.model.moe.expert_d_ff
   # The dense FFN has the active width of the MoE: top_k experts.
   c.model.d_ff = c.model.moe.top_k * c.model.moe.expert_d_ff
   if size == "tiny":

@@ -65,14 +65,11 @@ def migrate_omnimoe(model: dict) -> dict:
       top_k=omni["top_k"],
       product_key={"per_axis_k": omni["per_axis_k"]},
       atomic={"activation": omni["activation"]},
-      num_shared_experts=1,
-      shared_d_ff=omni["shared_d_ff"],
-      shared_expert_gate=False,
+      shared={"count": 1, "d_ff": omni["shared_d_ff"], "gate": False},
       loss_weights={},
       dispatch="dropless",
       grouped_matmul="fused" if fused else omni["grouped_matmul"],
-      dropless_tile=omni["tile"],
-      dropless_block=omni["block_rows"],
+      dropless={"tile": omni["tile"], "block": omni["block_rows"]},
     ),
   }
   return model
@@ -100,7 +97,8 @@ def model_config_from_dict(saved_model: dict) -> ml_collections.ConfigDict:
 def migrate_part_settings(saved: dict) -> dict:
   """Flat model.moe keys of older configs moved into the sections of the parts
   that declare them (legacy_keys): probmoe_k_min -> probmoe.k_min, dpsl_alpha ->
-  losses.dpsl.alpha."""
+  losses.dpsl.alpha, dropless_tile -> dropless.tile, num_shared_experts ->
+  shared.count."""
   moe = saved.get("model", {}).get("moe")
   if not isinstance(moe, dict):
     return saved

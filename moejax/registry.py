@@ -10,6 +10,7 @@ check every registered part against one contract (tests/contract/), and
 import contextlib
 import dataclasses
 import importlib
+import math
 import pkgutil
 from collections.abc import Mapping
 from typing import Any, Callable, Generic, Iterator, TypeVar
@@ -119,12 +120,17 @@ class Settings(Mapping[str, Any]):
     return f"Settings({self._dict!r})"
 
 
-# A part's own settings (routers, expert types, losses): defaults declared in
-# the part's file, held in one config section under model.moe, which
-# config.base_config builds from the registries (adding a part edits no config.py):
+# A part's own settings (routers, expert types, losses, dispatchers, grouped
+# matmuls): defaults declared in the part's file, held in one config section under
+# model.moe, which config.base_config builds from the registries (adding a part
+# edits no config.py):
 #   router or expert type <name>: model.moe.<name>           (model.moe.sere.rho)
 #   loss <name>:                  model.moe.losses.<name>    (model.moe.losses.dpsl.alpha)
-# Losses have a namespace of their own, so a loss may share a router's name.
+#   dispatcher, grouped matmul:   the section it declares    (model.moe.dropless.tile,
+#                                 model.moe.capacity.factor, model.moe.gmm.backend)
+# Losses have a namespace of their own, so a loss may share a router's name. Parts
+# that read the same settings share one section (dispatchers 'dropless' and
+# 'dropless_memeff': model.moe.dropless).
 
 
 def section_of(cfg, path: str):
@@ -156,6 +162,16 @@ def check_section(cfg, path: str, defaults, what: str) -> None:
       f"model.moe.{path} has unknown keys {sorted(unknown)}; {what} has "
       f"settings {sorted(dict(defaults))}"
     )
+
+
+def check_number(where: str, value, *, integer: bool = False, low=0, strict: bool = True) -> None:
+  """ConfigError naming `where` (model.moe.<path>.<key>) unless `value` is a finite
+  number (an int where `integer`; a bool is neither) > low (>= low where not strict)."""
+  kinds = (int,) if integer else (int, float)
+  ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+  if not ok or value < low or (strict and value == low):
+    what = "an int" if integer else "a finite number"
+    raise ConfigError(f"{where}={value!r} must be {what} {'>' if strict else '>='} {low}")
 
 
 @dataclasses.dataclass(frozen=True)

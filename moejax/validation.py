@@ -251,18 +251,9 @@ def validate_moe(e, num_layers: int) -> None:
       f"model.moe.num_experts={e.num_experts} must be >= 1 "
       "(use model.ffn_type='dense' for a dense model)"
     )
-  if e.capacity_factor <= 0:
-    raise ConfigError(f"model.moe.capacity_factor={e.capacity_factor} must be > 0")
   _positive("model.moe.expert_d_ff", e.expert_d_ff)
   validate_placement(e, num_layers)
-  _positive("model.moe.dropless_tile", e.dropless_tile)
-  _positive("model.moe.dropless_block", e.dropless_block)
-  _positive("model.moe.dropless_min_block", e.get("dropless_min_block", 1))
-  _positive("model.moe.min_capacity", e.min_capacity, strict=False)
-  _positive("model.moe.num_shared_experts", e.num_shared_experts, strict=False)
-  if e.num_shared_experts:
-    _positive("model.moe.shared_d_ff", e.shared_d_ff)
-  validate_part_settings(e)
+  validate_part_settings(e)  # dispatch, grouped matmul and shared expert settings too
   if not 0 <= e.router_jitter < 1:
     raise ConfigError(f"model.moe.router_jitter={e.router_jitter} must be in [0, 1)")
   spec = routing.get_router(e.router)
@@ -282,9 +273,9 @@ def validate_moe(e, num_layers: int) -> None:
 
 
 def validate_experts(e) -> None:
-  """model.moe.experts, every expert type's settings, and grouped_matmul with its own
-  settings (gmm: gmm_backend), against the registries (moejax/experts,
-  moejax/dispatch/grouped_matmul.py; no names are listed here)."""
+  """model.moe.experts and grouped_matmul against the registries (moejax/experts,
+  moejax/dispatch/grouped_matmul.py; no names are listed here); their settings
+  sections are checked by validate_part_settings."""
   from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 
   expert_type = experts.get_expert_type(e.experts)  # settings: validate_part_settings
@@ -296,5 +287,3 @@ def validate_experts(e) -> None:
       f"model.moe.grouped_matmul={e.grouped_matmul!r} runs the expert type's "
       f"fused path; model.moe.experts={e.experts!r} declares none"
     )
-  if matmul.validate is not None:
-    matmul.validate(e)

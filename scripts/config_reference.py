@@ -1,7 +1,7 @@
 """Writes docs/reference/config.md: every key of moejax.config.base_config() with
 its default and the comment beside it in moejax/config.py, then every registered
-router's, expert type's, loss's and merge rule's own settings section, and the names each
-choosing key accepts.
+router's, expert type's, loss's, dispatcher's, grouped matmul's and merge rule's own
+settings section (and the shared expert's), and the names each choosing key accepts.
 
     .venv/bin/python scripts/config_reference.py           # write the page
     .venv/bin/python scripts/config_reference.py --check   # exit 1 if it is stale
@@ -11,6 +11,7 @@ tests/docs/test_config_reference.py runs --check, so the page cannot go stale.
 
 import argparse
 import ast
+import operator
 import os
 import sys
 
@@ -101,6 +102,7 @@ def render() -> str:
   from moejax import dispatch, experts, losses, routing
   from moejax.dispatch import grouped_matmul
   from moejax.experts import merged
+  from moejax.layers import moe as moe_layer
   from moejax.models import MODELS
 
   base = cfg_module.base_config()
@@ -130,12 +132,13 @@ def render() -> str:
     out += [f"## `{top}`" if top else "## Top level", ""]
     out += notes + [""] if notes else []
     out += [markdown_table(["key", "default", "what"], rows), ""]
+  declared = operator.attrgetter("settings")  # a dispatcher's or matmul's PartSettings or None
   registries = [
     ("Routers", routing.ROUTERS, "model.moe.{}"),
     ("Expert types", experts.EXPERT_TYPES, "model.moe.{}"),
     ("Losses", losses.LOSSES, "model.moe.losses.{}"),
-    ("Dispatchers", dispatch.DISPATCHERS, None),
-    ("Grouped matmuls", grouped_matmul.GROUPED_MATMULS, None),
+    ("Dispatchers", dispatch.DISPATCHERS, declared),
+    ("Grouped matmuls", grouped_matmul.GROUPED_MATMULS, declared),
     ("Merged experts", merged.MERGE_RULES, "model.moe.merged"),
     ("Models", MODELS, None),
   ]
@@ -149,8 +152,13 @@ def render() -> str:
   for title, registry, section in registries:
     rows = []
     for name, item in registry.items():
-      settings = dict(getattr(item, "settings", None) or {}) if section else {}
-      where = f"`{section.format(name)}`" if settings else "-"
+      if callable(section):
+        part = section(item)
+        settings = dict(part.defaults) if part else {}
+        where = f"`model.moe.{part.path}`" if part else "-"
+      else:
+        settings = dict(getattr(item, "settings", None) or {}) if section else {}
+        where = f"`{section.format(name)}`" if settings else "-"
       values = ", ".join(f"`{k}={v!r}`" for k, v in settings.items()) or "-"
       link = f"[`{name}`](../methods/{name}.md)" if title != "Models" else f"`{name}`"
       rows.append([link, where, values])
@@ -160,6 +168,19 @@ def render() -> str:
       markdown_table(["name", "settings section", "settings (defaults)"], rows),
       "",
     ]
+  shared = moe_layer.SHARED
+  out += [
+    "### The shared expert (`model.moe.shared`)",
+    "",
+    "Not a registered part: the MoE layer's dense SwiGLU beside the routed experts "
+    "(moejax/layers/moe.py).",
+    "",
+    markdown_table(
+      ["settings section", "settings (defaults)"],
+      [[f"`model.moe.{shared.path}`", ", ".join(f"`{k}={v!r}`" for k, v in shared.defaults)]],
+    ),
+    "",
+  ]
   return "\n".join(out).rstrip() + "\n"
 
 

@@ -328,7 +328,7 @@ ENTRIES = {
     "capacity": E(
       "Capacity dispatch (GShard)",
       "Each expert takes at most C = "
-      "capacity_factor x T k / E tokens in "
+      "capacity.factor x T k / E tokens in "
       "GShard's priority order; the rest are "
       "dropped and counted.",
       "gshard",
@@ -1160,6 +1160,8 @@ def _settings(kind: str, name: str) -> list[tuple[str, object]]:
     from moejax.experts import merged
 
     return list(merged.SETTINGS.defaults)
+  if kind in ("dispatcher", "grouped matmul"):  # the PartSettings it declares, or None
+    return list(getattr(registries()[kind].get(name).settings, "defaults", ()))
   if kind not in (
     "router",
     "expert type",
@@ -1180,6 +1182,8 @@ def _section(kind: str, name: str) -> str:
     return f"model.attention.{name}"
   if kind == "merged experts":
     return "model.moe.merged"
+  if kind in ("dispatcher", "grouped matmul"):
+    return f"model.moe.{registries()[kind].get(name).settings.path}"
   return f"model.moe.losses.{name}" if kind == "loss" else f"model.moe.{name}"
 
 

@@ -9,7 +9,7 @@ no loss against top-k while padding nothing, not a gain: the bpb claims carry no
 direction and report the interval for what it is.
 
   topk              the baseline
-  rounded_tile32    router=topk_rounded, tile 32 (dropless_tile 32: waste exactly 0)
+  rounded_tile32    router=topk_rounded, tile 32 (dropless.tile 32: waste exactly 0)
   rounded_tile16    the same with tile 16
 Committed result of the old runner: docs/results/ablations/token_rounding_zoo_xs.md.
 """
@@ -38,7 +38,7 @@ def get_config(arg=None):
     {
       "name": f"rounded_tile{tile}",
       "config": rounded,
-      "overrides": [f"model.moe.topk_rounded.tile={tile}", f"model.moe.dropless_tile={tile}"],
+      "overrides": [f"model.moe.topk_rounded.tile={tile}", f"model.moe.dropless.tile={tile}"],
     }
     for tile in ((32, 16) if a.arms == "all" else ())
   ]

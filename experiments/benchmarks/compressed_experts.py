@@ -8,7 +8,7 @@ What is timed: the whole MoE layer forward as the model calls it
 (moejax/layers/moe.py MoELayer(x [1, T, d], train=False), jitted), built from the
 zoo-s config (moejax/configs/zoo.py: router topk, dispatch dropless, grouped_matmul
 auto, no shared expert) as inference runs it (moejax/inference/generate.py
-generation_config: dropless_tile 8), with model.moe.experts set to each expert
+generation_config: dropless.tile 8), with model.moe.experts set to each expert
 type, so router, dispatch and the aux metrics are the same for every row; only
 the experts differ.
 grouped_matmul 'auto' on CPU runs the type's fused path (SonicMoE block loop) for

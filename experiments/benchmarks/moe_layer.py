@@ -64,15 +64,15 @@ _PATHS = flags.DEFINE_list("paths", list(PATHS), "Paths to run (dense is always 
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _REPS = flags.DEFINE_integer("reps", 5, "Interleaved repetitions (median).")
 _SLOW_REPS = flags.DEFINE_integer("slow_reps", 1, "Repetitions of the E x FLOPs paths.")
-_TILE = cli.checked(flags.DEFINE_integer("tile", 128, "model.moe.dropless_tile."), cli.at_least(1))
+_TILE = cli.checked(flags.DEFINE_integer("tile", 128, "model.moe.dropless.tile."), cli.at_least(1))
 _MIN_BLOCK = cli.checked(
   flags.DEFINE_integer(
-    "min_block", 128, "model.moe.dropless_min_block (loop paths; 64 for fine-grained shapes)."
+    "min_block", 128, "model.moe.dropless.min_block (loop paths; 64 for fine-grained shapes)."
   ),
   cli.at_least(1),
 )
 _BLOCK = cli.checked(
-  flags.DEFINE_integer("block", 512, "model.moe.dropless_block (loop paths)."), cli.at_least(1)
+  flags.DEFINE_integer("block", 512, "model.moe.dropless.block (loop paths)."), cli.at_least(1)
 )
 _ROUTER = flags.DEFINE_string(
   "router",
@@ -82,12 +82,12 @@ _ROUTER = flags.DEFINE_string(
 )
 _ROUNDING_TILE = flags.DEFINE_integer("rounding_tile", 128, "model.moe.topk_rounded.tile.")
 _ROUNDING_MODE = flags.DEFINE_string("rounding_mode", "nearest", "model.moe.topk_rounded.mode.")
-_CF = flags.DEFINE_float("capacity_factor", 1.25, "Capacity factor (capacity, gshard).")
+_CF = flags.DEFINE_float("capacity_factor", 1.25, "model.moe.capacity.factor (capacity, gshard).")
 _MAX_TEMP = flags.DEFINE_float(
   "max_temp_gib", 6.0, "Skip (and report) a path whose compiled temp memory is larger."
 )
 _OMNI_TILE = flags.DEFINE_integer(
-  "omni_tile", 8, "model.moe.dropless_tile of omnimoe/expert_centric*."
+  "omni_tile", 8, "model.moe.dropless.tile of omnimoe/expert_centric*."
 )
 OUTPUTS = cli_files.study_outputs(plot=False)  # --json: one record per shape, path and pass
 
@@ -95,10 +95,8 @@ OUTPUTS = cli_files.study_outputs(plot=False)  # --json: one record per shape, p
 def moe_settings() -> dict:
   """The model.moe settings the flags give every MoE path."""
   return {
-    "dropless_tile": _TILE.value,
-    "capacity_factor": _CF.value,
-    "dropless_min_block": _MIN_BLOCK.value,
-    "dropless_block": _BLOCK.value,
+    "dropless": {"tile": _TILE.value, "block": _BLOCK.value, "min_block": _MIN_BLOCK.value},
+    "capacity": {"factor": _CF.value},
     "router": _ROUTER.value,
     "topk_rounded": {"tile": _ROUNDING_TILE.value, "mode": _ROUNDING_MODE.value},
   }
@@ -111,9 +109,9 @@ def markdown(records) -> str:
     else ""
   )
   settings = (
-    f"fp32; router {_ROUTER.value}{rounding}; dropless_tile={_TILE.value}, "
-    f"dropless_min_block={_MIN_BLOCK.value}, dropless_block={_BLOCK.value}, "
-    f"capacity_factor={_CF.value}; medians of {_REPS.value} interleaved reps "
+    f"fp32; router {_ROUTER.value}{rounding}; dropless.tile={_TILE.value}, "
+    f"dropless.min_block={_MIN_BLOCK.value}, dropless.block={_BLOCK.value}, "
+    f"capacity.factor={_CF.value}; medians of {_REPS.value} interleaved reps "
     f"({_SLOW_REPS.value} for the E x FLOPs paths). ratio = dense time / path time."
   )
   return report.moe_layer_tables(

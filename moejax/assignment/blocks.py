@@ -7,13 +7,14 @@ so only blocks holding rows are visited: padding tiles past the last group
 cost nothing.
 
 Block schedule: each expert's rows, rounded up to the granule g =
-gcd(dropless_tile, model.moe.dropless_min_block), are cut greedily into
-blocks of `block_rows` = g * 2^j rows, then at most one block of each size
+gcd(tile, min_block) (model.moe.dropless.tile and min_block), are cut greedily
+into blocks of `block_rows` = g * 2^j rows, then at most one block of each size
 block_rows/2, block_rows/4, ..., g (the binary digits of the remainder).
-block_rows is model.moe.dropless_block, rounded down to a g * 2^j and capped
-at the buffer. The layout's padding rows past the granule (up to the tile)
-are not computed: the loop paths' compute waste is relative to g, while the
-layout, and the reported padding waste, stay at the tile that kernels need.
+block_rows is model.moe.dropless.block, rounded down to a g * 2^j and capped
+at the buffer (the defaults and their measurements: moejax/dispatch/dropless.py).
+The layout's padding rows past the granule (up to the tile) are not computed: the
+loop paths' compute waste is relative to g, while the layout, and the reported
+padding waste, stay at the tile that kernels need.
 Large blocks keep the matmuls efficient; the small ones keep the waste
 small. Every pass is one `fori_loop` over that size's blocks.
 
@@ -32,22 +33,6 @@ from jax import lax
 
 from moejax.assignment.layout import TileLayout
 
-# model.moe.dropless_block's default. Measured on the 2-core CPU
-# (experiments/benchmarks/moe_layer.py): 512-row blocks beat 128 and 256 at
-# the lm, coarse and fine shapes; 1024 is no better.
-DEFAULT_BLOCK_ROWS = 512
-# model.moe.dropless_min_block's default: 128, the default tile (granule = the tile).
-# Measured (fwd+bwd against dense, same process, docs/results/moe_layer_2026-12-02_cpu.md),
-# granule 8 / 16 / 32 / 64 / 128: fine (E=64) 0.74 / 0.78 / 0.80 / 0.81 / 0.78, finer
-# (E=128) 0.53 / 0.56 / 0.57 / 0.58 / 0.55; coarse (E=8, f=1024) 32 / 64 / 128: 0.88 /
-# 0.94 / 0.94 (smaller blocks each read, and in the backward update, their
-# expert's whole weights). Training the default LM (E=8, ~1024 rows per expert),
-# 600-step runs, steady-state tokens/s: 12,366 (64), 12,785 (32), 13,896 and 11,296
-# (128, two runs): not resolved. The default keeps the tile, so that configs
-# without fine-grained experts train exactly as before; 64 is set for fine-grained
-# ones (a few hundred rows per expert).
-DEFAULT_MIN_BLOCK = 128
-
 
 @struct.dataclass
 class BlockPass:
@@ -59,19 +44,14 @@ class BlockPass:
   rows: int = struct.field(pytree_node=False)
 
 
-def schedule_of(layout: TileLayout, cfg) -> tuple["BlockPass", ...]:
-  """The block schedule model.moe.dropless_block / dropless_min_block ask for
-  (their defaults for configs saved before they existed)."""
-  return block_schedule(
-    layout,
-    cfg.get("dropless_block", DEFAULT_BLOCK_ROWS),
-    cfg.get("dropless_min_block", DEFAULT_MIN_BLOCK),
-  )
+def schedule_of(layout: TileLayout, dropless) -> tuple["BlockPass", ...]:
+  """The block schedule the settings section model.moe.dropless asks for (block, min_block)."""
+  return block_schedule(layout, dropless["block"], dropless["min_block"])
 
 
-def granule(tile: int, min_block: int | None) -> int:
+def granule(tile: int, min_block: int) -> int:
   """The smallest block: gcd(tile, min_block), so that it divides the tile."""
-  return math.gcd(tile, min_block or DEFAULT_MIN_BLOCK)
+  return math.gcd(tile, min_block)
 
 
 def block_sizes(unit: int, block_rows: int) -> tuple[int, ...]:
@@ -82,19 +62,15 @@ def block_sizes(unit: int, block_rows: int) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def covered_sizes(layout: TileLayout, min_block: int | None = None) -> jax.Array:
+def covered_sizes(layout: TileLayout, min_block: int) -> jax.Array:
   """Rows of each expert's group that the blocks cover: its size rounded up to the granule."""
   g = granule(layout.tile, min_block)
   return -(-layout.group_sizes // g) * g
 
 
-def block_schedule(
-  layout: TileLayout, block_rows: int | None = None, min_block: int | None = None
-) -> tuple[BlockPass, ...]:
+def block_schedule(layout: TileLayout, block_rows: int, min_block: int) -> tuple[BlockPass, ...]:
   """Cut every expert's rows, rounded up to the granule, into blocks (see module doc)."""
-  sizes = block_sizes(
-    granule(layout.tile, min_block), min(block_rows or DEFAULT_BLOCK_ROWS, layout.num_rows)
-  )
+  sizes = block_sizes(granule(layout.tile, min_block), min(block_rows, layout.num_rows))
   covered = covered_sizes(layout, min_block)
   num_experts = layout.padded_sizes.shape[0]
   experts = jnp.arange(num_experts, dtype=jnp.int32)

@@ -54,7 +54,7 @@ def padding_waste(group_sizes: jax.Array, tile: int) -> jax.Array:
   """Padded rows over real rows when each expert's rows are padded to a multiple of `tile`.
 
   SonicMoE's waste figure, sum_e (ceil(f_e / M) M - f_e) / sum_e f_e, with M
-  the dispatch tile (`model.moe.dropless_tile`). 0 when every count is a
+  the dispatch tile (`model.moe.dropless.tile`). 0 when every count is a
   multiple of the tile (token rounding with model.moe.topk_rounded.tile a multiple of it).
   """
   real = jnp.sum(group_sizes)

@@ -41,7 +41,7 @@ def moe_model(dense_m, experts: int, top_k: int) -> ml_collections.ConfigDict:
   e = m.moe
   e.num_experts, e.top_k, e.expert_d_ff = experts, top_k, dense_m.d_ff // experts
   e.router, e.renormalize, e.experts = "topk", True, "swiglu"
-  e.num_shared_experts, e.first_dense, e.dense_layers, e.every_n = 0, 0, [], 1
+  e.shared.count, e.first_dense, e.dense_layers, e.every_n = 0, 0, [], 1
   e.expert_counts = []
   return m
 

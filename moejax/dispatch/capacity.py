@@ -1,10 +1,12 @@
 """GShard-style capacity dispatch (Lepikhin et al. 2020, sec. 2.2).
 
-Each expert has a buffer of C = max(min_capacity, ceil(capacity_factor * T * k / E))
-rows. Assignments take buffer rows in slot-major, then token, order; those past
-C are dropped (their slot contributes nothing) and counted. Experts run as one
-batched matmul over [E, C, d]. Rows are scattered by index rather than a
-one-hot einsum: same result, O(T k d) instead of O(T E C d) work.
+Each expert has a buffer of C = max(min, ceil(factor * T * k / E)) rows, with the
+settings section model.moe.capacity (CAPACITY: factor, min; the expert_choice
+router reads model.moe.capacity.factor too). Assignments take buffer rows in
+slot-major, then token, order; those past C are dropped (their slot contributes
+nothing) and counted. Experts run as one batched matmul over [E, C, d]. Rows are
+scattered by index rather than a one-hot einsum: same result, O(T k d) instead of
+O(T E C d) work.
 """
 
 import math
@@ -13,7 +15,23 @@ import jax
 import jax.numpy as jnp
 
 from moejax.assignment.layout import combine, sort_by_expert
-from moejax.dispatch.base import register_dispatcher
+from moejax.dispatch.base import CAPACITY_DROPS, register_dispatcher
+from moejax.registry import PartSettings, check_number
+
+
+def validate_capacity(cfg) -> None:
+  s = CAPACITY.parse(cfg)
+  check_number("model.moe.capacity.factor", s["factor"])
+  check_number("model.moe.capacity.min", s["min"], integer=True, strict=False)
+
+
+CAPACITY = PartSettings(
+  "capacity",
+  "capacity (dispatch 'capacity', router 'expert_choice')",
+  (("factor", 1.25), ("min", 4)),
+  legacy_keys=(("capacity_factor", "factor"), ("min_capacity", "min")),
+  validate=validate_capacity,
+)
 
 
 def expert_capacity(
@@ -22,18 +40,22 @@ def expert_capacity(
   return max(min_capacity, math.ceil(capacity_factor * num_tokens * top_k / num_experts))
 
 
+def capacity_of(cfg, num_tokens: int) -> int:
+  """C for `num_tokens` tokens under the MoE config `cfg` (model.moe.capacity)."""
+  s = CAPACITY.parse(cfg)
+  return expert_capacity(num_tokens, cfg.num_experts, cfg.top_k, s["factor"], s["min"])
+
+
 def batched_matmul(rows: jax.Array, w: jax.Array) -> jax.Array:
   """rows [E, C, a] @ w [E, a, b] -> [E, C, b]."""
   return jnp.einsum("eca,eab->ecb", rows, w)
 
 
-@register_dispatcher("capacity")
+@register_dispatcher("capacity", settings=CAPACITY, drops=CAPACITY_DROPS)
 def dispatch_capacity(x, routing, expert_fn, cfg):
   num_tokens, d = x.shape
   num_experts = cfg.num_experts
-  capacity = expert_capacity(
-    num_tokens, num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
-  )
+  capacity = capacity_of(cfg, num_tokens)
   sorted_ = sort_by_expert(routing, num_experts)
   kept = (sorted_.expert < num_experts) & (sorted_.position < capacity)
   out_of_range = num_experts * capacity

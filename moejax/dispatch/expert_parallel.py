@@ -24,7 +24,7 @@ assignments of the global batch), `a2a_overflow_fraction`, and
 expert parallelism waits for that device: analysis/repetition.py).
 
 Capacity semantics: global, as on one device. An expert's capacity
-C = expert_capacity(T_global, ...) is filled in GShard's slot-major priority
+C = capacity_of(cfg, T_global) is filled in GShard's slot-major priority
 over the *global* batch (all first choices of all tokens, in token order,
 then the second choices, ...). Each device all-gathers the per-(slot,
 expert) counts of the token shards ([n_token_shards, S, E] int32, a few KB)
@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.assignment.layout import combine, sort_by_expert
 from moejax.dispatch.base import get_dispatcher
-from moejax.dispatch.capacity import expert_capacity
+from moejax.dispatch.capacity import capacity_of
 from moejax.dispatch.exchange import Exchange, axis_name, exclusive_cumsum, rows_per_peer
 from moejax.routing.base import Routing
 
@@ -139,9 +139,7 @@ def expert_parallel_dispatch(
     routing = Routing(index, weight, valid)
     capacity = None
     if cfg.dispatch == "capacity":
-      capacity = expert_capacity(
-        num_tokens * num_shards, cfg.num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
-      )
+      capacity = capacity_of(cfg, num_tokens * num_shards)
       routing = routing.with_valid(
         global_capacity_keep(routing, cfg.num_experts, capacity, token_axes)
       )

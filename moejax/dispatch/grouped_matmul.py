@@ -16,8 +16,8 @@ An entry (`GroupedMatmulSpec`) is one of
              platform, expert type (`experts`: BoundExperts, or None for a plain
              expert function) and call (few_rows: no more (token, slot)
              assignments than experts).
-An entry may also declare validate(moe_cfg) for its own settings (ConfigError);
-config validation calls it for the entry the configured name resolves to.
+An entry may also declare its settings section (registry.PartSettings, e.g.
+model.moe.gmm), built by config.base_config and validated with every config.
 
 Registered:
   'fused'       the expert type's fused path (SwiGLU: the SonicMoE block loop
@@ -26,6 +26,7 @@ Registered:
   'loop'        a fori_loop over row blocks (assignment/blocks.py): each block one plain
                 matmul against its expert's weight slice, read in place; only
                 blocks holding rows are visited. Exact FLOPs up to padding.
+                Blocks: model.moe.dropless.block and min_block (dropless.py).
                 The fastest path on CPU for any expert function.
   'tiled'       one batched einsum over all tiles, each tile times its expert's
                 weight slice gathered per tile (a [tiles, a, b] weight copy per
@@ -33,7 +34,7 @@ Registered:
   'ragged_dot'  jax.lax.ragged_dot on the padded groups (portable; on CPU it
                 lowers to a masked dense dot over all groups, E x the FLOPs).
   'gmm'         the Pallas grouped-matmul kernel (moejax.kernels), backend
-                model.moe.gmm_backend (kernels.BACKENDS; 'auto': the TPU or GPU
+                model.moe.gmm.backend (kernels.BACKENDS; 'auto': the TPU or GPU
                 kernel, on CPU the kernel's jnp reference, E x the FLOPs).
   'gather'      no sort, no layout: each (token, slot) row times its own expert's
                 weight slice, gathered (token_gather.py). One weight copy per
@@ -57,7 +58,7 @@ import jax.numpy as jnp
 
 from moejax.assignment.layout import TileLayout
 from moejax.assignment.blocks import loop_matmul_fn, schedule_of
-from moejax.registry import Registry
+from moejax.registry import PartSettings, Registry
 
 Matmul = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -70,7 +71,7 @@ class GroupedMatmulSpec:
   make: Callable[[TileLayout, Any], Matmul] | None = None
   fused: bool = False
   resolve: Callable[[Any, bool], str] | None = None  # (experts, few_rows) -> name
-  validate: Callable[[Any], None] | None = None
+  settings: PartSettings | None = None
   per_token: bool = False
 
   def build(self, layout: TileLayout, cfg: Any) -> Matmul:
@@ -93,19 +94,19 @@ GROUPED_MATMULS: Registry[GroupedMatmulSpec] = Registry("model.moe.grouped_matmu
 
 
 def register_grouped_matmul(
-  name: str, *, make=None, fused=False, resolve=None, validate=None, per_token=False
+  name: str, *, make=None, fused=False, resolve=None, settings=None, per_token=False
 ):
   """Register a grouped matmul; as a decorator of `make` when no make/fused/per_token/resolve
   is given."""
   if make is None and not fused and resolve is None and not per_token:
 
     def wrap(fn):
-      register_grouped_matmul(name, make=fn, validate=validate)
+      register_grouped_matmul(name, make=fn, settings=settings)
       return fn
 
     return wrap
   return GROUPED_MATMULS.add(
-    name, GroupedMatmulSpec(name, make, fused, resolve, validate, per_token)
+    name, GroupedMatmulSpec(name, make, fused, resolve, settings, per_token)
   )
 
 
@@ -138,7 +139,7 @@ def tiled_matmul(tile_expert, tile, rows, w):
 
 @register_grouped_matmul("loop")
 def make_loop(layout, cfg):
-  return loop_matmul_fn(schedule_of(layout, cfg))
+  return loop_matmul_fn(schedule_of(layout, cfg.dropless))
 
 
 @register_grouped_matmul("tiled")
@@ -151,25 +152,31 @@ def make_ragged_dot(layout, cfg):
   return lambda rows, w: jax.lax.ragged_dot(rows, w, layout.padded_sizes)
 
 
-def gmm_backend_of(cfg) -> str:
-  """model.moe.gmm_backend ('auto' for configs saved before it existed)."""
-  return cfg.get("gmm_backend", "auto")
-
-
 def validate_gmm(cfg) -> None:
-  """model.moe.gmm_backend is one of kernels.BACKENDS (imported only when gmm is used)."""
+  """model.moe.gmm.backend is one of kernels.BACKENDS."""
   from moejax.kernels import BACKENDS
   from moejax.errors import choice_error
 
-  if gmm_backend_of(cfg) not in BACKENDS:
-    raise choice_error("model.moe.gmm_backend", gmm_backend_of(cfg), BACKENDS)
+  backend = GMM.parse(cfg)["backend"]
+  if backend not in BACKENDS:
+    raise choice_error("model.moe.gmm.backend", backend, BACKENDS)
 
 
-@register_grouped_matmul("gmm", validate=validate_gmm)
+# model.moe.gmm: the kernel backend (kernels.BACKENDS).
+GMM = PartSettings(
+  "gmm",
+  "grouped matmul 'gmm'",
+  (("backend", "auto"),),
+  legacy_keys=(("gmm_backend", "backend"),),
+  validate=validate_gmm,
+)
+
+
+@register_grouped_matmul("gmm", settings=GMM)
 def make_gmm(layout, cfg):
   from moejax.kernels import gmm  # Pallas: imported only when used
 
-  backend = gmm_backend_of(cfg)
+  backend = GMM.parse(cfg)["backend"]
   return lambda rows, w: gmm(rows, w, layout.padded_sizes, backend=backend)
 
 

@@ -2,15 +2,14 @@
 layer, e.g. SwiGLU's memory-efficient SonicMoE kernel (moejax/experts/swiglu_memeff.py);
 ConfigError for a type or plain expert function without one. Dispatch
 'dropless' with grouped_matmul 'fused' runs the same path (and 'auto' picks it
-on CPU for expert types that have one).
+on CPU for expert types that have one). Registered, with the settings section it
+shares with 'dropless' (model.moe.dropless), in dropless.py.
 """
 
-from moejax.dispatch.base import register_dispatcher
 from moejax.errors import ConfigError
 from moejax.experts.base import experts_of
 
 
-@register_dispatcher("dropless_memeff")
 def dispatch_dropless_memeff(x, routing, expert_fn, cfg):
   """The expert type's fused path (see module doc)."""
   experts = experts_of(expert_fn)

@@ -10,7 +10,7 @@ i.e. each token assembles its own width-top_k MLP out of the pool.
 
 OmniMoE is the one MoE layer (moejax/layers/moe.py) with router
 'product_key', model.moe.experts='atomic' (this type, registered below) and
-one shared expert of width shared_d_ff; configs/lm_shakespeare_omnimoe.py.
+one shared expert of width model.moe.shared.d_ff; configs/lm_shakespeare_omnimoe.py.
 The atomic type's weights are u [N, d, 1] and d [N, 1, d], a 'hidden width'
 of 1, so every dispatcher and grouped matmul runs it.
 
@@ -24,7 +24,7 @@ Two schedules, the same function, chosen by model.moe.grouped_matmul:
                  dispatch unchanged (moejax/dispatch/dropless.py) with any
                  other entry of the one grouped-matmul registry
                  (dispatch/grouped_matmul.py):
-                   'tiled' each tile of dropless_tile rows (one expert) times its
+                   'tiled' each tile of dropless.tile rows (one expert) times its
                            expert's vector: one dense batched einsum that
                            reads u_e, d_e once per tile instead of per row;
                    'loop'  one small matmul per block of one expert's rows
@@ -33,7 +33,7 @@ Two schedules, the same function, chosen by model.moe.grouped_matmul:
                    'fused' (and 'auto' on CPU) the naive schedule, which
                            the atomic expert type declares as its fused path.
                  Padding rows (each expert's group is padded to
-                 dropless_tile) add compute but nothing to y. The official Triton kernels also
+                 dropless.tile) add compute but nothing to y. The official Triton kernels also
                  group experts that share identical token lists into real
                  GEMMs; we do not.
 The default schedule is 'naive': on the 2-core CPU at the LM's layer (T 4096,
@@ -53,7 +53,7 @@ the dense fan-in init (BatchNorm makes the router scale-invariant). No
 auxiliary loss: the code has none (the product_key router gives no probs, so
 none applies). Metrics over the N atomic experts: max_over_mean_load,
 distinct_experts (used by some assignment of the batch), the padding waste at
-dropless_tile, routing entropy over all N.
+model.moe.dropless.tile, routing entropy over all N.
 """
 
 import jax
@@ -101,7 +101,7 @@ def atomic_fused(weights: dict, x, routing, cfg, *, activation: str = "silu"):
   counts = routing.expert_counts(weights["u"].shape[0])
   return y, {
     "dropped_fraction": jnp.zeros((), jnp.float32),
-    "padding_waste": padding_waste(counts, cfg.get("dropless_tile", 1)),
+    "padding_waste": padding_waste(counts, cfg.dropless.tile),
   }
 
 

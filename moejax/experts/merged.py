@@ -281,9 +281,9 @@ def _validate(e) -> None:
       f"model.moe.router={e.router!r}: model.moe.merge={name!r} gates by the "
       "softmax of the plain router kernel (router 'topk'; top_k unused)"
     )
-  if e.get("num_shared_experts", 0):
+  if e.shared.count:
     raise ConfigError(
-      f"model.moe.num_shared_experts={e.num_shared_experts}: model.moe.merge="
+      f"model.moe.shared.count={e.shared.count}: model.moe.merge="
       f"{name!r} runs no shared expert (set 0)"
     )
   if e.get("loss_weights"):

@@ -127,7 +127,7 @@ swiglu_moe_memeff.defvjp(_memeff_fwd, _memeff_bwd)
 def swiglu_memeff_dispatch(weights: dict, x, routing, cfg):
   """SwiGLU experts {w_gate, w_up, w_down} fused over the dropless layout: (y, metrics)."""
   x = jnp.asarray(x)
-  layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
+  layout = tile_layout(routing, cfg.num_experts, cfg.dropless.tile)
   row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))
   weights = jax.tree.map(jnp.asarray, weights)
   y = swiglu_moe_memeff(
@@ -137,6 +137,6 @@ def swiglu_memeff_dispatch(weights: dict, x, routing, cfg):
     weights["w_up"],
     weights["w_down"],
     layout.row_token,
-    schedule_of(layout, cfg),
+    schedule_of(layout, cfg.dropless),
   )
   return y, dropless_metrics(layout)

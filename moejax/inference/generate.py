@@ -106,7 +106,7 @@ def generation_config(m):
   m = ml_collections.ConfigDict(m.to_dict())
   m.remat = "none"  # no backward pass here
   m.moe.dispatch = "dropless"
-  m.moe.dropless_tile = min(m.moe.dropless_tile, 8)
+  m.moe.dropless.tile = min(m.moe.dropless.tile, 8)
   return m
 
 

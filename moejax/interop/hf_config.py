@@ -167,15 +167,15 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
   m.d_ff = _get(hf, "intermediate_size")
   set_moe_layers(m, _moe_layers(hf, family, m.num_layers))
   if family.model_type == "qwen2_moe" and _get(hf, "shared_expert_intermediate_size", default=0):
-    e.num_shared_experts, e.shared_d_ff = 1, hf["shared_expert_intermediate_size"]
-    e.shared_expert_gate = True
+    e.shared.count, e.shared.d_ff = 1, hf["shared_expert_intermediate_size"]
+    e.shared.gate = True
   if family.model_type == "deepseek_v3":
     if hf.get("scoring_func", "sigmoid") != "sigmoid":
       raise ConfigError(
         f"config.json scoring_func={hf['scoring_func']!r}: DeepseekV3 routing "
         "here scores experts with a sigmoid only"
       )
-    e.num_shared_experts, e.shared_d_ff = hf.get("n_shared_experts") or 0, e.expert_d_ff
+    e.shared.count, e.shared.d_ff = hf.get("n_shared_experts") or 0, e.expert_d_ff
     e.num_groups, e.topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
     e.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
     mla = a.mla
@@ -242,7 +242,7 @@ def _family_keys(m, family) -> dict:
     if kind == "qwen2_moe":
       out.update(
         qkv_bias=a.qkv_bias,
-        shared_expert_intermediate_size=(e.num_shared_experts * e.shared_d_ff),
+        shared_expert_intermediate_size=(e.shared.count * e.shared.d_ff),
         layer_types=["sliding_attention" if w else "full_attention" for w in windows],
       )
     else:
@@ -253,7 +253,7 @@ def _family_keys(m, family) -> dict:
     mla = a.mla
     out.update(
       n_routed_experts=num_experts,
-      n_shared_experts=e.num_shared_experts,
+      n_shared_experts=e.shared.count,
       first_k_dense_replace=min(moe_layers, default=m.num_layers),
       n_group=e.num_groups,
       topk_group=e.topk_groups,
@@ -310,9 +310,9 @@ COMPUTE_MOE_KEYS = (
   "renormalize",
   "routed_scaling_factor",
   "expert_d_ff",
-  "num_shared_experts",
-  "shared_d_ff",
-  "shared_expert_gate",
+  "shared.count",
+  "shared.d_ff",
+  "shared.gate",
   "num_groups",
   "topk_groups",
 )
@@ -353,9 +353,9 @@ def check_expressible(m, hf: dict) -> None:
   if m.attention.kind != "mla":  # MLA sizes are unused by GQA models
     back = {k: v for k, v in back.items() if not k.startswith("attention.mla.")}
     ours = {k: v for k, v in ours.items() if not k.startswith("attention.mla.")}
-  if m.moe.num_shared_experts == 0:
-    back.pop("moe.shared_d_ff", None)
-    ours.pop("moe.shared_d_ff", None)
+  if m.moe.shared.count == 0:
+    back.pop("moe.shared.d_ff", None)
+    ours.pop("moe.shared.d_ff", None)
   if len(moe_layer_indices(m)) in (0, m.num_layers):
     back.pop("d_ff", None)
     ours.pop("d_ff", None)

@@ -97,10 +97,10 @@ def _routed_ffn(m, i, num_experts) -> list[TensorMap]:
         collection="rest",
       )
     )
-  if m.moe.num_shared_experts:
+  if m.moe.shared.count:
     shared = SHARED_PREFIX.get(family, "shared_experts")
     out += _projections((*path, "shared"), f"{prefix}.{shared}", FFN_NAMES)
-    if m.moe.shared_expert_gate:
+    if m.moe.shared.gate:
       out.append(TensorMap((*path, "shared_gate"), (f"{prefix}.shared_expert_gate.weight",), True))
   return out
 

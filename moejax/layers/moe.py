@@ -6,9 +6,9 @@ OmniMoE (Shi et al. 2026) is this layer with router=product_key (a router
 that owns its projection), experts=atomic and one shared expert.
 
 Shared experts (DeepSeekMoE, Dai et al. 2024) are one dense SwiGLU of width
-num_shared_experts * shared_d_ff that every token passes through; summing
-n shared experts of width f is exactly one SwiGLU of width n * f. With
-moe.shared_expert_gate a per-token sigmoid(x w_g) scales it (Qwen2-MoE).
+shared.count * shared.d_ff that every token passes through; summing n shared
+experts of width f is exactly one SwiGLU of width n * f. With shared.gate a
+per-token sigmoid(x w_g) scales it (Qwen2-MoE). Settings: model.moe.shared (SHARED).
 
 token_mask [B, L] (left-padded generation batches): padding tokens get
 invalid slots, so they cost no expert compute and do not count in the load.
@@ -35,8 +35,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from moejax import dispatch, experts, losses, routing, sharding
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
+from moejax.errors import ConfigError
 from moejax.experts import merged
 from moejax.layers.dense import SwiGLU
+from moejax.registry import PartSettings, check_number
 
 
 # The values remat policy 'save_moe_routing' keeps (moejax/models/decoder.py).
@@ -47,6 +49,30 @@ DIAGNOSTIC_LOSSES = ("load_balance", "z_loss")
 # Per-expert load fractions are logged up to this many experts (not N = 4096
 # atomic experts); max_over_mean_load and distinct_experts always.
 MAX_LOGGED_EXPERTS = 256
+
+
+def validate_shared(cfg) -> None:
+  s = SHARED.parse(cfg)
+  check_number("model.moe.shared.count", s["count"], integer=True, strict=False)
+  if s["count"]:
+    check_number("model.moe.shared.d_ff", s["d_ff"], integer=True)
+  if not isinstance(s["gate"], bool):
+    raise ConfigError(f"model.moe.shared.gate={s['gate']!r} must be True or False")
+
+
+# model.moe.shared: count shared experts of width d_ff (one SwiGLU of width
+# count * d_ff; 0: none), gate: the Qwen2-MoE sigmoid gate (module doc).
+SHARED = PartSettings(
+  "shared",
+  "the shared expert",
+  (("count", 0), ("d_ff", 256), ("gate", False)),
+  legacy_keys=(
+    ("num_shared_experts", "count"),
+    ("shared_d_ff", "d_ff"),
+    ("shared_expert_gate", "gate"),
+  ),
+  validate=validate_shared,
+)
 
 
 class RouterState(nnx.Variable):
@@ -93,7 +119,7 @@ def router_inputs(params, state) -> dict:
 
 def load_metrics(counts: jax.Array, tile: int, num_tokens: int | None = None) -> dict:
   """Load fraction per expert, max/mean load, and the padding waste of the
-  dropless layout (padded rows / real rows at model.moe.dropless_tile), from
+  dropless layout (padded rows / real rows at model.moe.dropless.tile), from
   assignment counts [E]; reported for every router and dispatch. With
   num_tokens also experts_per_token: kept assignments per token (top_k for
   top-k routing; lower when a router drops, variable under dynamic-k)."""
@@ -153,11 +179,10 @@ class MoELayer(nnx.Module):
       self.merge_base = self.expert_type.build(1, d_model, cfg, rngs=rngs)
     self.shared = nnx.data(None)
     self.shared_gate = nnx.data(None)
-    if cfg.num_shared_experts > 0:
-      self.shared = SwiGLU(
-        d_model, cfg.num_shared_experts * cfg.shared_d_ff, rngs=rngs, dtype=dtype
-      )
-      if cfg.get("shared_expert_gate", False):
+    shared = SHARED.parse(cfg)
+    if shared["count"] > 0:
+      self.shared = SwiGLU(d_model, shared["count"] * shared["d_ff"], rngs=rngs, dtype=dtype)
+      if shared["gate"]:
         self.shared_gate = nnx.Param(
           jnp.zeros((d_model, 1), jnp.float32), logical_axes=("embed", None)
         )
@@ -227,7 +252,7 @@ class MoELayer(nnx.Module):
       **out.metrics,
       **dispatch_metrics,
       **loss_values,
-      **load_metrics(counts, cfg.dropless_tile, num_tokens=b * length),
+      **load_metrics(counts, cfg.dropless.tile, num_tokens=b * length),
       "distinct_experts": jnp.sum(counts > 0).astype(jnp.int32),
     }
     if cfg.num_experts > MAX_LOGGED_EXPERTS:  # [E] per layer per log step: too many

@@ -5,16 +5,14 @@ are in moejax/dispatch/."""
 import jax
 import jax.numpy as jnp
 
-from moejax.dispatch.capacity import expert_capacity
+from moejax.dispatch.capacity import capacity_of
 
 
 def gshard_einsum(x, routing, expert_fn, cfg):
   """GShard (Lepikhin et al. 2020) one-hot dispatch/combine tensors [T, E, C] and einsums."""
   num_tokens, num_slots = routing.expert_index.shape
   num_experts = cfg.num_experts
-  capacity = expert_capacity(
-    num_tokens, num_experts, cfg.top_k, cfg.capacity_factor, cfg.min_capacity
-  )
+  capacity = capacity_of(cfg, num_tokens)
   one_hot = jax.nn.one_hot(routing.expert_index.T, num_experts) * routing.valid.T[..., None]
   # position of each assignment in its expert's buffer, slot-major priority
   position = jnp.cumsum(one_hot.reshape(-1, num_experts), 0).reshape(one_hot.shape) - 1

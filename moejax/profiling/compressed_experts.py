@@ -99,7 +99,7 @@ def build_layer(name: str, dims, settings: Settings) -> tuple[MoELayer, dict]:
   c = copy.deepcopy(settings.config)
   m = c.model
   m.d_model, m.d_ff = d, k * f
-  m.moe.num_experts, m.moe.top_k, m.moe.expert_d_ff, m.moe.shared_d_ff = e, k, f, f
+  m.moe.num_experts, m.moe.top_k, m.moe.expert_d_ff, m.moe.shared.d_ff = e, k, f, f
   expert_type, section = variant_settings(name, dims, settings)
   m.moe.experts = expert_type
   if section:

@@ -16,7 +16,7 @@ import numpy as np
 from moejax import sharding
 from moejax.config import base_config
 from moejax.dispatch import get_dispatcher
-from moejax.dispatch.capacity import expert_capacity
+from moejax.dispatch.capacity import capacity_of
 from moejax.dispatch.exchange import rows_per_peer
 from moejax.dispatch.expert_parallel import expert_parallel_dispatch
 from moejax.evaluation.stats import markdown_table
@@ -133,11 +133,7 @@ def bench(dims, dispatch_paths, meshes, factors, reps):
     median, single = times[dispatch, mesh, factor], times[dispatch, "1 device", None]
     sizes = MESHES.get(mesh, {})
     n_ep, shards = sizes.get("expert", 1), int(np.prod(list(sizes.values()) or [1]))
-    capacity = (
-      expert_capacity(t, e, k, cfg.capacity_factor, cfg.min_capacity)
-      if dispatch == "capacity"
-      else None
-    )
+    capacity = capacity_of(cfg, t) if dispatch == "capacity" else None
     buffer_rows = n_ep * rows_per_peer(cfg, t // shards, k, n_ep, factor or 0.0, capacity)
     records.append(
       {

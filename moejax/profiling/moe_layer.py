@@ -95,7 +95,7 @@ def make_path(name, dims, settings: dict, omni_tile: int):
   kind, _, matmul = name.partition("/")
   if kind == "anchor":
     dispatch = anchors.gshard_einsum if matmul == "gshard_einsum" else get_dispatcher("dropless")
-    cfg = moe_cfg(settings, e, k, grouped_matmul="ragged_dot", dropless_tile=1)
+    cfg = moe_cfg(settings, e, k, grouped_matmul="ragged_dot", dropless={"tile": 1})
   else:
     dispatch = get_dispatcher(kind)
     cfg = moe_cfg(settings, e, k, grouped_matmul=matmul or "auto")
@@ -105,7 +105,8 @@ def make_path(name, dims, settings: dict, omni_tile: int):
     and get_grouped_matmul(cfg.grouped_matmul, functools.partial(swiglu_experts, params["experts"]))
     in ("fused", "loop")
   )
-  unit = granule(cfg.dropless_tile, cfg.dropless_min_block) if loops else cfg.dropless_tile
+  tile = cfg.dropless.tile
+  unit = granule(tile, cfg.dropless.min_block) if loops else tile
 
   def moe(params, x):
     routing = route(params, x, cfg)
@@ -130,10 +131,10 @@ def routing_layout_path(cfg):
 
   def overhead(params, x):
     routing = route(params, x, cfg)
-    layout = tile_layout(routing, cfg.num_experts, cfg.dropless_tile)
+    layout = tile_layout(routing, cfg.num_experts, cfg.dropless.tile)
     row_gate = layout.row_values(routing.masked_weight().T.reshape(-1))
     used = sum(
-      jnp.sum(p.start) + jnp.sum(p.expert) + p.count for p in schedule_of(layout, cfg)
+      jnp.sum(p.start) + jnp.sum(p.expert) + p.count for p in schedule_of(layout, cfg.dropless)
     ) + jnp.sum(layout.row_token)
     y = x * jnp.sum(routing.masked_weight(), axis=1, keepdims=True)
     return y, (jax.lax.stop_gradient(jnp.sum(row_gate)) + used.astype(jnp.float32)) * 0.0
@@ -161,7 +162,7 @@ def make_omni_path(name, dims, normal, settings: dict, omni_tile: int):
     "var_y": jnp.ones(n),
   }
   matmul = "loop" if name.endswith("_loop") else "tiled"
-  cfg = moe_cfg(settings, e, k, grouped_matmul=matmul, dropless_tile=omni_tile)
+  cfg = moe_cfg(settings, e, k, grouped_matmul=matmul, dropless={"tile": omni_tile})
 
   def omni(params, x):
     routing, _, _ = route_product_key(
@@ -224,7 +225,7 @@ def bench_shape(
       "pass": which,
       **figures,
       "temp_bytes": temp,
-      "dropless_tile": settings["dropless_tile"],
+      "dropless_tile": settings["dropless"]["tile"],  # the records' field name
     }
 
   records = []

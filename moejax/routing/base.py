@@ -14,13 +14,13 @@ A router never reads the model.moe ConfigDict. `router_config(spec, moe)`, the
 one function that reads model.moe for routers, builds a frozen, hashable
 RouterConfig once, where the MoE layer is built (and where config validation
 checks a config): the shared routing keys routers read (top_k, num_experts,
-renormalize, routed_scaling_factor, bias_update_rate, capacity_factor,
-num_groups, topk_groups, loss_weights) and `settings`, the router's own parsed
-section model.moe.<name> (registry.Settings). Every callback of a RouterSpec
-receives that object as `cfg`: route, update_state, validate, validate_settings,
-accumulation_check and the projection's init and apply; `spec.route` refuses
-anything else. Tests and benchmarks call a router by name on a ConfigDict with
-`call_router`.
+renormalize, routed_scaling_factor, bias_update_rate, capacity_factor from
+model.moe.capacity.factor, num_groups, topk_groups, loss_weights) and
+`settings`, the router's own parsed section model.moe.<name> (registry.Settings).
+Every callback of a RouterSpec receives that object as `cfg`: route,
+update_state, validate, validate_settings, accumulation_check and the
+projection's init and apply; `spec.route` refuses anything else. Tests and
+benchmarks call a router by name on a ConfigDict with `call_router`.
 
 Router inputs (RouterSpec.projection)
 -------------------------------------
@@ -288,7 +288,7 @@ def router_config(spec: RouterSpec | str, moe) -> RouterConfig:
     renormalize=moe.renormalize,
     routed_scaling_factor=moe.routed_scaling_factor,
     bias_update_rate=moe.bias_update_rate,
-    capacity_factor=moe.capacity_factor,
+    capacity_factor=moe.capacity.factor,
     num_groups=moe.get("num_groups", 1),  # older MoE configs lack them
     topk_groups=moe.get("topk_groups", 1),
     loss_weights=Settings(moe.loss_weights),

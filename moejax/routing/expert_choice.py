@@ -1,9 +1,9 @@
 """Expert-choice routing (Zhou et al. 2022, "Mixture-of-Experts with Expert Choice Routing").
 
 probs = softmax(logits) over experts per token; then each expert picks the C
-tokens with the highest probability for it, C = ceil(capacity_factor * k * T / E)
+tokens with the highest probability for it, C = ceil(capacity.factor * k * T / E)
 (capped at T), so every expert gets exactly C tokens and the average token
-gets k * capacity_factor experts. Weights are the chosen probabilities.
+gets k * capacity.factor experts (model.moe.capacity). Weights are the chosen probabilities.
 
 NON-CAUSAL: the T tokens are all tokens of the batch, so whether a token is
 chosen depends on tokens after it (and in other sequences). Training an LM
@@ -39,7 +39,7 @@ def expert_choice_capacity(
 def validate_expert_choice(cfg: RouterConfig) -> None:
   validate_top_k(cfg)
   if cfg.capacity_factor <= 0:
-    raise ConfigError(f"model.moe.capacity_factor={cfg.capacity_factor} must be > 0")
+    raise ConfigError(f"model.moe.capacity.factor={cfg.capacity_factor} must be > 0")
 
 
 def expert_choice(probs: jax.Array, capacity: int) -> Routing:

@@ -58,9 +58,9 @@ the same kind as capacity drops.
 
 Settings (model.moe.topk_rounded): tile M (128) and mode (up | down |
 nearest, default nearest). The tile is the router's own: dispatch does not
-read it (model.moe.dropless_tile is dispatch's padding unit).
+read it (model.moe.dropless.tile is dispatch's padding unit).
 
-Padding waste: with model.moe.dropless_tile dividing topk_rounded.tile the
+Padding waste: with model.moe.dropless.tile dividing topk_rounded.tile the
 dropless layout pads nothing (waste 0, unless a count is capped at T).
 
 Departures from the reference: its `forward_token_choice_rounding` overwrites

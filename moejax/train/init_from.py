@@ -46,11 +46,9 @@ TRAINING_MOE_KEYS = (
   "bias_update_rate",
   "dispatch",
   "grouped_matmul",
-  "dropless_tile",
-  "dropless_block",
-  "dropless_min_block",
-  "capacity_factor",
-  "min_capacity",
+  "dropless",  # the dispatchers' and grouped matmuls' own settings
+  "capacity",
+  "gmm",
   "losses",  # the router losses' own settings (model.moe.losses.<name>)
 )
 

@@ -31,6 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from moejax.config import moved_key
 from moejax.migrate import flatten_config, OPEN_DICTS, with_defaults
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
@@ -97,6 +98,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
       parent[leaf] = _convert(key, text, parent[leaf])
     elif parent_key.rpartition(".")[2] in OPEN_DICTS:  # e.g. model.moe.loss_weights
       parent[leaf] = float(text)
+    elif moved_key(key):
+      use = moved_key(key)
+      raise ConfigError(f"override {key}={text!r}: a flat key of older configs; use {use}")
     else:
       raise ConfigError(f"override {key}={text!r}: no config key {key!r}")
 

@@ -62,7 +62,7 @@ def test_each_arm_is_its_prompts_scored_by_hand(area):
     assert runs[kind]["ttft_over_balanced"] == pytest.approx(
       rep.simulated_ttft(routing, moe.num_experts, 8)["over_balanced"]
     )
-    capacity = expert_capacity(tokens.size, moe.num_experts, moe.top_k, 1.25, moe.min_capacity)
+    capacity = expert_capacity(tokens.size, moe.num_experts, moe.top_k, 1.25, moe.capacity.min)
     loads = [rep.expert_load(i, v, moe.num_experts) for i, v in routing]
     assert runs[kind]["drop_rate"] == pytest.approx(
       np.mean([rep.drop_rate(load, capacity) for load in loads])

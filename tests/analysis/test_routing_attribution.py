@@ -18,7 +18,7 @@ def model(**moe):
   attention with q/k/v and output biases (set non-zero below)."""
   c = lm_shakespeare_moe.get_config("size=tiny,shared=1")
   c.model.num_layers, c.model.moe.first_dense = 3, 1
-  c.model.moe.shared_expert_gate = True
+  c.model.moe.shared.gate = True
   c.model.attention.qkv_bias = c.model.attention.out_bias = True
   for key, value in moe.items():
     c.model.moe[key] = value

@@ -79,6 +79,7 @@ CASES = [
     ["unknown config key model.moe.nonexistent_key", "--config.model.moe.nonexistent_key=3"],
   ),
   (TRAIN, [CFG, NEW, "--config.nonexistent.key=3"], ["unknown config key nonexistent.key"]),
+  (TRAIN, [CFG, NEW, "--config.model.moe.dropless_tile=64"], ["use model.moe.dropless.tile"]),
   (TRAIN, [CFG, NEW, "--config.model.d_model=-1"], ["model.d_model=-1"]),
   (TRAIN, [CFG, NEW, "--config.train.trainable=experts"], ["train.trainable", "router"]),
   (

@@ -49,7 +49,7 @@ TOL = 1e-5  # fp32 against the float64 loop, relative to the largest reference e
 def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
   """The default model.moe section at the contract shapes, validated, with overrides.
 
-  capacity_factor = E: every expert has room for all T * S assignments, so no
+  capacity.factor = E: every expert has room for all T * S assignments, so no
   dispatcher may drop one (and the per-token loop, which drops nothing,
   stays the reference for every dispatcher)."""
   c = base_config().model.moe
@@ -58,10 +58,8 @@ def contract_cfg(**overrides) -> ml_collections.FrozenConfigDict:
       num_experts=E,
       top_k=S,
       expert_d_ff=F,
-      dropless_tile=TILE,
-      dropless_block=BLOCK,
-      capacity_factor=float(E),
-      min_capacity=1,
+      dropless=dict(tile=TILE, block=BLOCK),
+      capacity=dict(factor=float(E), min=1),
       topk_rounded=dict(tile=TILE),
     )
   )
@@ -303,8 +301,8 @@ def router_cfg(name: str) -> ml_collections.FrozenConfigDict:
     router=name,
     num_experts=E_R,
     top_k=K_R,
-    capacity_factor=1.25,
-    dropless_tile=4,
+    capacity=dict(factor=1.25),
+    dropless=dict(tile=4),
     topk_rounded=dict(tile=4),
     **no_losses,
   )

@@ -6,12 +6,11 @@ so a newly registered part is covered without editing this file."""
 
 import pytest
 
-from moejax.kernels import BACKENDS, DEFAULT_TILING
-from moejax.kernels.grouped_matmul import _make_plan
 from moejax.config import base_config
 from moejax.dispatch import DISPATCHERS
 from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, resolve_grouped_matmul
 from moejax.experts import EXPERT_TYPES
+from tests.contract.dispatch_oracles import runnable_gmm_backends
 from tests.contract.oracles import check_dispatch, check_expert_type
 
 DEFAULTS = base_config().model.moe
@@ -46,17 +45,8 @@ def cases(expert_type):
     for name in GROUPED_MATMULS
     if name != DEFAULTS.grouped_matmul and (name in explicit or resolved(name) not in explicit)
   ]
-  # The gmm kernel backends that are distinct on this platform (on CPU 'auto' and
-  # 'reference' run the jnp reference, 'pallas' is 'pallas_tpu' interpreted).
-  plans = {_make_plan(DEFAULTS.gmm_backend, None, DEFAULT_TILING)}
-  for backend in BACKENDS:
-    try:
-      plan = _make_plan(backend, None, DEFAULT_TILING)
-    except ValueError:  # a compiled kernel for another platform: cannot run here
-      continue
-    if plan not in plans:
-      plans.add(plan)
-      out.append((MATMUL_HOST, "gmm", backend))
+  # The gmm kernel backends other than the default that are distinct on this platform.
+  out += [(MATMUL_HOST, "gmm", backend) for backend in runnable_gmm_backends()[1:]]
   return out
 
 
@@ -74,7 +64,7 @@ def test_expert_type_builds_what_it_declares(expert_type):
   ids=["-".join(filter(None, case)) for case in CASES],
 )
 def test_dispatch_equals_per_token_loop_with_gradients(expert_type, dispatcher, matmul, backend):
-  overrides = {} if backend is None else {"gmm_backend": backend}
+  overrides = {} if backend is None else {"gmm": {"backend": backend}}
   check_dispatch(EXPERT_TYPES.get(expert_type), dispatcher, matmul, **overrides)
 
 

@@ -1,6 +1,7 @@
 """The acceptance proof: a deliberately wrong part, registered for one test only
 (Registry.temporarily), fails the same contract checks every registered part
-passes. Each broken part differs from a correct one in one factor."""
+passes (expert types, dispatchers, grouped matmuls, routers, losses). Each broken
+part differs from a correct one in one factor."""
 
 import dataclasses
 
@@ -9,6 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moejax.dispatch import DISPATCHERS
+from moejax.dispatch.base import CAPACITY_DROPS, DROPS_NOTHING, DispatcherSpec
+from moejax.dispatch.capacity import CAPACITY, dispatch_capacity
 from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, GroupedMatmulSpec, tiled_matmul
 from moejax.experts import EXPERT_TYPES
 from moejax.experts.swiglu import SWIGLU, swiglu_fused
@@ -17,6 +21,7 @@ from moejax.losses.base import LossSpec
 from moejax.losses.balance import load_balance_example, load_balance_loss
 from moejax.routing import ROUTERS, RouterSpec
 from moejax.routing.topk import route_top_k
+from tests.contract.dispatch_oracles import check_dispatcher, check_grouped_matmul
 from tests.contract.oracles import E, check_dispatch, check_loss, check_router, router_outputs
 
 
@@ -58,6 +63,48 @@ def test_a_grouped_matmul_that_shifts_experts_fails():
     with pytest.raises(AssertionError, match="grouped_matmul tiled_shifted: y:"):
       check_dispatch(EXPERT_TYPES.get("atomic"), "dropless", "tiled_shifted")
   assert "tiled_shifted" not in GROUPED_MATMULS
+
+
+def capacity_from_the_back(x, routing, expert_fn, cfg):
+  """Capacity dispatch with the tokens in reverse order: each expert keeps its LAST
+  assignments within a slot rank instead of its first."""
+  flip = routing.replace(
+    expert_index=routing.expert_index[::-1],
+    combine_weight=routing.combine_weight[::-1],
+    valid=routing.valid[::-1],
+  )
+  y, metrics = dispatch_capacity(x[::-1], flip, expert_fn, cfg)
+  return y[::-1], metrics
+
+
+@pytest.mark.parametrize(
+  "spec",
+  [
+    DispatcherSpec("capacity_from_the_back", capacity_from_the_back, CAPACITY, CAPACITY_DROPS),
+    DispatcherSpec("capacity_undeclared", dispatch_capacity, CAPACITY, DROPS_NOTHING),
+  ],
+  ids=["drops_the_wrong_tokens", "drops_but_declares_no_drops"],
+)
+def test_a_dispatcher_that_drops_the_wrong_assignments_fails(spec):
+  capacity = {"factor": 0.25, "min": 1}  # drops on this routing (test_dispatch_contract.py)
+  check_dispatcher("capacity", 3, (16, 4, 2), capacity=capacity)  # the correct part passes
+  with DISPATCHERS.temporarily(spec.name, spec):
+    with pytest.raises(AssertionError, match=f"dispatch {spec.name} .*: y:"):
+      check_dispatcher(spec.name, 3, (16, 4, 2), capacity=capacity)
+  assert spec.name not in DISPATCHERS
+
+
+def test_a_grouped_matmul_on_unpadded_groups_fails():
+  def make_unpadded(layout, cfg):  # group boundaries without the tile padding
+    return lambda rows, w: jax.lax.ragged_dot(rows, w, layout.group_sizes)
+
+  sizes, settings = [2, 0, 4, 1], {"dropless": {"tile": 3}}  # groups end mid-tile
+  check_grouped_matmul("ragged_dot", sizes, 0, **settings)  # the correct part passes
+  spec = GroupedMatmulSpec("ragged_unpadded", make=make_unpadded)
+  with GROUPED_MATMULS.temporarily(spec.name, spec):
+    with pytest.raises(AssertionError, match="grouped_matmul ragged_unpadded .*: out"):
+      check_grouped_matmul(spec.name, sizes, 0, **settings)
+  assert spec.name not in GROUPED_MATMULS
 
 
 def test_a_router_that_breaks_its_promise_fails():

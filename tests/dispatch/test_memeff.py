@@ -22,7 +22,7 @@ from moejax.dispatch import get_dispatcher
 from moejax.errors import ConfigError
 from moejax.experts import swiglu_experts
 from moejax.routing import Routing, call_router
-from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
+from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 
 
@@ -79,9 +79,7 @@ def test_every_grouped_matmul_equals_per_token_loop(matmul, tile, block, min_blo
     num_experts=e,
     top_k=k,
     grouped_matmul=matmul,
-    dropless_tile=tile,
-    dropless_block=block,
-    dropless_min_block=min_block,
+    dropless={"tile": tile, "block": block, "min_block": min_block},
   )
   routing = call_router("topk", jnp.asarray(random_logits(1, t, e)), cfg).routing
   x = np.random.default_rng(2).standard_normal((t, D)).astype(np.float32)
@@ -101,8 +99,7 @@ def layer_loss(dispatch, router="topk", t=48, e=6, k=2, tile=4, block=8, **cfg_k
     dispatch=dispatch,
     num_experts=e,
     top_k=k,
-    dropless_tile=tile,
-    dropless_block=block,
+    dropless={"tile": tile, "block": block, **cfg_kw.pop("dropless", {})},
     grouped_matmul="loop",
     **cfg_kw,
   )
@@ -125,9 +122,9 @@ def layer_loss(dispatch, router="topk", t=48, e=6, k=2, tile=4, block=8, **cfg_k
   [
     ("topk", {}),
     ("topk", {"renormalize": False, "k": 3}),
-    ("topk", {"dropless_min_block": 1}),
+    ("topk", {"dropless": {"min_block": 1}}),
     ("topk_rounded", {"topk_rounded": {"tile": 4, "mode": "up"}}),
-    ("expert_choice", {"capacity_factor": 1.0}),
+    ("expert_choice", {"capacity": {"factor": 1.0}}),
   ],
 )
 def test_memeff_forward_and_gradients_equal_plain_dropless(router, cfg_kw):
@@ -149,7 +146,7 @@ def test_memeff_gradients_match_finite_differences(min_block):
   min_block 1: blocks stop at each group's last row, the tile padding is skipped."""
   with jax.enable_x64(True):
     loss, args = layer_loss(
-      "dropless_memeff", t=8, e=3, tile=4, block=4, dropless_min_block=min_block
+      "dropless_memeff", t=8, e=3, tile=4, block=4, dropless={"min_block": min_block}
     )
     args = jax.tree.map(lambda a: a.astype(jnp.float64), args)
     check_grads(jax.jit(loss), args, order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)

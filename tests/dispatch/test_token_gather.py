@@ -15,7 +15,7 @@ from moejax.dispatch import get_dispatcher
 from moejax.dispatch.grouped_matmul import resolve_grouped_matmul
 from moejax.experts import swiglu_experts
 from moejax.routing import Routing
-from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
+from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg
 
 

@@ -132,7 +132,8 @@ def test_naive_gather_equals_a_float64_per_token_loop(activation):
 def omni_layer_cfg(activation="silu", **overrides):
   """The OmniMoE MoE section at n = 4 (16 atomic experts), top-3, d = 8."""
   c = lm_shakespeare_omnimoe.get_config("size=tiny").model.moe
-  c.update(dict(num_experts=16, top_k=3, shared_d_ff=8, dropless_block=8), **overrides)
+  c.update(dict(num_experts=16, top_k=3, shared={"d_ff": 8}, dropless={"block": 8}))
+  c.update(overrides)
   c.atomic.activation = activation
   validate_moe(c, num_layers=2)
   return ml_collections.FrozenConfigDict(c)
@@ -149,7 +150,7 @@ def test_expert_centric_layer_equals_naive_forward_and_gradients(matmul, tile, a
   cot = jax.random.normal(jax.random.key(2), (2, 5, 8))
 
   def run(matmul, tile):
-    cfg = omni_layer_cfg(act, grouped_matmul=matmul, dropless_tile=tile)
+    cfg = omni_layer_cfg(act, grouped_matmul=matmul, dropless={"tile": tile})
     layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
     graphdef, params, rest = step_lib.split_model(layer)
 
@@ -205,7 +206,7 @@ def test_layer_trains_batch_norm_and_eval_uses_running_statistics():
       8,
       r"model\.moe\.product_key\.per_axis_k=8 < min\(top_k=32, n=64\)",
     ),
-    ("model.moe.shared_d_ff", 0, r"model\.moe\.shared_d_ff=0 must be > 0"),
+    ("model.moe.shared.d_ff", 0, r"model\.moe\.shared\.d_ff=0 must be an int > 0"),
     ("model.moe.grouped_matmul", "gemm", r"model\.moe\.grouped_matmul='gemm' is not known"),
     (
       "model.moe.atomic.activation",
@@ -247,7 +248,7 @@ def test_config_matches_the_default_moe_active_flops():
     validate_config(c)
     m, e = c.model, c.model.moe
     n = math.isqrt(e.num_experts)
-    omni = 3 * m.d_model * e.shared_d_ff + 2 * m.d_model * n + 2 * m.d_model * e.top_k
+    omni = 3 * m.d_model * e.shared.d_ff + 2 * m.d_model * n + 2 * m.d_model * e.top_k
     default = base_config()
     apply_size(default, size)
     assert omni == 3 * m.d_model * default.model.moe.top_k * default.model.moe.expert_d_ff, size
@@ -279,13 +280,13 @@ def test_a_stored_omnimoe_config_becomes_the_moe_layer_it_computes():
     64,
     4,
   )
-  assert (e.num_shared_experts, e.shared_d_ff, e.atomic.activation, dict(e.loss_weights)) == (
+  assert (e.shared.count, e.shared.d_ff, e.atomic.activation, dict(e.loss_weights)) == (
     1,
     56,
     "gelu",
     {},
   )
-  assert (e.grouped_matmul, e.dropless_tile, e.dropless_block) == ("loop", 4, 64)
+  assert (e.grouped_matmul, e.dropless.tile, e.dropless.block) == ("loop", 4, 64)
   assert "omni" not in c.model
   plain = ml_collections.ConfigDict(
     with_defaults(

@@ -116,3 +116,27 @@ def test_qwen2_moe_sliding_window_defaults(key, tmp_path):
   hf = saved_config("qwen2_moe", use_sliding_window=True, sliding_window=4, max_window_layers=1)
   hf.pop("layer_types", None)
   check_key(hf, key, tmp_path)
+
+
+def test_hf_shared_expert_fields_map_to_the_shared_section():
+  """Qwen2-MoE's shared_expert_intermediate_size (one sigmoid-gated shared expert) and
+  DeepSeek-V3's n_shared_experts (plain, of the routed width) are model.moe.shared."""
+  qwen = from_hf_config(saved_config("qwen2_moe", shared_expert_intermediate_size=40)).moe
+  assert qwen.shared.to_dict() == {"count": 1, "d_ff": 40, "gate": True}
+  deepseek = from_hf_config(saved_config("deepseek_v3", n_shared_experts=2)).moe
+  assert deepseek.shared.to_dict() == {"count": 2, "d_ff": deepseek.expert_d_ff, "gate": False}
+  assert from_hf_config(saved_config("mixtral")).moe.shared.count == 0
+
+
+def test_a_converted_workdir_saved_with_flat_shared_keys_reads_the_same_model():
+  from moejax.migrate import model_config_from_dict
+
+  m = from_hf_config(saved_config("qwen2_moe", shared_expert_intermediate_size=40))
+  stored = m.to_dict()
+  shared = stored["moe"].pop("shared")
+  stored["moe"].update(
+    num_shared_experts=shared["count"],
+    shared_d_ff=shared["d_ff"],
+    shared_expert_gate=shared["gate"],
+  )
+  assert model_config_from_dict(stored).to_dict() == m.to_dict()

@@ -105,9 +105,9 @@ def test_export_refuses_what_the_family_cannot_express(tmp_path):
   """A moejax LM with a shared expert is not a Mixtral: the differing keys are named."""
   c = base_config().model
   c.d_model, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim = 16, 1, 2, 1, 8
-  c.moe.num_shared_experts = 1
+  c.moe.shared.count = 1
   m = c
   _, params, rest = abstract_model(m)
   params, rest = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (params, rest))
-  with pytest.raises(ConfigError, match="MixtralForCausalLM cannot express.*num_shared_experts"):
+  with pytest.raises(ConfigError, match=r"MixtralForCausalLM cannot express.*moe\.shared\.count"):
     export_hf(m, params, rest, str(tmp_path), family="mixtral")

@@ -227,7 +227,7 @@ def test_namex_propagation_is_the_hand_formula_with_nash_weights():
     ("merged.eta", -1.0, "model.moe.merged.eta=-1.0"),
     ("merge", "soup", "model.moe.merge='soup'"),
     ("router", "sigmoid_bias", "model.moe.router='sigmoid_bias'"),
-    ("num_shared_experts", 1, "model.moe.num_shared_experts=1"),
+    ("shared.count", 1, "model.moe.shared.count=1"),
   ],
 )
 def test_configs_the_merge_cannot_run_are_refused_naming_the_key(key, value, named):

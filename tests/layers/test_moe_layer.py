@@ -37,9 +37,8 @@ def test_moe_layer_gradients_match_finite_differences(router, dispatch):
       num_experts=4,
       top_k=2,
       expert_d_ff=6,
-      num_shared_experts=1,
-      shared_d_ff=5,
-      capacity_factor=4.0,
+      shared={"count": 1, "d_ff": 5},
+      capacity={"factor": 4.0},
       loss_weights={"load_balance": 0.1, "z_loss": 0.01},
     )
     layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float64)
@@ -85,7 +84,7 @@ def test_z_loss_closed_form():
 
 
 def test_shared_expert_is_added_to_routed_output():
-  cfg = moe_cfg(num_experts=4, top_k=1, expert_d_ff=6, num_shared_experts=2, shared_d_ff=3)
+  cfg = moe_cfg(num_experts=4, top_k=1, expert_d_ff=6, shared={"count": 2, "d_ff": 3})
   layer = MoELayer(8, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)
   x = jax.random.normal(jax.random.key(0), (1, 4, 8))
   y, _ = layer(x)
@@ -100,8 +99,7 @@ def tiny_model_cfg(**moe):
   c = base_config().model
   c.d_model, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.d_ff = 16, 2, 2, 1, 8, 32
   c.moe.expert_d_ff = 16
-  for k, v in moe.items():
-    c.moe[k] = v
+  c.moe.update(moe)  # a dict for a section changes only the keys it names
   return ml_collections.FrozenConfigDict(c)
 
 
@@ -109,10 +107,9 @@ def tiny_model_cfg(**moe):
   "router,dispatch", [("topk", "dropless"), ("sigmoid_bias", "dropless"), ("topk", "capacity")]
 )
 def test_changing_token_t_changes_no_earlier_logit(router, dispatch):
-  # capacity_factor 8 = E/k * 2: no drops, so capacity routing is per-token too.
-  model = jitted_logits(
-    Decoder(tiny_model_cfg(router=router, dispatch=dispatch, capacity_factor=8.0), rngs=nnx.Rngs(0))
-  )
+  # capacity.factor 8 = E/k * 2: no drops, so capacity routing is per-token too.
+  cfg = tiny_model_cfg(router=router, dispatch=dispatch, capacity={"factor": 8.0})
+  model = jitted_logits(Decoder(cfg, rngs=nnx.Rngs(0)))
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
   logits = model(tokens)
   for t in (0, 5, 11):

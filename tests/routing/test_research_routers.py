@@ -82,7 +82,7 @@ def dispatcher(name, e, k):
     for n, s in (("w_gate", (e, D, F)), ("w_up", (e, D, F)), ("w_down", (e, F, D)))
   }
   fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, w))
-  cfg = moe_cfg(dispatch=name, num_experts=e, top_k=k, capacity_factor=float(e) * 3)
+  cfg = moe_cfg(dispatch=name, num_experts=e, top_k=k, capacity={"factor": float(e) * 3})
   return jax.jit(functools.partial(get_dispatcher(name), expert_fn=fn, cfg=cfg)), w
 
 

@@ -80,7 +80,7 @@ def test_sigmoid_bias_selects_on_biased_scores_weights_on_raw(shape, scaling):
 def test_expert_choice_each_expert_takes_exactly_capacity(shape, capacity_factor):
   t, e, k, seed = shape
   logits = random_logits(seed, t, e)
-  out = route("expert_choice", logits, top_k=k, capacity_factor=capacity_factor)
+  out = route("expert_choice", logits, top_k=k, capacity={"factor": capacity_factor})
   r = out.routing
   c = min(t, max(1, math.ceil(capacity_factor * k * t / e)))
   assert c == expert_choice_capacity(t, e, k, capacity_factor)

@@ -147,7 +147,7 @@ def test_duplicated_experts_give_identical_outputs():
   )
   x = jnp.asarray(rng.standard_normal((3, d)), jnp.float32)
   for name in ("dropless", "capacity"):
-    cfg = moe_cfg(num_experts=e, top_k=k, dispatch=name, capacity_factor=float(e))
+    cfg = moe_cfg(num_experts=e, top_k=k, dispatch=name, capacity={"factor": float(e)})
     dispatch = jax.jit(functools.partial(get_dispatcher(name), expert_fn=expert_fn, cfg=cfg))
     y0, _ = dispatch(x, routing)
     y1, _ = dispatch(x, out)

@@ -192,7 +192,7 @@ def test_rounded_counts_worked_example():
 
 def test_dropless_pads_nothing_when_tiles_match():
   """Rounding tile == dispatch tile: zero padding rows, and the output is the per-token loop."""
-  from tests.dispatch.test_dispatch import expert_weights, reference_loop
+  from tests.contract.dispatch_oracles import expert_weights, reference_loop
 
   t, e, k, tile = 64, 4, 2, 8
   out = route(random_logits(5, t, e), top_k=k, topk_rounded=dict(tile=tile, mode="up"))
@@ -200,7 +200,7 @@ def test_dropless_pads_nothing_when_tiles_match():
   weights = expert_weights(0, e)
   fn = functools.partial(swiglu_experts, jax.tree.map(jnp.asarray, weights))
   for name in ("dropless", "dropless_memeff"):
-    cfg = moe_cfg(num_experts=e, top_k=k, dropless_tile=tile, dropless_block=16)
+    cfg = moe_cfg(num_experts=e, top_k=k, dropless={"tile": tile, "block": 16})
     y, metrics = get_dispatcher(name)(jnp.asarray(x), out.routing, fn, cfg)
     assert float(metrics["padding_waste"]) == 0.0
     np.testing.assert_allclose(y, reference_loop(x, out.routing, weights), rtol=1e-5, atol=1e-5)

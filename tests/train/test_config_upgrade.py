@@ -1,8 +1,13 @@
 """Checkpoints written before a config section existed still restore and compare equal."""
 
-from moejax.config import base_config
-from moejax.migrate import with_defaults
+import pytest
+
+from moejax.config import base_config, parts_with_settings
+from moejax.errors import ConfigError
+from moejax.migrate import model_config_from_dict, with_defaults
 from moejax.train.checkpoint import config_mismatch
+from moejax.train.sweep import apply_overrides
+from moejax.validation import validate_config
 
 
 def old_schema(config: dict) -> dict:
@@ -33,7 +38,6 @@ def test_configs_of_the_two_old_model_schemas_migrate_to_the_one_schema():
   """Issue 12 merged TransformerLM's schema (model.rope_theta) and the HF
   decoder's (max_position, an explicit moe_layers list) into one."""
   from moejax.models.structure import moe_layer_indices
-  from moejax.migrate import model_config_from_dict
 
   trained = base_config().to_dict()["model"]
   trained["rope_theta"] = trained.pop("rope")["theta"] * 2
@@ -50,3 +54,64 @@ def test_configs_of_the_two_old_model_schemas_migrate_to_the_one_schema():
   assert m.max_seq_len == 4096 and moe_layer_indices(m) == [1, 2, 4, 5]
   converted["moe_layers"] = []
   assert moe_layer_indices(model_config_from_dict(converted)) == []
+
+
+# Every flat model.moe key that moved into a dispatcher's, grouped matmul's or the
+# shared expert's section: (section, key, a non-default value).
+MOVED = {
+  "dropless_tile": ("dropless", "tile", 64),
+  "dropless_block": ("dropless", "block", 256),
+  "dropless_min_block": ("dropless", "min_block", 64),
+  "capacity_factor": ("capacity", "factor", 2.0),
+  "min_capacity": ("capacity", "min", 1),
+  "gmm_backend": ("gmm", "backend", "reference"),
+  "num_shared_experts": ("shared", "count", 2),
+  "shared_d_ff": ("shared", "d_ff", 64),
+  "shared_expert_gate": ("shared", "gate", True),
+}
+
+
+def flat_schema(values: dict) -> dict:
+  """A config as moejax saved it before these sections: the moved keys flat in
+  model.moe at `values` ({flat key: value})."""
+  saved = base_config().to_dict()
+  moe = saved["model"]["moe"]
+  for section in {section for section, _, _ in MOVED.values()}:
+    del moe[section]
+  moe.update(values)
+  return saved
+
+
+def test_the_table_is_every_moved_key():
+  sections = {section for section, _, _ in MOVED.values()}
+  legacy = {old for p in parts_with_settings() if p.path in sections for old, _ in p.legacy_keys}
+  assert legacy == set(MOVED)
+
+
+def test_a_checkpoint_config_with_every_flat_key_loads_into_the_sections():
+  saved = flat_schema({old: value for old, (_, _, value) in MOVED.items()})
+  current = base_config()
+  for section, key, value in MOVED.values():
+    current.model.moe[section][key] = value
+  upgraded = with_defaults(saved)
+  assert upgraded == current.to_dict()
+  assert config_mismatch(upgraded["model"], current.to_dict()["model"]) == []
+
+
+def test_an_exported_workdir_model_with_flat_keys_reads_the_same_model():
+  for old, (section, key, value) in MOVED.items():
+    m = model_config_from_dict(flat_schema({old: value})["model"])
+    assert m.moe[section][key] == value and old not in m.moe, old
+
+
+def test_each_flat_key_in_a_live_config_is_refused_in_one_line_naming_its_section():
+  for old, (section, key, value) in MOVED.items():
+    c = base_config()
+    c.model.moe[old] = value  # a config file setting the old key
+    with pytest.raises(ConfigError) as error:
+      validate_config(c)
+    message = str(error.value)
+    assert f"model.moe.{old}=" in message and f"model.moe.{section}.{key}" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match=rf"use model\.moe\.{section}\.{key}$"):
+      apply_overrides(base_config(), [f"model.moe.{old}={value}"])  # a sweep override

@@ -92,7 +92,7 @@ def test_old_omnimoe_workdir_restores_exactly(tmp_path):
     num_atomic_experts=e.num_experts,
     top_k=e.top_k,
     per_axis_k=0,
-    shared_d_ff=e.shared_d_ff,
+    shared_d_ff=e.shared.d_ff,
     activation="silu",
     schedule="naive",
     grouped_matmul="tiled",

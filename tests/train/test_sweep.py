@@ -20,7 +20,7 @@ def test_overrides_are_typed_and_unknown_keys_named():
     c,
     (
       "model.moe.top_k=1",
-      "model.moe.capacity_factor=2",
+      "model.moe.capacity.factor=2",
       "model.moe.router=probmoe",
       "train.progress_bar=false",
       "model.moe.loss_weights.dpsl=1e-2",
@@ -28,7 +28,7 @@ def test_overrides_are_typed_and_unknown_keys_named():
     ),
   )
   assert c.model.moe.top_k == 1 and isinstance(c.model.moe.top_k, int)
-  assert c.model.moe.capacity_factor == 2.0 and isinstance(c.model.moe.capacity_factor, float)
+  assert c.model.moe.capacity.factor == 2.0 and isinstance(c.model.moe.capacity.factor, float)
   assert c.model.moe.router == "probmoe" and c.train.progress_bar is False
   assert c.model.moe.loss_weights.dpsl == 0.01 and c.train.steps == 1000
   for bad, named in [
@@ -38,6 +38,7 @@ def test_overrides_are_typed_and_unknown_keys_named():
     ("train.steps", "train.steps"),
     ("train.steps=2.5", "train.steps"),
     ("model.l3.layers=1", "model.l3.layers"),
+    ("model.moe.dropless_tile=64", "flat key of older configs; use model.moe.dropless.tile"),
   ]:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
       sweep_lib.apply_overrides(c, (bad,))

@@ -136,9 +136,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path, mo
   [
     ("model.moe.top_k", 9, r"model\.moe\.top_k=9 must be <= model\.moe\.num_experts=8"),
     ("model.moe.num_experts", 0, r"model\.moe\.num_experts=0 must be >= 1"),
-    ("model.moe.capacity_factor", 0.0, r"model\.moe\.capacity_factor=0\.0 must be > 0"),
-    ("model.moe.capacity_factor", -1.0, r"model\.moe\.capacity_factor=-1\.0 must be > 0"),
-    ("model.moe.dropless_min_block", 0, r"model\.moe\.dropless_min_block=0 must be > 0"),
+    ("model.moe.capacity.factor", 0.0, r"model\.moe\.capacity\.factor=0\.0 must be a .* > 0"),
+    ("model.moe.capacity.factor", -1.0, r"model\.moe\.capacity\.factor=-1\.0 must be a .* > 0"),
+    ("model.moe.dropless.min_block", 0, r"model\.moe\.dropless\.min_block=0 must be an int > 0"),
     (
       "model.moe.router",
       "nope",

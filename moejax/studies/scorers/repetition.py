@@ -151,7 +151,7 @@ class RepetitionCurse(Scorer):
       tokens, span = prompts[arm["prompt"]]
       routing = rep.routing_of(graphdef, params, rest, jnp.asarray(tokens))
       capacity = expert_capacity(
-        tokens.size, moe.num_experts, moe.top_k, s["capacity_factor"], moe.min_capacity
+        tokens.size, moe.num_experts, moe.top_k, s["capacity_factor"], moe.capacity.min
       )
       layers = rep.kind_report(
         routing, len(tokens), moe.num_experts, s["expert_shards"], capacity, span

@@ -13,7 +13,7 @@ from moejax.dispatch import exchange as exchange_lib, expert_parallel, get_dispa
 from moejax.experts import swiglu_experts
 from moejax.experts.swiglu import SwiGLUExperts
 from moejax.routing import call_router
-from tests.dispatch.test_dispatch import D, expert_weights, reference_loop
+from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 from tests.sharding.multidevice.common import MESHES, layout_for
 
@@ -28,8 +28,9 @@ def exchange(request, monkeypatch):
   return request.param
 
 
-def problem(seed, skew=0.0, **cfg_kw):
-  cfg = moe_cfg(num_experts=E, top_k=K, dropless_tile=8, min_capacity=1, **cfg_kw)
+def problem(seed, skew=0.0, factor=1.25, **cfg_kw):
+  capacity = {"factor": factor, "min": 1}
+  cfg = moe_cfg(num_experts=E, top_k=K, dropless={"tile": 8}, capacity=capacity, **cfg_kw)
   logits = random_logits(seed, T, E)
   logits[:, 0] += skew  # skew > 0 overloads expert 0 (on peer 0)
   routing = call_router("topk", jnp.asarray(logits), cfg).routing
@@ -61,7 +62,7 @@ def loss_and_grads(dispatch_fn):
 
 @functools.cache
 def single_device_result(dispatch):
-  cfg, routing, x, weights = problem(0, dispatch=dispatch, capacity_factor=1.0)
+  cfg, routing, x, weights = problem(0, dispatch=dispatch, factor=1.0)
   return loss_and_grads(lambda x_, r, w: single_device(cfg, x_, r, w))(
     x, routing.combine_weight, weights, routing
   )
@@ -79,7 +80,7 @@ def single_device_result(dispatch):
   indirect=["exchange"],
 )
 def test_expert_parallel_equals_single_device(dispatch, mesh, exchange):
-  cfg, routing, x, weights = problem(0, dispatch=dispatch, capacity_factor=1.0)
+  cfg, routing, x, weights = problem(0, dispatch=dispatch, factor=1.0)
   layout = layout_for(MESHES[mesh], exchange)
   (_, (y1, m1)), g1 = single_device_result(dispatch)
   (_, (yn, mn)), gn = loss_and_grads(lambda x_, r, w: on_mesh(cfg, x_, r, w, layout))(

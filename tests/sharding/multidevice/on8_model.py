@@ -22,7 +22,7 @@ from tests.sharding.multidevice.common import MESHES, one_device, tiny_config
 def config_for(dispatch, mesh=None):
   # One shared expert beside the routed ones; capacity 1.0 so that tokens drop.
   c = tiny_config(arg=f"dispatch={dispatch},shared=1", mesh=mesh)
-  c.model.moe.capacity_factor = 1.0
+  c.model.moe.capacity.factor = 1.0
   return c
 
 
