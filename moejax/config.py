@@ -53,9 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
   m.dtype = "float32"  # compute dtype; parameters: train.param_dtype (default float32)
   m.tie_embeddings = False  # the embedding table is the output projection
   m.ffn_type = "moe"  # dense | moe; which layers: moe.first_dense, every_n
-  # The scale skeleton (moejax/models/decoder.py): jax.lax.scan over identical
-  # layers (one block compiled, not num_layers), and rematerialisation by a named
-  # policy: none | full | dots | save_moe_routing (keep the routing, recompute experts).
+  # The scale skeleton (moejax/models/scanned.py): identical layers built by nnx.vmap
+  # and run by nnx.scan (one block traced and compiled, not num_layers), and
+  # rematerialisation by a named policy: none | full | dots | save_moe_routing
+  # (keep the routing, recompute experts).
   m.scan_layers = False
   m.remat = "none"
   # Rotary embeddings (moejax/layers/rope.py): 'default' or 'yarn' frequencies;

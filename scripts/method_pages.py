@@ -548,6 +548,21 @@ ENTRIES = {
       tests=("tests/posttrain/test_atoms.py",),
       studies=("pruning",),
     ),
+    "rtn": E(
+      "Round-to-nearest quantizer (--quantizer=rtn)",
+      "Symmetric per-group integer grid; each weight rounded to its nearest level. "
+      "The quantizer every bit allocation (uniform, per_layer, gemq) can use.",
+      tests=("tests/posttrain/test_quantize.py", "tests/contract/test_posttrain_parts_contract.py"),
+      studies=("gemq",),
+    ),
+    "gptq": E(
+      "GPTQ quantizer (--quantizer=gptq)",
+      "Columns quantized one at a time, each rounding error spread over the "
+      "remaining columns through the inverse Hessian of the expert's routed inputs.",
+      "gptq",
+      tests=("tests/posttrain/test_quantize.py", "tests/contract/test_posttrain_parts_contract.py"),
+      studies=("gemq",),
+    ),
     "uniform": E(
       "Uniform quantization (baseline)",
       "Every expert at the same integer bit width (RTN or GPTQ).",
@@ -1073,7 +1088,8 @@ def study_names() -> list[str]:
 def posttrain_methods() -> list[str]:
   from moejax.posttrain import compress_pipeline, methods
 
-  return list(methods.METHODS) + list(compress_pipeline.METHODS)
+  names = [*methods.METHODS, *compress_pipeline.METHODS, *methods.QUANTIZERS]
+  return list(dict.fromkeys(names))  # kmeans is a method and the codebook quantizer
 
 
 def registered() -> list[tuple[str, str]]:
@@ -1123,13 +1139,15 @@ def _source_file(kind: str, name: str) -> str | None:
       if name in methods.ATOM_METHODS
       else "moejax/posttrain/expert_subset.py"
       if name in methods.METHODS
+      else "moejax/posttrain/quantize.py"
+      if name in ("rtn", "gptq")
       else "moejax/posttrain/compress_pipeline.py"
     )
   item = registries()[kind].get(name)
   if kind == "grouped matmul":
     return "moejax/dispatch/grouped_matmul.py"
   fn = next(
-    (getattr(item, a) for a in ("route", "fn", "expert", "build") if hasattr(item, a)), item
+    (getattr(item, a) for a in ("fn", "route", "expert", "build") if hasattr(item, a)), item
   )
   module = inspect.getmodule(fn)
   return os.path.relpath(module.__file__, ROOT) if module else None
