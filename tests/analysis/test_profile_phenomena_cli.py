@@ -21,6 +21,8 @@ from moejax.train.sweep import load_config_file
 from tests.cli.harness import assert_refused, run_entry
 from tests.evaluation.domain_texts import SPLITS, tiny_domains_workdir
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 PROFILE = "experiments.profile_phenomena"
 
 

@@ -15,6 +15,8 @@ from moejax.errors import ConfigError
 from moejax.models.capture import moe_layer_inputs
 from moejax.train.loop import init_state
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -13,6 +13,8 @@ from moejax.experts import EXPERT_TYPES
 from tests.contract.dispatch_oracles import runnable_gmm_backends
 from tests.contract.oracles import check_dispatch, check_expert_type
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 DEFAULTS = base_config().model.moe
 # model.moe.grouped_matmul is read by dropless dispatch (moejax/dispatch/grouped_matmul.py);
 # the other dispatchers run at the default and have no grouped-matmul choice.

@@ -16,6 +16,8 @@ from moejax.train.restore import restore
 from tests.cli.conftest import training_workdir
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @pytest.mark.parametrize("kind", partition.KINDS)
 def test_all_experts_with_unit_gates_give_the_dense_logits(dense, kind):

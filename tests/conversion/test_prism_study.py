@@ -11,6 +11,8 @@ from moejax.errors import ConfigError
 from moejax.posttrain.source import load_training
 from moejax.studies import runner
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def test_the_config_loads_over_three_dense_seeds():
   config = prism_study.get_config("seeds=3")

@@ -20,6 +20,8 @@ from moejax.routing import call_router
 from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 TILES = [1, 3, 128]  # 128: the default dropless.tile
 
 

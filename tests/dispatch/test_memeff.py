@@ -25,6 +25,8 @@ from moejax.routing import Routing, call_router
 from tests.contract.dispatch_oracles import D, expert_weights, reference_loop
 from tests.helpers import moe_cfg, random_logits
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def layout_and_schedule(routing, num_experts, tile, block, min_block):

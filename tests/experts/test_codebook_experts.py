@@ -38,6 +38,8 @@ from tests.experts.compressed_lm import (
 )
 from tests.helpers import moe_cfg
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 GROUP = 8
 MIXED = [2, 3, 2, 4]  # bits per expert: average 2.75 over E = 4 experts
 

@@ -27,6 +27,8 @@ from moejax.train.loop import init_state, train_and_evaluate
 from moejax.train.restore import load_from_workdir
 from tests.helpers import moe_cfg
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 E, D, F = 4, 8, 10
 RANKS = {"w_gate": (3, 5, 7), "w_up": (2, 4, 6), "w_down": (4, 6, 3)}
 # By hand: r_E r_in r_out + E r_E + d_in r_in + d_out r_out per projection.

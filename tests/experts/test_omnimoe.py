@@ -26,6 +26,8 @@ from moejax.train import step as step_lib
 from moejax.train.loop import train_and_evaluate
 from tests.helpers import set_key
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 # (n, per-axis k >= min(top_k, n), top_k <= n^2, tokens, seed); few shapes, many contents.
 grids = st.sampled_from([1, 2, 3, 5, 8]).flatmap(
   lambda n: st.integers(1, n * n).flatmap(

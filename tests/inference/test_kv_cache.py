@@ -22,6 +22,8 @@ from moejax.models import Decoder
 from moejax.models.decoder import abstract_model
 from tests.interop.hf_tiny import FAMILY_NAMES, family_configs
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def with_experts(kind: str, **settings):
   """The default LM's config getter with model.moe.experts = kind (and its settings)."""

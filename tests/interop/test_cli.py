@@ -8,12 +8,15 @@ import sys
 import jax
 import numpy as np
 import transformers
+import pytest
 
 from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.train.load import from_training_workdir
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import init_state
 from tests.interop.test_roundtrip import read_all
+
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

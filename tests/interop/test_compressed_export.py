@@ -28,6 +28,8 @@ from moejax.train.loop import init_state, train_and_evaluate
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 from tests.experts.compressed_lm import tiny_config
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 ATOL = 1e-4  # the float export's tolerance (experiments.convert --check_atol)
 KINDS = ("quantized", "codebook", "factorised")
 RANKS = {"w_gate": (4, 16, 16), "w_up": (4, 16, 8), "w_down": (4, 8, 16)}

@@ -19,6 +19,8 @@ from moejax.interop.convert import export_hf, import_hf, load_workdir, save_work
 from moejax.interop.safetensors_io import PlannedWriter, SafetensorsReader
 from moejax.interop.streaming import export_workdir, import_to_workdir
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

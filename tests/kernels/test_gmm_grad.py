@@ -19,6 +19,8 @@ from hypothesis import given, settings, strategies as st
 from gmm_test_oracles import dense_gmm, make_case, ragged_layouts, row_one_hot
 from moejax.kernels import gmm, tgmm
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BACKENDS = ["reference", "pallas_tpu", "pallas_gpu"]
 TILING = (8, 8, 8)

@@ -23,6 +23,8 @@ from jax.experimental.pallas import tpu as pltpu
 from gmm_test_oracles import EDGE_LAYOUTS, make_case, numpy_gmm, numpy_tgmm, ragged_layouts
 from moejax.kernels import gmm, gmm_reference, tgmm, tgmm_reference
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=2.0**-7, atol=1e-5)
 KERNELS = ["pallas_tpu", "pallas_gpu"]

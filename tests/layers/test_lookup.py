@@ -18,6 +18,8 @@ from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import init_state, train_and_evaluate
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 class L3Cfg:
   d_emb, d_up, cap = 3, 5, 6

@@ -18,6 +18,8 @@ from moejax.models import Decoder
 from moejax.routing import Routing, RouterOutput
 from tests.helpers import moe_cfg
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @pytest.mark.parametrize(
   "router,dispatch",

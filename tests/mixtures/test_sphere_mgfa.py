@@ -20,6 +20,8 @@ from moejax.evaluation.partitions import adjusted_rand_index
 from moejax.mixtures import gmm, sphere_compare, synthetic
 from moejax.mixtures import sphere as sp
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def unit(rng, *shape):
   x = rng.standard_normal(shape)

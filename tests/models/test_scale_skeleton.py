@@ -19,6 +19,8 @@ from moejax.models.scanned import with_scan_layers
 from moejax.sharding import logical_axes_of
 from moejax.train.step import cross_entropy, split_model
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def model_config(**keys):
   m = get_config("size=tiny,router=sigmoid_bias").model  # router state: the aux-loss-free bias

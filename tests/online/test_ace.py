@@ -14,6 +14,8 @@ import pytest
 from moejax.errors import ConfigError
 from moejax.online import ace
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def brute_force(means, table, policy, c, horizon):
   """Choices of one seed by plain loops: every expert's sum, every round."""

@@ -17,6 +17,8 @@ from moejax.posttrain import atoms
 from moejax.posttrain.taylor import token_gradients
 from moejax.train.loop import init_state
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -23,6 +23,8 @@ from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir, restore
 from tests.conftest import TINY_WORKDIR_STEPS as STEPS
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 GROUP = 16  # tiny: d_model = expert_d_ff = 32
 
 

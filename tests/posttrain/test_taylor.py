@@ -7,11 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+import pytest
 
 from moejax.configs import lm_shakespeare_moe
 from moejax.posttrain import expert_subset, taylor
 from moejax.train.loop import init_state
 from tests.posttrain.trained_tiny import mean_loss
+
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
 
 def test_per_token_terms_sum_to_the_gradient_of_an_output_scale():

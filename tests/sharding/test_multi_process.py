@@ -20,6 +20,8 @@ from moejax.train.loop import init_state, train_and_evaluate
 from moejax.train.sweep import load_config_file
 from tests.sharding import subprocesses
 
+pytestmark = pytest.mark.multidevice  # child processes; runs first (tests/conftest.py)
+
 STEPS, STOP = 5, 3
 CONFIG = "configs/lm_shakespeare_moe.py:size=tiny"
 TRAIN = dict(steps=STEPS, log_every=1, progress_bar=False)

@@ -4,8 +4,11 @@ each child pays ~15 s of imports and data preparation before its first check;
 its output names any check that fails."""
 
 import os
+import pytest
 
 from tests.sharding import subprocesses
+
+pytestmark = pytest.mark.multidevice  # child processes; runs first (tests/conftest.py)
 
 HF_DIR_VARIABLE = "MOEJAX_TEST_DEEPSEEK_V3_HF_DIR"  # read by on8_training.py
 

@@ -16,6 +16,8 @@ from moejax.online import ace
 from moejax.studies import runner
 from moejax.studies.spec import grid
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def config(name, **overrides):
   c = importlib.import_module(f"moejax.configs.studies.{name}").get_config()

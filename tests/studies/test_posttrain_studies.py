@@ -19,6 +19,8 @@ from moejax.studies import runner
 from moejax.studies.scoring import digest
 from moejax.studies.spec import grid
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 GROUP = 16  # tiny: d_model = expert_d_ff = 32
 
 

@@ -27,6 +27,8 @@ from moejax.train.load import load_model
 from moejax.train.loop import train_and_evaluate
 from tests.interop.hf_tiny import make_model, save_model
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):

@@ -19,6 +19,8 @@ from moejax.train.loop import init_state, train_and_evaluate
 from tests.interop.hf_tiny import make_model, save_model
 from tests.interop.test_parity import assert_export_matches
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def byte_checkpoints(tmp_path_factory):

@@ -29,6 +29,8 @@ from moejax.train import step as step_lib
 from moejax.train.loop import init_state, train_and_evaluate
 from tests.helpers import moe_cfg, random_logits, set_key
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 MICRO, ROWS = 4, 32
 
 

@@ -16,6 +16,8 @@ from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import NonFiniteLossError, init_state, train_and_evaluate
 from tests.helpers import set_key
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 
 def params_of(run):
   return jax.tree.map(np.asarray, run.state.params)

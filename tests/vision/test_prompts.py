@@ -25,6 +25,8 @@ from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
 from tests.helpers import set_key
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 BATCH, GRID = 3, 4  # 8x8 images in 2x2 patches: a 4x4 patch grid
 
 

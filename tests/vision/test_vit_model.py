@@ -16,6 +16,8 @@ from moejax.models.decoder import stack_layers
 from moejax.models.vit import VisionTransformer, num_tokens, patchify
 from moejax.train.step import split_model
 
+pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
+
 BATCH = 3
 
 
