@@ -21,6 +21,7 @@ from moejax.configs import lm_shakespeare_omnimoe
 from moejax.config import base_config
 from moejax.experts.atomic import atomic_naive
 from moejax.layers.moe import MoELayer
+from moejax.routing import router_config
 from moejax.routing.product_key import per_axis_k_of, route_product_key
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer, jsonable
@@ -43,7 +44,7 @@ def former_layer(old_params, old_rest, shared, x, cfg, *, train):
     x @ old_params["router_y"],
     stats,
     top_k=cfg.top_k,
-    per_axis_k=per_axis_k_of(cfg),
+    per_axis_k=per_axis_k_of(router_config("product_key", cfg)),
     train=train,
   )
   return atomic_naive(
