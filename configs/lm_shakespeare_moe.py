@@ -8,7 +8,7 @@ Small enough to train on 2 CPU cores in under 10 minutes.
 Variants by arg (comma-separated key=value):
   :router=expert_choice     expert-choice routing (non-causal, see its doc)
   :router=sigmoid_bias      DeepSeek-V3 aux-loss-free bias routing
-  :router=probmoe           ProbMoE conditional-Bernoulli sampling (renormalize off)
+  :router=probmoe           ProbMoE conditional-Bernoulli sampling (routing.renormalize off)
   :dispatch=capacity        GShard capacity dispatch (model.moe.capacity.factor 1.25)
   :size=tiny                a seconds-long smoke run
   :shared=1                 one shared expert beside the routed ones
@@ -49,7 +49,7 @@ def get_config(arg=None):
     # ProbMoE trains with w = z * softmax, never renormalised; evaluating with
     # renormalised top-k weights scales the expert output up (~2x at top-2 of 8)
     # and cost +7% val bpb in the router sweep (2.65 vs 2.47). Keep both alike.
-    c.model.moe.renormalize = False
+    c.model.moe.routing.renormalize = False
   c.model.moe.merge = a.merge
   c.model.moe.merged.segment_len = a.segment
   if a.merge != "none":  # segments are merged, no token is dispatched: no routing loss

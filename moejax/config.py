@@ -89,12 +89,11 @@ def base_config() -> ml_collections.ConfigDict:
   # registered one (lora_mixer), its settings in model.attention.<name>.
   adapters.projection.add_adapter_sections(m.attention)
 
-  # The MoE layer. A key stays flat here only where no one part owns it: the layer's
-  # shape and placement, the names that choose its parts, the loss weights, and (for
-  # now: they move into the routers' sections in a later step) the routing keys that
-  # more than one router or an HF family (moejax/interop/hf_config.py) reads and that
-  # decide what a loaded model computes. Each part's own settings are in its section
-  # (add_part_sections, below).
+  # The MoE layer. A key stays flat here only where no one section owns it: the
+  # layer's shape and placement, the names that choose its parts, and the loss
+  # weights. Each part's own settings are in its section, and so are the routing keys
+  # that more than one router or the layer reads (model.moe.routing; add_part_sections,
+  # below).
   m.moe = e = ml_collections.ConfigDict()
   e.num_experts = 8  # flat: the layer's shape, read by every part
   e.top_k = 2  # flat: the layer's shape (slots per token), read by routers and dispatch
@@ -104,16 +103,9 @@ def base_config() -> ml_collections.ConfigDict:
   e.dense_layers = []  # flat: placement; further layers kept dense (HF mlp_only_layers)
   # flat: the model's per-layer shape after pruning ([] = num_experts everywhere)
   e.expert_counts = []
-  e.router = "topk"  # flat: chooses the router (its settings: model.moe.<router>)
-  e.renormalize = True  # flat, routing: several routers; HF norm_topk_prob
-  e.router_jitter = 0.0  # flat, routing: noise on the layer's router input, any router
-  e.router_init_scale = 0.1  # flat, routing: the layer's router kernel init, any router
-  e.num_groups = 1  # flat, routing: HF n_group; expert groups (group-limited routing)
-  e.topk_groups = 1  # flat, routing: HF topk_group; the groups each token may use
-  # flat, routing: two routers (sigmoid_bias, group_limited); aux-loss-free bias
-  # step (0: a loaded bias stays fixed)
-  e.bias_update_rate = 1e-3
-  e.routed_scaling_factor = 1.0  # flat, routing: two routers; HF routed_scaling_factor
+  # flat: chooses the router (its settings: model.moe.<router>; the routing keys
+  # routers share: model.moe.routing).
+  e.router = "topk"
   # flat: chooses the expert type (swiglu | atomic); its own settings: model.moe.<type>.
   e.experts = "swiglu"
   # flat: chooses the dispatcher (its settings: model.moe.dropless, model.moe.capacity).
@@ -128,8 +120,11 @@ def base_config() -> ml_collections.ConfigDict:
   # names); each loss's own settings: model.moe.losses.<loss>.
   e.loss_weights = ml_collections.ConfigDict({"load_balance": 1e-2, "z_loss": 1e-3})
   # Each part's own settings are in its section, added here from the registries at
-  # the defaults the part declares: a router's or expert type's, model.moe.<name>
-  # (model.moe.sere.rho, model.moe.atomic.activation); a loss's, model.moe.losses.<loss>
+  # the defaults the part declares: the routing keys that routers and the layer
+  # share, model.moe.routing (renormalize, routed_scaling_factor, bias_update_rate,
+  # num_groups, topk_groups, jitter, init_scale; moejax/routing/base.py); a router's
+  # or expert type's, model.moe.<name> (model.moe.sere.rho,
+  # model.moe.atomic.activation); a loss's, model.moe.losses.<loss>
   # (model.moe.losses.dpsl.alpha); a dispatcher's or grouped matmul's
   # (model.moe.dropless.tile, model.moe.capacity.factor, model.moe.gmm.backend); the
   # shared expert's, model.moe.shared (count, d_ff, gate); see moejax/registry.py.
@@ -292,8 +287,9 @@ def base_config() -> ml_collections.ConfigDict:
 
 def parts_with_settings() -> list[PartSettings]:
   """The settings section of every registered router, expert type, loss, dispatcher
-  and grouped matmul that declares settings, of merged experts and of the shared
-  expert (moejax/registry.py, PartSettings); a section that parts share, once."""
+  and grouped matmul that declares settings, of the routing keys routers share, of
+  merged experts and of the shared expert (moejax/registry.py, PartSettings); a
+  section that parts share, once."""
   sections = [
     spec.config_section
     for registry in (routing.ROUTERS, experts.EXPERT_TYPES, losses.LOSSES)
@@ -306,7 +302,7 @@ def parts_with_settings() -> list[PartSettings]:
     if spec.settings is not None
   ]
   out: dict[str, PartSettings] = {}
-  for part in [*sections, merged.SETTINGS, moe_layer.SHARED]:
+  for part in [routing.ROUTING, *sections, merged.SETTINGS, moe_layer.SHARED]:
     if out.setdefault(part.path, part) is not part:
       raise ValueError(f"model.moe.{part.path}: declared by {out[part.path].what} and {part.what}")
   return list(out.values())

@@ -128,6 +128,7 @@ class Settings(Mapping[str, Any]):
 #   loss <name>:                  model.moe.losses.<name>    (model.moe.losses.dpsl.alpha)
 #   dispatcher, grouped matmul:   the section it declares    (model.moe.dropless.tile,
 #                                 model.moe.capacity.factor, model.moe.gmm.backend)
+#   routing keys routers share:   model.moe.routing          (model.moe.routing.renormalize)
 # Losses have a namespace of their own, so a loss may share a router's name. Parts
 # that read the same settings share one section (dispatchers 'dropless' and
 # 'dropless_memeff': model.moe.dropless).

@@ -253,9 +253,7 @@ def validate_moe(e, num_layers: int) -> None:
     )
   _positive("model.moe.expert_d_ff", e.expert_d_ff)
   validate_placement(e, num_layers)
-  validate_part_settings(e)  # dispatch, grouped matmul and shared expert settings too
-  if not 0 <= e.router_jitter < 1:
-    raise ConfigError(f"model.moe.router_jitter={e.router_jitter} must be in [0, 1)")
+  validate_part_settings(e)  # routing, dispatch, grouped matmul and shared expert too
   spec = routing.get_router(e.router)
   if spec.validate is not None:
     spec.validate(routing.router_config(spec, e))

@@ -1,7 +1,8 @@
 """Writes docs/reference/config.md: every key of moejax.config.base_config() with
 its default and the comment beside it in moejax/config.py, then every registered
 router's, expert type's, loss's, dispatcher's, grouped matmul's and merge rule's own
-settings section (and the shared expert's), and the names each choosing key accepts.
+settings section (and the shared expert's and the routing section), and the names each
+choosing key accepts.
 
     .venv/bin/python scripts/config_reference.py           # write the page
     .venv/bin/python scripts/config_reference.py --check   # exit 1 if it is stale
@@ -168,6 +169,21 @@ def render() -> str:
       markdown_table(["name", "settings section", "settings (defaults)"], rows),
       "",
     ]
+  out += [
+    "### The routing keys (`model.moe.routing`)",
+    "",
+    "Not a registered part: the routing keys more than one router or the MoE layer "
+    "reads (moejax/routing/base.py, ROUTING); routers read them from their RouterConfig.",
+    "",
+    markdown_table(
+      ["key", "default", "what"],
+      [
+        [f"`model.moe.routing.{key}`", fmt(default), what]
+        for key, (default, what) in routing.base.ROUTING_KEYS.items()
+      ],
+    ),
+    "",
+  ]
   shared = moe_layer.SHARED
   out += [
     "### The shared expert (`model.moe.shared`)",

@@ -52,7 +52,7 @@ def layer_config(s: Settings, num_experts: int | None = None):
   """The MoE layer config of teacher and student: top-1, raw softmax weight, dropless."""
   c = base_config().model.moe
   c.num_experts = num_experts or s.num_experts
-  c.top_k, c.expert_d_ff, c.renormalize = 1, s.expert_d_ff, False
+  c.top_k, c.expert_d_ff, c.routing.renormalize = 1, s.expert_d_ff, False
   c.loss_weights = {"load_balance": s.balance_weight}
   return ml_collections.FrozenConfigDict(c)  # as layers hold it: a hashable graphdef
 

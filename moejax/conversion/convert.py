@@ -40,7 +40,7 @@ def moe_model(dense_m, experts: int, top_k: int) -> ml_collections.ConfigDict:
   m.ffn_type = "moe"
   e = m.moe
   e.num_experts, e.top_k, e.expert_d_ff = experts, top_k, dense_m.d_ff // experts
-  e.router, e.renormalize, e.experts = "topk", True, "swiglu"
+  e.router, e.routing.renormalize, e.experts = "topk", True, "swiglu"
   e.shared.count, e.first_dense, e.dense_layers, e.every_n = 0, 0, [], 1
   e.expert_counts = []
   return m

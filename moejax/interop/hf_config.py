@@ -126,7 +126,7 @@ def imported_model_config() -> ml_collections.ConfigDict:
   losses and a frozen aux-loss-free bias (a fine-tuning config sets its own)."""
   m = base_config().model
   m.moe.loss_weights = {}
-  m.moe.bias_update_rate = 0.0  # a loaded model's bias stays as trained
+  m.moe.routing.bias_update_rate = 0.0  # a loaded model's bias stays as trained
   return m
 
 
@@ -160,7 +160,7 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
   e = m.moe
   e.router, e.num_experts = family.router, _get(hf, *EXPERT_COUNT_KEYS)
   e.top_k = _get(hf, "num_experts_per_tok")
-  e.renormalize = family.always_renormalize or bool(
+  e.routing.renormalize = family.always_renormalize or bool(
     hf.get("norm_topk_prob", family.model_type == "deepseek_v3")
   )
   e.expert_d_ff = _get(hf, "moe_intermediate_size", "intermediate_size")
@@ -176,8 +176,9 @@ def from_hf_config(hf: dict) -> ml_collections.ConfigDict:
         "here scores experts with a sigmoid only"
       )
     e.shared.count, e.shared.d_ff = hf.get("n_shared_experts") or 0, e.expert_d_ff
-    e.num_groups, e.topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
-    e.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
+    r = e.routing
+    r.num_groups, r.topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
+    r.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
     mla = a.mla
     mla.q_lora_rank = hf.get("q_lora_rank") or 0
     mla.kv_lora_rank = _get(hf, "kv_lora_rank")
@@ -228,7 +229,7 @@ def _family_keys(m, family) -> dict:
   else:
     out.update(intermediate_size=m.d_ff, moe_intermediate_size=e.expert_d_ff)
   if kind != "mixtral":
-    out["norm_topk_prob"] = e.renormalize
+    out["norm_topk_prob"] = e.routing.renormalize
   if kind == "mixtral":
     out.update(num_local_experts=num_experts, sliding_window=window)
   elif kind in ("qwen2_moe", "qwen3_moe"):
@@ -255,9 +256,9 @@ def _family_keys(m, family) -> dict:
       n_routed_experts=num_experts,
       n_shared_experts=e.shared.count,
       first_k_dense_replace=min(moe_layers, default=m.num_layers),
-      n_group=e.num_groups,
-      topk_group=e.topk_groups,
-      routed_scaling_factor=e.routed_scaling_factor,
+      n_group=e.routing.num_groups,
+      topk_group=e.routing.topk_groups,
+      routed_scaling_factor=e.routing.routed_scaling_factor,
       q_lora_rank=mla.q_lora_rank or None,
       kv_lora_rank=mla.kv_lora_rank,
       qk_nope_head_dim=mla.qk_nope_head_dim,
@@ -307,14 +308,14 @@ COMPUTE_MOE_KEYS = (
   "router",
   "experts",
   "top_k",
-  "renormalize",
-  "routed_scaling_factor",
+  "routing.renormalize",
+  "routing.routed_scaling_factor",
   "expert_d_ff",
   "shared.count",
   "shared.d_ff",
   "shared.gate",
-  "num_groups",
-  "topk_groups",
+  "routing.num_groups",
+  "routing.topk_groups",
 )
 _FREE_KEYS = ("family", "dtype")
 

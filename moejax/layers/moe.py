@@ -19,10 +19,11 @@ plain XLA SPMD over the same mesh.
 
 The parts' configs are parsed once, when the layer is built: the router's
 RouterConfig (routing/base.py), each loss's LossConfig (losses/base.py), the
-expert type's and the merge rule's settings. They are frozen and hashable, so
-nnx keeps them as static attributes (in the graph definition, beside the
-FrozenConfigDict `cfg`), out of the layer's state: split/merge, jit, scan and
-checkpoints see the same arrays as before.
+expert type's and the merge rule's settings, and the routing section's
+(model.moe.routing: the layer reads jitter and init_scale, routing/base.py).
+They are frozen and hashable, so nnx keeps them as static attributes (in the
+graph definition, beside the FrozenConfigDict `cfg`), out of the layer's state:
+split/merge, jit, scan and checkpoints see the same arrays as before.
 """
 
 import dataclasses
@@ -144,6 +145,8 @@ class MoELayer(nnx.Module):
     self.dtype = dtype
     self.router_spec = routing.get_router(cfg.router)
     self.router_config = routing.router_config(self.router_spec, cfg)
+    # model.moe.routing: the layer reads jitter and init_scale (routing/base.py).
+    self.routing_settings = routing.ROUTING.parse(cfg)
     # A router without probs over all experts takes no loss (config validation).
     diagnostics = DIAGNOSTIC_LOSSES if self.router_spec.gives_probs else ()
     self.loss_configs = losses.loss_configs(sorted({*diagnostics, *cfg.loss_weights}), cfg)
@@ -153,9 +156,9 @@ class MoELayer(nnx.Module):
     if projection is None:
       # Small router init keeps early routing near uniform (ST-MoE sec. 3.2).
       self.router_kernel = nnx.Param(
-        jax.nn.initializers.variance_scaling(cfg.router_init_scale, "fan_in", "truncated_normal")(
-          rngs.params(), (d_model, cfg.num_experts), jnp.float32
-        ),
+        jax.nn.initializers.variance_scaling(
+          self.routing_settings["init_scale"], "fan_in", "truncated_normal"
+        )(rngs.params(), (d_model, cfg.num_experts), jnp.float32),
         logical_axes=("embed", None),
       )
     else:  # the router's own parameters (routing/base.py, RouterProjection)
@@ -205,10 +208,11 @@ class MoELayer(nnx.Module):
     # Router math runs in float32 at least, whatever the compute dtype.
     router_dtype = jnp.promote_types(jnp.float32, self.dtype)
     router_in = x_TxD.astype(router_dtype)
-    if train and cfg.router_jitter > 0:
+    jitter = self.routing_settings["jitter"]
+    if train and jitter > 0:  # Switch Transformer sec. 2.4: noise on the router input
       rng, jitter_rng = jax.random.split(rng)
       router_in = router_in * jax.random.uniform(
-        jitter_rng, router_in.shape, router_dtype, 1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter
+        jitter_rng, router_in.shape, router_dtype, 1.0 - jitter, 1.0 + jitter
       )
     logits = checkpoint_name(self.router_logits(router_in), "moe_router_logits")
     out = self.router_spec.route(

@@ -311,7 +311,7 @@ def router_finetune_config(
     moe = c.model.moe
     for name in moe.loss_weights:
       moe.loss_weights[name] = 0.0
-    moe.bias_update_rate = 0.0
+    moe.routing.bias_update_rate = 0.0
   return c
 
 

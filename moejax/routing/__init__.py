@@ -7,6 +7,7 @@ here that calls `register_router` (README, "Adding a router").
 from moejax.registry import import_package_modules
 from moejax.routing.base import (
   ROUTERS,
+  ROUTING,
   Routing,
   RouterConfig,
   RouterOutput,
@@ -21,6 +22,7 @@ import_package_modules(__name__, __path__)
 
 __all__ = [
   "ROUTERS",
+  "ROUTING",
   "Routing",
   "RouterConfig",
   "RouterOutput",

@@ -13,10 +13,11 @@ Router configuration (RouterConfig)
 A router never reads the model.moe ConfigDict. `router_config(spec, moe)`, the
 one function that reads model.moe for routers, builds a frozen, hashable
 RouterConfig once, where the MoE layer is built (and where config validation
-checks a config): the shared routing keys routers read (top_k, num_experts,
-renormalize, routed_scaling_factor, bias_update_rate, capacity_factor from
-model.moe.capacity.factor, num_groups, topk_groups, loss_weights) and
-`settings`, the router's own parsed section model.moe.<name> (registry.Settings).
+checks a config): the layer's shape (top_k, num_experts), the routing keys more
+than one router reads, from the section model.moe.routing (ROUTING: renormalize,
+routed_scaling_factor, bias_update_rate, num_groups, topk_groups),
+capacity_factor from model.moe.capacity.factor, loss_weights, and `settings`,
+the router's own parsed section model.moe.<name> (registry.Settings).
 Every callback of a RouterSpec receives that object as `cfg`: route,
 update_state, validate, validate_settings, accumulation_check and the
 projection's init and apply; `spec.route` refuses anything else. Tests and
@@ -67,14 +68,76 @@ from moejax.assignment.routing import (  # noqa: F401  (re-exported)
   routing_entropy,
 )
 from moejax.errors import ConfigError
-from moejax.registry import PartSettings, Registry, Settings
+from moejax.registry import PartSettings, Registry, Settings, check_number
+
+
+def validate_routing(moe) -> None:
+  """ConfigError naming model.moe.routing.<key> and the value, whatever the router
+  (a router in use checks the rest: group_limited the groups against num_experts)."""
+  s = ROUTING.parse(moe)
+  if not isinstance(s["renormalize"], bool):
+    raise ConfigError(f"model.moe.routing.renormalize={s['renormalize']!r} must be True or False")
+  check_number("model.moe.routing.routed_scaling_factor", s["routed_scaling_factor"])
+  check_number("model.moe.routing.bias_update_rate", s["bias_update_rate"], strict=False)
+  for key in ("num_groups", "topk_groups"):
+    check_number(f"model.moe.routing.{key}", s[key], integer=True, low=1, strict=False)
+  jitter = s["jitter"]
+  if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter < 1:
+    raise ConfigError(f"model.moe.routing.jitter={jitter!r} must be in [0, 1)")
+  check_number("model.moe.routing.init_scale", s["init_scale"])
+
+
+# model.moe.routing: the routing keys no one router owns, key -> (default, what it
+# does). Routers read the first five from their RouterConfig (router_config), the
+# MoE layer reads jitter and init_scale (moejax/layers/moe.py), and HF families
+# name four of them (moejax/interop/hf_config.py).
+ROUTING_KEYS = {
+  "renormalize": (True, "the kept top-k weights divided by their sum (HF norm_topk_prob)"),
+  "routed_scaling_factor": (
+    1.0,
+    "the routed experts' weights times this (DeepSeek-V3; sigmoid_bias, group_limited; "
+    "HF routed_scaling_factor)",
+  ),
+  "bias_update_rate": (
+    1e-3,
+    "aux-loss-free bias step (DeepSeek-V3; sigmoid_bias, group_limited); 0: a loaded "
+    "bias stays fixed",
+  ),
+  "num_groups": (1, "expert groups of group-limited routing (HF n_group)"),
+  "topk_groups": (1, "the groups each token may use (HF topk_group)"),
+  "jitter": (
+    0.0,
+    "training noise U(1 - jitter, 1 + jitter) times the router input, any router "
+    "(Switch Transformer, Fedus et al. 2022, sec. 2.4)",
+  ),
+  "init_scale": (
+    0.1,
+    "variance scale of the router kernel's truncated-normal fan-in init; small keeps "
+    "early routing near uniform (ST-MoE, Zoph et al. 2022, sec. 3.2)",
+  ),
+}
+ROUTING = PartSettings(
+  "routing",
+  "the routing section",
+  tuple((key, default) for key, (default, _) in ROUTING_KEYS.items()),
+  legacy_keys=(
+    ("renormalize", "renormalize"),
+    ("routed_scaling_factor", "routed_scaling_factor"),
+    ("bias_update_rate", "bias_update_rate"),
+    ("num_groups", "num_groups"),
+    ("topk_groups", "topk_groups"),
+    ("router_jitter", "jitter"),
+    ("router_init_scale", "init_scale"),
+  ),
+  validate=validate_routing,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class RouterConfig:
-  """What a router reads (the module doc): the shared routing keys of model.moe
-  and its own settings. Frozen and hashable: a static attribute of the MoE layer
-  and a constant under jit. Built by `router_config` only."""
+  """What a router reads (the module doc): the layer's shape, the shared routing
+  keys (model.moe.routing) and its own settings. Frozen and hashable: a static
+  attribute of the MoE layer and a constant under jit. Built by `router_config` only."""
 
   num_experts: int
   top_k: int
@@ -280,17 +343,19 @@ get_router = ROUTERS.get
 def router_config(spec: RouterSpec | str, moe) -> RouterConfig:
   """The RouterConfig of router `spec` (or its name) from `moe`, a model.moe
   ConfigDict: the one place that maps model.moe's routing keys to what routers
-  read (ConfigError for a flat key of older configs in its section)."""
+  read (ConfigError for a flat key of older configs in model.moe.routing or in
+  its section; defaults where a hand-built `moe` lacks model.moe.routing)."""
   spec = get_router(spec) if isinstance(spec, str) else spec
+  shared = ROUTING.parse(moe)
   return RouterConfig(
     num_experts=moe.num_experts,
     top_k=moe.top_k,
-    renormalize=moe.renormalize,
-    routed_scaling_factor=moe.routed_scaling_factor,
-    bias_update_rate=moe.bias_update_rate,
+    renormalize=shared["renormalize"],
+    routed_scaling_factor=shared["routed_scaling_factor"],
+    bias_update_rate=shared["bias_update_rate"],
     capacity_factor=moe.capacity.factor,
-    num_groups=moe.get("num_groups", 1),  # older MoE configs lack them
-    topk_groups=moe.get("topk_groups", 1),
+    num_groups=shared["num_groups"],
+    topk_groups=shared["topk_groups"],
     loss_weights=Settings(moe.loss_weights),
     settings=spec.config_section.parse(moe),
   )

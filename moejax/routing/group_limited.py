@@ -13,8 +13,8 @@ With num_groups = topk_groups = 1 this is `sigmoid_bias` routing (optionally
 without renormalisation). The bias follows sigmoid_bias's sign rule while
 training (`bias_update_rate`; 0 keeps a loaded checkpoint's bias fixed), with its
 state-update protocol (expert counts summed over micro-batches, one update per step).
-Config keys: model.moe.num_groups (G) and model.moe.topk_groups (1 where an
-older MoE config lacks them; RouterConfig).
+Config keys (model.moe.routing, read through RouterConfig): num_groups (G),
+topk_groups, renormalize, routed_scaling_factor, bias_update_rate.
 """
 
 from collections.abc import Mapping
@@ -44,11 +44,11 @@ def validate_group_limited(cfg: RouterConfig) -> None:
   groups, keep = cfg.num_groups, cfg.topk_groups
   if groups < 1 or cfg.num_experts % groups:
     raise ConfigError(
-      f"model.moe.num_groups={groups} must be >= 1 and divide "
+      f"model.moe.routing.num_groups={groups} must be >= 1 and divide "
       f"model.moe.num_experts={cfg.num_experts}"
     )
   if not 1 <= keep <= groups:
-    raise ConfigError(f"model.moe.topk_groups={keep} must be in [1, num_groups={groups}]")
+    raise ConfigError(f"model.moe.routing.topk_groups={keep} must be in [1, num_groups={groups}]")
   group_size = cfg.num_experts // groups
   if groups > 1 and group_size < 2:
     raise ConfigError(

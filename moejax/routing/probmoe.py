@@ -37,7 +37,7 @@ Training weights use the straight-through estimator
     g = stop_gradient(z - m) + m,   w = g * softmax(l),
 gathered at the sampled experts, not renormalised (forward value z * softmax).
 Evaluation (train=False) is deterministic: softmax top-k, renormalised when
-`model.moe.renormalize` (the official `norm_topk_prob`).
+`model.moe.routing.renormalize` (the official `norm_topk_prob`).
 
 Dynamic-k ("band" mode, `probmoe.k_min`/`probmoe.k_max` both > 0): the DP runs
 to k_max; k is drawn from P(sum z = k) restricted to [k_min, k_max]

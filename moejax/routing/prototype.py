@@ -6,7 +6,7 @@ token's routing distribution is the softmax of its cosine similarity to every
 prototype, sharpened by a temperature tau (the spec's w_{d,l}):
     logits[t, e] = cos(x_t, c_e) / tau = <x_t / |x_t|, c_e / |c_e|> / tau
     probs = softmax(logits), then the top_k experts by probs (topk.py),
-renormalised when model.moe.renormalize. The paper routes each layer l of a
+renormalised when model.moe.routing.renormalize. The paper routes each layer l of a
 GCN encoder of the observation against its own prototypes c_{d,l}; a moejax MoE
 layer routes its own input, so one prototype set per layer plays that role.
 

@@ -39,7 +39,7 @@ def init_bias_state(num_experts: int):
 def validate_bias_router(cfg: RouterConfig) -> None:
   validate_top_k(cfg)
   if cfg.bias_update_rate < 0:
-    raise ConfigError(f"model.moe.bias_update_rate={cfg.bias_update_rate} must be >= 0")
+    raise ConfigError(f"model.moe.routing.bias_update_rate={cfg.bias_update_rate} must be >= 0")
 
 
 def bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:

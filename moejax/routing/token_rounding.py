@@ -41,7 +41,7 @@ read (`router_scores[token_indices, expert_indices]`), so
   gate[t, e] = P[t, e]                                 if e was added by rounding.
 A kept top-K pair is renormalised over the token's whole top-K, also when
 rounding down dropped another of its top-K pairs (the sum is not re-taken
-over the kept pairs). `model.moe.renormalize` is not used: the rule is
+over the kept pairs). `model.moe.routing.renormalize` is not used: the rule is
 fixed, as in the reference. Selection carries no gradient; the router
 learns through the gates (through the renormalising sum too, as the
 reference's autograd does).

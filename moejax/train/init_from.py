@@ -42,8 +42,8 @@ from moejax.train import upcycle
 # model.moe keys that say how to train, not what the pretrained model computes.
 TRAINING_MOE_KEYS = (
   "loss_weights",
-  "router_jitter",
-  "bias_update_rate",
+  "routing.jitter",
+  "routing.bias_update_rate",
   "dispatch",
   "grouped_matmul",
   "dropless",  # the dispatchers' and grouped matmuls' own settings
@@ -98,7 +98,8 @@ def resolve_config(config) -> ml_collections.ConfigDict:
     )
   out = ml_collections.ConfigDict(config.to_dict())
   for key in TRAINING_MOE_KEYS:
-    source.moe[key] = config.model.moe[key]
+    section, _, name = key.rpartition(".")
+    (source.moe[section] if section else source.moe)[name] = config.model.moe[key]
   source.dtype = config.model.dtype
   carry_adapter(source, config.model)  # an attention adapter to train on it
   out.model = source

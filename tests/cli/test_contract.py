@@ -80,6 +80,11 @@ CASES = [
   ),
   (TRAIN, [CFG, NEW, "--config.nonexistent.key=3"], ["unknown config key nonexistent.key"]),
   (TRAIN, [CFG, NEW, "--config.model.moe.dropless_tile=64"], ["use model.moe.dropless.tile"]),
+  (
+    TRAIN,
+    [CFG, NEW, "--config.model.moe.renormalize=False"],
+    ["use model.moe.routing.renormalize", "--config.model.moe.renormalize=False"],
+  ),
   (TRAIN, [CFG, NEW, "--config.model.d_model=-1"], ["model.d_model=-1"]),
   (TRAIN, [CFG, NEW, "--config.train.trainable=experts"], ["train.trainable", "router"]),
   (

@@ -123,7 +123,7 @@ def layer_loss(dispatch, router="topk", t=48, e=6, k=2, tile=4, block=8, **cfg_k
   "router,cfg_kw",
   [
     ("topk", {}),
-    ("topk", {"renormalize": False, "k": 3}),
+    ("topk", {"routing": {"renormalize": False}, "k": 3}),
     ("topk", {"dropless": {"min_block": 1}}),
     ("topk_rounded", {"topk_rounded": {"tile": 4, "mode": "up"}}),
     ("expert_choice", {"capacity": {"factor": 1.0}}),

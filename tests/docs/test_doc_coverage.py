@@ -69,6 +69,7 @@ def test_the_config_reference_is_current():
     "`sharding.all_to_all`",
     "`model.moe.sere` | `primary_slots=1`, `rho=0.5`",
     "`model.moe.losses.dpsl` | `alpha=",
+    "`model.moe.routing.renormalize` | `True`",
   ],
 )
 def test_the_config_reference_names_keys_and_part_settings(text):

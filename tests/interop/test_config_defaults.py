@@ -140,3 +140,25 @@ def test_a_converted_workdir_saved_with_flat_shared_keys_reads_the_same_model():
     shared_expert_gate=shared["gate"],
   )
   assert model_config_from_dict(stored).to_dict() == m.to_dict()
+
+
+def test_hf_routing_fields_map_to_the_routing_section():
+  """norm_topk_prob, and DeepSeek-V3's n_group, topk_group and routed_scaling_factor,
+  are model.moe.routing; an imported model's aux-loss-free bias stays as trained."""
+  qwen = from_hf_config(saved_config("qwen3_moe", norm_topk_prob=False)).moe.routing
+  assert qwen.renormalize is False and qwen.bias_update_rate == 0.0
+  deepseek = from_hf_config(
+    saved_config("deepseek_v3", n_group=2, topk_group=1, routed_scaling_factor=2.5)
+  ).moe.routing
+  assert (deepseek.num_groups, deepseek.topk_groups, deepseek.routed_scaling_factor) == (2, 1, 2.5)
+
+
+def test_a_converted_workdir_saved_with_flat_routing_keys_reads_the_same_model():
+  from moejax.migrate import model_config_from_dict
+  from moejax.routing import ROUTING
+
+  m = from_hf_config(saved_config("deepseek_v3", n_group=2, topk_group=1))
+  stored = m.to_dict()
+  routing = stored["moe"].pop("routing")
+  stored["moe"].update({old: routing[key] for old, key in ROUTING.legacy_keys})
+  assert model_config_from_dict(stored).to_dict() == m.to_dict()

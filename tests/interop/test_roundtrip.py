@@ -75,8 +75,8 @@ def remove_one_expert_per_layer(loaded):
       ffn_rest = ffn_rest["ffn"]
       ffn_rest["router_state"]["bias"] = ffn_rest["router_state"]["bias"][keep]
   m.moe.num_experts -= 1
-  if m.moe.num_experts % m.moe.num_groups:  # unequal groups: route over all experts
-    m.moe.num_groups = m.moe.topk_groups = 1
+  if m.moe.num_experts % m.moe.routing.num_groups:  # unequal groups: route over all experts
+    m.moe.routing.num_groups = m.moe.routing.topk_groups = 1
   return loaded
 
 

@@ -282,10 +282,10 @@ def test_router_finetuning_uses_the_lm_loss_alone_by_default(source):
   assert all(w > 0 for w in config.model.moe.loss_weights.values())
   c = cp.router_finetune_config(config, 3)
   assert dict(c.model.moe.loss_weights) == {k: 0.0 for k in config.model.moe.loss_weights}
-  assert c.model.moe.bias_update_rate == 0.0
+  assert c.model.moe.routing.bias_update_rate == 0.0
   on = cp.router_finetune_config(config, 3, aux_losses=True)
   assert dict(on.model.moe.loss_weights) == dict(config.model.moe.loss_weights)
-  assert on.model.moe.bias_update_rate == config.model.moe.bias_update_rate
+  assert on.model.moe.routing.bias_update_rate == config.model.moe.routing.bias_update_rate
   assert (
     config.model.moe.loss_weights == source_lib.training_config(source)[0].model.moe.loss_weights
   )

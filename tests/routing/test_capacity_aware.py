@@ -183,8 +183,8 @@ def test_weights_match_the_official_masked_logits_path():
   logits = random_logits(7, 40, 8)
   probs = softmax(logits.astype(np.float64))
   kwargs = dict(num_experts=8, top_k=2, capacity_aware=dict(gamma=0.5))
-  renorm = router(**kwargs, renormalize=True)(jnp.asarray(logits)).routing
-  raw = router(**kwargs, renormalize=False)(jnp.asarray(logits)).routing
+  renorm = router(**kwargs, routing={"renormalize": True})(jnp.asarray(logits)).routing
+  raw = router(**kwargs, routing={"renormalize": False})(jnp.asarray(logits)).routing
   kept = kept_pairs(renorm)
   assert kept == kept_pairs(raw) and len(kept) < 40 * 2  # some pairs were dropped
   masked = np.full(logits.shape, np.finfo(np.float32).min, np.float64)

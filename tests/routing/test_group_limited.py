@@ -37,9 +37,7 @@ def test_matches_brute_force(groups, keep, k):
     router="group_limited",
     num_experts=16,
     top_k=k,
-    num_groups=groups,
-    topk_groups=keep,
-    routed_scaling_factor=2.5,
+    routing={"num_groups": groups, "topk_groups": keep, "routed_scaling_factor": 2.5},
   )
   get_router("group_limited").validate(router_config("group_limited", cfg))
   out = call_router("group_limited", jnp.asarray(logits), cfg, state={"bias": jnp.asarray(bias)})
@@ -55,7 +53,7 @@ def test_matches_brute_force(groups, keep, k):
 def test_one_group_is_sigmoid_bias_routing():
   logits = jnp.asarray(random_logits(2, 32, 8))
   state = {"bias": jnp.linspace(-0.2, 0.2, 8)}
-  cfg = moe_cfg(router="group_limited", top_k=2, routed_scaling_factor=1.5)
+  cfg = moe_cfg(router="group_limited", top_k=2, routing={"routed_scaling_factor": 1.5})
   ours = call_router("group_limited", logits, cfg, state=state)
   ref = call_router("sigmoid_bias", logits, cfg, state=state)
   np.testing.assert_array_equal(ours.routing.expert_index, ref.routing.expert_index)
@@ -65,13 +63,14 @@ def test_one_group_is_sigmoid_bias_routing():
 @pytest.mark.parametrize(
   "overrides,message",
   [
-    (dict(num_groups=3), "must be >= 1 and divide"),
+    (dict(num_groups=3), r"model\.moe\.routing\.num_groups=3 must be >= 1 and divide"),
     (dict(num_groups=4, topk_groups=5), r"topk_groups=5 must be in \[1, num_groups=4\]"),
     (dict(num_groups=4, topk_groups=1, top_k=3), "exceeds the 2 experts"),
     (dict(num_groups=8), "top 2 experts"),
   ],
 )
 def test_bad_group_settings_are_refused(overrides, message):
+  routing = {k: v for k, v in overrides.items() if k != "top_k"}
   with pytest.raises(ConfigError, match=message):
-    cfg = moe_cfg(router="group_limited", **overrides)
+    cfg = moe_cfg(router="group_limited", top_k=overrides.get("top_k", 2), routing=routing)
     get_router("group_limited").validate(router_config("group_limited", cfg))

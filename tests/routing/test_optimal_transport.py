@@ -98,7 +98,7 @@ def test_skewed_batch_load_is_balanced():
   assert argmax.max() / argmax.mean() > 5.0, argmax
   probs = np.asarray(jax.nn.softmax(jnp.asarray(scores), -1))
   np.testing.assert_allclose(r.combine_weight[:, 0], 1.0, rtol=1e-6)  # renormalised top-1
-  cfg2 = moe_cfg(router="as_coot", num_experts=e, top_k=2, renormalize=False)
+  cfg2 = moe_cfg(router="as_coot", num_experts=e, top_k=2, routing={"renormalize": False})
   r2 = jax.jit(functools.partial(call_router, "as_coot", moe=cfg2, train=True))(
     jnp.asarray(scores)
   ).routing

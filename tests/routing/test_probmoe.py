@@ -146,10 +146,9 @@ def test_straight_through_gradient():
 def test_eval_is_deterministic_top_k():
   logits = random_logits(11, 16, 8)
   for renormalize in (True, False):
-    got = route(logits, False, top_k=3, renormalize=renormalize).routing
-    want = call_router(
-      "topk", jnp.asarray(logits), moe_cfg(top_k=3, renormalize=renormalize)
-    ).routing
+    routing = {"renormalize": renormalize}
+    got = route(logits, False, top_k=3, routing=routing).routing
+    want = call_router("topk", jnp.asarray(logits), moe_cfg(top_k=3, routing=routing)).routing
     np.testing.assert_array_equal(got.expert_index, want.expert_index)
     np.testing.assert_allclose(got.combine_weight, want.combine_weight, rtol=1e-6)
 

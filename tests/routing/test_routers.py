@@ -35,7 +35,7 @@ def route(name, logits, train=False, state=None, **cfg):
 def test_topk_matches_brute_force(shape, renormalize):
   t, e, k, seed = shape
   logits = random_logits(seed, t, e)
-  out = route("topk", logits, top_k=k, renormalize=renormalize)
+  out = route("topk", logits, top_k=k, routing={"renormalize": renormalize})
   r = out.routing
   assert r.expert_index.shape == (t, k) and bool(jnp.all(r.valid))
   probs = softmax(logits.astype(np.float64))
@@ -62,7 +62,7 @@ def test_sigmoid_bias_selects_on_biased_scores_weights_on_raw(shape, scaling):
     "sigmoid_bias",
     logits,
     top_k=k,
-    routed_scaling_factor=scaling,
+    routing={"routed_scaling_factor": scaling},
     state={"bias": jnp.asarray(bias)},
   )
   r = out.routing
@@ -108,7 +108,9 @@ def test_bias_updates_balance_a_skewed_router():
   state = {"bias": jnp.zeros(8)}
   loads = []
   for _ in range(300):
-    out = route("sigmoid_bias", logits, train=True, state=state, top_k=2, bias_update_rate=0.01)
+    out = route(
+      "sigmoid_bias", logits, train=True, state=state, top_k=2, routing={"bias_update_rate": 0.01}
+    )
     counts = np.asarray(out.routing.expert_counts(8))
     loads.append(counts.max() / counts.mean())
     state = out.state

@@ -48,8 +48,8 @@ def test_weights_are_continuous_across_a_top_k_switch():
   cfg = dict(smooth_topk=dict(eta_init=eta_param(0.5)))
   coarse, fine = path_jumps("smooth_topk", 1e-2, **cfg), path_jumps("smooth_topk", 1e-3, **cfg)
   assert fine < 0.2 * coarse and fine < 0.01, (coarse, fine)
-  hard_coarse = path_jumps("topk", 1e-2, renormalize=True)
-  hard_fine = path_jumps("topk", 1e-3, renormalize=True)
+  hard_coarse = path_jumps("topk", 1e-2, routing={"renormalize": True})
+  hard_fine = path_jumps("topk", 1e-3, routing={"renormalize": True})
   assert hard_fine > 0.1 and hard_fine > 0.5 * hard_coarse  # the jump does not shrink
 
 
@@ -59,7 +59,7 @@ def test_eta_to_zero_is_hard_top_k(shape):
   (t, e, k), seed = shape
   logits = random_logits(seed, t, e)
   smooth = route("smooth_topk", logits, top_k=k, smooth_topk=dict(eta_init=-40.0)).routing
-  hard = route("topk", logits, top_k=k, renormalize=True).routing
+  hard = route("topk", logits, top_k=k, routing={"renormalize": True}).routing
   assert np.asarray(smooth.valid).sum(1).tolist() == [k] * t
   np.testing.assert_allclose(dense_weights(smooth, e), dense_weights(hard, e), atol=1e-6)
 

@@ -121,7 +121,7 @@ def test_tile_one_is_top_k(case):
   (t, e, k), _, mode, seed = case
   logits = random_logits(seed, t, e)
   rounded = route(logits, top_k=k, topk_rounded=dict(tile=1, mode=mode))
-  cfg = moe_cfg(num_experts=e, top_k=k, renormalize=True)
+  cfg = moe_cfg(num_experts=e, top_k=k, routing={"renormalize": True})
   plain = call_router("topk", jnp.asarray(logits), cfg, train=True)
   got, expected = pairs(rounded.routing), pairs(plain.routing)
   assert got.keys() == expected.keys()
@@ -210,7 +210,7 @@ def test_eval_falls_back_to_plain_top_k():
   logits = random_logits(3, 40, 8)
   out = route(logits, train=False, top_k=2, topk_rounded=dict(tile=16, mode="up"))
   plain = call_router(
-    "topk", jnp.asarray(logits), moe_cfg(num_experts=8, top_k=2, renormalize=True)
+    "topk", jnp.asarray(logits), moe_cfg(num_experts=8, top_k=2, routing={"renormalize": True})
   )
   assert out.routing.num_slots == 2
   got, expected = pairs(out.routing), pairs(plain.routing)  # the reference's renormalised top-k

@@ -56,8 +56,8 @@ def test_configs_of_the_two_old_model_schemas_migrate_to_the_one_schema():
   assert moe_layer_indices(model_config_from_dict(converted)) == []
 
 
-# Every flat model.moe key that moved into a dispatcher's, grouped matmul's or the
-# shared expert's section: (section, key, a non-default value).
+# Every flat model.moe key that moved into a dispatcher's, grouped matmul's, the
+# shared expert's or the routing section: (section, key, a non-default value).
 MOVED = {
   "dropless_tile": ("dropless", "tile", 64),
   "dropless_block": ("dropless", "block", 256),
@@ -68,6 +68,13 @@ MOVED = {
   "num_shared_experts": ("shared", "count", 2),
   "shared_d_ff": ("shared", "d_ff", 64),
   "shared_expert_gate": ("shared", "gate", True),
+  "renormalize": ("routing", "renormalize", False),
+  "routed_scaling_factor": ("routing", "routed_scaling_factor", 2.5),
+  "bias_update_rate": ("routing", "bias_update_rate", 0.0),
+  "num_groups": ("routing", "num_groups", 4),
+  "topk_groups": ("routing", "topk_groups", 2),
+  "router_jitter": ("routing", "jitter", 0.1),
+  "router_init_scale": ("routing", "init_scale", 0.5),
 }
 
 

@@ -174,7 +174,7 @@ def test_micro_batches_are_strided_so_each_keeps_rows_on_every_shard():
   "router,extra",
   [
     ("sigmoid_bias", {}),
-    ("group_limited", {"num_groups": 4, "topk_groups": 2}),
+    ("group_limited", {"routing": {"num_groups": 4, "topk_groups": 2}}),
     ("mahalanobis", {"mahalanobis": {"ema_decay": 0.9}}),
     ("sere", {}),
   ],
@@ -183,7 +183,8 @@ def test_router_state_from_summed_stats_equals_one_call(router, extra):
   """Router level: route 4 strided groups of tokens from the same state, sum their
   stats, update once == one call on all the tokens."""
   spec = get_router(router)
-  cfg = moe_cfg(router=router, num_experts=8, top_k=2, bias_update_rate=1e-2, **extra)
+  routing = {"bias_update_rate": 1e-2, **extra.pop("routing", {})}
+  cfg = moe_cfg(router=router, num_experts=8, top_k=2, routing=routing, **extra)
   logits = jnp.asarray(random_logits(5, 64, 8))
   state = spec.initial_state(8)
   if router == "mahalanobis":  # a non-trivial covariance to start from

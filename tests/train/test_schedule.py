@@ -177,7 +177,7 @@ def test_train_and_eval_steps():
 
   config = lm_shakespeare_moe.get_config("size=tiny,router=sigmoid_bias")
   config.model.num_layers, config.model.moe.num_experts, config.model.moe.top_k = 1, 4, 2
-  config.model.moe.router_jitter = 0.2
+  config.model.moe.routing.jitter = 0.2
   config.model.moe.grouped_matmul = "tiled"  # the quickest to compile
   config.model.moe.loss_weights = {"load_balance": 0.5, "z_loss": 0.1}
   graphdef, state, opt = init_state(config)
