@@ -131,8 +131,9 @@ def base_config() -> ml_collections.ConfigDict:
   add_part_sections(e)
 
   # L3 Large Lookup Layers (moejax/layers/lookup.py): static token-id routing to
-  # a CSR table of `budget` rows, <= cap per token id, one L3 layer after each
-  # block in `layers`; rows allocated by `allocation` from `corpus`'s train split.
+  # a CSR table of `budget` rows, <= cap per token id, one L3 layer at the end of
+  # each block in `layers`; rows allocated by `allocation` from `corpus`'s train
+  # split (moejax/data/l3_allocation.py, passed to the model).
   m.l3 = l3 = ml_collections.ConfigDict()
   l3.enabled = False
   l3.layers = (1,)

@@ -80,9 +80,11 @@ def validate_config(c) -> None:
     from moejax.data.files import resolve_files
 
     resolve_files(c.data.files)
+  from moejax.data.l3_allocation import validate_allocation
   from moejax.layers.lookup import validate_l3
 
   validate_l3(c)
+  validate_allocation(c)
   t = c.train
   _positive("train.steps", t.steps)
   _positive("train.learning_rate", t.learning_rate)

@@ -35,9 +35,9 @@ from moejax.posttrain.contributions import routed_contributions
 def check_supported(model) -> None:
   if model.cfg.scan_layers:
     raise ConfigError("routing attribution reads the loop layout: unstack_layers first")
-  if len(model.lookups):
-    raise ConfigError("routing attribution does not cover L3 lookup layers")
   for i, block in enumerate(model.blocks):
+    if block.lookup is not None:
+      raise ConfigError(f"block {i}: routing attribution does not cover L3 lookup layers")
     if not isinstance(block.attn, GroupedQueryAttention) or block.attn.clip:
       raise ConfigError(
         f"block {i}: routing attribution needs the standard attention without q/k/v clipping"

@@ -218,10 +218,9 @@ ORBAX_STATE = "state"
 
 def _abstract_states(m):
   """(params, rest) as nnx States of ShapeDtypeStructs, with their logical-axis metadata."""
-  import ml_collections
-  from moejax.models.decoder import Decoder
+  from moejax.models.decoder import skeleton_decoder
 
-  model = nnx.eval_shape(lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: skeleton_decoder(m, rngs=nnx.Rngs(0)))
   _, params, rest = nnx.split(model, nnx.Param, ...)
   return params, rest
 

@@ -21,20 +21,14 @@ it with the parameters.
 Allocation of d_t (`allocate_rows`): every id gets one row (the embedding-table
 case), the other R - V rows are split in proportion to a per-id weight, water-
 filled at the cap (mass above the cap goes to the others) and rounded by
-largest remainder so the total is exactly R. Weights (`token_weights`):
-  lzw        the paper's rule is "LZW-inspired, information-theoretic" with a
-             per-token cap (512); its exact form was not readable here, so this
-             is a GUESS: run LZW over the training token stream and count, per
-             token id, the dictionary phrases that end in it, i.e. the distinct
-             contexts the token is seen in often enough to earn a phrase (it
-             grows sub-linearly with frequency, unlike `frequency`).
-  frequency  unigram counts of the training split.
-  uniform    all ones.
+largest remainder so the total is exactly R. The weights are data
+(moejax/data/l3_allocation.py: LZW phrase counts, frequencies or uniform); the
+rows reach the layer from there, so building a model reads no corpus.
 Read from the paper (via summaries of the arXiv text): the equation above,
 static token routing, CPU offload/prefetch, LZW-based allocation and the 512
 cap. Guessed: the exact LZW weight, the pre-norm x̂ on the query and in the mix,
 the initialisation, and where L3 layers sit (here: after chosen decoder blocks,
-each with its own residual; see moejax/models/decoder.py).
+each with its own residual, inside the block: moejax/models/block.py).
 
 Sharding and host offload: the tables carry the logical axis "lookup_rows",
 which moejax/sharding.RULES maps to no mesh axis (replicated; never split on
@@ -48,9 +42,6 @@ gathered block. Not implemented here: the tables live on device. Note that
 AdamW's weight decay still shrinks absent rows; a sparse optimizer would not.
 """
 
-import functools
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,11 +50,6 @@ from flax import nnx
 from moejax.errors import ConfigError
 from moejax.layers.dense import RMSNorm, dense_init
 
-ALLOCATIONS = ("lzw", "frequency", "uniform")
-CORPORA = {"shakespeare": False, "shakespeare_folio": True}  # name -> include Folio texts
-# model.l3.corpus: the training split of the run's own data, through its tokenizer
-# (any vocabulary; moejax.data.pipeline.train_token_stream).
-TRAIN_SPLIT = "train_split"
 PARAM_NAMES = ("keys", "values", "w_up", "ln_scale", "ln_bias", "w_mix")
 
 
@@ -111,73 +97,6 @@ def allocate_rows(weights, budget: int, cap: int) -> np.ndarray:
   rows[order] += 1
   assert rows.sum() == budget and rows.min() >= 1 and rows.max() <= cap, rows
   return rows
-
-
-def lzw_phrase_counts(stream, vocab_size: int) -> np.ndarray:
-  """Per token id, how many LZW dictionary phrases end in it (one pass)."""
-  counts = np.zeros(vocab_size, np.int64)
-  ids = np.asarray(stream).tolist()
-  if not ids:
-    return counts
-  table: dict[tuple[int, int], int] = {}
-  next_code, code = vocab_size, ids[0]
-  for tok in ids[1:]:
-    found = table.get((code, tok))
-    if found is None:
-      table[(code, tok)] = next_code
-      next_code, code = next_code + 1, tok
-      counts[tok] += 1
-    else:
-      code = found
-  return counts
-
-
-def corpus_stream(corpus: str) -> np.ndarray:
-  """The byte-token stream of a built-in corpus's *train* split, documents
-  separated by eos 0, as moejax/data/pipeline.py packs it (no TFDS needed)."""
-  from moejax.data import shakespeare
-
-  texts = [t for t in shakespeare.list_source_texts(CORPORA[corpus]) if t.split == "train"]
-  docs = [
-    shakespeare.strip_gutenberg_boilerplate(t.path.read_text(encoding="utf-8")) for t in texts
-  ]
-  return np.frombuffer(b"\0".join(d.encode("utf-8") for d in docs) + b"\0", np.uint8)
-
-
-def weights_of_stream(rule: str, stream, vocab_size: int) -> np.ndarray:
-  """Allocation weights [V] by `rule` (lzw | frequency) from a token stream."""
-  if rule == "lzw":
-    return lzw_phrase_counts(stream, vocab_size).astype(np.float64)
-  return np.bincount(np.asarray(stream), minlength=vocab_size).astype(np.float64)
-
-
-@functools.lru_cache(maxsize=8)
-def token_weights(rule: str, corpus: str, vocab_size: int) -> np.ndarray:
-  """Allocation weights [V] by `rule` from a built-in `corpus`'s train split (cached)."""
-  if rule == "uniform":
-    return np.ones(vocab_size)
-  return weights_of_stream(rule, corpus_stream(corpus), vocab_size)
-
-
-@functools.lru_cache(maxsize=4)
-def _train_split_weights(rule: str, data_json: str, vocab_size: int) -> np.ndarray:
-  import ml_collections
-
-  from moejax.data.pipeline import train_token_stream
-
-  stream = train_token_stream(ml_collections.ConfigDict(json.loads(data_json)))
-  return weights_of_stream(rule, stream, vocab_size)
-
-
-def allocation_weights(config) -> np.ndarray | None:
-  """The weights a run's L3 layers allocate rows by, when they come from its own
-  training split (model.l3.corpus='train_split', read through data.tokenizer);
-  None otherwise (the layer reads its built-in corpus itself)."""
-  m = config.model
-  l3 = m.get("l3")
-  if l3 is None or not l3.enabled or l3.allocation == "uniform" or l3.corpus != TRAIN_SPLIT:
-    return None
-  return _train_split_weights(l3.allocation, config.data.to_json(sort_keys=True), m.vocab_size)
 
 
 def csr_layout(rows) -> tuple[np.ndarray, np.ndarray]:
@@ -262,23 +181,6 @@ class LookupLayer(nnx.Module):
     return x + l3_mix(params, x_hat, pooled).astype(x.dtype)
 
 
-def build_lookup_layer(model_cfg, *, rngs: nnx.Rngs, dtype, weights=None) -> LookupLayer:
-  """An L3 layer for `model_cfg` (its `l3` section), rows allocated by `weights`
-  [V] (from `allocation_weights`), or from the built-in corpus when None."""
-  l3 = model_cfg.l3
-  if weights is None:
-    if l3.corpus == TRAIN_SPLIT and l3.allocation != "uniform":
-      raise ValueError(
-        "model.l3.corpus='train_split' allocates from the run's data: build "
-        "the model with moejax.train.build.build_model(config)"
-      )
-    weights = token_weights(l3.allocation, l3.corpus, model_cfg.vocab_size)
-  rows = allocate_rows(weights, l3.budget, l3.cap)
-  return LookupLayer(
-    model_cfg.d_model, l3, rows, rngs=rngs, dtype=dtype, norm_eps=model_cfg.norm_eps
-  )
-
-
 def validate_l3(c) -> None:
   """ConfigError for a bad `model.l3` section (called by validate_config)."""
   m, l3 = c.model, c.model.l3
@@ -298,19 +200,3 @@ def validate_l3(c) -> None:
       f"model.l3.layers={layers} must be distinct block indices in "
       f"[0, model.num_layers={m.num_layers})"
     )
-  if l3.allocation not in ALLOCATIONS:
-    raise ConfigError(
-      f"model.l3.allocation={l3.allocation!r} is not known; valid: {', '.join(ALLOCATIONS)}"
-    )
-  if l3.allocation != "uniform" and l3.corpus != TRAIN_SPLIT:
-    if l3.corpus not in CORPORA:
-      raise ConfigError(
-        f"model.l3.corpus={l3.corpus!r} is not known; valid: {', '.join((*CORPORA, TRAIN_SPLIT))}"
-      )
-    if c.data.tokenizer != "byte" or m.vocab_size < 256:
-      raise ConfigError(
-        f"model.l3.allocation={l3.allocation!r} counts byte tokens of "
-        f"model.l3.corpus={l3.corpus!r}: needs data.tokenizer='byte' "
-        f"(is {c.data.tokenizer!r}) and model.vocab_size >= 256 "
-        f"(is {m.vocab_size})"
-      )

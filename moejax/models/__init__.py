@@ -27,5 +27,5 @@ MODELS.add("vit", VisionTransformer)
 
 def build_model(model_name: str, model_cfg, *, rngs, **inputs):
   """The registered model `model_name` built from the `model` config section (and
-  what the config alone cannot give, e.g. `l3_weights` counted on the run's data)."""
+  what the config alone cannot give, e.g. `l3_rows` counted on the run's data)."""
   return MODELS.get(model_name)(model_cfg, rngs=rngs, **inputs)

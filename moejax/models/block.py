@@ -1,13 +1,18 @@
 """One pre-norm decoder block and its rematerialised call (moejax/models/decoder.py
 builds the model of them; moejax/models/scanned.py stacks them for scan_layers).
 
-  h = x + attn(attn_norm(x));  y = h + ffn(ffn_norm(h))
+  h = x + attn(attn_norm(x));  y = h + ffn(ffn_norm(h));  [y = lookup(y, token ids)]
 
 ffn is the one MoE layer (moejax/layers/moe.py) or a dense SwiGLU (which layers:
 moejax/models/structure.py moe_layer_indices). model.remat names a jax.checkpoint
 policy (REMAT_POLICIES; MaxText's remat_policy): 'save_moe_routing' keeps the router
 logits and the Routing (layers/moe.py ROUTING_NAMES) and recomputes the rest, expert
 activations included, in the backward pass.
+
+A block in model.l3.layers ends with an L3 layer (moejax/layers/lookup.py: static
+routing by token id, its own residual). Its table rows per id (l3_rows, from
+moejax/data/l3_allocation.py) are passed in, so a block reads no data, and scan
+treats a block with L3 like any other: every block of a scanned model has one.
 """
 
 import jax
@@ -16,6 +21,7 @@ from flax import nnx
 
 from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import RMSNorm, SwiGLU
+from moejax.layers.lookup import LookupLayer
 from moejax.layers.moe import ROUTING_NAMES, MoELayer
 from moejax.models.structure import layer_moe_config, moe_layer_indices
 
@@ -28,8 +34,16 @@ REMAT_POLICIES = {
 }
 
 
+def has_lookup(m, layer: int) -> bool:
+  """Whether block `layer` of the model section `m` ends with an L3 layer."""
+  l3 = m.get("l3")
+  return l3 is not None and bool(l3.enabled) and layer in tuple(l3.layers)
+
+
 class DecoderBlock(nnx.Module):
-  def __init__(self, m, layer: int, *, rngs: nnx.Rngs, dtype):
+  def __init__(self, m, layer: int, *, rngs: nnx.Rngs, dtype, l3_rows=None):
+    """l3_rows: rows per token id [V] of the L3 table (moejax/data/l3_allocation.py),
+    needed when the block has one (has_lookup)."""
     self.attn_norm = RMSNorm(m.d_model, m.norm_eps)
     attention = LatentAttention if m.attention.kind == "mla" else GroupedQueryAttention
     self.attn = attention(m, rngs=rngs, dtype=dtype)
@@ -45,6 +59,17 @@ class DecoderBlock(nnx.Module):
       self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype, receives_base=index > 0)
     else:
       self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
+    self.lookup: LookupLayer | None = nnx.data(None)
+    if has_lookup(m, layer):
+      if l3_rows is None:
+        raise ValueError(
+          f"block {layer} has an L3 layer (model.l3.layers={list(m.l3.layers)}): pass its "
+          "table's rows per token id, l3_rows=moejax.data.l3_allocation.l3_rows(config) "
+          "(moejax.train.build.build_model(config) does)"
+        )
+      self.lookup = LookupLayer(
+        m.d_model, m.l3, l3_rows, rngs=rngs, dtype=dtype, norm_eps=m.norm_eps
+      )
 
   def attend(self, *args, token_mask=None, **kwargs):
     """(h, layer_cache, the attention adapter's aux or None) of self.attn(*args, **kwargs),
@@ -67,9 +92,11 @@ class DecoderBlock(nnx.Module):
     step_stats=None,
     carry=None,
     prefix=None,
+    token_ids=None,
   ):
     """prefix: None or a key/value prefix hook for grouped-query attention (a ViT
-    adapter's, layers/attention.py prefixed_attention)."""
+    adapter's, layers/attention.py prefixed_attention); token_ids [B, L]: the tokens,
+    which an L3 layer routes by."""
     if self.window:
       allowed = allowed & windowed(allowed.shape, start, self.window)
     with_prefix = {} if prefix is None else {"prefix": prefix}
@@ -83,12 +110,19 @@ class DecoderBlock(nnx.Module):
       token_mask=token_mask,
     )
     x = x + h
-    if not self.is_moe:
-      return x + self.ffn(self.ffn_norm(x)), with_adapter(None, adapter_aux), layer_cache
-    # carry: NAMEx's base expert from the previous MoE layer (merged.pass_carry)
-    options = dict(token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry)
-    h, aux = self.ffn(self.ffn_norm(x), **options)
-    return x + h, with_adapter(aux, adapter_aux), layer_cache
+    aux = None
+    if self.is_moe:
+      # carry: NAMEx's base expert from the previous MoE layer (merged.pass_carry)
+      options = dict(
+        token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry
+      )
+      h, aux = self.ffn(self.ffn_norm(x), **options)
+    else:
+      h = self.ffn(self.ffn_norm(x))
+    x = x + h
+    if self.lookup is not None:
+      x = self.lookup(x, token_ids)
+    return x, with_adapter(aux, adapter_aux), layer_cache
 
 
 def with_adapter(aux, adapter_aux):
@@ -103,7 +137,8 @@ def rematerialised(block, policy):
   graphdef, params, rest = nnx.split(block, nnx.Param, ...)
 
   def call(x, positions, allowed, token_mask, layer_cache, start, *, train, rng, **traced):
-    """traced: the block's step_stats and carry, arguments of the checkpointed call."""
+    """traced: the block's step_stats, carry and token_ids, arguments of the
+    checkpointed call."""
 
     def apply(params, rest, x, traced):
       inner = nnx.merge(graphdef, params, rest)

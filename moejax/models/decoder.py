@@ -3,8 +3,8 @@
 Pre-norm blocks (moejax/models/block.py), h = x + attn(norm(x)); y = h + ffn(norm(h)),
 where ffn is the one MoE layer (moejax/layers/moe.py; OmniMoE is its product_key
 router with atomic experts) or a dense SwiGLU (which layers: moejax/models/structure.py
-moe_layer_indices). With model.l3.enabled
-an L3 layer (moejax/layers/lookup.py) follows each block in model.l3.layers.
+moe_layer_indices). With model.l3.enabled each block in model.l3.layers ends with
+an L3 layer (moejax/layers/lookup.py), its rows per token id passed in (l3_rows).
 
     logits, aux, cache = Decoder(model_cfg)(tokens_BxL, token_mask_BxL=None,
                                             cache=None, train=False, rng=None)
@@ -30,11 +30,12 @@ Scale skeleton (MaxText's scan_layers and remat_policy):
                      runs them, so one block is traced and compiled instead of
                      num_layers. Only for identical layers
                      (scan_layer_differences); the loop stays for the rest
-                     (pruned layers with unequal expert counts, L3, windows
-                     that differ). A seed gives other parameters than the loop
-                     model's; stack_layers and unstack_layers convert between
-                     the layouts. KV-cache decoding and export read the loop
-                     layout (load.py unstacks).
+                     (pruned layers with unequal expert counts, L3 after
+                     some blocks only, windows that differ). A seed gives
+                     other parameters than the loop model's; stack_layers and
+                     unstack_layers convert between the layouts. KV-cache
+                     decoding and export read the loop layout (load.py
+                     unstacks).
   model.remat        a jax.checkpoint policy per block, by name (REMAT_POLICIES):
                      'save_moe_routing' keeps the router logits and the Routing
                      (layers/moe.py ROUTING_NAMES) and recomputes the rest,
@@ -57,7 +58,7 @@ from flax import nnx
 from moejax import sharding
 from moejax.experts import merged
 from moejax.layers.dense import Linear, RMSNorm
-from moejax.layers.lookup import build_lookup_layer
+from moejax.layers.lookup import allocate_rows
 from moejax.models.block import REMAT_POLICIES, RESIDUAL_AXES, DecoderBlock, rematerialised
 from moejax.models.scanned import ScannedBlocks
 from moejax.models.scanned import scan_layer_differences as scan_layer_differences
@@ -105,9 +106,9 @@ def gather_aux(layers_aux, is_moe) -> dict:
 
 
 class Decoder(nnx.Module):
-  def __init__(self, m, *, rngs: nnx.Rngs, l3_weights=None):
-    """l3_weights: [V] allocation weights of the L3 layers when model.l3.corpus is
-    'train_split' (moejax.layers.lookup.allocation_weights); else None."""
+  def __init__(self, m, *, rngs: nnx.Rngs, l3_rows=None):
+    """l3_rows: rows per token id [V] of the L3 tables when model.l3 is on
+    (moejax.data.l3_allocation.l3_rows(config)); else None."""
     self.cfg = m
     self.dtype = DTYPES[m.dtype]
     self.embed = nnx.Param(
@@ -116,19 +117,14 @@ class Decoder(nnx.Module):
     )
     self.blocks: ScannedBlocks | nnx.List[DecoderBlock]
     if m.scan_layers:
-      self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype)
+      self.blocks = ScannedBlocks(m, rngs=rngs, dtype=self.dtype, l3_rows=l3_rows)
     else:
       self.blocks = nnx.List(
-        [DecoderBlock(m, i, rngs=rngs, dtype=self.dtype) for i in range(m.num_layers)]
+        [
+          DecoderBlock(m, i, rngs=rngs, dtype=self.dtype, l3_rows=l3_rows)
+          for i in range(m.num_layers)
+        ]
       )
-    # L3 layers (moejax/layers/lookup.py), keyed by the block they follow.
-    l3 = m.get("l3")
-    self.lookups = nnx.Dict(
-      {
-        str(i): build_lookup_layer(m, rngs=rngs, dtype=self.dtype, weights=l3_weights)
-        for i in (l3.layers if l3 is not None and l3.enabled else ())
-      }
-    )
     self.final_norm = RMSNorm(m.d_model, m.norm_eps)
     self.head = nnx.data(None)
     if not m.tie_embeddings:
@@ -193,7 +189,15 @@ class Decoder(nnx.Module):
       if cache is not None:
         raise ValueError("a scanned model decodes in the loop layout: unstack_layers")
       x, layers_aux = self.blocks(
-        x, positions, allowed, mask, train=train, rng=rng, policy=policy, step_stats=step_stats
+        x,
+        positions,
+        allowed,
+        mask,
+        train=train,
+        rng=rng,
+        policy=policy,
+        step_stats=step_stats,
+        token_ids=tokens_BxL,
       )
     else:
       layers_aux = []
@@ -214,12 +218,11 @@ class Decoder(nnx.Module):
           rng=jax.random.fold_in(rng, i),
           step_stats=block_stats.get(i),
           carry=carry,
+          token_ids=tokens_BxL,
         )
         aux, carry = merged.pass_carry(aux, carry)
         x = sharding.constrain(x, RESIDUAL_AXES)
         new_layers.append(layer_cache)
-        if str(i) in self.lookups:  # static routing by token id: needs the ids
-          x = sharding.constrain(self.lookups[str(i)](x, tokens_BxL), RESIDUAL_AXES)
         layers_aux.append(aux)
     model_aux = gather_aux(layers_aux, is_moe_block(self.blocks))
     if last_logits_only:  # decoding reads only the last position's logits
@@ -236,14 +239,19 @@ class Decoder(nnx.Module):
     return logits, model_aux, cache
 
 
+def skeleton_decoder(m, *, rngs: nnx.Rngs) -> Decoder:
+  """Decoder(m) for a caller that replaces its variables (a restore, a copy from
+  another model): an L3 layer's shapes do not depend on its allocation, so uniform
+  rows stand in for the data's (the table comes with the variables)."""
+  l3 = m.get("l3")
+  rows = None
+  if l3 is not None and l3.enabled:
+    rows = allocate_rows(np.ones(m.vocab_size), l3.budget, l3.cap)
+  return Decoder(ml_collections.FrozenConfigDict(m), rngs=rngs, l3_rows=rows)
+
+
 def abstract_model(m):
   """(graphdef, params, rest) of Decoder(m) as ShapeDtypeStructs: nothing allocated."""
-  # Shapes only (an L3 layer's shapes do not depend on its allocation; the table
-  # itself comes from the checkpoint): uniform weights stand in for data counts.
-  l3 = m.get("l3")
-  inputs = {"l3_weights": np.ones(m.vocab_size)} if l3 is not None and l3.enabled else {}
-  model = nnx.eval_shape(
-    lambda: Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0), **inputs)
-  )
+  model = nnx.eval_shape(lambda: skeleton_decoder(m, rngs=nnx.Rngs(0)))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)

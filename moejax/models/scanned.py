@@ -22,7 +22,7 @@ import ml_collections
 from flax import nnx
 
 from moejax import sharding
-from moejax.models.block import RESIDUAL_AXES, DecoderBlock, rematerialised
+from moejax.models.block import RESIDUAL_AXES, DecoderBlock, has_lookup, rematerialised
 from moejax.models.structure import expert_counts, layer_windows, moe_layer_indices
 
 # nnx.vmap / nnx.scan transform_metadata: the layer axis is logical axis None.
@@ -38,8 +38,9 @@ def scan_layer_differences(m) -> str:
     return f"model.attention.windows={list(m.attention.windows)} differ"
   if len(set(expert_counts(m))) > 1:
     return f"model.moe.expert_counts={list(m.moe.expert_counts)} differ"
-  if m.get("l3") is not None and m.l3.enabled:
-    return f"L3 layers follow blocks {list(m.l3.layers)}"
+  l3 = [i for i in range(m.num_layers) if has_lookup(m, i)]
+  if l3 and len(l3) != m.num_layers:
+    return f"blocks {l3} end with an L3 layer and the others do not"
   if moe and m.moe.get("merge") == "namex":
     return "model.moe.merge='namex' passes the base expert from layer to layer"
   return ""
@@ -51,28 +52,42 @@ class ScannedBlocks(nnx.Module):
   over rngs split per layer: layer i draws from the i-th key (not the loop's
   parameters; stack_layers gives a scanned model those)."""
 
-  def __init__(self, m, *, rngs: nnx.Rngs, dtype):
+  def __init__(self, m, *, rngs: nnx.Rngs, dtype, l3_rows=None):
     @nnx.split_rngs(splits=m.num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYER_AXIS)
     def build(rngs):
       # every layer is layer 0's (scan_layer_differences refuses layers that differ)
-      return DecoderBlock(m, 0, rngs=rngs, dtype=dtype)
+      return DecoderBlock(m, 0, rngs=rngs, dtype=dtype, l3_rows=l3_rows)
 
     self.block = build(rngs)
     self.num_layers = m.num_layers
 
-  def __call__(self, x, positions, allowed, token_mask, *, train, rng, policy, step_stats=None):
+  def __call__(
+    self,
+    x,
+    positions,
+    allowed,
+    token_mask,
+    *,
+    train,
+    rng,
+    policy,
+    step_stats=None,
+    token_ids=None,
+  ):
     """(x after the last layer, per layer its aux as the loop's list) under nnx.scan, the
     block rematerialised as the loop's (rematerialised(block, policy)) when policy is not
     None. step_stats: one per layer (Decoder), scanned over as [L, ...]. Layer i draws
-    from fold_in(rng, i), as in the loop, and its router state is written back to row i."""
+    from fold_in(rng, i), as in the loop, and its router state is written back to row i.
+    token_ids: the tokens, which L3 layers route by (every layer's the same)."""
     stacked = stack(step_stats) if step_stats else None
 
     @nnx.scan(in_axes=(0, nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0), transform_metadata=LAYER_AXIS)
     def layer(block, x, index, stats):
       call = block if policy is None else rematerialised(block, policy)
       args = (x, positions, allowed, token_mask, None, 0)
-      x, aux, _ = call(*args, train=train, rng=jax.random.fold_in(rng, index), step_stats=stats)
+      key = jax.random.fold_in(rng, index)
+      x, aux, _ = call(*args, train=train, rng=key, step_stats=stats, token_ids=token_ids)
       return sharding.constrain(x, RESIDUAL_AXES), aux
 
     x, aux = layer(self.block, x, jnp.arange(self.num_layers), stacked)

@@ -23,6 +23,7 @@ from moejax.errors import ConfigError, choice_error
 from moejax.experts import codebook as codebook_type
 from moejax.experts import quantized as quantized_type
 from moejax.experts.compressed import MATRICES, check_bits
+from moejax.layers.lookup import LookupTable
 from moejax.posttrain import codebook, methods
 
 QUANTIZERS = methods.INTEGER_QUANTIZERS  # the --quantizer names (methods.QUANTIZERS)
@@ -178,12 +179,12 @@ def codebook_from_float(
 
 def compress_model(float_model, model, convert) -> None:
   """Make `model` (compressed experts) the compression of `float_model` (the same
-  config with experts='swiglu'): every nnx.Param copied from the same path, each
-  compressed expert layer given convert(that layer's float weights), e.g.
-  lambda w: quantized_from_float(w, 4, 32)."""
+  config with experts='swiglu'): every nnx.Param and L3 table layout copied from the
+  same path, each compressed expert layer given convert(that layer's float weights),
+  e.g. lambda w: quantized_from_float(w, 4, 32)."""
   float_vars = dict(nnx.iter_graph(float_model))
   for path, node in nnx.iter_graph(model):
-    if isinstance(node, nnx.Param):
+    if isinstance(node, (nnx.Param, LookupTable)):
       node.set_value(float_vars[path][...])
     elif isinstance(node, COMPRESSED):
       weights = float_vars[path].weights(np.float32)

@@ -33,10 +33,10 @@ def compressed_model(m, params: dict, rest: dict, c: Compressed):
   experts copied from the float `params`; factorised ranks zero-padded to one
   triple per projection (the config holds one), which changes no output."""
   from flax import nnx
-  from moejax.models.decoder import Decoder
+  from moejax.models.decoder import skeleton_decoder
 
   new_m = compressed_config(m, c)
-  model = Decoder(ml_collections.FrozenConfigDict(new_m), rngs=nnx.Rngs(0))
+  model = skeleton_decoder(new_m, rngs=nnx.Rngs(0))  # every variable is copied in
   split = nnx.split(model, nnx.Param, ...)
   graphdef, new_params, new_rest = split  # type: ignore[misc]  # nnx.split stub: any arity
   new_params = nnx.to_pure_dict(new_params)

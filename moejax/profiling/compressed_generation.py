@@ -50,7 +50,7 @@ def compressed_loaded(loaded, name: str, group_size: int):
   """(Loaded with the experts of arm `name` ('<variant>[@<decode_kernel>]')
   converted from loaded's, the type's section)."""
   from moejax.interop.convert import Loaded
-  from moejax.models.decoder import Decoder
+  from moejax.models.decoder import skeleton_decoder
 
   m = loaded.config
   dims = (m.d_model, m.moe.expert_d_ff, m.moe.num_experts, m.moe.top_k)
@@ -65,7 +65,7 @@ def compressed_loaded(loaded, name: str, group_size: int):
     **(c.moe.get(expert_type) or ml_collections.ConfigDict()).to_dict(),
     **section,
   }
-  model = Decoder(ml_collections.FrozenConfigDict(c), rngs=nnx.Rngs(0))
+  model = skeleton_decoder(c, rngs=nnx.Rngs(0))  # compress_model fills it
   from moejax.posttrain import compress
 
   compress.compress_model(loaded.model(), model, converter(expert_type, section))

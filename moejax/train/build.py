@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 
 from moejax import models
-from moejax.layers import lookup
+from moejax.data.l3_allocation import l3_rows
 from moejax.train import optimizer as optimizer_lib
 from moejax.train import step as step_lib
 
@@ -15,10 +15,8 @@ def build_model(config):
   """The model `config.model_name` (moejax.models.MODELS) of `config.model`, its
   parameters stored in train.param_dtype (router ones float32)."""
   model_cfg = ml_collections.FrozenConfigDict(config.model)
-  inputs = {}
-  l3_weights = lookup.allocation_weights(config)  # L3 rows from this run's own data
-  if l3_weights is not None:
-    inputs["l3_weights"] = l3_weights
+  rows = l3_rows(config)  # L3 tables' rows per token id, counted on data
+  inputs = {} if rows is None else {"l3_rows": rows}
   model = models.build_model(config.model_name, model_cfg, rngs=nnx.Rngs(config.seed), **inputs)
   return optimizer_lib.apply_param_dtype(model, config.train.get("param_dtype", "float32"))
 

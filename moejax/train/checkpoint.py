@@ -110,7 +110,7 @@ class Checkpointer:
     """(state, data state) of `step`, in the layout of `abstract_state`; a
     checkpoint of an older variable layout (moejax/train/layouts.py) is read
     in its own layout and mapped to today's."""
-    layout = stored_layout(self._stored_meta(step).get("config", {}))
+    layout = stored_layout(self._stored_meta(step).get("config", {}), self.stored_tree(step))
     target = abstract_state if layout is None else layout.to_old(abstract_state)
     self._check_expert_variables(step, target)
     with self._naming_errors(step):

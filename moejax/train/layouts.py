@@ -14,6 +14,9 @@ OmniMoE, before it became the one MoE layer (stored config model.ffn_type ==
     up, down [N, d]             -> experts {u [N, d, 1], d [N, 1, d]}
     bn_stats {mean_x, ...}      -> router_state {mean_x, ...}
     shared (SwiGLU)             -> shared (the same SwiGLU: one shared expert)
+
+L3 before it moved into the block (a stored tree with a top-level `lookups`):
+    lookups {"i": {keys, values, ..., offsets, lengths}} -> blocks {i: {lookup: ...}}
 """
 
 from __future__ import annotations
@@ -77,35 +80,87 @@ def omnimoe_to_new(ffn: dict) -> dict:
   return out
 
 
-def _map_ffns(tree, fn, new: bool):
-  return jax.tree.map(
-    lambda node: fn(node) if _is_omnimoe_ffn(node, new) else node,
-    tree,
-    is_leaf=lambda node: _is_omnimoe_ffn(node, new),
+def _is_model_with_lookups(node, new: bool) -> bool:
+  """A model's dict (params, state or an optimizer moment) holding L3 tables: in
+  today's layout under blocks {i: {lookup}}, in the old one under `lookups`."""
+  if not isinstance(node, dict):
+    return False
+  if not new:
+    return "lookups" in node
+  blocks = node.get("blocks")
+  return isinstance(blocks, dict) and any(
+    isinstance(block, dict) and "lookup" in block for block in blocks.values()
   )
 
 
-class Layout:
-  """One older layout: to_old(today's tree) and to_new(the old tree)."""
+def lookups_to_old(model: dict) -> dict:
+  """Today's model dict with its blocks' L3 tables under a top-level `lookups`
+  {"i": table}; blocks left empty are dropped, as the old tree had none."""
+  blocks, lookups = {}, {}
+  for i, block in model["blocks"].items():
+    if isinstance(block, dict) and "lookup" in block:
+      lookups[str(i)] = block["lookup"]
+      block = {k: v for k, v in block.items() if k != "lookup"}
+    if block:
+      blocks[i] = block
+  out = {k: v for k, v in model.items() if k != "blocks"}
+  return {**out, **({"blocks": blocks} if blocks else {}), "lookups": lookups}
 
-  def __init__(self, name: str, to_old, to_new):
-    self.name, self._to_old, self._to_new = name, to_old, to_new
+
+def lookups_to_new(model: dict) -> dict:
+  """The old model dict (`lookups` {"i": table}) with each table in block i."""
+  blocks = dict(model.get("blocks", {}))
+  for i, table in model["lookups"].items():
+    key = next((k for k in blocks if str(k) == str(i)), int(i))
+    blocks[key] = {**blocks.get(key, {}), "lookup": table}
+  out = {k: v for k, v in model.items() if k != "lookups"}
+  return {**out, "blocks": blocks}
+
+
+class Layout:
+  """One older layout: to_old(today's tree) and to_new(the old tree), each mapping
+  every node `is_node(node, new)` says holds the variables that moved."""
+
+  def __init__(self, name: str, to_old, to_new, is_node):
+    self.name, self._to_old, self._to_new, self._is_node = name, to_old, to_new, is_node
+
+  def _map(self, tree, fn, new: bool):
+    return jax.tree.map(
+      lambda node: fn(node) if self._is_node(node, new) else node,
+      tree,
+      is_leaf=lambda node: self._is_node(node, new),
+    )
 
   def to_old(self, tree):
-    return _map_ffns(tree, self._to_old, new=True)
+    return self._map(tree, self._to_old, new=True)
 
   def to_new(self, tree):
-    return _map_ffns(tree, self._to_new, new=False)
+    return self._map(tree, self._to_new, new=False)
 
 
-OMNIMOE_LAYER = Layout("the former OmniMoE layer", omnimoe_to_old, omnimoe_to_new)
+OMNIMOE_LAYER = Layout("the former OmniMoE layer", omnimoe_to_old, omnimoe_to_new, _is_omnimoe_ffn)
+L3_AFTER_BLOCKS = Layout(
+  "L3 layers after the blocks", lookups_to_old, lookups_to_new, _is_model_with_lookups
+)
 
 
-def stored_layout(stored_config: dict) -> Layout | None:
-  """The older layout a checkpoint's stored config (as saved, before
-  moejax/migrate.with_defaults) says its variables have; None for today's."""
+def _holds_key(tree, key: str) -> bool:
+  """Whether a dict anywhere in `tree` (nested dicts, lists, tuples) has `key`."""
+  if isinstance(tree, dict):
+    return key in tree or any(_holds_key(v, key) for v in tree.values())
+  if isinstance(tree, (list, tuple)):
+    return any(_holds_key(v, key) for v in tree)
+  return False
+
+
+def stored_layout(stored_config: dict, stored_tree=None) -> Layout | None:
+  """The older layout a checkpoint has, from its stored config (as saved, before
+  moejax/migrate.with_defaults) and its stored tree (orbax metadata); None for
+  today's."""
   if stored_config.get("model", {}).get("ffn_type") == "omnimoe":
     return OMNIMOE_LAYER
+  if stored_tree is not None and _holds_key(stored_tree, "lookups"):
+    return L3_AFTER_BLOCKS
   return None
 
 

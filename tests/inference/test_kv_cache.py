@@ -13,6 +13,8 @@ from flax import nnx
 
 from moejax.configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
 from moejax.configs.lm_shakespeare_moe import get_config
+from moejax.data import l3_allocation
+from moejax.layers.lookup import allocate_rows
 from moejax.models.structure import moe_layer_indices
 from moejax.inference import generate as gen_lib
 from moejax.inference.generate import filter_logits, generate, left_pad, sample_tokens
@@ -86,8 +88,14 @@ def random_params(m, seed=0):
 
 
 def real_init(m):
-  """(params, rest) pure dicts of the model's own initialisation."""
-  model = nnx.merge(*nnx.split(Decoder(ml_collections.FrozenConfigDict(m), rngs=nnx.Rngs(0))))
+  """(params, rest) pure dicts of the model's own initialisation (L3 rows allocated by
+  the config's rule over its corpus: unequal rows per id)."""
+  rows = None
+  if m.l3.enabled:
+    weights = l3_allocation.token_weights(m.l3.allocation, m.l3.corpus, m.vocab_size)
+    rows = allocate_rows(weights, m.l3.budget, m.l3.cap)
+  m = ml_collections.FrozenConfigDict(m)
+  model = nnx.merge(*nnx.split(Decoder(m, rngs=nnx.Rngs(0), l3_rows=rows)))
   _, params, rest = nnx.split(model, nnx.Param, ...)
   return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 

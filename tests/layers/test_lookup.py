@@ -11,6 +11,7 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from moejax.configs import lm_shakespeare_l3
+from moejax.data import l3_allocation
 from moejax.validation import validate_config
 from moejax.errors import ConfigError
 from moejax.layers import lookup
@@ -132,7 +133,7 @@ def test_allocation_by_hand():
   # LZW over "a a a a a a b" (a=0, b=1, c=2 unseen): new phrases aa, aaa (end in a),
   # aaab (ends in b) -> weights 2, 1, 0; frequency weights are 6, 1, 0.
   stream = [0, 0, 0, 0, 0, 0, 1]
-  np.testing.assert_array_equal(lookup.lzw_phrase_counts(stream, 3), [2, 1, 0])
+  np.testing.assert_array_equal(l3_allocation.lzw_phrase_counts(stream, 3), [2, 1, 0])
   # budget 9, cap 9: spare 6 -> lzw 4:2:0 -> 5,3,1; frequency 36/7, 6/7, 0 -> targets
   # 6.14, 1.86, 1 -> floors 6,1,1 + the remainder .86 to id 1 -> 6,2,1.
   np.testing.assert_array_equal(lookup.allocate_rows([2, 1, 0], 9, 9), [5, 3, 1])
@@ -190,16 +191,16 @@ def test_tiny_l3_lm_learns_and_checkpoints_its_table(tmp_path):
   assert run.eval["val_loss"] < math.log(256) - 0.5
   l3 = config.model.l3
   rows = lookup.allocate_rows(
-    lookup.token_weights(l3.allocation, l3.corpus, 256), l3.budget, l3.cap
+    l3_allocation.token_weights(l3.allocation, l3.corpus, 256), l3.budget, l3.cap
   )
-  table = run.state.rest["lookups"]["1"]
+  table = run.state.rest["blocks"][1]["lookup"]
   np.testing.assert_array_equal(table["lengths"], rows)
   np.testing.assert_array_equal(table["offsets"], lookup.csr_layout(rows)[0])
   ckpt = Checkpointer(str(tmp_path / "run"), 2)
   _, state, _ = init_state(config)
   restored, _ = ckpt.restore(ckpt.latest_step(), jax.tree.map(np.asarray, state))
-  np.testing.assert_array_equal(restored.rest["lookups"]["1"]["offsets"], table["offsets"])
-  assert restored.params["lookups"]["1"]["keys"].shape == (l3.budget, config.model.d_model)
+  np.testing.assert_array_equal(restored.rest["blocks"][1]["lookup"]["offsets"], table["offsets"])
+  assert restored.params["blocks"][1]["lookup"]["keys"].shape == (l3.budget, config.model.d_model)
 
 
 def test_train_split_allocation_counts_the_runs_own_sentencepiece_tokens(tmp_path):
@@ -232,11 +233,8 @@ def test_train_split_allocation_counts_the_runs_own_sentencepiece_tokens(tmp_pat
     counts.update(processor.encode(open(path, encoding="utf-8").read()) + [processor.eos_id()])
   assert len(counts) > 12  # merged pieces, not bytes
   expected = lookup.allocate_rows([counts[t] for t in range(300)], 1200, 64)
-  np.testing.assert_array_equal(model.lookups["1"].lengths[...], expected)
+  np.testing.assert_array_equal(model.blocks[1].lookup.lengths[...], expected)
 
   config.model.l3.corpus = "shakespeare"  # byte counts cannot allocate a 300-piece vocabulary
   with pytest.raises(ConfigError, match=r"model\.l3\.allocation='frequency' counts byte tokens"):
     validate_config(config)
-  config.model.l3.corpus = "train_split"  # built without the run's data: refused
-  with pytest.raises(ValueError, match=r"model\.l3\.corpus='train_split' allocates from the "):
-    lookup.build_lookup_layer(config.model, rngs=nnx.Rngs(0), dtype=jnp.float32)

@@ -1,8 +1,8 @@
 """Scan over layers and remat policies compute what the plain loop computes:
 outputs, gradients and router state (1e-6), the scanned model holding the loop
 model's variables stacked (stack_layers: built from a seed, it draws one key per
-layer, other parameters); layers that differ and unknown policies are refused by
-name before anything is built."""
+layer, other parameters), an L3 layer in every block included; layers that differ
+and unknown policies are refused by name before anything is built."""
 
 import jax
 import ml_collections
@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from moejax.configs.lm_shakespeare_moe import get_config
+from moejax.layers.lookup import allocate_rows
 from moejax.validation import validate_model
 from moejax.errors import ConfigError
 from moejax.models import Decoder
@@ -35,20 +36,20 @@ def model_config(**keys):
 TOKENS = jax.random.randint(jax.random.key(3), (2, 16), 0, 256)
 
 
-def loop_variables(m):
+def loop_variables(m, l3_rows=None):
   """(graphdef, params, rest) of Decoder(m) holding the loop model's seed-0 variables,
   stacked when m is scanned."""
   loop_m = ml_collections.FrozenConfigDict(with_scan_layers(m, False))
-  _, params, rest = split_model(Decoder(loop_m, rngs=nnx.Rngs(0)))
+  _, params, rest = split_model(Decoder(loop_m, rngs=nnx.Rngs(0), l3_rows=l3_rows))
   if m.scan_layers:
     _, params, rest = stack_layers(loop_m, params, rest)
   return abstract_model(m)[0], params, rest
 
 
-def loss_and_grads(m):
+def loss_and_grads(m, l3_rows=None):
   """(loss, grads, rest after the step) of one training forward+backward from the loop
   model's variables, in the loop layout."""
-  graphdef, params, rest = loop_variables(m)
+  graphdef, params, rest = loop_variables(m, l3_rows)
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params, rest)
@@ -122,6 +123,38 @@ def test_scan_and_remat_equal_the_loop(scan, remat, loop_reference):
   assert np.abs(np.asarray(bias)).max() > 0
 
 
+def l3_config(layers, **keys):
+  """model_config with an L3 layer (tiny tables) after each block in `layers`."""
+  m = ml_collections.ConfigDict(model_config(**keys).to_dict())
+  m.l3.update(enabled=True, layers=layers, budget=600, cap=8, d_emb=16, d_up=32)
+  validate_model(m)
+  return ml_collections.FrozenConfigDict(m)
+
+
+def test_a_model_with_l3_in_every_block_scans_and_equals_the_loop():
+  """The L3 layer is part of its block, so a model with one in every block scans: the
+  loss, every gradient (the lookup tables' included) and the router state of the
+  scanned (and rematerialised) model equal the loop's within 1e-6. Rows per id are
+  unequal (1 to cap), so a table read at the wrong offset would show."""
+  rows = allocate_rows(np.random.default_rng(0).gamma(0.3, size=256), 600, 8)
+  assert rows.min() == 1 and rows.max() == 8
+  loss, grads, rest = loss_and_grads(l3_config((0, 1, 2)), rows)
+  lookup_grads = np.asarray(grads["blocks"][2]["lookup"]["keys"])
+  assert np.abs(lookup_grads).max() > 0
+  for remat in ("none", "save_moe_routing"):
+    scanned = loss_and_grads(l3_config((0, 1, 2), scan_layers=True, remat=remat), rows)
+    np.testing.assert_allclose(float(scanned[0]), float(loss), atol=1e-6, rtol=0)
+    assert_trees_close(scanned[1], grads, atol=1e-6)
+    assert_trees_close(scanned[2], rest, atol=1e-6)
+    np.testing.assert_array_equal(scanned[2]["blocks"][1]["lookup"]["lengths"], rows)
+
+
+def test_a_model_without_its_l3_rows_is_refused_before_it_is_built():
+  """Building a model reads no corpus: the rows come from moejax/data/l3_allocation.py."""
+  with pytest.raises(ValueError, match=r"block 1 has an L3 layer .* pass its table's rows"):
+    Decoder(l3_config((1,)), rngs=nnx.Rngs(0))
+
+
 def test_every_remat_policy_is_covered():
   assert set(REMAT_POLICIES) == {"none", "full", "dots", "save_moe_routing"}
 
@@ -135,6 +168,10 @@ def test_every_remat_policy_is_covered():
     ),
     (dict(scan_layers=True, windows=[0, 8, 0]), r"model\.attention\.windows=\[0, 8, 0\] differ"),
     (
+      dict(scan_layers=True, l3_layers=(1,)),
+      r"model\.scan_layers=True needs identical layers; blocks \[1\] end with an L3 layer",
+    ),
+    (
       dict(remat="everything"),
       r"model\.remat='everything' is not known; valid: dots, full, none, save_moe_routing",
     ),
@@ -146,6 +183,8 @@ def test_bad_scale_settings_are_refused_by_name(keys, message):
   m.moe.first_dense = keys.pop("moe_first_dense", 0)
   if "windows" in keys:
     m.attention.windows = keys.pop("windows")
+  if "l3_layers" in keys:
+    m.l3.update(enabled=True, layers=keys.pop("l3_layers"), budget=600, cap=8)
   for key, value in keys.items():
     m[key] = value
   with pytest.raises(ConfigError, match=message):

@@ -1,5 +1,6 @@
-"""Checkpoints of the former OmniMoE layer (moejax/train/layouts.py) restore into
-the one MoE layer.
+"""Checkpoints of older variable layouts (moejax/train/layouts.py) restore into
+today's model: the former OmniMoE layer into the one MoE layer, and L3 tables saved
+after the blocks (a top-level `lookups`) into the blocks that end with them.
 
 The oracle is the former layer's own computation, written with the functions
 it called (route_product_key on x @ router_x and x @ router_y with its
@@ -9,7 +10,14 @@ workdir holding the old layout and an old config (ffn_type 'omnimoe',
 model.omni) restores to the state it was written from, exactly.
 
 Checked once by hand against a workdir the previous code (commit 0f4161c)
-trained: load_from_workdir gives its logits with max difference 0.0.
+trained: load_from_workdir gives its logits with max difference 0.0. The same for
+an L3 workdir (layers 0 and 1) that the code before the move (commit fdbbdd6)
+trained: logits max difference 0.0.
+
+For L3 the oracle is the old model's computation written out: block i, then its
+table's lookup (l3_lookup + l3_mix, the functions the old Decoder called) on the
+old-layout variables; and an old-layout workdir, optimizer moments included,
+restores exactly.
 """
 
 import jax
@@ -17,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.configs import lm_shakespeare_omnimoe
+from moejax.configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
 from moejax.config import base_config
 from moejax.experts.atomic import atomic_naive
 from moejax.layers.moe import MoELayer
@@ -25,7 +33,8 @@ from moejax.routing import router_config
 from moejax.routing.product_key import per_axis_k_of, route_product_key
 from moejax.train import step as step_lib
 from moejax.train.checkpoint import Checkpointer, jsonable
-from moejax.train.layouts import OMNIMOE_LAYER
+from moejax.layers.lookup import PARAM_NAMES, l3_lookup, l3_mix
+from moejax.train.layouts import L3_AFTER_BLOCKS, OMNIMOE_LAYER
 from moejax.train.loop import init_state
 from moejax.train.restore import load_from_workdir
 
@@ -110,3 +119,65 @@ def test_old_omnimoe_workdir_restores_exactly(tmp_path):
   assert restored.model.moe.router == "product_key" and restored.model.ffn_type == "moe"
   jax.tree.map(np.testing.assert_array_equal, params, state.params)
   jax.tree.map(np.testing.assert_array_equal, rest, state.rest)
+
+
+def tiny_l3():
+  c = lm_shakespeare_l3.get_config("size=tiny,l3_layers=0+1,allocation=uniform")
+  c.train.progress_bar = False
+  return c
+
+
+def test_old_l3_layout_computes_what_the_model_computes():
+  """Block by block on the old layout: block i without its table, then the table's
+  lookup as the old Decoder applied it, equals today's model (the table in the block)."""
+  config = tiny_l3()
+  graphdef, state, _ = init_state(config)
+  params, rest = state.params, state.rest
+  old_params, old_rest = L3_AFTER_BLOCKS.to_old(params), L3_AFTER_BLOCKS.to_old(rest)
+  assert set(old_params["lookups"]) == {"0", "1"} and "blocks" not in old_rest
+  assert all("lookup" not in block for block in old_params["blocks"].values())
+  model = nnx.merge(graphdef, params, rest)
+  tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 256)
+  want, _, _ = model(tokens)
+  x = model.embed[...][tokens]
+  b, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length), (b, length))
+  allowed = jnp.tril(jnp.ones((length, length), bool))[None]
+  for i, block in enumerate(model.blocks):
+    lookup, block.lookup = block.lookup, None  # the block as it was: no table inside
+    x, _, _ = block(x, positions, allowed, None, None, 0, train=False, rng=jax.random.key(0))
+    block.lookup = lookup
+    table, layout = old_params["lookups"][str(i)], old_rest["lookups"][str(i)]
+    x_hat = lookup.norm(x)
+    pooled = l3_lookup(
+      table, layout["offsets"], layout["lengths"], tokens, x_hat, max_len=lookup.max_len
+    )
+    x = x + l3_mix({k: table[k] for k in PARAM_NAMES}, x_hat, pooled)
+  got = model.output_projection(model.final_norm(x))
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  jax.tree.map(np.testing.assert_array_equal, L3_AFTER_BLOCKS.to_new(old_params), params)
+  jax.tree.map(np.testing.assert_array_equal, L3_AFTER_BLOCKS.to_new(old_rest), rest)
+
+
+def test_old_l3_workdir_restores_exactly(tmp_path):
+  config = tiny_l3()
+  _, state, _ = init_state(config)
+  state = jax.tree.map(np.asarray, state)
+  moments = jax.tree.map(lambda v: v + 0.5 if v.dtype == np.float32 else v, state.opt_state)
+  state = state.replace(step=np.int32(3), opt_state=moments)
+  ckpt = Checkpointer(str(tmp_path))
+  ckpt.save(3, L3_AFTER_BLOCKS.to_old(state), {}, {"config": jsonable(config.to_dict())})
+  ckpt.wait()
+  ckpt.close()
+  stored = Checkpointer(str(tmp_path)).stored_tree(3)
+  assert "lookups" in stored["params"] and "lookups" in stored["rest"]
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), state)
+  restored, _ = Checkpointer(str(tmp_path)).restore(3, target)
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  _, _, params, rest, _ = load_from_workdir(str(tmp_path))
+  np.testing.assert_array_equal(
+    params["blocks"][1]["lookup"]["keys"], state.params["blocks"][1]["lookup"]["keys"]
+  )
+  np.testing.assert_array_equal(
+    rest["blocks"][0]["lookup"]["lengths"], state.rest["blocks"][0]["lookup"]["lengths"]
+  )
