@@ -17,11 +17,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("JAX_COMPILATION_CAC
 import pytest  # noqa: E402  (after JAX_PLATFORMS is set)
 from hypothesis import settings  # noqa: E402  (after JAX_PLATFORMS is set)
 
+from tests.helpers import TINY_WORKDIR_STEPS  # noqa: E402  (after JAX_PLATFORMS is set)
+
 settings.register_profile("moejax", deadline=None, print_blob=True)
 settings.load_profile("moejax")
-
-TINY_WORKDIR_STEPS = 4
-
 
 MAX_MEMORY_MAPS = 10_000
 

@@ -124,7 +124,7 @@ def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny):
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   """Step 0 of the tiny default MoE (Shakespeare plays, 8 x 32 bytes per batch)."""
-  from tests.cli.conftest import training_workdir
+  from tests.helpers import training_workdir
 
   path = str(tmp_path_factory.mktemp("ri") / "w")
   training_workdir(path)
@@ -275,7 +275,7 @@ def test_router_studies_refuse_bad_input_before_any_run(workdir, tmp_path, name,
 
 def test_router_studies_refuse_a_dense_model(tmp_path):
   from moejax.configs.lm_shakespeare_dense import get_config as dense_config
-  from tests.cli.conftest import training_workdir
+  from tests.helpers import training_workdir
 
   training_workdir(str(tmp_path / "dense"), dense_config("size=tiny"))
   with pytest.raises(ConfigError, match=r"model\.ffn_type='dense'.*study\.settings\.workdir="):

@@ -14,7 +14,7 @@ from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.train.load import from_training_workdir
 from moejax.train.checkpoint import Checkpointer, jsonable
 from moejax.train.loop import init_state
-from tests.interop.test_roundtrip import read_all
+from tests.interop.export_checks import read_all
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 

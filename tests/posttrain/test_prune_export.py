@@ -13,7 +13,7 @@ from moejax.interop.convert import Loaded, export_hf, import_hf
 from moejax.posttrain import prune
 from moejax.train.loop import init_state
 from tests.interop.hf_tiny import make_model, save_model
-from tests.interop.test_parity import assert_export_matches
+from tests.interop.export_checks import assert_export_matches
 
 WINDOWS = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
 
