@@ -43,6 +43,14 @@ def set_key(config, dotted_key: str, value) -> None:
   node[name] = value
 
 
+def host(tree):
+  """`tree` (params, rest) with numpy leaves (read-only views of jax's arrays) in new
+  containers: a test may replace leaves of it without touching a shared fixture."""
+  import jax
+
+  return jax.tree.map(np.asarray, tree)
+
+
 def training_workdir(workdir: str, config=None) -> None:
   """Step 0 of `config` (default: the tiny default MoE), as experiments.train
   checkpoints it."""
