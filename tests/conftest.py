@@ -1,6 +1,6 @@
 """Shared test settings (CPU only, hypothesis without deadlines: jit compiles) and
 the fixtures every area builds on: `data_dir` (one TFDS directory per session),
-`tiny_config(arg="", **train)` (the tiny MoE LM's config), `tiny_model` (it built
+`tiny_config(arg="", model=None, **train)` (the tiny MoE LM's config), `tiny_model` (it built
 and initialised) and `tiny_workdir` (it trained for a few steps)."""
 
 import os
@@ -17,11 +17,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("JAX_COMPILATION_CAC
 import pytest  # noqa: E402  (after JAX_PLATFORMS is set)
 from hypothesis import settings  # noqa: E402  (after JAX_PLATFORMS is set)
 
+from tests.helpers import TINY_WORKDIR_STEPS, set_key  # noqa: E402  (after JAX_PLATFORMS is set)
+
 settings.register_profile("moejax", deadline=None, print_blob=True)
 settings.load_profile("moejax")
-
-TINY_WORKDIR_STEPS = 4
-
 
 MAX_MEMORY_MAPS = 10_000
 
@@ -57,12 +56,14 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_config(data_dir):
-  """tiny_config(arg="", **train): configs/lm_shakespeare_moe.py at size=tiny plus the
-  config args `arg` (e.g. "router=sigmoid_bias"), data in `data_dir`, no progress bar,
-  and these train.* keys set. A new ConfigDict each call."""
+  """tiny_config(arg="", model=None, **train): configs/lm_shakespeare_moe.py at
+  size=tiny plus the config args `arg` (e.g. "router=sigmoid_bias"), data in
+  `data_dir`, no progress bar, the model.* keys of `model` set ({dotted key under
+  model: value}, e.g. {"attention.qkv_bias": True}) and these train.* keys set.
+  A new ConfigDict each call."""
   from moejax.configs import lm_shakespeare_moe
 
-  def make(arg="", **train):
+  def make(arg="", model=None, **train):
     c = lm_shakespeare_moe.get_config(",".join(filter(None, ["size=tiny", arg])))
     c.data.data_dir = data_dir
     c.train.progress_bar = False
@@ -71,6 +72,8 @@ def tiny_config(data_dir):
     # check every grouped matmul against the reference; a test that needs another
     # sets it on the config it gets.
     c.model.moe.grouped_matmul = "gather"
+    for key, value in (model or {}).items():
+      set_key(c.model, key, value)
     for key, value in train.items():
       c.train[key] = value
     return c
@@ -81,7 +84,8 @@ def tiny_config(data_dir):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_config):
   """(config, graphdef, TrainState) of the tiny MoE LM at initialisation. Shared by
-  the session: read it, copy before changing (its arrays are immutable jax arrays)."""
+  the session: read it, copy before changing (its arrays are immutable jax arrays;
+  tests/helpers.py `host` gives numpy views in new containers)."""
   from moejax.train.build import init_state
 
   config = tiny_config()

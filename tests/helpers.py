@@ -1,10 +1,14 @@
-"""Small builders shared by tests (configs, random routing inputs)."""
+"""Small builders shared by tests (configs, random routing inputs, a step-0 training
+workdir). Test modules import from here, never from one another or a conftest."""
 
 import ml_collections
 import numpy as np
 
 from moejax.config import base_config
 from moejax.migrate import OPEN_DICTS
+
+# Steps of tests/conftest.py's `tiny_workdir` (the tiny MoE LM, checkpointed at the last).
+TINY_WORKDIR_STEPS = 4
 
 
 def moe_cfg(**overrides) -> ml_collections.FrozenConfigDict:
@@ -37,3 +41,27 @@ def set_key(config, dotted_key: str, value) -> None:
   for part in filter(None, section.split(".")):
     node = node[part]
   node[name] = value
+
+
+def host(tree):
+  """`tree` (params, rest) with numpy leaves (read-only views of jax's arrays) in new
+  containers: a test may replace leaves of it without touching a shared fixture."""
+  import jax
+
+  return jax.tree.map(np.asarray, tree)
+
+
+def training_workdir(workdir: str, config=None) -> None:
+  """Step 0 of `config` (default: the tiny default MoE), as experiments.train
+  checkpoints it."""
+  import jax
+
+  from moejax.configs.lm_shakespeare_moe import get_config
+  from moejax.train.checkpoint import Checkpointer, jsonable
+  from moejax.train.loop import init_state
+
+  config = config or get_config("size=tiny")
+  _, state, _ = init_state(config)
+  ckpt = Checkpointer(workdir, max_to_keep=1)
+  ckpt.save(0, jax.tree.map(np.asarray, state), {}, {"config": jsonable(config.to_dict())})
+  ckpt.close()

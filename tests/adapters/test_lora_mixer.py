@@ -23,7 +23,7 @@ ADAPTER_PARAMS = {"lora_a", "lora_b", "router_kernel"}
 KEY = r"model\.attention\.lora_mixer\."
 
 
-def tiny_config(**adapter):
+def lora_mixer_config(**adapter):
   c = base_config()
   m = c.model
   m.vocab_size, m.d_model, m.num_layers, m.d_ff = 32, 16, 1, 32
@@ -57,7 +57,7 @@ def tokens(batch=2, length=7, vocab=32, seed=0):
 
 
 def test_zero_b_is_the_frozen_base_exactly():
-  c = tiny_config()
+  c = lora_mixer_config()
   base_graphdef, base_params, base_rest = split_model(
     Decoder(without_adapter(c.model), rngs=nnx.Rngs(0))
   )
@@ -79,7 +79,7 @@ def test_zero_b_is_the_frozen_base_exactly():
 def training_gradients():
   """(params with B != 0, their gradients of the training loss, its metrics): B = 0
   would leave A and the router without gradient."""
-  c = tiny_config()
+  c = lora_mixer_config()
   graphdef, params, rest = split_model(Decoder(c.model, rngs=nnx.Rngs(0)))
   params = with_random_b(params)
   x = tokens(length=9)
@@ -96,7 +96,7 @@ def test_only_the_adapter_is_updated(trainable, trained, training_gradients):
   LoRAs and routers ('adapter') or its routers ('adapter_router'), zero elsewhere,
   though the base's gradients are not zero."""
   params, grads, metrics = training_gradients
-  c = tiny_config()
+  c = lora_mixer_config()
   c.train.trainable = trainable
   validate_config(c)
   assert float(metrics["aux_loss"]) > 0
@@ -168,7 +168,7 @@ def test_straight_through_forward_is_hard_routing_and_its_gradient_the_soft_one(
   ],
 )
 def test_bad_settings_are_refused_in_one_line_naming_the_key(key, value, message):
-  c = tiny_config()
+  c = lora_mixer_config()
   c.model.attention.lora_mixer[key] = value
   with pytest.raises(ConfigError, match=f"^{message}") as failure:
     validate_config(c)
@@ -176,7 +176,7 @@ def test_bad_settings_are_refused_in_one_line_naming_the_key(key, value, message
 
 
 def test_bad_choices_around_the_adapter_are_refused():
-  c = tiny_config()
+  c = lora_mixer_config()
   c.model.attention.adapter = "lora_mixr"
   with pytest.raises(ConfigError, match=r"^model\.attention\.adapter='lora_mixr' is not known"):
     validate_config(c)

@@ -6,23 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import repetition as rep
 from moejax.dispatch.capacity import expert_capacity
-from moejax.train.loop import init_state
 
 LENGTH = 24
 
 
-@pytest.fixture(scope="module")
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")  # RoPE, no BOS, 8 experts, top-2
-  graphdef, state, _ = init_state(config)
-  return config.model.moe, graphdef, state.params, state.rest
-
-
-def test_a_repeated_token_routes_every_position_of_every_layer_alike(tiny):
-  moe, graphdef, params, rest = tiny
+def test_a_repeated_token_routes_every_position_of_every_layer_alike(tiny_model):
+  config, graphdef, state = tiny_model  # RoPE, no BOS, 8 experts, top-2
+  moe, params, rest = config.model.moe, state.params, state.rest
   repeated = jnp.asarray(np.array([[5] * LENGTH, [77] * LENGTH, [200] * LENGTH]), jnp.int32)
   natural = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, LENGTH)), jnp.int32)
   for (index, valid), (nat_index, nat_valid) in zip(
@@ -91,11 +83,12 @@ def test_attack_prompts_by_hand():
     rep.attack_prompts([5, 6], 4, prefix=[1, 1], chat=([2], []), pattern=2)
 
 
-def test_forced_identity_is_detected_and_a_prefix_breaks_it_on_a_random_model(tiny):
+def test_forced_identity_is_detected_and_a_prefix_breaks_it_on_a_random_model(tiny_model):
   """No BOS: every position of a one-token prompt is position 0 again (forced, so
   same_set_fraction = 1 says nothing). After a prefix token the repeated positions see
   different histories; on a random-init RoPE model their top-k sets differ."""
-  moe, graphdef, params, rest = tiny
+  config, graphdef, state = tiny_model  # RoPE, no BOS, 8 experts, top-2
+  moe, params, rest = config.model.moe, state.params, state.rest
   ids = [5, 77, 200]
   for prefix, forced in (((), 1.0), ((1,), 0.0), ((84, 104, 101, 32), 0.0)):
     rows, span = rep.attack_prompts(ids, LENGTH, prefix=prefix)

@@ -9,22 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import router_inference as ri
 from moejax.errors import ConfigError
 from moejax.models.capture import moe_layer_inputs
-from moejax.train.loop import init_state
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  graphdef, state, _ = init_state(config)
-  rng = np.random.default_rng(0)
-  windows = rng.integers(0, 256, size=(8, 13)).astype(np.int32)
-  return config, graphdef, state.params, state.rest, windows
+WINDOWS = np.random.default_rng(0).integers(0, 256, size=(8, 13)).astype(np.int32)
 
 
 def full_forward_bpb(graphdef, params, rest, windows):
@@ -33,8 +25,9 @@ def full_forward_bpb(graphdef, params, rest, windows):
   return float(loss) / math.log(2)
 
 
-def test_teacher_forced_decoding_equals_the_full_forward(tiny):
-  config, graphdef, params, rest, windows = tiny
+def test_teacher_forced_decoding_equals_the_full_forward(tiny_model):
+  config, graphdef, state = tiny_model
+  params, rest, windows = state.params, state.rest, WINDOWS
   m = config.model
   for batch in (2, 8):  # top-k routing does not depend on the decode batch
     out = ri.decode_score(m, params, rest, windows, batch)
@@ -42,8 +35,9 @@ def test_teacher_forced_decoding_equals_the_full_forward(tiny):
     assert 1 <= out["distinct_experts"] <= min(8, 2 * batch)
 
 
-def test_score_batches_reports_loss_and_top_k_load(tiny):
-  config, graphdef, params, rest, windows = tiny
+def test_score_batches_reports_loss_and_top_k_load(tiny_model):
+  config, graphdef, state = tiny_model
+  params, rest, windows = state.params, state.rest, WINDOWS
   batch = {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
   out = ri.score_batches(graphdef, params, rest, [batch], top_k=2)
   assert out["bpb"] == pytest.approx(full_forward_bpb(graphdef, params, rest, windows), rel=1e-6)
@@ -57,8 +51,9 @@ def test_score_batches_reports_loss_and_top_k_load(tiny):
   assert drop["max_load"] <= capacity + 1e-6 and drop["kept_fraction"] < 1.0
 
 
-def test_calibration_captures_moe_inputs_and_finds_duplicate_experts(tiny):
-  config, graphdef, params, rest, windows = tiny
+def test_calibration_captures_moe_inputs_and_finds_duplicate_experts(tiny_model):
+  config, graphdef, state = tiny_model
+  params, rest, windows = state.params, state.rest, WINDOWS
   from flax import nnx
 
   @jax.jit  # one program each, not one per operation
@@ -106,8 +101,9 @@ def test_set_router_state_writes_each_layer_and_checks_the_count():
     ri.set_router_state(rest, "expert_similarity", [np.eye(3)] * 3)
 
 
-def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny):
-  config, graphdef, params, rest, windows = tiny
+def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny_model):
+  config, graphdef, state = tiny_model
+  params, rest, windows = state.params, state.rest, WINDOWS
   m = config.model
   similarity = ri.calibrate_similarity(graphdef, params, rest, jnp.asarray(windows))
   plain = ri.decode_score(m, params, rest, windows, 8)
@@ -124,7 +120,7 @@ def test_sere_decoding_with_a_threshold_above_every_similarity_is_top_k(tiny):
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   """Step 0 of the tiny default MoE (Shakespeare plays, 8 x 32 bytes per batch)."""
-  from tests.cli.conftest import training_workdir
+  from tests.helpers import training_workdir
 
   path = str(tmp_path_factory.mktemp("ri") / "w")
   training_workdir(path)
@@ -275,7 +271,7 @@ def test_router_studies_refuse_bad_input_before_any_run(workdir, tmp_path, name,
 
 def test_router_studies_refuse_a_dense_model(tmp_path):
   from moejax.configs.lm_shakespeare_dense import get_config as dense_config
-  from tests.cli.conftest import training_workdir
+  from tests.helpers import training_workdir
 
   training_workdir(str(tmp_path / "dense"), dense_config("size=tiny"))
   with pytest.raises(ConfigError, match=r"model\.ffn_type='dense'.*study\.settings\.workdir="):

@@ -2,7 +2,6 @@
 the residual stream, per attention head and per expert, sums to the router's own
 logits; a component that writes nothing has zero influence."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,28 +11,7 @@ from moejax.analysis import routing_attribution as ra
 from moejax.errors import ConfigError
 from moejax.train.loop import init_state
 
-
-def model(**moe):
-  """Three blocks: a dense FFN, then two MoE blocks with a gated shared expert;
-  attention with q/k/v and output biases (set non-zero below)."""
-  c = lm_shakespeare_moe.get_config("size=tiny,shared=1")
-  c.model.num_layers, c.model.moe.first_dense = 3, 1
-  c.model.moe.shared.gate = True
-  c.model.attention.qkv_bias = c.model.attention.out_bias = True
-  for key, value in moe.items():
-    c.model.moe[key] = value
-  graphdef, state, _ = init_state(c)
-  rng = np.random.default_rng(0)
-  params = jax.tree_util.tree_map_with_path(
-    lambda path, v: (
-      jnp.asarray(rng.normal(size=v.shape) * 0.1, v.dtype) if "bias" in str(path[-1]) else v
-    ),
-    state.params,
-  )
-  return graphdef, params, state.rest
-
-
-TOKENS = np.random.default_rng(1).integers(0, 256, size=(2, 12)).astype(np.int32)
+from tests.analysis.attribution_model import TOKENS, model
 
 
 def test_contributions_sum_to_the_router_logits():

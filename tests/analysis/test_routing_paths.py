@@ -13,7 +13,7 @@ from moejax.analysis import routing_attribution as ra
 from moejax.analysis import routing_paths as rp
 from moejax.models.capture import captured_forward
 
-from tests.analysis.test_routing_attribution import TOKENS, model
+from tests.analysis.attribution_model import TOKENS, model
 
 
 @pytest.fixture(scope="module")

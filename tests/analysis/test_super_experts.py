@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.analysis import super_expert_ablation as ablation
 from moejax.analysis import super_experts as se
 from moejax.errors import ConfigError
@@ -25,11 +24,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tiny_config):
   """A tiny MoE LM with q/k/v biases (zero at init) and rows that start with
   SINK_TOKEN, which appears nowhere else."""
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  config.model.attention.qkv_bias = True
+  config = tiny_config(model={"attention.qkv_bias": True})
   graphdef, state, _ = init_state(config)
   tokens = np.random.default_rng(0).integers(1, 256, size=(4, 12)).astype(np.int32)
   tokens[:, 0] = SINK_TOKEN

@@ -7,29 +7,16 @@ import os
 import shutil
 import types
 
-import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from moejax.configs.lm_shakespeare_dense import get_config as dense_config
-from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.interop.convert import export_hf, save_workdir
 from moejax.models.structure import moe_layer_indices
 from moejax.train.load import from_training_workdir
-from moejax.train.checkpoint import Checkpointer, jsonable
-from moejax.train.loop import init_state
 
-TRAIN_CONFIG = "configs/lm_shakespeare_moe.py:size=tiny"
-
-
-def training_workdir(workdir: str, config=None) -> None:
-  """Step 0 of `config` (default: the tiny default MoE), as experiments.train checkpoints it."""
-  config = config or get_config("size=tiny")
-  _, state, _ = init_state(config)
-  ckpt = Checkpointer(workdir, max_to_keep=1)
-  ckpt.save(0, jax.tree.map(np.asarray, state), {}, {"config": jsonable(config.to_dict())})
-  ckpt.close()
+from tests.helpers import training_workdir
 
 
 def _write(path, data: bytes) -> None:

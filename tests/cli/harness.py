@@ -23,6 +23,9 @@ from absl import flags
 
 from moejax import cli
 
+# The model of the session's tmp area (tests/cli/conftest.py's `area`), as a --config.
+TRAIN_CONFIG = "configs/lm_shakespeare_moe.py:size=tiny"
+
 FLAGS = flags.FLAGS
 _BASE_FLAGS = frozenset(FLAGS)  # absl's own and --verbose
 

@@ -3,7 +3,7 @@ traceback, a non-zero exit, and the filesystem as it was (tests/cli/harness.py).
 
 import pytest
 
-from tests.cli.conftest import TRAIN_CONFIG
+from tests.cli.harness import TRAIN_CONFIG
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
 GEN, TRAIN, CONVERT = "experiments.generate", "experiments.train", "experiments.convert"

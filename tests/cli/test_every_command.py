@@ -51,7 +51,6 @@ from absl import flags
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
-from tests.cli.conftest import TRAIN_CONFIG  # noqa: F401  (the area's model)
 from tests.cli.harness import run_entry, tree_hash, load_entry, _BASE_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

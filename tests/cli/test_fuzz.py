@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
 from moejax.errors import ConfigError
-from tests.cli.conftest import TRAIN_CONFIG
+from tests.cli.harness import TRAIN_CONFIG
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
 FUZZ = settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])

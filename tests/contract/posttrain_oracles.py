@@ -73,7 +73,7 @@ def checked_method(what: str, registry, name: str, kinds: tuple[str, ...]):
 
 
 @functools.lru_cache(maxsize=1)
-def tiny_model():
+def random_tiny_lm():
   """(model config, params, rest): the tiny MoE LM (8 experts, top-2, 2 MoE blocks),
   pure-dict numpy arrays of random values (no forward pass is run)."""
   from moejax.configs import lm_shakespeare_moe
@@ -156,7 +156,7 @@ def check_pruner(name: str) -> None:
   from moejax.models.structure import expert_counts
 
   method = checked_method("pruner", methods.PRUNERS, name, ("expert", "atom"))
-  m, params, rest = tiny_model()
+  m, params, rest = random_tiny_lm()
   calibration = Calibration(m)
   bound = method.bind()
   if method.kind == "expert":

@@ -13,7 +13,7 @@ from moejax.conversion import convert, measure, partition, trajectory
 from moejax.models.decoder import abstract_model
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import restore
-from tests.cli.conftest import training_workdir
+from tests.helpers import training_workdir
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)

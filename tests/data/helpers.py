@@ -23,7 +23,7 @@ def data_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(cfg)
 
 
-def tiny_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
+def tiny_texts_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
   """Reads the tiny dataset through the "any TFDS name" path."""
   settings = dict(
     name='tiny_texts',

@@ -4,12 +4,12 @@ import numpy as np
 
 from moejax.data import build_lm_data
 
-from .helpers import take, tiny_config
+from .helpers import take, tiny_texts_config
 from .tiny_texts import SPLIT_TEXTS
 
 
 def test_unregistered_dataset_on_disk_is_read_by_name(tiny_dir):
-  data = build_lm_data(tiny_config(tiny_dir), seed=0)
+  data = build_lm_data(tiny_texts_config(tiny_dir), seed=0)
   batch = next(data.train_iter)
   assert batch['inputs'].shape == (4, 15)
 
@@ -20,7 +20,7 @@ def test_unregistered_dataset_on_disk_is_read_by_name(tiny_dir):
 
 
 def test_train_rows_come_from_the_named_train_split(tiny_dir):
-  data = build_lm_data(tiny_config(tiny_dir), seed=0)
+  data = build_lm_data(tiny_texts_config(tiny_dir), seed=0)
   fit = '\0'.join(SPLIT_TEXTS['fit']).encode()
   for batch in take(data.train_iter, 3):
     for row in batch['inputs']:

@@ -7,7 +7,7 @@ import pytest
 from moejax.data import build_lm_data
 from moejax.errors import ConfigError
 
-from .helpers import data_config, tiny_config
+from .helpers import data_config, tiny_texts_config
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_bad_seed_and_shard_index(tmp_path):
 )
 def test_keys_missing_from_the_dataset_are_named(tiny_dir, key, value):
   with pytest.raises(ConfigError, match=rf"data.{key}='{value}' is not a (split|feature)"):
-    build_lm_data(tiny_config(tiny_dir, **{key: value}), seed=0)
+    build_lm_data(tiny_texts_config(tiny_dir, **{key: value}), seed=0)
 
 
 def test_corpus_too_small_for_one_batch(tiny_dir):
@@ -64,4 +64,4 @@ def test_corpus_too_small_for_one_batch(tiny_dir):
     r'is too small: 1 windows of data.seq_len\+1=256 tokens, fewer than one '
     r'batch of data.batch_size=4',
   ):
-    build_lm_data(tiny_config(tiny_dir, seq_len=255), seed=0)
+    build_lm_data(tiny_texts_config(tiny_dir, seq_len=255), seed=0)

@@ -10,7 +10,7 @@ from moejax.data import build_lm_data, shakespeare
 from moejax.data.packing import pack_documents
 from moejax.errors import ConfigError
 
-from .helpers import assert_batches_equal, data_config, take, tiny_config
+from .helpers import assert_batches_equal, data_config, take, tiny_texts_config
 from .tiny_texts import SPLIT_TEXTS
 
 
@@ -45,7 +45,7 @@ def test_resume_from_saved_state_is_exact(dataset, shakespeare_dir, tiny_dir):
   cfg = (
     data_config(shakespeare_dir)
     if dataset == 'shakespeare'
-    else tiny_config(tiny_dir, seq_len=63, batch_size=4)
+    else tiny_texts_config(tiny_dir, seq_len=63, batch_size=4)
   )
   original = build_lm_data(cfg, seed=7).train_iter
   take(original, 5)
@@ -66,7 +66,7 @@ def test_seed_alone_decides_the_order(shakespeare_dir):
 
 
 def test_each_epoch_is_a_fresh_permutation_of_all_windows(tiny_dir):
-  cfg = tiny_config(tiny_dir, seq_len=15, batch_size=1)
+  cfg = tiny_texts_config(tiny_dir, seq_len=15, batch_size=1)
   data = build_lm_data(cfg, seed=3)
   num_windows = len(pack_documents(map(data.tokenizer.encode, SPLIT_TEXTS['fit']), 0)) // 16
   epochs = window_rows(take(data.train_iter, 2 * num_windows)).reshape(2, num_windows, 16)

@@ -12,30 +12,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.data.tokenizers import ByteTokenizer
 from moejax.editing import capture, edit, facts, measure, methods
-from moejax.models.decoder import abstract_model
-from moejax.train.loop import init_state
+
+from tests.helpers import host
 
 FACT = facts.Fact("Kalo Mirten", "pet", "toad", "heron")  # any subject: rows are built from it
 
 
-@functools.cache
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  graphdef, state, _ = init_state(config)
-  params, rest = jax.tree.map(np.asarray, state.params), state.rest
-  preserved = np.random.default_rng(0).integers(1, 256, size=(3, 12)).astype(np.int32)
-  return config.model, abstract_model(config.model)[0], params, rest, preserved
+PRESERVED = np.random.default_rng(0).integers(1, 256, size=(3, 12)).astype(np.int32)
 
 
-def edited(**settings):
-  m, _, params, rest, preserved = tiny()
+def edited(tiny_model, **settings):
+  config, _, state = tiny_model
   bound = methods.get("moe_edit").bind(
     {"layers": (0,), "tol": 1e-12, "lam": 1e-4, "target_steps": 30, **settings}
   )
-  return edit.edit_model(m, params, rest, ByteTokenizer(), 0, [FACT], bound, preserved)
+  return edit.edit_model(
+    config.model, host(state.params), state.rest, ByteTokenizer(), 0, [FACT], bound, PRESERVED
+  )
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -45,9 +40,12 @@ def router_logits(graphdef, params, rest, tokens):
 
 
 @pytest.mark.parametrize("project", [True, False])
-def test_preserved_outputs_and_later_routing_are_unchanged_only_with_the_projection(project):
-  _, graphdef, params, rest, preserved = tiny()
-  new, report = edited(project=project)
+def test_preserved_outputs_and_later_routing_are_unchanged_only_with_the_projection(
+  project, tiny_model
+):
+  _, graphdef, state = tiny_model
+  params, rest, preserved = host(state.params), state.rest, PRESERVED
+  new, report = edited(tiny_model, project=project)
   keys, owner = edit.preserved_keys(graphdef, params, rest, preserved, 0)
   w0 = params["blocks"][0]["ffn"]["experts"]["w_down"]
   w1 = new["blocks"][0]["ffn"]["experts"]["w_down"]
@@ -67,27 +65,30 @@ def test_preserved_outputs_and_later_routing_are_unchanged_only_with_the_project
     assert moved > 1e-3 and shift > 1e-4, (moved, shift)
 
 
-def test_an_edit_changes_the_facts_greedy_completion():
-  _, graphdef, params, rest, _ = tiny()
+def test_an_edit_changes_the_facts_greedy_completion(tiny_model):
+  _, graphdef, state = tiny_model
+  params, rest = host(state.params), state.rest
   tokenizer, rows = ByteTokenizer(), facts.edit_rows([FACT])
   _, hit_before, _ = measure.scores(graphdef, params, rest, tokenizer, 0, rows)
-  new, _ = edited(layers=(1,), clamp=50.0, target_steps=100, target_decay=0.0, target_lr=1.0)
+  new, _ = edited(
+    tiny_model, layers=(1,), clamp=50.0, target_steps=100, target_decay=0.0, target_lr=1.0
+  )
   _, hit_after, _ = measure.scores(graphdef, new, rest, tokenizer, 0, rows)
   assert not hit_before.any() and hit_after.all()
 
 
-def test_settings_are_checked_once_when_bound():
+def test_settings_are_checked_once_when_bound(tiny_model):
   with pytest.raises(Exception, match=r"moe_edit.lam=-0.5 must be >= 0"):
     methods.get("moe_edit").bind({"lam": -0.5})
   with pytest.raises(Exception, match="has no setting rank=2"):
     methods.get("lstsq").bind({"rank": 2})
   with pytest.raises(Exception, match="block 5 is not an MoE block"):
-    methods.check_model(methods.get("finetune").bind({"layers": (5,)}), tiny()[0])
+    methods.check_model(methods.get("finetune").bind({"layers": (5,)}), tiny_model[0].model)
 
 
 @pytest.mark.parametrize("num_layers, expected", [(2, (1,)), (6, (1, 2)), (12, (1, 2, 3, 4, 5))])
-def test_default_layers_are_the_early_middle_moe_blocks(num_layers, expected):
-  m = tiny()[0].copy_and_resolve_references()
+def test_default_layers_are_the_early_middle_moe_blocks(num_layers, expected, tiny_model):
+  m = tiny_model[0].model.copy_and_resolve_references()
   m.num_layers = num_layers
   assert methods.default_layers(m) == expected
   bound = methods.with_model_layers(methods.get("moe_edit").bind(), m, given=False)

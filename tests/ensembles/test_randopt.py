@@ -7,28 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.data import get_tokenizer
 from moejax.ensembles import probes, randopt, thickets
 from moejax.errors import ConfigError
 from moejax.evaluation.model import DecoderLM
 from moejax.evaluation.probes import Example, probe_correct
-from moejax.train.loop import init_state
+
+from tests.helpers import host
 
 
-@pytest.fixture(scope="module")
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  graphdef, state, _ = init_state(config)
-
-  def host(tree):
-    return jax.tree.map(np.asarray, tree)
-
-  return config, graphdef, host(state.params), host(state.rest)
-
-
-def test_sigma_zero_returns_the_base_bit_exactly(tiny):
-  _, _, params, _ = tiny
+def test_sigma_zero_returns_the_base_bit_exactly(tiny_model):
+  params = host(tiny_model[2].params)
   params = jax.tree.map(lambda a: a.copy(), params)
   jax.tree.leaves(params)[0].reshape(-1)[0] = -0.0  # a signed zero survives too
   out = randopt.perturb(params, jax.random.PRNGKey(0), 3, 0.0)
@@ -36,8 +25,8 @@ def test_sigma_zero_returns_the_base_bit_exactly(tiny):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
-def test_the_noise_is_sigma_times_each_tensors_rms_and_fixed_per_member(tiny):
-  _, _, params, _ = tiny
+def test_the_noise_is_sigma_times_each_tensors_rms_and_fixed_per_member(tiny_model):
+  params = host(tiny_model[2].params)
   key = jax.random.PRNGKey(1)
   out = randopt.perturb(params, key, 5, 0.1)
   w = params["blocks"][0]["ffn"]["experts"]["w_up"]
@@ -64,8 +53,9 @@ def examples():
   return choice, greedy
 
 
-def test_chunked_predictions_at_sigma_zero_are_the_base_models_probe_answers(tiny):
-  config, graphdef, params, rest = tiny
+def test_chunked_predictions_at_sigma_zero_are_the_base_models_probe_answers(tiny_model):
+  config, graphdef, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   tokenizer = get_tokenizer("byte")
   eos = tokenizer.eos_id
   choice, greedy = examples()
@@ -164,14 +154,15 @@ def test_top_k_refuses_k_above_n():
     randopt.top_k([0.1, 0.2, 0.3], 4)
 
 
-def test_randopt_runs_on_an_imported_hf_checkpoint(tiny, tmp_path):
+def test_randopt_runs_on_an_imported_hf_checkpoint(tiny_model, tmp_path):
   """The members of an HF import (moejax/posttrain/source.py) at sigma=0 answer as the
   imported model does; at sigma > 0 they are drawn around it."""
   from moejax.interop.convert import export_hf
   from moejax.models.decoder import abstract_model
   from moejax.posttrain import source
 
-  config, _, params, rest = tiny
+  config, _, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   export_hf(config.model, params, rest, str(tmp_path / "hf"), family="mixtral")
   imported = source.load(hf_dir=str(tmp_path / "hf"))
   graphdef = abstract_model(imported.model)[0]

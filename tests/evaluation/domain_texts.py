@@ -49,7 +49,7 @@ def tiny_domains_workdir(root, workdir) -> None:
   """Step 0 of the tiny default MoE trained on this dataset (written to root/tfds)
   in `workdir`: a training workdir whose eval split has domains."""
   from moejax.configs.lm_shakespeare_moe import get_config
-  from tests.cli.conftest import training_workdir
+  from tests.helpers import training_workdir
 
   config = get_config("size=tiny")
   data_dir = str(root / "tfds")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moejax.train.load import load_model
-from tests.cli.conftest import training_workdir
+from tests.helpers import training_workdir
 from tests.cli.harness import assert_refused, run_entry
 from tests.evaluation.oracles import direct_logprobs
 from tests.evaluation.domain_texts import SPLITS, tiny_domains_workdir

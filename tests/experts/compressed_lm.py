@@ -36,7 +36,7 @@ def relative(got, want):
   return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)))
 
 
-def tiny_config(data_dir=None, experts="quantized", **settings):
+def compressed_lm_config(data_dir=None, experts="quantized", **settings):
   """The tiny LM with `experts` (group_size 16 unless set); 2 steps, checkpointed."""
   c = lm_shakespeare_moe.get_config("size=tiny")
   c.model.moe.experts = experts

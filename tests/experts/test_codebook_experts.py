@@ -34,7 +34,7 @@ from tests.experts.compressed_lm import (
   float_weights,
   relative,
   swiglu64,
-  tiny_config,
+  compressed_lm_config,
 )
 from tests.helpers import moe_cfg
 
@@ -168,7 +168,7 @@ def test_the_byte_report_is_the_hand_count():
 
 def test_the_lm_equals_a_swiglu_lm_on_its_decoded_weights():
   equals_swiglu_model_on_dense_weights(
-    tiny_config(experts="codebook", rotation="hadamard").model,
+    compressed_lm_config(experts="codebook", rotation="hadamard").model,
     lambda w: cb.dense_weights(w, jnp.float32, "hadamard"),
   )
 
@@ -176,7 +176,7 @@ def test_the_lm_equals_a_swiglu_lm_on_its_decoded_weights():
 def test_a_float_lm_compressed_with_a_centroid_per_value_keeps_its_logits():
   """compress.compress_model at 8 bits, groups of 8 rows x 32 columns = 256
   values: the codebook LM is the float tiny LM, Hadamard rotation and all."""
-  m = tiny_config(experts="codebook", rotation="hadamard", bits=8, group_size=8).model
+  m = compressed_lm_config(experts="codebook", rotation="hadamard", bits=8, group_size=8).model
   error = compressed_lm_error(
     m, lambda w: compress.codebook_from_float(w, 8, 8, rotation="hadamard")
   )
@@ -191,8 +191,8 @@ def test_bad_settings_are_refused():
     ("group_size", -1, r"model\.moe\.codebook\.group_size=-1 must be"),
   ]:
     with pytest.raises(ConfigError, match=message):
-      validate_config(tiny_config(experts="codebook", **{key: value}))
-  config = tiny_config(experts="codebook", rotation="hadamard")
+      validate_config(compressed_lm_config(experts="codebook", **{key: value}))
+  config = compressed_lm_config(experts="codebook", rotation="hadamard")
   config.model.moe.expert_d_ff = 24
   config.model.moe.codebook.group_size = 8
   validate_config(config)  # the dims are the layer's: refused when it is built
@@ -444,7 +444,7 @@ def test_finetuning_needs_calibration_inputs_and_skips_experts_without_tokens():
 def test_mixed_bits_survive_a_checkpoint(tmp_path):
   """The bits variable is model state: a codebook LM holding mixed bits is saved
   and restored into a freshly built one (every expert at the setting's bits)."""
-  m = tiny_config(experts="codebook", bits=4, group_size=8).model
+  m = compressed_lm_config(experts="codebook", bits=4, group_size=8).model
   float_model, model = float_and_compressed(m)
   compress.compress_model(
     float_model,

@@ -140,17 +140,8 @@ def test_malformed_ranks_are_refused_by_validation_and_a_too_large_one_by_the_mo
     abstract_model(m)
 
 
-def tiny_factorised(data_dir):
-  c = lm_shakespeare_moe.get_config("size=tiny")
-  c = factorised_config(c, TINY_RANKS)
-  c.data.data_dir = data_dir
-  c.train.steps, c.train.checkpoint_every, c.train.eval_batches = 2, 2, 1
-  c.train.progress_bar = False
-  return c
-
-
-def test_tiny_lm_trains_and_its_checkpoint_restores_exactly(data_dir, tmp_path):
-  config = tiny_factorised(data_dir)
+def test_tiny_lm_trains_and_its_checkpoint_restores_exactly(tiny_config, tmp_path):
+  config = factorised_config(tiny_config(steps=2, checkpoint_every=2, eval_batches=1), TINY_RANKS)
   validate_config(config)
   _, initial, _ = init_state(config)
   run = train_and_evaluate(config, str(tmp_path), write_metrics=False)

@@ -13,7 +13,7 @@ from moejax.experts import codebook, gathered, quantized
 from moejax.experts.base import get_expert_type
 from moejax.inference.generate import generation_config
 from moejax.kernels import cpu_gathered
-from tests.experts.compressed_lm import equals_swiglu_model_on_dense_weights, tiny_config
+from tests.experts.compressed_lm import equals_swiglu_model_on_dense_weights, compressed_lm_config
 
 needs_kernels = pytest.mark.skipif(not cpu_gathered.built(), reason=cpu_gathered.MISSING)
 E, D_IN, D_OUT, GROUPS = 3, 64, 72, 4  # D_OUT: one 64-column register block and a tail of 8
@@ -89,7 +89,9 @@ LM_CASES += [(*COMPRESSED[i], "xla") for i in (0, 3)]
 def test_decode_logits_equal_the_float_lm_on_the_dequantized_weights(
   experts, settings, decode_kernel
 ):
-  m = generation_config(tiny_config(experts=experts, decode_kernel=decode_kernel, **settings).model)
+  m = generation_config(
+    compressed_lm_config(experts=experts, decode_kernel=decode_kernel, **settings).model
+  )
   assert 2 * m.moe.top_k <= m.moe.num_experts  # 2 tokens: grouped_matmul 'auto' gathers
   rotation = settings.get("rotation", "none")
 

@@ -29,7 +29,7 @@ from tests.experts.compressed_lm import (
   float_weights,
   relative,
   swiglu64,
-  tiny_config,
+  compressed_lm_config,
 )
 from tests.helpers import moe_cfg
 
@@ -170,7 +170,7 @@ def compressed_arrays(rest):
 
 
 def test_codes_are_not_trained_and_the_checkpoint_is_exact(data_dir, tmp_path):
-  config = tiny_config(data_dir)
+  config = compressed_lm_config(data_dir)
   _, start, _ = init_state(config)
   run = train_and_evaluate(config, str(tmp_path), write_metrics=False)
   before, after = compressed_arrays(start.rest), compressed_arrays(run.state.rest)
@@ -189,7 +189,7 @@ def test_codes_are_not_trained_and_the_checkpoint_is_exact(data_dir, tmp_path):
     jax.tree.map(np.asarray, (run.state.params, run.state.rest)),
   )
   # The same workdir under a float (swiglu) config is refused, before any restore.
-  float_config = tiny_config(data_dir)
+  float_config = compressed_lm_config(data_dir)
   float_config.model.moe.experts = "swiglu"
   with pytest.raises(
     ConfigError,
@@ -204,14 +204,14 @@ def test_codes_are_not_trained_and_the_checkpoint_is_exact(data_dir, tmp_path):
 
 def test_the_lm_equals_a_swiglu_lm_on_its_dequantized_weights():
   equals_swiglu_model_on_dense_weights(
-    tiny_config().model, lambda w: qt.dense_weights(w, jnp.float32)
+    compressed_lm_config().model, lambda w: qt.dense_weights(w, jnp.float32)
   )
 
 
 def test_a_float_lm_compressed_at_8_bits_keeps_its_logits():
   """compress.compress_model: the tiny float LM, its experts by RTN and GPTQ
   (identity Hessians: GPTQ = RTN) at 8 and 3 bits, group 16, all else copied."""
-  m = tiny_config().model
+  m = compressed_lm_config().model
   errors = {
     (b, quantizer): compressed_lm_error(
       m,
@@ -238,13 +238,13 @@ def test_bad_settings_are_refused():
     ("bits", 5, r"model\.moe\.quantized\.bits=5 is not supported"),
     ("group_size", -8, r"model\.moe\.quantized\.group_size=-8 must be an integer >= 0"),
   ]:
-    config = tiny_config(**{key: value})
+    config = compressed_lm_config(**{key: value})
     with pytest.raises(ConfigError, match=message):
       validate_config(config)
   with pytest.raises(ConfigError, match=r"model\.moe\.quantized\.symmetric='yes' must be"):
     qt.validate_quantized({"bits": 4, "group_size": 0, "symmetric": "yes"})  # a typed
     # ConfigDict refuses a str for a bool itself; a hand-built section may hold one
-  config = tiny_config(group_size=12)
+  config = compressed_lm_config(group_size=12)
   validate_config(config)  # the dims are the layer's: refused when it is built
   with pytest.raises(
     ConfigError,

@@ -5,16 +5,13 @@ import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import transformers
 import pytest
 
-from moejax.configs.lm_shakespeare_moe import get_config
 from moejax.train.load import from_training_workdir
-from moejax.train.checkpoint import Checkpointer, jsonable
-from moejax.train.loop import init_state
-from tests.interop.test_roundtrip import read_all
+from tests.helpers import training_workdir
+from tests.interop.export_checks import read_all
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
@@ -58,19 +55,9 @@ def test_convert_both_ways_and_generate(hf_checkpoints, tmp_path):
   assert printed.count("--- [") == 2 and "decode routing" in printed
 
 
-def shakespeare_workdir(workdir):
-  """A checkpoint of the default Shakespeare MoE (size=tiny), as experiments.train writes it."""
-  config = get_config("size=tiny")
-  _, state, _ = init_state(config)
-  ckpt = Checkpointer(workdir, max_to_keep=1)
-  ckpt.save(0, jax.tree.map(np.asarray, state), {}, {"config": jsonable(config.to_dict())})
-  ckpt.close()
-  return config
-
-
 def test_shakespeare_model_generates_and_exports_as_mixtral(tmp_path):
   workdir = str(tmp_path / "moe")
-  shakespeare_workdir(workdir)
+  training_workdir(workdir)  # the default Shakespeare MoE (size=tiny) at step 0
   printed = cli(
     "experiments.generate",
     f"--workdir={workdir}",

@@ -26,7 +26,7 @@ from moejax.posttrain.factorise import factorised_config
 from moejax.train.checkpoint import Checkpointer, expert_variable_names, jsonable
 from moejax.train.loop import init_state, train_and_evaluate
 from tests.cli.harness import assert_refused, run_entry, tree_hash
-from tests.experts.compressed_lm import tiny_config
+from tests.experts.compressed_lm import compressed_lm_config
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
@@ -50,13 +50,15 @@ A_VARIABLE = {
 def compressed_config(data_dir, kind):
   """The tiny LM with `kind` experts, 2 steps, checkpointed at the end."""
   if kind == "factorised":
-    c = tiny_config(data_dir)  # quantized settings unused once the type is factorised
+    c = compressed_lm_config(data_dir)  # quantized settings unused once the type is factorised
     return factorised_config(c, RANKS)
   if kind == "swiglu":
-    c = tiny_config(data_dir)
+    c = compressed_lm_config(data_dir)
     c.model.moe.experts = "swiglu"
     return c
-  return tiny_config(data_dir, kind, **({"rotation": "hadamard"} if kind == "codebook" else {}))
+  return compressed_lm_config(
+    data_dir, kind, **({"rotation": "hadamard"} if kind == "codebook" else {})
+  )
 
 
 @pytest.fixture(scope="module")

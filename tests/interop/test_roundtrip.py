@@ -18,10 +18,7 @@ from moejax.interop.convert import export_hf, import_hf, load_workdir, save_work
 from moejax.interop.safetensors_io import SafetensorsReader
 from moejax.interop.parity import hf_forward, moejax_forward, padded_batch
 
-
-def read_all(directory):
-  reader = SafetensorsReader(directory)
-  return {name: reader.read(name, reader.shape(name), np.float32) for name in reader.names()}
+from tests.interop.export_checks import read_all
 
 
 def test_import_export_gives_identical_tensors(hf_checkpoints, family, tmp_path):

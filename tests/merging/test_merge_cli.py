@@ -14,7 +14,7 @@ from moejax.interop.convert import export_hf
 from moejax.merging import base as merging_base
 from moejax.merging.nash import nash_weights
 from moejax.posttrain import source
-from tests.cli.conftest import training_workdir
+from tests.helpers import training_workdir
 from tests.cli.harness import assert_refused, run_entry, tree_hash
 
 

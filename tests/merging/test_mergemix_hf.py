@@ -17,7 +17,7 @@ from moejax.merging.base import leaves
 from moejax.models.decoder import abstract_model
 from moejax.posttrain import source
 from moejax.posttrain.domain_finetune import window_nats
-from tests.cli.conftest import training_workdir
+from tests.helpers import training_workdir
 from tests.cli.harness import assert_refused, run_entry
 
 

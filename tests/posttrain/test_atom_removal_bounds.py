@@ -2,21 +2,13 @@
 keeping a single atom is a model (width rounded up to 8), keeping none is refused,
 and the width steps from 8 to 16 between 8 and 9 kept atoms, capped at d_ff."""
 
-import jax
 import numpy as np
 import pytest
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.posttrain import atoms
-from moejax.train.loop import init_state
 
-
-@pytest.fixture(scope="module")
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")  # 2 MoE layers, 8 experts of 32 atoms
-  _, state, _ = init_state(config)
-  return config.model, jax.tree.map(np.asarray, state.params)
+from tests.helpers import host
 
 
 def masks(kept_in_expert_3_of_block_1):
@@ -25,8 +17,8 @@ def masks(kept_in_expert_3_of_block_1):
   return keep
 
 
-def test_one_kept_atom_is_a_model_of_width_eight(tiny):
-  m, params = tiny
+def test_one_kept_atom_is_a_model_of_width_eight(tiny_model):
+  m, params = tiny_model[0].model, host(tiny_model[2].params)  # 2 MoE layers, 8 x 32 atoms
   new_m, cut = atoms.remove_atoms(m, params, masks([21]))
   assert new_m.moe.expert_d_ff == 8
   experts = params["blocks"][1]["ffn"]["experts"]
@@ -36,27 +28,27 @@ def test_one_kept_atom_is_a_model_of_width_eight(tiny):
   assert not got["w_gate"][3][:, 1:].any() and not got["w_up"][2].any()
 
 
-def test_no_kept_atom_is_refused(tiny):
-  m, params = tiny
+def test_no_kept_atom_is_refused(tiny_model):
+  m, params = tiny_model[0].model, host(tiny_model[2].params)  # 2 MoE layers, 8 x 32 atoms
   with pytest.raises(ConfigError, match="every atom would be removed"):
     atoms.remove_atoms(m, params, masks([]))
 
 
 @pytest.mark.parametrize("count, width", [(8, 8), (9, 16), (17, 24), (25, 32), (32, 32)])
-def test_width_is_the_most_kept_atoms_rounded_up_to_eight(tiny, count, width):
-  m, params = tiny
+def test_width_is_the_most_kept_atoms_rounded_up_to_eight(tiny_model, count, width):
+  m, params = tiny_model[0].model, host(tiny_model[2].params)  # 2 MoE layers, 8 x 32 atoms
   new_m, _ = atoms.remove_atoms(m, params, masks(list(range(count))))
   assert new_m.moe.expert_d_ff == width
 
 
-def test_the_atom_pruning_report_counts_experts_and_their_kept_atoms(tiny):
+def test_the_atom_pruning_report_counts_experts_and_their_kept_atoms(tiny_model):
   """prune_atoms' per-layer report on 2 MoE layers of 8 experts x 32 atoms, keeping
   half of all atoms by a random score: 'experts' is 8 (not the 32 atoms), one kept
   count per expert, and the counts add up to 256 of the 512."""
   import types
   from moejax.posttrain import prune
 
-  m, params = tiny
+  m, params = tiny_model[0].model, host(tiny_model[2].params)  # 2 MoE layers, 8 x 32 atoms
   sums = {block: {"predicted": 1.0, "h2": np.zeros((8, 32))} for block in (0, 1)}
   calibration = types.SimpleNamespace(atom_sums=sums)
   _, _, _, layers = prune.prune_atoms(

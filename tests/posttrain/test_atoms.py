@@ -11,21 +11,13 @@ import pytest
 from flax import nnx
 from scipy.stats import spearmanr
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.posttrain import atoms
 from moejax.posttrain.taylor import token_gradients
-from moejax.train.loop import init_state
+
+from tests.helpers import host
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")  # 2 MoE layers, 8 experts of 32 atoms
-  graphdef, state, _ = init_state(config)
-  params = jax.tree.map(np.asarray, state.params)
-  return config, graphdef, params, state.rest
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -79,8 +71,9 @@ def stacked(scores):
   return np.stack([scores[0], scores[1]])
 
 
-def test_sums_equal_a_per_token_loop(tiny):
-  config, graphdef, params, rest = tiny
+def test_sums_equal_a_per_token_loop(tiny_model):
+  config, graphdef, state = tiny_model  # 2 MoE layers, 8 experts of 32 atoms
+  params, rest = host(state.params), state.rest
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
   got = atoms.atom_sums(graphdef, params, rest, [tokens])
   dy, moe, token_loss = jax.jit(token_gradients, static_argnums=0)(graphdef, params, rest, tokens)
@@ -129,8 +122,9 @@ def test_global_keep_by_hand():
     atoms.global_keep(scores, 0)
 
 
-def test_removing_atoms_equals_zeroing_them_and_zeroed_atoms_score_zero(tiny):
-  config, graphdef, params, rest = tiny
+def test_removing_atoms_equals_zeroing_them_and_zeroed_atoms_score_zero(tiny_model):
+  config, graphdef, state = tiny_model
+  params, rest = host(state.params), state.rest
   rng = np.random.default_rng(1)
   keep = {block: rng.random((8, 32)) < 0.6 for block in (0, 1)}
   new_m, cut = atoms.remove_atoms(config.model, params, keep)

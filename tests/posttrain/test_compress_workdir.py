@@ -21,7 +21,7 @@ from moejax.posttrain import source as source_lib
 from moejax.posttrain.calibration import Calibration, calibration_windows
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir, restore
-from tests.conftest import TINY_WORKDIR_STEPS as STEPS
+from tests.helpers import TINY_WORKDIR_STEPS as STEPS
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 

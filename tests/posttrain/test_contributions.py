@@ -17,14 +17,9 @@ from moejax.models.capture import captured_forward
 from moejax.posttrain import contributions
 from moejax.train.loop import init_state
 
-
-@pytest.fixture(scope="module")
-def tiny():
-  graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny"))
-  batches = [
-    np.random.default_rng(i).integers(0, 256, size=(2, 16)).astype(np.int32) for i in range(2)
-  ]
-  return graphdef, state.params, state.rest, batches
+BATCHES = [
+  np.random.default_rng(i).integers(0, 256, size=(2, 16)).astype(np.int32) for i in range(2)
+]
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -49,8 +44,9 @@ def silu(x):
   return x / (1 + np.exp(-x))
 
 
-def test_statistics_equal_a_per_token_loop_and_sum_to_the_layer_output(tiny):
-  graphdef, params, rest, batches = tiny
+def test_statistics_equal_a_per_token_loop_and_sum_to_the_layer_output(tiny_model):
+  _, graphdef, state = tiny_model
+  params, rest, batches = state.params, state.rest, BATCHES
   stats = contributions.layer_statistics(graphdef, params, rest, batches)
   host = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   assert [s.block for s in stats] == [0, 1]
@@ -88,15 +84,15 @@ def test_statistics_equal_a_per_token_loop_and_sum_to_the_layer_output(tiny):
     assert freq.sum() == 2 * s.tokens  # top-2, dropless: every slot kept
 
 
-def test_a_model_without_moe_layers_is_refused(tiny):
+def test_a_model_without_moe_layers_is_refused():
   graphdef, state, _ = init_state(lm_shakespeare_dense.get_config("size=tiny"))
   with pytest.raises(ConfigError, match="no MoE layer"):
-    contributions.layer_statistics(graphdef, state.params, state.rest, tiny[3])
+    contributions.layer_statistics(graphdef, state.params, state.rest, BATCHES)
 
 
-def test_a_router_with_state_is_captured_too(tiny):
+def test_a_router_with_state_is_captured_too():
   """nnx.capture adds `__captures__` to every module, the router-state Dict included
   (sigmoid_bias keeps a bias there): routing reads only its Variables."""
   graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny,router=sigmoid_bias"))
-  stats = contributions.layer_statistics(graphdef, state.params, state.rest, tiny[3])
+  stats = contributions.layer_statistics(graphdef, state.params, state.rest, BATCHES)
   assert all(s.frequency.sum() == 2 * s.tokens for s in stats)

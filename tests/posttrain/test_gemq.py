@@ -6,20 +6,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.models.capture import captured_forward
 from moejax.posttrain import bit_allocation, gemq, quantize
 from moejax.posttrain.taylor import token_gradients
-from moejax.train.loop import init_state
 from flax import nnx
 
+from tests.helpers import host
+
 BITS = (2, 3, 4, 8)
-
-
-def tiny():
-  config = lm_shakespeare_moe.get_config("size=tiny")  # 2 MoE blocks of 8 experts, d 32
-  graphdef, state, _ = init_state(config)
-  return config, graphdef, jax.tree.map(np.asarray, state.params), state.rest
 
 
 def block_output(graphdef, params, rest, tokens, block):
@@ -29,8 +23,11 @@ def block_output(graphdef, params, rest, tokens, block):
   )
 
 
-def test_costs_equal_the_fisher_weighted_change_of_the_block_output_with_one_expert_quantized():
-  config, graphdef, params, rest = tiny()
+def test_costs_equal_the_fisher_weighted_change_of_the_block_output_with_one_expert_quantized(
+  tiny_model,
+):
+  _, graphdef, state = tiny_model  # 2 MoE blocks of 8 experts, d 32
+  params, rest = host(state.params), state.rest
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 24)), jnp.int32)
   blocks, costs = gemq.expert_costs(graphdef, params, rest, [tokens], BITS, group_size=8)
   assert blocks == [0, 1] and costs.shape == (2, 8, 4)
@@ -56,8 +53,9 @@ def test_costs_equal_the_fisher_weighted_change_of_the_block_output_with_one_exp
   assert np.all(costs[..., 0] > costs[..., 3])
 
 
-def test_allocation_on_the_costs_spends_the_budget_where_the_costs_are():
-  config, graphdef, params, rest = tiny()
+def test_allocation_on_the_costs_spends_the_budget_where_the_costs_are(tiny_model):
+  _, graphdef, state = tiny_model
+  params, rest = host(state.params), state.rest
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 24)), jnp.int32)
   _, costs = gemq.expert_costs(graphdef, params, rest, [tokens], BITS, group_size=8)
   flat = costs.reshape(-1, len(BITS))

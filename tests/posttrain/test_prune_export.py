@@ -7,26 +7,18 @@ import numpy as np
 import pytest
 import transformers
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.interop.convert import Loaded, export_hf, import_hf
 from moejax.posttrain import prune
-from moejax.train.loop import init_state
+from tests.helpers import host
 from tests.interop.hf_tiny import make_model, save_model
-from tests.interop.test_parity import assert_export_matches
+from tests.interop.export_checks import assert_export_matches
 
 WINDOWS = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
 
 
-def host(tree):
-  import jax
-
-  return jax.tree.map(np.asarray, tree)
-
-
-def test_pruned_default_lm_exports_as_mixtral(tmp_path):
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  _, state, _ = init_state(config)
+def test_pruned_default_lm_exports_as_mixtral(tiny_model, tmp_path):
+  config, _, state = tiny_model
   m, params, rest, layers = prune.prune_model(
     config.model, host(state.params), host(state.rest), WINDOWS, keep="4", method="schur_astar"
   )
@@ -37,11 +29,10 @@ def test_pruned_default_lm_exports_as_mixtral(tmp_path):
   assert_export_matches(Loaded(m, params, rest), out)
 
 
-def test_atom_pruned_default_lm_exports_as_mixtral_at_the_widest_kept_expert(tmp_path):
+def test_atom_pruned_default_lm_exports_as_mixtral_at_the_widest_kept_expert(tiny_model, tmp_path):
   """HEAPr keeps a different number of atoms per expert: the export is as wide as
   the widest kept expert, the others zero padded (atoms.remove_atoms)."""
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  _, state, _ = init_state(config)
+  config, _, state = tiny_model
   m, params, rest, _ = prune.prune_model(
     config.model, host(state.params), host(state.rest), WINDOWS, keep="0.5", method="heapr"
   )
@@ -73,9 +64,8 @@ def test_pruned_imported_deepseek_v3_exports_and_matches(tmp_path):
   assert_export_matches(Loaded(m, params, rest), out)
 
 
-def test_unequal_counts_are_refused_at_export(tmp_path):
-  config = lm_shakespeare_moe.get_config("size=tiny")
-  _, state, _ = init_state(config)
+def test_unequal_counts_are_refused_at_export(tiny_model, tmp_path):
+  config, _, state = tiny_model
   from moejax.posttrain import surgery
 
   m, params, rest = surgery.remove_experts(

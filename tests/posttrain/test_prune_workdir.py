@@ -12,7 +12,7 @@ from moejax.posttrain.calibration import calibration_windows
 from moejax.posttrain.prune_workdir import prune_imported, prune_workdir
 from moejax.train.loop import train_and_evaluate
 from moejax.train.restore import load_from_workdir
-from tests.conftest import TINY_WORKDIR_STEPS as STEPS
+from tests.helpers import TINY_WORKDIR_STEPS as STEPS
 
 
 @pytest.fixture(scope="module")

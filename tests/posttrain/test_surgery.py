@@ -17,17 +17,9 @@ from moejax.models.decoder import abstract_model
 from moejax.posttrain import surgery
 from moejax.train.loop import init_state
 
+from tests.helpers import host
+
 KEEP = {0: [1, 3, 4, 6], 1: [0, 2, 5]}
-
-
-def tiny(router="topk"):
-  config = lm_shakespeare_moe.get_config(f"size=tiny,router={router}")
-  _, state, _ = init_state(config)
-
-  def host(tree):
-    return jax.tree.map(np.asarray, tree)
-
-  return config, host(state.params), host(state.rest)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -66,8 +58,9 @@ def numpy_moe(x, ffn, kept, top_k, scales=None):
 
 
 @pytest.mark.parametrize("rescale", [False, True])
-def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
-  config, params, rest = tiny()
+def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale, tiny_model):
+  config, _, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   scales = {0: np.array([0.5, 1.5, -1.0, 2.0]), 1: np.array([1.0, 0.25, 3.0])} if rescale else None
   new, new_params, new_rest = surgery.remove_experts(config.model, params, rest, KEEP, scales)
   assert list(new.moe.expert_counts) == [4, 3]
@@ -92,8 +85,9 @@ def test_pruned_layers_equal_a_numpy_moe_over_the_kept_experts(rescale):
     np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
 
 
-def test_keeping_every_expert_changes_nothing():
-  config, params, rest = tiny()
+def test_keeping_every_expert_changes_nothing(tiny_model):
+  config, _, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   new, new_params, _ = surgery.remove_experts(
     config.model, params, rest, {0: range(8), 1: range(8)}
   )
@@ -101,8 +95,10 @@ def test_keeping_every_expert_changes_nothing():
   jax.tree.map(np.testing.assert_array_equal, new_params, params)
 
 
-def test_router_state_is_cut_along_its_expert_axis():
-  config, params, rest = tiny("sigmoid_bias")
+def test_router_state_is_cut_along_its_expert_axis(tiny_config):
+  config = tiny_config("router=sigmoid_bias")
+  _, state, _ = init_state(config)
+  params, rest = host(state.params), host(state.rest)
   rest["blocks"][0]["ffn"]["router_state"]["bias"] = np.arange(8, dtype=np.float32)
   _, _, new_rest = surgery.remove_experts(config.model, params, rest, KEEP)
   np.testing.assert_array_equal(new_rest["blocks"][0]["ffn"]["router_state"]["bias"], KEEP[0])
@@ -117,14 +113,16 @@ def test_router_state_is_cut_along_its_expert_axis():
     ({5: [0, 1]}, r"keep names blocks \[5\], which are not MoE blocks \[0, 1\]"),
   ],
 )
-def test_bad_keep_sets_are_refused(keep, message):
-  config, params, rest = tiny()
+def test_bad_keep_sets_are_refused(keep, message, tiny_model):
+  config, _, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   with pytest.raises(ConfigError, match=message):
     surgery.remove_experts(config.model, params, rest, keep)
 
 
-def test_merge_takes_the_mass_weighted_mean_of_the_merged_experts():
-  config, params, rest = tiny()
+def test_merge_takes_the_mass_weighted_mean_of_the_merged_experts(tiny_model):
+  state = tiny_model[2]
+  params = host(state.params)
   mass = np.arange(1.0, 9.0)  # expert e has mass e + 1
   merged = surgery.merge_experts(params, 0, {2: 1, 5: 1, 7: 3}, mass)
   for name, w in params["blocks"][0]["ffn"]["experts"].items():
@@ -137,17 +135,18 @@ def test_merge_takes_the_mass_weighted_mean_of_the_merged_experts():
     )
   np.testing.assert_array_equal(
     params["blocks"][0]["ffn"]["experts"]["w_up"][1],
-    tiny()[1]["blocks"][0]["ffn"]["experts"]["w_up"][1],
-  )  # no mutation
+    state.params["blocks"][0]["ffn"]["experts"]["w_up"][1],
+  )  # no mutation: the model's own weights
 
 
-def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest():
+def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest(tiny_model):
   """`step` and `step_no_merge` keep the same experts; without the merge the pruned
   params are exactly the removal, with it the kept experts absorbed the pruned."""
   from moejax.posttrain import prune
   from moejax.posttrain.calibration import Calibration
 
-  config, params, rest = tiny()
+  config, _, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   windows = np.random.default_rng(0).integers(0, 256, size=(8, 16)).astype(np.int32)
   calibration = Calibration(config.model, params, rest, windows)
   run = {
@@ -227,7 +226,7 @@ def test_deployed_error_equals_a_numpy_moe_and_the_proxy_where_nothing_re_routes
     np.testing.assert_allclose(errors[0], proxy, rtol=1e-3)
 
 
-def test_merge_partners_by_output_find_a_functional_twin_the_gram_cannot():
+def test_merge_partners_by_output_find_a_functional_twin_the_gram_cannot(tiny_model):
   """Expert 5 made a copy of expert 1's weights, with a router column that never
   sends a token to both: their routed contributions never overlap (G_15 = 0, so
   the Gram's cosine cannot pair them), but run on the same tokens their outputs
@@ -235,7 +234,8 @@ def test_merge_partners_by_output_find_a_functional_twin_the_gram_cannot():
   from moejax.posttrain import prune
   from moejax.posttrain.calibration import Calibration
 
-  config, params, rest = tiny()
+  config, _, state = tiny_model
+  params, rest = host(state.params), host(state.rest)
   params = jax.tree.map(np.array, params)
   ffn = params["blocks"][0]["ffn"]
   for name in ffn["experts"]:

@@ -9,19 +9,17 @@ import numpy as np
 from flax import nnx
 import pytest
 
-from moejax.configs import lm_shakespeare_moe
 from moejax.posttrain import expert_subset, taylor
-from moejax.train.loop import init_state
 from tests.posttrain.trained_tiny import mean_loss
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
 
-def test_per_token_terms_sum_to_the_gradient_of_an_output_scale():
+def test_per_token_terms_sum_to_the_gradient_of_an_output_scale(tiny_model):
   """Scaling expert e's w_down by a scales its output: dL/da at a = 1, L the summed
   loss, is the sum over tokens of <dL/dy_t, g_te E_e(x_t)>, which jax.grad gives
   through the parameters."""
-  graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny"))
+  _, graphdef, state = tiny_model
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 12)), jnp.int32)
   token_loss, terms = taylor.token_taylor_terms(graphdef, state.params, state.rest, tokens)
   assert token_loss.shape == (2 * 11,)
@@ -62,12 +60,12 @@ def test_step_prunes_the_many_easy_expert_frequency_the_few_hard_one():
   assert scores[1] == 0.0  # none of B's easy tokens is selected
 
 
-def test_scores_do_not_depend_on_how_the_windows_are_batched():
+def test_scores_do_not_depend_on_how_the_windows_are_batched(tiny_model):
   """Five windows as one batch, as batches of 2, 2, 1 and in the reverse order of
   1, 2, 2: each batch's per-token terms stay paired with its own losses (a term
   paired with another batch's loss selects other tokens) and carry the same scale
   (the gradient of the summed loss: a batch of one is not weighted 5x)."""
-  graphdef, state, _ = init_state(lm_shakespeare_moe.get_config("size=tiny"))
+  _, graphdef, state = tiny_model
   windows = np.random.default_rng(3).integers(0, 256, (5, 12)).astype(np.int32)
 
   def score(batches):

@@ -9,7 +9,7 @@ import pytest
 from moejax.data.mix import DOMAINS
 from moejax.errors import ConfigError
 from moejax.train import sweep
-from tests.studies.test_training_studies import FakeTrain, run
+from tests.studies.fake_training import FakeTrain, run
 
 CONFIG = "configs/distill.py"
 RISE = {"kl": 0.5, "residual": 0.125}  # bpb a misleading teacher adds on the corrupted domain

@@ -13,8 +13,8 @@ from moejax.configs.studies import mergemix as mergemix_study
 from moejax.configs.studies import overtrained_experts as overtrained_study
 from moejax.errors import ConfigError
 from moejax.studies import runner
-from tests.cli.conftest import training_workdir
-from tests.data.test_mix import fixture_sources
+from tests.helpers import training_workdir
+from tests.data.mix_fixtures import fixture_sources
 
 DOMAINS = ["drama", "code"]
 SMALL = {"domains": DOMAINS, "batch": 2, "warmup": 1, "bytes_per_domain": 1024}

@@ -5,7 +5,6 @@ committed sweep tables on the same per-run results; a tiny study end to end."""
 import json
 import os
 import re
-import types
 
 import ml_collections
 import numpy as np
@@ -15,32 +14,10 @@ from moejax.errors import ConfigError
 from moejax.studies import report, runner
 from moejax.train.sweep import load_config_file
 
+from tests.studies.fake_training import FakeTrain, run
+
 MOE = "configs/lm_shakespeare_moe.py:size=tiny"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class FakeTrain:
-  """Stands in for train_and_evaluate: writes a metrics log; val bpb = f(top_k, seed)."""
-
-  def __init__(self, root=None):
-    self.root, self.calls = root, []
-
-  def __call__(self, config, run_dir):
-    self.calls.append(os.path.relpath(run_dir, self.root))
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
-      for step in range(1, config.train.steps + 1):
-        f.write(
-          json.dumps(
-            {"step": step, "tokens_per_second": 1000.0 * config.seed + step, "ce_loss": 5.0 / step}
-          )
-          + "\n"
-        )
-    bpb = 2.0 + config.model.moe.top_k / 10 + config.seed / 100 + config.model.moe.num_experts
-    return types.SimpleNamespace(
-      state=types.SimpleNamespace(params={"w": np.zeros((3, 4))}),
-      eval={"val_bpb": bpb, "val_loss": 1.0},
-    )
 
 
 def study(workdir, draws=2, **changes):
@@ -63,19 +40,6 @@ def study(workdir, draws=2, **changes):
   for key, value in changes.items():
     c[key] = value
   return c
-
-
-def run(config, out, fake):
-  spec, scorer = runner.prepare(config)
-  scorer.train_fn = fake
-  return runner.run(
-    spec,
-    scorer,
-    str(out),
-    stored=runner.check_output(spec, str(out)),
-    plot=False,
-    log=lambda _: None,
-  )
 
 
 def test_each_arm_trains_once_per_seed_and_pairs_by_seed(tmp_path):

@@ -17,7 +17,7 @@ from moejax.train.load import load_model
 from moejax.train import init_from
 from moejax.train.loop import init_state, train_and_evaluate
 from tests.interop.hf_tiny import make_model, save_model
-from tests.interop.test_parity import assert_export_matches
+from tests.interop.export_checks import assert_export_matches
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 MICRO, ROWS = 4, 32
 
 
-def tiny_config(router="topk", model=(), **train):
+def accumulation_config(router="topk", model=(), **train):
   """Default loss weights; `model`: (key, value) pairs of the model section."""
   c = base_config()
   apply_size(c, "tiny")
@@ -72,7 +72,7 @@ def max_diff(a, b) -> float:
 @functools.lru_cache(maxsize=None)
 def setup(router, model=()):
   """A scanned model holds the loop model's variables, stacked (from a seed it draws its own)."""
-  config = tiny_config(router, model)
+  config = accumulation_config(router, model)
   graphdef, state, optimizer = init_state(config)
   if config.model.scan_layers:
     loop, _, loop_state, _ = setup(router, tuple(kv for kv in model if kv[0] != "scan_layers"))
@@ -207,7 +207,7 @@ def test_router_state_from_summed_stats_equals_one_call(router, extra):
 
 
 def test_bfloat16_params_and_optimizer_state_are_used():
-  config = tiny_config(
+  config = accumulation_config(
     "sigmoid_bias", param_dtype="bfloat16", opt_state_dtype="bfloat16", micro_batches=2
   )
   graphdef, state, optimizer = init_state(config)

@@ -8,7 +8,6 @@ import pytest
 from flax import nnx
 
 from moejax.validation import validate_config
-from moejax.configs import lm_shakespeare_moe
 from moejax.errors import ConfigError
 from moejax.train import init_from
 from moejax.train.loop import init_state, train_and_evaluate
@@ -16,26 +15,31 @@ from moejax.train.restore import load_from_workdir
 from moejax.train.upcycle import upcycle_params, upcycled
 
 
-def tiny(dense=False, **init):
-  """Tiny LM: 8 experts of width 32, top-2; its dense twin has d_ff 64 (2 segments)."""
-  c = lm_shakespeare_moe.get_config(f"size=tiny,dense={dense}")
-  c.train.steps, c.train.checkpoint_every, c.train.progress_bar = 2, 2, False
-  for key, value in init.items():
-    c.init[key] = value
+# The tiny LM (8 experts of width 32, top-2; its dense twin has d_ff 64, 2 segments),
+# trained 2 steps: tiny_config(arg, **STEPS).
+STEPS = dict(steps=2, checkpoint_every=2)
+
+
+def upcycled_from(tiny_config, workdir):
+  """The tiny MoE's config, to start from the dense checkpoint in `workdir`."""
+  c = tiny_config(**STEPS)
+  c.init.upcycle_from = workdir
   return c
 
 
 @pytest.fixture(scope="module")
-def dense_workdir(tmp_path_factory):
+def dense_workdir(tmp_path_factory, tiny_config):
   workdir = str(tmp_path_factory.mktemp("dense"))
-  dense = tiny(dense=True)
+  dense = tiny_config("dense=True", **STEPS)
   dense.seed = 1  # not the MoE's seed: its attention starts elsewhere
   train_and_evaluate(dense, workdir, write_metrics=False)
   return workdir
 
 
-def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logits(dense_workdir):
-  config = tiny(upcycle_from=dense_workdir)
+def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logits(
+  dense_workdir, tiny_config
+):
+  config = upcycled_from(tiny_config, dense_workdir)
   validate_config(config)
   init_from.check_sources(config)
   dense_config, _, dense_params, _, _ = load_from_workdir(dense_workdir)
@@ -74,8 +78,8 @@ def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logit
   assert np.max(np.abs(np.asarray(dense_logits))) > 0.1  # not vacuous
 
 
-def test_the_trainer_starts_from_the_upcycled_weights(dense_workdir, tmp_path):
-  config = tiny(upcycle_from=dense_workdir)
+def test_the_trainer_starts_from_the_upcycled_weights(dense_workdir, tiny_config, tmp_path):
+  config = upcycled_from(tiny_config, dense_workdir)
   config.train.steps = 1
   run = train_and_evaluate(config, str(tmp_path / "moe"), write_metrics=False)
   assert run.start_step == 0
@@ -101,8 +105,8 @@ def test_the_trainer_starts_from_the_upcycled_weights(dense_workdir, tmp_path):
     (dict(ffn_type="dense"), r"starts an MoE \(model\.ffn_type='dense'\) from a dense"),
   ],
 )
-def test_refused_before_anything_is_built(dense_workdir, tmp_path, change, message):
-  config = tiny(upcycle_from=dense_workdir)
+def test_refused_before_anything_is_built(dense_workdir, tiny_config, tmp_path, change, message):
+  config = upcycled_from(tiny_config, dense_workdir)
   for key, value in change.items():
     section = (
       config.init
@@ -117,9 +121,9 @@ def test_refused_before_anything_is_built(dense_workdir, tmp_path, change, messa
   assert not os.path.exists(tmp_path / "run")
 
 
-def test_a_directory_without_checkpoints_is_refused(tmp_path):
+def test_a_directory_without_checkpoints_is_refused(tiny_config, tmp_path):
   with pytest.raises(ConfigError, match=r"init\.upcycle_from=.*: not a training workdir"):
-    init_from.check_sources(tiny(upcycle_from=str(tmp_path)))
+    init_from.check_sources(upcycled_from(tiny_config, str(tmp_path)))
 
 
 def test_upcycle_params_copies_whole_ffns_when_widths_match():

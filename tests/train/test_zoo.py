@@ -7,28 +7,32 @@ import os
 import numpy as np
 import pytest
 
-from moejax.configs import lm_shakespeare_moe, zoo as zoo_configs
+from moejax.configs import zoo as zoo_configs
 from moejax.errors import ConfigError
 from moejax.train import zoo
 
 
-def tiny_config(name, zoo_dir, seed=0):
-  del name, zoo_dir
-  c = lm_shakespeare_moe.get_config("size=tiny")
-  c.seed = seed
-  c.train.steps, c.train.checkpoint_every, c.train.max_to_keep = 6, 3, 10
-  c.train.eval_every, c.train.progress_bar = 6, False
-  return c
+@pytest.fixture(scope="module")
+def config_of(tiny_config):
+  """zoo.build's config_of(name, zoo_dir, seed): the tiny MoE LM, 6 steps, 2 snapshots."""
+
+  def make(name, zoo_dir, seed=0):
+    del name, zoo_dir
+    c = tiny_config(steps=6, checkpoint_every=3, max_to_keep=10, eval_every=6)
+    c.seed = seed
+    return c
+
+  return make
 
 
 @pytest.fixture(scope="module")
-def tiny_zoo(tmp_path_factory):
+def tiny_zoo(tmp_path_factory, config_of):
   zoo_dir = str(tmp_path_factory.mktemp("zoo"))
-  entry = zoo.build(tiny_config, "xs", zoo_dir, bytes_per_domain=2048, probe_count=4, log=id)
+  entry = zoo.build(config_of, "xs", zoo_dir, bytes_per_domain=2048, probe_count=4, log=id)
   return zoo_dir, entry
 
 
-def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
+def test_build_caches_digests_and_evaluates(tiny_zoo, config_of, monkeypatch):
   zoo_dir, entry = tiny_zoo
   assert sorted(entry["snapshots"], key=int) == ["3", "6"]
   assert len(set(entry["snapshots"].values())) == 2  # the parameters moved
@@ -37,28 +41,28 @@ def test_build_caches_digests_and_evaluates(tiny_zoo, monkeypatch):
     assert json.load(f)["snapshots"] == entry["snapshots"]
   # cached: a second build does not train (a train call would fail here)
   monkeypatch.setattr(zoo, "train", lambda *a, **k: pytest.fail("retrained"))
-  assert zoo.build(tiny_config, "xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
+  assert zoo.build(config_of, "xs", zoo_dir, 2048, 4, log=id)["snapshots"] == entry["snapshots"]
   assert "| xs | 6 |" in zoo.table([entry])
 
   # another config for the same name is refused, not silently re-used
   def other_seed(n, d, seed=0):
-    return tiny_config(n, d, seed=1)
+    return config_of(n, d, seed=1)
 
   with pytest.raises(ConfigError, match="trained with another config"):
     zoo.build(other_seed, "xs", zoo_dir, 2048, 4, log=id)
 
 
-def test_a_second_training_seed_is_its_own_model(tiny_zoo):
+def test_a_second_training_seed_is_its_own_model(tiny_zoo, config_of):
   """Seed k > 0 trains into ZOO_DIR/<name>_seed<k> from another initialisation and
   data order; the table names its seed; seed 0's cached entry is untouched."""
   zoo_dir, seed0 = tiny_zoo
-  entry = zoo.build(tiny_config, "xs", zoo_dir, 2048, 4, log=id, seed=1)
+  entry = zoo.build(config_of, "xs", zoo_dir, 2048, 4, log=id, seed=1)
   assert os.path.exists(os.path.join(zoo_dir, "xs_seed1", zoo.ZOO_JSON))
   assert entry["seed"] == 1 and entry["config"]["seed"] == 1
   assert set(entry["snapshots"].values()).isdisjoint(seed0["snapshots"].values())
   text = zoo.table([seed0, entry])
   assert "| xs | 6 |" in text and "| xs seed 1 | 6 |" in text
-  assert zoo.verify(tiny_config, "xs", zoo_dir, log=id, seed=1)["bit_exact"]
+  assert zoo.verify(config_of, "xs", zoo_dir, log=id, seed=1)["bit_exact"]
 
 
 @pytest.mark.parametrize(
@@ -82,9 +86,9 @@ def test_post_training_studies_run_over_training_seeds(study):
     load_config_file(f"{path}:seeds=0")
 
 
-def test_verify_regenerates_bit_exactly(tiny_zoo):
+def test_verify_regenerates_bit_exactly(tiny_zoo, config_of):
   zoo_dir, _ = tiny_zoo
-  result = zoo.verify(tiny_config, "xs", zoo_dir, log=id)
+  result = zoo.verify(config_of, "xs", zoo_dir, log=id)
   assert result["bit_exact"] and result["first_difference"] is None
   assert result["snapshots"] == 2
 
