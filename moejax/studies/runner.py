@@ -153,13 +153,29 @@ def _write_atomic(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-def results_json(spec: spec_lib.StudySpec, runs: list[dict], total: int) -> dict:
+def results_json(
+  spec: spec_lib.StudySpec, runs: list[dict], total: int, digests: list | None = None
+) -> dict:
   return {
     "study": spec.as_json(),
+    **({"model_digests": digests} if digests and any(digests) else {}),
     "total_runs": total,
     "runs": runs,
     "claims": report.claim_rows(spec, runs),
   }
+
+
+def check_models(spec: spec_lib.StudySpec, digests: list, stored: dict | None) -> None:
+  """ConfigError when a model of the study is not the one the stored runs were made
+  on (its parameter digest differs, Scorer.model_digest), before anything runs."""
+  before = (stored or {}).get("model_digests") or []
+  for m, (old, new) in enumerate(zip(before, digests)):
+    if old and new and old != new:
+      raise ConfigError(
+        f"cannot resume: study.models[{m}] ({spec.model_label(m)}) is not the model the "
+        f"stored runs used (parameter digest {new[:12]} here, {old[:12]} stored); retrain "
+        "it from the same seed and config, or use another --out"
+      )
 
 
 def _clean(arm: str, scores: dict, metrics: tuple[str, ...]) -> dict:
@@ -223,6 +239,8 @@ def run(
   }
   done = dict(report.index_runs((stored or {}).get("runs", [])))
   scorers = getattr(scorer, "models", None) or [scorer]
+  digests = [s.model_digest() for s in scorers]
+  check_models(spec, digests, stored)
   metrics = tuple(scorer.metrics())
   os.makedirs(out, exist_ok=True)
   history_path = os.path.join(out, PROVENANCE)
@@ -237,7 +255,7 @@ def run(
   def save():
     _write_atomic(
       os.path.join(out, RESULTS),
-      json.dumps(results_json(spec, ordered(), total), indent=1, allow_nan=False) + "\n",
+      json.dumps(results_json(spec, ordered(), total, digests), indent=1, allow_nan=False) + "\n",
     )
 
   try:
@@ -284,7 +302,7 @@ def run(
       history.append(provenance_entry(ran, time.time() - start, stopped=True))
       _write_atomic(history_path, json.dumps(history, indent=1) + "\n")
     raise
-  results = results_json(spec, ordered(), total)
+  results = results_json(spec, ordered(), total, digests)
   _write_atomic(os.path.join(out, RESULTS), json.dumps(results, indent=1, allow_nan=False) + "\n")
   history.append(provenance_entry(ran, time.time() - start, stopped=False))
   _write_atomic(history_path, json.dumps(history, indent=1) + "\n")

@@ -13,7 +13,9 @@ The runner builds it once with the parsed settings (`self.settings`, the study
 `self.spec`), asks `metrics()` and `check()` before any run, then calls `score`
 for each (level, draw) with the arms still to run there, draws outermost. A
 study over several models (`models`) gets one scorer per model (`for_model`),
-each with that model's settings and checked before any run. A
+each with that model's settings and checked before any run. `model_digest()`
+names the trained model a scorer reads (its `workdir` setting's latest checkpoint):
+a resumed study refuses to add runs on another model. A
 score may carry PAIRING (a digest of the draw's shared input, e.g. the
 calibration windows): the runner refuses to pair arms whose digests differ.
 """
@@ -21,6 +23,7 @@ calibration windows): the runner refuses to pair arms whose digests differ.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import numpy as np
@@ -51,6 +54,20 @@ class Scorer:
 
   def metrics(self) -> tuple[str, ...]:
     raise NotImplementedError
+
+  def model_digest(self) -> str | None:
+    """sha256 (moejax.train.zoo.tree_digest) of the parameters and router state of the
+    trained model this scorer reads: the latest checkpoint of a training workdir in
+    its `workdir` setting; None when it reads none. A model retrained from the same
+    seed has the same digest (the zoo's training is deterministic), so a study can
+    resume on it in a later session."""
+    workdir = self.settings.get("workdir")
+    if not isinstance(workdir, str) or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+      return None
+    from moejax.train.restore import load_from_workdir
+    from moejax.train.zoo import tree_digest
+
+    return tree_digest(*load_from_workdir(workdir)[2:4])
 
   def check(self) -> None:
     """ConfigError (naming study.settings.<key>, an arm or a level) before any run."""

@@ -4,12 +4,14 @@ import json
 import os
 import random
 import re
+import shutil
 
 import pytest
 
 from moejax.errors import ConfigError
 from moejax.evaluation import stats
 from moejax.studies import report, runner, scoring
+from tests.helpers import training_workdir
 from tests.studies import toy
 
 
@@ -272,3 +274,46 @@ def test_a_configs_settings_are_the_scorers_defaults_with_its_overrides():
   assert scoring.get("kmeans").settings == declared  # the declaration is not edited
   with pytest.raises(ConfigError, match="study.settings.nope is not a setting of scorer 'kmeans'"):
     scoring.defaults_with("kmeans", {"nope": 1})
+
+
+class WorkdirToy(toy.Toy):
+  """The toy scorer reading a trained model: its `workdir` setting."""
+
+  settings = {**toy.Toy.settings, "workdir": ""}
+
+
+def test_a_study_resumes_only_on_the_models_its_runs_used(tmp_path, monkeypatch, tiny_config):
+  """The runs store each model's parameter digest; resuming on a model with other
+  parameters (here: another initialisation seed) is refused before any run, and on
+  the same parameters (a retrain from the same seed writes the same bytes) it goes on."""
+  workdirs = [str(tmp_path / f"model_{i}") for i in range(2)]
+  for i, workdir in enumerate(workdirs):
+    config = tiny_config()
+    config.seed = i
+    training_workdir(workdir, config)
+  models = [{"workdir": w} for w in workdirs]
+  out = str(tmp_path / "out")
+  with scoring.SCORERS.temporarily("workdir_toy", WorkdirToy):
+    monkeypatch.setattr(toy.Toy, "stop_after", 2)
+    with pytest.raises(KeyboardInterrupt):
+      run(toy.config(scorer="workdir_toy", models=models), out)
+    stored = json.loads(read(out))["model_digests"]
+    assert len(stored) == 2 and stored[0] != stored[1] and len(stored[0]) == 64
+    monkeypatch.setattr(toy.Toy, "stop_after", None)
+
+    config = tiny_config()
+    config.seed = 7  # model 1 is now another model
+    shutil.rmtree(workdirs[1])
+    training_workdir(workdirs[1], config)
+    with pytest.raises(
+      ConfigError,
+      match=r"cannot resume: study\.models\[1\] \(workdir=.*model_1\) is not the model the",
+    ):
+      run(toy.config(scorer="workdir_toy", models=models), out)
+    assert json.loads(read(out))["model_digests"] == stored  # nothing was changed
+
+    config.seed = 1  # retrained as it was: the same digest, the study resumes
+    shutil.rmtree(workdirs[1])
+    training_workdir(workdirs[1], config)
+    results, _ = run(toy.config(scorer="workdir_toy", models=models), out)
+    assert len(results["runs"]) == 2 * 15 * 2 and results["model_digests"] == stored
