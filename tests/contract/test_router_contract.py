@@ -19,7 +19,7 @@ import pytest
 from moejax.losses import LOSSES, loss_config
 from moejax.losses.base import LOSS_EXAMPLES
 from moejax.routing import ROUTERS, router_config
-from tests.contract.oracles import E_R, check_loss, check_router, router_cfg, router_outputs
+from tests.contract.router_oracles import E_R, check_loss, check_router, router_cfg, router_outputs
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))

@@ -22,7 +22,8 @@ from moejax.losses.balance import load_balance_example, load_balance_loss
 from moejax.routing import ROUTERS, RouterSpec
 from moejax.routing.topk import route_top_k
 from tests.contract.dispatch_oracles import check_dispatcher, check_grouped_matmul
-from tests.contract.oracles import E, check_dispatch, check_loss, check_router, router_outputs
+from tests.contract.oracles import E, check_dispatch
+from tests.contract.router_oracles import check_loss, check_router, router_outputs
 
 
 def fused_without_combine_weight(weights, x, routing, cfg):
