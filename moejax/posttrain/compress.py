@@ -111,7 +111,7 @@ def codebook_from_float(
   per_output_column: bool = False,
   recluster: bool = False,
   act_bits: int = 0,
-  rotation_steps: int = 100,
+  rotation_steps: int = 150,
 ) -> dict:
   """The arrays of the 'codebook' type ('codebook_rotated' for rotation='learned'):
   Lloyd's k-means (codebook.kmeans_group_quant) of each expert matrix at its
