@@ -40,7 +40,18 @@ in moejax/posttrain/compress.py and loaded with CodebookExperts.assign.
 Settings (model.moe.codebook): bits (2, 3, 4, 8), group_size (0: one group
 per whole matrix; else it must divide d_model and expert_d_ff), rotation
 ('hadamard' needs power-of-two d_model and expert_d_ff; dims are checked when
-the layer is built), decode_kernel (gathered.DECODE_KERNELS).
+the layer is built), decode_kernel (gathered.DECODE_KERNELS), act_bits (every
+matmul's input, after the rotation, fake-quantized per token:
+compressed.fake_quant; 0: float), per_output_column (a codebook per output
+column of each group, centroids [E, G * d_out, Kmax]: CodeQuant's released
+default with group_size 0; decoded by XLA on the gathered path).
+
+Expert type 'codebook_rotated' (CodeQuant's learned rotation): the same
+functions and settings but rotation, and two more arrays, in_rotation [E, d, d]
+(the input of w_gate and w_up) and down_rotation [E, f, f] (w_down's), the
+learned orthogonal R of each expert input (posttrain/codebook.learn_rotation),
+applied online: x @ R, then the quantizer, then the LUT matmul. Its byte report
+counts them at 4 bytes an entry.
 
 Bytes: indices are held one per uint8 byte in memory and in checkpoints, and
 every codebook at Kmax entries. `packed_bytes` counts `pack`: per expert and

@@ -23,8 +23,11 @@ matrix costs O(d log d) as a fast Walsh-Hadamard transform) or folded into a
 preceding linear op h @ W_prev (store W_prev @ R). An expert's w_gate / w_up
 follow an RMSNorm, so folding needs the whole residual stream rotated (norm
 scale folded into the next weights first); w_down follows the SwiGLU product,
-so its R must be applied online. The paper learns R from a Hadamard start;
-here R is given (difference: no rotation learning).
+so its R must be applied online. The paper learns R from a Hadamard start:
+`learn_rotation` (Cayley parametrisation, Adam) lowers the activation
+quantization error of x R plus a weight-clustering term (ours); the learned R
+is stored per expert input by expert type 'codebook_rotated' and applied
+online (the paper folds one R into the residual stream instead).
 
 Fine-tuning (`finetune_centroids`): the gradient of MSE(x W_hat, x W) over the
 calibration inputs with respect to the centroids (jax.grad through `decode`,
@@ -34,6 +37,8 @@ as CodeQuant), then an optax step. The returned centroids are the best seen
 input). Optional reassignment moves each weight to its nearest centroid, as
 the released kmeans_recluster does when inputs and targets are the same
 inputs; it can raise the output error, so its error is reported apart.
+`recluster` is that step with the released weighted rule (and, optionally, a
+mean update of the centroids; ours).
 Guesses: optimizer, step count and lr (the paper: SGD); the router is not
 handled here.
 
