@@ -297,12 +297,21 @@ ENTRIES = {
     ),
     "codebook": E(
       "Codebook experts (CodeQuant)",
-      "Per-group k-means indices and "
+      "Per-group (or per-output-column) k-means indices and "
       "centroids, bits per expert, an optional "
       "Hadamard rotation; decoded inside the "
-      "expert.",
+      "expert; optional activation fake-quantization (act_bits).",
       "codequant",
-      tests=("tests/experts/test_codebook_experts.py",),
+      tests=("tests/experts/test_codebook_experts.py", "tests/experts/test_activation_quant.py"),
+      studies=("codequant",),
+    ),
+    "codebook_rotated": E(
+      "Codebook experts with learned rotations (CodeQuant)",
+      "Codebook experts whose every input is rotated by a stored, learned "
+      "orthogonal matrix (Hadamard start) before it is quantized: CodeQuant's "
+      "W4A4 / W4A8 form.",
+      "codequant",
+      tests=("tests/experts/test_activation_quant.py", "tests/posttrain/test_codebook.py"),
       studies=("codequant",),
     ),
     "factorised": E(
@@ -318,9 +327,9 @@ ENTRIES = {
       "Quantized experts",
       "Per-group integer codes, scales and zero points, "
       "bits per expert; dequantized inside the expert "
-      "(codes are not trained).",
+      "(codes are not trained); optional activation fake-quantization (act_bits).",
       "gemq",
-      tests=("tests/experts/test_quantized.py",),
+      tests=("tests/experts/test_quantized.py", "tests/experts/test_activation_quant.py"),
       studies=("gemq",),
     ),
   },
@@ -604,9 +613,10 @@ ENTRIES = {
     ),
     "codequant": E(
       "CodeQuant codebook quantization",
-      "Hadamard rotation, per-group k-means "
-      "codebooks, centroids fine-tuned on "
-      "each expert's routed inputs.",
+      "Hadamard or learned rotation, k-means "
+      "codebooks per group or per output column, centroids fine-tuned on "
+      "each expert's routed inputs, then re-clustered; weights and "
+      "activations (W4A4 / W4A8) in the study.",
       "codequant",
       tests=("tests/posttrain/test_codebook.py", "tests/experts/test_codebook_experts.py"),
       studies=("codequant",),
@@ -794,7 +804,7 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     ("tests/online/test_ace.py", "tests/studies/test_online_studies.py"),
   ),
   "codequant": (
-    "CodeQuant against k-means and RTN",
+    "CodeQuant against k-means, RTN and GPTQ (weight-only, W4A4, W4A8)",
     "codequant",
     ("tests/studies/test_posttrain_studies.py",),
   ),

@@ -40,7 +40,18 @@ in moejax/posttrain/compress.py and loaded with CodebookExperts.assign.
 Settings (model.moe.codebook): bits (2, 3, 4, 8), group_size (0: one group
 per whole matrix; else it must divide d_model and expert_d_ff), rotation
 ('hadamard' needs power-of-two d_model and expert_d_ff; dims are checked when
-the layer is built), decode_kernel (gathered.DECODE_KERNELS).
+the layer is built), decode_kernel (gathered.DECODE_KERNELS), act_bits (every
+matmul's input, after the rotation, fake-quantized per token:
+compressed.fake_quant; 0: float), per_output_column (a codebook per output
+column of each group, centroids [E, G * d_out, Kmax]: CodeQuant's released
+default with group_size 0; decoded by XLA on the gathered path).
+
+Expert type 'codebook_rotated' (CodeQuant's learned rotation): the same
+functions and settings but rotation, and two more arrays, in_rotation [E, d, d]
+(the input of w_gate and w_up) and down_rotation [E, f, f] (w_down's), the
+learned orthogonal R of each expert input (posttrain/codebook.learn_rotation),
+applied online: x @ R, then the quantizer, then the LUT matmul. Its byte report
+counts them at 4 bytes an entry.
 
 Bytes: indices are held one per uint8 byte in memory and in checkpoints, and
 every codebook at Kmax entries. `packed_bytes` counts `pack`: per expert and
@@ -67,13 +78,27 @@ from moejax.experts.swiglu import swiglu_experts, swiglu_fused
 from moejax.registry import settings_of
 
 NAME = "codebook"
-SETTINGS: dict[str, Any] = {"bits": 4, "group_size": 0, "rotation": "none", "decode_kernel": "auto"}
+ROTATED = "codebook_rotated"
+SETTINGS: dict[str, Any] = {
+  "bits": 4,
+  "group_size": 0,
+  "rotation": "none",
+  "decode_kernel": "auto",
+  "act_bits": 0,
+  "per_output_column": False,
+}
+ROTATED_SETTINGS = {k: v for k, v in SETTINGS.items() if k != "rotation"}
 ROTATIONS = ("none", "hadamard")
+RUNTIME = ("decode_kernel", "act_bits")  # settings read where the layer runs, not at build
 HIGHEST = jax.lax.Precision.HIGHEST
 LOGICAL_AXES = {
   **{f"{m}_indices": cz.CODE_AXES[m] for m in cz.MATRICES},
   **{f"{m}_centroids": ("expert", None, None) for m in cz.MATRICES},
 }
+# 'codebook_rotated': a learned rotation of each expert's inputs, [E, n, n]
+# (w_gate and w_up read the same x, so they share one).
+ROTATION_KEYS = {"w_gate": "in_rotation", "w_up": "in_rotation", "w_down": "down_rotation"}
+ROTATED_AXES = {**LOGICAL_AXES, **{k: ("expert", None, None) for k in ROTATION_KEYS.values()}}
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -137,72 +162,180 @@ def rotate(v, rotation: str):
   return v if R is None else jnp.matmul(v, R, precision=HIGHEST)
 
 
-def codebook_expert(weights_e: dict, x, *, rotation: str = "none", **settings):
-  """One expert on rows x [n, d]: SwiGLU whose every matmul is (v @ R) then the
-  LUT matmul of its codebook (the group size and K are read from the shapes)."""
+def input_rotation(weights: dict, m: str, rotation: str, n: int, dtype):
+  """R of matrix m's input: the stored learned one ([E, n, n] or one expert's [n, n],
+  'codebook_rotated'), else the setting's (None for 'none')."""
+  key = ROTATION_KEYS[m]
+  if key in weights:
+    return jnp.asarray(weights[key], dtype)
+  return rotation_matrix(rotation, n, dtype)
+
+
+def book(indices, centroids, per_output_column: bool):
+  """(centroids as `decode` reads them, group size) of one matrix [d_in, d_out]:
+  stored centroids [G, K], or [G * d_out, K] with per_output_column (a codebook per
+  output column of each group, rows in (group, column) order)."""
+  d_in, d_out = indices.shape[-2:]
+  rows, levels = centroids.shape[-2:]
+  if per_output_column:
+    rows //= d_out
+    centroids = centroids.reshape(*centroids.shape[:-2], rows, d_out, levels)
+  return centroids, d_in // rows
+
+
+def codebook_expert(
+  weights_e: dict,
+  x,
+  *,
+  rotation: str = "none",
+  act_bits: int = 0,
+  per_output_column: bool = False,
+  **settings,
+):
+  """One expert on rows x [n, d]: SwiGLU whose every matmul is (v @ R), then
+  fake-quantized to act_bits (compressed.fake_quant), then the LUT matmul of
+  its codebook (the group size and K are read from the shapes)."""
   del settings
 
   def project(v, m):
     centroids = weights_e[f"{m}_centroids"]
     indices = cz.as_index(weights_e[f"{m}_indices"], centroids.shape[-1])
-    v = rotate(v, rotation)
-    group_size = indices.shape[0] // centroids.shape[0]
-    return lut_matmul(v, indices, centroids, group_size).astype(x.dtype)
+    centroids, group_size = book(indices, centroids, per_output_column)
+    R = input_rotation(weights_e, m, rotation, v.shape[-1], v.dtype)
+    v = v if R is None else jnp.matmul(v, R, precision=HIGHEST)
+    return lut_matmul(cz.fake_quant(v, act_bits), indices, centroids, group_size).astype(x.dtype)
 
   return project(jax.nn.silu(project(x, "w_gate")) * project(x, "w_up"), "w_down")
 
 
-def dense_weights(weights: dict, dtype, rotation: str) -> dict:
-  """{w_gate, w_up, w_down} [E, d_in, d_out] decoded with R folded in (R @ w_hat)."""
+def dense_weights(
+  weights: dict, dtype, rotation: str, per_output_column: bool = False, fold: bool = True
+) -> dict:
+  """{w_gate, w_up, w_down} [E, d_in, d_out] decoded, with R folded in (R @ w_hat)
+  unless not `fold`."""
   out = {}
   for m in cz.MATRICES:
     centroids = weights[f"{m}_centroids"]
     indices = cz.as_index(weights[f"{m}_indices"], centroids.shape[-1])
-    group_size = indices.shape[1] // centroids.shape[1]
-    w = jax.vmap(lambda i, c: decode(i, c, group_size))(indices, centroids)
-    R = rotation_matrix(rotation, w.shape[-2], w.dtype)
-    out[m] = (w if R is None else jnp.einsum("ab,ebo->eao", R, w, precision=HIGHEST)).astype(dtype)
+    w = jax.vmap(lambda i, c: decode(i, *book(i, c, per_output_column)))(indices, centroids)
+    R = input_rotation(weights, m, rotation, w.shape[-2], w.dtype) if fold else None
+    out[m] = (w if R is None else jnp.matmul(R, w, precision=HIGHEST)).astype(dtype)
   return out
 
 
-def codebook_experts(weights: dict, rows, matmul, *, rotation: str = "none", **settings):
-  """Rows grouped by expert: the grouped matmuls on the decoded, rotated weights."""
+def codebook_experts(
+  weights: dict,
+  rows,
+  matmul,
+  *,
+  rotation: str = "none",
+  act_bits: int = 0,
+  per_output_column: bool = False,
+  **settings,
+):
+  """Rows grouped by expert: the grouped matmuls on the decoded weights, R folded
+  in; with act_bits, the rows rotated (a grouped matmul for learned rotations),
+  fake-quantized, then multiplied by the decoded weights."""
   del settings
-  return swiglu_experts(dense_weights(weights, rows.dtype, rotation), rows, matmul)
+  if not act_bits:
+    return swiglu_experts(
+      dense_weights(weights, rows.dtype, rotation, per_output_column), rows, matmul
+    )
+  dense = dense_weights(weights, rows.dtype, rotation, per_output_column, fold=False)
+
+  def project(v, m):
+    R = input_rotation(weights, m, rotation, v.shape[-1], v.dtype)
+    if R is not None:
+      v = matmul(v, R) if R.ndim == 3 else jnp.matmul(v, R, precision=HIGHEST)
+    return matmul(cz.fake_quant(v, act_bits), dense[m])
+
+  return swiglu_experts({m: m for m in cz.MATRICES}, rows, project)
 
 
-def codebook_fused(weights: dict, x, routing, cfg, *, rotation: str = "none", **settings):
-  """SwiGLU's fused path (SonicMoE block loop) on the decoded, rotated weights."""
+def codebook_fused(
+  weights: dict,
+  x,
+  routing,
+  cfg,
+  *,
+  rotation: str = "none",
+  act_bits: int = 0,
+  per_output_column: bool = False,
+  **settings,
+):
+  """SwiGLU's fused path (SonicMoE block loop) on the decoded, rotated weights;
+  with act_bits the 'loop' grouped matmul instead (compressed.loop_fused)."""
   del settings
-  return swiglu_fused(dense_weights(weights, x.dtype, rotation), x, routing, cfg)
+  if act_bits:
+    apply = functools.partial(
+      codebook_experts,
+      weights,
+      rotation=rotation,
+      act_bits=act_bits,
+      per_output_column=per_output_column,
+    )
+    return cz.loop_fused(apply, x, routing, cfg)
+  dense = dense_weights(weights, x.dtype, rotation, per_output_column)
+  return swiglu_fused(dense, x, routing, cfg)
 
 
-def dense_rows(x, row_expert, indices, centroids):
+def dense_rows(x, row_expert, indices, centroids, per_output_column: bool = False):
   """x[r] @ decode(expert row_expert[r]) [R, d_out]: only the rows' experts'
   indices gathered and decoded (the XLA form of the gathered path)."""
   books = centroids[row_expert]
   index = cz.as_index(indices[row_expert], books.shape[-1])
-  w_hat = jax.vmap(lambda i, c: decode(i, c, i.shape[0] // c.shape[0]))(index, books)
+  w_hat = jax.vmap(lambda i, c: decode(i, *book(i, c, per_output_column)))(index, books)
   return jnp.einsum("ra,rab->rb", x, w_hat.astype(x.dtype))
 
 
-def codebook_gathered(weights, rows, row_expert, *, rotation="none", decode_kernel="auto", **_):
-  """Row r through expert row_expert[r]: rotated rows, then the rows' experts' LUT matmuls."""
-  parts, turn = ("indices", "centroids"), functools.partial(rotate, rotation=rotation)
-  return gz.swiglu_rows(weights, rows, row_expert, "lookup", parts, dense_rows, decode_kernel, turn)
+def codebook_gathered(
+  weights,
+  rows,
+  row_expert,
+  *,
+  rotation="none",
+  decode_kernel="auto",
+  act_bits=0,
+  per_output_column=False,
+  **_,
+):
+  """Row r through expert row_expert[r]: rotated rows (by its expert's learned R
+  when stored), fake-quantized, then the rows' experts' LUT matmuls. Per-column
+  codebooks decode by XLA (the FFI lookup kernel reads one book per group)."""
+
+  def prepare(v, m):
+    R = input_rotation(weights, m, rotation, v.shape[-1], v.dtype)
+    if R is not None and R.ndim == 3:
+      v = jnp.einsum("ra,rab->rb", v, R[row_expert], precision=HIGHEST)
+    elif R is not None:
+      v = jnp.matmul(v, R, precision=HIGHEST)
+    return cz.fake_quant(v, act_bits)
+
+  rows_fn = functools.partial(dense_rows, per_output_column=per_output_column)
+  kernel = "xla" if per_output_column else decode_kernel
+  parts = ("indices", "centroids")
+  return gz.swiglu_rows(weights, rows, row_expert, "lookup", parts, rows_fn, kernel, prepare)
 
 
-def quantile_codebook(w, bits: int, group_size: int):
-  """jnp, for `build`: centroids [..., G, K] at the (k + 1/2) / K quantiles of
-  each group of w [..., d_in, d_out] and uint8 indices of the nearest one."""
+def quantile_codebook(w, bits: int, group_size: int, per_output_column: bool = False):
+  """jnp, for `build`: centroids at the (k + 1/2) / K quantiles of each group of w
+  [..., d_in, d_out] ([..., G, K]; [..., G * d_out, K] with a book per output
+  column) and uint8 indices of the nearest one."""
   *lead, d_in, d_out = w.shape
-  values = w.reshape(*lead, d_in // group_size, group_size * d_out)
+  blocks = w.reshape(*lead, d_in // group_size, group_size, d_out)
+  if per_output_column:
+    values = jnp.swapaxes(blocks, -1, -2)  # [..., G, d_out, g]
+  else:
+    values = blocks.reshape(*lead, d_in // group_size, 1, group_size * d_out)
   levels = 2**bits
   centroids = jnp.moveaxis(
     jnp.quantile(values, (jnp.arange(levels) + 0.5) / levels, axis=-1), 0, -1
   )
   middle = (centroids[..., 1:] + centroids[..., :-1]) / 2
   indices = jnp.sum(values[..., None] > middle[..., None, :], axis=-1)
+  if per_output_column:
+    indices = jnp.swapaxes(indices, -1, -2)
+  centroids = centroids.reshape(*lead, -1, levels)
   return indices.reshape(w.shape).astype(jnp.uint8), centroids.astype(jnp.float32)
 
 
@@ -217,8 +350,14 @@ def check_arrays(arrays: dict) -> None:
   """ValueError unless the arrays are this type's: dtypes and shapes; Kmax (the
   centroids per group) and every bits[e] supported, bits[e] <= log2(Kmax);
   every index of expert e < 2^bits[e]; the tail beyond 2^bits[e] its last
-  used centroid repeated (`pad_centroids`, what `unpack` restores)."""
+  used centroid repeated (`pad_centroids`, what `unpack` restores); learned
+  rotations ('codebook_rotated') float32 [E, n, n] of each input dim n."""
   bits = np.asarray(arrays["bits"])
+  for m, key in ROTATION_KEYS.items():
+    if key in arrays:
+      R, n = np.asarray(arrays[key]), np.shape(arrays[f"{m}_indices"])[1]
+      if R.dtype != np.float32 or R.shape != (bits.shape[0], n, n):
+        raise ValueError(f"{key}: {R.dtype} {R.shape}, want float32 {(bits.shape[0], n, n)}")
   if bits.dtype != np.uint8 or bits.ndim != 1:
     raise ValueError(f"bits must be uint8 [E]; got {bits.dtype} {bits.shape}")
   for b in np.unique(bits):
@@ -236,7 +375,7 @@ def check_arrays(arrays: dict) -> None:
       or centroids.ndim != 3
       or indices.ndim != 3
       or not centroids.shape[0] == indices.shape[0] == bits.shape[0]
-      or indices.shape[1] % centroids.shape[1]
+      or not _fits(indices.shape[1:], centroids.shape[1])
     ):
       raise ValueError(
         f"{m}: indices {indices.shape}, centroids {centroids.shape}, bits "
@@ -260,6 +399,13 @@ def check_arrays(arrays: dict) -> None:
         )
 
 
+def _fits(matrix: tuple, rows: int) -> bool:
+  """Whether `rows` codebooks per expert fit a [d_in, d_out] matrix: G groups
+  dividing d_in, or G * d_out per-column books."""
+  d_in, d_out = matrix
+  return d_in % rows == 0 or (rows % d_out == 0 and d_in % (rows // d_out) == 0)
+
+
 def packed_bytes(arrays: dict) -> int:
   """Bytes of `pack(arrays)` (module doc), from the shapes and bits."""
   bits = np.asarray(arrays["bits"]).astype(int)
@@ -268,7 +414,11 @@ def packed_bytes(arrays: dict) -> int:
     indices, centroids = np.shape(arrays[f"{m}_indices"]), np.shape(arrays[f"{m}_centroids"])
     for b in bits:
       total += cz.packed_nbytes(int(np.prod(indices[1:])), b) + 4 * centroids[1] * 2**b
-  return total
+  return total + sum(4 * int(np.prod(np.shape(arrays[k]))) for k in _rotation_keys(arrays))
+
+
+def _rotation_keys(arrays) -> list:
+  return sorted(set(ROTATION_KEYS.values()) & set(arrays))
 
 
 def pack(arrays: dict) -> dict:
@@ -280,6 +430,7 @@ def pack(arrays: dict) -> dict:
     centroids = np.asarray(arrays[f"{m}_centroids"], np.float32)
     out[f"{m}_centroids"] = [centroids[e, :, : 2 ** int(b)] for e, b in enumerate(bits)]
     out[f"{m}_indices"] = [cz.pack_bits(a, int(b)) for a, b in zip(arrays[f"{m}_indices"], bits)]
+  out.update({k: np.asarray(arrays[k], np.float32) for k in _rotation_keys(arrays)})
   return out
 
 
@@ -298,6 +449,7 @@ def unpack(packed: dict, shapes: dict) -> dict:
         for p, b in zip(packed[f"{m}_indices"], bits)
       ]
     )
+  out.update({k: np.asarray(packed[k], np.float32) for k in _rotation_keys(packed)})
   return out
 
 
@@ -305,6 +457,7 @@ class CodebookExperts(nnx.Module):
   """E SwiGLU experts of width d_ff as codebook indices, centroids and bits [E]."""
 
   LOGICAL_AXES = LOGICAL_AXES
+  NAME = NAME
 
   def __init__(
     self,
@@ -314,43 +467,59 @@ class CodebookExperts(nnx.Module):
     *,
     bits: int,
     group_size: int,
-    rotation: str,
+    rotation: str = "none",
+    per_output_column: bool = False,
     rngs: nnx.Rngs,
   ):
     dims = {"d_model": d_model, "expert_d_ff": d_ff}
-    groups = cz.group_size_for(f"model.moe.{NAME}.group_size", group_size, dims)
+    groups = cz.group_size_for(f"model.moe.{self.NAME}.group_size", group_size, dims)
     if rotation == "hadamard" and any(n & (n - 1) for n in dims.values()):
       raise ConfigError(
-        f"model.moe.{NAME}.rotation='hadamard' needs power-of-two input "
+        f"model.moe.{self.NAME}.rotation='hadamard' needs power-of-two input "
         f"dims; d_model={d_model}, expert_d_ff={d_ff}"
       )
     weights = cz.float_init(num_experts, d_model, d_ff, rngs)
+    learned = {}
     for m in cz.MATRICES:
       w = weights[m]
-      R = rotation_matrix(rotation, w.shape[-2], w.dtype)
+      R = self.start_rotation(rotation, w.shape[-2], w.dtype)
+      if m in ROTATION_KEYS and ROTATION_KEYS[m] in self.LOGICAL_AXES:
+        learned[ROTATION_KEYS[m]] = jnp.broadcast_to(R, (num_experts, *R.shape))
       w = w if R is None else jnp.einsum("ba,ebo->eao", R, w, precision=HIGHEST)  # R^T W
       indices, centroids = quantile_codebook(
-        w, bits, groups["expert_d_ff" if m == "w_down" else "d_model"]
+        w, bits, groups["expert_d_ff" if m == "w_down" else "d_model"], per_output_column
       )
       setattr(self, f"{m}_indices", cz.variable(indices, LOGICAL_AXES[f"{m}_indices"]))
       setattr(self, f"{m}_centroids", cz.variable(centroids, LOGICAL_AXES[f"{m}_centroids"]))
+    for key, R in learned.items():
+      setattr(self, key, cz.variable(R, self.LOGICAL_AXES[key]))
     self.bits = cz.variable(jnp.full((num_experts,), bits, jnp.uint8), ("expert",))
+
+  @staticmethod
+  def start_rotation(rotation: str, n: int, dtype):
+    return rotation_matrix(rotation, n, dtype)
 
   def arrays(self) -> dict:
     """{name: stored array}: indices and centroids of each matrix, and bits [E]."""
-    return {name: getattr(self, name)[...] for name in (*LOGICAL_AXES, "bits")}
+    return {name: getattr(self, name)[...] for name in (*self.LOGICAL_AXES, "bits")}
 
   def weights(self, dtype) -> dict:
     """The compressed arrays as float32 (indices exact); decoded in float32 and
     cast to the compute dtype where used, so `dtype` changes nothing here."""
     del dtype
-    return {name: getattr(self, name)[...].astype(jnp.float32) for name in LOGICAL_AXES}
+    return {name: getattr(self, name)[...].astype(jnp.float32) for name in self.LOGICAL_AXES}
 
   def assign(self, arrays: dict) -> None:
-    """Hold `arrays` (compress.codebook_from_float), checked, same shapes; codebooks
+    """Hold `arrays` (compress.codebook_from_float), checked, same shapes (the same
+    names: learned rotations for 'codebook_rotated' only); codebooks
     narrower than this layer's Kmax (2^model.moe.codebook.bits) are padded to it
     (`pad_centroids`: w_hat and the packed form unchanged)."""
     check_arrays(arrays)
+    if set(arrays) != {*self.LOGICAL_AXES, "bits"}:
+      raise ValueError(
+        f"arrays {sorted(arrays)}; expert type {self.NAME!r} holds "
+        f"{sorted({*self.LOGICAL_AXES, 'bits'})}"
+      )
     arrays = dict(arrays)
     for m in cz.MATRICES:
       levels = getattr(self, f"{m}_centroids").shape[-1]
@@ -366,34 +535,80 @@ class CodebookExperts(nnx.Module):
     return packed_bytes(cz.host(self.arrays()))
 
 
-def validate_codebook(section) -> None:
-  cz.check_bits(f"model.moe.{NAME}.bits", section["bits"])
-  cz.check_group_size(f"model.moe.{NAME}.group_size", section["group_size"])
-  if section["rotation"] not in ROTATIONS:
-    raise choice_error(f"model.moe.{NAME}.rotation", section["rotation"], ROTATIONS)
+class RotatedCodebookExperts(CodebookExperts):
+  """CodebookExperts with a learned rotation of each expert's inputs (CodeQuant):
+  in_rotation [E, d, d] (w_gate, w_up), down_rotation [E, f, f] (w_down); built
+  at Hadamard (identity for a dim that is not a power of two)."""
+
+  LOGICAL_AXES = ROTATED_AXES
+  NAME = ROTATED
+
+  @staticmethod
+  def start_rotation(rotation: str, n: int, dtype):
+    del rotation
+    return jnp.asarray(hadamard(n) if n & (n - 1) == 0 else np.eye(n), dtype)
+
+
+def validate_codebook(section, name: str = NAME) -> None:
+  cz.check_bits(f"model.moe.{name}.bits", section["bits"])
+  cz.check_group_size(f"model.moe.{name}.group_size", section["group_size"])
+  if name == NAME and section["rotation"] not in ROTATIONS:
+    raise choice_error(f"model.moe.{name}.rotation", section["rotation"], ROTATIONS)
   kernel = section.get("decode_kernel", SETTINGS["decode_kernel"])  # older configs lack it
-  gz.check_decode_kernel(f"model.moe.{NAME}.decode_kernel", kernel)
+  gz.check_decode_kernel(f"model.moe.{name}.decode_kernel", kernel)
+  cz.check_act_bits(f"model.moe.{name}.act_bits", section.get("act_bits", 0))
+  cz.check_bool(f"model.moe.{name}.per_output_column", section.get("per_output_column", False))
 
 
 def build_codebook(num_experts: int, d_model: int, cfg, *, rngs) -> CodebookExperts:
   """Quantile codebooks of the SwiGLU init at model.moe.codebook settings."""
   s = settings_of(cfg, NAME, SETTINGS)
   validate_codebook(s)
-  del s["decode_kernel"]  # read where the layer runs (codebook_gathered)
+  for key in RUNTIME:  # read where the layer runs
+    del s[key]
   return CodebookExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
 
 
-CODEBOOK = register_expert_type(
-  ExpertType(
-    NAME,
-    build=build_codebook,
-    logical_axes=LOGICAL_AXES,
-    expert=codebook_expert,
-    apply=codebook_experts,
-    fused=codebook_fused,
-    gathered=codebook_gathered,
-    code_levels={f"{m}_indices": 2 ** SETTINGS["bits"] for m in cz.MATRICES},
-    settings=SETTINGS,
-    validate=validate_codebook,
+def build_rotated(num_experts: int, d_model: int, cfg, *, rngs) -> RotatedCodebookExperts:
+  """Quantile codebooks of the rotated SwiGLU init at model.moe.codebook_rotated settings."""
+  s = settings_of(cfg, ROTATED, ROTATED_SETTINGS)
+  validate_codebook(s, ROTATED)
+  for key in RUNTIME:
+    del s[key]
+  return RotatedCodebookExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
+
+
+def rotated_experts(weights: dict, rows, matmul, **settings):
+  """'codebook_rotated''s apply: codebook_experts, as a function of its own
+  (experts_of tells registered types apart by their apply)."""
+  return codebook_experts(weights, rows, matmul, **settings)
+
+
+def _register(name, build, logical_axes, settings, validate, apply) -> ExpertType:
+  return register_expert_type(
+    ExpertType(
+      name,
+      build=build,
+      logical_axes=logical_axes,
+      expert=codebook_expert,
+      apply=apply,
+      fused=codebook_fused,
+      gathered=codebook_gathered,
+      code_levels={f"{m}_indices": 2 ** SETTINGS["bits"] for m in cz.MATRICES},
+      settings=settings,
+      validate=validate,
+    )
   )
+
+
+CODEBOOK = _register(
+  NAME, build_codebook, LOGICAL_AXES, SETTINGS, validate_codebook, codebook_experts
+)
+CODEBOOK_ROTATED = _register(
+  ROTATED,
+  build_rotated,
+  ROTATED_AXES,
+  ROTATED_SETTINGS,
+  functools.partial(validate_codebook, name=ROTATED),
+  rotated_experts,
 )

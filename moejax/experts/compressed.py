@@ -10,6 +10,19 @@ reports count. Nothing packs codes on the way into a checkpoint.
 The weights dict an expert type hands to dispatch holds every array as a
 float (moejax/experts/base.py: weights(float32) is float32); integer codes and
 indices travel as exact floats and are read back with `as_index`.
+
+Activation fake-quantization (setting act_bits of both types; CodeQuant, ICLR
+2026, arXiv 2604.10496, quantizes weights AND activations, W4A4 / W4A8): the
+input of every expert matmul (x before w_gate and w_up, the SwiGLU product
+before w_down, after the codebook types' rotation) is rounded to act_bits in
+the forward (`fake_quant`), per token (one scale per row over the whole input
+dim), asymmetric min-max: scale = (max - min) / (2^b - 1), floored at 1e-5,
+no clipping. These details are the released code's (SAI-Lab-NYU/CodeQuant,
+utils/quantization_utils.py activation_quantizer with input_group_size -1),
+not the paper's text. The gradient is the straight-through estimator (ours: the
+released code never differentiates through it). act_bits 0: float inputs.
+With act_bits > 0 the fused path is the 'loop' grouped matmul (`loop_fused`):
+the SonicMoE block loop has no place for the quantizer.
 """
 
 from __future__ import annotations
@@ -19,10 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.assignment.blocks import loop_matmul_fn, schedule_of
+from moejax.assignment.layout import combine_rows, dropless_metrics, tile_layout
 from moejax.errors import ConfigError
 from moejax.experts.swiglu import SwiGLUExperts
 
 SUPPORTED_BITS = (2, 3, 4, 8)
+ACT_BITS = (0, *SUPPORTED_BITS)  # activation bits; 0: float activations
 MAX_LEVELS = 2 ** max(SUPPORTED_BITS)  # codes and indices fit one uint8
 MATRICES = ("w_gate", "w_up", "w_down")  # SwiGLU: x @ w_gate, x @ w_up [d, f]; h @ w_down [f, d]
 # Logical axes of codes / indices [E, d_in, d_out] (moejax/sharding.py). The FFN
@@ -47,6 +63,40 @@ def check_bits(key: str, bits) -> None:
   """ConfigError naming `key` unless bits is one of SUPPORTED_BITS."""
   if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
     raise ConfigError(f"{key}={bits!r} is not supported; valid: {SUPPORTED_BITS}")
+
+
+def check_act_bits(key: str, bits) -> None:
+  """ConfigError naming `key` unless bits is one of ACT_BITS (0: float activations)."""
+  if isinstance(bits, bool) or bits not in ACT_BITS:
+    raise ConfigError(f"{key}={bits!r} is not supported; valid: {ACT_BITS}")
+
+
+def fake_quant(x, bits: int, straight_through: bool = True):
+  """x [..., d] rounded per row to `bits` (module doc: asymmetric min-max, one
+  scale per row), gradient straight through (else that of the rounded value,
+  whose rounding has none); x itself for bits 0."""
+  if not bits:
+    return x
+  low = jnp.min(x, axis=-1, keepdims=True)
+  scale = jnp.maximum((jnp.max(x, axis=-1, keepdims=True) - low) / (2**bits - 1), 1e-5)
+  q = jnp.clip(jnp.round((x - low) / scale), 0, 2**bits - 1) * scale + low
+  return x + jax.lax.stop_gradient(q - x) if straight_through else q
+
+
+def quantized_inputs(matmul, bits: int):
+  """matmul(v, w) with v fake-quantized to `bits` first (matmul itself for 0)."""
+  if not bits:
+    return matmul
+  return lambda v, w: matmul(fake_quant(v, bits), w)
+
+
+def loop_fused(apply, x, routing, cfg):
+  """(y, metrics) of `apply(rows, matmul)` over the dropless layout with the 'loop'
+  grouped matmul: a compressed type's fused path when it quantizes activations."""
+  x = jnp.asarray(x)
+  layout = tile_layout(routing, cfg.num_experts, cfg.dropless.tile)
+  out = apply(x[layout.row_token], loop_matmul_fn(schedule_of(layout, cfg.dropless)))
+  return combine_rows(out, layout, routing, x.dtype), dropless_metrics(layout)
 
 
 def check_group_size(key: str, group_size) -> None:

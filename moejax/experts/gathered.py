@@ -98,13 +98,14 @@ def rows_matmul(kernel: str, dense_rows, x, row_expert, codes, params, decode_ke
   return dense_rows(x, row_expert, codes, *params)
 
 
-def swiglu_rows(weights, rows, row_expert, kernel, parts, dense_rows, decode_kernel, rotate=None):
+def swiglu_rows(weights, rows, row_expert, kernel, parts, dense_rows, decode_kernel, prepare=None):
   """The SwiGLU expert on rows [R, d], row r through expert row_expert[r]: each of
   its matmuls `rows_matmul` of the weights <matrix>_<part> for `parts` (the codes
-  first), its input rotated by rotate(v) first when given (codebook.py)."""
+  first), its input v replaced by prepare(v, matrix) first when given (the
+  codebook types' rotation, activation fake-quantization)."""
 
   def project(v, matrix):
-    v = v if rotate is None else rotate(v)
+    v = v if prepare is None else prepare(v, matrix)
     params = [weights[f"{matrix}_{part}"] for part in parts]
     return rows_matmul(kernel, dense_rows, v, row_expert, params[0], params[1:], decode_kernel)
 

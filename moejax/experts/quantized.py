@@ -34,7 +34,9 @@ QuantizedExperts.assign loads them.
 Settings (model.moe.quantized): bits (2, 3, 4, 8), group_size (0: the whole
 input dim, one group per column; else it must divide d_model and
 expert_d_ff, checked when the layer is built), symmetric, decode_kernel
-(gathered.DECODE_KERNELS: how a decode step's rows are computed).
+(gathered.DECODE_KERNELS: how a decode step's rows are computed), act_bits
+(0: float activations; else every matmul's input fake-quantized per token,
+compressed.fake_quant: W4A4 / W4A8 as CodeQuant's baselines).
 
 Bytes: codes are held one per uint8 byte in memory and in checkpoints.
 `packed_bytes` counts the bit-packed form `pack` writes: per expert and
@@ -44,6 +46,7 @@ matrix ceil(bits_e n / 8) bytes of codes, the same for asymmetric zero points
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -53,11 +56,17 @@ from flax import nnx
 from moejax.experts import compressed as cz
 from moejax.experts import gathered as gz
 from moejax.experts.base import ExpertType, register_expert_type
-from moejax.experts.swiglu import swiglu_expert, swiglu_experts, swiglu_fused
+from moejax.experts.swiglu import swiglu_experts, swiglu_fused
 from moejax.registry import settings_of
 
 NAME = "quantized"
-SETTINGS: dict[str, Any] = {"bits": 4, "group_size": 0, "symmetric": False, "decode_kernel": "auto"}
+SETTINGS: dict[str, Any] = {
+  "bits": 4,
+  "group_size": 0,
+  "symmetric": False,
+  "decode_kernel": "auto",
+  "act_bits": 0,
+}
 LOGICAL_AXES = {
   **{f"{m}_codes": cz.CODE_AXES[m] for m in cz.MATRICES},
   **{
@@ -102,30 +111,43 @@ def dense_rows(x, row_expert, codes, scales, zeros):
   return jnp.einsum("ra,rab->rb", x, w_hat.astype(x.dtype))
 
 
-def quantized_expert(weights_e: dict, x, **settings):
-  """One expert on rows x [n, d]: SwiGLU of its dequantized weights. The group
-  size is read from the shapes; `settings` change nothing here."""
+def quantized_expert(weights_e: dict, x, *, act_bits: int = 0, **settings):
+  """One expert on rows x [n, d]: SwiGLU of its dequantized weights, each matmul's
+  input fake-quantized to act_bits (compressed.fake_quant; 0: float). The group
+  size is read from the shapes; the other settings change nothing here."""
   del settings
-  return swiglu_expert(dense_weights(weights_e, x.dtype), x)
+  matmul = cz.quantized_inputs(jnp.matmul, act_bits)
+  return swiglu_experts(dense_weights(weights_e, x.dtype), x, matmul)
 
 
-def quantized_experts(weights: dict, rows, matmul, **settings):
+def quantized_experts(weights: dict, rows, matmul, *, act_bits: int = 0, **settings):
   """Rows grouped by expert: the grouped matmuls on the dequantized weights."""
   del settings
-  return swiglu_experts(dense_weights(weights, rows.dtype), rows, matmul)
+  return swiglu_experts(
+    dense_weights(weights, rows.dtype), rows, cz.quantized_inputs(matmul, act_bits)
+  )
 
 
-def quantized_fused(weights: dict, x, routing, cfg, **settings):
-  """SwiGLU's fused path (SonicMoE block loop) on the dequantized weights."""
+def quantized_fused(weights: dict, x, routing, cfg, *, act_bits: int = 0, **settings):
+  """SwiGLU's fused path (SonicMoE block loop) on the dequantized weights; with
+  act_bits the 'loop' grouped matmul instead (compressed.loop_fused)."""
   del settings
+  if act_bits:
+    apply = functools.partial(quantized_experts, weights, act_bits=act_bits)
+    return cz.loop_fused(apply, x, routing, cfg)
   return swiglu_fused(dense_weights(weights, x.dtype), x, routing, cfg)
 
 
-def quantized_gathered(weights: dict, rows, row_expert, *, decode_kernel="auto", **settings):
+def quantized_gathered(
+  weights: dict, rows, row_expert, *, decode_kernel="auto", act_bits: int = 0, **settings
+):
   """Row r through expert row_expert[r], reading only those experts' codes (gathered.py)."""
   del settings
   parts = ("codes", "scales", "zeros")
-  return gz.swiglu_rows(weights, rows, row_expert, "affine", parts, dense_rows, decode_kernel)
+  prepare = (lambda v, m: cz.fake_quant(v, act_bits)) if act_bits else None
+  return gz.swiglu_rows(
+    weights, rows, row_expert, "affine", parts, dense_rows, decode_kernel, prepare
+  )
 
 
 def rtn(w, bits: int, group_size: int, symmetric: bool):
@@ -295,13 +317,14 @@ def validate_quantized(section) -> None:
   cz.check_bool(f"model.moe.{NAME}.symmetric", section["symmetric"])
   kernel = section.get("decode_kernel", SETTINGS["decode_kernel"])  # older configs lack it
   gz.check_decode_kernel(f"model.moe.{NAME}.decode_kernel", kernel)
+  cz.check_act_bits(f"model.moe.{NAME}.act_bits", section.get("act_bits", 0))
 
 
 def build_quantized(num_experts: int, d_model: int, cfg, *, rngs) -> QuantizedExperts:
   """RTN of the SwiGLU init at model.moe.quantized.{bits, group_size, symmetric}."""
   s = settings_of(cfg, NAME, SETTINGS)
   validate_quantized(s)
-  del s["decode_kernel"]  # read where the layer runs (quantized_gathered)
+  del s["decode_kernel"], s["act_bits"]  # read where the layer runs
   return QuantizedExperts(num_experts, d_model, cfg.expert_d_ff, rngs=rngs, **s)
 
 

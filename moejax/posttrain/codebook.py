@@ -23,8 +23,11 @@ matrix costs O(d log d) as a fast Walsh-Hadamard transform) or folded into a
 preceding linear op h @ W_prev (store W_prev @ R). An expert's w_gate / w_up
 follow an RMSNorm, so folding needs the whole residual stream rotated (norm
 scale folded into the next weights first); w_down follows the SwiGLU product,
-so its R must be applied online. The paper learns R from a Hadamard start;
-here R is given (difference: no rotation learning).
+so its R must be applied online. The paper learns R from a Hadamard start:
+`learn_rotation` (Cayley parametrisation, Adam) lowers the activation
+quantization error of x R plus a weight-clustering term (ours); the learned R
+is stored per expert input by expert type 'codebook_rotated' and applied
+online (the paper folds one R into the residual stream instead).
 
 Fine-tuning (`finetune_centroids`): the gradient of MSE(x W_hat, x W) over the
 calibration inputs with respect to the centroids (jax.grad through `decode`,
@@ -34,6 +37,8 @@ as CodeQuant), then an optax step. The returned centroids are the best seen
 input). Optional reassignment moves each weight to its nearest centroid, as
 the released kmeans_recluster does when inputs and targets are the same
 inputs; it can raise the output error, so its error is reported apart.
+`recluster` is that step with the released weighted rule (and, optionally, a
+mean update of the centroids; ours).
 Guesses: optimizer, step count and lr (the paper: SGD); the router is not
 handled here.
 
@@ -292,3 +297,137 @@ def _nearest(W, centroids, group_size):
   rank = _assign(V, np.take_along_axis(C, order, 1))
   assign = np.take_along_axis(order, rank, 1)
   return _from_groups(assign, W.shape, group_size, per_column).astype(np.uint8)
+
+
+@dataclasses.dataclass
+class Rotation:
+  """R [d, d] float32 orthogonal (the best seen), and the objective at the start
+  and after each step (objectives[0]: R0)."""
+
+  R: np.ndarray
+  objectives: list
+
+
+def _cayley(R0, P):
+  """R0 (I + A)^-1 (I - A), A = P - P^T skew: orthogonal for any P, R0 at P = 0."""
+  A = P - P.T
+  eye = jnp.eye(P.shape[0], dtype=P.dtype)
+  return R0 @ jnp.linalg.solve(eye + A, eye - A)
+
+
+def rotation_objective(R, x, W, act_bits: int, bits: int, weight_term: float):
+  """act + weight_term * wgt (jnp), both relative errors: act = ||Q(xR) - xR||^2 /
+  ||x||^2 with Q the activation quantizer (compressed.fake_quant, rounding not
+  differentiated); wgt = ||R^T W - nearest||^2 / ||W||^2, nearest: each weight of
+  R^T W at its nearest of 2^bits quantile centroids per output column over the
+  whole input (the paper's granularity; held fixed in the gradient)."""
+  from moejax.experts.compressed import fake_quant
+  from moejax.experts.codebook import quantile_codebook
+
+  y = jnp.matmul(x, R, precision=HIGHEST)
+  q = fake_quant(y, act_bits, straight_through=False)
+  act = jnp.sum((q - y) ** 2) / jnp.sum(x**2)
+  if not weight_term:
+    return act
+  V = jnp.matmul(R.T, W, precision=HIGHEST)
+  indices, centroids = quantile_codebook(V, bits, V.shape[0], per_output_column=True)
+  near = jax.lax.stop_gradient(decode(indices, centroids.reshape(1, V.shape[1], -1), V.shape[0]))
+  return act + weight_term * jnp.sum((V - near) ** 2) / jnp.sum(W**2)
+
+
+def learn_rotation(
+  x,
+  W,
+  act_bits: int,
+  bits: int = 4,
+  *,
+  steps: int = 150,
+  lr: float = 3e-3,
+  weight_term: float = 0.1,
+  R0=None,
+) -> Rotation:
+  """CodeQuant's learned rotation: R = R0 C(A) (Cayley, `_cayley`), from R0
+  (default the Hadamard matrix), Adam on `rotation_objective` over the
+  calibration inputs x [n, d] and the weight W [d, d_out] it rotates (x W =
+  (x R)(R^T W)). The released code minimises the activation term alone
+  (weight_term=0) with Adam at lr 1e-4 over 4 epochs; the weight term, its weight,
+  the step count and lr are ours (on planted outlier channels, weight_term 1
+  traded the activation gain away; tests/posttrain/test_codebook.py). The best R
+  seen is returned, recomputed in float64 (orthogonal to float32 rounding)."""
+  x = jnp.asarray(np.asarray(x, np.float32).reshape(-1, np.shape(W)[0]))
+  W = jnp.asarray(W, jnp.float32)
+  d = W.shape[0]
+  R0 = np.asarray(hadamard(d) if R0 is None else R0, np.float64)
+
+  def objective(P):
+    R = _cayley(jnp.asarray(R0, jnp.float32), P)
+    return rotation_objective(R, x, W, act_bits, bits, weight_term)
+
+  tx = optax.adam(lr)
+  P = jnp.zeros((d, d), jnp.float32)
+  state = tx.init(P)
+
+  @jax.jit
+  def step(P, state):
+    grad = jax.grad(objective)(P)
+    update, state = tx.update(grad, state, P)
+    P = optax.apply_updates(P, update)
+    return P, state, objective(P)
+
+  objectives = [float(jax.jit(objective)(P))]
+  best, best_value = P, objectives[0]
+  for _ in range(steps):
+    P, state, value = step(P, state)
+    objectives.append(float(value))
+    if objectives[-1] < best_value:
+      best, best_value = P, objectives[-1]
+  A = np.asarray(best, np.float64)
+  A = A - A.T
+  R = R0 @ np.linalg.solve(np.eye(d) + A, np.eye(d) - A)
+  return Rotation(R.astype(np.float32), objectives)
+
+
+def recluster(W, centroids, group_size: int, inputs=None, targets=None, *, update=False):
+  """CodeQuant's re-clustering after centroid fine-tuning (the released
+  kmeans_recluster): each weight of W [d_in, d_out] to the centroid c of its group
+  minimising (w b_r - a_r c)^2 for its input row r, a_r = mean x_r^2 and b_r =
+  mean x_r xt_r over the calibration inputs x [n, d_in] and the inputs xt the
+  quantized model sees (targets; default x: then b = a and it is the nearest
+  centroid; no inputs: the nearest). The released code keeps the centroids;
+  update=True then moves each used centroid to the mean of its weights (a
+  Lloyd's step; ours). Returns (indices uint8 [d_in, d_out], centroids)."""
+  W = np.asarray(W, np.float64)
+  scale = np.ones(W.shape[0])
+  if inputs is not None:
+    x = np.asarray(inputs, np.float64).reshape(-1, W.shape[0])
+    xt = x if targets is None else np.asarray(targets, np.float64).reshape(x.shape)
+    a = np.maximum(np.mean(x * x, axis=0), 1e-6)  # the released eps
+    scale = np.mean(x * xt, axis=0) / a
+  indices = _nearest(W * scale[:, None], centroids, group_size)
+  centroids = np.asarray(centroids, np.float32)
+  if update:
+    per_column = centroids.ndim == 3
+    V = _to_groups(W, group_size, per_column)
+    assign = _to_groups(indices.astype(np.int64), group_size, per_column)
+    flat = centroids.reshape(len(V), -1)
+    K = flat.shape[1]
+    index = (np.arange(len(V))[:, None] * K + assign).ravel()
+    sums = np.bincount(index, V.ravel(), len(V) * K).reshape(-1, K)
+    counts = np.bincount(index, minlength=len(V) * K).reshape(-1, K)
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), flat)
+    centroids = means.reshape(centroids.shape).astype(np.float32)
+  return indices, centroids
+
+
+def sort_book(indices, centroids, group_size: int):
+  """(indices, centroids) with each codebook sorted ascending and its indices
+  renumbered to match (W_hat unchanged)."""
+  centroids = np.asarray(centroids)
+  per_column = centroids.ndim == 3
+  V = _to_groups(np.asarray(indices, np.int64), group_size, per_column)
+  flat = centroids.reshape(len(V), -1)
+  order = np.argsort(flat, axis=-1, kind="stable")
+  rank = np.argsort(order, axis=-1)
+  new = _from_groups(np.take_along_axis(rank, V, -1), np.shape(indices), group_size, per_column)
+  sorted_flat = np.take_along_axis(flat, order, -1)
+  return new.astype(np.uint8), sorted_flat.reshape(centroids.shape).astype(centroids.dtype)

@@ -108,72 +108,114 @@ def codebook_from_float(
   finetune_steps: int = 0,
   finetune_lr: float = 1e-2,
   finetune_optimizer: str = "sgd",
+  per_output_column: bool = False,
+  recluster: bool = False,
+  act_bits: int = 0,
+  rotation_steps: int = 150,
 ) -> dict:
-  """The 'codebook' type's arrays: Lloyd's k-means (codebook.kmeans_group_quant)
-  of each expert matrix at its expert's bits, of R^T W with rotation 'hadamard'
-  (R = hadamard(d_in)); centroids padded to 2^max_bits per group (the layer's
-  model.moe.codebook.bits; default the largest of bits).
+  """The arrays of the 'codebook' type ('codebook_rotated' for rotation='learned'):
+  Lloyd's k-means (codebook.kmeans_group_quant) of each expert matrix at its
+  expert's bits, of R^T W when rotated; centroids padded to 2^max_bits per group
+  (the layer's model.moe.codebook.bits; default the largest of bits).
 
-  bits: one bit-width or one per expert [E]. With finetune_steps > 0, each
-  expert matrix's centroids are then fine-tuned on its calibration inputs
-  (codebook.finetune_centroids, the CodeQuant step: min ||X W - X W_hat||^2,
-  indices fixed; on X R and R^T W when rotated, the same error): calibration_inputs
-  {matrix: E arrays X_e [n_e, d_in]}, each expert's routed tokens (w_down's: the
-  SwiGLU hidden activations); an expert with no tokens keeps its k-means book.
-  Fine-tuned codebooks are re-sorted, their indices renumbered (w_hat unchanged).
+  rotation: 'none', 'hadamard' (R = hadamard(d_in)) or 'learned' (CodeQuant:
+  codebook.learn_rotation per expert from the Hadamard matrix, identity for a dim
+  that is not a power of two, on its calibration inputs, for activations at
+  act_bits; w_gate and w_up share one, stored as in_rotation, w_down's as
+  down_rotation). per_output_column: a codebook per output column of each group
+  (CodeQuant's released default with group_size 0: one per output channel over
+  the whole input). bits: one bit-width or one per expert [E]. With
+  finetune_steps > 0, each expert matrix's centroids are then fine-tuned on its
+  calibration inputs (codebook.finetune_centroids, the CodeQuant step: min
+  ||X W - X W_hat||^2, indices fixed; on X R and R^T W when rotated, the same
+  error), and with recluster its weights re-assigned (codebook.recluster):
+  calibration_inputs {matrix: E arrays X_e [n_e, d_in]}, each expert's routed
+  tokens (w_down's: the SwiGLU hidden activations); an expert with no tokens keeps
+  its k-means book (and R0). Codebooks are sorted, indices renumbered.
   """
-  if rotation not in codebook_type.ROTATIONS:
-    raise choice_error("rotation", rotation, codebook_type.ROTATIONS)
+  if rotation not in (*codebook_type.ROTATIONS, "learned"):
+    raise choice_error("rotation", rotation, (*codebook_type.ROTATIONS, "learned"))
   num_experts = np.shape(weights["w_gate"])[0]
   per = _per_expert_bits(bits, num_experts)
   top = int(per.max()) if max_bits is None else max_bits
   check_bits("max_bits", top)
   if per.max() > top:
     raise ConfigError(f"max_bits={top} is below the widest expert's bits={per.max()}")
-  if finetune_steps and (
+  needs = finetune_steps or rotation == "learned"
+  if needs and (
     calibration_inputs is None
     or set(MATRICES) - set(calibration_inputs)
     or any(len(calibration_inputs[m]) != num_experts for m in MATRICES)
   ):
+    what = f"finetune_steps={finetune_steps}" if finetune_steps else "rotation='learned'"
     raise ConfigError(
-      f"finetune_steps={finetune_steps} needs calibration_inputs "
-      f"{{matrix: {num_experts} arrays}} for {MATRICES}"
+      f"{what} needs calibration_inputs {{matrix: {num_experts} arrays}} for {MATRICES}"
     )
-  kmeans = methods.QUANTIZERS.get("kmeans")
+  w = {m: np.asarray(weights[m], np.float32) for m in MATRICES}
+  inputs = {
+    m: [np.asarray(calibration_inputs[m][e], np.float32) for e in range(num_experts)]
+    if needs and calibration_inputs is not None  # checked above
+    else [None] * num_experts
+    for m in MATRICES
+  }
+  rotations = _rotations(w, per, rotation, inputs, act_bits, rotation_steps)
   out = {"bits": per.astype(np.uint8)}
   for m in MATRICES:
-    w = np.asarray(weights[m], np.float32)
-    group = group_size or w.shape[1]
-    R = codebook_type.hadamard(w.shape[1]) if rotation == "hadamard" else None
+    group = group_size or w[m].shape[1]
     indices, centroids = [], []
-    for e, (w_e, b) in enumerate(zip(w, per)):
+    for e, (w_e, b) in enumerate(zip(w[m], per)):
+      R = rotations[m][e]
       target = w_e if R is None else codebook.rotate(w_e, R)  # R^T W
-      quantize = kmeans.bind(iterations=iterations, init=init, seed=seed + e)
-      book = quantize(target[None], int(b), group, None)[0]
-      idx, cent = book.indices, book.centroids
-      x = (
-        None
-        if not finetune_steps or calibration_inputs is None  # checked above
-        else np.asarray(calibration_inputs[m][e], np.float32)
+      book = codebook.kmeans_group_quant(
+        target,
+        int(b),
+        group,
+        iterations=iterations,
+        init=init,
+        seed=seed + e,
+        per_output_column=per_output_column,
       )
-      if x is not None and len(x):
+      idx, cent = book.indices, book.centroids
+      x = inputs[m][e]
+      if finetune_steps and x is not None and len(x):
         x = x if R is None else (x.astype(np.float64) @ R).astype(np.float32)  # x @ R
         cent = codebook.finetune_centroids(
           x, target, idx, cent, group, finetune_steps, finetune_lr, optimizer=finetune_optimizer
         ).centroids
-        order = np.argsort(cent, axis=-1, kind="stable")  # sorted again, indices renumbered
-        rank = np.argsort(order, axis=-1)
-        cent = np.take_along_axis(cent, order, -1)
-        idx = (
-          np.take_along_axis(rank, idx.reshape(len(cent), -1).astype(np.int64), -1)
-          .reshape(idx.shape)
-          .astype(np.uint8)
-        )
+        if recluster:
+          idx, cent = codebook.recluster(target, cent, group, x)
+      idx, cent = codebook.sort_book(idx, cent, group)
       indices.append(idx)
-      centroids.append(codebook_type.pad_centroids(cent, 2**top))
+      centroids.append(codebook_type.pad_centroids(cent.reshape(-1, cent.shape[-1]), 2**top))
     out[f"{m}_indices"] = np.stack(indices)
     out[f"{m}_centroids"] = np.stack(centroids).astype(np.float32)
+  if rotation == "learned":
+    for m, key in codebook_type.ROTATION_KEYS.items():
+      out[key] = np.stack(rotations[m]).astype(np.float32)
   codebook_type.check_arrays(out)
+  return out
+
+
+def _rotations(w, per, rotation, inputs, act_bits, steps) -> dict:
+  """{matrix: E rotations R [d_in, d_in] (None: none)} of codebook_from_float."""
+  num_experts = len(per)
+  if rotation == "none":
+    return {m: [None] * num_experts for m in MATRICES}
+  if rotation == "hadamard":
+    return {m: [codebook_type.hadamard(w[m].shape[1])] * num_experts for m in MATRICES}
+  out = {}
+  for m, joint in (("w_gate", ("w_gate", "w_up")), ("w_down", ("w_down",))):
+    d = w[m].shape[1]
+    R0 = codebook_type.hadamard(d) if d & (d - 1) == 0 else np.eye(d, dtype=np.float32)
+    out[m] = [
+      R0
+      if x is None or not len(x)
+      else codebook.learn_rotation(
+        x, np.concatenate([w[j][e] for j in joint], 1), act_bits, int(b), steps=steps, R0=R0
+      ).R
+      for e, (x, b) in enumerate(zip(inputs[m], per))
+    ]
+  out["w_up"] = out["w_gate"]
   return out
 
 

@@ -74,6 +74,12 @@ class Request:
   bit_choices: tuple = DEFAULT_BIT_CHOICES
   seed: int = 0
   damping: float = 1e-6  # whitening: C = X^T X / n + damping * mean(diag) I (tucker.py)
+  act_bits: int = 0  # the expert matmuls' inputs fake-quantized (experts/compressed.py)
+  # codebooks only: '' the method's rotation (codequant: hadamard; kmeans: none), or
+  # none / hadamard / learned; a book per output column; re-clustering after fine-tuning
+  rotation: str = ""
+  per_output_column: bool = False
+  recluster: bool = False
 
 
 def has_expert_type(method: str) -> bool:
@@ -127,8 +133,10 @@ def allocation(r: Request, calibration: Calibration, current: dict | None = None
 class Compressed:
   """One compressed model: per MoE block its float weights and the stored arrays."""
 
-  kind: str  # quantized | codebook | factorised | baseline
-  float_weights: dict  # {block: {w_gate, w_up, w_down}} float32
+  kind: str  # quantized | codebook | codebook_rotated | factorised | baseline (an expert type)
+  # {block: {w_gate, w_up, w_down}} float32 (weights only: the activation quantizer,
+  # settings act_bits, runs in the compressed model alone)
+  float_weights: dict
   arrays: dict  # {block: the expert type's arrays} (none for baselines)
   settings: dict  # the expert type's config section
   report: dict  # bits / ranks per block, parameter counts
@@ -150,6 +158,7 @@ def _quantized(r, params, calibration, current=None) -> Compressed:
     "bits": int(max(max(b) for b in bits.values())),
     "group_size": r.group_size,
     "symmetric": False,
+    "act_bits": r.act_bits,
   }
   return Compressed("quantized", float_weights, arrays, settings, _bits_report(bits))
 
@@ -166,16 +175,22 @@ def _bits_report(bits: dict) -> dict:
   }
 
 
+def codebook_rotation(r: Request) -> str:
+  """The request's rotation: its own, else the method's (codequant: hadamard)."""
+  return r.rotation or ("hadamard" if r.method == "codequant" else "none")
+
+
 def _codebook(r, params, calibration) -> Compressed:
   bits = allocation(r, calibration)
-  rotation = "hadamard" if r.method == "codequant" else "none"
+  rotation = codebook_rotation(r)
+  tuned = r.method == "codequant"
   float_weights, arrays = {}, {}
   for layer in calibration.inputs:
     w = expert_weights(params, layer.block)
     num_experts = w["w_gate"].shape[0]
     inputs = (
       {m: [layer.expert_rows(e, m) for e in range(num_experts)] for m in MATRICES}
-      if r.method == "codequant"
+      if tuned or rotation == "learned"
       else None
     )
     a = compress.codebook_from_float(
@@ -185,20 +200,26 @@ def _codebook(r, params, calibration) -> Compressed:
       rotation=rotation,
       seed=r.seed,
       calibration_inputs=inputs,
-      finetune_steps=CENTROID_STEPS if inputs else 0,
+      finetune_steps=CENTROID_STEPS if tuned else 0,
+      per_output_column=r.per_output_column,
+      recluster=r.recluster,
+      act_bits=r.act_bits,
     )
     arrays[layer.block] = a
+    stored = {k: np.asarray(v, np.float32) for k, v in a.items()}
+    fold = "none" if rotation == "learned" else rotation  # learned: R stored in `a`
     float_weights[layer.block] = _float32(
-      codebook_type.dense_weights(
-        {k: np.asarray(v, np.float32) for k, v in a.items()}, jnp.float32, rotation
-      )
+      codebook_type.dense_weights(stored, jnp.float32, fold, r.per_output_column)
     )
   settings = {
     "bits": int(max(max(b) for b in bits.values())),
     "group_size": r.group_size,
-    "rotation": rotation,
+    "per_output_column": r.per_output_column,
+    "act_bits": r.act_bits,
+    **({} if rotation == "learned" else {"rotation": rotation}),
   }
-  return Compressed("codebook", float_weights, arrays, settings, _bits_report(bits))
+  kind = codebook_type.ROTATED if rotation == "learned" else "codebook"
+  return Compressed(kind, float_weights, arrays, settings, _bits_report(bits))
 
 
 FACTORS = ("core", "expert_factor", "input_factor", "output_factor")  # a joint model's arrays

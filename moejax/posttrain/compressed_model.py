@@ -22,6 +22,8 @@ def compressed_config(m, c: Compressed) -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict({"model": out})
     return factorise.factorised_config(cfg, c.settings["ranks"]).model
   out.moe.experts = c.kind
+  if c.kind not in out.moe:  # a config saved before the type was registered
+    out.moe[c.kind] = {}
   out.moe[c.kind].update(c.settings)
   if out.moe.get("grouped_matmul") == "fused":
     out.moe.grouped_matmul = "auto"

@@ -211,9 +211,14 @@ class Bench:
     )
     return [windows[i : i + BATCH] for i in range(0, len(windows), BATCH)]
 
-  def routing_sets(self, params: dict) -> np.ndarray:
-    """Top-k sets on the held-out windows of the source model with `params`."""
-    return routing_sets(self.graphdef, params, self.source.rest, self.held_out)
+  def routing_sets(self, params: dict, m=None, rest: dict | None = None) -> np.ndarray:
+    """Top-k sets on the held-out windows of the source model with `params` (or of
+    the model config `m` with params and rest)."""
+    if m is None:
+      return routing_sets(self.graphdef, params, self.source.rest, self.held_out)
+    from moejax.models.decoder import abstract_model
+
+    return routing_sets(abstract_model(m)[0], params, rest, self.held_out)
 
   @functools.cached_property
   def source_sets(self) -> np.ndarray:

@@ -26,6 +26,10 @@ FIELDS = (
   "finetune_steps",
   "num_windows",
   "context",
+  "act_bits",
+  "rotation",
+  "per_output_column",
+  "recluster",
 )
 FLAGS = {field: f"--{field}" for field in FIELDS}
 MIN_TOKENS_PER_EXPERT = 16  # routed calibration tokens per expert, on average
@@ -162,9 +166,40 @@ def _compression(
       f"({choices_key}={list(choices)})"
     )
   dims = {"d_model": m.d_model, "expert_d_ff": m.moe.expert_d_ff}
+  _activations_and_books(r, keys, dims)
   bad = {k: v for k, v in dims.items() if r.group_size and v % r.group_size}
   if r.group_size < 0 or bad:
     raise ConfigError(
       f"{keys['group_size']}={r.group_size} must divide every expert "
       f"matrix's input dimension; it does not divide {bad}"
     )
+
+
+ROTATIONS = ("", "none", "hadamard", "learned")  # compress_pipeline.Request.rotation
+
+
+def _activations_and_books(r: "cp.Request", keys: dict, dims: dict) -> None:
+  """act_bits supported; the codebook options on codebook methods only, valid."""
+  from moejax.experts.compressed import check_act_bits, check_bool
+
+  check_act_bits(keys["act_bits"], r.act_bits)
+  check_bool(keys["per_output_column"], r.per_output_column)
+  check_bool(keys["recluster"], r.recluster)
+  if r.rotation not in ROTATIONS:
+    raise choice_error(keys["rotation"], r.rotation, ROTATIONS)
+  if cp.family(r.method) != "codebook":
+    for key, value in (
+      ("rotation", r.rotation),
+      ("per_output_column", r.per_output_column),
+      ("recluster", r.recluster),
+    ):
+      if value:
+        raise ConfigError(f"{keys[key]}={value!r} is a codebook option; method={r.method}")
+    return
+  if r.recluster and r.method != "codequant":
+    raise ConfigError(
+      f"{keys['recluster']}=True re-clusters after centroid fine-tuning, which only "
+      f"codequant runs (method={r.method})"
+    )
+  if cp.codebook_rotation(r) == "hadamard" and any(n & (n - 1) for n in dims.values()):
+    raise ConfigError(f"{keys['rotation']}: a Hadamard rotation needs power-of-two dims {dims}")

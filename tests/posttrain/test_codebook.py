@@ -308,3 +308,118 @@ def test_one_default_sgd_step_moves_a_centroid_by_the_documented_rate():
   )
   np.testing.assert_allclose(result.centroids, [[0.02, 5.0]], rtol=1e-6)
   np.testing.assert_allclose(result.errors, [1.0, 0.98**2], rtol=1e-6)
+
+
+def outlier_inputs(seed, n=256, d=32, channels=(3, 17), scale=25.0):
+  """Standard normal rows with a few planted outlier channels (scaled up)."""
+  x = np.random.default_rng(seed).standard_normal((n, d))
+  x[:, list(channels)] *= scale
+  return x.astype(np.float32)
+
+
+def act_error(x, R, bits):
+  """||Q(x R) - x R||^2 / ||x||^2 by the numpy per-token min-max grid."""
+  y = np.asarray(x, np.float64) if R is None else np.asarray(x, np.float64) @ R
+  low, high = y.min(1, keepdims=True), y.max(1, keepdims=True)
+  scale = np.maximum((high - low) / (2**bits - 1), 1e-5)
+  q = np.round((y - low) / scale) * scale + low
+  return float(np.sum((q - y) ** 2) / np.sum(np.asarray(x, np.float64) ** 2))
+
+
+@pytest.fixture(scope="module")
+def learned():
+  """A rotation learned on calibration inputs with planted outlier channels, W4A4."""
+  W = np.random.default_rng(7).standard_normal((32, 24)).astype(np.float32)
+  return cb.learn_rotation(outlier_inputs(0, n=512), W, act_bits=4, bits=4), W
+
+
+def test_the_learned_rotation_is_orthogonal_and_leaves_the_float_output_unchanged(learned):
+  rotation, W = learned
+  R = rotation.R.astype(np.float64)
+  assert rotation.R.dtype == np.float32
+  np.testing.assert_allclose(R.T @ R, np.eye(32), rtol=0, atol=1e-6)
+  assert np.abs(R - cb.hadamard(32)).max() > 1e-2  # it moved from its Hadamard start
+  x = outlier_inputs(1, n=16)
+  want = x.astype(np.float64) @ W
+  got = (x @ rotation.R) @ cb.rotate(W, rotation.R)  # float32: (x R) (R^T W)
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_the_learned_rotation_lowers_the_activation_quantization_error(learned):
+  """On held-out rows of the same planted-outlier distribution: learned R below
+  the fixed Hadamard matrix, which is below no rotation; the objective it
+  minimised fell from its Hadamard start."""
+  rotation, _ = learned
+  held_out = outlier_inputs(2)
+  none = act_error(held_out, None, 4)
+  fixed = act_error(held_out, cb.hadamard(32).astype(np.float64), 4)
+  tuned = act_error(held_out, rotation.R.astype(np.float64), 4)
+  assert tuned < fixed < none, (tuned, fixed, none)
+  assert min(rotation.objectives) < rotation.objectives[0]
+
+
+def brute_force_recluster(W, centroids, group_size, x, xt):
+  """argmin_c (w b_r - a_r c)^2 over each weight's own codebook, one weight at a time."""
+  d_in, d_out = W.shape
+  a = np.maximum(np.mean(x * x, 0), 1e-6)
+  b = np.mean(x * xt, 0)
+  out = np.zeros(W.shape, np.int64)
+  for r in range(d_in):
+    for j in range(d_out):
+      book = centroids[r // group_size, j] if centroids.ndim == 3 else centroids[r // group_size]
+      out[r, j] = np.argmin((W[r, j] * b[r] - a[r] * book.astype(np.float64)) ** 2)
+  return out
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_recluster_is_the_brute_force_assignment(layout):
+  """Nearest centroid (targets = inputs) and the released weighted rule (targets
+  differ), both against a loop over every weight and centroid."""
+  rng = np.random.default_rng(3)
+  W = rng.standard_normal((16, 5))
+  book = cb.kmeans_group_quant(W, 3, 8, per_output_column=LAYOUTS[layout])
+  centroids = book.centroids + 0.05 * rng.standard_normal(book.centroids.shape).astype(np.float32)
+  x = rng.standard_normal((40, 16)) * rng.uniform(0.2, 3.0, 16)
+  for xt in (x, x + 0.5 * rng.standard_normal(x.shape)):
+    indices, kept = cb.recluster(W, centroids, 8, x, xt)
+    np.testing.assert_array_equal(kept, centroids)  # the released code keeps them
+    np.testing.assert_array_equal(indices, brute_force_recluster(W, centroids, 8, x, xt))
+  nearest, _ = cb.recluster(W, centroids, 8)
+  np.testing.assert_array_equal(nearest, brute_force_recluster(W, centroids, 8, x, x))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_recluster_never_raises_the_kmeans_objective(layout):
+  """From moved centroids (as fine-tuning moves them) with the indices they were
+  tuned at: reassignment, then the mean update, each leave sum (w - c[index])^2
+  no larger; targets = inputs."""
+  rng = np.random.default_rng(4)
+  W = rng.standard_normal((16, 6)).astype(np.float32)
+  book = cb.kmeans_group_quant(W, 2, 8, per_output_column=LAYOUTS[layout])
+  x = rng.standard_normal((64, 16)).astype(np.float32)
+  tuned = cb.finetune_centroids(x, W, book.indices, book.centroids, 8, steps=20, lr=5e-2)
+  tuned.centroids = tuned.centroids + 0.3 * rng.standard_normal(tuned.centroids.shape)
+
+  def objective(indices, centroids):
+    return float(np.sum((np.asarray(cb.decode(indices, centroids, 8), np.float64) - W) ** 2))
+
+  before = objective(book.indices, tuned.centroids)
+  assigned, _ = cb.recluster(W, tuned.centroids, 8, x)
+  moved, means = cb.recluster(W, tuned.centroids, 8, x, update=True)
+  np.testing.assert_array_equal(moved, assigned)
+  assert objective(assigned, tuned.centroids) <= before + 1e-9
+  assert objective(moved, means) <= objective(assigned, tuned.centroids) + 1e-9
+  assert objective(assigned, tuned.centroids) < before  # fine-tuning left some weight off
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sort_book_keeps_w_hat_and_sorts_every_codebook(layout):
+  rng = np.random.default_rng(5)
+  W = rng.standard_normal((16, 4))
+  book = cb.kmeans_group_quant(W, 3, 8, per_output_column=LAYOUTS[layout])
+  shuffled = book.centroids[..., rng.permutation(8)]
+  indices, centroids = cb.sort_book(book.indices, shuffled, 8)  # names other values now
+  np.testing.assert_array_equal(
+    cb.decode(indices, centroids, 8), cb.decode(book.indices, shuffled, 8)
+  )
+  assert np.all(np.diff(centroids, axis=-1) >= 0)

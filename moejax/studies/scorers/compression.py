@@ -12,7 +12,12 @@ fine-tuning (study.settings.finetune_steps x the arm's `finetune_multiple` steps
 round at finetune_lr, through the trainer, on the LM loss alone unless
 settings.finetune_aux_losses); on the 'none' arm it is the matched control, the fp32 model's
 routers fine-tuned by the same recipe; `damping` of the whitening (td_moe, whitened_svd);
-`at`: 'all', 'integer' or 'fractional' levels only. Levels: one axis, `bits` (average code
+`at`: 'all', 'integer' or 'fractional' levels only; `act_bits`: the expert matmuls'
+inputs fake-quantized too (W4A4, W4A8: experts/compressed.py), and such an arm is
+scored on its compressed model, not on the float one; codebook options (CodeQuant,
+compress_pipeline.Request): `rotation` ('' the method's, none, hadamard, learned),
+`per_output_column`, `recluster`; `group_size` (None: settings.group_size; 0: the
+whole input dim). Levels: one axis, `bits` (average code
 bits per expert weight) or `removed` (the fraction of expert parameters a factorisation
 removes). With settings.bracket_bits, every arm at a fractional level allocates
 between the two supported widths around it (the codebooks' allocation), so all
@@ -54,6 +59,7 @@ from moejax.studies.scorers.pruning import NONE, SourceScorer
 from moejax.studies.scoring import PAIRING, SCORERS, digest
 
 AT = ("all", "integer", "fractional")
+ARM_REQUEST = ("act_bits", "rotation", "per_output_column", "recluster")  # arm -> Request
 
 
 @SCORERS.register("compression")
@@ -81,6 +87,11 @@ class Compression(SourceScorer):
     "finetune_multiple": 1,
     "damping": 1e-6,
     "at": "all",
+    "act_bits": 0,
+    "rotation": "",
+    "per_output_column": False,
+    "recluster": False,
+    "group_size": None,
   }
 
   def __init__(self, spec):
@@ -138,7 +149,17 @@ class Compression(SourceScorer):
         raise ConfigError(
           f"study.arms[{i}].at={arm['at']!r} (arm {name!r}) must be one of {', '.join(AT)}"
         )
+      size = arm["group_size"]
+      if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ConfigError(
+          f"study.arms[{i}].group_size={size!r} (arm {name!r}) must be None or an integer >= 0"
+        )
       if arm["method"] == NONE:
+        if any(arm[k] != self.arm_settings[k] for k in ARM_REQUEST):
+          raise ConfigError(
+            f"study.arms[{i}] (arm {name!r}, method none) is the float model: it takes "
+            f"none of {', '.join(ARM_REQUEST)}"
+          )
         continue
       for j, level in enumerate(self.spec.levels):
         if not self.applies(name, level):
@@ -159,6 +180,8 @@ class Compression(SourceScorer):
           "group_size": "study.settings.group_size",
           "bit_choices": "study.settings.bit_choices",
           "finetune_steps": "study.settings.finetune_steps",
+          **{k: f"study.arms[{i}].{k}" for k in ARM_REQUEST},
+          **({} if arm["group_size"] is None else {"group_size": f"study.arms[{i}].group_size"}),
           **self.context_keys(),
         }
         check_request(
@@ -207,14 +230,16 @@ class Compression(SourceScorer):
     choices = tuple(self.settings["bit_choices"])
     if self.settings["bracket_bits"] and value != int(value):
       choices = cp.bit_choices_for(cp.Request("kmeans", value))
+    group_size = self.settings["group_size"] if arm["group_size"] is None else arm["group_size"]
     return cp.Request(
       method,
       value,
       quantizer=arm["quantizer"],
-      group_size=self.settings["group_size"],
+      group_size=group_size,
       bit_choices=choices,
       seed=draw,
       damping=arm["damping"],
+      **{k: arm[k] for k in ARM_REQUEST},
     )
 
   # ---- the fp32 model and its matched control, each built once ----
@@ -300,8 +325,12 @@ class Compression(SourceScorer):
       aux_losses=s["finetune_aux_losses"],
       log=lambda *_: None,
     )
-    scores = bench.evaluate(source.model, out.float_params, source.rest)
-    sets = bench.routing_sets(out.float_params)
+    if r.act_bits:  # the activation quantizer runs in the compressed model only
+      scores = bench.evaluate(*out.compressed())
+      sets = bench.routing_sets(out.compressed()[1], *out.compressed()[::2])
+    else:
+      scores = bench.evaluate(source.model, out.float_params, source.rest)
+      sets = bench.routing_sets(out.float_params)
     scores["rerouted"] = measure.rerouted(bench.source_sets, sets)
     scores.update(self._matched(scores, sets, arm["finetune"]))
     for key, name in (("average_bits", "average_bits"), ("parameters", "expert_parameters")):
