@@ -26,7 +26,8 @@ from moejax.kernels import BACKENDS, DEFAULT_TILING
 from moejax.kernels.grouped_matmul import _make_plan
 from moejax.dispatch import DISPATCHERS, GROUPED_MATMULS
 from moejax.dispatch.base import CAPACITY_DROPS, DROPS_NOTHING
-from moejax.dispatch.grouped_matmul import GMM
+from moejax.config import base_config
+from moejax.dispatch.grouped_matmul import GMM, resolve_grouped_matmul
 from moejax.experts.swiglu import SWIGLU
 from moejax.routing import Routing
 from tests.contract.oracles import assert_close
@@ -220,3 +221,40 @@ def check_grouped_matmul(name: str, sizes, seed: int, **settings) -> None:
   assert_close(f"{part}: out (real rows)", np.where(real[:, None], out, 0.0), want)
   assert_close(f"{part}: d rows", d_rows, want_rows)
   assert_close(f"{part}: d w", d_w, want_w)
+
+
+DEFAULTS = base_config().model.moe
+# model.moe.grouped_matmul is read by dropless dispatch (moejax/dispatch/grouped_matmul.py);
+# the other dispatchers run at the default and have no grouped-matmul choice.
+MATMUL_HOST = "dropless"
+
+
+def cases(expert_type):
+  """(dispatcher, grouped matmul, gmm kernel backend or None) to run for this expert type.
+
+  Every dispatcher at the default grouped matmul, then the grouped-matmul host at
+  every registered matmul; an alias ('auto') is left out where it resolves, for
+  this type on this platform, to an entry that is run anyway."""
+  bound = expert_type.bind({})
+
+  def resolved(name):
+    return resolve_grouped_matmul(name, bound).name
+
+  explicit = {name for name, spec in GROUPED_MATMULS.items() if spec.resolve is None}
+  out = [
+    (name, DEFAULTS.grouped_matmul, None)
+    for name in DISPATCHERS
+    if not (
+      name == MATMUL_HOST
+      and resolved(DEFAULTS.grouped_matmul) in explicit
+      and DEFAULTS.grouped_matmul not in explicit
+    )
+  ]
+  out += [
+    (MATMUL_HOST, name, None)
+    for name in GROUPED_MATMULS
+    if name != DEFAULTS.grouped_matmul and (name in explicit or resolved(name) not in explicit)
+  ]
+  # The gmm kernel backends other than the default that are distinct on this platform.
+  out += [(MATMUL_HOST, "gmm", backend) for backend in runnable_gmm_backends()[1:]]
+  return out

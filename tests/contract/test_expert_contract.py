@@ -6,51 +6,13 @@ so a newly registered part is covered without editing this file."""
 
 import pytest
 
-from moejax.config import base_config
 from moejax.dispatch import DISPATCHERS
 from moejax.dispatch.grouped_matmul import GROUPED_MATMULS, resolve_grouped_matmul
 from moejax.experts import EXPERT_TYPES
-from tests.contract.dispatch_oracles import runnable_gmm_backends
+from tests.contract.dispatch_oracles import MATMUL_HOST, cases
 from tests.contract.oracles import check_dispatch, check_expert_type
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
-
-DEFAULTS = base_config().model.moe
-# model.moe.grouped_matmul is read by dropless dispatch (moejax/dispatch/grouped_matmul.py);
-# the other dispatchers run at the default and have no grouped-matmul choice.
-MATMUL_HOST = "dropless"
-
-
-def cases(expert_type):
-  """(dispatcher, grouped matmul, gmm kernel backend or None) to run for this expert type.
-
-  Every dispatcher at the default grouped matmul, then the grouped-matmul host at
-  every registered matmul; an alias ('auto') is left out where it resolves, for
-  this type on this platform, to an entry that is run anyway."""
-  bound = expert_type.bind({})
-
-  def resolved(name):
-    return resolve_grouped_matmul(name, bound).name
-
-  explicit = {name for name, spec in GROUPED_MATMULS.items() if spec.resolve is None}
-  out = [
-    (name, DEFAULTS.grouped_matmul, None)
-    for name in DISPATCHERS
-    if not (
-      name == MATMUL_HOST
-      and resolved(DEFAULTS.grouped_matmul) in explicit
-      and DEFAULTS.grouped_matmul not in explicit
-    )
-  ]
-  out += [
-    (MATMUL_HOST, name, None)
-    for name in GROUPED_MATMULS
-    if name != DEFAULTS.grouped_matmul and (name in explicit or resolved(name) not in explicit)
-  ]
-  # The gmm kernel backends other than the default that are distinct on this platform.
-  out += [(MATMUL_HOST, "gmm", backend) for backend in runnable_gmm_backends()[1:]]
-  return out
-
 
 CASES = [(name, *case) for name, spec in EXPERT_TYPES.items() for case in cases(spec)]
 

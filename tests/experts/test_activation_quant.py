@@ -21,7 +21,7 @@ from moejax.experts import codebook as cb
 from moejax.experts import compressed as cz
 from moejax.experts import quantized as qz
 from tests.contract.oracles import F, check_dispatch
-from tests.contract.test_expert_contract import cases
+from tests.contract.dispatch_oracles import cases
 from tests.helpers import moe_cfg
 
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
