@@ -35,7 +35,10 @@ def get_config():
     "image of the classes seen so far is routed by the arm's router from its frozen "
     "feature and predicted by TE^2 over the seen classes. flyprompt: REAR with M = 1000 "
     "(our choice for d = 64), gamma = 10^4 (the paper's); ridge_no_expansion: the same "
-    "ridge on f itself (M = 0); key_matching: the expert whose key is the nearest in "
+    "ridge on f itself (M = 0), as the official code's M = 0; ridge_matched_gamma: M = 0 "
+    "with gamma scaled by the ratio of the mean diagonals of the two G (our baseline: "
+    "the expansion scales G up about 30-fold on seed 0, so the paper's gamma regularises "
+    "M = 0 far more than REAR); key_matching: the expert whose key is the nearest in "
     "cosine (L2P / DualPrompt key matching, as task_prompts in the SMoPE study; the key "
     "is the normalised mean feature of its task, the minimiser of L2P's key loss, so it "
     "needs no training); oracle_task: the true task. One training per seed "
@@ -48,6 +51,7 @@ def get_config():
   c.arms = [
     {"name": "flyprompt", "router": "rear"},
     {"name": "ridge_no_expansion", "router": "ridge"},
+    {"name": "ridge_matched_gamma", "router": "ridge_matched"},
     {"name": "key_matching", "router": "key"},
     {"name": "oracle_task", "router": "oracle"},
   ]
@@ -58,6 +62,7 @@ def get_config():
   versus = [
     ("key_matching", "key matching", "paper"),
     ("ridge_no_expansion", "ridge without expansion", "spec"),
+    ("ridge_matched_gamma", "ridge without expansion at a matched gamma", "ours"),
   ]
   for reference, words, source in versus:
     c.claims.append(

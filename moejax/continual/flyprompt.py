@@ -13,7 +13,11 @@ features of its rows are collected into the router with target t.
 At test time a router picks each image's expert from its frozen CLS feature:
 
   rear    REAR, h = ReLU(f W_rand), M = `width` (moejax/continual/rear.py)
-  ridge   the same ridge with M = 0 (h = f): no expansion
+  ridge   the same ridge with M = 0 (h = f): no expansion, the same gamma (as the
+          official code's M = 0)
+  ridge_matched  M = 0 with gamma scaled to REAR's strength relative to the mean
+          diagonal of G (rear.py matched_ridge; our baseline: the expansion scales G
+          up, so the same gamma regularises M = 0 far more)
   key     key matching (L2P / DualPrompt; task_prompts of prompt_experts.py): the
           expert whose key, the normalised mean of its task's normalised features,
           has the largest cosine with the image's feature
@@ -50,12 +54,17 @@ import optax
 from flax import nnx
 
 from moejax.continual import prompt_experts as pe
-from moejax.continual.rear import EMAHeadBank, RandomExpandedRidgeRouter, max_of_softmaxes
+from moejax.continual.rear import (
+  EMAHeadBank,
+  RandomExpandedRidgeRouter,
+  matched_ridge,
+  max_of_softmaxes,
+)
 from moejax.data.class_stream import blurry_task_rows, task_rows
 from moejax.errors import ConfigError
 from moejax.models.vit import VisionTransformer
 
-ROUTERS = ("rear", "ridge", "key", "oracle")
+ROUTERS = ("rear", "ridge", "ridge_matched", "key", "oracle")
 METHOD = "task_prompts"  # the smope adapter with one fixed slice of experts per task
 
 
@@ -171,9 +180,13 @@ def run_flyprompt(
     keys.append(pe.normalised(pe.normalised(f).mean(0)))
     features = prompted_features(s, model, t + 1, per_task, count, test_x)
     for r in routers:
-      if r in ridge:
-        weights = ridge[r].solve(ridge_state[r])
-        guess = ridge[r].route(ridge_state[r], weights, test_frozen, seen=t + 1)
+      if r in ("rear", "ridge", "ridge_matched"):
+        name = "rear" if r == "rear" else "ridge"
+        router, state = ridge[name], ridge_state[name]
+        if r == "ridge_matched":
+          gamma = matched_ridge(fly.ridge, router, state, ridge["rear"], ridge_state["rear"])
+          router = dataclasses.replace(router, ridge=gamma)
+        guess = router.route(state, router.solve(state), test_frozen, seen=t + 1)
       elif r == "key":
         guess = np.argmax(pe.normalised(test_frozen) @ np.stack(keys).T, axis=-1)
       else:

@@ -128,6 +128,16 @@ class RandomExpandedRidgeRouter:
     return np.argmax(s if seen is None else s[:, :seen], axis=-1)
 
 
+def matched_ridge(ridge: float, router: RandomExpandedRidgeRouter, state, reference, ref_state):
+  """gamma' = gamma (tr G / M') / (tr G_ref / M'_ref): a ridge for `router` as strong,
+  relative to the mean diagonal of its G, as `ridge` is for `reference`'s G (our
+  baseline, not the paper's: ridge without expansion at the paper's gamma is far more
+  regularised than REAR, as the expansion scales G up)."""
+  own = np.trace(state.gram) / router.expanded
+  other = np.trace(ref_state.gram) / reference.expanded
+  return float(ridge * own / other) if other > 0 else float(ridge)
+
+
 class HeadBank(NamedTuple):
   """EMA heads: kernel [E, R, d, C], bias [E, R, C] (R decays)."""
 

@@ -47,7 +47,7 @@ def test_the_flyprompt_study_runs_each_router_on_one_training_per_draw(tmp_path,
   spec, scorer = runner.prepare(config())
   results = runner.run(spec, scorer, str(tmp_path / "out"), plot=False, log=lambda _: None)
   runs = {(r["arm"], r["draw"]): r["metrics"] for r in results["runs"]}
-  assert len(runs) == 8
+  assert len(runs) == 10
   routers = {name: arm["router"] for name, arm in spec.arms}
   for draw in range(2):
     assert runs["oracle_task", draw]["routing_accuracy"] == 1.0
@@ -59,7 +59,7 @@ def test_the_flyprompt_study_runs_each_router_on_one_training_per_draw(tmp_path,
     for name, router in routers.items():
       for metric in ("routing_accuracy", "final_accuracy", "auc_accuracy", "forgetting"):
         assert runs[name, draw][metric] == pytest.approx(direct[router][metric], abs=1e-12)
-  assert len(results["claims"]) == len(spec.claims) == 5
+  assert len(results["claims"]) == len(spec.claims) == 6
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_the_flyprompt_study_runs_each_router_on_one_training_per_draw(tmp_path,
     ({"blurry": 1.0}, None, ["study.settings.blurry=1.0"]),
     ({"prompt_length": 0}, None, ["study.settings.prompt_length=0"]),
     ({"classes_per_task": 3}, None, ["study.settings.classes_per_task=3"]),
-    ({}, {"name": "x", "router": "nope"}, ["study.arms[4].router='nope'", "rear"]),
+    ({}, {"name": "x", "router": "nope"}, ["study.arms[5].router='nope'", "rear"]),
   ],
 )
 def test_bad_flyprompt_settings_are_refused_in_one_line_before_any_run(settings, arm, names):

@@ -96,10 +96,17 @@ def test_a_tiny_run_routes_by_ridge_on_the_frozen_features_and_keeps_the_backbon
   truth = np.concatenate([np.full(len(r), t) for t, r in enumerate(task_rows(test_y, tasks))])
   truth = truth[np.argsort(np.concatenate(task_rows(test_y, tasks)))]
   w_rand = np.random.default_rng(0).standard_normal((SETUP.d_model, 24))
-  for name, h_of in (("rear", lambda x: np.maximum(x @ w_rand, 0)), ("ridge", lambda x: x)):
+  expanded = np.maximum(f @ w_rand, 0)
+  matched = 0.5 * (np.sum(f**2) / SETUP.d_model) / (np.sum(expanded**2) / 24)
+  cases = (
+    ("rear", lambda x: np.maximum(x @ w_rand, 0), 0.5),
+    ("ridge", lambda x: x, 0.5),
+    ("ridge_matched", lambda x: x, matched),
+  )
+  for name, h_of, gamma in cases:
     h = h_of(f)
     m = h.shape[1]
-    a = np.concatenate([h, np.sqrt(0.5) * np.eye(m)])
+    a = np.concatenate([h, np.sqrt(gamma) * np.eye(m)])
     b = np.concatenate([np.eye(3)[expert], np.zeros((m, 3))])
     weights = np.linalg.lstsq(a, b, rcond=None)[0]
     guess = np.argmax(h_of(frozen(test_x).astype(np.float64)) @ weights, -1)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from moejax.continual.rear import (
   EMAHeadBank,
   RandomExpandedRidgeRouter,
+  matched_ridge,
   max_of_softmaxes,
 )
 from moejax.errors import ConfigError
@@ -73,6 +74,19 @@ def test_width_zero_is_linear_ridge_on_the_feature_and_the_expansion_is_a_fixed_
   np.testing.assert_array_equal(router.route(state, want, f), np.argmax(f @ want, -1))
   wide = RandomExpandedRidgeRouter(D, 6, ridge, E, seed=3).init()
   np.testing.assert_array_equal(wide.w_rand, np.random.default_rng(3).standard_normal((D, 6)))
+
+
+def test_the_matched_ridge_scales_gamma_by_the_mean_diagonal_of_each_gram():
+  f, experts = rows(20)
+  plain, wide = RandomExpandedRidgeRouter(D, 0, 7.0, E), RandomExpandedRidgeRouter(D, 9, 7.0, E)
+  plain_state = plain.collect(plain.init(), f, experts)
+  wide_state = wide.collect(wide.init(), f, experts)
+  h = np.maximum(f @ wide_state.w_rand, 0)
+  # mean diagonal of G: the mean over features of the sum over rows of the squares
+  want = 7.0 * (np.sum(f**2) / D) / (np.sum(h**2) / 9)
+  got = matched_ridge(7.0, plain, plain_state, wide, wide_state)
+  assert got == pytest.approx(want, rel=1e-12)
+  assert matched_ridge(7.0, plain, plain_state, wide, wide.init()) == 7.0  # nothing collected
 
 
 def test_routing_sees_only_the_experts_collected_so_far():
