@@ -93,7 +93,8 @@ def expert_slice(expert: int, per_task: int) -> slice:
 
 def assign_expert(prompt, expert: int, per_task: int) -> None:
   """Every image uses expert `expert`'s prefix pairs."""
-  prompt.assign(np.arange(expert * per_task, (expert + 1) * per_task)[None])
+  chosen = expert_slice(expert, per_task)
+  prompt.assign(np.arange(chosen.start, chosen.stop)[None])
 
 
 def start_from_mean(prompt, expert: int, per_task: int) -> None:
