@@ -123,6 +123,11 @@ PAPERS = {
     "2501.18936",
   ),
   "smope": ("SMoPE: Sparse Mixture of Prompt Experts", ICLR, "2509.24483"),
+  "flyprompt": (
+    "FlyPrompt: Brain-Inspired Random-Expanded Routing with Temporal-Ensemble Experts",
+    ICLR,
+    "2602.01976",
+  ),
 }
 
 
@@ -787,6 +792,16 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "SMoPE against a shared prompt and task prompts: class-incremental digits, 3 seeds",
     "smope",
     ("tests/vision/test_smope.py", "tests/vision/test_class_stream.py"),
+  ),
+  "flyprompt": (
+    "FlyPrompt's analytic router against key matching and ridge without expansion: "
+    "blurry class-incremental digits, 3 seeds",
+    "flyprompt",
+    (
+      "tests/vision/test_rear.py",
+      "tests/vision/test_flyprompt.py",
+      "tests/studies/test_prompt_studies.py",
+    ),
   ),
   "namex": (
     "NAMEx against SMEAR and EP-CAMEx: Brown genre fine-tuning",

@@ -132,13 +132,16 @@ def train_step(graphdef, optimizer, trained, state, rest, x, y, allowed):
   return optax.apply_updates(trained, updates), state
 
 
-def trained_steps(model, wanted, optimizer, batches):
+def trained_steps(model, wanted, optimizer, batches, after_step=None):
   """The model after training the parameters `wanted` selects on (images, labels,
-  allowed classes) batches; a fresh optimizer state (reset per task, as there)."""
+  allowed classes) batches; a fresh optimizer state (reset per task, as there).
+  after_step(model): called with the model after every step (FlyPrompt's EMA heads)."""
   graphdef, trained, rest = nnx.split(model, wanted, ...)
   state = optimizer.init(trained)
   for x, y, allowed in batches:
     trained, state = train_step(graphdef, optimizer, trained, state, rest, x, y, allowed)
+    if after_step is not None:
+      after_step(nnx.merge(graphdef, trained, rest))
   return nnx.merge(graphdef, trained, rest)
 
 

@@ -8,6 +8,8 @@ Task t holds the classes class_order[t * c : (t + 1) * c]; a model learns task 0
 T - 1 in order and is evaluated on every task seen so far, with no task identity at
 test time (class-incremental). `shuffled_class_order(num_classes, seed)` is the usual
 random order (a fresh one per seed, as the continual-learning benchmarks do).
+`blurry_task_rows(labels, tasks, fraction, seed)` blurs the boundaries: a fraction of
+each task's rows moves to a neighbouring task (general continual learning, FlyPrompt).
 """
 
 from __future__ import annotations
@@ -48,3 +50,34 @@ def task_rows(labels: np.ndarray, tasks: Sequence[Sequence[int]]) -> list[np.nda
   """Per task, the indices of the rows whose label is one of its classes, in order."""
   labels = np.asarray(labels)
   return [np.flatnonzero(np.isin(labels, list(classes))) for classes in tasks]
+
+
+def blurry_task_rows(
+  labels: np.ndarray, tasks: Sequence[Sequence[int]], fraction: float, seed: int
+) -> list[np.ndarray]:
+  """task_rows with blurry boundaries (Blurry-M, Bang et al. 2021 "Rainbow Memory",
+  sec. 5: M% of a task's samples come from other tasks): round(fraction * n_t) rows of
+  each task t, drawn at random, move to a neighbouring task (t - 1 or t + 1 with equal
+  chance; the one neighbour at either end). Moving to the *neighbouring* tasks only is
+  our choice (so a class leaks at most one task early or late); every row stays in
+  exactly one task, each task's rows sorted. fraction 0 gives task_rows. ConfigError
+  naming blurry_fraction outside [0, 1)."""
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+    raise ConfigError(f"blurry_fraction={fraction!r} must be a number in [0, 1)")
+  if not 0 <= fraction < 1:
+    raise ConfigError(f"blurry_fraction={fraction!r} must be a number in [0, 1)")
+  own = task_rows(labels, tasks)
+  if fraction == 0 or len(own) < 2:
+    return own
+  rng = np.random.default_rng(seed)
+  kept: list[list[np.ndarray]] = [[] for _ in own]
+  for t, rows in enumerate(own):
+    moved = rng.permutation(len(rows))[: int(round(fraction * len(rows)))]
+    stay = np.ones(len(rows), bool)
+    stay[moved] = False
+    kept[t].append(rows[stay])
+    neighbours = [n for n in (t - 1, t + 1) if 0 <= n < len(own)]
+    to = rng.choice(neighbours, len(moved))
+    for n in neighbours:
+      kept[n].append(rows[moved[to == n]])
+  return [np.sort(np.concatenate(parts)) for parts in kept]
