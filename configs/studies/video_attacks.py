@@ -20,7 +20,7 @@ def get_config():
     "per seed: 8-frame 16x16 videos of a scikit-learn digit moving in one of 8 "
     "directions (the label; no single frame shows it), a 2-block space-time ViT whose "
     "FFNs are both MoE (4 experts, top-2, width 32, 4x4 patches, 128 tokens), trained "
-    "400 Adam steps; the defences fine-tune it 100 adversarial steps (3-step attacks at "
+    "800 Adam steps; the defences fine-tune it 100 adversarial steps (3-step attacks at "
     "8/255). Attacks: 10 sign steps of 2.5 eps / 10 at eps 2/255 and 8/255. The router "
     "and expert losses are our guess at the paper's (moejax/attacks/tlga.py)."
   )

@@ -87,7 +87,7 @@ class VideoAttacks(Scorer):
     "top_k": 2,
     "expert_d_ff": 32,
     "patch": 4,
-    "steps": 400,
+    "steps": 800,
     "batch": 64,
     "lr": 3e-3,
     "defence_steps": 100,
