@@ -149,9 +149,10 @@ def base_config() -> ml_collections.ConfigDict:
   # model_name="vit" (moejax/models/vit.py) reads the keys above (width, depth,
   # heads, ffn_type and the moe section, attention; not rope, vocab or windows)
   # and these: square images of image_size pixels cut into patch_size patches,
-  # pooled by the CLS token or the mean over patches into num_classes logits.
+  # pooled by the CLS token or the mean over patches into num_classes logits;
+  # frames > 1: clips of that many frames, patches across space-time (1: images).
   m.vit = ml_collections.ConfigDict(
-    dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling="cls")
+    dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling="cls", frames=1)
   )
   # Prompt tuning (moejax/adapters/): adapter 'none' or a registered one (vpt_shallow,
   # vpt_deep, vapt) with num_tokens prompt slots after the CLS token; an adapter's own

@@ -140,6 +140,11 @@ def validate_task(c) -> None:
       f"data.name={c.data.name!r}: images {dataset.image_shape}, "
       f"{dataset.num_classes} classes"
     )
+  if v.get("frames", 1) != 1:
+    raise ConfigError(
+      f"model.vit.frames={v.frames}: data.name={c.data.name!r} holds images (give 1; "
+      "videos are made in memory, moejax/data/moving_digits.py)"
+    )
 
 
 def fixed_batch_shards(c) -> int:

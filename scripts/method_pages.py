@@ -38,6 +38,7 @@ KINDS = (
   "prompt adapter",
   "attention adapter",
   "distillation method",
+  "attack",
   "study",
 )
 
@@ -127,6 +128,12 @@ PAPERS = {
     "FlyPrompt: Brain-Inspired Random-Expanded Routing with Temporal-Ensemble Experts",
     ICLR,
     "2602.01976",
+  ),
+  "tlga": (
+    "Temporal Lipschitz-guided attacks and adversarial training of video MoE "
+    "classifiers (TLGA, J-TLGA, J-TLAT)",
+    ICLR,
+    "2602.01369",
   ),
 }
 
@@ -782,7 +789,60 @@ ENTRIES["attention adapter"] = {
     "    --config.init.hf_dir=runs/base/converted --workdir=runs/lora_mixer",
   ),
 }
+ATTACK_TESTS = (
+  "tests/contract/test_attack_contract.py",
+  "tests/attacks/test_attacks.py",
+  "tests/attacks/test_adversarial_training.py",
+)
+ATTACK_COMMAND = "python -m experiments.study --config=configs/studies/video_attacks.py"
+ATTACK_GUESS = (
+  "The paper's router and expert losses, their weights (lambda_router = lambda_expert = "
+  "0.1 here) and its per-frame step rule are reconstructed from its description: the "
+  "router term is the mean log-probability of the k experts the router trusts least on "
+  "the clean input, the expert term the relative squared change of each MoE layer's "
+  "output, and a frame's step is alpha times T times its share of the frames' gradient "
+  "norms. J-TLAT's stage schedule (one step each of router, expert, joint) is a guess."
+)
+ENTRIES["attack"] = {
+  "pgd": E(
+    "PGD: projected gradient descent on the cross-entropy (l-infinity)",
+    "Sign steps of size alpha on the cross-entropy, each projected back into the "
+    "epsilon ball around the input and the pixel range; the baseline the router "
+    "attacks are measured against, and what PGD adversarial training trains on.",
+    None,
+    tests=ATTACK_TESTS,
+    studies=("video_attacks",),
+    command=ATTACK_COMMAND,
+  ),
+  "tlga_r": E(
+    "TLGA-R: the routers steered to their least-trusted experts",
+    "Maximises the mean over MoE layers and tokens of the summed log router probability "
+    "of the k experts with the lowest clean probability, with per-frame steps scaled by "
+    "each frame's gradient norm (a local Lipschitz estimate); reads no label.",
+    "tlga",
+    guess=ATTACK_GUESS,
+    tests=ATTACK_TESTS,
+    studies=("video_attacks",),
+    command=ATTACK_COMMAND,
+  ),
+  "j_tlga": E(
+    "J-TLGA: the joint attack (cross-entropy, router and expert terms)",
+    "Maximises CE + lambda_R L_router + lambda_E L_expert with TLGA's per-frame steps; "
+    "J-TLAT trains against it (and its router and expert stages) in turn.",
+    "tlga",
+    guess=ATTACK_GUESS,
+    tests=ATTACK_TESTS,
+    studies=("video_attacks",),
+    command=ATTACK_COMMAND,
+  ),
+}
 STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
+  "video_attacks": (
+    "TLGA-R and J-TLGA against PGD, J-TLAT against PGD-AT: a video ViT-MoE on moving "
+    "digits, 3 seeds",
+    "tlga",
+    ATTACK_TESTS + ("tests/attacks/test_video_attacks_study.py", "tests/vision/test_video_vit.py"),
+  ),
   "lora_mixer": (
     "LoRA-Mixer: RSL against the load-balance loss and a single LoRA, polyglot tasks, 3 seeds",
     "lora_mixer",
@@ -1085,6 +1145,7 @@ def registries():
   from moejax import adapters, merging
   from moejax.dispatch import grouped_matmul
   from moejax.experts import merged
+  from moejax.attacks import ATTACKS
   from moejax.distill.objectives import DISTILL_METHODS
 
   return {
@@ -1098,6 +1159,7 @@ def registries():
     "prompt adapter": adapters.ADAPTERS,
     "attention adapter": adapters.PROJECTION_ADAPTERS,
     "distillation method": DISTILL_METHODS,
+    "attack": ATTACKS,
   }
 
 
@@ -1172,7 +1234,8 @@ def _source_file(kind: str, name: str) -> str | None:
   if kind == "grouped matmul":
     return "moejax/dispatch/grouped_matmul.py"
   fn = next(
-    (getattr(item, a) for a in ("fn", "route", "expert", "build") if hasattr(item, a)), item
+    (getattr(item, a) for a in ("fn", "route", "expert", "build", "objective") if hasattr(item, a)),
+    item,
   )
   module = inspect.getmodule(fn)
   return os.path.relpath(module.__file__, ROOT) if module else None

@@ -15,7 +15,15 @@ a dense SwiGLU or the one MoELayer with its routers, expert types, dispatchers,
 losses and logical axes. Which blocks are MoE is the decoder's rule
 (moejax/models/structure.py moe_layer_indices: model.ffn_type, model.moe.first_dense,
 every_n, dense_layers); model.scan_layers and model.remat work as in the decoder.
-V-MoE (Riquelme et al. 2021) is this model with MoE blocks. A prompt adapter
+V-MoE (Riquelme et al. 2021) is this model with MoE blocks.
+
+Space-time (model.vit.frames = T > 1; ViViT's "spatio-temporal attention" model,
+Arnab et al. 2021 sec. 3.3 with 1-frame tubelets): a video [T, H, W, C] is cut into
+T * (H/P)^2 patches, frame-major, each embedded by the same Linear, with a learned
+position embedding over space-time (one E_pos row per (frame, patch)); every block
+attends over all of them, with the same blocks and the same MoE layer. frames = 1
+(the default) is the image model: the same parameters, and a clip [B, 1, H, W, C]
+gives what the image [B, H, W, C] does (tests/vision/test_vit_model.py). A prompt adapter
 (model.vit.prompt, moejax/adapters/: VPT, VAPT) adds tokens after the CLS token, or
 key/value prefixes to the blocks' attention (SMoPE).
 
@@ -30,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax import sharding
-from moejax.adapters import build_adapter, drop_prompts, place_prompts, validate_prompt
+from moejax.adapters import NO_ADAPTER, build_adapter, drop_prompts, place_prompts, validate_prompt
 from moejax.adapters.base import attention_prefix
 from moejax.config import VIT_POOLINGS
 from moejax.errors import ConfigError, choice_error
@@ -43,9 +51,14 @@ from moejax.models.scanned import ScannedBlocks
 POSITION_INIT_STDDEV = 0.02  # ViT and BERT's initialisation of learned positions
 
 
+def frames_of(v) -> int:
+  """model.vit.frames (1, an image model, where a stored config predates the key)."""
+  return v.get("frames", 1)
+
+
 def num_patches(v) -> int:
-  """Patches per image of the model.vit section `v`."""
-  return (v.image_size // v.patch_size) ** 2
+  """Patches per image (per clip: every frame's) of the model.vit section `v`."""
+  return frames_of(v) * (v.image_size // v.patch_size) ** 2
 
 
 def num_tokens(m) -> int:
@@ -54,7 +67,12 @@ def num_tokens(m) -> int:
 
 
 def patchify(images_BxHxWxC, patch_size: int):
-  """[B, H, W, C] -> [B, N, P*P*C]: row-major patches, each flattened as (row, col, C)."""
+  """[B, H, W, C] -> [B, N, P*P*C]: row-major patches, each flattened as (row, col, C);
+  a clip [B, T, H, W, C] -> [B, T*N, P*P*C], frame after frame."""
+  if images_BxHxWxC.ndim == 5:
+    b, t = images_BxHxWxC.shape[:2]
+    x = patchify(images_BxHxWxC.reshape(b * t, *images_BxHxWxC.shape[2:]), patch_size)
+    return x.reshape(b, t * x.shape[1], x.shape[2])
   b, h, w, c = images_BxHxWxC.shape
   p = patch_size
   x = images_BxHxWxC.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
@@ -65,9 +83,10 @@ def validate_vit(c) -> None:
   """ConfigError naming the key for a model.vit setting (or a decoder key) the ViT cannot
   use with config `c` (moejax/validation.py calls it for model_name 'vit')."""
   m, v = c.model, c.model.vit
-  for key in ("image_size", "patch_size", "num_channels", "num_classes"):
-    if isinstance(v[key], bool) or not isinstance(v[key], int) or v[key] < 1:
-      raise ConfigError(f"model.vit.{key}={v[key]!r} must be an int >= 1")
+  for key in ("image_size", "patch_size", "num_channels", "num_classes", "frames"):
+    value = frames_of(v) if key == "frames" else v[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(f"model.vit.{key}={value!r} must be an int >= 1")
   if v.image_size % v.patch_size:
     raise ConfigError(
       f"model.vit.patch_size={v.patch_size} must divide model.vit.image_size={v.image_size}"
@@ -83,6 +102,11 @@ def validate_vit(c) -> None:
     raise ConfigError(
       f"task={c.task!r}: model_name='vit' classifies images (set task='classification')"
     )
+  if frames_of(v) > 1 and v.prompt.adapter != NO_ADAPTER:
+    raise ConfigError(
+      f"model.vit.prompt.adapter={v.prompt.adapter!r}: prompts are for image models, "
+      f"not model.vit.frames={frames_of(v)} (give 'none')"
+    )
   validate_prompt(c)
 
 
@@ -94,6 +118,7 @@ class VisionTransformer(nnx.Module):
     v = m.vit
     self.dtype = DTYPES[m.dtype]
     self.patch_size = v.patch_size
+    self.frames = frames_of(v)
     self.patch_embed = Linear(
       v.patch_size**2 * v.num_channels,
       m.d_model,
@@ -126,7 +151,16 @@ class VisionTransformer(nnx.Module):
     self.prompt = nnx.data(build_adapter(m, rngs=rngs))  # model.vit.prompt: None or tokens
 
   def embed(self, images_BxHxWxC):
-    """The blocks' input [B, L, d]: patch embeddings (after the CLS token) plus positions."""
+    """The blocks' input [B, L, d]: patch embeddings (after the CLS token) plus positions.
+    Images [B, H, W, C] where model.vit.frames = 1, clips [B, T, H, W, C] (T = frames)."""
+    clip = images_BxHxWxC.ndim == 5
+    if (clip and images_BxHxWxC.shape[1] != self.frames) or (not clip and self.frames > 1):
+      raise ValueError(
+        f"inputs of shape {images_BxHxWxC.shape}: model.vit.frames={self.frames} takes "
+        + (
+          "[B, H, W, C] or [B, 1, H, W, C]" if self.frames == 1 else f"[B, {self.frames}, H, W, C]"
+        )
+      )
     x = self.patch_embed(patchify(images_BxHxWxC, self.patch_size))
     if self.cls_token is not None:
       cls = jnp.broadcast_to(self.cls_token[...].astype(x.dtype), (x.shape[0], 1, x.shape[2]))

@@ -74,6 +74,8 @@ def test_the_dense_arm_trains_with_the_same_loop(tmp_path):
     ("model.vit.patch_size", 3, ["model.vit.patch_size=3", "model.vit.image_size=8"]),
     ("model.vit.pooling", "max", ["model.vit.pooling='max'", "cls", "mean"]),
     ("model.vit.num_classes", 0, ["model.vit.num_classes=0"]),
+    ("model.vit.frames", 0, ["model.vit.frames=0", ">= 1"]),
+    ("model.vit.frames", 8, ["model.vit.frames=8", "data.name='digits'", "images"]),
     ("model.vit.num_classes", 7, ["model.vit", "10 classes"]),
     ("model.vit.image_size", 16, ["model.vit", "(8, 8, 1)"]),
     ("model.attention.windows", [2, 2, 2, 2], ["model.attention.windows"]),
