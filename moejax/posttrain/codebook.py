@@ -49,6 +49,7 @@ expert type (moejax/experts/codebook.py), imported from there (one copy).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -229,6 +230,39 @@ class Finetuned:
   reassigned_error: float | None
 
 
+OPTIMIZERS = {"sgd": optax.sgd, "adam": optax.adam}
+
+
+def padded_rows(x, d: int) -> tuple[jax.Array, jax.Array]:
+  """(x as float32 [n_pad, d] zero-padded to the next power of two >= 16 rows, n).
+  Every expert's calibration rows of one size share one compiled program; a zero
+  row adds nothing to the sums the objectives take (nor, for a zero row, does the
+  activation quantizer's rounding), which divide by the true n."""
+  x = np.asarray(x, np.float32).reshape(-1, d)
+  n = x.shape[0]
+  n_pad = max(16, 1 << max(n - 1, 0).bit_length())
+  return jnp.asarray(np.pad(x, ((0, n_pad - n), (0, 0)))), jnp.float32(max(n, 1))
+
+
+def _centroid_error(c, idx, x, target, n, group_size: int):
+  """MSE(x W_hat, x W) over the n real rows of the padded x."""
+  out = jnp.matmul(x, decode(idx, c, group_size), precision=HIGHEST)
+  return jnp.sum((out - target) ** 2) / (n * target.shape[-1])
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "optimizer", "member_mean"))
+def _centroid_step(c, state, idx, x, target, n, counts, lr, *, group_size, optimizer, member_mean):
+  grad = jax.grad(_centroid_error)(c, idx, x, target, n, group_size)
+  if member_mean:
+    grad = grad / jnp.maximum(counts, 1.0)
+  update, state = OPTIMIZERS[optimizer](lr).update(grad, state, c)
+  c = optax.apply_updates(c, update)
+  return c, state, _centroid_error(c, idx, x, target, n, group_size)
+
+
+_centroid_error_jit = jax.jit(_centroid_error, static_argnames=("group_size",))
+
+
 def finetune_centroids(
   x_calib,
   W,
@@ -243,40 +277,24 @@ def finetune_centroids(
   reassign: bool = False,
 ) -> Finetuned:
   """Centroids tuned by optax on MSE(x W_hat, x W) over x_calib [..., d_in] (module doc)."""
-  x = jnp.asarray(x_calib, jnp.float32).reshape(-1, np.shape(W)[0])
-  target = jnp.matmul(x, jnp.asarray(W, jnp.float32), precision=HIGHEST)
-  idx = jnp.asarray(indices, jnp.int32)
-  opt = {"sgd": optax.sgd, "adam": optax.adam}
-  if optimizer not in opt:
+  if optimizer not in OPTIMIZERS:
     from moejax.errors import choice_error
 
-    raise choice_error("optimizer", optimizer, opt)
-  tx = opt[optimizer](lr)
-
-  def error(c, idx):
-    out = jnp.matmul(x, decode(idx, c, group_size), precision=HIGHEST)
-    return jnp.mean((out - target) ** 2)
-
-  members = jnp.ones(idx.shape, jnp.float32)
-  counts = jax.grad(lambda c: jnp.sum(decode(idx, c, group_size) * members))(
+    raise choice_error("optimizer", optimizer, OPTIMIZERS)
+  x, n = padded_rows(x_calib, np.shape(W)[0])
+  target = jnp.matmul(x, jnp.asarray(W, jnp.float32), precision=HIGHEST)
+  idx = jnp.asarray(indices, jnp.int32)
+  counts = jax.grad(lambda c: jnp.sum(decode(idx, c, group_size)))(
     jnp.zeros(np.shape(centroids), jnp.float32)
   )  # members per centroid
-
-  @jax.jit
-  def step(c, state):
-    grad = jax.grad(error)(c, idx)
-    if member_mean:
-      grad = grad / jnp.maximum(counts, 1.0)
-    update, state = tx.update(grad, state, c)
-    c = optax.apply_updates(c, update)
-    return c, state, error(c, idx)
-
+  lr = jnp.float32(lr)
   c = jnp.asarray(centroids, jnp.float32)
-  state = tx.init(c)
-  errors = [float(jax.jit(error)(c, idx))]
+  state = OPTIMIZERS[optimizer](lr).init(c)
+  errors = [float(_centroid_error_jit(c, idx, x, target, n, group_size=group_size))]
   best, best_error = c, errors[0]
+  options = dict(group_size=group_size, optimizer=optimizer, member_mean=member_mean)
   for _ in range(steps):
-    c, state, err = step(c, state)
+    c, state, err = _centroid_step(c, state, idx, x, target, n, counts, lr, **options)
     errors.append(float(err))
     if errors[-1] < best_error:
       best, best_error = c, errors[-1]
@@ -284,7 +302,10 @@ def finetune_centroids(
   new_indices, reassigned_error = np.asarray(indices), None
   if reassign:
     new_indices = _nearest(np.asarray(W, np.float64), best_host, group_size)
-    reassigned_error = float(jax.jit(error)(best, jnp.asarray(new_indices, jnp.int32)))
+    new_idx = jnp.asarray(new_indices, jnp.int32)
+    reassigned_error = float(
+      _centroid_error_jit(best, new_idx, x, target, n, group_size=group_size)
+    )
   return Finetuned(best_host, new_indices, errors, reassigned_error)
 
 
@@ -335,6 +356,22 @@ def rotation_objective(R, x, W, act_bits: int, bits: int, weight_term: float):
   return act + weight_term * jnp.sum((V - near) ** 2) / jnp.sum(W**2)
 
 
+def _rotation_value(P, R0, x, W, *, act_bits, bits, weight_term):
+  return rotation_objective(_cayley(R0, P), x, W, act_bits, bits, weight_term)
+
+
+ROTATION_STATIC = ("act_bits", "bits", "weight_term")
+_rotation_value_jit = jax.jit(_rotation_value, static_argnames=ROTATION_STATIC)
+
+
+@functools.partial(jax.jit, static_argnames=ROTATION_STATIC)
+def _rotation_step(P, state, R0, x, W, lr, **static):
+  grad = jax.grad(_rotation_value)(P, R0, x, W, **static)
+  update, state = optax.adam(lr).update(grad, state, P)
+  P = optax.apply_updates(P, update)
+  return P, state, _rotation_value(P, R0, x, W, **static)
+
+
 def learn_rotation(
   x,
   W,
@@ -354,30 +391,19 @@ def learn_rotation(
   the step count and lr are ours (on planted outlier channels, weight_term 1
   traded the activation gain away; tests/posttrain/test_codebook.py). The best R
   seen is returned, recomputed in float64 (orthogonal to float32 rounding)."""
-  x = jnp.asarray(np.asarray(x, np.float32).reshape(-1, np.shape(W)[0]))
   W = jnp.asarray(W, jnp.float32)
   d = W.shape[0]
+  x, _ = padded_rows(x, d)  # zero rows add nothing to either sum of the objective
   R0 = np.asarray(hadamard(d) if R0 is None else R0, np.float64)
-
-  def objective(P):
-    R = _cayley(jnp.asarray(R0, jnp.float32), P)
-    return rotation_objective(R, x, W, act_bits, bits, weight_term)
-
-  tx = optax.adam(lr)
+  R0_32 = jnp.asarray(R0, jnp.float32)
+  static = dict(act_bits=act_bits, bits=bits, weight_term=weight_term)
+  lr = jnp.float32(lr)
   P = jnp.zeros((d, d), jnp.float32)
-  state = tx.init(P)
-
-  @jax.jit
-  def step(P, state):
-    grad = jax.grad(objective)(P)
-    update, state = tx.update(grad, state, P)
-    P = optax.apply_updates(P, update)
-    return P, state, objective(P)
-
-  objectives = [float(jax.jit(objective)(P))]
+  state = optax.adam(lr).init(P)
+  objectives = [float(_rotation_value_jit(P, R0_32, x, W, **static))]
   best, best_value = P, objectives[0]
   for _ in range(steps):
-    P, state, value = step(P, state)
+    P, state, value = _rotation_step(P, state, R0_32, x, W, lr, **static)
     objectives.append(float(value))
     if objectives[-1] < best_value:
       best, best_value = P, objectives[-1]
