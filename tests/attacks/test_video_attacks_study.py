@@ -28,10 +28,17 @@ TINY = {
 }
 
 
+# Two attacks on the standard model and one defence (each arm kind once; every arm of
+# the study compiles its own attack or training program, which is most of the time).
+ARMS = ("pgd", "j_tlga", "j_tlat")
+
+
 def tiny_config(**changes):
   c = video_attacks.get_config()
   c.settings = {**c.settings, **TINY}
   c.draws = 2
+  c.arms = [a for a in c.arms if a["name"] in ARMS]
+  c.claims = [k for k in c.claims if {k["arm"], k.get("reference", "pgd")} <= set(ARMS)]
   for key, value in changes.items():
     c[key] = value
   return c
@@ -42,12 +49,12 @@ def test_the_study_runs_end_to_end(tmp_path):
   out = str(tmp_path / "out")
   runner.run(spec, scorer, out, stored=runner.check_output(spec, out), log=lambda _: None)
   results = json.loads((tmp_path / "out" / "results.json").read_text())
-  arms = ["pgd", "tlga_r", "j_tlga", "pgd_at", "j_tlat"]
+  arms = list(ARMS)
   assert [(r["arm"], r["draw"]) for r in results["runs"]] == [(a, d) for d in (0, 1) for a in arms]
   for draw in (0, 1):
     runs = [r for r in results["runs"] if r["draw"] == draw]
     assert len({r["pairing"] for r in runs}) == 1
-    standard = {r["metrics"]["clean_accuracy"] for r in runs if r["arm"] in arms[:3]}
+    standard = {r["metrics"]["clean_accuracy"] for r in runs if r["arm"] in arms[:2]}
     assert len(standard) == 1
     for r in runs:
       for metric in ("clean_accuracy", "robust_accuracy_low", "robust_accuracy_high", "flip_rate"):
