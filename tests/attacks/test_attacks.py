@@ -3,17 +3,11 @@ a higher value of its router objective than PGD does and changes routing decisio
 J-TLGA raises its joint objective above the clean input's; the per-frame Lipschitz
 step is the formula by hand; a negative budget is one ConfigError line naming the key.
 
-Measured, not asserted: J-TLGA reaches a LOWER joint objective than PGD's uniform
-sign steps do on that same objective (1.410 vs 1.412 at epsilon 0.02, 2.186 vs 2.221
-at 0.05): the per-frame Lipschitz allocation of the step (our reading of the paper)
-leaves small-gradient frames nearly still and so uses less of the budget. That is the
-likely reason J-TLGA does not beat PGD here.
-
-The paper's empirical claims (J-TLGA leaves fewer predictions intact than PGD;
-TLGA-R flips more routing than PGD) are the video_attacks study's, over seeds with
-intervals: on this one 150-step model they hold or fail by a clip or two with the
-XLA flags (J-TLGA 0.396 vs PGD 0.417 at epsilon 0.02 under one set of flags, 0.438
-vs 0.417 under scripts/test.sh's), so a test cannot assert them."""
+The paper's empirical comparisons (J-TLGA leaves fewer predictions intact than PGD;
+TLGA-R flips more routing) are the video_attacks study's, over seeds with intervals:
+on this one model they hold or fail by a clip with the compiler flags
+(docs/results/attacks_test_model_cpu.md), so a test cannot assert them.
+"""
 
 import numpy as np
 import pytest
