@@ -110,9 +110,10 @@ class Checkpointer:
     """(state, data state) of `step`, in the layout of `abstract_state`; a
     checkpoint of an older variable layout (moejax/train/layouts.py) is read
     in its own layout and mapped to today's."""
-    layout = stored_layout(self._stored_meta(step).get("config", {}), self.stored_tree(step))
+    stored = self.stored_tree(step)
+    layout = stored_layout(self._stored_meta(step).get("config", {}), stored)
     target = abstract_state if layout is None else layout.to_old(abstract_state)
-    self._check_expert_variables(step, target)
+    self._check_expert_variables(step, target, stored)
     with self._naming_errors(step):
       restored = self.manager.restore(
         step,
@@ -137,10 +138,9 @@ class Checkpointer:
     finally:
       handler.close()
 
-  def _check_expert_variables(self, step: int, target) -> None:
+  def _check_expert_variables(self, step: int, target, stored) -> None:
     """ConfigError (one line, naming both expert types) when the checkpoint's
-    expert variables are not those of `target`."""
-    stored = self.stored_tree(step)
+    expert variables (`stored`: its stored_tree) are not those of `target`."""
     if stored is None:
       return
     have, want = expert_variable_names(stored), expert_variable_names(target)
