@@ -17,7 +17,12 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("JAX_COMPILATION_CAC
 import pytest  # noqa: E402  (after JAX_PLATFORMS is set)
 from hypothesis import settings  # noqa: E402  (after JAX_PLATFORMS is set)
 
-from tests.helpers import TINY_WORKDIR_STEPS, set_key  # noqa: E402  (after JAX_PLATFORMS is set)
+from tests.helpers import (  # noqa: E402  (after JAX_PLATFORMS is set)
+  TINY_WORKDIR_STEPS,
+  in_share,
+  integration_share,
+  set_key,
+)
 
 settings.register_profile("moejax", deadline=None, print_blob=True)
 settings.load_profile("moejax")
@@ -113,7 +118,32 @@ def tiny_workdir(tiny_config, tmp_path_factory):
 FIRST = ("multidevice", "slow")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+  parser.addoption(
+    "--integration-share",
+    default="all",
+    metavar="K/N|all|none",
+    help="of the tests marked `integration`, run the K-th of N shares (each test's "
+    "share is a hash of its id), all of them (the default) or none",
+  )
+
+
+def pytest_report_header(config):
+  return f"integration tests: share {config.getoption('integration_share')}"
+
+
+def pytest_collection_modifyitems(config, items):
+  share = integration_share(config.getoption("integration_share"))
+  dropped = [
+    item
+    for item in items
+    if item.get_closest_marker("integration") and not in_share(item.nodeid, share)
+  ]
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+    dropped_ids = {id(item) for item in dropped}
+    items[:] = [item for item in items if id(item) not in dropped_ids]
+
   def rank(item):
     return next(
       (i for i, marker in enumerate(FIRST) if item.get_closest_marker(marker)), len(FIRST)

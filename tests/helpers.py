@@ -1,7 +1,10 @@
 """Small builders shared by tests (configs, random routing inputs, a step-0 training
 workdir). Test modules import from here, never from one another or a conftest."""
 
+import zlib
+
 import ml_collections
+import pytest
 import numpy as np
 
 from moejax.config import base_config
@@ -65,3 +68,25 @@ def training_workdir(workdir: str, config=None) -> None:
   ckpt = Checkpointer(workdir, max_to_keep=1)
   ckpt.save(0, jax.tree.map(np.asarray, state), {}, {"config": jsonable(config.to_dict())})
   ckpt.close()
+
+
+def integration_share(value: str) -> tuple[int, int] | None:
+  """(K, N) from "K/N", (0, 1) from "all", None from "none"; pytest.UsageError else."""
+  if value == "all":
+    return 0, 1
+  if value == "none":
+    return None
+  k, _, n = value.partition("/")
+  if k.isdigit() and n.isdigit() and int(k) < int(n):
+    return int(k), int(n)
+  raise pytest.UsageError(
+    f"--integration-share: expected K/N with 0 <= K < N, 'all' or 'none', got {value!r}"
+  )
+
+
+def in_share(nodeid: str, share: tuple[int, int] | None) -> bool:
+  """Whether the integration test `nodeid` belongs to `share` (see integration_share)."""
+  if share is None:
+    return False
+  k, n = share
+  return zlib.crc32(nodeid.encode()) % n == k

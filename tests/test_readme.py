@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 
@@ -18,6 +20,7 @@ def test_every_relative_link_exists():
   assert not missing, f"README links to missing paths: {missing}"
 
 
+@pytest.mark.integration
 def test_the_python_example_runs(tmp_path):
   blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
   assert len(blocks) == 1

@@ -56,6 +56,7 @@ def tokens(batch=2, length=7, vocab=32, seed=0):
   return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (batch, length)), jnp.int32)
 
 
+@pytest.mark.integration
 def test_zero_b_is_the_frozen_base_exactly():
   c = lora_mixer_config()
   base_graphdef, base_params, base_rest = split_model(
@@ -111,6 +112,7 @@ def test_only_the_adapter_is_updated(trainable, trained, training_gradients):
       assert not np.any(update), path
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_straight_through_forward_is_hard_routing_and_its_gradient_the_soft_one(top_k):
   d_in, d_out, e, r, t, scale = 6, 5, 3, 2, 9, 0.5
@@ -193,6 +195,7 @@ def qwen3_dir(tmp_path_factory):
   return save_model(make_model("qwen3_moe", vocab_size=256), str(tmp_path_factory.mktemp("hf")))
 
 
+@pytest.mark.integration
 def test_on_an_imported_hf_checkpoint(qwen3_dir):
   """configs/lora_mixer.py on a tiny transformers Qwen3-MoE: the resolved model is the
   checkpoint's plus the adapter, and its first state has the checkpoint's weights, the

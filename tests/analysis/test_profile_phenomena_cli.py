@@ -33,6 +33,7 @@ def area(tmp_path_factory):
   return root
 
 
+@pytest.mark.integration
 def test_profile_of_the_held_out_windows(area):
   out = area / "profile.json"
   result = run_entry(PROFILE, f"--workdir={area}/w", "--context=16", f"--out={out}")
@@ -132,6 +133,7 @@ def phenomena(area, draws=2, **settings):
   return c
 
 
+@pytest.mark.integration
 def test_ablation_study_scores_each_block_as_ablation_study_does(area):
   """Draw d: the super-experts ablation of the d-th block of 16 held-out bytes per domain
   (random seed d); every arm equals super_expert_ablation.ablation_study on the same windows, its

@@ -153,6 +153,7 @@ def by_arm(results):
   return {(r["arm"], tuple(r["level"].values()), r["draw"]): r["metrics"] for r in results["runs"]}
 
 
+@pytest.mark.integration
 def test_capacity_study_scores_validation_batch_d_on_draw_d(workdir, tmp_path):
   from moejax.analysis.router_inference import TrainedMoE
 
@@ -194,6 +195,7 @@ def test_capacity_study_scores_validation_batch_d_on_draw_d(workdir, tmp_path):
   )
 
 
+@pytest.mark.integration
 def test_as_coot_study_scores_held_out_play_d_on_draw_d(workdir, tmp_path):
   from moejax.analysis.router_inference import TrainedMoE
   from moejax.data.shakespeare import shakespeare_sources
@@ -215,6 +217,7 @@ def test_as_coot_study_scores_held_out_play_d_on_draw_d(workdir, tmp_path):
   assert "Draw d is held-out play d: 0 " in open(tmp_path / "out" / "results.md").read()
 
 
+@pytest.mark.integration
 def test_sere_study_decodes_windows_of_draw_d(workdir, tmp_path):
   from moejax.analysis.router_inference import TrainedMoE
   from moejax.train.load import from_training_workdir

@@ -393,6 +393,7 @@ def test_a_planted_super_expert_makes_the_sink_and_its_ablation_removes_it(tiny)
   assert sink(params)[1] < 0.5  # the unplanted model has no sink
 
 
+@pytest.mark.integration
 def test_study_arms_on_the_planted_model(tiny):
   config, graphdef, params, rest, tokens = tiny
   planted = plant_super_expert(config, params, 3)

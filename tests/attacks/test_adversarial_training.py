@@ -41,6 +41,7 @@ def plain():
   return params(trained())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("defence", list(DEFENCES))
 def test_epsilon_zero_is_the_plain_train_step(plain, defence):
   for a, b in zip(params(trained(defence, 0.0)), plain):

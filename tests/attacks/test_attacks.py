@@ -27,6 +27,7 @@ def objective_at(name, model, x, y, x_adv):
   return float(attack.objective(model, x_adv, y, attack.prepare(model, x, settings), settings))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("epsilon", EPSILONS)
 def test_the_joint_attack_raises_its_objective_and_breaks_predictions(epsilon):
   model, x, y = trained_model_and_clips()
@@ -37,6 +38,7 @@ def test_the_joint_attack_raises_its_objective_and_breaks_predictions(epsilon):
   assert objective_at("j_tlga", model, x, y, joint) > objective_at("j_tlga", model, x, y, x)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("epsilon", EPSILONS)
 def test_the_router_attack_reaches_a_higher_router_objective_than_pgd_and_flips_routing(epsilon):
   model, x, y = trained_model_and_clips()

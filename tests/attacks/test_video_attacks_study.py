@@ -44,6 +44,7 @@ def tiny_config(**changes):
   return c
 
 
+@pytest.mark.integration
 def test_the_study_runs_end_to_end(tmp_path):
   spec, scorer = runner.prepare(tiny_config())
   out = str(tmp_path / "out")

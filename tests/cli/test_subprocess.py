@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.cli.harness import Result, assert_refused, tree_hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,6 +24,7 @@ def python_m(module, *args) -> Result:
   return Result(done.returncode, done.stdout, done.stderr)
 
 
+@pytest.mark.integration
 def test_refusals_through_app_run(area):
   before = tree_hash(area.root)
   assert_refused(

@@ -19,6 +19,7 @@ from tests.cli.harness import assert_refused, run_entry, tree_hash
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", partition.KINDS)
 def test_all_experts_with_unit_gates_give_the_dense_logits(dense, kind):
   """top_k = E and a zero router: weights 1/E, w_down times E: unit gates on every
@@ -43,6 +44,7 @@ def test_all_experts_with_unit_gates_give_the_dense_logits(dense, kind):
   assert np.abs(np.asarray(moe3(tokens)[0]) - dense_logits).max() > 1e-2
 
 
+@pytest.mark.integration
 def test_trajectory_fit_beats_a_random_partition_on_held_out_trajectories(dense):
   _, m, params, rest = dense
   held = trajectory.generate_trajectories(m, params, rest, 8, 31, seed=99, prefix_id=0)
@@ -59,6 +61,7 @@ def test_trajectory_fit_beats_a_random_partition_on_held_out_trajectories(dense)
   assert scores["trajectory"]["kl"] < 0.85 * scores["random"]["kl"], scores
 
 
+@pytest.mark.integration
 def test_the_command_writes_a_workdir_the_trainer_continues(dense, tmp_path):
   workdir, m, params, _ = dense
   out = str(tmp_path / "moe")

@@ -49,6 +49,7 @@ def tiny_study(workdir, arms, **settings):
   return c
 
 
+@pytest.mark.integration
 def test_a_tiny_study_converts_once_per_partition_and_fine_tunes_each_arm(dense, tmp_path):
   workdir = dense[0]
   config = tiny_study(workdir, ["trajectory", "trajectory_supervised"])
@@ -74,6 +75,7 @@ def test_bad_settings_are_refused_before_any_run(dense, tmp_path, change, messag
     runner.prepare(config)
 
 
+@pytest.mark.integration
 def test_supervision_reaches_the_routers_not_the_experts_and_descends(dense):
   """Weight 0: the term is not computed. Its gradient is 0 on the last block's expert
   weights (the target is held constant; earlier experts move later blocks' inputs),

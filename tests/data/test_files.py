@@ -151,6 +151,7 @@ MEMORY_PROBE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.integration
 def test_a_corpus_larger_than_the_memory_limit_streams_with_bounded_memory(tmp_path):
   corpus_mb, headroom_mb = 128, 64
   block = np.random.default_rng(0).integers(32, 127, 1 << 20, dtype=np.uint8).tobytes()

@@ -148,6 +148,7 @@ def test_every_fact_template_gives_a_prompt_with_one_answer():
     assert not any((b + ' ').startswith(a + ' ') for j, b in enumerate(prompts) if j != i), a
 
 
+@pytest.mark.integration
 def test_mixture_sampling_matches_the_weights():
   domains = [d for d in mix.DOMAINS for _ in range(3)]
   texts = [chr(ord('A') + mix.DOMAINS.index(d)) * 50 for d in domains]  # one letter per domain

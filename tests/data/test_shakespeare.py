@@ -90,6 +90,7 @@ def lock_waiters(path) -> int:
     return sum(1 for line in f if '->' in line and inode in line)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not os.path.exists('/proc/locks'), reason='needs Linux /proc/locks')
 def test_racing_processes_prepare_once_and_both_succeed(tmp_path):
   """The test holds the preparation lock until both processes wait on it, so both

@@ -58,6 +58,7 @@ def edit(*args):
   )
 
 
+@pytest.mark.integration
 def test_an_imported_model_is_edited_only_in_the_edited_blocks_down_projections(hf):
   out = hf / "out"
   run = edit(

@@ -39,6 +39,7 @@ def router_logits(graphdef, params, rest, tokens):
   return outputs[("blocks", 1, "ffn", "router_logits")]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("project", [True, False])
 def test_preserved_outputs_and_later_routing_are_unchanged_only_with_the_projection(
   project, tiny_model
@@ -65,6 +66,7 @@ def test_preserved_outputs_and_later_routing_are_unchanged_only_with_the_project
     assert moved > 1e-3 and shift > 1e-4, (moved, shift)
 
 
+@pytest.mark.integration
 def test_an_edit_changes_the_facts_greedy_completion(tiny_model):
   _, graphdef, state = tiny_model
   params, rest = host(state.params), state.rest

@@ -53,6 +53,7 @@ def examples():
   return choice, greedy
 
 
+@pytest.mark.integration
 def test_chunked_predictions_at_sigma_zero_are_the_base_models_probe_answers(tiny_model):
   config, graphdef, state = tiny_model
   params, rest = host(state.params), host(state.rest)
@@ -154,6 +155,7 @@ def test_top_k_refuses_k_above_n():
     randopt.top_k([0.1, 0.2, 0.3], 4)
 
 
+@pytest.mark.integration
 def test_randopt_runs_on_an_imported_hf_checkpoint(tiny_model, tmp_path):
   """The members of an HF import (moejax/posttrain/source.py) at sigma=0 answer as the
   imported model does; at sigma > 0 they are drawn around it."""

@@ -138,6 +138,7 @@ VARIANTS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("spec,settings", VARIANTS, ids=[s.name for s, _ in VARIANTS])
 def test_with_act_bits_every_dispatch_equals_the_per_token_loop(spec, settings):
   """The contract check (tests/contract/oracles.py: output and gradients against the

@@ -166,6 +166,7 @@ def test_the_byte_report_is_the_hand_count():
   )
 
 
+@pytest.mark.integration
 def test_the_lm_equals_a_swiglu_lm_on_its_decoded_weights():
   equals_swiglu_model_on_dense_weights(
     compressed_lm_config(experts="codebook", rotation="hadamard").model,

@@ -61,6 +61,7 @@ def load_factors(experts_module, params):
       getattr(getattr(experts_module, projection), name).set_value(jnp.asarray(value))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("ranks,full", [((0, 0, 0), True), ((2, 6, 6), False)])
 def test_full_rank_factorised_layer_is_the_swiglu_layer(ranks, full):
   """TD-MoE of the swiglu layer's experts (whitened by x and by the hidden
@@ -140,6 +141,7 @@ def test_malformed_ranks_are_refused_by_validation_and_a_too_large_one_by_the_mo
     abstract_model(m)
 
 
+@pytest.mark.integration
 def test_tiny_lm_trains_and_its_checkpoint_restores_exactly(tiny_config, tmp_path):
   config = factorised_config(tiny_config(steps=2, checkpoint_every=2, eval_batches=1), TINY_RANKS)
   validate_config(config)

@@ -298,6 +298,7 @@ def test_a_stored_omnimoe_config_becomes_the_moe_layer_it_computes():
   assert "omni" not in plain.model and plain.model.moe.router == "topk"
 
 
+@pytest.mark.integration
 def test_tiny_omnimoe_lm_learns_in_thirty_steps(data_dir, tmp_path):
   c = lm_shakespeare_omnimoe.get_config("size=tiny")
   c.data.data_dir, c.train.progress_bar = data_dir, False

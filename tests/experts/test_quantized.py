@@ -169,6 +169,7 @@ def compressed_arrays(rest):
   }
 
 
+@pytest.mark.integration
 def test_codes_are_not_trained_and_the_checkpoint_is_exact(data_dir, tmp_path):
   config = compressed_lm_config(data_dir)
   _, start, _ = init_state(config)
@@ -208,6 +209,7 @@ def test_the_lm_equals_a_swiglu_lm_on_its_dequantized_weights():
   )
 
 
+@pytest.mark.integration
 def test_a_float_lm_compressed_at_8_bits_keeps_its_logits():
   """compress.compress_model: the tiny float LM, its experts by RTN and GPTQ
   (identity Hessians: GPTQ = RTN) at 8 and 3 bits, group 16, all else copied."""

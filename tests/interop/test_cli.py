@@ -32,6 +32,7 @@ def cli(module, *args):
   return done.stdout
 
 
+@pytest.mark.integration
 def test_convert_both_ways_and_generate(hf_checkpoints, tmp_path):
   _, hf_dir = hf_checkpoints("qwen3_moe")
   workdir, out = str(tmp_path / "work"), str(tmp_path / "hf_out")
@@ -55,6 +56,7 @@ def test_convert_both_ways_and_generate(hf_checkpoints, tmp_path):
   assert printed.count("--- [") == 2 and "decode routing" in printed
 
 
+@pytest.mark.integration
 def test_shakespeare_model_generates_and_exports_as_mixtral(tmp_path):
   workdir = str(tmp_path / "moe")
   training_workdir(workdir)  # the default Shakespeare MoE (size=tiny) at step 0

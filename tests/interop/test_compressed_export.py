@@ -81,6 +81,7 @@ def kind(request):
   return request.param
 
 
+@pytest.mark.integration
 def test_export_is_dense_says_so_and_transformers_computes_the_compressed_logits(
   trained, kind, tmp_path
 ):

@@ -167,6 +167,7 @@ def peak_growth(tmp_path, kind):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(
   not os.path.exists("/proc/self/clear_refs"),
   reason="resets the peak RSS (VmHWM) through Linux's /proc/self/clear_refs; "
@@ -209,6 +210,7 @@ ORBAX_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v3"])
 def test_orbax_checkpoint_written_sharded_restores_on_another_mesh(hf_checkpoints, name, tmp_path):
   _, hf_dir = hf_checkpoints(name)

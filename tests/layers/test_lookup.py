@@ -183,6 +183,7 @@ def test_bad_l3_config_is_rejected_before_compilation(tmp_path, monkeypatch, key
   assert not compiled
 
 
+@pytest.mark.integration
 def test_tiny_l3_lm_learns_and_checkpoints_its_table(tmp_path):
   config = tiny_l3(str(tmp_path / "tfds"))
   run = train_and_evaluate(config, str(tmp_path / "run"), write_metrics=False)

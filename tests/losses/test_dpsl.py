@@ -64,6 +64,7 @@ def test_per_token_priors():
   assert right < E * 0.75 / T and wrong > 20 * right, (right, wrong)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alpha,steps", [(0.75, 200), ((0.5, 1.0, 2.0, 4.0), 400)])
 def test_gradient_descent_on_free_logits_reaches_ks_below_005(alpha, steps):
   alpha = jnp.asarray(alpha, jnp.float32)

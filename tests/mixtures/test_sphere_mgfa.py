@@ -118,6 +118,7 @@ def test_tangent_density_equals_a_dense_gaussian_in_a_tangent_basis(d, q):
     np.testing.assert_allclose(sp.tangent_log_density(jnp.asarray(v), w, s2), dense, rtol=1e-10)
 
 
+@pytest.mark.integration
 def test_zero_factors_give_the_isotropic_tangent_gaussian():
   rng = np.random.default_rng(1)
   with jax.enable_x64(True):

@@ -51,6 +51,7 @@ def test_every_registered_model_is_a_case():
   assert set(models.MODELS) == set(CASES)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_model_keeps_the_trainer_contract(name):
   config, batch, logits_shape = CASES[name]()

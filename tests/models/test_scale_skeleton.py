@@ -103,6 +103,7 @@ def test_scanned_model_holds_the_loop_parameters_stacked():
   assert kernel.shape[0] == 3 and len({layer.tobytes() for layer in kernel}) == 3
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
   "scan,remat",
   [
@@ -131,6 +132,7 @@ def l3_config(layers, **keys):
   return ml_collections.FrozenConfigDict(m)
 
 
+@pytest.mark.integration
 def test_a_model_with_l3_in_every_block_scans_and_equals_the_loop():
   """The L3 layer is part of its block, so a model with one in every block scans: the
   loss, every gradient (the lookup tables' included) and the router state of the
@@ -191,6 +193,7 @@ def test_bad_scale_settings_are_refused_by_name(keys, message):
     validate_model(m)
 
 
+@pytest.mark.integration
 def test_the_trainer_runs_a_scanned_rematerialised_model_with_a_stateful_router(tmp_path):
   """Through train_and_evaluate: the bias router's state moves inside the scan."""
   from moejax.train.loop import train_and_evaluate

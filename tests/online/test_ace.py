@@ -105,6 +105,7 @@ def test_brute_force_replays_both_simulators(horizon):
       np.testing.assert_array_equal(dense, brute)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["lcb", "greedy"])
 def test_pruned_sampling_has_the_dense_law(policy):
   # Its Binomial catch-ups and per-round draws against the dense model's draws:

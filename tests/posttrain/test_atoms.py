@@ -71,6 +71,7 @@ def stacked(scores):
   return np.stack([scores[0], scores[1]])
 
 
+@pytest.mark.integration
 def test_sums_equal_a_per_token_loop(tiny_model):
   config, graphdef, state = tiny_model  # 2 MoE layers, 8 experts of 32 atoms
   params, rest = host(state.params), state.rest
@@ -149,6 +150,7 @@ def test_removing_atoms_equals_zeroing_them_and_zeroed_atoms_score_zero(tiny_mod
       assert np.all(value[~keep[block]] == 0.0) and np.any(value[keep[block]] != 0.0)
 
 
+@pytest.mark.integration
 def test_scores_rank_the_brute_force_loss_change_of_200_atoms(brute_force):
   """Train the tiny MoE on fresh samples of a bigram chain until it is near the
   chain's entropy, then remove each of 200 sampled atoms alone and measure the

@@ -110,6 +110,7 @@ def hidden_of(layer, e):
   return layer.expert_rows(e, "w_down").astype(np.float64)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
   "method, level", [("gemq", 2.5), ("per_layer", 3.0), ("codequant", 2.5), ("td_moe", 0.4)]
 )
@@ -291,6 +292,7 @@ def test_router_finetuning_uses_the_lm_loss_alone_by_default(source):
   )
 
 
+@pytest.mark.integration
 def test_router_finetuning_trains_only_the_routers_through_the_trainer(source, tmp_path):
   out = str(tmp_path / "gemq")
   r = cp.Request("gemq", 3.0, group_size=GROUP, seed=1)

@@ -135,6 +135,7 @@ def test_e16_m8_equals_brute_force_over_12870_subsets():
 ZOO_S = os.path.join(os.path.dirname(__file__), "data", "zoo_s_calibration_seed0.npz")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("objective", xs.OBJECTIVES)
 def test_equals_brute_force_on_the_six_zoo_s_layers(objective):
   """The Gram matrices of zoo-s's six MoE layers (E=16) on 64 calibration windows,

@@ -5,6 +5,7 @@ output by the per-token Fisher; then the allocation they feed."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from moejax.models.capture import captured_forward
 from moejax.posttrain import bit_allocation, gemq, quantize
@@ -23,6 +24,7 @@ def block_output(graphdef, params, rest, tokens, block):
   )
 
 
+@pytest.mark.integration
 def test_costs_equal_the_fisher_weighted_change_of_the_block_output_with_one_expert_quantized(
   tiny_model,
 ):

@@ -20,6 +20,7 @@ def source(tiny_workdir):
   return tiny_workdir
 
 
+@pytest.mark.integration
 def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tmp_path):
   config, workdir = source
   out = str(tmp_path / "pruned")

@@ -163,6 +163,7 @@ def test_step_no_merge_keeps_steps_experts_and_only_removes_the_rest(tiny_model)
   assert not np.allclose(merged, want["blocks"][0]["ffn"]["experts"]["w_up"])
 
 
+@pytest.mark.integration
 def test_deployed_error_equals_a_numpy_moe_and_the_proxy_where_nothing_re_routes():
   """The deployed error (contributions.deployed_errors) on a tiny LM with top-1
   routing (gate 1 after renormalisation): keeping 5 experts by frequency with

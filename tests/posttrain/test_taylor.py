@@ -15,6 +15,7 @@ from tests.posttrain.trained_tiny import mean_loss
 pytestmark = pytest.mark.slow  # runs first (tests/conftest.py)
 
 
+@pytest.mark.integration
 def test_per_token_terms_sum_to_the_gradient_of_an_output_scale(tiny_model):
   """Scaling expert e's w_down by a scales its output: dL/da at a = 1, L the summed
   loss, is the sum over tokens of <dL/dy_t, g_te E_e(x_t)>, which jax.grad gives
@@ -60,6 +61,7 @@ def test_step_prunes_the_many_easy_expert_frequency_the_few_hard_one():
   assert scores[1] == 0.0  # none of B's easy tokens is selected
 
 
+@pytest.mark.integration
 def test_scores_do_not_depend_on_how_the_windows_are_batched(tiny_model):
   """Five windows as one batch, as batches of 2, 2, 1 and in the reverse order of
   1, 2, 2: each batch's per-token terms stay paired with its own losses (a term

@@ -73,6 +73,7 @@ def test_a_lower_tau_routes_more_sharply():
   assert entropy(0.05) < entropy(0.5) < entropy(5.0) < math.log(E)
 
 
+@pytest.mark.integration
 def test_the_moe_layer_routes_prototypes_to_their_experts_and_trains_them():
   cfg = moe_cfg(router="prototype", num_experts=4, top_k=2, expert_d_ff=6, prototype=dict(tau=0.1))
   layer = MoELayer(D, cfg, rngs=nnx.Rngs(0), dtype=jnp.float32)

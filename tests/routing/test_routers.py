@@ -4,6 +4,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from moejax.routing import call_router
@@ -75,6 +76,7 @@ def test_sigmoid_bias_selects_on_biased_scores_weights_on_raw(shape, scaling):
   assert (w >= 0).all() and bool(jnp.all(r.valid))
 
 
+@pytest.mark.integration
 @CASES
 @given(shapes, st.sampled_from([0.5, 1.0, 1.25, 2.0]))
 def test_expert_choice_each_expert_takes_exactly_capacity(shape, capacity_factor):

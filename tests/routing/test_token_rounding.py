@@ -73,6 +73,7 @@ def brute_force(probs, k, tile, mode):
   return kept, f, target, np.where(chose, renorm, p64)
 
 
+@pytest.mark.integration
 @CASES
 @given(cases)
 def test_matches_numpy_brute_force(case):

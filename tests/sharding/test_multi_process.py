@@ -66,6 +66,7 @@ def wait_all(procs, timeout):
   return [p.returncode for p in procs]
 
 
+@pytest.mark.integration
 def test_two_processes_match_one_device(tmp_path):
   data_dir = str(tmp_path / "tfds")
   train_on_one_device(tmp_path / "single", data_dir)

@@ -1,7 +1,8 @@
 """The checks in multidevice/on8_*.py, in one pytest session on 8 simulated CPU
 devices (this session keeps its single device). One child, not one per module:
 each child pays ~15 s of imports and data preparation before its first check;
-its output names any check that fails."""
+its output names any check that fails. Its checks marked `integration` (whole
+training runs) follow this session's --integration-share."""
 
 import os
 import pytest
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.multidevice  # child processes; runs first (tests/conft
 HF_DIR_VARIABLE = "MOEJAX_TEST_DEEPSEEK_V3_HF_DIR"  # read by on8_training.py
 
 
-def test_on_8_simulated_devices(tmp_path):
+def test_on_8_simulated_devices(tmp_path, request):
   # The tiny DeepSeek-V3 checkpoint is written here, where the HF tests of this
   # worker import transformers anyway, not in the child (~10 s of imports).
   from tests.interop.hf_tiny import make_model, save_model
@@ -33,6 +34,8 @@ def test_on_8_simulated_devices(tmp_path):
       "no:cacheprovider",
       "-o",
       "python_files=on8_*.py",
+      # The child runs this session's share of its `integration` checks.
+      f"--integration-share={request.config.getoption('integration_share')}",
       os.path.join("tests", "sharding", "multidevice"),
     ],
     8,

@@ -49,6 +49,7 @@ def run(config, out):
   return {(r["arm"], *r["level"].values()): r["metrics"] for r in results["runs"]}, scorer
 
 
+@pytest.mark.integration
 def test_mergemix_figures_are_the_library_calls(mix_workdir, tmp_path):
   from moejax.posttrain.domain_finetune import mixture_batches, window_nats
 

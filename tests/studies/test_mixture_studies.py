@@ -237,6 +237,7 @@ def mgfa_tiny():
   return config
 
 
+@pytest.mark.integration
 def test_mgfa_study_against_its_oracles(tmp_path):
   from moejax.mixtures import sphere, sphere_compare, synthetic
 

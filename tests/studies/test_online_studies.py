@@ -150,6 +150,7 @@ def test_tmow_study_true_alpha_mixture_error_matches_its_closed_form(tmp_path):
   assert len(kept) == 40 and all(0 <= v <= 1 for v in kept.values())
 
 
+@pytest.mark.integration
 def test_molr_mog_study_metrics_and_slope_by_hand(tmp_path):
   settings = {
     "dim": 6,
@@ -221,6 +222,7 @@ def _latent_log_density(mix, k, y):
   return scipy.special.logsumexp(parts, axis=0)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("rich", [False, True])
 def test_molr_mog_data_lie_outside_the_networks_family(rich):
   # the best fit in the networks' family (a 3-component diagonal Gaussian mixture of a

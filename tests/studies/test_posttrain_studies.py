@@ -57,6 +57,7 @@ def by_key(results):
   return {(r["arm"], tuple(r["level"].values())[0], r["draw"]): r for r in results["runs"]}
 
 
+@pytest.mark.integration
 def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_workdir, tmp_path):
   from moejax.models.structure import expert_counts
   from moejax.data.pipeline import split_documents, train_token_stream
@@ -128,6 +129,7 @@ def test_pruning_runs_are_the_library_calls_they_stand_for(tiny_workdir, tmp_pat
   assert row["interval"]["hi"] == pytest.approx(np.mean(d) + half, rel=1e-9)
 
 
+@pytest.mark.integration
 def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_workdir, tmp_path):
   """td_moe at 40% removed: the study's draw 1 equals a fresh scorer asked for draw 1
   alone; per-expert SVD is calibration-free (the same on both draws), TD-MoE is not;
@@ -156,6 +158,7 @@ def test_a_draws_figures_do_not_depend_on_the_draws_before_it(tiny_workdir, tmp_
   assert "packed_expert_bytes" not in svd[0] and td[0]["stored_bytes"] > 0  # no type
 
 
+@pytest.mark.integration
 def test_the_finetuned_control_is_each_finetuned_arms_matched_reference(tiny_workdir, tmp_path):
   """At 8 bits, where quantization changes almost nothing, the fine-tuned arm routes
   like the control (the fp32 model's routers fine-tuned by the same recipe) and
@@ -247,6 +250,7 @@ def test_equal_bytes_pairs_cross_levels_paired_by_draw(tiny_workdir):
   assert "kmeans at 4.0" not in table  # pairs without runs are left out
 
 
+@pytest.mark.integration
 def test_the_w4a4_arms_run_end_to_end_on_their_compressed_models(tiny_workdir, tmp_path):
   """The study's W4A4 arms on the tiny LM: rtn_a4's bpb is the harness on the
   compressed model whose experts quantize their inputs to 4 bits (not the float

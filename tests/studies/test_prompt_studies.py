@@ -42,6 +42,7 @@ def config(**settings):
   return c
 
 
+@pytest.mark.integration
 def test_the_flyprompt_study_runs_each_router_on_one_training_per_draw(tmp_path, monkeypatch):
   monkeypatch.setattr(pe, "digits", stand_in_digits)
   spec, scorer = runner.prepare(config())

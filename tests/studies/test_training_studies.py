@@ -190,6 +190,7 @@ def test_paired_statistics_equal_the_committed_sweep_tables():
   )
 
 
+@pytest.mark.integration
 def test_a_tiny_study_end_to_end(tmp_path):
   """2 arms x 2 seeds of the tiny MoE, 4 steps, scored by the harness on the first
   4096 held-out bytes: real training, the results, the table and the curves."""

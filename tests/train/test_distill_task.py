@@ -46,6 +46,7 @@ def student_config(tiny_config, teacher_workdir=None, method="kl", steps=2):
   return c
 
 
+@pytest.mark.integration
 def test_the_logged_kl_term_is_the_teacher_student_kl_on_the_first_batch(
   tiny_config, tiny_workdir, tmp_path
 ):
@@ -63,6 +64,7 @@ def test_the_logged_kl_term_is_the_teacher_student_kl_on_the_first_batch(
   assert first["distill_loss"] == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.integration
 def test_no_gradient_of_the_residual_step_reaches_the_teacher(tiny_config, tiny_model):
   _, teacher_graphdef, teacher_state = tiny_model
   config = student_config(tiny_config, method="residual")
@@ -107,6 +109,7 @@ def test_a_missing_teacher_workdir_is_named_before_anything_is_written(tiny_conf
   assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.integration
 def test_an_hf_student_learns_residual_kd_from_an_hf_teacher_through_a_vocab_map(
   hf_dirs, tiny_workdir, tmp_path
 ):

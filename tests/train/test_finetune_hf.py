@@ -43,6 +43,7 @@ def finetune_config(family, hf_dir, steps=30):
   return c
 
 
+@pytest.mark.integration
 def test_training_starts_from_the_checkpoint_weights(byte_checkpoints):
   hf_dir = byte_checkpoints("qwen3_moe")
   config = init_from.resolve_config(finetune_config("qwen3_moe", hf_dir))
@@ -56,6 +57,7 @@ def test_training_starts_from_the_checkpoint_weights(byte_checkpoints):
   assert int(start.step) == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
 def test_finetune_30_steps_then_export_matches_transformers(family, byte_checkpoints, tmp_path):
   workdir = str(tmp_path / "run")
@@ -72,6 +74,7 @@ def test_finetune_30_steps_then_export_matches_transformers(family, byte_checkpo
   assert_export_matches(loaded, out)
 
 
+@pytest.mark.integration
 def test_a_directory_of_another_family_is_refused_before_anything_is_written(
   byte_checkpoints, tmp_path
 ):

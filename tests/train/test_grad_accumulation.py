@@ -94,6 +94,7 @@ def grads_of(router, micro_batches, balance_statistics="step", model=()):
   return grads, metrics, rest
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("router", ["topk", "sigmoid_bias"])
 def test_grads_of_4x8_equal_one_batch_of_32(router):
   one, micro = grads_of(router, 1), grads_of(router, MICRO)
@@ -123,6 +124,7 @@ def test_micro_batch_statistics_give_a_different_load_balance_loss():
   assert abs(float(micro[1]["moe"][0]["load_balance"] - one[1]["moe"][0]["load_balance"])) > 1e-4
 
 
+@pytest.mark.integration
 def test_scanned_rematerialised_blocks_get_the_step_statistics():
   """model.scan_layers with remat: the step's counts reach every scanned layer
   (stacked [L, ...]), the scanned model holding the loop model's parameters."""
@@ -133,6 +135,7 @@ def test_scanned_rematerialised_blocks_get_the_step_statistics():
   assert grad_diff <= 1e-5
 
 
+@pytest.mark.integration
 def test_train_step_4x8_equals_one_batch_and_the_bias_moves_once():
   config, graphdef, state, optimizer = setup("sigmoid_bias")
   batch = random_batch(config)
@@ -206,6 +209,7 @@ def test_router_state_from_summed_stats_equals_one_call(router, extra):
     assert np.max(np.abs(np.asarray(stepped["bias"] - whole.state["bias"]))) > 1e-3
 
 
+@pytest.mark.integration
 def test_bfloat16_params_and_optimizer_state_are_used():
   config = accumulation_config(
     "sigmoid_bias", param_dtype="bfloat16", opt_state_dtype="bfloat16", micro_batches=2

@@ -11,6 +11,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.loop import train_and_evaluate
@@ -19,6 +20,7 @@ from moejax.train.metrics import MetricWriter, expert_load_series, purge_jsonl, 
 STEPS, EVERY, KILLED_AT = 10, 4, 7
 
 
+@pytest.mark.integration
 def test_resume_after_kill_leaves_one_record_per_step(tiny_config, tmp_path):
   config = tiny_config(
     steps=STEPS, checkpoint_every=EVERY, log_every=1, eval_every=100, eval_batches=1, max_to_keep=5

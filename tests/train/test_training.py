@@ -34,6 +34,7 @@ def tree_digest(path):
   return h.hexdigest()
 
 
+@pytest.mark.integration
 def test_thirty_steps_lower_the_loss(tiny_config, tmp_path):
   run = train_and_evaluate(tiny_config(), str(tmp_path))
   first, last = run.history[0]["ce_loss"], run.history[-1]["ce_loss"]
@@ -61,6 +62,7 @@ def test_thirty_steps_lower_the_loss(tiny_config, tmp_path):
   assert tokenizer.decode(tokenizer.encode("ROMEO:")) == "ROMEO:"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("arg", ["", "router=sigmoid_bias"])
 def test_resume_is_bit_exact(tiny_config, tmp_path, arg):
   config = tiny_config(arg, steps=6, checkpoint_every=100, log_every=1)
@@ -80,6 +82,7 @@ def test_resume_is_bit_exact(tiny_config, tmp_path, arg):
   ] and len(resumed.history) == 3
 
 
+@pytest.mark.integration
 def test_same_seed_same_metrics(tiny_config, tmp_path):
   config = tiny_config(steps=4, log_every=2)
   a = train_and_evaluate(config, str(tmp_path / "a"), write_metrics=False)

@@ -36,6 +36,7 @@ def dense_workdir(tmp_path_factory, tiny_config):
   return workdir
 
 
+@pytest.mark.integration
 def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logits(
   dense_workdir, tiny_config
 ):

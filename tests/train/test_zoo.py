@@ -32,6 +32,7 @@ def tiny_zoo(tmp_path_factory, config_of):
   return zoo_dir, entry
 
 
+@pytest.mark.integration
 def test_build_caches_digests_and_evaluates(tiny_zoo, config_of, monkeypatch):
   zoo_dir, entry = tiny_zoo
   assert sorted(entry["snapshots"], key=int) == ["3", "6"]
@@ -52,6 +53,7 @@ def test_build_caches_digests_and_evaluates(tiny_zoo, config_of, monkeypatch):
     zoo.build(other_seed, "xs", zoo_dir, 2048, 4, log=id)
 
 
+@pytest.mark.integration
 def test_a_second_training_seed_is_its_own_model(tiny_zoo, config_of):
   """Seed k > 0 trains into ZOO_DIR/<name>_seed<k> from another initialisation and
   data order; the table names its seed; seed 0's cached entry is untouched."""

@@ -49,6 +49,7 @@ def test_forgetting_is_the_best_earlier_accuracy_minus_the_final_one():
   assert prompt_experts.forgetting(accuracy) == pytest.approx((0.4 - 0.1) / 2)
 
 
+@pytest.mark.integration
 def test_a_stream_trains_prompts_and_head_and_leaves_the_backbone_bit_for_bit():
   s = prompt_experts.Setup(
     d_model=16, layers=2, heads=2, head_dim=8, d_ff=16, experts=4, top_k=2, blocks=1,

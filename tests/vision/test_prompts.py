@@ -67,6 +67,7 @@ def sgd_step(model, lr=0.5):
   return nnx.merge(graphdef, jax.tree.map(lambda p, g: p - lr * g, params, grads), rest)
 
 
+@pytest.mark.integration
 def test_vapt_prompts_are_zero_at_init_and_input_dependent_after_one_step():
   model = build(prompted_cfg("vapt"))
   for layer in range(2):
@@ -171,6 +172,7 @@ def flat(params) -> dict:
   }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
   "trainable, trained, moved",
   [

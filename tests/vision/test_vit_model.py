@@ -63,6 +63,7 @@ def test_patchify_is_undone_by_the_loop_inverse():
   assert patchify(x, 4).shape == (BATCH, 4, 16)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_one_expert_at_weight_one_is_the_dense_vit(pooling):
   """ViT-MoE, E = 1, top-1 (router weight softmax over one expert = 1) with the dense
@@ -156,6 +157,7 @@ def test_the_cls_token_and_the_moe_blocks_are_where_the_config_says():
   assert aux["aux_loss"].shape == () and float(aux["aux_loss"]) > 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("scan_layers, remat", [(True, "none"), (False, "save_moe_routing")])
 def test_scan_and_remat_compute_the_loop_model(scan_layers, remat):
   """The decoder's scale skeleton: a scanned ViT holding the loop model's parameters

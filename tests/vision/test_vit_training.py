@@ -40,6 +40,7 @@ def trained(tmp_path_factory):
   return config, workdir, train_and_evaluate(config, workdir)
 
 
+@pytest.mark.integration
 def test_a_short_run_is_far_above_chance_on_the_test_split(trained):
   _, _, run = trained
   assert run.eval["val_accuracy"] > 0.5  # chance: 0.1

@@ -7,6 +7,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from moejax import sharding
 from moejax.train.checkpoint import Checkpointer
@@ -54,6 +55,7 @@ def restored_params(workdir, config, devices):
   return host(state.params)
 
 
+@pytest.mark.integration
 def test_training_on_2x4_equals_one_device_and_resumes_on_other_layouts(data_dir, tmp_path):
   one = train_and_evaluate(
     config(data_dir), str(tmp_path / "one"), write_metrics=False, devices=one_device()
@@ -85,6 +87,7 @@ def test_training_on_2x4_equals_one_device_and_resumes_on_other_layouts(data_dir
   np.testing.assert_allclose(losses(resumed), losses(rest), rtol=1e-5)
 
 
+@pytest.mark.integration
 def test_an_imported_family_trains_on_2x4_as_on_one_device(data_dir, tmp_path):
   """A tiny DeepSeek-V3 (MLA, shared experts, group-limited routing with its bias
   state) fine-tuned from its HF checkpoint: every parameter carries logical axes,
