@@ -129,23 +129,26 @@ class Router(nnx.Module):
     return jax.nn.log_softmax(logits, axis=-1)
 
 
-def negative_utility(log_q, u, lam, target=None):
-  """-U of the router's q against utilities u [N, E] (the objective it ascends)."""
+def negative_utility(log_q, u, lam, target, weight):
+  """-U of the router's q against utilities u [N, E] (the objective it ascends), the
+  mean over rows weighted by `weight` [N]."""
   q = jnp.exp(log_q)
-  return -jnp.mean(jnp.sum(q * u, axis=-1) - lam * jnp.sum(q * log_q, axis=-1))
+  per_row = jnp.sum(q * u, axis=-1) - lam * jnp.sum(q * log_q, axis=-1)
+  return -jnp.sum(weight * per_row) / jnp.sum(weight)
 
 
-def task_cross_entropy(log_q, u, lam, target):
+def task_cross_entropy(log_q, u, lam, target, weight):
   """Cross-entropy of the router's q to the task id (the hard baseline's training)."""
-  return -jnp.mean(jnp.take_along_axis(log_q, target[:, None], axis=-1))
+  per_row = jnp.take_along_axis(log_q, target[:, None], axis=-1)[:, 0]
+  return -jnp.sum(weight * per_row) / jnp.sum(weight)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _fitted(graphdef, objective, optimizer, steps, params, features, available, u, lam, target):
-  """`steps` full-batch optimizer steps on objective(log q, u, lam, target)."""
+def _fitted(graphdef, objective, optimizer, steps, params, features, available, *args):
+  """`steps` full-batch optimizer steps on objective(log q, *args)."""
 
   def loss(p):
-    return objective(nnx.merge(graphdef, p)(features, available), u, lam, target)
+    return objective(nnx.merge(graphdef, p)(features, available), *args)
 
   def step(carry, _):
     p, state = carry
@@ -158,11 +161,12 @@ def _fitted(graphdef, objective, optimizer, steps, params, features, available, 
 
 def fit_router(
   router: Router, features_NxD, available_E, optimizer, steps: int, *, utilities=None,
-  lam: float = 0.0, tasks=None,
+  lam: float = 0.0, tasks=None, rows_N=None,
 ) -> Router:  # fmt: skip
   """The router after `steps` full-batch steps of `optimizer`: ascending U (utilities
   [N, E], entropy weight lam; the method and its lambda = 0 ablation) or, given `tasks`
-  [N] instead, descending the cross-entropy to the task id (the hard baseline)."""
+  [N] instead, descending the cross-entropy to the task id (the hard baseline); over
+  the rows `rows_N` (bool [N]) selects, every row by default (a fixed shape, one compile)."""
   lam = check_lam(lam)
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
     raise ConfigError(f"router steps={steps!r} must be an int >= 0")
@@ -172,12 +176,14 @@ def fit_router(
   n, e = features.shape[0], router.bias.shape[0]
   u = jnp.zeros((n, e), jnp.float32) if utilities is None else jnp.asarray(utilities, jnp.float32)
   target = jnp.zeros((n,), jnp.int32) if tasks is None else jnp.asarray(tasks, jnp.int32)
+  weight = jnp.asarray(np.ones(n) if rows_N is None else rows_N, jnp.float32)
   objective = negative_utility if tasks is None else task_cross_entropy
   graphdef, params = nnx.split(router)
   available = jnp.asarray(np.ones(e, bool) if available_E is None else available_E)
   params = _fitted(
-    graphdef, objective, optimizer, steps, params, features, available, u, jnp.float32(lam), target
-  )
+    graphdef, objective, optimizer, steps, params, features, available, u, jnp.float32(lam),
+    target, weight,
+  )  # fmt: skip
   return nnx.merge(graphdef, params)
 
 

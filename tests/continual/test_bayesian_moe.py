@@ -52,6 +52,20 @@ def test_unavailable_experts_get_no_mass_and_the_rest_is_softmax():
   np.testing.assert_allclose(bm.optimal_routing(U, 1.0, available), q, atol=1e-4)
 
 
+def test_rows_left_out_by_the_mask_are_as_if_absent():
+  features = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+  rows = np.array([True, False, True, True])
+
+  def fit(f, u, mask=None):
+    router = bm.fit_router(
+      bm.Router(3, 3), f, None, optax.sgd(0.5), 200, utilities=u, lam=0.5, rows_N=mask
+    )
+    return bm.routing_of(router, features)
+
+  np.testing.assert_allclose(fit(features, U, rows), fit(features[rows], U[rows]), atol=1e-6)
+  assert not np.allclose(fit(features, U), fit(features[rows], U[rows]), atol=1e-3)
+
+
 def test_lambda_zero_routes_one_hot_on_the_argmax_of_u():
   untied = U[[0, 3]]
   np.testing.assert_array_equal(bm.optimal_routing(untied, 0.0), [[1, 0, 0], [0, 1, 0]])
