@@ -164,11 +164,13 @@ def stream(s: VQASetup, seed: int, tasks=TASKS) -> dict:
 
 
 def pretrain_backbone(s: VQASetup, pretrain, seed: int) -> VisionTransformer:
-  """The ViT trained on the pretraining questions (all but the LoRA), module doc."""
+  """The ViT trained on the pretraining questions (all but the LoRA; batches of 64, as
+  prompt_experts.pretrain_backbone), module doc."""
   model = VisionTransformer(model_config(s), rngs=nnx.Rngs(seed))
   rng = np.random.default_rng([seed, 1])
   every_answer = np.ones(len(sc.ANSWERS), bool)
-  steps = pe.batches(rng, *pretrain, s.pretrain_steps, 64, every_answer)
+  x, y = pretrain
+  steps = pe.batches(rng, x, y, s.pretrain_steps, 64, every_answer)
   return pe.trained_steps(model, BACKBONE, adam(s.pretrain_lr), steps)
 
 
