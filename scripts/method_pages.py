@@ -129,6 +129,7 @@ PAPERS = {
     ICLR,
     "2602.01976",
   ),
+  "bayesian_moe_vqa": ("Calibrated Bayesian mixture-of-experts for continual VQA", ICML, None),
   "tlga": (
     "Temporal Lipschitz-guided attacks and adversarial training of video MoE "
     "classifiers (TLGA, J-TLGA, J-TLAT)",
@@ -861,6 +862,17 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
       "tests/vision/test_rear.py",
       "tests/vision/test_flyprompt.py",
       "tests/studies/test_prompt_studies.py",
+    ),
+  ),
+  "bayesian_moe": (
+    "Calibrated Bayesian MoE (utility routing with entropy, BMA) against hard task-id "
+    "routing: continual Sort-of-CLEVR style VQA, 3 seeds",
+    "bayesian_moe_vqa",
+    (
+      "tests/continual/test_bayesian_moe.py",
+      "tests/continual/test_bayesian_vqa.py",
+      "tests/data/test_sort_of_clevr.py",
+      "tests/studies/test_bayesian_moe_study.py",
     ),
   ),
   "namex": (

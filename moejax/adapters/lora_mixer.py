@@ -36,6 +36,7 @@ from moejax.adapters.projection import (
 )
 from moejax.assignment.routing import RouterOutput, Routing
 from moejax.errors import ConfigError, choice_error
+from moejax.registry import Settings
 from moejax.routing.topk import softmax_top_k
 
 SETTINGS = {
@@ -81,7 +82,9 @@ class LoRAMixer(nnx.Module):
       draw_router(rngs.params(), (d_in, e), jnp.float32), logical_axes=(in_axis, None)
     )
     self.top_k, self.scale, self.dtype = settings["top_k"], settings["scale"], dtype
-    self.loss_weights = dict(settings["loss_weights"].items())
+    # A Settings (hashable), not a dict: the module's graph definition stays hashable, so
+    # a jitted step can take it as a static argument (moejax/continual/bayesian_vqa.py).
+    self.loss_weights = Settings(settings["loss_weights"])
     # Each loss's LossConfig, from its own settings in model.moe.losses.<name>.
     self.loss_configs = losses.loss_configs(self.loss_weights, m.moe)
 

@@ -179,10 +179,18 @@ def feature_fn(s: Setup, model, method: str | None = None, tasks: int = 1):
   """images -> the pooled, normed feature [B, d] (numpy) of `model` (a ViT of
   model_config(s, ..., method, tasks)): a copy of it with an identity head."""
   probe = VisionTransformer(model_config(s, s.d_model, method, tasks), rngs=nnx.Rngs(0))
+  return probed_features(model, probe)
+
+
+def probed_features(model, probe):
+  """images -> the pooled, normed feature [B, d] (numpy) of `model`, read through `probe`:
+  a ViT of `model`'s config but a head of d outputs, given every parameter of `model`
+  but the head, and an identity head."""
   nnx.update(probe, nnx.state(model, nnx.Not(nnx.PathContains("head"))))
-  probe.head.kernel[...] = jnp.eye(s.d_model)
+  d = probe.head.kernel[...].shape[0]
+  probe.head.kernel[...] = jnp.eye(d)
   assert probe.head.bias is not None  # the ViT's head has a bias
-  probe.head.bias[...] = jnp.zeros((s.d_model,))
+  probe.head.bias[...] = jnp.zeros((d,))
   return lambda x: np.asarray(logits_of(probe, jnp.asarray(x)))
 
 
