@@ -10,9 +10,9 @@ handwritten digits test set (Alpaydin & Kaynak 1998) that ``load_digits`` reads:
 Examples (row i of the file): ``title`` 'digits/%04d' % i, ``image`` uint8
 [8, 8, 1] (the counts, 0..16: ``PIXEL_MAX``), ``label`` 0..9.
 
-Split rule (``moejax.data.mix_sources.held_out_titles``, as the mix corpus holds out
-documents): within each class, the round(20%) of titles with the smallest
-sha256(title) go to ``test``, the rest to ``train``. Deterministic and independent
+Split rule (``moejax.data.vision_kit``: the mix corpus's ``held_out_titles``):
+within each class, the round(20%) of titles with the smallest sha256(title) go to
+``test``, the rest to ``train``. Deterministic and independent
 of file order. Sizes of version 1.0.0: train 1,438 and test 359 images; class
 counts over both splits 178, 182, 177, 183, 181, 182, 181, 179, 174, 180.
 Examples are in row order in each split, and the array_record files are the
@@ -26,45 +26,29 @@ tests/vision/test_digits.py). Split sha256 of version 1.0.0 (the shard files):
 from __future__ import annotations
 
 import gzip
-import importlib.resources
 import io
 import os
-from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from moejax.data.mix_sources import held_out_titles, sha256_file
-from moejax.data.storage import resolve_data_dir
-from moejax.data.tfds_compat import LocalGeneratorBasedBuilder, prepare_once
-from moejax.errors import ConfigError
+from moejax.data import vision_kit
 
 BUILDER_NAME = 'moejax_digits'
-SPLITS = ('train', 'test')
+SPLITS = vision_kit.SPLITS
 IMAGE_SHAPE = (8, 8, 1)
 NUM_CLASSES = 10
 PIXEL_MAX = 16
-TEST_FRACTION = 0.2
+TEST_FRACTION = vision_kit.TEST_FRACTION
 SOURCE_PACKAGE = 'scikit-learn==1.6.1'
 SOURCE_SHA256 = '09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22'
 
 
 def source_path() -> str:
   """The installed digits.csv.gz; ConfigError if sklearn is missing or the file altered."""
-  try:
-    path = str(importlib.resources.files('sklearn.datasets') / 'data' / 'digits.csv.gz')
-  except ModuleNotFoundError:
-    raise ConfigError(
-      f'data.name=digits reads the digits file of {SOURCE_PACKAGE}, which is '
-      'not installed: run `bash scripts/setup.sh`'
-    ) from None
-  digest = sha256_file(path)
-  if digest != SOURCE_SHA256:
-    raise ConfigError(
-      f'data.name=digits: {path} has sha256 {digest}, not the pinned '
-      f'{SOURCE_SHA256} of {SOURCE_PACKAGE}; run `bash scripts/setup.sh`'
-    )
-  return path
+  return vision_kit.installed_file(
+    'sklearn.datasets', 'data/digits.csv.gz', SOURCE_SHA256, SOURCE_PACKAGE, 'digits'
+  )
 
 
 def read_digits(path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -75,56 +59,32 @@ def read_digits(path: str) -> tuple[np.ndarray, np.ndarray]:
   return table[:, :-1].astype(np.uint8).reshape(-1, *IMAGE_SHAPE), table[:, -1]
 
 
+def titles_of_rows(count: int) -> list[str]:
+  return [f'digits/{i:04d}' for i in range(count)]
+
+
 def split_of_rows(labels: np.ndarray) -> list[str]:
   """The split of every row (see the module doc)."""
-  titles = [f'digits/{i:04d}' for i in range(len(labels))]
-  held = held_out_titles(dict(zip(titles, map(str, labels))), TEST_FRACTION)
-  return ['test' if title in held else 'train' for title in titles]
+  return vision_kit.held_out_splits(titles_of_rows(len(labels)), [str(c) for c in labels])
 
 
-class MoejaxDigits(LocalGeneratorBasedBuilder):
+class MoejaxDigits(vision_kit.ImageKitBuilder):
   """The digits, one example per image, 20% of each class held out as ``test``."""
 
   name = BUILDER_NAME
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  IMAGE_SHAPE = IMAGE_SHAPE
+  LABELS = NUM_CLASSES
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-      builder=self,
-      description=__doc__,
-      features=tfds.features.FeaturesDict(
-        {
-          'title': tfds.features.Text(),
-          'image': tfds.features.Tensor(shape=IMAGE_SHAPE, dtype=np.uint8),
-          'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-        }
-      ),
-      supervised_keys=('image', 'label'),
-      disable_shuffling=True,  # Keep the row order.
-    )
+  def check_source(self) -> None:
+    source_path()
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Everything is local.
+  def table(self) -> vision_kit.ImageTable:
     images, labels = read_digits(source_path())
-    splits = split_of_rows(labels)
-    return {
-      split: self._generate_examples(
-        images, labels, [i for i, s in enumerate(splits) if s == split]
-      )
-      for split in SPLITS
-    }
-
-  def _generate_examples(self, images, labels, rows) -> Iterator[tuple[str, dict]]:
-    for i in rows:
-      title = f'digits/{i:04d}'
-      yield title, {'title': title, 'image': images[i], 'label': int(labels[i])}
+    return vision_kit.ImageTable(titles_of_rows(len(labels)), images, labels, split_of_rows(labels))
 
 
 def prepare_digits(data_dir: str | os.PathLike | None = None) -> tfds.core.DatasetBuilder:
   """Writes the dataset into ``data_dir`` unless already there; returns the builder."""
-  data_dir = resolve_data_dir(data_dir)
-  return prepare_once(
-    lambda: MoejaxDigits(data_dir=data_dir, file_format='array_record'),
-    os.path.join(data_dir, f'{BUILDER_NAME}.lock'),
-  )
+  return vision_kit.prepare(MoejaxDigits, data_dir)
