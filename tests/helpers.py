@@ -1,6 +1,7 @@
 """Small builders shared by tests (configs, random routing inputs, a step-0 training
 workdir). Test modules import from here, never from one another or a conftest."""
 
+import re
 import zlib
 
 import ml_collections
@@ -90,3 +91,8 @@ def in_share(nodeid: str, share: tuple[int, int] | None) -> bool:
     return False
   k, n = share
   return zlib.crc32(nodeid.encode()) % n == k
+
+
+def documented_split_sha256(doc: str) -> dict[str, str]:
+  """{split: sha256} of the '  <split>  <64 hex digits>' lines of a builder's docstring."""
+  return dict(re.findall(r"^ +(\w+) +([0-9a-f]{64})$", doc, flags=re.M))

