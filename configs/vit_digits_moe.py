@@ -14,13 +14,21 @@ Variants by arg (comma-separated key=value):
   :router=NAME        any registered router (moejax/routing)
   :pooling=mean       mean over patches instead of a CLS token
   :steps=100          shorter training
+  :dataset=NAME       another image set of the vision kit (moejax/data/vision.py):
+                      mnist (28x28), glyphs (20x20, 62 classes), textures (16x16),
+                      in 4x4 patches; digits (the default) in 2x2
 e.g. --config=configs/vit_digits_moe.py:moe=0
 """
 
 from moejax.config import base_config, parse_config_arg
+from moejax.data.vision import VISION_DATASETS
+from moejax.errors import choice_error
 
-DEFAULTS = dict(moe=True, experts=4, top_k=2, router="topk", pooling="cls", steps=400)
+DEFAULTS = dict(
+  moe=True, experts=4, top_k=2, router="topk", pooling="cls", steps=400, dataset="digits"
+)
 EXPERT_D_FF = 64
+PATCH_SIZE = {"digits": 2, "mnist": 4, "glyphs": 4, "textures": 4}
 
 
 def get_config(arg=None):
@@ -29,18 +37,29 @@ def get_config(arg=None):
   c.model_name = "vit"
   c.task = "classification"
   m = c.model
-  m.vit.update(dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pooling=a.pooling))
+  if a.dataset not in PATCH_SIZE:
+    raise choice_error("dataset", a.dataset, PATCH_SIZE)
+  height, _, channels = VISION_DATASETS[a.dataset].image_shape
+  m.vit.update(
+    dict(
+      image_size=height,
+      patch_size=PATCH_SIZE[a.dataset],
+      num_channels=channels,
+      num_classes=VISION_DATASETS[a.dataset].num_classes,
+      pooling=a.pooling,
+    )
+  )
   m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim = 64, 4, 4, 4, 16
   m.ffn_type = "moe" if a.moe else "dense"
   m.moe.num_experts, m.moe.top_k, m.moe.router = a.experts, a.top_k, a.router
   m.moe.expert_d_ff = EXPERT_D_FF
   m.moe.first_dense, m.moe.every_n = 1, 2  # blocks 1 and 3
   m.d_ff = a.top_k * EXPERT_D_FF  # the dense FFN has the active width of the MoE
-  c.data.name = "digits"
+  c.data.name = a.dataset
   c.data.train_split, c.data.eval_split = "train", "test"
   c.data.batch_size = 64
   t = c.train
   t.steps, t.learning_rate, t.warmup_steps, t.weight_decay = a.steps, 3e-3, 20, 0.05
   t.log_every, t.eval_every, t.checkpoint_every = 50, 100, 200
-  t.eval_batches = 16  # at most; the digits test split is 6 batches of 64
+  t.eval_batches = 16  # at most: digits' test split is 6 batches of 64, mnist's 32
   return c

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 import grain
 import numpy as np
 
-from moejax.data import vision_digits
+from moejax.data import vision_digits, vision_glyphs, vision_mnist, vision_textures
 from moejax.data.pipeline import READ_OPTIONS, Batch, _batched
 from moejax.data.storage import resolve_data_dir
 from moejax.errors import ConfigError, choice_error
@@ -53,6 +53,24 @@ VISION_DATASETS = {
     vision_digits.IMAGE_SHAPE,
     vision_digits.NUM_CLASSES,
     vision_digits.PIXEL_MAX,
+  ),
+  'mnist': VisionDataset(
+    vision_mnist.prepare_mnist,
+    vision_mnist.IMAGE_SHAPE,
+    vision_mnist.NUM_CLASSES,
+    vision_mnist.PIXEL_MAX,
+  ),
+  'glyphs': VisionDataset(
+    vision_glyphs.prepare_glyphs,
+    vision_glyphs.IMAGE_SHAPE,
+    vision_glyphs.NUM_CLASSES,
+    vision_glyphs.PIXEL_MAX,
+  ),
+  'textures': VisionDataset(
+    vision_textures.prepare_textures,
+    vision_textures.IMAGE_SHAPE,
+    vision_textures.NUM_CLASSES,
+    vision_textures.PIXEL_MAX,
   ),
 }
 

@@ -124,3 +124,26 @@ def test_the_train_command_refuses_a_bad_vit_key_in_one_line(tmp_path, override,
   assert result.code == 2 and "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith(line)
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("dataset", ["digits", "mnist", "glyphs", "textures"])
+def test_every_kit_dataset_gives_a_config_the_validation_accepts(dataset):
+  from moejax.data.vision import VISION_DATASETS
+  from moejax.validation import validate_config
+
+  c = vit_digits_moe.get_config(f"dataset={dataset}")
+  validate_config(c)  # raises unless image shape and classes match the dataset
+  assert c.data.name == dataset
+  assert c.model.vit.num_classes == VISION_DATASETS[dataset].num_classes
+
+
+def test_an_unknown_kit_dataset_is_refused_naming_the_arg():
+  with pytest.raises(ConfigError, match=r"^dataset='cifar'.*textures"):
+    vit_digits_moe.get_config("dataset=cifar")
+
+
+@pytest.mark.integration
+def test_a_short_run_on_the_textures_beats_chance(tmp_path):
+  config = tiny_vit_config(str(tmp_path / "tfds"), "dataset=textures")
+  run = train_and_evaluate(config, str(tmp_path / "textures"), write_metrics=False)
+  assert run.eval["val_accuracy"] > 2 / 5  # 5 textures, balanced: chance is 1/5
