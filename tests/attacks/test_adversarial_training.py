@@ -48,6 +48,7 @@ def test_epsilon_zero_is_the_plain_train_step(plain, defence):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.integration
 def test_pgd_training_trains_on_the_attack(plain):
   moved = [np.max(np.abs(np.asarray(a - b))) for a, b in zip(params(trained("pgd_at", 0.1)), plain)]
   assert max(moved) > 1e-4

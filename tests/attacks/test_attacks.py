@@ -9,13 +9,15 @@ on this one model they hold or fail by a clip with the compiler flags
 (docs/results/attacks_test_model_cpu.md), so a test cannot assert them.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from moejax.attacks import attack_inputs, frame_step_sizes, routing_flip_rate
 from moejax.attacks.base import ATTACKS, settings_for
+from moejax.data.moving_digits import moving_digits
 from moejax.errors import ConfigError
-from tests.attacks.helpers import accuracy, trained_model_and_clips
+from tests.attacks.helpers import accuracy, shrink, trained_model_and_clips, untrained
 
 EPSILONS = (0.02, 0.05)
 
@@ -61,10 +63,14 @@ def test_the_per_frame_step_is_the_lipschitz_share_by_hand():
 
 
 def test_the_router_attack_moves_no_prediction_target():
-  """TLGA-R's objective reads no label: any labels give the same x_adv."""
-  model, x, y = trained_model_and_clips()
+  """TLGA-R's objective reads no label: any labels give the same x_adv (on any model:
+  an untrained one here)."""
+  model = untrained()
+  x = jnp.asarray(shrink(moving_digits("test", 8, seed=0)[0]))
+  y = jnp.arange(8) % 8
   a = attack_inputs("tlga_r", model, x, y, epsilon=0.02, steps=3)
   b = attack_inputs("tlga_r", model, x, (y + 1) % 8, epsilon=0.02, steps=3)
+  assert float(jnp.max(jnp.abs(a - x))) > 0.0  # the attack moved the clips
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -78,6 +84,8 @@ def test_the_router_attack_moves_no_prediction_target():
   ],
 )
 def test_bad_budgets_are_one_line_errors_naming_the_key(kwargs, message):
-  model, x, y = trained_model_and_clips()
+  model = untrained()  # refused before the model is read
+  x = jnp.asarray(shrink(moving_digits("test", 2, seed=0)[0]))
+  y = jnp.zeros((2,), jnp.int32)
   with pytest.raises(ConfigError, match=message):
     attack_inputs("pgd", model, x, y, **kwargs)

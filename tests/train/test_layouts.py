@@ -23,6 +23,7 @@ restores exactly.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from moejax.configs import lm_shakespeare_l3, lm_shakespeare_omnimoe
@@ -127,6 +128,7 @@ def tiny_l3():
   return c
 
 
+@pytest.mark.integration
 def test_old_l3_layout_computes_what_the_model_computes():
   """Block by block on the old layout: block i without its table, then the table's
   lookup as the old Decoder applied it, equals today's model (the table in the block)."""

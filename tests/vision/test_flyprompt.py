@@ -83,6 +83,7 @@ def tiny_stream():
   return pe.prepared_draw(SETUP, 0, 2, data)
 
 
+@pytest.mark.integration
 def test_a_tiny_run_routes_by_ridge_on_the_frozen_features_and_keeps_the_backbone():
   backbone, stream, tasks = tiny_stream()
   want_backbone = jax.tree.leaves(nnx.state(backbone, pe.BACKBONE))
