@@ -43,8 +43,9 @@ SETUP_COMMAND = 'bash scripts/setup.sh'
 
 @dataclasses.dataclass(frozen=True)
 class ImageTable:
-  """Every example of a builder in the order written: row i is titles[i], images[i]
-  (uint8 [H, W, 1]), labels[i], extras[name][i], and goes to splits[i]."""
+  """Every example of a builder in the order written: row ``i`` is ``titles[i]``,
+  ``images[i]`` (uint8 ``[H, W, 1]``), ``labels[i]``, ``extras[name][i]``, and goes to
+  ``splits[i]``."""
 
   titles: Sequence[str]
   images: np.ndarray
