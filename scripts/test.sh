@@ -27,10 +27,11 @@ export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_
 # restarted workers re-ran a crashing file's tests on worker after worker, and one
 # CI run hung after a crash until its time limit.
 # Tests marked `integration` (end-to-end runs of a study, a command or several
-# processes, each over ~5 s) run a rotating quarter at a time: the commit's count
-# mod 4 picks the share, so four consecutive commits run each of them.
+# processes, a trained model checked against a brute force, the notebooks; each
+# over ~5 s) run a rotating eighth at a time: the commit's count mod 8 picks the
+# share, so eight consecutive commits run each of them.
 # MOEJAX_INTEGRATION_SHARE=all runs every one (K/N one share, none none).
 commits=$(git rev-list --count HEAD 2>/dev/null || echo 0)
-share=${MOEJAX_INTEGRATION_SHARE:-$((commits % 4))/4}
+share=${MOEJAX_INTEGRATION_SHARE:-$((commits % 8))/8}
 .venv/bin/python -m pytest -q --durations=40 --integration-share="$share" -n "${MOEJAX_TEST_WORKERS:-auto}" --dist loadfile \
   --no-loadscope-reorder --max-worker-restart=0 -m "not notebooks" "$@" tests

@@ -29,6 +29,7 @@ def area(tmp_path_factory):
   return root
 
 
+@pytest.mark.integration
 def test_run_against_itself(area):
   out = area / "report.json"
   result = run_entry(

@@ -132,6 +132,7 @@ def test_export_is_dense_says_so_and_transformers_computes_the_compressed_logits
   assert np.abs(moejax_forward(back, tokens, mask)[0] - ours)[real].max() <= ATOL
 
 
+@pytest.mark.integration
 def test_export_record_is_not_carried_into_a_later_export(trained, tmp_path):
   """Import of a dense export and export again: float experts, no record copied."""
   _, workdir, _ = trained("quantized")
@@ -151,6 +152,7 @@ def host(tree):
   return jax.tree.map(np.asarray, tree)
 
 
+@pytest.mark.integration
 def test_a_restored_workdir_computes_exactly_what_was_saved(trained, kind, tmp_path):
   config, workdir, run = trained(kind)
   saved = Loaded(*unstack_layers(config.model, run.state.params, run.state.rest))

@@ -153,6 +153,7 @@ def test_dsm_at_the_true_score_is_its_minimum():
         assert rise == pytest.approx(expected, rel=0.15)
 
 
+@pytest.mark.integration
 def test_training_lowers_the_score_error():
   mix = sm.make_mixture(3, 8, 2, 2, 2)
   data = sm.sample(mix, 1024, 1)

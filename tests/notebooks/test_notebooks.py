@@ -146,6 +146,7 @@ def test_a_broken_cell_fails_the_test_naming_the_cell_and_its_error(tmp_path):
   assert not (tmp_path / "never_written").exists()  # execution stopped at the broken cell
 
 
+@pytest.mark.integration
 @pytest.mark.notebooks
 @pytest.mark.parametrize("name", list(BUDGET_S))
 def test_notebook_runs_top_to_bottom(name, tmp_path):

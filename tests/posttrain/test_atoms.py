@@ -174,6 +174,7 @@ def test_scores_rank_the_brute_force_loss_change_of_200_atoms(brute_force):
   assert abs(correlation["random"]) < 0.3
 
 
+@pytest.mark.integration
 def test_heapr_ranks_the_brute_force_fisher_and_the_second_order_loss_change(brute_force):
   """The paper's target: the OBS cost 1/2 F_kk of removing atom k, F the empirical
   Fisher of the per-token losses l_t in the atom's direction (w_down row k scaled by

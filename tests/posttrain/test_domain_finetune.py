@@ -47,6 +47,7 @@ def test_pool_epochs_are_permutations_of_the_pool():
   assert len(rows) == 28
 
 
+@pytest.mark.integration
 def test_a_run_is_the_trainers_step_on_the_same_batches(tiny_model):
   from moejax.train.optimizer import make_optimizer
   from moejax.train.step import TrainState, make_train_step

@@ -47,6 +47,7 @@ def test_pruned_workdir_holds_the_surgery_of_the_source_and_trains_on(source, tm
   assert np.all(np.isfinite([r["loss"] for r in run.history]))
 
 
+@pytest.mark.integration
 def test_an_atom_pruned_workdir_holds_the_removal_of_the_kept_atoms_and_trains_on(source, tmp_path):
   """HEAPr at 75% of all atoms: the checkpoint = atoms.remove_atoms of the source on
   the report's per-expert counts, with 3/4 of the atoms live, and it trains on."""

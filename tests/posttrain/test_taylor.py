@@ -89,6 +89,7 @@ def test_scores_do_not_depend_on_how_the_windows_are_batched(tiny_model):
   )
 
 
+@pytest.mark.integration
 def test_scores_rank_single_expert_ablation_on_a_trained_model(trained_tiny):
   """The spec's oracle: on the tiny MoE trained on a bigram chain, Step's scores
   (top 25% of tokens by loss) rank the loss change of ablating each of the 16

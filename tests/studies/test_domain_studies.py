@@ -73,6 +73,7 @@ def test_mergemix_figures_are_the_library_calls(mix_workdir, tmp_path):
   assert got[("uniform", "mean")]["loss"] == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.integration
 def test_overtrained_experts_curves_start_at_the_base(mix_workdir, tmp_path):
   config = study(
     overtrained_study, mix_workdir, steps=4, checkpoint_every=2, early=2, pool=4, scales=[0.5, 1.0]

@@ -59,6 +59,7 @@ def refused(config, *names):
 # ---- kmeans -----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_kmeans_study_against_its_oracles(tmp_path):
   from moejax.mixtures import kmeans, synthetic
 
@@ -131,6 +132,7 @@ def test_kmeans_refusals(edit, names):
 # ---- fedgem -----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_fedgem_study_against_its_oracles(tmp_path):
   from moejax.mixtures import fedgem, synthetic
 

@@ -48,6 +48,7 @@ def by_hand_slope_interval(x, y):
   return slopes.mean(), slopes.mean() - half, slopes.mean() + half
 
 
+@pytest.mark.integration
 def test_ace_study_ucb_closed_form_slopes_by_hand_and_draws_independent(tmp_path):
   horizons = [40, 120, 360]
   c = config(
@@ -126,6 +127,7 @@ def test_ace_interior_variant_lures_greedy_with_lucky_newcomers_and_not_lcb(tmp_
   assert rows[("greedy's growth expo", None)]["interval"]["lo"] > 0.8
 
 
+@pytest.mark.integration
 def test_tmow_study_true_alpha_mixture_error_matches_its_closed_form(tmp_path):
   # The true-alpha mixture of least-squares experts: E excess = E[sum alpha_d^2] n /
   # (m - n - 1) = 2 / (D + 1) * n / (m - n - 1) (Dirichlet(1); inverse-Wishart mean).

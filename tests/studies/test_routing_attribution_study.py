@@ -25,6 +25,7 @@ def config_for(workdir, **settings):
   return c
 
 
+@pytest.mark.integration
 def test_runs_are_the_ablations_they_stand_for(tiny_workdir, tmp_path):
   _, workdir = tiny_workdir
   spec, scorer = runner.prepare(config_for(workdir))

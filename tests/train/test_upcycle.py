@@ -79,6 +79,7 @@ def test_experts_are_segments_of_the_dense_ffn_and_a_zero_router_gives_its_logit
   assert np.max(np.abs(np.asarray(dense_logits))) > 0.1  # not vacuous
 
 
+@pytest.mark.integration
 def test_the_trainer_starts_from_the_upcycled_weights(dense_workdir, tiny_config, tmp_path):
   config = upcycled_from(tiny_config, dense_workdir)
   config.train.steps = 1

@@ -88,6 +88,7 @@ def test_post_training_studies_run_over_training_seeds(study):
     load_config_file(f"{path}:seeds=0")
 
 
+@pytest.mark.integration
 def test_verify_regenerates_bit_exactly(tiny_zoo, config_of):
   zoo_dir, _ = tiny_zoo
   result = zoo.verify(config_of, "xs", zoo_dir, log=id)

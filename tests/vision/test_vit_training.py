@@ -49,6 +49,7 @@ def test_a_short_run_is_far_above_chance_on_the_test_split(trained):
   assert {"moe/layer1/load_balance", "val_accuracy"} <= set(record)
 
 
+@pytest.mark.integration
 def test_the_checkpoint_restores_to_the_same_test_accuracy(trained):
   config, workdir, run = trained
   r = restore(workdir)

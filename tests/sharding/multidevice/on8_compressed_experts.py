@@ -50,6 +50,7 @@ def loss_and_grads(config, layout):
   )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("experts", ["quantized", "codebook"])
 def test_loss_and_gradients_equal_one_device(experts):
   config = config_for(experts, MESHES["fsdp2_expert2_tensor2"])

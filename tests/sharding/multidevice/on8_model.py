@@ -60,7 +60,7 @@ def one_device_result(dispatch):
     ("dropless", "data8"),
     ("dropless", "data2_expert4"),
     ("dropless", "fsdp2_expert2_tensor2"),
-    ("capacity", "data8"),
+    pytest.param("capacity", "data8", marks=pytest.mark.integration),
   ],
 )  # capacity on the EP meshes: on8_expert_parallel.py
 def test_loss_and_gradients_equal_one_device(dispatch, mesh):
