@@ -31,7 +31,8 @@ export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_
 # over ~5 s) run a rotating eighth at a time: the commit's count mod 8 picks the
 # share, so eight consecutive commits run each of them.
 # MOEJAX_INTEGRATION_SHARE=all runs every one (K/N one share, none none).
+# MOEJAX_TEST_PATH=DIR collects only DIR (.ci/run's notebook step: tests/notebooks).
 commits=$(git rev-list --count HEAD 2>/dev/null || echo 0)
 share=${MOEJAX_INTEGRATION_SHARE:-$((commits % 8))/8}
 .venv/bin/python -m pytest -q --durations=40 --integration-share="$share" -n "${MOEJAX_TEST_WORKERS:-auto}" --dist loadfile \
-  --no-loadscope-reorder --max-worker-restart=0 -m "not notebooks" "$@" tests
+  --no-loadscope-reorder --max-worker-restart=0 -m "not notebooks" "$@" "${MOEJAX_TEST_PATH:-tests}"

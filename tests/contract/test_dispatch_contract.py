@@ -81,7 +81,7 @@ def sections(drawn: dict, *parts) -> dict:
 
 
 @pytest.mark.parametrize("name", list(DISPATCHERS))
-@settings(max_examples=12)  # each new shape or setting compiles (suite budget)
+@settings(max_examples=6)  # each new shape or setting compiles (suite budget)
 @given(st.integers(0, 10_000), st.sampled_from(SHAPES), ANY_SETTINGS)
 def test_dispatcher_equals_the_per_token_loop_over_the_slots_it_keeps(name, seed, shape, drawn):
   check_dispatcher(name, seed, shape, **sections(drawn, DISPATCHERS.get(name).settings))
@@ -99,7 +99,7 @@ LAYOUT = DISPATCHERS.get("dropless").settings  # the tile layout every matmul ru
 
 
 @pytest.mark.parametrize("name", [n for n, spec in GROUPED_MATMULS.items() if spec.make])
-@settings(max_examples=10)  # each new layout compiles (suite budget)
+@settings(max_examples=5)  # each new layout compiles (suite budget)
 @given(st.lists(st.integers(0, 9), min_size=1, max_size=6), st.integers(0, 10_000), ANY_SETTINGS)
 @example([0, 5, 0, 7, 0], 0, {}).via("empty groups around real ones, default settings")
 @example([0, 0, 0], 1, {}).via("all groups empty, default settings")
