@@ -947,7 +947,7 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
   "phenomena": (
     "Super-expert ablation",
     "super_experts",
-    ("tests/analysis/test_super_experts.py",),
+    ("tests/analysis/test_super_experts.py", "tests/analysis/test_super_expert_ablation.py"),
   ),
   "prism_moe": (
     "Prism-MoE: dense-to-MoE conversion against random and MoEfication partitions",

@@ -11,54 +11,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.analysis import super_expert_ablation as ablation
 from moejax.analysis import super_experts as se
 from moejax.errors import ConfigError
 from moejax.layers.rope import apply_rope, rope_frequencies
-from moejax.models.capture import captured_forward
 from moejax.models.decoder import stack_layers
 from moejax.train.loop import init_state
 
-SINK_TOKEN = 0
+from tests.analysis.super_expert_model import SINK_TOKEN, captured, copy, swiglu_numpy
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_config):
-  """A tiny MoE LM with q/k/v biases (zero at init) and rows that start with
-  SINK_TOKEN, which appears nowhere else."""
-  config = tiny_config(model={"attention.qkv_bias": True})
-  graphdef, state, _ = init_state(config)
-  tokens = np.random.default_rng(0).integers(1, 256, size=(4, 12)).astype(np.int32)
-  tokens[:, 0] = SINK_TOKEN
-  return config, graphdef, state.params, state.rest, jnp.asarray(tokens)
-
-
-def copy(params):
-  return jax.tree.map(lambda v: v, params)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def captured(graphdef, params, rest, tokens):
-  """One compiled forward: per block its MoE input [T, d], q and k projections and
-  residual output h, per MoE layer its combine weights [T, S], and per MoE layer
-  the routing (expert_index, valid)."""
-  model = nnx.merge(graphdef, params, rest)
-  _, aux, outputs = captured_forward(model, tokens)
-  blocks = range(len(model.blocks))
-  values = {
-    name: [outputs[("blocks", i, *path, "__call__")] for i in blocks]
-    for name, path in (("x", ("ffn_norm",)), ("q", ("attn", "q")), ("k", ("attn", "k")))
-  }
-  values["h"] = [outputs[("blocks", i, "__call__")][0] for i in blocks]
-  values["weight"] = [a["combine_weight"] for a in aux["moe"]]
-  return values, [(a["expert_index"], a["valid"]) for a in aux["moe"]]
-
-
-def swiglu_numpy(w, e, x):
-  """Expert e of the SwiGLU weights w (numpy float64) on rows x [n, d]."""
-  gate = x @ w["w_gate"][e]
-  return (gate / (1 + np.exp(-gate)) * (x @ w["w_up"][e])) @ w["w_down"][e]
 
 
 def test_thresholds_on_hand_made_peaks():
@@ -129,8 +90,8 @@ def test_the_official_rule_names_block_3_expert_6_on_the_committed_zoo_s_profile
   assert report["super_experts"] == []  # what the guess committed
 
 
-def test_peaks_equal_a_brute_force_loop_over_routed_tokens(tiny):
-  config, graphdef, params, rest, tokens = tiny
+def test_peaks_equal_a_brute_force_loop_over_routed_tokens(sink_lm):
+  config, graphdef, params, rest, tokens = sink_lm
   peaks = np.asarray(se.expert_output_peaks(graphdef, params, rest, tokens))
   values, routing = jax.device_get(captured(graphdef, params, rest, tokens))
   expected = np.zeros_like(peaks)
@@ -146,8 +107,8 @@ def test_peaks_equal_a_brute_force_loop_over_routed_tokens(tiny):
   np.testing.assert_allclose(peaks, expected, rtol=1e-5)
 
 
-def test_a_planted_super_expert_is_found_exactly(tiny):
-  config, graphdef, params, rest, tokens = tiny
+def test_a_planted_super_expert_is_found_exactly(sink_lm):
+  config, graphdef, params, rest, tokens = sink_lm
   plain = se.profile((config, params, rest), tokens, rule="massive_layers")
   assert plain["super_experts"] == []
   assert plain["massive_activations"]["massive_layers"] == []
@@ -212,8 +173,8 @@ def brute_force_sink_mass(config, graphdef, params, rest, tokens) -> list[float]
   return out
 
 
-def test_attention_sink_mass_by_hand_and_a_planted_sink(tiny):
-  config, graphdef, params, rest, tokens = tiny
+def test_attention_sink_mass_by_hand_and_a_planted_sink(sink_lm):
+  config, graphdef, params, rest, tokens = sink_lm
   m = config.model
   params = copy(params)
   rng = np.random.default_rng(1)
@@ -248,8 +209,8 @@ def test_attention_sink_mass_by_hand_and_a_planted_sink(tiny):
   )
 
 
-def test_massive_activations_find_a_planted_outlier(tiny):
-  config, graphdef, params, rest, tokens = tiny
+def test_massive_activations_find_a_planted_outlier(sink_lm):
+  config, graphdef, params, rest, tokens = sink_lm
   plain = jax.device_get(se.massive_activations(graphdef, params, rest, tokens))
   assert np.all(plain["ratio"] < 20)
   token = 7
@@ -271,8 +232,8 @@ def test_massive_activations_find_a_planted_outlier(tiny):
   assert out["median"][0] == pytest.approx(float(jnp.median(jnp.abs(h))), rel=1e-6)
 
 
-def test_a_scanned_model_is_profiled_in_the_loop_layout(tiny):
-  config, graphdef, params, rest, tokens = tiny
+def test_a_scanned_model_is_profiled_in_the_loop_layout(sink_lm):
+  config, graphdef, params, rest, tokens = sink_lm
   scanned = config.copy_and_resolve_references()
   scanned.model.scan_layers = True
   scanned_graphdef = init_state(scanned)[0]
@@ -285,205 +246,6 @@ def test_a_scanned_model_is_profiled_in_the_loop_layout(tiny):
 
   with pytest.raises(ConfigError, match="unstack_layers"):
     se.measure(scanned_graphdef, scanned_params, scanned_rest, tokens)
-
-
-# ---- ablation (arXiv 2507.23279) -------------------------------------------------------
-
-
-def test_ablation_removes_exactly_the_routed_contributions_of_the_expert(tiny):
-  """Ablating experts of the last MoE layer: the block's output is the original minus,
-  for every valid slot routed to them, combine weight x the expert's output (a numpy
-  loop); the earlier block is untouched; the params given are not modified."""
-  config, graphdef, params, rest, tokens = tiny
-  pairs = [(1, 2), (1, 5)]
-  before = np.asarray(params["blocks"][1]["ffn"]["experts"]["w_down"])
-  ablated = ablation.ablate_experts(config.model, params, pairs)
-  np.testing.assert_array_equal(params["blocks"][1]["ffn"]["experts"]["w_down"], before)
-  for name, value in params["blocks"][1]["ffn"].items():
-    if name != "experts":  # the router is untouched
-      np.testing.assert_array_equal(ablated["blocks"][1]["ffn"][name], value)
-  plain, routing = jax.device_get(captured(graphdef, params, rest, tokens))
-  cut, cut_routing = jax.device_get(captured(graphdef, ablated, rest, tokens))
-  np.testing.assert_array_equal(cut_routing[1][0], routing[1][0])  # same experts chosen
-  np.testing.assert_array_equal(cut["h"][0], plain["h"][0])
-  w = {k: np.asarray(v, np.float64) for k, v in params["blocks"][1]["ffn"]["experts"].items()}
-  x = np.asarray(plain["x"][1], np.float64).reshape(-1, config.model.d_model)
-  index, valid = routing[1]
-  expected = np.asarray(plain["h"][1], np.float64).reshape(-1, config.model.d_model).copy()
-  removed = 0
-  for t in range(x.shape[0]):
-    for s in range(index.shape[1]):
-      if valid[t, s] and (1, int(index[t, s])) in pairs:
-        expected[t] -= plain["weight"][1][t, s] * swiglu_numpy(w, index[t, s], x[t])
-        removed += 1
-  assert removed > 0
-  np.testing.assert_allclose(np.asarray(cut["h"][1]).reshape(expected.shape), expected, atol=1e-5)
-
-
-def test_ablation_refuses_a_pair_it_cannot_ablate(tiny):
-  config, _, params, _, _ = tiny
-  from moejax.errors import ConfigError
-
-  with pytest.raises(ConfigError, match=r"2 MoE layers \(pair=\(2, 0\)\)"):
-    ablation.ablate_experts(config.model, params, [(0, 1), (2, 0)])
-  with pytest.raises(ConfigError, match=r"has 8 experts \(pair=\(1, 8\)\)"):
-    ablation.ablate_experts(config.model, params, [(1, 8)])
-  atomic = config.model.copy_and_resolve_references()
-  atomic.moe.experts = "atomic"
-  with pytest.raises(ConfigError, match=r"'atomic'.* \(pair=\(0, 0\)\)"):
-    ablation.ablate_experts(atomic, params, [(0, 0)])
-
-
-MARKER, CARRIER, CONSTANT = 0, 1, 2  # embedding channels of the planted model
-
-
-def plant_super_expert(config, params, expert: int):
-  """Expert `expert` of MoE layer 0 becomes a super expert that makes block 1's
-  attention a sink. SINK_TOKEN alone has the MARKER channel (4.0); the router
-  sends it to the expert; one hidden unit of the expert reads MARKER, so only
-  that token gets it, and writes hundreds into CARRIER, which nothing else writes
-  (no embedding, no block-0 attention output, no other expert). Block 1's keys
-  read only CARRIER and its queries only CONSTANT, a channel 4.0 in every
-  embedding row: every query scores key 0 high and every other key exactly 0.
-  Without the expert every key is 0, so attention is exactly uniform."""
-  m = config.model
-  params = copy(params)
-  embed = params["embed"].at[:, (MARKER, CARRIER)].set(0.0).at[:, CONSTANT].set(4.0)
-  params["embed"] = embed.at[SINK_TOKEN, MARKER].set(4.0)
-  attn0, ffn0 = params["blocks"][0]["attn"], params["blocks"][0]["ffn"]
-  attn0["o"]["kernel"] = attn0["o"]["kernel"].at[:, (MARKER, CARRIER)].set(0.0)
-  w = ffn0["experts"]
-  w["w_down"] = w["w_down"].at[:, :, CARRIER].set(0.0).at[expert, 0].set(0.0)
-  w["w_down"] = w["w_down"].at[expert, 0, CARRIER].set(100.0)  # hidden unit 0 -> CARRIER
-  for name in ("w_gate", "w_up"):
-    w[name] = w[name].at[expert, :, 0].set(0.0).at[expert, MARKER, 0].set(1.0)
-  ffn0["router_kernel"] = ffn0["router_kernel"].at[MARKER, expert].set(10.0)
-  attn1 = params["blocks"][1]["attn"]  # j: the slowest RoPE pair, as in the sink test above
-  j = m.head_dim - 2 if m.rope.interleave else m.head_dim // 2 - 1
-  for name, channel in (("q", CONSTANT), ("k", CARRIER)):
-    attn1[name]["bias"] = jnp.zeros_like(attn1[name]["bias"])
-    attn1[name]["kernel"] = (
-      jnp.zeros_like(attn1[name]["kernel"]).at[channel, j :: m.head_dim].set(2.0)
-    )
-  return params
-
-
-def test_a_planted_super_expert_makes_the_sink_and_its_ablation_removes_it(tiny):
-  config, graphdef, params, rest, tokens = tiny
-  expert = 3
-  planted = plant_super_expert(config, params, expert)
-  out = se.profile((config, planted, rest), tokens)
-  assert [(p["moe_layer"], p["expert"]) for p in out["super_experts"]] == [(0, expert)]
-  assert out["massive_activations"]["massive_layers"] == [0]
-  assert (
-    out["massive_activations"]["layers"][0]["position"],
-    out["massive_activations"]["layers"][0]["channel"],
-  ) == (0, CARRIER)
-
-  def sink(p):
-    return np.asarray(se.attention_sink_mass(graphdef, p, rest, tokens))
-
-  uniform = se.uniform_sink_mass(tokens.shape[1])
-  assert sink(planted)[1] > 0.9
-  assert sink(ablation.ablate_experts(config.model, planted, [(0, expert)]))[1] == pytest.approx(
-    uniform, abs=1e-6
-  )
-  for other in (0, 7):  # another expert of the same layer, and one of the last
-    assert sink(ablation.ablate_experts(config.model, planted, [(other // 7, other)]))[1] > 0.9
-  assert sink(params)[1] < 0.5  # the unplanted model has no sink
-
-
-@pytest.mark.integration
-def test_study_arms_on_the_planted_model(tiny):
-  config, graphdef, params, rest, tokens = tiny
-  planted = plant_super_expert(config, params, 3)
-  study = ablation.ablation_study((config, planted, rest), tokens, seeds=(0, 1), batch_rows=4)
-  arms = {a["arm"]: a for a in study["arms"]}
-  assert list(arms) == ["none", "super_experts", "most_frequent", "random_seed0", "random_seed1"]
-  assert study["n"] == 1 and all(len(a["experts"]) == 1 for a in study["arms"][1:])
-  assert [(e["moe_layer"], e["expert"]) for e in arms["super_experts"]["experts"]] == [(0, 3)]
-  uniform = se.uniform_sink_mass(tokens.shape[1])
-  assert arms["none"]["mass_on_position_0"][1] > 0.9
-  assert arms["super_experts"]["mass_on_position_0"][1] == pytest.approx(uniform, abs=1e-6)
-  assert arms["none"]["max_residual"] > 100 > 10 > arms["super_experts"]["max_residual"]
-  # each arm's figures are those of its own ablated model
-  for arm in study["arms"]:
-    ablated = ablation.ablate_experts(
-      config.model, planted, [(e["moe_layer"], e["expert"]) for e in arm["experts"]]
-    )
-    np.testing.assert_allclose(
-      arm["mass_on_position_0"], se.attention_sink_mass(graphdef, ablated, rest, tokens), rtol=1e-5
-    )
-  loss = next_token_loss_by_hand(graphdef, planted, rest, tokens)
-  assert arms["none"]["loss_nats"] == pytest.approx(loss, rel=1e-5)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def logits_of(graphdef, params, rest, tokens):
-  return nnx.merge(graphdef, params, rest)(tokens)[0]
-
-
-def next_token_loss_by_hand(graphdef, params, rest, tokens) -> float:
-  """Mean -log softmax(logits)[next token] in numpy over one forward of all rows."""
-  logits = np.asarray(logits_of(graphdef, params, rest, tokens[:, :-1]), np.float64)
-  top = logits.max(-1, keepdims=True)
-  logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-  return float(-np.take_along_axis(logp, np.asarray(tokens)[:, 1:, None], -1).mean())
-
-
-def test_study_arm_sizes_and_the_most_frequent_arm_by_hand(tiny):
-  config, graphdef, params, rest, tokens = tiny
-  scored = []
-  study = ablation.ablation_study(
-    (config, params, rest),
-    tokens,
-    n=3,
-    seeds=(0, 1, 2),
-    batch_rows=3,
-    score=lambda m, p, r: scored.append(p) or {"x": 1},
-    criterion={"rule": "massive_layers"},
-  )
-  arms = {a["arm"]: a for a in study["arms"]}
-  assert study["profile"]["super_experts"] == []  # none: the largest a instead
-  assert list(arms) == [
-    "none",
-    "top_a",
-    "most_frequent",
-    "random_seed0",
-    "random_seed1",
-    "random_seed2",
-  ]
-  pairs = {
-    name: [(e["moe_layer"], e["expert"]) for e in arm["experts"]] for name, arm in arms.items()
-  }
-  assert pairs["none"] == [] and len(scored) == 6 and arms["none"]["x"] == 1
-  for name, found in pairs.items():
-    if name != "none":
-      assert len(found) == len(set(found)) == 3
-  assert len({tuple(p) for name, p in pairs.items() if name.startswith("random")}) > 1
-  peaks = np.asarray(se.expert_output_peaks(graphdef, params, rest, tokens))
-  assert pairs["top_a"] == sorted(
-    np.unravel_index(i, peaks.shape) for i in np.argsort(peaks, axis=None)[-3:]
-  )
-  # routing counts by hand: every valid slot of every token
-  _, routing = jax.device_get(captured(graphdef, params, rest, tokens))
-  counts = np.stack([np.bincount(index[valid], minlength=8) for index, valid in routing])
-  assert study["routed_slots"] == counts.tolist()
-  assert counts.sum() == tokens.size * config.model.moe.top_k * 2
-  layer, expert = np.unravel_index(np.argmax(counts), counts.shape)
-  assert (layer, expert) in pairs["most_frequent"]
-  one = ablation.ablation_study((config, params, rest), tokens, seeds=(), batch_rows=3)
-  assert [(e["moe_layer"], e["expert"]) for e in one["arms"][2]["experts"]] == [(layer, expert)]
-  # the loss, batched with a padded last batch, = one forward by hand
-  assert arms["none"]["loss_nats"] == pytest.approx(
-    next_token_loss_by_hand(graphdef, params, rest, tokens), rel=1e-5
-  )
-  from moejax.errors import ConfigError
-
-  with pytest.raises(ConfigError, match="n=17"):
-    ablation.ablation_study((config, params, rest), tokens, n=17)
-  with pytest.raises(ConfigError, match="twice"):
-    ablation.ablation_study((config, params, rest), tokens, seeds=(1, 1))
 
 
 def test_massive_layer_defaults_at_their_boundaries():
