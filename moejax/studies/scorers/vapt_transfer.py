@@ -147,3 +147,39 @@ class VAPTTransfer(Scorer):
       for metric in self.metrics()
       if metric not in claimed
     )
+
+  def plot(self, results, path) -> bool:
+    """Test accuracy per task and over the tasks, one bar per arm (mean over draws,
+    95% t-interval); each arm's added parameters in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moejax.evaluation import stats
+
+    by_key = report.index_runs(results["runs"])
+    columns = [*self.tasks(), "mean"]
+    arms = self.spec.arm_names
+    fig, ax = plt.subplots(figsize=(1.6 * len(columns) + 2, 4))
+    width = 0.8 / len(arms)
+    for a, arm in enumerate(arms):
+      means, errors = [], []
+      for column in columns:
+        metric = "mean_accuracy" if column == "mean" else f"accuracy_{column}"
+        found = list(report.values(self.spec, by_key, arm, {}, metric).values())
+        interval = stats.t_interval(found) if found else None
+        means.append(interval.mean if interval else np.nan)
+        errors.append(interval.hi - interval.mean if interval and interval.hi is not None else 0)
+      params = report.values(self.spec, by_key, arm, {}, "added_params")
+      label = f"{arm} ({int(next(iter(params.values()), 0))} added)"
+      xs = np.arange(len(columns)) + (a - (len(arms) - 1) / 2) * width
+      ax.bar(xs, means, width, yerr=errors, capsize=2, label=label, color=f"C{a % 10}")
+    ax.set_xticks(np.arange(len(columns)), columns, fontsize=8)
+    ax.set(ylabel="test accuracy", ylim=(0, 1))
+    ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{self.spec.name}: mean over {self.spec.draws} draws, 95% t-interval")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
