@@ -181,8 +181,10 @@ def test_mnist_without_its_tarball_is_refused_naming_the_fetch_command(tmp_path,
 def test_the_vapt_study_runs_and_its_figures_are_a_direct_run(tmp_path, monkeypatch):
   monkeypatch.setattr(pt, "task_data", stand_in_task)
   monkeypatch.setattr(pt, "pretraining_data", stand_in_pretraining)
+  monkeypatch.setattr(runner.report, "plot", None)  # the scorer draws its own
   spec, scorer = runner.prepare(config())
-  results = runner.run(spec, scorer, str(tmp_path / "out"), plot=False, log=lambda _: None)
+  results = runner.run(spec, scorer, str(tmp_path / "out"), log=lambda _: None)
+  assert (tmp_path / "out" / "results.png").stat().st_size > 0
   runs = {(r["arm"], r["draw"]): r["metrics"] for r in results["runs"]}
   assert len(runs) == 8 and len(results["claims"]) == 3
   setup = scorer.setup()
