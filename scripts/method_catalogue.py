@@ -732,6 +732,7 @@ ENTRIES["prompt adapter"] = {
     "gives the first block a learned VPT prompt); its dropouts left out; "
     "LayerNorm eps, ReLU and the kernel's N(0, 1) draw as its defaults.",
     tests=PROMPT_TESTS,
+    studies=("vapt",),
     command=PROMPT_COMMAND.format(name="vapt"),
   ),
   "smope": E(
@@ -827,6 +828,12 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     "LoRA-Mixer: RSL against the load-balance loss and a single LoRA, polyglot tasks, 3 seeds",
     "lora_mixer",
     ("tests/adapters/test_lora_mixer.py", "tests/losses/test_rsl.py"),
+  ),
+  "vapt": (
+    "VAPT against VPT-deep, VPT-shallow and a linear probe: few-shot transfer from a "
+    "frozen ViT (VTAB-1k style), 3 seeds",
+    "vapt",
+    ("tests/studies/test_vapt_study.py", "tests/vision/test_prompts.py"),
   ),
   "smope": (
     "SMoPE against a shared prompt and task prompts: class-incremental digits, 3 seeds",
