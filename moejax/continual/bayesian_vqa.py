@@ -51,6 +51,7 @@ from flax import nnx
 from moejax.config import base_config
 from moejax.continual import bayesian_moe as bm
 from moejax.continual import prompt_experts as pe
+from moejax.train import classifier
 from moejax.data import sort_of_clevr as sc
 from moejax.errors import ConfigError
 from moejax.models.vit import VisionTransformer
@@ -170,8 +171,8 @@ def pretrain_backbone(s: VQASetup, pretrain, seed: int) -> VisionTransformer:
   rng = np.random.default_rng([seed, 1])
   every_answer = np.ones(len(sc.ANSWERS), bool)
   x, y = pretrain
-  steps = pe.batches(rng, x, y, s.pretrain_steps, 64, every_answer)
-  return pe.trained_steps(model, BACKBONE, adam(s.pretrain_lr), steps)
+  steps = classifier.batches(rng, x, y, s.pretrain_steps, 64, every_answer)
+  return classifier.trained_steps(model, BACKBONE, adam(s.pretrain_lr), steps)
 
 
 def answer_probs(model, x) -> np.ndarray:
@@ -214,8 +215,8 @@ def run_stream(s: VQASetup, data: dict, backbone, seed: int, routings=ROUTINGS) 
   for t in range(count):
     x, y = data["train"][t]
     own = held[t][s.memory :]
-    steps = pe.batches(rng, x[own], y[own], s.steps_per_task, s.batch, every_answer)
-    expert = pe.trained_steps(nnx.clone(backbone), ADAPTER, optimizer, steps)
+    steps = classifier.batches(rng, x[own], y[own], s.steps_per_task, s.batch, every_answer)
+    expert = classifier.trained_steps(nnx.clone(backbone), ADAPTER, optimizer, steps)
     pool_probs.append(answer_probs(expert, pool_x))
     test_probs.append(answer_probs(expert, test_x))
     rows, seen = pool_task <= t, test_task <= t

@@ -54,6 +54,7 @@ import optax
 from flax import nnx
 
 from moejax.continual import prompt_experts as pe
+from moejax.train import classifier
 from moejax.continual.rear import (
   EMAHeadBank,
   RandomExpandedRidgeRouter,
@@ -173,8 +174,10 @@ def run_flyprompt(
       nonlocal bank
       bank = te2.update(bank, t, *online_head(m))
 
-    steps = pe.batches(rng, x, y, s.steps_per_task, s.batch, allowed)
-    model = pe.trained_steps(model, pe.PROMPT_AND_HEAD, optimizer, steps, ema_step)
+    steps = classifier.batches(rng, x, y, s.steps_per_task, s.batch, allowed)
+    model = classifier.trained_steps(
+      model, pe.PROMPT_AND_HEAD, optimizer, steps, after_step=ema_step
+    )
     f = frozen(x)
     for name, router in ridge.items():
       ridge_state[name] = router.collect(ridge_state[name], f, np.full(len(y), t))
@@ -197,7 +200,7 @@ def run_flyprompt(
       kernel, bias = online_head(model)
       online = feature @ kernel + bias
       heads = np.concatenate([online[None], te2.logits(bank, guess, feature)])
-      heads = np.where(np.isin(np.arange(num_classes), sorted(seen)), heads, pe.MASKED)
+      heads = np.where(np.isin(np.arange(num_classes), sorted(seen)), heads, classifier.MASKED)
       predicted = {"te2": np.argmax(max_of_softmaxes(heads), -1), "online": heads[0].argmax(-1)}
       shown = np.isin(test_y, sorted(seen))
       for kind, p in predicted.items():

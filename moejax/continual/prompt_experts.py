@@ -38,7 +38,6 @@ max_{t < T-1} accuracy[t][j] - accuracy[T-1][j] (Chaudhry et al. 2018).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -52,11 +51,11 @@ from moejax.data.class_stream import class_incremental_tasks, shuffled_class_ord
 from moejax.data.vision import VISION_DATASETS, read_split
 from moejax.data.storage import resolve_data_dir
 from moejax.models.vit import VisionTransformer
+from moejax.train.classifier import MASKED, batches, trained_steps
 from moejax.train.optimizer import make_optimizer
 
 METHODS = ("smope", "smope_no_usage", "shared", "task_prompts")
 ROTATIONS = 4
-MASKED = -1e9  # the logit of a class outside the task (or not seen yet)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,39 +116,6 @@ def rotated(images, rng):
   """(images each rotated by k * 90 degrees, k) with k uniform in 0..3."""
   k = rng.integers(0, ROTATIONS, len(images))
   return np.stack([np.rot90(x, int(r), axes=(0, 1)) for x, r in zip(images, k)]), k
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def train_step(graphdef, optimizer, trained, state, rest, x, y, allowed):
-  """One optimizer step on `trained` of the cross-entropy over the allowed classes."""
-
-  def loss(p):
-    logits = nnx.merge(graphdef, p, rest)(x, train=True)[0]
-    logits = jnp.where(allowed, logits, MASKED)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-  updates, state = optimizer.update(jax.grad(loss)(trained), state, trained)
-  return optax.apply_updates(trained, updates), state
-
-
-def trained_steps(model, wanted, optimizer, batches, after_step=None):
-  """The model after training the parameters `wanted` selects on (images, labels,
-  allowed classes) batches; a fresh optimizer state (reset per task, as there).
-  after_step(model): called with the model after every step (FlyPrompt's EMA heads)."""
-  graphdef, trained, rest = nnx.split(model, wanted, ...)
-  state = optimizer.init(trained)
-  for x, y, allowed in batches:
-    trained, state = train_step(graphdef, optimizer, trained, state, rest, x, y, allowed)
-    if after_step is not None:
-      after_step(nnx.merge(graphdef, trained, rest))
-  return nnx.merge(graphdef, trained, rest)
-
-
-def batches(rng, images, labels, steps: int, size: int, allowed):
-  """`steps` batches of `size` rows drawn uniformly (with replacement only when short)."""
-  for _ in range(steps):
-    rows = rng.choice(len(labels), size, replace=len(labels) < size)
-    yield jnp.asarray(images[rows]), jnp.asarray(labels[rows]), allowed
 
 
 def pretrain_backbone(s: Setup, images, seed: int) -> VisionTransformer:

@@ -37,6 +37,7 @@ from flax import nnx
 
 from moejax.config import base_config
 from moejax.continual import prompt_experts as pe
+from moejax.train import classifier
 from moejax.data import vision_kit, vision_mnist, vision_streams
 from moejax.data.storage import resolve_data_dir
 from moejax.models.vit import VisionTransformer
@@ -149,8 +150,8 @@ def pretrain_backbone(s: TransferSetup, images, labels, seed: int) -> VisionTran
   model = VisionTransformer(model_config(s, num_classes), rngs=nnx.Rngs(seed))
   every_class = jnp.ones((num_classes,), bool)
   rng = np.random.default_rng(seed)
-  steps = pe.batches(rng, images, labels, s.pretrain_steps, s.pretrain_batch, every_class)
-  return pe.trained_steps(
+  steps = classifier.batches(rng, images, labels, s.pretrain_steps, s.pretrain_batch, every_class)
+  return classifier.trained_steps(
     model, nnx.Param, pretrain_optimizer(s.pretrain_steps, s.pretrain_lr), steps
   )
 
@@ -182,7 +183,7 @@ def adapted(arm, s: TransferSetup, backbone, images, labels, rows, num_classes, 
   model = fresh_model(arm, s, backbone, head_classes, seed)
   allowed = jnp.arange(head_classes) < num_classes
   steps = ((jnp.asarray(images[r]), jnp.asarray(labels[r]), allowed) for r in rows)
-  return pe.trained_steps(model, trained(arm), adapt_optimizer(s.lr), steps)
+  return classifier.trained_steps(model, trained(arm), adapt_optimizer(s.lr), steps)
 
 
 def predictions(model, images, num_classes: int) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""Adversarial training (min-max) on the train step: each step first finds an attack's
+"""Adversarial training (min-max) of a classifier: each step first finds an attack's
 x_adv at the current parameters (the inner max, moejax/attacks/), then takes the
-ordinary train step (moejax/train/step.py) on {inputs: x_adv, targets} (the outer min;
-Madry et al. 2018, eq. 2.1).
+ordinary classifier step (moejax/train/classifier.py) on (x_adv, labels) (the outer
+min; Madry et al. 2018, eq. 2.1).
 
 Defences (`DEFENCES`, by name):
   pgd_at  PGD adversarial training: every step against `pgd`.
@@ -11,10 +11,14 @@ Defences (`DEFENCES`, by name):
           stage lengths and weights are not reproduced: the one-step cycle is our guess.
 """
 
+import jax.numpy as jnp
+import numpy as np
+import optax
 from flax import nnx
 
 from moejax.attacks import attack_inputs
 from moejax.errors import choice_error
+from moejax.train import classifier
 
 DEFENCES = {
   "pgd_at": (("pgd", ()),),
@@ -30,26 +34,16 @@ def stage_of(defence: str, step: int) -> tuple[str, dict]:
   return name, dict(settings)
 
 
-def adversarial_train_step(defence: str, train_step, graphdef, *, epsilon: float, steps: int):
-  """(state, batch) -> (new state, metrics): `train_step` (make_train_step's, over
-  `graphdef`) on the batch's inputs replaced by the stage's attack at state's params."""
+def adversarial_inputs(defence: str, *, epsilon: float, steps: int):
+  """(model, x, y, step) -> the stage's attack on x at the model's current parameters
+  (the inner max): classifier.trained_steps's before_step."""
   stage_of(defence, 0)  # a bad name fails here, before any step
 
-  def step(state, batch):
-    name, settings = stage_of(defence, int(state.step))
-    model = nnx.merge(graphdef, state.params, state.rest)
-    x_adv = attack_inputs(
-      name,
-      model,
-      batch["inputs"],
-      batch["targets"],
-      epsilon=epsilon,
-      steps=steps,
-      settings=settings,
-    )
-    return train_step(state, {**batch, "inputs": x_adv})
+  def attacked(model, x, y, step: int):
+    name, settings = stage_of(defence, step)
+    return attack_inputs(name, model, x, y, epsilon=epsilon, steps=steps, settings=settings)
 
-  return step
+  return attacked
 
 
 def train_classifier(
@@ -65,26 +59,21 @@ def train_classifier(
   epsilon: float = 0.0,
   attack_steps: int = 3,
 ):
-  """`model` (an nnx classifier, e.g. the ViT) trained, as a new module, for `steps` Adam steps
-  on batches of `batch` rows of (inputs, labels) drawn with `seed`; with a defence,
-  each step adversarial (adversarial_train_step, epsilon, attack_steps)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  import optax
-
-  from moejax.train.step import TrainState, make_train_step, split_model
-
-  graphdef, params, rest = jax.tree.map(jnp.copy, split_model(model))  # the step donates
-  optimizer = optax.adam(learning_rate)
-  state = TrainState(jnp.zeros((), jnp.int32), params, rest, optimizer.init(params))
-  step = make_train_step(graphdef, optimizer, seed)
+  """`model` (an nnx classifier, e.g. the ViT) trained, as a new module, for `steps` Adam
+  steps of the cross-entropy plus its router losses on batches of `batch` rows of
+  (inputs, labels) drawn with `seed` (moejax/train/classifier.py); with a defence, each
+  step on the stage's attack (adversarial_inputs, epsilon, attack_steps)."""
+  every_class = jnp.ones((), bool)  # broadcast: no class masked
+  data = classifier.batches(np.random.default_rng(seed), inputs, labels, steps, batch, every_class)
+  before = None
   if defence is not None:
-    step = adversarial_train_step(defence, step, graphdef, epsilon=epsilon, steps=attack_steps)
-  rng = np.random.default_rng(seed)
-  for _ in range(steps):
-    rows = rng.choice(len(labels), batch, replace=False)
-    state, _ = step(
-      state, {"inputs": jnp.asarray(inputs[rows]), "targets": jnp.asarray(labels[rows])}
-    )
-  return nnx.merge(graphdef, state.params, state.rest)
+    before = adversarial_inputs(defence, epsilon=epsilon, steps=attack_steps)
+  return classifier.trained_steps(
+    model,
+    nnx.Param,
+    optax.adam(learning_rate),
+    data,
+    before_step=before,
+    router_losses=True,
+    seed=seed,
+  )

@@ -16,6 +16,7 @@ from moejax.continual import prompt_experts as pe
 from moejax.continual import prompt_transfer as pt
 from moejax.errors import ConfigError
 from moejax.studies import runner
+from moejax.train import classifier
 
 TINY = {
   "seed": 3, "tasks": ["glyph_families", "textures"], "d_model": 16, "layers": 2, "heads": 2,
@@ -111,7 +112,7 @@ def test_every_arm_starts_from_one_head_and_trains_on_the_same_rows(monkeypatch)
     return model
 
   monkeypatch.setattr(pt, "fresh_model", recording_fresh_model)
-  monkeypatch.setattr(pe, "trained_steps", recording_steps)
+  monkeypatch.setattr(classifier, "trained_steps", recording_steps)
   names = ("textures", "digits_8x8")
   tasks = {name: (n, stand_in_task(name, 5, 8)) for name, n in zip(names, (5, 10))}
   scores = pt.run_transfer(pt.ARMS, SETUP, backbone(), tasks, seed=5)
