@@ -8,16 +8,17 @@ there); experiments/zoo.py trains, caches and evaluates them.
   xs          64  4        8 x 128         2      256         128 x 16     600
   s           128 6       16 x 128         4      512         128 x 32     1200
   s_dense     128 6       dense 512        -      512         128 x 32     1200
+  xs_dense    64  4       dense 256        -      256         128 x 16     600
   s_upcycled  s, started from s_dense's 30% snapshot (moejax/train/upcycle.py),
               trained for the remaining 70% of s's steps
 
-s_dense has s's active FFN width (top_k x expert width), so the same active
-FLOPs per token. Sizes were fixed from a 50-step timing on this 2-core machine
+s_dense and xs_dense have their MoE's active FFN width (top_k x expert width),
+so the same active FLOPs per token. Sizes were fixed from a 50-step timing on this 2-core machine
 (experiments/zoo.py --time_steps=50; README "Checkpoint zoo").
 
   python -m experiments.train --config=configs/zoo.py:model=xs --workdir=runs/zoo/xs
 
-Args: model=xs|s|s_dense|s_upcycled, seed=N, and the MoE args of
+Args: model=xs|s|s_dense|xs_dense|s_upcycled, seed=N, and the MoE args of
 configs/lm_shakespeare_moe.py (router=..., dispatch=...), so a sweep can vary
 the router on a zoo model: configs/zoo.py:model=xs,router=probmoe.
 """
@@ -32,7 +33,7 @@ SIZES = {
   "xs": (64, 4, 4, 2, 16, 8, 2, 128, 128, 16, 600),
   "s": (128, 6, 4, 2, 32, 16, 4, 128, 128, 32, 1200),
 }
-MODELS = ("xs", "s", "s_dense", "s_upcycled")
+MODELS = ("xs", "s", "s_dense", "xs_dense", "s_upcycled")
 UPCYCLE_SOURCE, UPCYCLE_AT = "s_dense", 0.3  # s_upcycled starts from s_dense's 30% snapshot
 MOE_ARGS = {
   k: v for k, v in lm_shakespeare_moe.DEFAULTS.items() if k in ("router", "dispatch", "shared")
@@ -40,7 +41,8 @@ MOE_ARGS = {
 
 
 def size_of(model: str) -> str:
-  return "s" if model.startswith("s") else model
+  """The SIZES row of `model`: its name before the first '_' (s_dense -> s)."""
+  return model.split("_")[0]
 
 
 def get_config(arg=None):
@@ -66,7 +68,7 @@ def get_config(arg=None):
   )
   m.moe.expert_d_ff = m.moe.shared.d_ff = width
   m.d_ff = top_k * width  # the dense twin's width: the MoE's active FFN width
-  if a.model == "s_dense":
+  if a.model.endswith("_dense"):
     m.ffn_type = "dense"
   c.data.name = "mix"
   c.data.seq_len, c.data.batch_size = seq_len, batch

@@ -2,11 +2,10 @@ r"""NAMEx (arXiv 2510.16138) against SMEAR and EP-CAMEx: merged-expert MoEs upcy
 from one small dense LM and fine-tuned on 15-way Brown genre classification
 (moejax/studies/scorers/merged_finetune.py).
 
-The dense base is zoo-xs's dense twin (d_model 64, 4 layers, d_ff 256 = xs's active
-FFN width), trained once on `mix`:
+The dense base is zoo xs_dense, zoo-xs's dense twin (d_model 64, 4 layers, d_ff 256 =
+xs's active FFN width), trained once on `mix`:
 
-  python -m experiments.train --config=configs/zoo.py:model=xs \
-      --config.model.ffn_type=dense --workdir=runs/zoo/xs_dense
+  python -m experiments.zoo --models=xs_dense
   python -m experiments.study --config=configs/studies/namex.py
 """
 

@@ -415,7 +415,7 @@ CASES = [
     ["--config=configs/lora_mixer.py:rank=0", "--config.init.hf_dir={converted}", NEW],
     ["model.attention.lora_mixer.rank=0"],
   ),
-  (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, s_upcycled"]),
+  (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, xs_dense, s_upcycled"]),
   (ZOO, ["--models="], ["--models", "at least one"]),
   (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
   (ZOO, ["--time_steps=-1"], ["--time_steps=-1"]),

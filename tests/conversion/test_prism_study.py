@@ -25,6 +25,11 @@ def test_the_config_loads_over_three_dense_seeds():
     prism_study.PARTITIONS
   )
   assert config.settings.top_k == 3 and config.settings.experts == 8
+  small = prism_study.get_config("seeds=2,model=xs_dense")
+  assert [m["workdir"] for m in small.models] == ["runs/zoo/xs_dense", "runs/zoo/xs_dense_seed1"]
+  assert "zoo xs_dense" in small.description
+  with pytest.raises(ConfigError, match="config arg model"):
+    prism_study.get_config("model=xs")
 
 
 def tiny_study(workdir, arms, **settings):

@@ -122,11 +122,17 @@ def test_zoo_configs():
   for name in zoo_configs.MODELS:
     c = zoo_configs.get_config(f"model={name}")
     assert c.data.name == "mix" and c.train.checkpoint_every * 10 == c.train.steps
-  s, dense = zoo_configs.get_config("model=s"), zoo_configs.get_config("model=s_dense")
-  assert dense.model.ffn_type == "dense"
-  assert dense.model.d_ff == s.model.moe.top_k * s.model.moe.expert_d_ff  # equal active width
+  for size in ("s", "xs"):
+    moe, dense = (zoo_configs.get_config(f"model={size}{twin}") for twin in ("", "_dense"))
+    assert dense.model.ffn_type == "dense" and moe.model.ffn_type != "dense"
+    assert dense.model.d_ff == moe.model.moe.top_k * moe.model.moe.expert_d_ff  # active width
+    assert (dense.model.d_model, dense.model.num_layers, dense.train.steps) == (
+      moe.model.d_model,
+      moe.model.num_layers,
+      moe.train.steps,
+    )
   up = zoo_configs.get_config("model=s_upcycled")
-  assert up.init.upcycle_step + up.train.steps == s.train.steps
+  assert up.init.upcycle_step + up.train.steps == zoo_configs.get_config("model=s").train.steps
   assert zoo_configs.model_config("s_upcycled", "z", seed=2).init.upcycle_from == "z/s_dense_seed2"
   with pytest.raises(ConfigError, match="config arg model"):
     zoo_configs.get_config("model=m")
