@@ -36,7 +36,8 @@ expert in our smope adapter (the official code appends prompt tokens to blocks 0
 training task by task with Adam (not one online pass), evaluation after each task.
 
 Metrics per router: routing_accuracy (share of all test images routed to their class's
-task after the last task), accuracy [T, T] (on task j's test images after task t),
+task after the last task), routing_matrix [T, T] (the share of task i's test images
+routed to expert j, after the last task), accuracy [T, T] (on task j's test images after task t),
 final_accuracy (mean over j of the last row), auc_accuracy (area under the accuracy
 curve, Koh et al. 2022's A_auc: the mean over evaluation points, one after each
 task, of the accuracy on the test images of the classes seen so far; the points are
@@ -212,6 +213,7 @@ def run_flyprompt(
     a = accuracy[r, "te2"]
     out[r] = dict(
       routing_accuracy=float(np.mean(guesses[r] == true_task)),
+      routing_matrix=routing_matrix(true_task, guesses[r], count).tolist(),
       accuracy=a.tolist(),
       final_accuracy=float(np.mean(a[-1])),
       auc_accuracy=float(np.mean(anytime[r, "te2"])),
@@ -219,3 +221,11 @@ def run_flyprompt(
       online_final_accuracy=float(np.mean(accuracy[r, "online"][-1])),
     )
   return out
+
+
+def routing_matrix(true_task, routed, count: int) -> np.ndarray:
+  """[count, count]: row i the share of task i's images routed to each expert j (a row
+  of zeros for a task with no images)."""
+  out = np.zeros((count, count))
+  np.add.at(out, (true_task, routed), 1.0)
+  return out / np.maximum(out.sum(1, keepdims=True), 1.0)

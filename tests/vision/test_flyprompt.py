@@ -65,6 +65,13 @@ def test_a_new_expert_starts_as_the_mean_of_the_earlier_ones():
     np.testing.assert_array_equal(new[:, :, 4:6], (old[:, :, 0:2] + old[:, :, 0:2]) / 2)
 
 
+def test_the_routing_matrix_counts_each_task_s_images_by_expert():
+  truth = np.array([0, 0, 0, 1, 1, 2])
+  routed = np.array([0, 1, 1, 1, 1, 0])
+  want = [[1 / 3, 2 / 3, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
+  np.testing.assert_allclose(fp.routing_matrix(truth, routed, 4), want, atol=1e-15)
+
+
 def test_the_mean_is_over_every_earlier_expert_position_by_position():
   model = VisionTransformer(pe.model_config(SETUP, 4, fp.METHOD, 3), rngs=nnx.Rngs(0))
   keys = np.random.default_rng(1).standard_normal(model.prompt.keys.shape).astype(np.float32)
@@ -112,7 +119,10 @@ def test_a_tiny_run_routes_by_ridge_on_the_frozen_features_and_keeps_the_backbon
     weights = np.linalg.lstsq(a, b, rcond=None)[0]
     guess = np.argmax(h_of(frozen(test_x).astype(np.float64)) @ weights, -1)
     assert out[name]["routing_accuracy"] == pytest.approx(np.mean(guess == truth), abs=1e-12)
+    counted = [[np.mean(guess[truth == i] == j) for j in range(3)] for i in range(3)]
+    np.testing.assert_allclose(out[name]["routing_matrix"], counted, atol=1e-12)
   assert out["oracle"]["routing_accuracy"] == 1.0
+  np.testing.assert_array_equal(out["oracle"]["routing_matrix"], np.eye(3))
   for r in fp.ROUTERS:
     a = np.asarray(out[r]["accuracy"])
     assert np.isnan(a[np.triu_indices(3, 1)]).all() and not np.isnan(np.tril(a)).any()

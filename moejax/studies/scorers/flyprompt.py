@@ -8,7 +8,7 @@ as digits_stream.py says; one training per draw (prompt experts, TE^2 heads, rou
 statistics: none depends on the router) scores every arm, so the arms differ only in
 the expert each test image is routed to. Metrics: routing_accuracy, final_accuracy,
 auc_accuracy (area under the accuracy curve), forgetting, online_final_accuracy
-(the online head alone).
+(the online head alone). Its picture: routing by task (plot).
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ class FlyPrompt(DigitsStream):
   arm_settings = {"router": None}
   arm_key = "router"
   integer_settings = (*STREAM_INTEGERS, "prompt_length")
+
+  def __init__(self, spec):
+    super().__init__(spec)
+    self.routing: dict[str, list] = {}  # arm: its routing matrices, one per draw scored
 
   def metrics(self):
     return METRICS
@@ -75,4 +79,41 @@ class FlyPrompt(DigitsStream):
       own = result[self.choice(name)]
       out[name] = {metric: float(own[metric]) for metric in METRICS}
       out[name][PAIRING] = key
+      self.routing.setdefault(name, []).append(own["routing_matrix"])
     return out
+
+  def plot(self, results, path) -> bool:
+    """Routing by task: per arm, the share of each task's test images (rows) routed to
+    each task's expert (columns) after the last task, mean over the draws scored in
+    this process (none when every run was resumed: then the default plot)."""
+    if not self.routing:
+      return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [name for name, _ in self.spec.arms if name in self.routing]
+    fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 2.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+      mean = np.mean(self.routing[name], axis=0)
+      ax.imshow(mean, vmin=0, vmax=1, cmap="viridis")
+      for (i, j), share in np.ndenumerate(mean):
+        ax.text(
+          j,
+          i,
+          f"{share:.2f}",
+          ha="center",
+          va="center",
+          fontsize=6,
+          color="black" if share > 0.5 else "white",
+        )
+      ax.set_title(f"{name}\n({len(self.routing[name])} draws)", fontsize=8)
+      ax.set_xlabel("routed to expert of task", fontsize=7)
+      ax.set_xticks(range(len(mean))), ax.set_yticks(range(len(mean)))
+    axes[0, 0].set_ylabel("test image's task", fontsize=7)
+    fig.suptitle("FlyPrompt study: routing by task after the last task", fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
