@@ -6,11 +6,13 @@ loop of prompt_experts.py.
 Per seed: a ViT is pretrained with labels on the train split of Glyph-62
 (vision_streams.PRETRAINING, its 62 characters; supervised, as the papers' ImageNet-21k
 backbone is) and frozen. Per transfer task (vision_streams.TRANSFER_TASKS: 1,000
-class-balanced training images, the whole test split), every arm trains only a fresh
-linear head and its adapter, on the same batches (batch_rows), from the same head
-initialisation, and is scored by test accuracy:
+class-balanced training images, the whole test split), every arm trains a fresh linear
+head and its adapter (full: and the backbone), on the same batches (batch_rows), from
+the same head initialisation, and is scored by test accuracy:
 
   linear       the head alone (linear probing)
+  full         every parameter, backbone and head (full fine-tuning: VAPT's headline
+               baseline), at its own learning rate s.full_lr
   vpt_shallow  N learned tokens at the first block (moejax/adapters/vpt.py, VPT eq. 5)
   vpt_deep     N learned tokens at every block (VPT eq. 6-7)
   vapt         N tokens generated per block from its input (moejax/adapters/vapt.py)
@@ -43,7 +45,8 @@ from moejax.data.storage import resolve_data_dir
 from moejax.models.vit import VisionTransformer
 from moejax.train.optimizer import make_optimizer
 
-ARMS = ("linear", "vpt_shallow", "vpt_deep", "vapt")
+ARMS = ("linear", "full", "vpt_shallow", "vpt_deep", "vapt")
+NO_ADAPTER = ("linear", "full")
 HEAD = nnx.All(nnx.Param, nnx.PathContains("head"))
 EVAL_CHUNK = 512  # test images per forward pass (the last chunk padded: one shape)
 
@@ -67,6 +70,7 @@ class TransferSetup:
   steps: int
   batch: int
   lr: float
+  full_lr: float
 
 
 def model_config(s: TransferSetup, num_classes: int, arm: str = "linear"):
@@ -79,7 +83,7 @@ def model_config(s: TransferSetup, num_classes: int, arm: str = "linear"):
   m.vit.update(
     dict(image_size=s.image_size, patch_size=s.patch_size, num_channels=1, num_classes=num_classes)
   )
-  if arm != "linear":
+  if arm not in NO_ADAPTER:
     m.vit.prompt.adapter, m.vit.prompt.num_tokens = arm, s.num_tokens
   return ml_collections.FrozenConfigDict(m)
 
@@ -164,8 +168,9 @@ def batch_rows(seed: int, task_index: int, num_rows: int, steps: int, batch: int
 
 
 def trained(arm: str):
-  """The parameters arm trains: the head, and the adapter's unless linear."""
-  return HEAD if arm == "linear" else pe.PROMPT_AND_HEAD
+  """The parameters arm trains: the head alone (linear), every one (full), or the head
+  and the adapter's."""
+  return {"linear": HEAD, "full": nnx.Param}.get(arm, pe.PROMPT_AND_HEAD)
 
 
 def fresh_model(arm: str, s: TransferSetup, backbone, head_classes: int, seed: int):
@@ -178,12 +183,13 @@ def fresh_model(arm: str, s: TransferSetup, backbone, head_classes: int, seed: i
 
 
 def adapted(arm, s: TransferSetup, backbone, images, labels, rows, num_classes, head_classes, seed):
-  """fresh_model trained (Adam, s.lr) on the batches images[r], labels[r] for r in
-  rows, the logits of classes >= num_classes masked."""
+  """fresh_model trained (Adam, s.lr; s.full_lr for full) on the batches images[r],
+  labels[r] for r in rows, the logits of classes >= num_classes masked."""
   model = fresh_model(arm, s, backbone, head_classes, seed)
   allowed = jnp.arange(head_classes) < num_classes
   steps = ((jnp.asarray(images[r]), jnp.asarray(labels[r]), allowed) for r in rows)
-  return classifier.trained_steps(model, trained(arm), adapt_optimizer(s.lr), steps)
+  lr = s.full_lr if arm == "full" else s.lr
+  return classifier.trained_steps(model, trained(arm), adapt_optimizer(lr), steps)
 
 
 def predictions(model, images, num_classes: int) -> np.ndarray:
@@ -199,11 +205,16 @@ def predictions(model, images, num_classes: int) -> np.ndarray:
   return np.concatenate(out)
 
 
-def added_parameters(model) -> int:
-  """The adapter's parameters, counted from its tree (0 without one; the head not counted)."""
-  if model.prompt is None:
-    return 0
-  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(model.prompt, nnx.Param))))
+def added_parameters(model, arm: str) -> int:
+  """The parameters arm trains besides the head, counted from the trees: the adapter's
+  (0 without one), or every backbone parameter for full."""
+  if arm == "full":
+    return count(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("head")))))
+  return 0 if model.prompt is None else count(nnx.state(model.prompt, nnx.Param))
+
+
+def count(state) -> int:
+  return int(sum(np.size(x) for x in jax.tree.leaves(state)))
 
 
 def run_transfer(arms, s: TransferSetup, backbone, tasks: dict, seed: int) -> dict:
@@ -218,7 +229,7 @@ def run_transfer(arms, s: TransferSetup, backbone, tasks: dict, seed: int) -> di
       model = adapted(arm, s, backbone, x, y, rows, num_classes, head_classes, seed)
       guess = predictions(model, data["test_images"], num_classes)
       out[arm][f"accuracy_{name}"] = float(np.mean(guess == data["test_labels"]))
-      out[arm]["added_params"] = float(added_parameters(model))
+      out[arm]["added_params"] = float(added_parameters(model, arm))
   for arm in arms:
     out[arm]["mean_accuracy"] = float(np.mean([out[arm][f"accuracy_{n}"] for n in tasks]))
   return out

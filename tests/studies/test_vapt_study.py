@@ -1,7 +1,8 @@
 """The VAPT transfer study (configs/studies/vapt.py, moejax/studies/scorers/vapt_transfer.py,
 moejax/continual/prompt_transfer.py) on stand-in images: the added parameters counted
 from the tree equal the formulas of the adapters' docstrings, training leaves the
-backbone bit-identical (linear: only the head moves), every arm of a seed starts from
+backbone bit-identical (linear: only the head moves; full moves every parameter),
+every arm of a seed starts from
 one head and sees the same rows, the runner's figures equal a direct run, and bad
 settings are refused in one line before any run."""
 
@@ -26,7 +27,7 @@ TINY = {
 SETUP = pt.TransferSetup(
   d_model=16, layers=2, heads=2, head_dim=8, d_ff=16, image_size=8, patch_size=2,
   num_tokens=3, pretrain_steps=2, pretrain_batch=8, pretrain_lr=3e-3, steps=3, batch=8,
-  lr=1e-2,
+  lr=1e-2, full_lr=1e-3,
 )  # fmt: skip
 
 
@@ -64,12 +65,13 @@ def test_added_parameters_from_the_tree_are_the_docstring_formulas():
   cells = (8 // 2 - k + 1) ** 2  # the 4x4 patch grid after a valid 2x2 convolution: 3x3
   by_formula = {
     "linear": 0,
+    "full": sum(np.size(x) for k, x in params(backbone()).items() if "head" not in k),
     "vpt_shallow": n * d,
     "vpt_deep": layers * n * d,
     "vapt": layers * (2 * d + k * k + cells * n + n) + 2 * d * h,  # 388
   }
   counted = {
-    arm: pt.added_parameters(pt.fresh_model(arm, SETUP, backbone(), 5, 0)) for arm in pt.ARMS
+    arm: pt.added_parameters(pt.fresh_model(arm, SETUP, backbone(), 5, 0), arm) for arm in pt.ARMS
   }
   assert counted == by_formula and by_formula["vapt"] == 388
 
@@ -77,7 +79,7 @@ def test_added_parameters_from_the_tree_are_the_docstring_formulas():
 PROMPT = nnx.All(nnx.Param, nnx.PathContains("prompt"))
 
 
-@pytest.mark.parametrize("arm", pt.ARMS)
+@pytest.mark.parametrize("arm", [arm for arm in pt.ARMS if arm != "full"])
 def test_training_an_arm_moves_its_head_and_adapter_and_nothing_of_the_backbone(arm):
   frozen = backbone()
   data = stand_in_task("textures", 0, 8)
@@ -95,6 +97,22 @@ def test_training_an_arm_moves_its_head_and_adapter_and_nothing_of_the_backbone(
   assert (len(params(model, PROMPT)) == 0) == (arm == "linear")
   total = len(params(model))
   assert total == len(kept) + len(params(model, pt.HEAD)) + len(params(model, PROMPT))
+
+
+def test_full_fine_tuning_moves_every_parameter_at_its_own_rate(monkeypatch):
+  frozen = backbone()
+  data = stand_in_task("textures", 0, 8)
+  start = pt.fresh_model("full", SETUP, frozen, 5, 0)
+  rows = pt.batch_rows(0, 0, 40, SETUP.steps, SETUP.batch)
+  rates = []
+  adam = pt.adapt_optimizer
+  monkeypatch.setattr(pt, "adapt_optimizer", lambda lr: rates.append(lr) or adam(lr))
+  x, y = data["train_images"], data["train_labels"]
+  model = pt.adapted("full", SETUP, frozen, x, y, rows, 5, 5, 0)
+  before, after = params(start), params(model)
+  assert before.keys() == after.keys() and not params(model, PROMPT)
+  assert all(not np.array_equal(after[k], before[k]) for k in after), sorted(after)
+  assert rates == [SETUP.full_lr]
 
 
 def test_every_arm_starts_from_one_head_and_trains_on_the_same_rows(monkeypatch):
@@ -153,8 +171,8 @@ def refused(c, names):
 @pytest.mark.parametrize(
   "settings, arm, names",
   [
-    ({}, {"name": "x", "method": "vpt_wide"}, ["study.arms[4].method='vpt_wide'", "vapt"]),
-    ({}, {"name": "lora"}, ["study.arms[4].method='lora'"]),
+    ({}, {"name": "x", "method": "vpt_wide"}, ["study.arms[5].method='vpt_wide'", "vapt"]),
+    ({}, {"name": "lora"}, ["study.arms[5].method='lora'"]),
     ({"tasks": ["textures", "cifar"]}, None, ["study.settings.tasks[1]='cifar'", "mnist_digits"]),
     ({"tasks": ["textures", "textures"]}, None, ["study.settings.tasks[1]='textures'", "twice"]),
     ({"tasks": []}, None, ["study.settings.tasks=[]"]),
@@ -162,6 +180,7 @@ def refused(c, names):
     ({"patch_size": 8}, None, ["study.settings.patch_size=8"]),
     ({"num_tokens": 0}, None, ["study.settings.num_tokens=0"]),
     ({"lr": 0}, None, ["study.settings.lr=0"]),
+    ({"full_lr": -1e-3}, None, ["study.settings.full_lr=-0.001"]),
     ({"steps": 1.5}, None, ["study.settings.steps=1.5"]),
   ],
 )
@@ -187,7 +206,7 @@ def test_the_vapt_study_runs_and_its_figures_are_a_direct_run(tmp_path, monkeypa
   results = runner.run(spec, scorer, str(tmp_path / "out"), log=lambda _: None)
   assert (tmp_path / "out" / "results.png").stat().st_size > 0
   runs = {(r["arm"], r["draw"]): r["metrics"] for r in results["runs"]}
-  assert len(runs) == 8 and len(results["claims"]) == 3
+  assert len(runs) == 2 * len(pt.ARMS) and len(results["claims"]) == 4
   setup = scorer.setup()
   for draw in range(2):
     seed = 3 + draw

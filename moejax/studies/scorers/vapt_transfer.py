@@ -1,5 +1,5 @@
-"""VAPT (arXiv 2501.18936) against VPT-shallow, VPT-deep and a linear probe on the
-few-shot transfer suite (moejax/continual/prompt_transfer.py, vision_streams.py).
+"""VAPT (arXiv 2501.18936) against full fine-tuning, VPT-shallow, VPT-deep and a linear
+probe on the few-shot transfer suite (moejax/continual/prompt_transfer.py, vision_streams.py).
 
 Arms name a method of prompt_transfer.ARMS (`method`, the arm's name by default).
 Draw d is seed settings.seed + d: the backbone pretrained on the glyphs' train split
@@ -7,8 +7,8 @@ with that seed, each task's 1,000 training rows and batches drawn from it; every
 of a draw starts from that backbone and one head initialisation and trains on those
 batches (the pairing key is the digest of the backbone's weights and each task's
 rows and batches). Metrics: mean_accuracy (over settings.tasks), accuracy_<task>
-per task, added_params (the adapter's parameters from its tree, the head excluded;
-the same on every draw).
+per task, added_params (the parameters an arm trains besides the head, from the
+trees: the adapter's, or the whole backbone's for full; the same on every draw).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class VAPTTransfer(Scorer):
     "steps": 200,
     "batch": 32,
     "lr": 1e-2,
+    "full_lr": 1e-3,  # full fine-tuning's (our choice: a tenth of the adapters')
   }
   arm_settings = {"method": None}
 
@@ -82,7 +83,7 @@ class VAPTTransfer(Scorer):
       low = 0 if key == "seed" else 1
       if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < low:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
-    for key in ("lr", "pretrain_lr"):
+    for key in ("lr", "full_lr", "pretrain_lr"):
       if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] <= 0:
         raise ConfigError(f"study.settings.{key}={s[key]!r} must be a number > 0")
     tasks = s["tasks"]
