@@ -314,7 +314,8 @@ def markdown(spec: StudySpec, results: dict, provenance: list[dict], notes: str 
 
 def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
   """Per claimed metric: each arm's mean over draws (± 95% t-interval) against the first
-  numeric level axis (one line per arm and value of the other axes), else per level."""
+  numeric level axis (one line per arm and value of the other axes), else per level;
+  a study of one level: one point per arm with its interval and its replicates."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -327,6 +328,9 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
   ]
   fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
   for ax, metric in zip(axes[0], metrics):
+    if len(spec.levels) == 1:
+      plot_arms(ax, spec, by_key, metric)
+      continue
     x_axis = numeric[0] if numeric else None
     groups: dict[str, list[dict]] = {}
     for level in spec.levels:
@@ -361,3 +365,22 @@ def plot(spec: StudySpec, runs: list[dict], path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def plot_arms(ax, spec: StudySpec, by_key: dict, metric: str) -> None:
+  """One level's `metric`: per arm its mean and 95% t-interval, and every replicate."""
+  level = spec.levels[0]
+  for a, arm in enumerate(spec.arm_names):
+    found = list(values(spec, by_key, arm, level, metric).values())
+    if not found:
+      continue
+    interval = stats.t_interval(found)
+    low = interval.lo if interval.lo is not None else interval.mean
+    high = interval.hi if interval.hi is not None else interval.mean
+    color = f"C{a % 10}"
+    ax.errorbar(a, interval.mean, [[interval.mean - low], [high - interval.mean]], fmt="o",
+                color=color, capsize=4)  # fmt: skip
+    ax.scatter([a + 0.15] * len(found), found, s=10, color=color, alpha=0.5)
+  names = spec.arm_names
+  ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+  ax.set(ylabel=metric, title=metric)

@@ -317,3 +317,33 @@ def test_a_study_resumes_only_on_the_models_its_runs_used(tmp_path, monkeypatch,
     training_workdir(workdirs[1], config)
     results, _ = run(toy.config(scorer="workdir_toy", models=models), out)
     assert len(results["runs"]) == 2 * 15 * 2 and results["model_digests"] == stored
+
+
+def test_a_one_level_study_plots_each_arm_s_interval_and_replicates(tmp_path):
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  c = toy.config(levels=[{"x": 2}])
+  c.claims = [c.claims[0]]
+  results, _ = run(c, str(tmp_path / "out"))
+  spec, _ = runner.prepare(c)
+  fig, ax = plt.subplots()
+  report.plot_arms(ax, spec, report.index_runs(results["runs"]), "loss")
+  for a, arm in enumerate(spec.arm_names):
+    found = [r["metrics"]["loss"] for r in results["runs"] if r["arm"] == arm]
+    interval = stats.t_interval(found)
+    point, caps, _ = ax.containers[a].lines  # errorbar's: the point, its caps, its bar
+    assert point.get_xydata().tolist() == [[a, pytest.approx(interval.mean, abs=1e-12)]]
+    np.testing.assert_allclose(
+      sorted(y for cap in caps for y in cap.get_ydata()), [interval.lo, interval.hi], atol=1e-12
+    )
+    np.testing.assert_allclose(
+      ax.collections[2 * a + 1].get_offsets(), [[a + 0.15, v] for v in found], atol=1e-12
+    )
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["base", "up"]
+  plt.close(fig)
+  report.plot(spec, results["runs"], str(tmp_path / "plot.png"))
+  assert (tmp_path / "plot.png").stat().st_size > 0
