@@ -279,6 +279,17 @@ def claimed_metrics(spec: StudySpec) -> list[str]:
   return list(dict.fromkeys(c.metric for c in spec.claims))
 
 
+def unclaimed_summaries(spec: StudySpec, runs: list[dict], metrics, level: int = 2) -> str:
+  """A summary_table under a heading for each of `metrics` that no claim tests (the
+  claimed ones have theirs already)."""
+  claimed = set(claimed_metrics(spec))
+  return "\n\n".join(
+    f"{'#' * level} {metric}\n\n{summary_table(spec, runs, metric)}"
+    for metric in metrics
+    if metric not in claimed
+  )
+
+
 def markdown(spec: StudySpec, results: dict, provenance: list[dict], notes: str = "") -> str:
   done, total = len(results["runs"]), results["total_runs"]
   lines = [f"# Study: {spec.name}", "", spec.description.strip(), ""]

@@ -1,8 +1,9 @@
 """The FlyPrompt study (configs/studies/flyprompt.py, moejax/studies/scorers/flyprompt.py)
 through the runner at a tiny setting on stand-in images: the oracle arm routes every
 image right, each arm's figures equal a direct run of moejax/continual/flyprompt.py on
-the draw's documented seed with the arm's router, every claim is evaluated, and bad
-settings are refused in one line before any run."""
+the draw's documented seed with the arm's router, every claim is evaluated, a resume of
+the finished study keeps its routing picture, and bad settings are refused in one line
+before any run."""
 
 import importlib
 
@@ -46,7 +47,15 @@ def config(**settings):
 def test_the_flyprompt_study_runs_each_router_on_one_training_per_draw(tmp_path, monkeypatch):
   monkeypatch.setattr(pe, "digits", stand_in_digits)
   spec, scorer = runner.prepare(config())
-  results = runner.run(spec, scorer, str(tmp_path / "out"), plot=False, log=lambda _: None)
+  out = tmp_path / "out"
+  results = runner.run(spec, scorer, str(out), log=lambda _: None)
+  picture = (out / runner.PLOT).read_bytes()
+  assert {len(matrices) for matrices in scorer.routing.values()} == {2}  # routing by task
+  again, resumed = runner.prepare(config())
+  runner.run(
+    again, resumed, str(out), stored=runner.check_output(again, str(out)), log=lambda _: None
+  )
+  assert not resumed.routing and (out / runner.PLOT).read_bytes() == picture  # kept
   runs = {(r["arm"], r["draw"]): r["metrics"] for r in results["runs"]}
   assert len(runs) == 10
   routers = {name: arm["router"] for name, arm in spec.arms}

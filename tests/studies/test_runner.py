@@ -347,3 +347,14 @@ def test_a_one_level_study_plots_each_arm_s_interval_and_replicates(tmp_path):
   plt.close(fig)
   report.plot(spec, results["runs"], str(tmp_path / "plot.png"))
   assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_notes_summarise_only_the_metrics_no_claim_tests(tmp_path):
+  c = toy.config()
+  c.claims = [c.claims[0]]  # claims test "loss" only
+  results, _ = run(c, str(tmp_path / "out"))
+  spec, _ = runner.prepare(c)
+  notes = report.unclaimed_summaries(spec, results["runs"], ("loss", "hit"))
+  assert notes == "## hit\n\n" + report.summary_table(spec, results["runs"], "hit")
+  assert report.unclaimed_summaries(spec, results["runs"], ("loss",)) == ""
+  assert report.unclaimed_summaries(spec, results["runs"], ("hit",), level=3).startswith("### hit")

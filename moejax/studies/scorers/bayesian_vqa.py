@@ -118,9 +118,4 @@ class BayesianVQA(Scorer):
 
   def notes(self, results):
     """The metrics no claim tests, mean ± std over draws."""
-    claimed = report.claimed_metrics(self.spec)
-    return "\n\n".join(
-      f"## {metric}\n\n{report.summary_table(self.spec, results['runs'], metric)}"
-      for metric in METRICS
-      if metric not in claimed
-    )
+    return report.unclaimed_summaries(self.spec, results["runs"], METRICS)

@@ -124,9 +124,4 @@ class DigitsStream(Scorer):
   def notes(self, results):
     """The metrics no claim tests (SMoPE: the head's accuracy and forgetting, the prompt
     parameters, the key matching's task accuracy), mean ± std over draws."""
-    claimed = report.claimed_metrics(self.spec)
-    return "\n\n".join(
-      f"## {metric}\n\n{report.summary_table(self.spec, results['runs'], metric)}"
-      for metric in self.metrics()
-      if metric not in claimed
-    )
+    return report.unclaimed_summaries(self.spec, results["runs"], self.metrics())

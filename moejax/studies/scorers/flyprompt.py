@@ -85,9 +85,12 @@ class FlyPrompt(DigitsStream):
   def plot(self, results, path) -> bool:
     """Routing by task: per arm, the share of each task's test images (rows) routed to
     each task's expert (columns) after the last task, mean over the draws scored in
-    this process (none when every run was resumed: then the default plot)."""
+    this process. With nothing scored here (a resume of a finished study) the picture
+    at `path` is kept, or the default plot drawn where there is none."""
     if not self.routing:
-      return False
+      import os
+
+      return os.path.exists(path)
     import matplotlib
 
     matplotlib.use("Agg")

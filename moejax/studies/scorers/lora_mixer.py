@@ -101,9 +101,4 @@ class AdapterOnBase(Training):
     return out
 
   def notes(self, results):
-    runs, lines = results["runs"], []
-    claimed = set(report.claimed_metrics(self.spec))
-    for metric in self.metrics():
-      if metric not in claimed:
-        lines += [f"### {metric}", "", report.summary_table(self.spec, runs, metric), ""]
-    return "\n".join(lines)
+    return report.unclaimed_summaries(self.spec, results["runs"], self.metrics(), level=3)

@@ -142,12 +142,7 @@ class VAPTTransfer(Scorer):
 
   def notes(self, results):
     """The metrics no claim tests (the per-task accuracies), mean ± std over draws."""
-    claimed = report.claimed_metrics(self.spec)
-    return "\n\n".join(
-      f"## {metric}\n\n{report.summary_table(self.spec, results['runs'], metric)}"
-      for metric in self.metrics()
-      if metric not in claimed
-    )
+    return report.unclaimed_summaries(self.spec, results["runs"], self.metrics())
 
   def plot(self, results, path) -> bool:
     """Test accuracy per task and over the tasks, one bar per arm (mean over draws,
