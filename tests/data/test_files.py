@@ -126,7 +126,9 @@ MEMORY_PROBE = textwrap.dedent('''
     import ml_collections
     # Address space, not memory, is what RLIMIT_AS limits: each new thread reserves
     # its stack (8 MiB by default), and a few of grain's reader threads would use
-    # up the headroom before a byte is read.
+    # up the headroom before a byte is read. Likewise glibc gives a thread that finds
+    # the malloc lock taken an arena of its own, reserving 64 MiB: the caller sets
+    # MALLOC_ARENA_MAX=1 (with 2, a loaded machine failed to start a reader thread).
     threading.stack_size(1 << 20)
     from moejax.data import build_lm_data
     root, corpus_mb, headroom_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -165,7 +167,7 @@ def test_a_corpus_larger_than_the_memory_limit_streams_with_bounded_memory(tmp_p
     text=True,
     timeout=120,
     cwd=ROOT,
-    env={**os.environ, 'MALLOC_ARENA_MAX': '2', 'JAX_PLATFORMS': 'cpu'},
+    env={**os.environ, 'MALLOC_ARENA_MAX': '1', 'JAX_PLATFORMS': 'cpu'},
   )
   assert result.returncode == 0, result.stderr[-2000:]
   stats = dict(item.split('=') for item in result.stdout.split())
