@@ -62,7 +62,8 @@ def trained_steps(
   is called after every step. seed: step k's forward gets the PRNG key
   fold_in(key(seed), k) (router jitter, as moejax/train/step.py); None: the model's
   fixed default key."""
-  graphdef, trained, rest = nnx.split(model, wanted, ...)
+  graphdef, trained, *others = nnx.split(model, wanted, ...)
+  (rest,) = others  # what `wanted` leaves out: frozen parameters, router state
   state = optimizer.init(trained)
   for k, (x, y, allowed) in enumerate(batches):
     if before_step is not None:
