@@ -89,7 +89,7 @@ def get_config():
   }
   c.arms = [{"name": n} for n in ARMS]
   c.levels = grid(("target", TARGETS))
-  c.draws = 2
+  c.draws = 5
   c.reference = "uniform"
   c.claims = claims()
   return c
