@@ -1,7 +1,7 @@
 """Few-shot transfer with prompt adapters on a frozen ViT, VTAB-1k style (Zhai et al.
 2019; VPT, Jia et al. 2022, sec. 4; VAPT, arXiv 2501.18936, sec. 5), the comparison
-behind configs/studies/vapt.py. Not continual: it shares the frozen-backbone training
-loop of prompt_experts.py.
+behind configs/studies/vapt.py. Not continual: it trains with the classifier loop the
+continual methods use (moejax/train/classifier.py).
 
 Per seed: a ViT is pretrained with labels on the train split of Glyph-62
 (vision_streams.PRETRAINING, its 62 characters; supervised, as the papers' ImageNet-21k
