@@ -389,8 +389,8 @@ def plot_arms(ax, spec: StudySpec, by_key: dict, metric: str) -> None:
     low = interval.lo if interval.lo is not None else interval.mean
     high = interval.hi if interval.hi is not None else interval.mean
     color = f"C{a % 10}"
-    ax.errorbar(a, interval.mean, [[interval.mean - low], [high - interval.mean]], fmt="o",
-                color=color, capsize=4)  # fmt: skip
+    error = [[interval.mean - low], [high - interval.mean]]
+    ax.errorbar(a, interval.mean, error, fmt="o", color=color, capsize=4)
     ax.scatter([a + 0.15] * len(found), found, s=10, color=color, alpha=0.5)
   names = spec.arm_names
   ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
