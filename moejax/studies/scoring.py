@@ -80,6 +80,27 @@ class Scorer:
     """{arm: {metric: value}} for every arm in `arms` (name -> settings)."""
     raise NotImplementedError
 
+  def check_integers(self, minimum: dict) -> None:
+    """ConfigError unless each setting named in `minimum` is an integer >= its value."""
+    from moejax.errors import ConfigError
+
+    for key, low in minimum.items():
+      value = self.settings[key]
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"study.settings.{key}={value!r} must be an integer >= {low}")
+
+  def check_numbers(self, keys, *, positive: bool) -> None:
+    """ConfigError unless each setting in `keys` is a number > 0 (positive) or >= 0."""
+    from moejax.errors import ConfigError
+
+    for key in keys:
+      value = self.settings[key]
+      number = isinstance(value, (int, float)) and not isinstance(value, bool)
+      if not number or not (value > 0 if positive else value >= 0):  # NaN fails too
+        raise ConfigError(
+          f"study.settings.{key}={value!r} must be a number {'>' if positive else '>='} 0"
+        )
+
   def notes(self, results: dict) -> str:
     """Markdown the scorer adds after the claims and the summary (optional)."""
     return ""

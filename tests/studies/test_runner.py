@@ -358,3 +358,29 @@ def test_notes_summarise_only_the_metrics_no_claim_tests(tmp_path):
   assert notes == "## hit\n\n" + report.summary_table(spec, results["runs"], "hit")
   assert report.unclaimed_summaries(spec, results["runs"], ("loss",)) == ""
   assert report.unclaimed_summaries(spec, results["runs"], ("hit",), level=3).startswith("### hit")
+
+
+@pytest.mark.parametrize(
+  "value, positive, refused",
+  [(0.5, True, False), (0, True, True), (0, False, False), (-1e-9, False, True),
+   (float("nan"), False, True), (True, False, True), ("1", False, True)],
+)  # fmt: skip
+def test_number_settings_are_checked_with_a_one_line_error_naming_them(value, positive, refused):
+  spec, scorer = runner.prepare(toy.config())
+  scorer.settings = {**scorer.settings, "noise": value}
+  if not refused:
+    scorer.check_numbers(("noise",), positive=positive)
+    return
+  bound = ">" if positive else ">="
+  with pytest.raises(ConfigError, match=rf"^study\.settings\.noise=.* must be a number {bound} 0$"):
+    scorer.check_numbers(("noise",), positive=positive)
+
+
+@pytest.mark.parametrize("value", [-1, 1.0, True, None])
+def test_integer_settings_below_their_minimum_or_not_integers_are_refused(value):
+  spec, scorer = runner.prepare(toy.config())
+  scorer.settings = {**scorer.settings, "offset": value}
+  with pytest.raises(ConfigError, match=r"^study\.settings\.offset=.* must be an integer >= 0$"):
+    scorer.check_integers({"offset": 0})
+  scorer.settings["offset"] = 0
+  scorer.check_integers({"offset": 0})

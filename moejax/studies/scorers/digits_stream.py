@@ -83,13 +83,8 @@ class DigitsStream(Scorer):
 
   def check(self) -> None:
     s = self.settings
-    for key in self.integer_settings:
-      low = 0 if key in MAY_BE_ZERO else 1
-      if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < low:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
-    for key in ("lr", "pretrain_lr"):
-      if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] <= 0:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be a number > 0")
+    self.check_integers({key: int(key not in MAY_BE_ZERO) for key in self.integer_settings})
+    self.check_numbers(("lr", "pretrain_lr"), positive=True)
     if 10 % s["classes_per_task"]:
       raise ConfigError(
         f"study.settings.classes_per_task={s['classes_per_task']} must divide the 10 digits"

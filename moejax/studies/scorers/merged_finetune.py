@@ -61,13 +61,8 @@ class MergedFinetune(Scorer):
     from moejax.experts.merged import MERGE_RULES
 
     s = self.settings
-    for key in INTEGER_SETTINGS:
-      if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 1:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= 1")
-    for key in ("eta", "gamma", "learning_rate"):
-      value = s[key]
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"study.settings.{key}={value!r} must be a number > 0")
+    self.check_integers(dict.fromkeys(INTEGER_SETTINGS, 1))
+    self.check_numbers(("eta", "gamma", "learning_rate"), positive=True)
     if s["batch_size"] > s["train_per_genre"]:
       raise ConfigError(
         f"study.settings.batch_size={s['batch_size']} exceeds the "

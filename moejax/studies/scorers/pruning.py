@@ -96,13 +96,6 @@ class SourceScorer(Scorer):
     """The study's metrics beside bpb and the probes."""
     return ()
 
-  def check_integers(self, minimum: dict) -> None:
-    """ConfigError unless each setting named in `minimum` is an integer >= its value."""
-    for key, low in minimum.items():
-      value = self.settings[key]
-      if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"study.settings.{key}={value!r} must be an integer >= {low}")
-
   def check(self) -> None:
     from moejax.evaluation.probe_data import PROBES
 

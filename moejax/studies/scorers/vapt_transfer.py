@@ -79,13 +79,8 @@ class VAPTTransfer(Scorer):
     from moejax.continual import prompt_transfer
 
     s = self.settings
-    for key in INTEGERS:
-      low = 0 if key == "seed" else 1
-      if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < low:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
-    for key in ("lr", "full_lr", "pretrain_lr"):
-      if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] <= 0:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be a number > 0")
+    self.check_integers({key: int(key != "seed") for key in INTEGERS})
+    self.check_numbers(("lr", "full_lr", "pretrain_lr"), positive=True)
     tasks = s["tasks"]
     if not isinstance(tasks, list) or not tasks:
       raise ConfigError(f"study.settings.tasks={tasks!r} must be a non-empty list of task names")

@@ -115,14 +115,8 @@ class VideoAttacks(Scorer):
     from moejax.train.adversarial import DEFENCES
 
     s = self.settings
-    for key in INTEGER_SETTINGS:
-      low = 0 if key == "seed" else 1
-      if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < low:
-        raise ConfigError(f"study.settings.{key}={s[key]!r} must be an integer >= {low}")
-    for key in ("lr", "epsilon_low", "epsilon_high"):
-      value = s[key]
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"study.settings.{key}={value!r} must be a number >= 0")
+    self.check_integers({key: int(key != "seed") for key in INTEGER_SETTINGS})
+    self.check_numbers(("lr", "epsilon_low", "epsilon_high"), positive=False)
     if s["top_k"] > s["experts"]:
       raise ConfigError(f"study.settings.top_k={s['top_k']} exceeds experts={s['experts']}")
     if (8 if s["shrink"] else 16) % s["patch"]:
