@@ -65,7 +65,11 @@ def test_added_parameters_from_the_tree_are_the_docstring_formulas():
   cells = (8 // 2 - k + 1) ** 2  # the 4x4 patch grid after a valid 2x2 convolution: 3x3
   by_formula = {
     "linear": 0,
-    "full": sum(np.size(x) for k, x in params(backbone()).items() if "head" not in k),
+    # every parameter of the model but its 5-class head (kernel d x 5 and bias)
+    "full": sum(
+      np.size(x) for x in params(pt.fresh_model("full", SETUP, backbone(), 5, 0)).values()
+    )
+    - (d * 5 + 5),
     "vpt_shallow": n * d,
     "vpt_deep": layers * n * d,
     "vapt": layers * (2 * d + k * k + cells * n + n) + 2 * d * h,  # 388
