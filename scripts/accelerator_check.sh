@@ -13,9 +13,11 @@
 #   kernels_correctness  gpu_check: the compiled Pallas gmm/tgmm (Triton on GPU)    115
 #                        against float64 oracles and jax.grad of the reference
 #                        (4 large random layouts first, then the 48 edge cases)
-#   kernels_speed        gpu_check: gmm/tgmm vs ragged_dot vs the dense matmul of    70
+#   kernels_speed        gpu_check: gmm/tgmm vs ragged_dot vs the dense matmul of   110
 #                        equal FLOPs, bf16, shapes coarse+fine, tilings 128^3 and
-#                        128:64:128, medians of 10
+#                        128:64:128, and on Hopper jax's Pallas Mosaic GPU
+#                        ragged_dot / transposed_ragged_dot at gpu_check's
+#                        --mosaic block configs, medians of 10
 #   layer                moe_layer: router + dispatch + SwiGLU experts, fwd and      60
 #                        fwd+bwd, shapes coarse+fine, paths dense, capacity,
 #                        dropless/gmm, dropless/ragged_dot, medians of 5
@@ -27,7 +29,7 @@
 #                        moejax-on-the-accelerator vs transformers-on-CPU)
 #   generate_profile     (only when named in --parts) generate.py --profile           60
 #
-# The caps sum to 415 s and every part's cap is also cut to what is left of
+# The caps sum to 455 s and every part's cap is also cut to what is left of
 # --budget (default 465 s, counted from the start, device check included), so
 # the whole run stays under 8 minutes on one GPU. Results go to DIR (--out;
 # default $OUT when set, else runs/accelerator_check/<date>-<time>):
@@ -214,13 +216,15 @@ def speed(d, log):
   rows = json_lines(log, "speed")
   fig, text = [], []
   if rows:
-    text = ["| shape | pass | path | median ms | TFLOP/s | dense / path |", "|---|---|---|---|---|---|"]
+    text = ["| shape | pass | path | median ms | TFLOP/s | dense / path | rel. error vs XLA |",
+            "|---|---|---|---|---|---|---|"]
   for r in rows:
-    fig.append({k: r[k] for k in ("shape", "dims", "pass", "path", "median_ms", "tflops",
-                                  "dense_over_path")})
+    fig.append({k: r.get(k) for k in ("shape", "dims", "pass", "path", "median_ms", "tflops",
+                                      "dense_over_path", "rel_err")})
     ratio = "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}"
+    err = "" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"
     text.append(f"| {r['shape']} {tuple(r['dims'])} | {r['pass']} | {r['path']} | "
-                f"{r['median_ms']:.3f} | {r['tflops']:.1f} | {ratio} |")
+                f"{r['median_ms']:.3f} | {r['tflops']:.1f} | {ratio} | {err} |")
   return fig, text
 
 
@@ -405,7 +409,7 @@ if wanted kernels_correctness; then
 fi
 if wanted kernels_speed; then
   if [ $QUICK -eq 1 ]; then REPS=(--reps=2 --tilings=128:128:128); else REPS=(--reps=10 --tilings=128:128:128,128:64:128); fi
-  run_part kernels_speed 70 "$PY" -m experiments.benchmarks.gpu_check --parts=speed \
+  run_part kernels_speed 110 "$PY" -m experiments.benchmarks.gpu_check --parts=speed \
     --shapes=coarse,fine "${REPS[@]}" "${DRY[@]}" \
     --json="$P/kernels_speed/records.json" --markdown="$P/kernels_speed/report.md"
 fi

@@ -16,9 +16,11 @@ suite never needs a GPU). Parts:
    through the custom_vjp against jax.grad of the one-hot einsum.
 2. speed (bf16, f32 accumulate): forward ``gmm``, ``tgmm`` and gmm fwd+bwd
    against ``jax.lax.ragged_dot`` (XLA's grouped GEMM) and the dense matmul of
-   equal FLOPs ([m, d] @ [d, f]), at coarse, fine and finer MoE shapes. Each
-   row prints medians and the ratios dense/path (1.0 = the dense limit),
-   measured in the same run.
+   equal FLOPs ([m, d] @ [d, f]), at coarse, fine and finer MoE shapes, and on
+   Hopper jax's own Pallas Mosaic GPU grouped matmuls (--mosaic block configs;
+   forward only). Each row prints medians and the ratios dense/path (1.0 = the
+   dense limit), measured in the same run; forward grouped paths also print
+   their relative error against XLA's ragged_dot.
 
 Every record is also printed as one JSON line as it is made, so a run cut
 short by a timeout still leaves its figures in the log
@@ -65,6 +67,13 @@ _MAX_CASES = flags.DEFINE_integer(
   "max_cases", 0, "Stop the correctness part after this many cases (0: all)."
 )
 _SHAPES = flags.DEFINE_list("shapes", list(SPEED_SHAPES), "Speed shapes (SPEED_SHAPES) by name.")
+_MOSAIC = flags.DEFINE_list(
+  "mosaic",
+  ["128:128:64:4:1", "128:128:64:4:2", "64:128:64:4:1"],
+  "Block configs block_m:block_n:block_k:max_concurrent_steps:grid_block_n of jax's "
+  "Pallas Mosaic GPU grouped matmuls, timed in the speed part on Hopper GPUs only "
+  "(empty: none).",
+)
 CASE_SETS = ("edge", "random")
 
 
@@ -171,6 +180,13 @@ def main(argv):
     unknown = sorted(set(flag.value) - set(valid))
     if unknown:
       raise app.UsageError(f"--{flag.name} {unknown}: expected names in {sorted(valid)}")
+  for spec in _MOSAIC.value:
+    fields = spec.split(":")
+    if len(fields) != 5 or not all(f.isdigit() and int(f) > 0 for f in fields):
+      raise app.UsageError(
+        f"--mosaic {spec!r}: expected block_m:block_n:block_k:max_concurrent_steps:grid_block_n, "
+        "five positive integers"
+      )
   OUTPUTS.check()
   print(f"jax {jax.__version__} on {jax.devices()} ({platform.node()})", flush=True)
   records = []
@@ -178,7 +194,7 @@ def main(argv):
   parts = {
     "correctness": check_correctness,
     "speed": lambda records: check_speed(
-      records, shapes, _TILINGS.value, _REPS.value, _DRY_RUN.value
+      records, shapes, _TILINGS.value, _REPS.value, _DRY_RUN.value, _MOSAIC.value
     ),
   }
   for part, fn in parts.items():

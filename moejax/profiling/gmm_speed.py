@@ -1,6 +1,7 @@
 """The GPU check's speed part and report (experiments/benchmarks/gpu_check.py): the
 compiled Triton grouped matmul (moejax/kernels gmm, tgmm) timed against
-jax.lax.ragged_dot and the dense matmul of equal FLOPs, and the check's markdown.
+jax.lax.ragged_dot, the dense matmul of equal FLOPs and, on Hopper, jax's own Pallas
+Mosaic GPU grouped matmuls (jax.experimental.pallas.ops.gpu), and the check's markdown.
 """
 
 import json
@@ -36,11 +37,55 @@ def balanced_sizes(rng, num_groups, m):
   return jnp.asarray(rng.multinomial(m, weights), jnp.int32)
 
 
-def check_speed(records, shapes: dict, tilings, reps: int, interpret: bool) -> None:
+def is_hopper() -> bool:
+  """Whether the default device is an NVIDIA GPU of compute capability 9.x (H100, H200),
+  the one generation jax's Hopper Mosaic GPU kernels target."""
+  device = jax.devices()[0]
+  return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9")
+
+
+def mosaic_paths(x, w, dy, gs, configs) -> dict[str, tuple[Callable, tuple]]:
+  """jax's Pallas Mosaic GPU grouped matmuls for Hopper, forward only (they define no
+  VJP): ragged_dot_mgpu.ragged_dot ([m, d] x [E, d, f], gmm's contraction) and
+  transposed_ragged_dot_mgpu.transposed_ragged_dot (x^T dy per group, tgmm's), one pair
+  per block config 'block_m:block_n:block_k:max_concurrent_steps:grid_block_n'."""
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
+
+  paths = {}
+  for spec in configs:
+    bm, bn, bk, steps, grid_n = (int(v) for v in spec.split(":"))
+    kw = dict(block_m=bm, block_n=bn, block_k=bk, max_concurrent_steps=steps, grid_block_n=grid_n)
+    paths[f"mgpu_gmm{spec}"] = (
+      jax.jit(lambda a, b, g, kw=kw: ragged_dot_mgpu.ragged_dot(a, b, group_sizes=g, **kw)),
+      (x, w, gs),
+    )
+    paths[f"mgpu_tgmm{spec}"] = (
+      jax.jit(
+        lambda a, b, g, kw=kw: transposed_ragged_dot_mgpu.transposed_ragged_dot(
+          a, b, group_sizes=g, **kw
+        )
+      ),
+      (x, dy, gs),
+    )
+  return paths
+
+
+def relative_error(got, want) -> float:
+  """max |got - want| / max |want|, in float32."""
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+
+
+def check_speed(
+  records, shapes: dict, tilings, reps: int, interpret: bool, mosaic_configs=()
+) -> None:
   """Appends (and prints as a JSON line) one record per shape {name: (T, d, f, E, k)},
-  pass and path: bf16 dense matmul, ragged_dot, and gmm / tgmm at each tiling
-  'tm:tk:tn' (Triton, `interpret` on CPU); median ms over `reps` calls, TFLOP/s and
-  dense time / path time. A path that fails is printed and left out."""
+  pass and path: bf16 dense matmul, ragged_dot, gmm / tgmm at each tiling 'tm:tk:tn'
+  (Triton, `interpret` on CPU) and, on a Hopper GPU, the Mosaic GPU kernels at each of
+  `mosaic_configs` (`mosaic_paths`); median ms over `reps` calls, TFLOP/s and dense time
+  / path time. Forward paths also carry their relative error against XLA's
+  ragged_dot (gmm's contraction) or its gradient in the weights (tgmm's). A path that
+  fails is printed and left out."""
   rng = np.random.default_rng(2)
   for shape, (tokens, d, f, experts, top_k) in shapes.items():
     m = tokens * top_k
@@ -87,10 +132,21 @@ def check_speed(records, shapes: dict, tilings, reps: int, interpret: bool) -> N
       fwd_bwd[f"gmm{spec}"] = lambda a, b, g, kw=kw: jnp.sum(
         gmm(a, b, g, **kw).astype(jnp.float32) * dy.astype(jnp.float32)
       )
-    results = {}
+    if mosaic_configs and is_hopper():
+      paths.update(mosaic_paths(x, w, dy, gs, mosaic_configs))
+    elif mosaic_configs:
+      print(f"speed {shape}: Mosaic GPU paths skipped (not a Hopper GPU)", flush=True)
+    references = {
+      "gmm": paths["ragged_dot"][0](x, w, gs),
+      "tgmm": jax.jit(jax.grad(fwd_bwd["ragged_dot"], argnums=1))(x, w, gs),
+    }
+    results, errors = {}, {}
     for name, (jitted, args) in paths.items():
       try:
         results[("fwd", name)] = timed(jitted, *args, reps=reps)
+        kind = "tgmm" if "tgmm" in name else "gmm" if "gmm" in name else None
+        if kind:
+          errors[name] = relative_error(jitted(*args), references[kind])
       except Exception as e:
         print(f"speed {shape} fwd {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
     for name, loss in fwd_bwd.items():
@@ -114,6 +170,7 @@ def check_speed(records, shapes: dict, tilings, reps: int, interpret: bool) -> N
         "median_ms": seconds * 1e3,
         "tflops": factor * flops / seconds / 1e12,
         "dense_over_path": (dense / seconds) if dense else None,
+        "rel_err": errors.get(name) if pass_ == "fwd" else None,
       }
       records.append(rec)
       print(json.dumps(rec), flush=True)
@@ -141,7 +198,15 @@ def markdown(records) -> str:
   if speed:
     lines.append(
       markdown_table(
-        ["shape (T, d, f, E, k)", "pass", "path", "median ms", "TFLOP/s", "dense / path"],
+        [
+          "shape (T, d, f, E, k)",
+          "pass",
+          "path",
+          "median ms",
+          "TFLOP/s",
+          "dense / path",
+          "rel. error vs XLA",
+        ],
         [
           [
             f"{r['shape']} {tuple(r['dims'])}",
@@ -150,6 +215,7 @@ def markdown(records) -> str:
             f"{r['median_ms']:.3f}",
             f"{r['tflops']:.0f}",
             "" if r["dense_over_path"] is None else f"{r['dense_over_path']:.2f}",
+            "" if r.get("rel_err") is None else f"{r['rel_err']:.1e}",
           ]
           for r in speed
         ],
