@@ -26,14 +26,18 @@ def get_config():
     "task, the other classes' logits masked) and is tested after each task on the test "
     "images of the tasks so far, without the task identity, by the nearest class mean "
     "of its prompted feature (head_*: by the head). smope: N = 10, K = 2 in the first 2 "
-    "blocks, the official usage penalties and 50 dense warm-up steps; shared: the same "
+    "blocks, the official usage penalties, 50 dense warm-up steps and the official router "
+    "losses (margin cross-entropy and old-key prototype loss, weights 1e-5); "
+    "smope_no_router_losses: the same without them; shared: the same "
     "10 experts all used, per-query logits "
     "(dense prefix tuning); task_prompts: 2 experts per task, chosen at test time by the "
     "cosine between the frozen feature and each task's key (the mean feature)."
   )
   c.scorer = "smope"
   c.settings = {"seed": 0}  # the rest: the scorer's defaults (moejax/studies/scorers/smope.py)
-  c.arms = [{"name": name} for name in ("smope", "shared", "task_prompts")]
+  c.arms = [
+    {"name": name} for name in ("smope", "smope_no_router_losses", "shared", "task_prompts")
+  ]
   c.levels = [{}]
   c.draws = 3
   c.reference = "shared"

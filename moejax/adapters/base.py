@@ -14,7 +14,8 @@ position embeddings:
 An adapter is an nnx.Module with `num_tokens` and `__call__(layer, patches_BxPxD)`
 returning [B, N, d] prompts for block `layer` or None (keep the slots). One whose
 prompts are key/value prefixes inside the attention (SMoPE) has num_tokens 0 and an
-`attention_prefix(layer, train)` method giving block `layer`'s hook (or None). Its
+`attention_prefix(layer, train, losses)` method giving block `layer`'s hook (or None),
+which appends its weighted losses to the list `losses` (the model adds them to aux_loss). Its
 settings live in model.vit.prompt.<name> (defaults declared in its AdapterSpec,
 unknown keys refused); model.vit.prompt.num_tokens is N for every adapter.
 """
@@ -132,11 +133,12 @@ def place_prompts(adapter, layer: int, x_BxLxD, num_prefix: int):
   return jnp.concatenate([x_BxLxD[:, :num_prefix], prompts.astype(x_BxLxD.dtype), patches], axis=1)
 
 
-def attention_prefix(adapter, layer: int, train: bool):
+def attention_prefix(adapter, layer: int, train: bool, losses: list | None = None):
   """Block `layer`'s key/value prefix hook (layers/attention.py prefixed_attention) from
-  an adapter whose prompts live inside the attention (SMoPE), or None."""
+  an adapter whose prompts live inside the attention (SMoPE), or None. The hook appends
+  the adapter's weighted losses of that block (traced scalars) to `losses`."""
   hook = getattr(adapter, "attention_prefix", None)
-  return None if hook is None else hook(layer, train)
+  return None if hook is None else hook(layer, train, losses)
 
 
 def drop_prompts(adapter, x_BxLxD, num_prefix: int):

@@ -27,12 +27,23 @@ used expert (`frequent`, sticky), pushing new tasks to other experts; evaluation
 subtracts unused_penalty (2.0) times the spread from experts never counted, so
 they are never chosen. The "adaptive noise" of our spec is this deterministic offset.
 
-Left out: the official router loss (a margin cross-entropy on the selected
-scores) and its prototype loss on old keys, both weighted 1e-5 there, and the
-dense warm-up of the first task (the continual-learning loop may set top_k = N);
-experts start U(0, 1) as there (torch nn.init.uniform_). `assigned` replaces the
-selection by given experts for every head (task-specific prompts, DualPrompt's
-E-prompts with key matching, moejax/continual/prompt_experts.py).
+The official router losses (models/zoo.py router_loss; not in the paper's text), added
+to the model's aux_loss in training when selecting K < N experts:
+
+  margin loss     mu_router * sum_h sum_{j in S} mean_b CE(s + eps (max s - min s) 1[not S], j)
+                  the unselected experts' scores lifted by eps times the spread (eps =
+                  `penalty`, as there): each selected expert must win by that margin.
+  old-key loss    mu_router_old * sum_h sum_{i <= K} mean_{u frequent} CE(o_u . P^K, top_i(o_u . O))
+                  once a task has ended (`end_task` keeps the keys O): the old keys o_u of
+                  the frequent experts must keep ranking the current keys P^K as they
+                  ranked the old ones (the prototype loss). A head with no frequent
+                  expert adds 0 (the official mean over no rows is NaN).
+
+Both weights default to the official 1e-5 (`router_weight`, `old_key_weight`). The
+dense warm-up of the first task is the continual-learning loop's (top_k = N: no router
+loss then, our choice); experts start U(0, 1) as there (torch nn.init.uniform_).
+`assigned` replaces the selection by given experts for every head (task-specific
+prompts, DualPrompt's E-prompts with key matching, moejax/continual/prompt_experts.py).
 """
 
 import jax
@@ -48,6 +59,8 @@ SETTINGS = (
   ("penalty", 0.4),
   ("unused_penalty", 2.0),
   ("proxy_logits", True),
+  ("router_weight", 1e-5),  # mu_router, the margin router loss
+  ("old_key_weight", 1e-5),  # mu_router_old, the old-key prototype loss
 )
 
 
@@ -75,6 +88,30 @@ def top_experts(scores_BxHxN, offset_BxHxN, top_k: int):
   return jax.lax.top_k(scores_BxHxN - offset_BxHxN * spread, top_k)[1]
 
 
+def margin_router_loss(scores_BxHxN, index_BxHxK, margin: float):
+  """sum over heads and selected experts j of mean_b CE(s + margin * spread * 1[not
+  selected], j): the official router loss before its weight (module doc)."""
+  n = scores_BxHxN.shape[-1]
+  spread = jax.lax.stop_gradient(
+    jnp.max(scores_BxHxN, -1, keepdims=True) - jnp.min(scores_BxHxN, -1, keepdims=True)
+  )
+  selected = jnp.sum(jax.nn.one_hot(index_BxHxK, n, dtype=jnp.float32), axis=-2) > 0
+  lifted = scores_BxHxN + margin * spread * (~selected).astype(jnp.float32)
+  log_p = jax.nn.log_softmax(lifted, axis=-1)
+  return -jnp.sum(jnp.mean(jnp.take_along_axis(log_p, index_BxHxK, axis=-1), axis=0))
+
+
+def old_key_loss(keys_HxNxK, old_keys_HxNxK, frequent_HxN, top_k: int):
+  """sum over heads and i <= K of the mean over frequent experts u of CE(o_u . P^K,
+  i-th largest o_u . O): the official prototype loss before its weight (module doc)."""
+  old_keys = jax.lax.stop_gradient(old_keys_HxNxK)
+  targets = jax.lax.top_k(jnp.einsum("hud,hnd->hun", old_keys, old_keys), top_k)[1]
+  log_p = jax.nn.log_softmax(jnp.einsum("hud,hnd->hun", old_keys, keys_HxNxK), axis=-1)
+  per_row = -jnp.sum(jnp.take_along_axis(log_p, targets, axis=-1), axis=-1)  # [H, N]
+  rows = frequent_HxN.astype(jnp.float32)
+  return jnp.sum(jnp.sum(per_row * rows, -1) / jnp.maximum(jnp.sum(rows, -1), 1.0))
+
+
 def gather_experts(table_HxNxK, index_BxHxK):
   """[B, H, K, d]: the rows `index` of each head's table."""
   return jnp.take_along_axis(table_HxNxK[None], index_BxHxK[..., None], axis=2)
@@ -88,11 +125,13 @@ class SparsePromptExperts(nnx.Module):
     self.num_experts = n = m.vit.prompt.num_tokens
     self.top_k, self.proxy_logits = s["top_k"], s["proxy_logits"]
     self.penalty, self.unused_penalty = s["penalty"], s["unused_penalty"]
+    self.router_weight, self.old_key_weight = s["router_weight"], s["old_key_weight"]
     shape = (prefix_blocks(m, s), m.num_heads, n, m.head_dim)
     self.keys = nnx.Param(jax.random.uniform(rngs.params(), shape, jnp.float32))
     self.values = nnx.Param(jax.random.uniform(rngs.params(), shape, jnp.float32))
     self.counts = ExpertUsage(jnp.zeros(shape[:3], jnp.float32))
     self.frequent = ExpertUsage(jnp.zeros(shape[:3], bool))
+    self.old_keys = ExpertUsage(jnp.zeros(shape, jnp.float32))  # the keys at the last end_task
     self.counting = False  # count_selections: add each call's raw top-K to `counts`
     self.assigned = ExpertUsage(jnp.zeros((1, 0), jnp.int32))  # [B or 1, K] or empty
 
@@ -121,9 +160,21 @@ class SparsePromptExperts(nnx.Module):
     offset = jnp.broadcast_to(self.offset(layer, train), scores_BxHxN.shape)
     return top_experts(scores_BxHxN, offset, self.top_k)
 
-  def attention_prefix(self, layer: int, train: bool):
+  def router_loss(self, layer: int, scores_BxHxN, index_BxHxK):
+    """Block `layer`'s weighted router losses in training (module doc)."""
+    loss = jnp.zeros((), jnp.float32)
+    if self.router_weight:
+      loss += self.router_weight * margin_router_loss(scores_BxHxN, index_BxHxK, self.penalty)
+    if self.old_key_weight:
+      loss += self.old_key_weight * old_key_loss(
+        self.keys[layer], self.old_keys[layer], self.frequent[layer], self.top_k
+      )
+    return loss
+
+  def attention_prefix(self, layer: int, train: bool, losses: list | None = None):
     """Block `layer`'s hook for layers/attention.py prefixed_attention, or None past
-    the blocks with experts."""
+    the blocks with experts. In training with K < N selected by the proxy score, the
+    hook appends the block's weighted router losses to `losses` (when given)."""
     if layer >= self.keys.shape[0]:
       return None
 
@@ -132,6 +183,8 @@ class SparsePromptExperts(nnx.Module):
       q = q_BxLxHxK.astype(jnp.float32)
       scores = proxy_scores(q, keys)
       index = self.selection(layer, scores, train)
+      if train and losses is not None and index is not None and not self.assigned.shape[1]:
+        losses.append(self.router_loss(layer, scores, index))
       if index is None:
         chosen = scores
         keys_BxHxKxD = jnp.broadcast_to(keys[None], (q.shape[0], *keys.shape))
@@ -154,11 +207,13 @@ class SparsePromptExperts(nnx.Module):
 
   def end_task(self) -> None:
     """Mark as frequent the experts counted at least as often as their head's mean
-    counted expert (sticky over tasks, the official used_frequently)."""
+    counted expert (sticky over tasks, the official used_frequently), and keep the
+    keys as the old keys of the prototype loss."""
     counts = self.counts[...]
     used = jnp.maximum(jnp.sum(counts > 0, axis=-1, keepdims=True), 1)
     mean = jnp.sum(counts, axis=-1, keepdims=True) / used
     self.frequent[...] = self.frequent[...] | (counts >= mean)
+    self.old_keys[...] = self.keys[...]
 
   def assign(self, experts_BxK) -> None:
     """Use these experts for every head instead of the proxy selection ([B or 1, K]);
@@ -184,7 +239,7 @@ def validate(s: dict, m) -> None:
       f"model.vit.prompt.smope.blocks={blocks!r} must be an int in [0 (half), "
       f"model.num_layers={m.num_layers}]"
     )
-  for key in ("penalty", "unused_penalty"):
+  for key in ("penalty", "unused_penalty", "router_weight", "old_key_weight"):
     if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] < 0:
       raise ConfigError(f"model.vit.prompt.smope.{key}={s[key]!r} must be a number >= 0")
   if not isinstance(s["proxy_logits"], bool):

@@ -19,8 +19,11 @@ comparison of prompts, which is what the class means do here.
                 the official usage rules (count after each task, penalise frequent
                 experts in training, exclude never-used ones in evaluation), and the
                 official dense warm-up: the first task's first `warmup` steps use all
-                experts.
-  smope_no_usage  the same without the usage rules (both penalties 0).
+                experts; the official margin router loss and old-key prototype loss
+                (weights 1e-5) in the training loss.
+  smope_no_usage  the same without the usage rules (both penalties 0; the router loss's
+                margin is the penalty, so 0 too).
+  smope_no_router_losses  smope without the official router and old-key losses.
   shared        one prefix of N experts, all used by every input, per-query logits
                 (dense prefix tuning; the same prompt parameters as smope).
   task_prompts  T prefixes of N / T experts, task t's trained on task t only, with
@@ -54,7 +57,7 @@ from moejax.models.vit import VisionTransformer
 from moejax.train.classifier import MASKED, batches, trained_steps
 from moejax.train.optimizer import make_optimizer
 
-METHODS = ("smope", "smope_no_usage", "shared", "task_prompts")
+METHODS = ("smope", "smope_no_usage", "smope_no_router_losses", "shared", "task_prompts")
 ROTATIONS = 4
 
 
@@ -103,10 +106,12 @@ def model_config(s: Setup, num_classes: int, method: str | None = None, tasks: i
     m.vit.prompt.adapter, m.vit.prompt.num_tokens = "smope", s.experts
     p = m.vit.prompt.smope
     p.blocks = s.blocks
-    p.top_k = {"smope": s.top_k, "smope_no_usage": s.top_k}.get(method, s.experts)
+    p.top_k = s.top_k if method.startswith("smope") else s.experts
     p.proxy_logits = method.startswith("smope")
     if method == "smope_no_usage":
       p.penalty, p.unused_penalty = 0.0, 0.0
+    if method == "smope_no_router_losses":
+      p.router_weight, p.old_key_weight = 0.0, 0.0
     if method == "task_prompts":
       m.vit.prompt.num_tokens = s.experts // tasks * tasks
   return ml_collections.FrozenConfigDict(m)
@@ -213,7 +218,7 @@ def run_stream(method: str, s: Setup, backbone, data, tasks, seed: int) -> dict:
       model = trained_steps(model, PROMPT_AND_HEAD, optimizer, warm)
       model.prompt.top_k = top_k
     steps = batches(rng, x, y, s.steps_per_task, s.batch, allowed)
-    model = trained_steps(model, PROMPT_AND_HEAD, optimizer, steps)
+    model = trained_steps(model, PROMPT_AND_HEAD, optimizer, steps, router_losses=sparse)
     if sparse:
       model.prompt.count_selections()
       logits_of(model, jnp.asarray(x))

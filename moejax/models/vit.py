@@ -178,6 +178,7 @@ class VisionTransformer(nnx.Module):
       x = place_prompts(self.prompt, 0, x, prefix)
     allowed = jnp.ones((1, 1, 1), bool)  # non-causal: every query sees every patch
     policy = REMAT_POLICIES[self.cfg.remat]
+    adapter_losses: list = []  # the prefix hooks' weighted losses (SMoPE's router losses)
     if isinstance(self.blocks, ScannedBlocks):
       x, layers_aux = self.blocks(
         x, None, allowed, None, train=train, rng=rng, policy=policy, step_stats=step_stats
@@ -191,7 +192,7 @@ class VisionTransformer(nnx.Module):
         if i > 0 and self.prompt is not None:
           x = place_prompts(self.prompt, i, x, prefix)
         call = block if policy is None else rematerialised(block, policy)
-        hook = attention_prefix(self.prompt, i, train)  # SMoPE's experts, or None
+        hook = attention_prefix(self.prompt, i, train, adapter_losses)  # SMoPE's, or None
         x, aux, _ = call(
           x,
           None,
@@ -209,6 +210,8 @@ class VisionTransformer(nnx.Module):
         x = sharding.constrain(x, RESIDUAL_AXES)
         layers_aux.append(aux)
     model_aux = gather_aux(layers_aux, is_moe_block(self.blocks))
+    if adapter_losses:
+      model_aux["aux_loss"] = model_aux["aux_loss"] + sum(adapter_losses)
     if self.prompt is not None:
       x = drop_prompts(self.prompt, x, prefix)
     x = self.final_norm(x)

@@ -98,7 +98,7 @@ def test_k_equal_to_n_is_dense_prefix_tuning_through_the_whole_model():
   model = build(experts=3, top_k=3, proxy_logits=False)
   keys, values = model.prompt.keys[...], model.prompt.values[...]
 
-  def dense(layer, train):
+  def dense(layer, train, losses=None):
     if layer >= keys.shape[0]:
       return None
     return lambda q: (
