@@ -7,7 +7,7 @@ r"""Distil a zoo MoE teacher into a small dense student on the mix corpus
   python -m experiments.train --config=configs/distill.py \
     --config.distill.teacher.hf_dir=DIR --config.distill.teacher.workdir=None ...
 
-Args: method=residual|kl|none (none: the same student on cross-entropy alone,
+Args: method=residual|kl|hidden|none (none: the same student on cross-entropy alone,
 task='lm'), teacher=<a training workdir> (default runs/zoo/s), steps=N.
 Student: dense, d_model 64, 2 layers, SwiGLU width 256, 64 tokens x 16 rows a step
 (the zoo's byte tokenizer, so teacher and student share the vocabulary).

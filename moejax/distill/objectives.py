@@ -7,11 +7,15 @@ returns (unweighted float32 scalar, {metric: scalar}) and the train step adds
 holds the arrays of the method's `teacher_keys`:
 
   logits       [B, L, V] the teacher's logits, in the student's vocabulary
-  code_logits  [B, L, V] the student's output projection of Proj(h_t), the
-               teacher's stage-1 code (moejax/distill/modules.py): head_s(Proj(h_t))
+  code         [B, L, d_s] Proj(h_t), the teacher's stage-1 code
+               (moejax/distill/modules.py), in the student's width
+  code_logits  [B, L, V] the student's output projection of the code: head_s(Proj(h_t))
 
-No gradient reaches the teacher: its logits are wrapped in stop_gradient here, its
-code where the student's head is applied to it (only the head is differentiated).
+and, for a method with `student_hidden`, "student_hidden" [B, L, d_s]: the student's
+final hidden state (the final norm's output, the head's input), which the train step
+then computes. No gradient reaches the teacher: its logits are wrapped in
+stop_gradient here, its code where it enters the step (only the student's head is
+differentiated through code_logits).
 
 kl        Hinton et al. (2015), "Distilling the knowledge in a neural network":
           T^2 * mean over tokens of KL(softmax(z_t / T) || softmax(z_s / T)).
@@ -26,6 +30,12 @@ residual  Knowledge distillation through residual learning (ICLR submission,
           GUESSES (the paper's details are not public): the normalisation by all
           tokens (a teacher that is always right contributes 0, not 0/0), no term
           at teacher-right positions, and the argmax as the teacher's prediction.
+hidden    hidden-state KD, the hint loss of FitNets (Romero et al. 2015, eq. 3) on the
+          final hidden state: mean over tokens and features of (h_s - Proj(h_t))^2,
+          the student matching the same projected teacher state that residual KD
+          subtracts. GUESS: FitNets trains a regressor on the student's side; here
+          the map between the widths is residual KD's stage-1 projector, fixed.
+          It reads no teacher logits.
 """
 
 from __future__ import annotations
@@ -43,11 +53,13 @@ from moejax.registry import Registry
 @dataclasses.dataclass(frozen=True)
 class DistillMethod:
   """A registered objective: loss(student_logits, teacher, targets, settings) ->
-  (float32 scalar, metrics); teacher_keys: the teacher arrays it reads (module doc)."""
+  (float32 scalar, metrics); teacher_keys: the teacher arrays it reads; student_hidden:
+  whether it also reads the student's final hidden state (module doc)."""
 
   name: str
   loss: Callable[..., tuple[jax.Array, dict]]
   teacher_keys: tuple[str, ...]
+  student_hidden: bool = False
 
 
 DISTILL_METHODS: Registry[DistillMethod] = Registry("distill.method")
@@ -85,5 +97,15 @@ def residual_loss(student_logits, teacher, targets, settings):
   return jnp.sum(wrong * ce) / wrong.size, {"teacher_wrong_fraction": jnp.mean(wrong)}
 
 
+def hidden_loss(student_logits, teacher, targets, settings):
+  """Hidden-state KD (module doc): mean squared difference of the student's final hidden
+  state and the teacher's code."""
+  del student_logits, targets, settings
+  hidden = teacher["student_hidden"].astype(jnp.float32)
+  code = jax.lax.stop_gradient(teacher["code"]).astype(jnp.float32)
+  return jnp.mean(jnp.square(hidden - code)), {}
+
+
 DISTILL_METHODS.add("kl", DistillMethod("kl", kl_loss, ("logits",)))
+DISTILL_METHODS.add("hidden", DistillMethod("hidden", hidden_loss, ("code",), student_hidden=True))
 DISTILL_METHODS.add("residual", DistillMethod("residual", residual_loss, ("logits", "code_logits")))

@@ -155,11 +155,13 @@ class Decoder(nnx.Module):
     rng: jax.Array | None = None,
     step_stats: Sequence[dict] | None = None,
     last_logits_only: bool = False,
+    with_hidden: bool = False,
   ) -> tuple[jax.Array, dict[str, Any], DecodeCache | None]:
     """(float32 logits [B, L, V] (L = 1 with last_logits_only), {'aux_loss': float32
     scalar, 'moe': per MoE layer its aux dict}, the cache with the new tokens written
     or None) of tokens [B, L]. token_mask_BxL: bool [B, L], False at padding;
-    step_stats: per MoE layer its router's step statistics (losses.base)."""
+    step_stats: per MoE layer its router's step statistics (losses.base); with_hidden:
+    aux also holds 'final_hidden', the final norm's output [B, L, d] (the head's input)."""
     b, length = tokens_BxL.shape
     padded = token_mask_BxL is not None
     token_mask_BxL = (
@@ -227,7 +229,10 @@ class Decoder(nnx.Module):
     model_aux = gather_aux(layers_aux, is_moe_block(self.blocks))
     if last_logits_only:  # decoding reads only the last position's logits
       x = x[:, -1:]
-    logits = self.output_projection(self.final_norm(x))
+    hidden = self.final_norm(x)
+    if with_hidden:
+      model_aux["final_hidden"] = hidden
+    logits = self.output_projection(hidden)
     logits = sharding.constrain(logits.astype(jnp.float32), ("batch", "length", "act_vocab"))
     if cache is not None:
       cache = cache.replace(

@@ -51,7 +51,7 @@ def mosaic_paths(x, w, dy, gs, configs) -> dict[str, tuple[Callable, tuple]]:
   per block config 'block_m:block_n:block_k:max_concurrent_steps:grid_block_n'."""
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
 
-  paths = {}
+  paths: dict[str, tuple[Callable, tuple]] = {}
   for spec in configs:
     bm, bn, bk, steps, grid_n = (int(v) for v in spec.split(":"))
     kw = dict(block_m=bm, block_n=bn, block_k=bk, max_concurrent_steps=steps, grid_block_n=grid_n)

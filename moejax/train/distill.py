@@ -204,17 +204,29 @@ def load_teacher(config) -> Teacher:
 
 
 def make_objective(method, settings: dict):
-  """objective(student model, logits, batch) -> (weighted term, metrics) of the step."""
+  """objective(student model, logits, batch, hidden) -> (weighted term, metrics) of the
+  step; its `student_hidden` asks the step for the student's final hidden state."""
 
-  def objective(model, logits, batch):
+  def objective(model, logits, batch, hidden=None):
     teacher = {"logits": batch["teacher_logits"]}
-    if "code_logits" in method.teacher_keys:
+    if reads_code(method):
       code = jax.lax.stop_gradient(batch["teacher_code"])
-      teacher["code_logits"] = model.output_projection(code)
+      if "code" in method.teacher_keys:
+        teacher["code"] = code
+      if "code_logits" in method.teacher_keys:
+        teacher["code_logits"] = model.output_projection(code)
+    if method.student_hidden:
+      teacher["student_hidden"] = hidden
     loss, metrics = method.loss(logits, teacher, batch["targets"], settings)
     return settings["weight"] * loss, {"distill_loss": loss, **metrics}
 
+  objective.student_hidden = method.student_hidden  # type: ignore[attr-defined]
   return objective
+
+
+def reads_code(method) -> bool:
+  """Whether the method reads the teacher's stage-1 code (then stage 1 is fitted)."""
+  return bool({"code", "code_logits"} & set(method.teacher_keys))
 
 
 def check_settings(d) -> None:
@@ -242,7 +254,7 @@ def prepare(config, layout):
 
   def attach(data):
     add = functools.partial(teacher_outputs, teacher, None)
-    if "code_logits" in method.teacher_keys:
+    if reads_code(method):
       add = functools.partial(teacher_outputs, teacher, fit_stage1(config, teacher, data))
     train_iter = TeacherBatches(data.train_iter, add)
     return dataclasses.replace(data, train_iter=train_iter), make_objective(method, settings)

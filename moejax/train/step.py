@@ -136,20 +136,23 @@ def make_loss_fn(graphdef, objective=None):
   router_stats: {layer path: the stats its router reported} (the state-update
   protocol of moejax/routing/base.py). step_stats: the step's loss statistics per
   MoE layer (Decoder), or None for the batch's own. objective: a task's term
-  (moejax/train/tasks.py), objective(model, logits, batch) -> (float32 scalar added
-  to the loss, {metric: scalar} logged beside it, in aux["task"]).
+  (moejax/train/tasks.py), objective(model, logits, batch, hidden) -> (float32 scalar
+  added to the loss, {metric: scalar} logged beside it, in aux["task"]); hidden is the
+  model's final hidden state [B, L, d] when the objective has `student_hidden` True,
+  else None.
   """
+  with_hidden = {"with_hidden": True} if getattr(objective, "student_hidden", False) else {}
 
   def loss_fn(params, rest, batch, rng, step_stats=None):
     model = nnx.merge(graphdef, params, rest)
-    (logits, aux, _), sown = nnx.capture(model, RouterStats)(
-      batch["inputs"], train=True, rng=rng, step_stats=step_stats
+    (logits, model_aux, _), sown = nnx.capture(model, RouterStats)(
+      batch["inputs"], train=True, rng=rng, step_stats=step_stats, **with_hidden
     )
-    aux = {"aux_loss": aux["aux_loss"], "moe": moe_metrics(aux)}  # the routing stays here
+    aux = {"aux_loss": model_aux["aux_loss"], "moe": moe_metrics(model_aux)}  # routing stays
     ce = cross_entropy(logits, batch["targets"])
     extra = jnp.zeros((), jnp.float32)
     if objective is not None:
-      extra, aux["task"] = objective(model, logits, batch)
+      extra, aux["task"] = objective(model, logits, batch, model_aux.get("final_hidden"))
     # {'blocks/0/ffn': stats}: what each MoE layer sowed on its one call. (A scanned
     # block sows stacked stats; config refuses micro-batching with a stateful router
     # there or under remat, so only the loop's layers reach apply_router_updates.)

@@ -11,6 +11,7 @@ import pytest
 
 from moejax.distill.objectives import (
   DISTILL_METHODS,
+  hidden_loss,
   kl_divergence,
   residual_loss,
   teacher_wrong_mask,
@@ -86,21 +87,40 @@ def test_the_residual_term_is_the_masked_cross_entropy_of_student_minus_code_log
   assert float(loss) == pytest.approx(total / 12, rel=1e-5)
 
 
-def test_gradients_of_the_terms_do_not_reach_the_teacher_logits():
+def test_gradients_of_the_terms_do_not_reach_the_teacher():
+  """Each method moves the student (its logits, or its hidden state where it reads
+  that) and neither the teacher's logits nor its code."""
   rng = np.random.default_rng(2)
-  student, teacher, code = (jnp.asarray(rng.normal(size=(2, 3, 5))) for _ in range(3))
+  student, teacher, code, hidden = (jnp.asarray(rng.normal(size=(2, 3, 5))) for _ in range(4))
   targets = jnp.asarray(rng.integers(0, 5, (2, 3)))
   for name, method in DISTILL_METHODS.items():
 
-    def loss(teacher_logits, student_logits):
-      arrays = {"logits": teacher_logits, "code_logits": code}
+    def loss(teacher_logits, teacher_code, student_logits, student_hidden):
+      arrays = {"logits": teacher_logits, "code_logits": teacher_code, "code": teacher_code}
+      if method.student_hidden:
+        arrays["student_hidden"] = student_hidden
       return method.loss(student_logits, arrays, targets, {"temperature": 2.0})[0]
 
-    to_teacher, to_student = jax.grad(loss, argnums=(0, 1))(teacher, student)
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(teacher, code, student, hidden)
+    to_teacher, to_code, to_student = grads[0], grads[1], grads[3 if method.student_hidden else 2]
     assert not np.any(np.asarray(to_teacher)), name
     assert np.any(np.asarray(to_student)), name
+    if "code" in method.teacher_keys:
+      assert not np.any(np.asarray(to_code)), name
+
+
+def test_the_hidden_term_is_the_mean_squared_difference_by_hand():
+  rng = np.random.default_rng(3)
+  hidden, code = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+  arrays = {"student_hidden": jnp.asarray(hidden), "code": jnp.asarray(code)}
+  loss, _ = hidden_loss(None, arrays, None, {})
+  total = sum(
+    (hidden[b, t, k] - code[b, t, k]) ** 2 for b in range(2) for t in range(3) for k in range(4)
+  )
+  assert float(loss) == pytest.approx(total / 24, rel=1e-6)
+  assert DISTILL_METHODS.get("hidden").teacher_keys == ("code",)  # no teacher logits
 
 
 def test_an_unknown_method_names_the_key_and_the_valid_ones():
-  with pytest.raises(ConfigError, match=r"distill\.method='rkd'.*kl, residual"):
+  with pytest.raises(ConfigError, match=r"distill\.method='rkd'.*hidden, kl, residual"):
     DISTILL_METHODS.get("rkd")

@@ -1,7 +1,8 @@
 """The `distillation` scorer (moejax/studies/scorers/distillation.py) with stand-in
-training and held-out figures: every distilled arm trains with the study's teacher
-and again with the misleading overrides, the cross-entropy arm once; the loss
-metrics are the hand-computed differences; bad settings are refused before any run."""
+training and held-out figures: every logit-reading distilled arm trains with the
+study's teacher and again with the misleading overrides, the cross-entropy arm and
+hidden-state KD (which reads no teacher logits) once; the loss metrics are the
+hand-computed differences; bad settings are refused before any run."""
 
 import ml_collections
 import pytest
@@ -42,7 +43,12 @@ def study(workdir, **settings):
   }
   c.arms = [
     {"name": name, "config": f"{CONFIG}:method={method}"}
-    for name, method in (("ce", "none"), ("kl", "kl"), ("residual", "residual"))
+    for name, method in (
+      ("ce", "none"),
+      ("kl", "kl"),
+      ("hidden", "hidden"),
+      ("residual", "residual"),
+    )
   ]
   c.claims = [
     {
@@ -72,6 +78,7 @@ def test_each_distilled_arm_trains_twice_and_the_losses_are_the_differences(tmp_
     for arm, where in [
       ("ce", ""),
       ("kl", ""),
+      ("hidden", ""),
       ("residual", ""),
       ("kl", "teacher=misleading/"),
       ("residual", "teacher=misleading/"),

@@ -18,6 +18,7 @@ from moejax.data import mix
 from moejax.data.pipeline import build_lm_data
 from moejax.distill.modules import Projector
 from moejax.distill.objectives import DISTILL_METHODS, kl_divergence
+from moejax.models.capture import captured_forward
 from moejax.errors import ConfigError
 from moejax.train import distill
 from moejax.train import step as step_lib
@@ -87,6 +88,32 @@ def test_no_gradient_of_the_residual_step_reaches_the_teacher(tiny_config, tiny_
   to_student, to_teacher = jax.grad(loss, argnums=(0, 1))(state.params, teacher_state.params)
   assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(to_teacher))
   assert any(np.any(np.asarray(g)) for g in jax.tree.leaves(to_student))
+
+
+@pytest.mark.integration
+def test_the_hidden_term_of_the_step_is_the_mse_of_the_students_final_norm_output(tiny_config):
+  """The step hands hidden-state KD the student's final hidden state: the logged term
+  equals the mean squared difference of the final norm's output (read by nnx.capture,
+  not the with_hidden path) and the batch's code; the code gets no gradient."""
+  config = student_config(tiny_config, method="hidden")
+  graphdef, state, _ = init_state(config)
+  batch = next(build_lm_data(config.data, seed=0).train_iter)
+  rng = np.random.default_rng(0)
+  code = jnp.asarray(rng.normal(size=(*batch["inputs"].shape, config.model.d_model)), jnp.float32)
+  full = {**batch, "teacher_logits": np.zeros((1,), np.float32), "teacher_code": code}
+  objective = distill.make_objective(DISTILL_METHODS.get("hidden"), {"weight": 1.0})
+  loss_fn = step_lib.make_loss_fn(graphdef, objective)
+  aux = loss_fn(state.params, state.rest, full, jax.random.key(0))[1][1]
+  model = nnx.merge(graphdef, state.params, state.rest)
+  _, _, outputs = captured_forward(model, jnp.asarray(batch["inputs"]))
+  hidden = np.asarray(outputs[("final_norm", "__call__")], np.float64)
+  want = np.mean((hidden - np.asarray(code, np.float64)) ** 2)
+  assert float(aux["task"]["distill_loss"]) == pytest.approx(want, rel=1e-5)
+
+  def term(c):
+    return loss_fn(state.params, state.rest, {**full, "teacher_code": c}, jax.random.key(0))[0]
+
+  assert not np.any(np.asarray(jax.grad(term)(code)))
 
 
 def test_different_vocabularies_without_a_map_are_refused_in_one_line(

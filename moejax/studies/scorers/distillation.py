@@ -5,7 +5,9 @@ Settings, beside the `training` scorer's: `teacher` (a training workdir, set as
 distill.teacher.workdir on every arm), `misleading` (the overrides that corrupt the
 teacher, e.g. ["distill.corrupt_domains=code"]) and `corrupted` (the domains they
 corrupt). An arm whose config is not task='distill' (the cross-entropy student)
-has no teacher: it trains once, and its misleading figures are its normal ones.
+has no teacher, and one whose method reads no teacher logits (hidden-state KD) is not
+reached by the misleading teacher, whose overrides corrupt only logits: each trains
+once, and its misleading figures are its normal ones (no evidence on robustness).
 The misleading run of an arm goes to settings.workdir/<arm>/teacher=misleading/.
 
 Metrics: the `training` scorer's (held-out bpb per domain, teacher as it is),
@@ -40,8 +42,14 @@ class Distillation(Training):
         extra[key] = value
     return super().config(arm, {**level, **extra}, draw)
 
-  def uses_teacher(self, arm: str) -> bool:
-    return self.config(arm, {}, 0).task == "distill"
+  def misled(self, arm: str) -> bool:
+    """Whether the misleading teacher reaches the arm (module doc)."""
+    from moejax.distill.objectives import DISTILL_METHODS
+
+    config = self.config(arm, {}, 0)
+    if config.task != "distill":
+      return False
+    return "logits" in DISTILL_METHODS.get(config.distill.method).teacher_keys
 
   def metrics(self):
     domains = self.settings["domains"]
@@ -72,7 +80,7 @@ class Distillation(Training):
 
   def score(self, level, draw, arms):
     normal = super().score(level, draw, arms)
-    taught = {arm: settings for arm, settings in arms.items() if self.uses_teacher(arm)}
+    taught = {arm: settings for arm, settings in arms.items() if self.misled(arm)}
     misleading = super().score({**level, CONDITION: "misleading"}, draw, taught)
     out = {}
     for arm, figures in normal.items():
