@@ -13,8 +13,9 @@ adds the adapter (model.attention.adapter='lora_mixer') and says how to train it
 train.trainable='adapter' (LoRAs and routers; the base is frozen) or 'adapter_router'
 (the paper's second regime: routers only), and the router loss.
 Args: family (the directory's), loss (rsl | balance | none), weight (its weight),
-experts, top_k, rank, trainable, steps, batch_size, languages (data.polyglot.seed of
-the languages: another seed is another set of tasks).
+experts, top_k, rank, place (attention: q/k/v/o, the paper's; ffn: the dense SwiGLU's
+gate/up/down, the MoE-LoRA baseline's place), trainable, steps, batch_size, languages
+(data.polyglot.seed of the languages: another seed is another set of tasks).
 """
 
 from moejax.config import base_config, parse_config_arg
@@ -27,24 +28,29 @@ DEFAULTS = dict(
   experts=4,
   top_k=1,
   rank=4,
+  place="attention",
   trainable="adapter",
   steps=300,
   batch_size=16,
   languages=0,
 )
 LOSSES = {"rsl": "rsl", "balance": "load_balance", "none": None}
+PLACES = {"attention": "q,k,v,o", "ffn": "gate,up,down"}
 
 
 def get_config(arg=None):
   a = parse_config_arg(arg, DEFAULTS)
   if a.loss not in LOSSES:
     raise choice_error("config arg loss", a.loss, LOSSES)
+  if a.place not in PLACES:
+    raise choice_error("config arg place", a.place, PLACES)
   c = base_config()
   c.model.family = a.family
   c.init.requires_hf_dir = True
   c.model.attention.adapter = "lora_mixer"
   s = c.model.attention.lora_mixer
   s.num_experts, s.top_k, s.rank = a.experts, a.top_k, a.rank
+  s.projections = PLACES[a.place]
   s.loss_weights = {} if LOSSES[a.loss] is None else {LOSSES[a.loss]: a.weight}
   c.model.moe.loss_weights = {}  # a frozen MoE base's own router losses would only move the LoRAs
   c.train.trainable = a.trainable

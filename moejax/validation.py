@@ -231,7 +231,7 @@ def validate_model(m) -> None:
     spec = routing.get_router(m.moe.router)
     if spec.validate is not None:
       spec.validate(routing.router_config(spec, layer_moe_config(m, i)))
-  validate_projection_adapter(m)
+  validate_projection_adapter(m, m.num_layers - len(moe_layer_indices(m)))
   from moejax.models.decoder import REMAT_POLICIES, scan_layer_differences
 
   if m.remat not in REMAT_POLICIES:

@@ -12,6 +12,8 @@ configs/lora_mixer.py). Sized for a shared 2-core CPU (12 runs):
   rsl          LoRA-Mixer, 4 experts of rank 4, top-1, RSL at weight 0.01
   balance      the same with the load-balance loss at weight 0.01 instead
   single_lora  one LoRA of rank 16 (the mixer's LoRA parameters), no router loss
+  ffn_rsl      rsl's experts on the dense FFN's gate/up/down instead (the MoE-LoRA
+               baselines' place; more trainable parameters: d_ff = 4 d)
 """
 
 import ml_collections
@@ -30,13 +32,15 @@ def get_config(arg=None):
     "(q, k, v, o; straight-through hard top-1 routing, our guess at the paper's hard-soft "
     "routing), trained with the Routing Specialization Loss (our guess at its form: "
     "E sum f P + mean token entropy - entropy of the mean routing, weights 1) or with the "
-    "load-balance loss alone, and a single LoRA with the mixer's LoRA parameter count. "
+    "load-balance loss alone, a single LoRA with the mixer's LoRA parameter count, and "
+    "the same RSL experts on the dense FFN's gate/up/down (ffn_rsl, the MoE-LoRA "
+    "baselines' place). "
     "Base: a dense 2-layer LM (d 64) pretrained 150 steps on four polyglot-synth languages "
     "(data.polyglot.seed=1, 64-symbol documents, batch 8); fine-tuning: 150 steps on four "
     "other languages (seed 0), the tasks, batch 8; scored on all 512 held-out documents "
     "(loss and accuracy per language). The paper claims RSL makes "
     "experts specialise; the small-scale check is I(task; top-1 expert) in bits, mean over "
-    "the 2 blocks x 4 projections. Draw d uses seed d for the base and every arm."
+    "the blocks and adapted projections. Draw d uses seed d for the base and every arm."
   )
   c.scorer = "lora_mixer"
   c.settings = {
@@ -58,6 +62,7 @@ def get_config(arg=None):
     {"name": "rsl", "config": f"{ADAPTER},loss=rsl", "overrides": []},
     {"name": "balance", "config": f"{ADAPTER},loss=balance", "overrides": []},
     {"name": "single_lora", "config": f"{ADAPTER},loss=none,experts=1,rank=16", "overrides": []},
+    {"name": "ffn_rsl", "config": f"{ADAPTER},loss=rsl,place=ffn", "overrides": []},
   ]
   c.draws = 3
   c.reference = "balance"
@@ -83,6 +88,14 @@ def get_config(arg=None):
       "metric": "task_accuracy",
       "expect": "higher",
       "text": "LoRA-Mixer beats a single LoRA of the same LoRA parameter count",
+    },
+    {
+      "arm": "rsl",
+      "reference": "ffn_rsl",
+      "metric": "task_accuracy",
+      "expect": "higher",
+      "text": "LoRA experts in the attention projections beat the same experts in the FFN, "
+      "with fewer trainable parameters",
     },
   ]
   return c

@@ -33,6 +33,7 @@ from moejax.adapters.projection import (
   PROJECTION_ADAPTERS,
   ProjectionAdapterSpec,
   adapted_projections,
+  projection_dims,
 )
 from moejax.assignment.routing import RouterOutput, Routing
 from moejax.errors import ConfigError, choice_error
@@ -131,9 +132,7 @@ def validate(settings: dict, m) -> None:
     raise ConfigError(
       f"{key}.top_k={settings['top_k']} exceeds {key}.num_experts={settings['num_experts']}"
     )
-  q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-  dims = {"q": (m.d_model, q_dim), "k": (m.d_model, kv_dim), "v": (m.d_model, kv_dim)}
-  dims["o"] = (q_dim, m.d_model)
+  dims = projection_dims(m)
   limit = min(min(dims[p]) for p in adapted_projections(settings))
   if settings["rank"] > limit:
     raise ConfigError(

@@ -1,13 +1,15 @@
-"""Attention projection adapters: a trained term added to the attention's q/k/v/o
-projections, chosen by model.attention.adapter ('none' or a registered name).
+"""Projection adapters: a trained term added to the attention's q/k/v/o projections
+and, where named, to the dense SwiGLU FFN's gate/up/down, chosen by
+model.attention.adapter ('none' or a registered name).
 
     y = W x + adapter(x)        for each projection the adapter's settings name
 
 The base projection keeps its parameter names (so an imported checkpoint loads
-unchanged); the adapter's parameters live beside them, under the attention's
-`adapter` attribute (blocks/0/attn/adapter/q/...). train.trainable='adapter'
-trains those and nothing else, 'adapter_router' only their routers
-(moejax/train/optimizer.py TRAINED_PATHS).
+unchanged); the adapter's parameters live beside them, under the attention's or the
+FFN's `adapter` attribute (blocks/0/attn/adapter/q/..., blocks/0/ffn/adapter/up/...).
+FFN projections adapt every block whose FFN is the dense SwiGLU (not the MoE layers').
+train.trainable='adapter' trains those and nothing else, 'adapter_router' only their
+routers (moejax/train/optimizer.py TRAINED_PATHS).
 
 An adapter is registered with `PROJECTION_ADAPTERS.add(name, ProjectionAdapterSpec(...))`;
 its settings live in model.attention.<name> (defaults declared in its spec, unknown
@@ -28,7 +30,9 @@ from moejax.errors import ConfigError, choice_error
 from moejax.registry import Registry, settings_of
 
 ADAPTER_ATTRIBUTE = "adapter"  # the attention's attribute holding the adapter modules
-PROJECTIONS = ("q", "k", "v", "o")
+ATTENTION_PROJECTIONS = ("q", "k", "v", "o")
+FFN_PROJECTIONS = ("gate", "up", "down")  # the dense SwiGLU's (layers/dense.py)
+PROJECTIONS = ATTENTION_PROJECTIONS + FFN_PROJECTIONS
 TRAINABLE = ("adapter", "adapter_router")  # the train.trainable values that need one
 
 
@@ -60,6 +64,20 @@ def adapted_projections(settings: dict) -> list[str]:
   return [p.strip() for p in str(settings["projections"]).split(",") if p.strip()]
 
 
+def projection_dims(m) -> dict[str, tuple[int, int]]:
+  """(d_in, d_out) of every projection an adapter can name."""
+  q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+  return {
+    "q": (m.d_model, q_dim),
+    "k": (m.d_model, kv_dim),
+    "v": (m.d_model, kv_dim),
+    "o": (q_dim, m.d_model),
+    "gate": (m.d_model, m.d_ff),
+    "up": (m.d_model, m.d_ff),
+    "down": (m.d_ff, m.d_model),
+  }
+
+
 def add_adapter_sections(attention) -> None:
   """model.attention.adapter and every adapter's section at its defaults (config.py)."""
   attention.adapter = NO_ADAPTER
@@ -69,18 +87,17 @@ def add_adapter_sections(attention) -> None:
 
 def build_projection_adapters(m, shapes: dict, *, rngs: nnx.Rngs, dtype):
   """nnx.Dict {projection: module} of the adapter model.attention chooses, for the
-  projections its settings name; shapes {projection: (d_in, d_out, logical axes)}.
-  nnx.data(None) without an adapter."""
+  projections its settings name among those of `shapes` {projection: (d_in, d_out,
+  logical axes)} (one module's: the attention's or the FFN's). nnx.data(None) when
+  there is no adapter or it names none of them."""
   name = adapter_name(m)
   if name == NO_ADAPTER:
     return nnx.data(None)
   spec, settings = PROJECTION_ADAPTERS.get(name), adapter_settings(m, name)
-  return nnx.Dict(
-    {
-      p: spec.build(*shapes[p], settings, m, rngs=rngs, dtype=dtype)
-      for p in adapted_projections(settings)
-    }
-  )
+  chosen = [p for p in adapted_projections(settings) if p in shapes]
+  if not chosen:
+    return nnx.data(None)
+  return nnx.Dict({p: spec.build(*shapes[p], settings, m, rngs=rngs, dtype=dtype) for p in chosen})
 
 
 class Projector:
@@ -106,8 +123,22 @@ class Projector:
     return {"aux_loss": total, "projections": self.outputs}
 
 
-def validate_projection_adapter(m) -> None:
-  """ConfigError naming the key for a bad model.attention adapter (see module doc)."""
+def merged_aux(*auxes) -> dict | None:
+  """One block's adapter aux from its modules' (the attention's, the FFN's; None for a
+  module without an adapter): losses summed, projections side by side."""
+  given = [a for a in auxes if a is not None]
+  if not given:
+    return None
+  total = sum((a["aux_loss"] for a in given), jnp.zeros((), jnp.float32))
+  return {
+    "aux_loss": total,
+    "projections": {k: v for a in given for k, v in a["projections"].items()},
+  }
+
+
+def validate_projection_adapter(m, dense_ffn_blocks: int) -> None:
+  """ConfigError naming the key for a bad model.attention adapter (see module doc);
+  dense_ffn_blocks: how many blocks have the dense SwiGLU FFN."""
   name = adapter_name(m)
   if name != NO_ADAPTER and name not in PROJECTION_ADAPTERS:
     raise choice_error("model.attention.adapter", name, [NO_ADAPTER, *PROJECTION_ADAPTERS])
@@ -125,6 +156,12 @@ def validate_projection_adapter(m) -> None:
     raise ConfigError(
       f"model.attention.{name}.projections={settings['projections']!r} must name "
       f"distinct projections among {','.join(PROJECTIONS)}"
+    )
+  if set(chosen) & set(FFN_PROJECTIONS) and not dense_ffn_blocks:
+    raise ConfigError(
+      f"model.attention.{name}.projections={settings['projections']!r} names FFN "
+      "projections, but every block's FFN is an MoE layer: they adapt the dense SwiGLU "
+      "(model.ffn_type='dense', or dense layers beside the MoE ones)"
     )
   spec = PROJECTION_ADAPTERS.get(name)
   if spec.validate is not None:

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.adapters.projection import Projector, build_projection_adapters
+
 
 def dense_init(scale: float = 1.0):
   return jax.nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
@@ -60,12 +62,26 @@ class Linear(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-  """The dense FFN: down(silu(gate(x)) * up(x))."""
+  """The dense FFN: down(silu(gate(x)) * up(x)); given the model section `m`, with the
+  projection adapter's term on the projections it names among gate/up/down
+  (moejax/adapters/projection.py)."""
 
-  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype):
-    self.gate = Linear(d_model, d_ff, rngs=rngs, dtype=dtype, logical_axes=("embed", "mlp"))
-    self.up = Linear(d_model, d_ff, rngs=rngs, dtype=dtype, logical_axes=("embed", "mlp"))
-    self.down = Linear(d_ff, d_model, rngs=rngs, dtype=dtype, logical_axes=("mlp", "embed"))
+  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs, dtype, m=None):
+    shapes = {
+      "gate": (d_model, d_ff, ("embed", "mlp")),
+      "up": (d_model, d_ff, ("embed", "mlp")),
+      "down": (d_ff, d_model, ("mlp", "embed")),
+    }
+    for name, (d_in, d_out, axes) in shapes.items():
+      setattr(self, name, Linear(d_in, d_out, rngs=rngs, dtype=dtype, logical_axes=axes))
+    self.adapter = (
+      nnx.data(None) if m is None else build_projection_adapters(m, shapes, rngs=rngs, dtype=dtype)
+    )
 
-  def __call__(self, x):
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+  def __call__(self, x, token_mask_BxL=None, with_aux: bool = False):
+    """with_aux: (out, the adapter's aux or None); token_mask_BxL: the adapter's
+    routing skips padding."""
+    project = Projector(self.adapter, token_mask_BxL)
+    hidden = jax.nn.silu(project("gate", self.gate, x)) * project("up", self.up, x)
+    out = project("down", self.down, hidden)
+    return (out, project.aux()) if with_aux else out

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.adapters.projection import merged_aux
 from moejax.layers.attention import GroupedQueryAttention, LatentAttention
 from moejax.layers.dense import RMSNorm, SwiGLU
 from moejax.layers.lookup import LookupLayer
@@ -58,7 +59,7 @@ class DecoderBlock(nnx.Module):
       moe_cfg = layer_moe_config(m, index)
       self.ffn = MoELayer(m.d_model, moe_cfg, rngs=rngs, dtype=dtype, receives_base=index > 0)
     else:
-      self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype)
+      self.ffn = SwiGLU(m.d_model, m.d_ff, rngs=rngs, dtype=dtype, m=m)
     self.lookup: LookupLayer | None = nnx.data(None)
     if has_lookup(m, layer):
       if l3_rows is None:
@@ -117,8 +118,9 @@ class DecoderBlock(nnx.Module):
         token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry
       )
       h, aux = self.ffn(self.ffn_norm(x), **options)
-    else:
-      h = self.ffn(self.ffn_norm(x))
+    else:  # the dense SwiGLU, with its projection adapter's aux when it has one
+      h, ffn_adapter_aux = self.ffn(self.ffn_norm(x), token_mask, with_aux=True)
+      adapter_aux = merged_aux(adapter_aux, ffn_adapter_aux)
     x = x + h
     if self.lookup is not None:
       x = self.lookup(x, token_ids)

@@ -57,8 +57,13 @@ def tokens(batch=2, length=7, vocab=32, seed=0):
 
 
 @pytest.mark.integration
-def test_zero_b_is_the_frozen_base_exactly():
-  c = lora_mixer_config()
+@pytest.mark.parametrize(
+  "projections, where",
+  [("q,k,v,o", "attn"), ("gate,up,down", "ffn"), ("q,up", "attn+ffn")],
+  ids=["attention", "ffn", "both"],
+)
+def test_zero_b_is_the_frozen_base_exactly(projections, where):
+  c = lora_mixer_config(projections=projections)
   base_graphdef, base_params, base_rest = split_model(
     Decoder(without_adapter(c.model), rngs=nnx.Rngs(0))
   )
@@ -66,14 +71,52 @@ def test_zero_b_is_the_frozen_base_exactly():
   params = with_adapter_params(base_params, fresh)
   added = set(flat(params)) - set(flat(base_params))
   assert added and all("adapter" in path and path[-1] in ADAPTER_PARAMS for path in added)
+  owners = {
+    path[path.index("adapter") - 1] + "/" + path[path.index("adapter") + 1] for path in added
+  }
+  module = {"q": "attn", "k": "attn", "v": "attn", "o": "attn"}
+  assert owners == {f"{module.get(p, 'ffn')}/{p}" for p in projections.split(",")}, where
   x = tokens()
   want = nnx.merge(base_graphdef, base_params, base_rest)(x)[0]
   logits, aux, _ = nnx.merge(graphdef, params, rest)(x)
   np.testing.assert_array_equal(np.asarray(logits), np.asarray(want))
-  assert [sorted(a["projections"]) for a in aux["adapters"]] == [["k", "o", "q", "v"]]
+  assert [sorted(a["projections"]) for a in aux["adapters"]] == [sorted(projections.split(","))]
   assert float(aux["aux_loss"]) > 0  # RSL at weight 0.01 on every projection's router
   moved = nnx.merge(graphdef, with_random_b(params), rest)(x)[0]
   assert np.abs(np.asarray(moved) - np.asarray(want)).max() > 1e-3  # B != 0: not the base
+
+
+def test_ffn_experts_add_their_terms_to_gate_up_and_down_of_the_swiglu():
+  """The dense FFN with LoRA experts on gate/up/down against SwiGLU written out in
+  float64 with each projection's adapter term (the adapter modules' own outputs)
+  added where the projection's output is: down(silu(Wg x + Tg(x)) * (Wu x + Tu(x)))
+  plus Td of that hidden state."""
+  c = lora_mixer_config(projections="gate,up,down")
+  graphdef, params, rest = split_model(Decoder(c.model, rngs=nnx.Rngs(0)))
+  model = nnx.merge(graphdef, with_random_b(params), rest)
+  ffn = model.blocks[0].ffn
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 16)), jnp.float32)
+  got, aux = ffn(x, None, with_aux=True)
+
+  def weight(name):
+    return np.asarray(getattr(ffn, name).kernel[...], np.float64)
+
+  def term(name, v):
+    return np.asarray(ffn.adapter[name](jnp.asarray(v, jnp.float32), None)[0], np.float64)
+
+  x64 = np.asarray(x, np.float64)
+  gate, up = x64 @ weight("gate") + term("gate", x64), x64 @ weight("up") + term("up", x64)
+  hidden = gate / (1 + np.exp(-gate)) * up
+  want = hidden @ weight("down") + term("down", hidden)
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
+  assert sorted(aux["projections"]) == ["down", "gate", "up"]
+
+
+def test_ffn_projections_on_a_model_without_a_dense_ffn_are_refused():
+  c = lora_mixer_config(projections="q,gate")
+  c.model.ffn_type = "moe"
+  with pytest.raises(ConfigError, match=KEY + r"projections='q,gate' names FFN projections"):
+    validate_config(c)
 
 
 @pytest.fixture(scope="module")

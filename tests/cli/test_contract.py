@@ -415,6 +415,11 @@ CASES = [
     ["--config=configs/lora_mixer.py:rank=0", "--config.init.hf_dir={converted}", NEW],
     ["model.attention.lora_mixer.rank=0"],
   ),
+  (
+    TRAIN,
+    ["--config=configs/lora_mixer.py:place=mlp", "--config.init.hf_dir={converted}", NEW],
+    ["config arg place", "'mlp'", "attention, ffn"],
+  ),
   (ZOO, ["--models=xs,m"], ["--models", "'m'", "xs, s, s_dense, xs_dense, s_upcycled"]),
   (ZOO, ["--models="], ["--models", "at least one"]),
   (ZOO, ["--zoo_dir={missing}", "--verify"], ["--zoo_dir", "built zoo", "xs"]),
