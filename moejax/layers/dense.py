@@ -72,8 +72,10 @@ class SwiGLU(nnx.Module):
       "up": (d_model, d_ff, ("embed", "mlp")),
       "down": (d_ff, d_model, ("mlp", "embed")),
     }
-    for name, (d_in, d_out, axes) in shapes.items():
-      setattr(self, name, Linear(d_in, d_out, rngs=rngs, dtype=dtype, logical_axes=axes))
+    self.gate, self.up, self.down = (
+      Linear(d_in, d_out, rngs=rngs, dtype=dtype, logical_axes=axes)
+      for d_in, d_out, axes in shapes.values()
+    )
     self.adapter = (
       nnx.data(None) if m is None else build_projection_adapters(m, shapes, rngs=rngs, dtype=dtype)
     )
