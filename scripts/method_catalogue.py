@@ -97,6 +97,7 @@ PAPERS = {
   "lora_mixer": ("LoRA-Mixer", ICLR, "2507.00029"),
   "residual_kd": ("Knowledge distillation through residual learning", ICLR, None),
   "hinton_kd": ("Distilling the Knowledge in a Neural Network", "arXiv 2015", "1503.02531"),
+  "fitnets": ("FitNets: Hints for Thin Deep Nets", "ICLR 2015", "1412.6550"),
   "vapt": (
     "Adaptive Prompt: Unlocking the Power of Visual Prompt Tuning (VAPT)",
     ICLR,
@@ -742,12 +743,18 @@ ENTRIES["prompt adapter"] = {
     "score, the mean query's logit (= the mean of the per-query logits), and the "
     "selected experts' logits are that score for every query. Usage after each task "
     "penalises experts earlier tasks used often (training) and excludes unused ones "
-    "(evaluation).",
+    "(evaluation). The official router losses join the training loss: a margin "
+    "cross-entropy on the selected scores and an old-key prototype loss (weights 1e-5).",
     "smope",
-    guess="The usage penalties follow the official code (deterministic offsets, not "
-    "noise); its router and prototype losses (weighted 1e-5 there) are left out; the "
-    "dense first-task warm-up is the continual-learning loop's.",
-    tests=("tests/vision/test_smope.py", "tests/vision/test_class_stream.py"),
+    guess="The usage penalties and both router losses follow the official code "
+    "(deterministic offsets, not noise; the losses are not in the paper's text); a head "
+    "with no frequent expert adds 0 to the prototype loss (NaN there); the dense "
+    "first-task warm-up is the continual-learning loop's, with no router loss.",
+    tests=(
+      "tests/vision/test_smope.py",
+      "tests/vision/test_smope_router_losses.py",
+      "tests/vision/test_class_stream.py",
+    ),
     studies=("smope",),
     command=PROMPT_COMMAND.format(name="smope"),
   ),
@@ -755,7 +762,8 @@ ENTRIES["prompt adapter"] = {
 ENTRIES["attention adapter"] = {
   "lora_mixer": E(
     "LoRA-Mixer: token-routed LoRA experts on the attention projections",
-    "Each adapted projection (q, k, v, o) becomes W x + sum over the top-k of g_i B_i A_i x, "
+    "Each adapted projection (q, k, v, o; or the dense FFN's gate, up, down, the MoE-LoRA "
+    "baseline's place) becomes W x + sum over the top-k of g_i B_i A_i x, "
     "g from a per-projection token router softmax(W_r x); B starts at 0 (the base exactly). "
     "Hard-soft routing: g = hard + p - stop_gradient(p), the hard top-k forward and the "
     "softmax's gradient. Trained on a frozen base (train.trainable='adapter'), or routers "
@@ -1088,6 +1096,21 @@ ENTRIES["distillation method"] = {
     studies=("residual_kd",),
     command=DISTILL_COMMAND.format(name="residual"),
     page="distill_residual",
+  ),
+  "hidden": E(
+    "Hidden-state KD (FitNets' hint loss on the final hidden state)",
+    "Cross-entropy plus distill.weight * the mean squared difference of the student's "
+    "final hidden state (the final norm's output) and Proj(h_t), the teacher's stage-1 "
+    "code that residual KD subtracts; reads no teacher logits.",
+    "fitnets",
+    guess="FitNets trains a regressor on the student's side and hints an intermediate "
+    "layer; here the map between the widths is residual KD's stage-1 projector, fixed, "
+    "and the hint is the final hidden state, so it is the white-box baseline closest to "
+    "residual KD.",
+    tests=DISTILL_TESTS,
+    studies=("residual_kd",),
+    command=DISTILL_COMMAND.format(name="hidden"),
+    page="distill_hidden",
   ),
 }
 
