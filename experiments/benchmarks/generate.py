@@ -13,11 +13,14 @@ For each family, transformers builds a small random model (hidden 256, 4
 layers, 16 routed experts of width 256, top-4, vocab 4096: tens of millions of
 FLOPs per token), saves it, and moejax imports the same weights. Both generate
 greedily from the same prompts (batch B, all of length --prompt_len, no
-padding), float32, eager attention for transformers. Per family and batch:
+padding), float32 (--dtype=bfloat16: both sides' weights rounded to bfloat16 and
+computed in it), eager attention for transformers. Per family and batch:
 
   prefill tok/s   B * prompt_len / time to first token (one generated token)
   decode tok/s    B * (N - 1) / (time for N tokens - time for 1)
-  identical       fraction of generated tokens equal to transformers' tokens
+  identical       fraction of generated tokens equal to transformers' tokens; where
+                  below 1, the first divergence with both models' logits for both
+                  tokens (a near-tie in both is rounding, not a bug)
 
 and the ratios moejax / transformers. Each measurement is the median of
 --reps runs, interleaved (moejax, transformers, moejax, ...) on this shared
@@ -89,6 +92,13 @@ _PROMPT = cli.checked(flags.DEFINE_integer("prompt_len", 32, "Prompt tokens."), 
 _NEW = cli.checked(flags.DEFINE_integer("new_tokens", 32, "Generated tokens."), cli.at_least(2))
 _REPS = cli.checked(flags.DEFINE_integer("reps", 3, "Timed repetitions."), cli.at_least(1))
 OUTPUTS = cli_files.study_outputs(plot=False)
+_DTYPE = flags.DEFINE_enum(
+  "dtype",
+  "float32",
+  ["float32", "bfloat16"],
+  "Both sides' weights and compute (the speed and --profile tables; the float32 weights "
+  "rounded on each side; moejax's router math stays float32).",
+)
 _PROFILE = flags.DEFINE_bool(
   "profile",
   False,
@@ -182,6 +192,8 @@ def compressed_main(meta: dict) -> None:
 def main(argv):
   del argv
   if _EXPERTS.value:
+    if _DTYPE.value != "float32":
+      raise cli.flag_error(_DTYPE, "--experts compares compressed experts with float32 ones")
     now = datetime.datetime.now(datetime.timezone.utc)
     return compressed_main(
       {
@@ -209,7 +221,7 @@ def main(argv):
   rows = []
   for family in _FAMILIES.value:
     rows += measure(
-      generation.model_pair(family),
+      generation.model_pair(family, _DTYPE.value),
       family,
       [int(b) for b in _BATCHES.value],
       _PROMPT.value,
@@ -226,6 +238,7 @@ def main(argv):
     "prompt_len": _PROMPT.value,
     "new_tokens": _NEW.value,
     "reps": _REPS.value,
+    "dtype": _DTYPE.value,
     "loadavg": os.getloadavg(),
   }
   if _PROFILE.value:

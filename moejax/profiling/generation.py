@@ -12,6 +12,7 @@ import json
 import tempfile
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from moejax.profiling.timing import blocked_times, interleaved_times, medians
@@ -65,8 +66,10 @@ def hf_config(family: str):
   )
 
 
-def model_pair(family: str):
-  """(transformers model, moejax import of the same weights)."""
+def model_pair(family: str, dtype: str = "float32"):
+  """(transformers model, moejax import of the same weights), both holding and computing
+  in `dtype` ('float32' or 'bfloat16': the float32 weights rounded to bfloat16 on each
+  side; moejax's router math stays float32)."""
   import torch
   import transformers
   from moejax.interop.convert import import_hf
@@ -77,8 +80,35 @@ def model_pair(family: str):
   ).eval()
   with tempfile.TemporaryDirectory() as directory:
     hf_model.save_pretrained(directory)
-    loaded = import_hf(directory)
-  return hf_model, loaded
+    loaded = import_hf(directory, param_dtype=dtype)
+  loaded.config.dtype = dtype
+  return hf_model.to(getattr(torch, dtype)), loaded
+
+
+def first_divergence(pair, prompts, ours_tokens, theirs_tokens) -> dict | None:
+  """Where the two greedy generations first differ (the earliest step, then the first
+  row), with both models' logits there for both candidate tokens, each side's full
+  forward on the prompt and the shared tokens before it; None when they agree."""
+  import torch
+
+  differ = np.asarray(ours_tokens) != np.asarray(theirs_tokens)
+  if not differ.any():
+    return None
+  step = int(np.min(np.nonzero(differ)[1]))
+  row = int(np.nonzero(differ[:, step])[0][0])
+  context = np.concatenate([prompts[row], np.asarray(ours_tokens)[row, :step]])[None]
+  hf_model, loaded = pair
+  ours = np.asarray(loaded.model()(jnp.asarray(context, jnp.int32))[0][0, -1], np.float32)
+  with torch.no_grad():
+    theirs = hf_model(torch.as_tensor(context)).logits[0, -1].float().numpy()
+  chosen = {"moejax": int(ours_tokens[row][step]), "transformers": int(theirs_tokens[row][step])}
+  return {
+    "row": row,
+    "step": step,
+    "tokens": chosen,
+    "moejax_logits": {side: float(ours[t]) for side, t in chosen.items()},
+    "transformers_logits": {side: float(theirs[t]) for side, t in chosen.items()},
+  }
 
 
 def prompts_by_batch(hf_model, batches, prompt_len: int, torch_threads: int = 0):
@@ -126,7 +156,9 @@ def speed_rows(pair, family: str, batches, prompt_len: int, new_tokens: int, rep
   for b, prompts in prompts_by_batch(pair[0], batches, prompt_len):
     ours, theirs = generators(pair, prompts)
     # untimed: compiles moejax's prefill and decode step (one cache bucket for both n)
-    identical = float(np.mean(ours(new_tokens) == theirs(new_tokens)))
+    ours_tokens, theirs_tokens = ours(new_tokens), theirs(new_tokens)
+    identical = float(np.mean(ours_tokens == theirs_tokens))
+    divergence = first_divergence(pair, prompts, ours_tokens, theirs_tokens)
     times = {
       n: medians(
         interleaved_times({"ours": lambda n=n: ours(n), "theirs": lambda n=n: theirs(n)}, reps)
@@ -134,6 +166,8 @@ def speed_rows(pair, family: str, batches, prompt_len: int, new_tokens: int, rep
       for n in (1, new_tokens)
     }
     row = {"family": family, "batch": b, "identical": identical}
+    if divergence is not None:
+      row["first_divergence"] = divergence
     for name in ("ours", "theirs"):
       first, full = times[1][name], times[new_tokens][name]
       row[f"{name}_ttft_s"] = first

@@ -187,7 +187,25 @@ def prefill_table(rows) -> str:
 
 def speed_table(rows) -> str:
   """Per speed row (family, batch): prefill and decode tok/s of both sides and their
-  ratio, time to first token, and the fraction of identical tokens."""
+  ratio, time to first token, and the fraction of identical tokens; then, for each row
+  whose tokens differ, where they first do and both models' logits for both tokens."""
+  lines = []
+  for r in rows:
+    d = r.get("first_divergence")
+    if d is None:
+      continue
+    ours, theirs = d["tokens"]["moejax"], d["tokens"]["transformers"]
+    lines.append(
+      f"- {r['family']} batch {r['batch']}: first divergence at row {d['row']}, step "
+      f"{d['step']}: moejax picks {ours}, transformers {theirs}; logits of ({ours}, {theirs}): "
+      f"moejax ({d['moejax_logits']['moejax']:.4f}, {d['moejax_logits']['transformers']:.4f}), "
+      f"transformers ({d['transformers_logits']['moejax']:.4f}, "
+      f"{d['transformers_logits']['transformers']:.4f})"
+    )
+  return _speed_rows_table(rows) + ("\n\n" + "\n".join(lines) if lines else "")
+
+
+def _speed_rows_table(rows) -> str:
   return markdown_table(
     [
       "family",
