@@ -7,7 +7,11 @@ training workdir to check (init.upcycle_from) the trainer checks itself
 import math
 
 from moejax import dispatch, experts, losses, routing, sharding
-from moejax.adapters.projection import validate_adapter_training, validate_projection_adapter
+from moejax.adapters.projection import (
+  check_adapted_ffn,
+  validate_adapter_training,
+  validate_projection_adapter,
+)
 from moejax.config import (
   ATTENTION_KINDS,
   BALANCE_STATISTICS,
@@ -66,6 +70,8 @@ def validate_config(c) -> None:
       "and init.hf_dir is not set: give --config.init.hf_dir=DIR"
     )
   validate_model(c.model)
+  if not c.init.get("hf_dir"):  # else the model that trains is the directory's (init_from)
+    check_adapted_ffn(c.model, c.model.num_layers - len(moe_layer_indices(c.model)))
   validate_task(c)
   m = c.model
   if c.data.seq_len > m.max_seq_len:
@@ -231,7 +237,7 @@ def validate_model(m) -> None:
     spec = routing.get_router(m.moe.router)
     if spec.validate is not None:
       spec.validate(routing.router_config(spec, layer_moe_config(m, i)))
-  validate_projection_adapter(m, m.num_layers - len(moe_layer_indices(m)))
+  validate_projection_adapter(m)
   from moejax.models.decoder import REMAT_POLICIES, scan_layer_differences
 
   if m.remat not in REMAT_POLICIES:

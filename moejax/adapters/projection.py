@@ -136,9 +136,8 @@ def merged_aux(*auxes) -> dict | None:
   }
 
 
-def validate_projection_adapter(m, dense_ffn_blocks: int) -> None:
-  """ConfigError naming the key for a bad model.attention adapter (see module doc);
-  dense_ffn_blocks: how many blocks have the dense SwiGLU FFN."""
+def validate_projection_adapter(m) -> None:
+  """ConfigError naming the key for a bad model.attention adapter (see module doc)."""
   name = adapter_name(m)
   if name != NO_ADAPTER and name not in PROJECTION_ADAPTERS:
     raise choice_error("model.attention.adapter", name, [NO_ADAPTER, *PROJECTION_ADAPTERS])
@@ -157,15 +156,25 @@ def validate_projection_adapter(m, dense_ffn_blocks: int) -> None:
       f"model.attention.{name}.projections={settings['projections']!r} must name "
       f"distinct projections among {','.join(PROJECTIONS)}"
     )
-  if set(chosen) & set(FFN_PROJECTIONS) and not dense_ffn_blocks:
+  spec = PROJECTION_ADAPTERS.get(name)
+  if spec.validate is not None:
+    spec.validate(settings, m)
+
+
+def check_adapted_ffn(m, dense_ffn_blocks: int) -> None:
+  """ConfigError when the adapter names FFN projections and no block has a dense FFN
+  (dense_ffn_blocks: how many do). Checked on the model that trains: the config's own,
+  or, with init.hf_dir, the directory's (moejax/train/init_from.py)."""
+  name = adapter_name(m)
+  if name == NO_ADAPTER or dense_ffn_blocks:
+    return
+  settings = adapter_settings(m, name)
+  if set(adapted_projections(settings)) & set(FFN_PROJECTIONS):
     raise ConfigError(
       f"model.attention.{name}.projections={settings['projections']!r} names FFN "
       "projections, but every block's FFN is an MoE layer: they adapt the dense SwiGLU "
       "(model.ffn_type='dense', or dense layers beside the MoE ones)"
     )
-  spec = PROJECTION_ADAPTERS.get(name)
-  if spec.validate is not None:
-    spec.validate(settings, m)
 
 
 def validate_adapter_training(c) -> None:

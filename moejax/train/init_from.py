@@ -23,7 +23,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.adapters.projection import carry_adapter, with_adapter_params, without_adapter
+from moejax.adapters.projection import (
+  carry_adapter,
+  check_adapted_ffn,
+  with_adapter_params,
+  without_adapter,
+)
 from moejax.errors import ConfigError
 from moejax.interop.convert import (
   WORKDIR_MODEL,
@@ -36,6 +41,7 @@ from moejax.interop.convert import (
 from moejax.interop.hf_config import from_hf_config
 from moejax.interop.safetensors_io import read_json
 from moejax.migrate import model_config_from_dict
+from moejax.models.structure import moe_layer_indices
 from moejax.train import step as step_lib
 from moejax.train import upcycle
 
@@ -102,6 +108,7 @@ def resolve_config(config) -> ml_collections.ConfigDict:
     (source.moe[section] if section else source.moe)[name] = config.model.moe[key]
   source.dtype = config.model.dtype
   carry_adapter(source, config.model)  # an attention adapter to train on it
+  check_adapted_ffn(source, source.num_layers - len(moe_layer_indices(source)))
   out.model = source
   return out
 

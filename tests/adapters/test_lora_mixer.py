@@ -266,3 +266,19 @@ def test_on_an_imported_hf_checkpoint(qwen3_dir):
   added = set(ours) - set(flat(theirs.params))
   assert {path[-1] for path in added} == ADAPTER_PARAMS and all("adapter" in p for p in added)
   assert not any(np.any(ours[p]) for p in added if p[-1] == "lora_b")
+
+
+@pytest.mark.integration
+def test_ffn_experts_on_an_all_moe_checkpoint_are_refused_when_its_model_is_read(qwen3_dir):
+  """With init.hf_dir the model that trains is the directory's: the config's placeholder
+  passes validation, and the FFN place is refused once the checkpoint (every block an
+  MoE layer) is read, in one line naming the key."""
+  from moejax.configs import lora_mixer
+  from moejax.train import init_from
+
+  c = lora_mixer.get_config("family=qwen3_moe,steps=3,place=ffn")
+  c.init.hf_dir = qwen3_dir
+  validate_config(c)
+  with pytest.raises(ConfigError, match=KEY + r"projections='gate,up,down' names FFN") as e:
+    init_from.resolve_config(c)
+  assert "\n" not in str(e.value)
