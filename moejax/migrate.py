@@ -107,12 +107,14 @@ def migrate_part_settings(saved: dict) -> dict:
   return {**saved, "model": {**saved["model"], "moe": moe}}
 
 
-def flatten_config(d: dict, prefix: str = "") -> dict:
-  """{'a': {'b': 1}} -> {'a.b': 1}; lists become tuples so values compare and hash."""
-  out = {}
+def flatten_config(d: dict, prefix: str = "", keep_empty: bool = False) -> dict:
+  """{'a': {'b': 1}} -> {'a.b': 1}; lists become tuples so values compare and hash.
+  keep_empty: an empty dict stays, as the value {} of its key (else it leaves no key:
+  model.moe.loss_weights={} would read back as its non-empty default)."""
+  out: dict = {}
   for key, value in d.items():
-    if isinstance(value, dict):
-      out.update(flatten_config(value, f"{prefix}{key}."))
+    if isinstance(value, dict) and (value or not keep_empty):
+      out.update(flatten_config(value, f"{prefix}{key}.", keep_empty))
     else:
       out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
   return out

@@ -14,6 +14,7 @@ configs/lora_mixer.py). Sized for a shared 2-core CPU (12 runs):
   single_lora  one LoRA of rank 16 (the mixer's LoRA parameters), no router loss
   ffn_rsl      rsl's experts on the dense FFN's gate/up/down instead (the MoE-LoRA
                baselines' place; more trainable parameters: d_ff = 4 d)
+  ffn_rsl_rank2  the same at rank 2: about rsl's trainable parameter count
 """
 
 import ml_collections
@@ -34,7 +35,7 @@ def get_config(arg=None):
     "E sum f P + mean token entropy - entropy of the mean routing, weights 1) or with the "
     "load-balance loss alone, a single LoRA with the mixer's LoRA parameter count, and "
     "the same RSL experts on the dense FFN's gate/up/down (ffn_rsl, the MoE-LoRA "
-    "baselines' place). "
+    "baselines' place; ffn_rsl_rank2 at rank 2, about the mixer's trainable parameters). "
     "Base: a dense 2-layer LM (d 64) pretrained 150 steps on four polyglot-synth languages "
     "(data.polyglot.seed=1, 64-symbol documents, batch 8); fine-tuning: 150 steps on four "
     "other languages (seed 0), the tasks, batch 8; scored on all 512 held-out documents "
@@ -63,6 +64,7 @@ def get_config(arg=None):
     {"name": "balance", "config": f"{ADAPTER},loss=balance", "overrides": []},
     {"name": "single_lora", "config": f"{ADAPTER},loss=none,experts=1,rank=16", "overrides": []},
     {"name": "ffn_rsl", "config": f"{ADAPTER},loss=rsl,place=ffn", "overrides": []},
+    {"name": "ffn_rsl_rank2", "config": f"{ADAPTER},loss=rsl,place=ffn,rank=2", "overrides": []},
   ]
   c.draws = 3
   c.reference = "balance"
@@ -96,6 +98,15 @@ def get_config(arg=None):
       "expect": "higher",
       "text": "LoRA experts in the attention projections beat the same experts in the FFN, "
       "with fewer trainable parameters",
+    },
+    {
+      "arm": "rsl",
+      "reference": "ffn_rsl_rank2",
+      "metric": "task_accuracy",
+      "expect": "higher",
+      "source": "ours",
+      "text": "LoRA experts in the attention projections beat FFN experts of about the same "
+      "trainable parameter count",
     },
   ]
   return c

@@ -190,8 +190,9 @@ def heldout_figures(run_dir: str, config, bytes_per_domain: int) -> dict:
 
 
 def fingerprint(config: dict) -> dict:
-  """A config dict as flat JSON values: a finished run is re-used only if it matches."""
-  return json.loads(json.dumps(flatten_config(config), default=str))
+  """A config dict as flat JSON values, empty dicts kept: a finished run is re-used only
+  if it matches."""
+  return json.loads(json.dumps(flatten_config(config, keep_empty=True), default=str))
 
 
 def same_config(saved_fingerprint: dict, config) -> bool:

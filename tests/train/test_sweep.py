@@ -124,6 +124,20 @@ def test_a_result_from_an_older_schema_still_counts_as_finished():
   assert not sweep_lib.same_config(saved, config)
 
 
+def test_an_empty_dict_that_replaces_a_default_reads_back_as_empty():
+  """model.moe.loss_weights={} (no router loss; a fine-tuning config's choice) against
+  its default {load_balance, z_loss}: the finished run counts as the same config, and
+  one with the default weights does not."""
+  config = sweep_lib.load_config_file(MOE + ":size=tiny")
+  config.model.moe.loss_weights = {}
+  saved = json.loads(json.dumps(sweep_lib.fingerprint(config.to_dict())))  # result.json
+  assert saved["model.moe.loss_weights"] == {}
+  assert sweep_lib.same_config(saved, config)
+  default = sweep_lib.load_config_file(MOE + ":size=tiny")
+  assert default.model.moe.loss_weights  # non-empty by default
+  assert not sweep_lib.same_config(saved, default)
+
+
 @pytest.mark.parametrize(
   "seeds,message",
   [
