@@ -3,6 +3,7 @@ mutual information between the LoRA experts and the tasks, compared with the
 load-balance loss alone? (moejax/studies/scorers/lora_mixer.py)
 
   python -m experiments.study --config=configs/studies/lora_mixer.py
+  python -m experiments.study --config=configs/studies/lora_mixer.py:tasks=mix   # mix domains
 
 Draw d pretrains a dense base on polyglot-synth languages of data.polyglot.seed=1
 (configs/polyglot_synth.py with a dense FFN, 64-symbol documents, batch 8, 150 steps,
@@ -24,8 +25,26 @@ SHORT_DOCUMENTS = ("data.polyglot.doc_len=64", "data.seq_len=64")
 ONE_EVALUATION = ("train.eval_every=150", "train.checkpoint_every=150", "train.eval_batches=8")
 
 
+# tasks=mix: the base learns mix's drama and prose; the tasks are four other domains
+MIX_BASE_DOMAINS = ("drama", "prose")
+MIX_TASKS = ("arithmetic", "facts", "code", "speeches")
+
+
+def mix_weights(domains) -> list[str]:
+  """data.mix.weights overrides: weight 1 on `domains`, 0 on every other domain."""
+  from moejax.data.mix import DOMAINS
+
+  return [f"data.mix.weights.{d}={1.0 if d in domains else 0.0}" for d in DOMAINS]
+
+
 def get_config(arg=None):
-  del arg
+  from moejax.config import parse_config_arg
+
+  a = parse_config_arg(arg, dict(tasks="polyglot"))
+  if a.tasks not in ("polyglot", "mix"):
+    from moejax.errors import choice_error
+
+    raise choice_error("config arg tasks", a.tasks, ("polyglot", "mix"))
   c = ml_collections.ConfigDict()
   c.name = "lora_mixer"
   c.description = (
@@ -66,6 +85,28 @@ def get_config(arg=None):
     {"name": "ffn_rsl", "config": f"{ADAPTER},loss=rsl,place=ffn", "overrides": []},
     {"name": "ffn_rsl_rank2", "config": f"{ADAPTER},loss=rsl,place=ffn,rank=2", "overrides": []},
   ]
+  if a.tasks == "mix":
+    c.name = "lora_mixer_mix"
+    c.description = c.description.replace(
+      "Base: a dense 2-layer LM (d 64) pretrained 150 steps on four polyglot-synth languages "
+      "(data.polyglot.seed=1, 64-symbol documents, batch 8); fine-tuning: 150 steps on four "
+      "other languages (seed 0), the tasks, batch 8; scored on all 512 held-out documents "
+      "(loss and accuracy per language).",
+      "Base: a dense 2-layer LM (d 64) pretrained 300 steps on mix's drama and prose "
+      "(64-token windows, batch 16); fine-tuning: 300 steps on four other domains of mix, "
+      "the tasks (arithmetic, facts, code, speeches, equal weights), batch 8; scored on "
+      "the first 8 KiB of each task's held-out documents (loss and accuracy per domain).",
+    )
+    c.settings.update(
+      workdir="runs/lora_mixer_mix",
+      steps=300,
+      common=["data.name=mix", "data.seq_len=64", *mix_weights(MIX_TASKS), *ONE_EVALUATION],
+      base_config="configs/distill.py:method=none",
+      base_overrides=[*mix_weights(MIX_BASE_DOMAINS), *ONE_EVALUATION],
+      base_steps=300,
+      tasks=list(MIX_TASKS),
+      heldout_bytes_per_domain=8192,
+    )
   c.draws = 3
   c.reference = "balance"
   c.claims = [

@@ -8,11 +8,13 @@ config file plus overrides, as the 'training' scorer) from it with init.hf_dir s
 to that directory: the arms of a draw share the base, its seed and the batches, so
 they pair by draw. Finished runs are read back, not re-run (moejax/train/sweep.py).
 
-Metrics: the run's val_bpb and val_loss, and moejax/analysis/polyglot_tasks.py's
-per-task figures on the eval split (the tasks are polyglot-synth's languages:
-loss/<k>, accuracy/<k>, task_loss, task_accuracy), the adapter's expert-task mutual
-information (mi_bits, mean over blocks and adapted projections) and the trainable
-parameter count (trainable_params).
+Metrics: the run's val_bpb and val_loss, and moejax/analysis/adapter_tasks.py's
+per-task figures (loss/<k>, accuracy/<k>, task_loss, task_accuracy), the adapter's
+expert-task mutual information (mi_bits, mean over blocks and adapted projections) and
+the trainable parameter count (trainable_params). The tasks (settings.tasks):
+'polyglot', polyglot-synth's num_tasks languages on the eval split (k = 0, 1, ...), or
+a list of mix domains, each scored on the first settings.heldout_bytes_per_domain bytes
+of its held-out documents (k = the domain).
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ class AdapterOnBase(Training):
     "base_overrides": [],
     "base_steps": 300,
     "num_tasks": 4,
+    "tasks": "polyglot",
   }
+
+  def task_names(self) -> list:
+    tasks = self.settings["tasks"]
+    return list(range(self.settings["num_tasks"])) if tasks == "polyglot" else list(tasks)
 
   def base_dir(self, draw: int) -> str:
     return os.path.join(self.settings["workdir"], "base", f"seed_{self.seed(draw)}")
@@ -54,7 +61,7 @@ class AdapterOnBase(Training):
       raise ConfigError(f"study.settings.base_config: {e}") from None
 
   def metrics(self):
-    tasks = range(self.settings["num_tasks"])
+    tasks = self.task_names()
     return (
       ("val_bpb", "val_loss", "task_loss", "task_accuracy", "mi_bits", "trainable_params")
       + tuple(f"loss/{k}" for k in tasks)
@@ -63,14 +70,33 @@ class AdapterOnBase(Training):
 
   def check(self):
     _strings(self.settings["base_overrides"], "study.settings.base_overrides")
-    n = self.settings["num_tasks"]
+    n, tasks = self.settings["num_tasks"], self.settings["tasks"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ConfigError(f"study.settings.num_tasks={n!r} must be an int >= 1")
+    if tasks != "polyglot":
+      from moejax.data.mix import DOMAINS
+
+      _strings(tasks, "study.settings.tasks")
+      unknown = sorted(set(tasks) - set(DOMAINS))
+      if not tasks or unknown or len(set(tasks)) != len(tasks):
+        raise ConfigError(
+          f"study.settings.tasks={list(tasks)!r} must be 'polyglot' or distinct mix "
+          f"domains among {', '.join(DOMAINS)}"
+        )
+      if self.settings["heldout_bytes_per_domain"] <= 0:
+        raise ConfigError(
+          "study.settings.heldout_bytes_per_domain must be > 0 to score mix domains"
+        )
     self.base_config(0)
     super().check()
     for arm in self.spec.arm_names:
       data = self.config(arm, self.spec.levels[0], 0).data
-      if data.name != "polyglot_synth" or data.polyglot.num_languages != n:
+      if tasks != "polyglot":
+        if data.name != "mix":
+          raise ConfigError(
+            f"arm {arm!r} trains on data.name={data.name!r}; the study scores mix domains"
+          )
+      elif data.name != "polyglot_synth" or data.polyglot.num_languages != n:
         raise ConfigError(
           f"arm {arm!r} trains on data.name={data.name!r} with "
           f"{data.polyglot.num_languages} languages; the study scores "
@@ -89,14 +115,20 @@ class AdapterOnBase(Training):
       save_workdir(converted, from_training_workdir(base)[0])
 
   def score(self, level, draw, arms):
-    from moejax.analysis.polyglot_tasks import task_report
+    from moejax.analysis.adapter_tasks import mix_task_report, task_report
 
     self.prepare_base(draw)
     out = {}
     for arm in arms:
       run_dir = self.run_dir(arm, level, draw)
       result = sweep.train_run(self.config(arm, level, draw), run_dir, train_fn=self.train_fn)
-      figures = {**result, **task_report(run_dir)}
+      tasks = self.settings["tasks"]
+      report = (
+        task_report(run_dir)
+        if tasks == "polyglot"
+        else mix_task_report(run_dir, tasks, self.settings["heldout_bytes_per_domain"])
+      )
+      figures = {**result, **report}
       out[arm] = {k: float(figures[k]) for k in self.metrics() if k in figures}
     return out
 
