@@ -833,9 +833,14 @@ STUDY = {  # configs/studies/<name>.py: (title, paper key, tests)
     ATTACK_TESTS + ("tests/attacks/test_video_attacks_study.py", "tests/vision/test_video_vit.py"),
   ),
   "lora_mixer": (
-    "LoRA-Mixer: RSL against the load-balance loss and a single LoRA, polyglot tasks, 3 seeds",
+    "LoRA-Mixer: RSL against the load-balance loss, a single LoRA and LoRA experts in the "
+    "FFN, on polyglot tasks and (:tasks=mix) four domains of mix, 3 seeds each",
     "lora_mixer",
-    ("tests/adapters/test_lora_mixer.py", "tests/losses/test_rsl.py"),
+    (
+      "tests/adapters/test_lora_mixer.py",
+      "tests/losses/test_rsl.py",
+      "tests/analysis/test_adapter_tasks.py",
+    ),
   ),
   "vapt": (
     "VAPT against VPT-deep, VPT-shallow and a linear probe: few-shot transfer from a "
@@ -1034,6 +1039,7 @@ STUDY_RESULTS = {
   "expert_types": ("ablations/expert_types.md",),
   "gemq": ("posttrain/gemq_zoo_s.md",),
   "l3_sentencepiece": ("ablations/l3_sentencepiece_zoo_xs.md",),
+  "lora_mixer": ("studies/lora_mixer_mix/results.md",),
   "overtrained_experts": ("studies/overtrained_experts/pool_120/results.md",),
   "phenomena": ("posttrain/super_experts_ablation_zoo_s.md",),
   "pruning": ("posttrain/pruning_zoo_s.md",),
