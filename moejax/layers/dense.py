@@ -80,10 +80,12 @@ class SwiGLU(nnx.Module):
       nnx.data(None) if m is None else build_projection_adapters(m, shapes, rngs=rngs, dtype=dtype)
     )
 
-  def __call__(self, x, token_mask_BxL=None, with_aux: bool = False):
-    """with_aux: (out, the adapter's aux or None); token_mask_BxL: the adapter's
-    routing skips padding."""
+  def __call__(self, x):
+    return self.adapted(x)[0]
+
+  def adapted(self, x, token_mask_BxL=None):
+    """(out, the adapter's aux or None); token_mask_BxL: the adapter's routing skips
+    padding."""
     project = Projector(self.adapter, token_mask_BxL)
     hidden = jax.nn.silu(project("gate", self.gate, x)) * project("up", self.up, x)
-    out = project("down", self.down, hidden)
-    return (out, project.aux()) if with_aux else out
+    return project("down", self.down, hidden), project.aux()

@@ -118,9 +118,11 @@ class DecoderBlock(nnx.Module):
         token_mask=token_mask, train=train, rng=rng, step_stats=step_stats, carry=carry
       )
       h, aux = self.ffn(self.ffn_norm(x), **options)
-    else:  # the dense SwiGLU, with its projection adapter's aux when it has one
-      h, ffn_adapter_aux = self.ffn(self.ffn_norm(x), token_mask, with_aux=True)
+    elif self.ffn.adapter is not None:  # the dense SwiGLU with LoRA experts (adapters)
+      h, ffn_adapter_aux = self.ffn.adapted(self.ffn_norm(x), token_mask)
       adapter_aux = merged_aux(adapter_aux, ffn_adapter_aux)
+    else:
+      h = self.ffn(self.ffn_norm(x))
     x = x + h
     if self.lookup is not None:
       x = self.lookup(x, token_ids)

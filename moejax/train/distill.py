@@ -220,7 +220,7 @@ def make_objective(method, settings: dict):
     loss, metrics = method.loss(logits, teacher, batch["targets"], settings)
     return settings["weight"] * loss, {"distill_loss": loss, **metrics}
 
-  objective.student_hidden = method.student_hidden  # type: ignore[attr-defined]
+  objective.student_hidden = method.student_hidden  # type: ignore[attr-defined]  # a function's attribute, read by step.make_loss_fn
   return objective
 
 

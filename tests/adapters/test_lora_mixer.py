@@ -96,7 +96,7 @@ def test_ffn_experts_add_their_terms_to_gate_up_and_down_of_the_swiglu():
   model = nnx.merge(graphdef, with_random_b(params), rest)
   ffn = model.blocks[0].ffn
   x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 16)), jnp.float32)
-  got, aux = ffn(x, None, with_aux=True)
+  got, aux = ffn.adapted(x, None)
 
   def weight(name):
     return np.asarray(getattr(ffn, name).kernel[...], np.float64)
