@@ -63,10 +63,11 @@ model (RTN codes; k-means codebooks; group --group_size), '@xla' or '@ffi' namin
 its decode_kernel (moejax/experts/gathered.py; default 'auto'). Per arm: prefill
 and decode tok/s and their ratios to float32 (medians of --reps rounds, every arm
 once per round), decode also timed as the steps alone (one compiled call after the
-prefill: a check on t(N) - t(1), which a slow prefill's jitter distorts), the weight bytes a decode step reads (every parameter but the
-expert stacks and embedding, the experts each MoE layer activated as stored:
-uint8 codes), the tok/s one core's read rate (numpy sum of 256 MiB) bounds that
-at, and the fraction of tokens equal to float32's. Models: --families' benchmark
+prefill: a check on t(N) - t(1), which a slow prefill's jitter distorts), the weight
+bytes a decode step reads (every parameter but the expert stacks and embedding, the
+experts each MoE layer activated as stored: uint8 codes), the tok/s one core's read
+rate (numpy sum of 256 MiB) bounds that at, and the fraction of tokens equal to
+float32's. Models: --families' benchmark
 models (transformers only supplies their weights; the default list only when no
 --workdirs) and the training workdirs --workdirs (e.g. runs/zoo/s).
 """
