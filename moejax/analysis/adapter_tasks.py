@@ -24,6 +24,7 @@ from flax import nnx
 
 from moejax.analysis.polyglot_floor import load_run
 from moejax.errors import ConfigError
+from moejax.evaluation import bpb
 from moejax.train.restore import load_from_workdir
 from moejax.data import polyglot
 from moejax.evaluation.routing import domain_expert_counts, mutual_information
@@ -87,22 +88,17 @@ def task_report(workdir: str) -> dict:
   return task_figures(config, params, nll, correct, experts, languages, names)
 
 
-def domain_windows(tokenizer, documents, domains, seq_len: int):
-  """(windows [N, seq_len + 1] int32, domain index [N]) of held-out (domain, text)
-  documents: each named domain's documents, each followed by the separator, as one
-  token stream cut into whole windows (a shorter tail is dropped)."""
-  rows, labels = [], []
-  for k, domain in enumerate(domains):
-    parts = [
-      np.append(tokenizer.encode(text), tokenizer.eos_id) for d, text in documents if d == domain
-    ]
-    stream = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
-    count = len(stream) // (seq_len + 1)
-    if count == 0:
+def task_windows(tokenizer, documents, domains, seq_len: int):
+  """(windows [N, seq_len + 1] int32, task index into `domains` [N]) of held-out
+  (domain, text) documents of the named domains: evaluation.bpb's per-domain streams
+  (each document after the separator) cut into whole windows."""
+  chosen = [(d, text) for d, text in documents if d in domains]
+  windows, counts = bpb.domain_windows(chosen, tokenizer, tokenizer.eos_id, seq_len + 1)
+  for domain in domains:
+    if not counts.get(domain):
       raise ConfigError(f"the held-out {domain!r} documents hold no window of {seq_len + 1} tokens")
-    rows.append(stream[: count * (seq_len + 1)].reshape(count, seq_len + 1))
-    labels.append(np.full(count, k))
-  return np.concatenate(rows), np.concatenate(labels)
+  labels = np.concatenate([np.full(n, list(domains).index(d)) for d, n in counts.items()])
+  return windows, labels
 
 
 def mix_task_report(workdir: str, domains, bytes_per_domain: int) -> dict:
@@ -112,7 +108,7 @@ def mix_task_report(workdir: str, domains, bytes_per_domain: int) -> dict:
 
   config, graphdef, params, rest, tokenizer = load_from_workdir(workdir)
   documents = heldout_documents(config, bytes_per_domain)
-  windows, domain = domain_windows(tokenizer, documents, list(domains), config.data.seq_len)
+  windows, domain = task_windows(tokenizer, documents, list(domains), config.data.seq_len)
   size = config.data.batch_size
   batches = [
     {"inputs": windows[i : i + size, :-1], "targets": windows[i : i + size, 1:]}

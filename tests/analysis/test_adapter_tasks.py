@@ -1,11 +1,11 @@
 """Per-task figures of an adapter run (moejax/analysis/adapter_tasks.py): mix domains
-cut into windows by hand, the per-task means and the task-expert mutual information
+cut into windows (checked by hand), the per-task means and the task-expert mutual information
 against closed forms, and the LoRA-Mixer scorer's refusals of bad task settings."""
 
 import numpy as np
 import pytest
 
-from moejax.analysis.adapter_tasks import domain_windows, task_figures
+from moejax.analysis.adapter_tasks import task_figures, task_windows
 from moejax.config import base_config
 from moejax.errors import ConfigError
 
@@ -19,12 +19,12 @@ class Bytes:
 
 def test_each_domain_is_one_stream_of_its_documents_cut_into_whole_windows():
   documents = [("code", "abc"), ("facts", "xyz12"), ("code", "de"), ("drama", "zz")]
-  windows, domain = domain_windows(Bytes(), documents, ["facts", "code"], seq_len=2)
-  # facts: x y z 1 2 EOS -> 2 windows of 3; code: a b c EOS d e EOS -> 2 windows (tail dropped)
-  want = [[120, 121, 122], [49, 50, 0], [97, 98, 99], [0, 100, 101]]
-  assert windows.tolist() == want and domain.tolist() == [0, 0, 1, 1]
+  windows, task = task_windows(Bytes(), documents, ["facts", "code"], seq_len=2)
+  # code: EOS a b c EOS d e -> 2 windows of 3 (tail dropped); facts: EOS x y z 1 2 -> 2
+  want = [[0, 97, 98], [99, 0, 100], [0, 120, 121], [122, 49, 50]]
+  assert windows.tolist() == want and task.tolist() == [1, 1, 0, 0]
   with pytest.raises(ConfigError, match="'drama' documents hold no window of 4 tokens"):
-    domain_windows(Bytes(), documents, ["drama"], seq_len=3)
+    task_windows(Bytes(), documents, ["drama"], seq_len=3)
 
 
 def test_task_means_and_mutual_information_against_closed_forms():
