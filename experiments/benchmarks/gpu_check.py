@@ -39,7 +39,13 @@ import numpy as np
 
 from moejax import cli, cli_files
 from moejax.kernels import gmm, gmm_reference, tgmm
-from moejax.profiling.gmm_speed import DRY_RUN_SHAPES, SPEED_SHAPES, check_speed, markdown
+from moejax.profiling.gmm_speed import (
+  DRY_RUN_SHAPES,
+  SPEED_SHAPES,
+  check_speed,
+  markdown,
+  relative_error,
+)
 from tests.kernels.gmm_test_oracles import EDGE_LAYOUTS, numpy_gmm, numpy_tgmm
 
 OUTPUTS = cli_files.study_outputs(plot=False)
@@ -75,11 +81,6 @@ _MOSAIC = flags.DEFINE_list(
   "(empty: none).",
 )
 CASE_SETS = ("edge", "random")
-
-
-def rel_err(got, want):
-  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-  return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
 def random_layout(rng, num_groups, m, fill=0.9):
@@ -131,16 +132,16 @@ def check_correctness(records):
     try:
       lb, rb, gb = (jnp.asarray(a, jnp.bfloat16) for a in (lhs, rhs, grad))
       exact = [np.asarray(a.astype(jnp.float32)) for a in (lb, rb, gb)]
-      rec["gmm_bf16"] = rel_err(
+      rec["gmm_bf16"] = relative_error(
         gmm(lb, rb, gs, preferred_element_type=jnp.float32, **kw),
         numpy_gmm(exact[0], exact[1], sizes),
       )
-      rec["tgmm_bf16"] = rel_err(
+      rec["tgmm_bf16"] = relative_error(
         tgmm(lb, gb, gs, preferred_element_type=jnp.float32, **kw),
         numpy_tgmm(exact[0], exact[2], sizes),
       )
-      rec["gmm_f32"] = rel_err(gmm(lhs, rhs, gs, **kw), numpy_gmm(lhs, rhs, sizes))
-      rec["tgmm_f32"] = rel_err(tgmm(lhs, grad, gs, **kw), numpy_tgmm(lhs, grad, sizes))
+      rec["gmm_f32"] = relative_error(gmm(lhs, rhs, gs, **kw), numpy_gmm(lhs, rhs, sizes))
+      rec["tgmm_f32"] = relative_error(tgmm(lhs, grad, gs, **kw), numpy_tgmm(lhs, grad, sizes))
 
       def loss(a, b, fn):
         return jnp.sum(fn(a, b) * grad)
@@ -153,7 +154,7 @@ def check_correctness(records):
 
       g_kernel = jax.grad(loss, argnums=(0, 1))(lhs, rhs, kernel_fn)
       g_ref = jax.grad(loss, argnums=(0, 1))(lhs, rhs, ref_fn)
-      rec["grad_f32"] = max(rel_err(a, b) for a, b in zip(g_kernel, g_ref))
+      rec["grad_f32"] = max(relative_error(a, b) for a, b in zip(g_kernel, g_ref))
       ok = (
         rec["gmm_bf16"] < 1e-5
         and rec["tgmm_bf16"] < 1e-5

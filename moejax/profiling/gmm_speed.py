@@ -71,8 +71,8 @@ def mosaic_paths(x, w, dy, gs, configs) -> dict[str, tuple[Callable, tuple]]:
 
 
 def relative_error(got, want) -> float:
-  """max |got - want| / max |want|, in float32."""
-  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  """max |got - want| / max |want|, in float64."""
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
 
 
