@@ -32,7 +32,7 @@ import json
 import platform
 import traceback
 
-from absl import app, flags
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -180,13 +180,14 @@ def main(argv):
   for flag, valid in ((_CASES, CASE_SETS), (_SHAPES, SPEED_SHAPES)):
     unknown = sorted(set(flag.value) - set(valid))
     if unknown:
-      raise app.UsageError(f"--{flag.name} {unknown}: expected names in {sorted(valid)}")
+      raise cli.flag_error(flag, f"{unknown}: expected names in {sorted(valid)}")
   for spec in _MOSAIC.value:
     fields = spec.split(":")
     if len(fields) != 5 or not all(f.isdigit() and int(f) > 0 for f in fields):
-      raise app.UsageError(
-        f"--mosaic {spec!r}: expected block_m:block_n:block_k:max_concurrent_steps:grid_block_n, "
-        "five positive integers"
+      raise cli.flag_error(
+        _MOSAIC,
+        f"{spec!r}: expected block_m:block_n:block_k:max_concurrent_steps:grid_block_n, "
+        "five positive integers",
       )
   OUTPUTS.check()
   print(f"jax {jax.__version__} on {jax.devices()} ({platform.node()})", flush=True)

@@ -12,6 +12,7 @@ EVAL, ZOO, PRUNE = "experiments.evaluate", "experiments.zoo", "experiments.prune
 CURSE, ATTRIBUTION = "experiments.repetition_curse", "experiments.routing_attribution"
 POLYGLOT, COMPRESS = "experiments.polyglot_report", "experiments.compress"
 TEACHER = "experiments.teacher_moe"
+GPU_CHECK, GEN_BENCH = "experiments.benchmarks.gpu_check", "experiments.benchmarks.generate"
 FINETUNE = "--config=configs/finetune_hf.py:family=mixtral,steps=4,seq_len=32"
 T, C, H = "--workdir={train}", "--workdir={converted}", "--hf_dir={hf}"
 CFG = f"--config={TRAIN_CONFIG}"
@@ -429,6 +430,10 @@ CASES = [
   (ZOO, ["--seeds=-1"], ["--seeds", "[0, 2**31)"]),
   (ZOO, ["--seeds=1,1"], ["--seeds", "distinct"]),
   (ZOO, ["--seeds="], ["--seeds", "at least one"]),
+  (GPU_CHECK, ["--dry_run", "--mosaic=128:128"], ["'128:128'", "five positive", "--mosaic="]),
+  (GPU_CHECK, ["--dry_run", "--shapes=huge"], ["'huge'", "--shapes=", "coarse"]),
+  (GEN_BENCH, ["--dtype=bfloat16", "--experts=quantized_4bit"], ["--dtype", "float32 ones"]),
+  (GEN_BENCH, ["--dtype=float16"], ["--dtype", "float16"]),
 ]
 
 
